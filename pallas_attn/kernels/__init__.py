@@ -1,0 +1,1 @@
+"""One module per generation (Triton lowering); shared pieces in ``common``."""
