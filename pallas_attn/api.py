@@ -144,7 +144,8 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, scale) -> float:
             raise ValueError(f"{name} must be rank 4 [num_blocks, page_size, Hkv, D]; got {x.shape=}")
     if k_pool.shape != v_pool.shape:
         raise ValueError(f"k_pool and v_pool must match; got {k_pool.shape=}, {v_pool.shape=}")
-    if _dtype_name(q) not in _FLOAT_DTYPES or _dtype_name(k_pool) != _dtype_name(q) or _dtype_name(v_pool) != _dtype_name(q):
+    dt = _dtype_name(q)
+    if dt not in _FLOAT_DTYPES or _dtype_name(k_pool) != dt or _dtype_name(v_pool) != dt:
         raise ValueError(f"q and the pools must share a float dtype; got {q.dtype=}, {k_pool.dtype=}, {v_pool.dtype=}")
     page = k_pool.shape[1]
     if page < 1 or page & (page - 1):
@@ -154,7 +155,9 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, scale) -> float:
     if q.shape[2] % k_pool.shape[2]:
         raise ValueError(f"Hq must be a multiple of Hkv; got Hq={q.shape[2]}, Hkv={k_pool.shape[2]}")
     if block_table.ndim != 2 or block_table.shape[0] != q.shape[0] or _dtype_name(block_table) != "int32":
-        raise ValueError(f"block_table must be int32 [B, pages_per_seq]; got {block_table.shape=}, {block_table.dtype=}")
+        raise ValueError(
+            f"block_table must be int32 [B, pages_per_seq]; got {block_table.shape=}, {block_table.dtype=}"
+        )
     if kv_lens.shape != (q.shape[0],) or _dtype_name(kv_lens) != "int32":
         raise ValueError(f"kv_lens must be int32 [B]; got {kv_lens.shape=}, {kv_lens.dtype=}")
     return _check_scale(scale, q.shape[3])

@@ -1,0 +1,201 @@
+"""Roofline model, layer 1: FLOPs and bytes per family, and three independent time bounds.
+
+The model is the reference's (ORIGINAL.md §3.2) so its published figures reproduce exactly:
+  * standard path: FLOPs = 4·BH·Nq·Nk·d; fused bytes = K+V once (KV heads only) + Q + O;
+  * materialized S (v1/v2): operand re-reads with tile reuse r = 1/tile_m + 1/tile_n for QKᵀ and PV, plus
+    the S round trip (write, read+write, read = 4 passes);
+  * decode: the fused path with Nq = 1, so AI ≈ 2G/b;
+  * MLA: one shared latent of width L+R read once; FLOPs over L+R (scores) and L (values);
+  * limiter = the largest of t_mma (FLOPs / the engine's peak), t_hbm (bytes / bandwidth) and t_mufu
+    (exps / exp rate); floor = that largest time.
+
+Where we depart from the reference's conventions, ``reference_conventions=True`` reproduces its numbers
+and the default is what we believe is more accurate, for these reasons:
+  * MLA Q and O bytes: the reference charges them at the *storage* width (0.5625 B for NVFP4), but kernels
+    read Q and write O at 16 bits (ORIGINAL.md §7.16); we charge ``io_bytes`` (2 B) for them.
+  * causal: the reference counts every (i, j) pair; fused kernels skip masked tiles, so by default we
+    count only the visible pairs for FLOPs and exps of the fused path (materialized S is still full).
+  * bf16 / fp8 engines: the reference maps every 16-bit and 8-bit *storage* format to the fp16 tensor-core
+    peak; we keep that (storage is not the engine) except that ``mma_engine`` may name fp8 explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .hardware import Hardware
+
+__all__ = ["Problem", "Estimate", "estimate", "problem_for", "BYTES", "visible_pairs", "tc_ceiling_fraction"]
+
+BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "nvfp4": 0.5625, "int4": 0.5}
+_DTYPE_TO_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    batch: int
+    heads_q: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    precision: str = "fp32"
+    group: int = 1  # G = Hq / Hkv
+    materialize_s: bool = False
+    tile: tuple[int, int] = (1, 1)
+    use_tensor_core: bool = True
+    causal: bool = False
+    q_offset: int = 0
+    kv_tokens: int | None = None  # ragged batches: total keys over the batch (replaces batch * kv_len)
+    mla: bool = False
+    kv_lora_rank: int = 512
+    rope_dim: int = 64
+    mma_engine: str = "fp16"
+    io_bytes: float = 2.0
+    reference_conventions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in BYTES:
+            raise ValueError(f"precision must be one of {sorted(BYTES)}; got {self.precision!r}")
+        if self.heads_q % self.group:
+            raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of group ({self.group})")
+        if min(self.batch, self.heads_q, self.q_len, self.kv_len, self.head_dim, *self.tile) < 1:
+            raise ValueError(f"every size must be >= 1: {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    flops: float
+    bytes: float
+    exps: float
+    t_mma: float
+    t_hbm: float
+    t_mufu: float
+    limiter: str
+    floor_s: float
+    ai: float
+    ridge: float
+    peak_flops: float
+    bw: float
+    engine: str
+
+    @property
+    def times(self) -> dict[str, float]:
+        return {"MMA": self.t_mma, "HBM": self.t_hbm, "MUFU": self.t_mufu}
+
+    def utilization(self) -> dict[str, float]:
+        """Each bound over the floor: the most of each unit the problem can keep busy."""
+        return {k: v / self.floor_s for k, v in self.times.items()}
+
+    def as_dict(self) -> dict[str, float | str]:
+        return dataclasses.asdict(self)
+
+
+def visible_pairs(q_len: int, kv_len: int, q_offset: int) -> int:
+    """Number of (i, j) with j <= i + q_offset and j < kv_len (top-left causal)."""
+    total = 0
+    # rows where the cut-off passes the end see all keys; the rest see i + q_offset + 1
+    full_from = max(0, kv_len - 1 - q_offset)
+    partial_rows = min(q_len, full_from)
+    if partial_rows > 0:
+        first = q_offset + 1
+        last = q_offset + partial_rows
+        total += (first + last) * partial_rows // 2
+    total += (q_len - partial_rows) * kv_len
+    return total
+
+
+def _engine(p: Problem, hw: Hardware) -> str:
+    """The unit that does the math: fp32 CUDA cores, or the tensor-core rate of the compute dtype."""
+    if not p.use_tensor_core or p.precision == "fp32":
+        return "fp32"
+    if p.precision == "int8":
+        return "int8"
+    if p.mla or p.mma_engine != "fp16":
+        return p.mma_engine
+    if p.precision == "bf16" and not p.reference_conventions:
+        return "bf16"
+    return "fp16"
+
+
+def estimate(p: Problem, hw: Hardware) -> Estimate:
+    b = BYTES[p.precision]
+    engine = _engine(p, hw)
+    peak = hw.peak(engine)
+    if p.mla:
+        L, R = p.kv_lora_rank, p.rope_dim
+        pairs = p.batch * p.heads_q * p.q_len * p.kv_len
+        flops = 2.0 * pairs * (L + R) + 2.0 * pairs * L
+        qo_b = b if p.reference_conventions else p.io_bytes
+        nbytes = p.batch * p.kv_len * (L + R) * b + p.batch * p.heads_q * p.q_len * ((L + R) + L) * qo_b
+        exps = float(pairs)
+    else:
+        bh = p.batch * p.heads_q
+        d = p.head_dim
+        if p.kv_tokens is not None:
+            pairs_per_head = p.q_len * p.kv_tokens / p.batch  # averaged; exact in the bytes below
+        elif p.causal and not p.materialize_s and not p.reference_conventions:
+            pairs_per_head = visible_pairs(p.q_len, p.kv_len, p.q_offset)
+        else:
+            pairs_per_head = p.q_len * p.kv_len
+        pairs = bh * pairs_per_head
+        flops = 4.0 * pairs * d
+        o_bytes = bh * p.q_len * d * b
+        if p.materialize_s:
+            full = bh * p.q_len * p.kv_len
+            r = 1.0 / p.tile[0] + 1.0 / p.tile[1]
+            operand = (full * d * r + full * d * r) * b
+            s_trip = 4.0 * full * b
+            nbytes = operand + s_trip + o_bytes
+        else:
+            tokens = p.kv_tokens if p.kv_tokens is not None else p.batch * p.kv_len
+            kv_bytes = 2.0 * (p.heads_q // p.group) * tokens * d * b
+            nbytes = kv_bytes + bh * p.q_len * d * b + o_bytes
+        exps = float(pairs)
+    t_mma = flops / peak
+    t_hbm = nbytes / hw.hbm_bw
+    t_mufu = exps / hw.exp_rate
+    times = {"MMA": t_mma, "HBM": t_hbm, "MUFU": t_mufu}
+    limiter = max(times, key=times.__getitem__)
+    return Estimate(
+        flops=flops, bytes=nbytes, exps=exps, t_mma=t_mma, t_hbm=t_hbm, t_mufu=t_mufu, limiter=limiter,
+        floor_s=times[limiter], ai=flops / nbytes, ridge=peak / hw.hbm_bw, peak_flops=peak, bw=hw.hbm_bw,
+        engine=engine,
+    )
+
+
+# Storage precision and materialization per generation, as the reference's harness feeds its tool
+# (ORIGINAL.md §4.1 "Roofline column"). Peers and frontier kernels use the workload's own dtype.
+_GEN_PRECISION = {"v1_naive": "fp32", "v2_tiled": "fp32", "v3_online": "fp32", "v4_fused": "fp32",
+                  "v9_fp8": "fp8", "v10_nvfp4": "nvfp4", "v11_mla": "nvfp4", "v12_mla_tc": "nvfp4"}
+
+
+def problem_for(workload, generation: str | None = None, *, reference_conventions: bool = False) -> Problem:
+    """The roofline problem of running ``generation`` (None: a peer, at the workload dtype) on a workload."""
+    w = workload
+    precision = _DTYPE_TO_PRECISION[w.dtype]
+    if generation in _GEN_PRECISION:
+        precision = _GEN_PRECISION[generation]
+    elif generation is not None and generation.startswith(("v5", "v6", "v7", "v8")) and precision == "fp32":
+        precision = "fp16"  # the reference host casts to fp16 from v5 on
+    tile = (1, 1)
+    materialize = generation in ("v1_naive", "v2_tiled")
+    if generation == "v2_tiled":
+        tile = (64, 64) if w.head_dim <= 64 else (32, 32)
+    kv_tokens = getattr(w, "kv_tokens", None)
+    if w.family == "mla":
+        return Problem(
+            batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
+            precision=precision, group=w.heads_q, mla=True, kv_lora_rank=w.kv_lora_rank, rope_dim=w.rope_dim,
+            causal=w.causal, q_offset=w.q_offset, reference_conventions=reference_conventions,
+        )
+    return Problem(
+        batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
+        precision=precision, group=w.group, materialize_s=materialize, tile=tile, causal=w.causal,
+        q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions,
+    )
+
+
+def tc_ceiling_fraction(est: Estimate) -> float:
+    """The most of the tensor-core (engine) peak a problem can use: t_mma / floor (e.g. ~0.3% at decode)."""
+    return est.t_mma / est.floor_s if est.floor_s > 0 else math.nan

@@ -1,0 +1,191 @@
+"""Workloads as data: named, tagged shapes loaded from ``configs/*.toml``.
+
+A config file holds ``[[workload]]`` tables. Any field given as a list expands into the cartesian product,
+and ``name`` is then a ``str.format`` template over the fields (``"prefill_n{q_len}_d{head_dim}"``), so a
+sweep is one entry, never code. ``include = ["other.toml"]`` at the top level pulls in other files.
+
+Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | mla), batch, heads_q,
+heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
+causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged only),
+ragged (paged only: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_lora_rank / rope_dim (mla),
+generations / peers (restrict the implementations; default all that support the workload), tags, seed.
+
+Errors name the file and the entry: unknown key, bad shape, Hq not a multiple of Hkv, and so on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Workload", "ConfigError", "load_config", "config_dir", "resolve_config"]
+
+FAMILIES = ("prefill", "decode", "paged_decode", "mla")
+DTYPES = ("float32", "float16", "bfloat16")
+_LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    family: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str
+    causal: bool = False
+    q_offset: int = 0
+    page_size: int | None = None
+    ragged: bool = False
+    kv_lora_rank: int | None = None
+    rope_dim: int | None = None
+    generations: tuple[str, ...] | None = None
+    peers: tuple[str, ...] | None = None
+    tags: tuple[str, ...] = ()
+    seed: int = 0
+    source: str = ""
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def is_decode(self) -> bool:
+        return self.family != "prefill"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["group"] = self.group
+        return d
+
+    def shape_str(self) -> str:
+        s = f"B{self.batch} Hq{self.heads_q}/Hkv{self.heads_kv} Tq{self.q_len} Tk{self.kv_len} D{self.head_dim}"
+        if self.page_size:
+            s += f" page{self.page_size}"
+        return s + f" {self.dtype}" + (" causal" if self.causal else "")
+
+
+_DEFAULTS: dict[str, Any] = {
+    "heads_kv": None, "kv_len": None, "causal": False, "q_offset": None, "page_size": None, "ragged": False,
+    "kv_lora_rank": None, "rope_dim": None, "generations": None, "peers": None, "tags": (), "seed": 0,
+}
+_REQUIRED = ("name", "family", "batch", "heads_q", "q_len", "head_dim", "dtype")
+_FIELDS = {f.name for f in dataclasses.fields(Workload)} - {"source"}
+
+
+def config_dir() -> Path:
+    """``configs/`` of the checkout (the package is run from the checkout; see README)."""
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_config(path_or_name: str | Path) -> Path:
+    p = Path(path_or_name)
+    candidates = [p, p.with_suffix(".toml"), config_dir() / p.name, (config_dir() / p.name).with_suffix(".toml")]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ConfigError(f"no config {str(path_or_name)!r} (looked for: {', '.join(map(str, candidates))})")
+
+
+def _expand(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    sweep = {k: v for k, v in entry.items() if isinstance(v, list) and k not in _LIST_OK}
+    if not sweep:
+        return [entry]
+    out = []
+    for combo in itertools.product(*sweep.values()):
+        e = dict(entry)
+        e.update(zip(sweep.keys(), combo))
+        out.append(e)
+    return out
+
+
+def _build(raw: dict[str, Any], where: str) -> Workload:
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise ConfigError(f"{where}: missing required key(s) {missing}")
+    e = {**_DEFAULTS, **raw}
+    try:
+        e["name"] = str(e["name"]).format(**e)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ConfigError(f"{where}: bad name template {raw['name']!r}: {err}") from None
+    where = f"{where} ({e['name']})"
+    for k in ("batch", "heads_q", "q_len", "head_dim"):
+        if not isinstance(e[k], int) or isinstance(e[k], bool) or e[k] < 1:
+            raise ConfigError(f"{where}: {k} must be a positive int; got {e[k]!r}")
+    e["heads_kv"] = e["heads_q"] if e["heads_kv"] is None else e["heads_kv"]
+    e["kv_len"] = e["q_len"] if e["kv_len"] is None else e["kv_len"]
+    for k in ("heads_kv", "kv_len"):
+        if not isinstance(e[k], int) or e[k] < 1:
+            raise ConfigError(f"{where}: {k} must be a positive int; got {e[k]!r}")
+    if e["heads_q"] % e["heads_kv"]:
+        raise ConfigError(f"{where}: heads_q ({e['heads_q']}) must be a multiple of heads_kv ({e['heads_kv']})")
+    if e["family"] not in FAMILIES:
+        raise ConfigError(f"{where}: family must be one of {FAMILIES}; got {e['family']!r}")
+    if e["dtype"] not in DTYPES:
+        raise ConfigError(f"{where}: dtype must be one of {DTYPES}; got {e['dtype']!r}")
+    if e["q_offset"] is None:
+        e["q_offset"] = 0 if e["family"] == "prefill" else e["kv_len"] - e["q_len"]
+    if not isinstance(e["q_offset"], int) or e["q_offset"] < 0:
+        raise ConfigError(f"{where}: q_offset must be a non-negative int; got {e['q_offset']!r}")
+    if e["family"] == "paged_decode":
+        ps = e["page_size"]
+        if not isinstance(ps, int) or ps < 1 or ps & (ps - 1):
+            raise ConfigError(f"{where}: paged_decode needs page_size, a power of two; got {ps!r}")
+    elif e["page_size"] is not None or e["ragged"]:
+        raise ConfigError(f"{where}: page_size/ragged only apply to family 'paged_decode'")
+    if e["family"] == "mla":
+        if not e["kv_lora_rank"] or e["rope_dim"] is None:
+            raise ConfigError(f"{where}: mla needs kv_lora_rank and rope_dim")
+        if e["head_dim"] != e["kv_lora_rank"] + e["rope_dim"]:
+            raise ConfigError(f"{where}: mla head_dim must be kv_lora_rank + rope_dim "
+                              f"({e['kv_lora_rank']} + {e['rope_dim']}); got {e['head_dim']}")
+        if e["heads_kv"] != 1:
+            raise ConfigError(f"{where}: mla has one shared latent: heads_kv must be 1")
+    for k in ("generations", "peers", "tags"):
+        if e[k] is not None:
+            if not isinstance(e[k], (list, tuple)) or not all(isinstance(x, str) for x in e[k]):
+                raise ConfigError(f"{where}: {k} must be a list of strings; got {e[k]!r}")
+            e[k] = tuple(e[k])
+    return Workload(**e, source=where)
+
+
+def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) -> list[Workload]:
+    """All workloads of a config file (includes followed), in file order; names must be unique."""
+    path = resolve_config(path_or_name)
+    if path in _seen:
+        raise ConfigError(f"{path}: include cycle")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    extra = set(data) - {"workload", "include", "description"}
+    if extra:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description")
+    out: list[Workload] = []
+    for inc in data.get("include", []):
+        out.extend(load_config(path.parent / inc, _seen | {path}))
+    for i, raw in enumerate(data.get("workload", [])):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: workload[{i}] must be a table")
+        for j, e in enumerate(_expand(raw)):
+            out.append(_build(e, f"{path.name}: workload[{i}]" + (f".{j}" if j or len(_expand(raw)) > 1 else "")))
+    names = [w.name for w in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{path}: duplicate workload names {dup}")
+    if not out:
+        raise ConfigError(f"{path}: no workloads")
+    return out
