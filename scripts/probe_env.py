@@ -77,9 +77,8 @@ def kern(idx_ref, x_ref, o_ref):
 
     def body(i, acc):
         blk = x_ref[pl.ds(i * 16, 16), :]
-        return acc + jnp.dot(xs, blk.T, preferred_element_type=jnp.float32)[:, :64] if False else acc + jnp.dot(
-            xs, blk.T.astype(xs.dtype), preferred_element_type=jnp.float32
-        ).sum() * 0 + blk.astype(jnp.float32)[:, :64]
+        s = jnp.dot(xs, blk.T, preferred_element_type=jnp.float32)
+        return acc + jnp.dot(s.astype(blk.dtype), blk, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, 4, body, acc)
     o_ref[...] = acc
