@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call: build, GPU tests and measurements, stage by stage, each under its own time limit.
+# Usage (on the GPU machine, from the checkout): scripts/gpu_session.sh STAGE [STAGE ...]
+#   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune
+#           compare:<config>[:<only-glob>]
+# Logs go to $OUT (or ./gpu_out); a summary table is printed last.
+set -u
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export CUDA_REF_BUILD_DIR=${CUDA_REF_BUILD_DIR:-$PWD/.cuda_build}
+declare -a SUMMARY
+stage() {  # stage NAME LIMIT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== [$name] $* (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  SUMMARY+=("$(printf '%-22s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
+}
+for s in "$@"; do
+  case "$s" in
+    pallas-tests)  stage pallas-tests 300 python3 -m pytest -m gpu -q -rs tests/gpu/test_pallas_gpu.py ;;
+    cuda-build)    stage cuda-build 400 python3 -c "import time,cuda_ref.build as b; t=time.time(); b.load(); print('cold', time.time()-t); t=time.time(); b.load(); print('cached', time.time()-t)" ;;
+    cuda-tests)    stage cuda-tests 300 python3 -m pytest -m gpu -q -rs tests/gpu/test_cuda_ref_gpu.py ;;
+    cuda-sanitize) stage cuda-sanitize 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/cuda_sanitize.py ;;
+    cuda-time)     stage cuda-time 200 python3 scripts/time_cuda_ref.py ;;
+    pallas-time)   stage pallas-time 200 python3 scripts/time_pallas_generations.py ;;
+    fa-tests)      stage fa-tests 240 python3 -m pytest -m gpu -q -rs tests/gpu/test_fa_decode_gpu.py ;;
+    fa-tune)       stage fa-tune 300 python3 scripts/tune_fa_decode.py ;;
+    compare:*)     IFS=: read -r _ cfg only <<< "$s"
+                   stage "compare-$cfg" 540 python3 -m compare run --config "$cfg" ${only:+--only "$only"} --out "$OUT/compare-$cfg" ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
+echo; echo "=== summary"; printf '%s\n' "${SUMMARY[@]}"
