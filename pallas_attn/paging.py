@@ -1,0 +1,78 @@
+"""Paged-KV builders: dense BTNH caches -> vLLM-style pools + per-sequence block table (ORIGINAL.md §1.3).
+
+numpy on the host, so the JAX kernels and the torch/CUDA twins page the same bytes with the same table
+(``compare`` moves the pools to either framework). Layout (DESIGN.md decision 4): pools
+``[num_pages, page_size, Hkv, D]``; ``block_table`` int32 ``[B, pages_per_seq]`` with logical key ``j`` of
+sequence ``b`` at ``pool[block_table[b, j // page_size], j % page_size]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["build_paged_kv"]
+
+
+def _as_numpy(x: Any, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch: numpy has no bf16, so refuse rather than silently change dtype
+        raise ValueError(f"{name} must be a numpy or JAX array; convert torch tensors first")
+    a = np.asarray(x)
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be [B, Tk, Hkv, D] (BTNH); got {name}.shape={a.shape}")
+    return a
+
+
+def build_paged_kv(
+    k: Any,
+    v: Any,
+    page_size: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    kv_lens: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Page a dense cache. Returns ``(k_pool, v_pool, block_table)``.
+
+    ``k``, ``v``: ``[B, Tk, Hkv, D]`` (numpy or JAX, any dtype; the pools keep it). Each sequence is padded
+    with zeros to ``pages_per_seq = ceil(Tk / page_size)`` pages. With ``kv_lens`` (``[B]`` ints in
+    ``[0, Tk]``) sequence ``b`` gets only ``ceil(kv_lens[b] / page_size)`` pages (a ragged pool, as a
+    server holds it); its remaining table entries are 0, a valid page that a correct kernel never needs.
+    ``shuffle`` scatters the logical pages over physical slots with a permutation seeded by ``seed``, so a
+    kernel that ignores the table fails.
+    """
+    k = _as_numpy(k, "k")
+    v = _as_numpy(v, "v")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {k.shape=}, {v.shape=}")
+    if not isinstance(page_size, (int, np.integer)) or page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a positive power of two; got {page_size=!r}")
+    b, tk, hkv, d = k.shape
+    pps = max(1, -(-tk // page_size))
+    if kv_lens is None:
+        lens = np.full((b,), tk, dtype=np.int64)
+    else:
+        lens = np.asarray(kv_lens).astype(np.int64).reshape(-1)
+        if lens.shape != (b,) or np.any(lens < 0) or np.any(lens > tk):
+            raise ValueError(f"kv_lens must be [B] ints in [0, Tk={tk}]; got {np.asarray(kv_lens)!r}")
+    used = (lens + page_size - 1) // page_size  # pages each sequence needs
+
+    pad = pps * page_size - tk
+    kp = np.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
+    vp = np.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
+    owner = [(bi, lp) for bi in range(b) for lp in range(int(used[bi]))]
+    n_pages = max(1, len(owner))  # keep a non-empty pool even when every length is 0
+    perm = np.random.default_rng(seed).permutation(n_pages) if shuffle else np.arange(n_pages)
+
+    k_pool = np.zeros((n_pages, page_size, hkv, d), dtype=k.dtype)
+    v_pool = np.zeros_like(k_pool)
+    table = np.zeros((b, pps), dtype=np.int32)
+    if owner:
+        bi = np.array([o[0] for o in owner])
+        lp = np.array([o[1] for o in owner])
+        slots = perm[: len(owner)]
+        k_pool[slots] = kp[bi, lp]
+        v_pool[slots] = vp[bi, lp]
+        table[bi, lp] = slots
+    return k_pool, v_pool, table
