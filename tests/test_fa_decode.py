@@ -1,0 +1,280 @@
+"""fa_decode in interpret mode (CPU) against the float64 oracle: dense and paged, ragged, causal, GQA.
+
+Interpret mode fills pallas_call outputs with NaN before the kernel runs, so an element the kernel fails
+to write fails the finiteness check (the outputs are poisoned by construction). Shapes are small and
+awkward: lengths that are not multiples of the tile or the page, kv_len = 1, empty causal rows, splits
+with no key, several row tiles.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_attn
+from pallas_attn import reference, registry
+from pallas_attn.kernels import fa_decode as fd
+from pallas_attn.paging import build_paged_kv
+
+TOL = {"float16": 1e-2, "bfloat16": 2e-2}  # relative L2 against float64, by operand precision
+
+
+def _arr(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape), dtype=jnp.dtype(dtype))
+
+
+def _qkv(rng, b, tq, hq, hkv, d, tk, dtype):
+    return _arr(rng, (b, tq, hq, d), dtype), _arr(rng, (b, tk, hkv, d), dtype), _arr(rng, (b, tk, hkv, d), dtype)
+
+
+def _rel(out, ref):
+    out = np.asarray(jnp.asarray(out, jnp.float32), dtype=np.float64)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.all(np.isfinite(out)), "non-finite output (unwritten element or NaN)"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+# ------------------------------------------------------------------------------------------------ dense
+
+DENSE = [
+    # (B, Tq, Hq, Hkv, D, Tk, dtype, causal, q_offset, config)
+    (2, 1, 2, 2, 128, 77, "float16", False, 0, fd.DecodeConfig(block_k=32)),  # G=1, MHA
+    (1, 1, 4, 2, 128, 100, "bfloat16", True, 99, fd.DecodeConfig(block_k=16, splits=3)),  # G=2
+    (2, 1, 8, 2, 128, 130, "float16", False, 0, fd.DecodeConfig(block_k=32, splits=1)),  # G=4, no merge
+    (1, 1, 8, 1, 64, 200, "bfloat16", False, 0, fd.DecodeConfig(block_k=64)),  # G=8, MQA
+    (1, 1, 16, 1, 128, 33, "float16", False, 0, fd.DecodeConfig(block_k=16)),  # G=16
+    (1, 4, 8, 2, 64, 50, "float16", True, 46, fd.DecodeConfig(block_k=16)),  # Tq=4 causal, decode offset
+    (1, 4, 4, 1, 256, 40, "bfloat16", True, 3, fd.DecodeConfig(block_k=16)),  # rows see few keys
+    (1, 4, 4, 2, 64, 24, "float16", True, 100, fd.DecodeConfig(block_k=16)),  # offset past the end
+    (2, 1, 4, 1, 64, 1, "float16", False, 0, fd.DecodeConfig(block_k=16)),  # Tk = 1
+    (1, 4, 16, 1, 128, 70, "bfloat16", True, 66, fd.DecodeConfig(block_k=32, block_m_max=16)),  # 4 row tiles
+    (1, 1, 4, 2, 256, 300, "float16", False, 0, fd.CONFIGS["faithful"]),  # heuristic plan (132 SMs)
+]
+
+
+@pytest.mark.parametrize("case", DENSE, ids=lambda c: f"B{c[0]}Tq{c[1]}G{c[2] // c[3]}D{c[4]}Tk{c[5]}{c[6][:2]}"
+                         f"{'c' if c[7] else ''}")
+def test_dense_matches_oracle(rng, case):
+    b, tq, hq, hkv, d, tk, dtype, causal, q_offset, cfg = case
+    q, k, v = _arr(rng, (b, tq, hq, d), dtype), _arr(rng, (b, tk, hkv, d), dtype), _arr(rng, (b, tk, hkv, d), dtype)
+    out = fd.forward(q, k, v, causal=causal, scale=None, q_offset=q_offset, interpret=True, config=cfg)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    ref, _ = reference.attention_reference(q, k, v, causal=causal, q_offset=q_offset)
+    assert _rel(out, ref) < TOL[dtype]
+
+
+def test_dense_causal_first_row_sees_only_key_0(rng):
+    # Top-left causal with q_offset = 0: query 0 sees key 0 only, so its output is v[0] exactly (any scale).
+    b, tq, hq, hkv, d, tk = 1, 4, 2, 1, 64, 16
+    q, k, v = _qkv(rng, b, tq, hq, hkv, d, tk, "float16")
+    out = fd.forward(q, k, v, causal=True, scale=0.3, q_offset=0, interpret=True, config=fd.DecodeConfig(block_k=16))
+    np.testing.assert_allclose(np.asarray(out[0, 0, :, :], np.float32), np.asarray(v[0, 0, [0, 0], :], np.float32))
+    ref, _ = reference.attention_reference(q, k, v, causal=True, scale=0.3, q_offset=0)
+    assert _rel(out, ref) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------------ paged
+
+PAGED = [
+    # (B, Tq, Hq, Hkv, D, kv_lens, page, dtype, causal, config)  block_k > page: per-key gather path
+    (3, 1, 8, 2, 128, [37, 1, 64], 8, "float16", False, fd.DecodeConfig(block_k=32)),
+    (2, 1, 16, 1, 64, [100, 17], 16, "bfloat16", False, fd.DecodeConfig(block_k=64, splits=2)),
+    (2, 4, 8, 2, 64, [1, 23], 16, "float16", True, fd.DecodeConfig(block_k=16)),  # kv_len < Tq: empty rows
+    (2, 1, 4, 4, 256, [130, 64], 64, "bfloat16", True, fd.DecodeConfig(block_k=32)),  # G=1, page >= tile
+    (2, 4, 16, 2, 128, [300, 257], 256, "float16", True, fd.DecodeConfig(block_k=64)),  # G=8, heuristic split
+    (1, 1, 4, 2, 128, [5], 256, "float16", False, fd.CONFIGS["faithful"]),
+    (2, 1, 4, 2, 64, [0, 9], 8, "float16", False, fd.DecodeConfig(block_k=16)),  # kv_len = 0: output 0
+]
+
+
+@pytest.mark.parametrize("case", PAGED, ids=lambda c: f"B{c[0]}Tq{c[1]}G{c[2] // c[3]}D{c[4]}p{c[6]}{c[7][:2]}"
+                         f"{'c' if c[8] else ''}")
+def test_paged_matches_oracle(rng, case):
+    b, tq, hq, hkv, d, lens, page, dtype, causal, cfg = case
+    tk = max(lens)
+    q, k, v = _arr(rng, (b, tq, hq, d), dtype), _arr(rng, (b, tk, hkv, d), dtype), _arr(rng, (b, tk, hkv, d), dtype)
+    kp, vp, bt = build_paged_kv(k, v, page, seed=int(rng.integers(1 << 30)), kv_lens=lens)
+    lens = np.asarray(lens, np.int32)
+    out = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens), causal=causal,
+                           interpret=True, config=cfg)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    live = np.nonzero(lens > 0)[0]  # the oracle takes no empty sequence; its convention for one is 0
+    ref, _ = reference.paged_attention_reference(q[live], kp, vp, bt[live], lens[live], causal=causal)
+    assert _rel(out[live], ref) < TOL[dtype]
+    for bi in np.nonzero(lens == 0)[0]:  # a sequence with no key outputs exact zeros (never NaN)
+        assert not np.any(np.asarray(out[bi], np.float32))
+
+
+def test_paged_equals_dense_on_same_data(rng):
+    b, hq, hkv, d, tk = 2, 8, 2, 64, 96
+    q, k, v = _qkv(rng, b, 1, hq, hkv, d, tk, "float16")
+    cfg = fd.DecodeConfig(block_k=32, splits=2)
+    dense = fd.forward(q, k, v, interpret=True, config=cfg)
+    kp, vp, bt = build_paged_kv(k, v, 32, seed=3)
+    paged = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.full((b,), tk, jnp.int32),
+                             interpret=True, config=cfg)
+    # Same tiles, same order of accumulation: identical up to nothing.
+    np.testing.assert_array_equal(np.asarray(dense, np.float32), np.asarray(paged, np.float32))
+
+
+def test_keys_past_kv_len_are_never_used(rng):
+    # NaN in every pool slot a sequence does not own: a kernel that loads past kv_len (unmasked) or follows a
+    # table entry it should not need turns the output NaN.
+    b, hq, hkv, d, page = 2, 4, 2, 64, 8
+    lens = [13, 3]
+    k, v = _arr(rng, (b, 16, hkv, d), "float16"), _arr(rng, (b, 16, hkv, d), "float16")
+    q = _arr(rng, (b, 1, hq, d), "float16")
+    kp, vp, bt = build_paged_kv(k, v, page, kv_lens=lens)
+    ref, _ = reference.paged_attention_reference(q, kp, vp, bt, np.asarray(lens), causal=False)
+    for bi, n in enumerate(lens):  # poison the tail of each last page
+        last = bt[bi, (n - 1) // page]
+        kp[last, n % page or page:] = np.nan
+        vp[last, n % page or page:] = np.nan
+    bt[1, 1] = 10**6  # an unused table entry: never followed, never checked
+    for block_k in (16, 32):  # gather path (page < tile) and contiguous path with a short last tile
+        out = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens, jnp.int32),
+                               interpret=True, config=fd.DecodeConfig(block_k=block_k))
+        assert _rel(out, ref) < 1e-2
+
+
+# ---------------------------------------------------------------------------------------- block table check
+
+
+def _paged_inputs(rng, b=2, page=8, tk=20):
+    k, v = _arr(rng, (b, tk, 2, 64), "float16"), _arr(rng, (b, tk, 2, 64), "float16")
+    kp, vp, bt = build_paged_kv(k, v, page)
+    q = _arr(rng, (b, 1, 4, 64), "float16")
+    return q, jnp.asarray(kp), jnp.asarray(vp), bt, np.full((b,), tk, np.int32)
+
+
+@pytest.mark.parametrize("bad", ["too_big", "negative", "len_past_table"])
+def test_bad_block_table_raises_eagerly(rng, bad):
+    q, kp, vp, bt, lens = _paged_inputs(rng)
+    if bad == "too_big":
+        bt[1, 0] = kp.shape[0]
+    elif bad == "negative":
+        bt[0, 2] = -1
+    else:
+        lens[0] = bt.shape[1] * kp.shape[1] + 1
+    with pytest.raises(ValueError, match="block_table|kv_lens"):
+        pallas_attn.paged_attention(q, kp, vp, jnp.asarray(bt), jnp.asarray(lens), generation="fa_decode",
+                                    interpret=True)
+
+
+def test_bad_block_table_under_jit_poisons_only_that_sequence(rng):
+    q, kp, vp, bt, lens = _paged_inputs(rng, b=3)
+    ref, _ = reference.paged_attention_reference(q, kp, vp, bt, lens)
+    bt[1, 1] = kp.shape[0] + 5  # sequence 1 is bad, 0 and 2 are fine
+
+    def run(check):
+        f = jax.jit(lambda *a: pallas_attn.paged_attention(*a, generation="fa_decode", interpret=True,
+                                                           check_block_table=check))
+        return np.asarray(f(q, kp, vp, jnp.asarray(bt), jnp.asarray(lens)), np.float32)
+
+    out = run(True)
+    assert np.all(np.isnan(out[1]))
+    assert _rel(out[[0, 2]], ref[[0, 2]]) < 1e-2
+    # Check off: no NaN, no out-of-bounds read (the index is clamped in-kernel); the good rows stay right.
+    out = run(False)
+    assert np.all(np.isfinite(out))
+    assert _rel(out[[0, 2]], ref[[0, 2]]) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------- API, jit, errors
+
+
+def test_public_api_dense_and_paged_under_jit(rng):
+    b, hq, hkv, d, tk = 2, 8, 2, 128, 50
+    q, k, v = _qkv(rng, b, 1, hq, hkv, d, tk, "bfloat16")
+    dense = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, causal=True, q_offset=tk - 1,
+                                                          generation="fa_decode", interpret=True))(q, k, v)
+    ref, _ = reference.attention_reference(q, k, v, causal=True, q_offset=tk - 1)
+    assert _rel(dense, ref) < 2e-2
+    kp, vp, bt = build_paged_kv(k, v, 16, seed=1)
+    lens = jnp.asarray([tk, 31], jnp.int32)
+    paged = jax.jit(lambda *a: pallas_attn.paged_attention(*a, causal=True, interpret=True))(
+        q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), lens)
+    ref, _ = reference.paged_attention_reference(q, kp, vp, bt, np.asarray(lens), causal=True)
+    assert _rel(paged, ref) < 2e-2
+
+
+def test_registry_row_is_built():
+    g = registry.get("fa_decode")
+    assert g.pallas == "fa_decode" and g.gqa and g.max_q_len == 16 and set(g.head_dims) == {64, 128, 256}
+    assert registry.pallas_module("fa_decode") is fd
+
+
+@pytest.mark.parametrize("kw", [dict(block_k=48), dict(block_k=8), dict(num_warps=3), dict(num_stages=0),
+                                dict(splits=0), dict(block_m_max=8), dict(occupancy=0), dict(merge_block=3)])
+def test_config_validation(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        fd.DecodeConfig(**kw)
+
+
+def test_unsupported_inputs_name_what_is_supported(rng):
+    q, k = _arr(rng, (1, 1, 4, 96), "float16"), _arr(rng, (1, 8, 2, 96), "float16")
+    with pytest.raises(NotImplementedError, match="64, 128, 256"):
+        pallas_attn.attention(q, k, k, generation="fa_decode", interpret=True)
+    q, k = _arr(rng, (1, 17, 4, 64), "float16"), _arr(rng, (1, 32, 2, 64), "float16")
+    with pytest.raises(NotImplementedError, match="Tq <= 16"):
+        pallas_attn.attention(q, k, k, generation="fa_decode", interpret=True)
+    q, k = _arr(rng, (1, 1, 4, 64), "float32"), _arr(rng, (1, 32, 2, 64), "float32")
+    with pytest.raises(NotImplementedError, match="float16"):
+        pallas_attn.attention(q, k, k, generation="fa_decode", interpret=True)
+
+
+# ------------------------------------------------------------------------------------------- plan heuristic
+
+
+def test_plan_for_the_target_shapes():
+    cfg = fd.CONFIGS["faithful"]
+    p32 = fd.plan(batch=32, hkv=8, rows=4, d=128, max_kv=8192, config=cfg, sm_count=132)
+    p64 = fd.plan(batch=64, hkv=8, rows=4, d=128, max_kv=4096, config=cfg, sm_count=132)
+    p1 = fd.plan(batch=1, hkv=8, rows=4, d=128, max_kv=131072, config=cfg, sm_count=132)
+    assert p32.splits == 1 and p64.splits == 1  # B·Hkv already fills the chip: no merge pass
+    assert 16 <= p1.splits <= 128 and p1.chunk_blocks * p1.splits * p1.block_k >= 131072
+    assert p1.block_m == 16 and p1.row_tiles == 1
+    # Forced splits never exceed the tile count; rows beyond the cap become row tiles.
+    p = fd.plan(batch=1, hkv=1, rows=256, d=256, max_kv=40, config=fd.DecodeConfig(block_k=16, splits=9), sm_count=132)
+    assert p.splits == 3 and p.block_m == 32 and p.row_tiles == 8
+    assert fd.plan(batch=1, hkv=1, rows=1, d=64, max_kv=64, config=cfg, page_size=8, sm_count=132).paged_gather
+
+
+# ------------------------------------------------------------------------------------------------- paging
+
+
+def test_build_paged_kv_layout(rng):
+    b, tk, hkv, d, page = 3, 21, 2, 8, 8
+    k = rng.standard_normal((b, tk, hkv, d)).astype(np.float16)
+    v = rng.standard_normal((b, tk, hkv, d)).astype(np.float16)
+    kp, vp, bt = build_paged_kv(k, v, page, seed=7)
+    assert bt.dtype == np.int32 and bt.shape == (b, 3) and kp.shape == (9, page, hkv, d) and kp.dtype == k.dtype
+    assert sorted(bt.ravel().tolist()) == list(range(9))
+    assert not np.array_equal(bt.ravel(), np.arange(9))  # shuffled (seed 7)
+    for bi in range(b):
+        np.testing.assert_array_equal(reference.gather_paged_kv(kp, bt[bi], tk), k[bi].astype(np.float64))
+        np.testing.assert_array_equal(reference.gather_paged_kv(vp, bt[bi], tk), v[bi].astype(np.float64))
+    kp2, _, bt2 = build_paged_kv(k, v, page, seed=7)
+    np.testing.assert_array_equal(bt, bt2)
+    np.testing.assert_array_equal(kp, kp2)
+    _, _, bt3 = build_paged_kv(k, v, page, shuffle=False)
+    np.testing.assert_array_equal(bt3.ravel(), np.arange(9))
+    kpr, _, btr = build_paged_kv(k, v, page, kv_lens=[21, 1, 0])
+    assert kpr.shape[0] == 3 + 1 + 0 and btr.shape == (b, 3)
+    np.testing.assert_array_equal(reference.gather_paged_kv(kpr, btr[1], 1), k[1, :1].astype(np.float64))
+
+
+def test_build_paged_kv_jax_bf16_input(rng):
+    k = _arr(rng, (1, 10, 1, 16), "bfloat16")
+    kp, vp, bt = build_paged_kv(k, k, 16)
+    assert kp.dtype == np.dtype(jnp.bfloat16) and kp.shape == (1, 16, 1, 16)
+    np.testing.assert_array_equal(np.asarray(kp[0, :10], np.float32), np.asarray(k[0], np.float32))
+    assert not np.any(np.asarray(kp[0, 10:], np.float32))
+
+
+@pytest.mark.parametrize("kw, match", [(dict(page_size=12), "page_size"),
+                                       (dict(page_size=8, kv_lens=[3, 99]), "kv_lens")])
+def test_build_paged_kv_errors(kw, match):
+    k = np.zeros((2, 10, 1, 8), np.float16)
+    with pytest.raises(ValueError, match=match):
+        build_paged_kv(k, k, **kw)
