@@ -1,0 +1,51 @@
+// Host-side contract between the kernels and the binding: one launcher per generation, the workspace each
+// needs, and launch-error reporting. No torch here (see params.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "params.cuh"
+
+namespace cuda_ref {
+
+void launch_v1_naive(const AttnParams& p, cudaStream_t stream);
+void launch_v2_tiled(const AttnParams& p, cudaStream_t stream);
+void launch_v3_online(const AttnParams& p, cudaStream_t stream);
+void launch_v4_fused(const AttnParams& p, cudaStream_t stream);
+void launch_v5_wmma(const AttnParams& p, cudaStream_t stream);
+void launch_v6_splitkv(const AttnParams& p, cudaStream_t stream);
+
+// v2 keeps v1's softmax pass unchanged (§2.2 "Pass 2: identical to v1"), so it calls it instead of
+// carrying a copy. Normalises S [BH, n_q, n_k] in place, row by row.
+void launch_v1_softmax_rows(const AttnParams& p, float* s, cudaStream_t stream);
+
+// Floats of HBM scratch each generation needs (0: none).
+inline int64_t workspace_floats(Gen gen, const AttnParams& p) {
+  switch (gen) {
+    case Gen::kV1Naive:
+    case Gen::kV2Tiled:  // the materialised score matrix S (§2.1, §2.2)
+      return p.bh() * p.n_q * p.n_k;
+    case Gen::kV3Online:  // per-row max M and denominator L (§2.3)
+      return 2 * p.bh() * p.n_q;
+    case Gen::kV6SplitKV:  // O_partial [BH, n_q, S, D] + m_partial, l_partial [BH, n_q, S] (§2.0)
+      return p.bh() * p.n_q * p.num_splits * (static_cast<int64_t>(p.head_dim) + 2);
+    default:
+      return 0;
+  }
+}
+
+// Every launch is followed by this: a bad configuration (grid, smem) becomes a C++ exception, which the
+// binding's pybind layer turns into a Python RuntimeError naming the kernel.
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("cuda_ref: launch of ") + what + " failed: " + cudaGetErrorName(err) +
+                             " (" + cudaGetErrorString(err) + ")");
+  }
+}
+
+}  // namespace cuda_ref

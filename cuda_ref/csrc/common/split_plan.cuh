@@ -1,0 +1,42 @@
+// The split-KV heuristic (ORIGINAL.md §2.0): how many key splits a decode launch uses.
+//
+// Integer math only, no CUDA intrinsics: binding.cpp (a plain C++ translation unit) calls it to size the
+// workspace. Mirrored line for line by cuda_ref.api.choose_splits (Python); a GPU test asserts the two
+// agree, so change both together.
+#pragma once
+
+#include <cuda_runtime.h>  // __host__ __device__ for non-nvcc compilers
+
+#include <cstdint>
+
+namespace cuda_ref {
+
+constexpr int kSplitCap = 32;        // S_CAP
+constexpr int kMinSplitChunk = 256;  // MIN_CHUNK
+constexpr int kReferenceNumSm = 40;  // the reference's T4 constant (§7.3); the default is the device count
+
+struct SplitPlan {
+  int num_splits;
+  int chunk;
+};
+
+__host__ __device__ inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// base = CTAs without splitting; aim for 2 CTAs per SM, but never a chunk under 256 keys and never more
+// than 32 splits. Prefill (many row tiles) therefore degenerates to S = 1.
+__host__ __device__ inline SplitPlan choose_splits(int64_t bh, int64_t n_q, int64_t n_k, int rows_per_cta,
+                                                   int num_sm) {
+  const int64_t target_blocks = 2 * static_cast<int64_t>(num_sm);
+  const int64_t row_tiles = ceil_div64(n_q, rows_per_cta);
+  int64_t base = bh * row_tiles;
+  if (base < 1) base = 1;
+  const int64_t by_occ = ceil_div64(target_blocks, base);
+  const int64_t by_size = ceil_div64(n_k, kMinSplitChunk);
+  int64_t s = by_occ < by_size ? by_occ : by_size;
+  if (s < 1) s = 1;
+  if (s > kSplitCap) s = kSplitCap;
+  const int64_t chunk = ceil_div64(n_k, s);
+  return {static_cast<int>(s), static_cast<int>(chunk)};
+}
+
+}  // namespace cuda_ref
