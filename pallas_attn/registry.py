@@ -117,7 +117,9 @@ def _with_builds(table: tuple[Generation, ...]) -> tuple[Generation, ...]:
 
 # Which generations have implementations. Edit these when a twin lands (tests check they are real).
 _PALLAS_BUILT: dict[str, str] = {"fa_decode": "fa_decode"}
-_CUDA_BUILT: frozenset[str] = frozenset()
+_CUDA_BUILT: frozenset[str] = frozenset(
+    {"v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv"}
+)
 
 GENERATIONS: tuple[Generation, ...] = _with_builds(_TABLE)
 _BY_ID = {g.id: g for g in GENERATIONS}
