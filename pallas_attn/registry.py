@@ -116,7 +116,10 @@ def _with_builds(table: tuple[Generation, ...]) -> tuple[Generation, ...]:
 
 
 # Which generations have implementations. Edit these when a twin lands (tests check they are real).
-_PALLAS_BUILT: dict[str, str] = {"fa_decode": "fa_decode"}
+_PALLAS_BUILT: dict[str, str] = {
+    "v1_naive": "v1_naive", "v2_tiled": "v2_tiled", "v3_online": "v3_online", "v4_fused": "v4_fused",
+    "v5_wmma": "v5_wmma", "v6_splitkv": "v6_splitkv", "fa_decode": "fa_decode",
+}
 _CUDA_BUILT: frozenset[str] = frozenset(
     {"v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv"}
 )

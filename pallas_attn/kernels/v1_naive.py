@@ -1,0 +1,216 @@
+"""v1_naive: three passes with the full score matrix S in HBM, FP32 throughout (ORIGINAL.md §2.1).
+
+What it computes: ``O = softmax(scale * Q K^T [+ causal]) V`` for FP32 BTNH inputs, in three
+``pallas_call``s, each reading its operands straight from HBM with no reuse across rows:
+
+1. ``pallas_attn_v1_naive_qk``: S = scale * Q K^T as FP32 ``[B*H*Tq, Tk]`` in HBM. One program per
+   (query row, chunk of ``qk_keys`` keys): the reference's 256-thread block with one thread per S element.
+   The dot is a CUDA-core multiply + sum (no tensor cores, no tiles shared between rows).
+2. ``pallas_attn_v1_naive_softmax``: row softmax *in place* (the S buffer is aliased to the output), in
+   three sweeps per row (max over visible keys; write ``exp(s - m)`` and sum, zeroing the masked tail;
+   multiply by 1/sum). One program per ``softmax_rows`` flattened rows (the reference: one thread per
+   row, 256-thread blocks).
+3. ``pallas_attn_v1_naive_pv``: O = P V, one program per output row (``D`` threads, one per output
+   element as in the reference), summing over all ``Tk`` keys.
+
+This is the root of the prefill family; it has no parent. Differences from the CUDA original that Pallas
+imposes: a program works on a vector of ``qk_keys`` / ``softmax_cols`` / ``pv_keys`` elements at a time
+(Triton tensors), and memory coalescing is Triton's, not one-thread-per-element. The causal mask is
+top-left with ``q_offset`` (the reference is the ``q_offset = 0`` case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._compat import load, pl, store, triton_params
+from . import common as c
+
+GEN = "v1_naive"
+
+
+@dataclasses.dataclass(frozen=True)
+class NaiveConfig:
+    """Vector widths of the three passes (the reference: 256 threads per block, one element each)."""
+
+    qk_keys: int = 256  # S elements of one query row per QK program
+    softmax_rows: int = 256  # flattened rows per softmax program (one thread per row)
+    softmax_cols: int = 32  # columns per sweep step of the softmax
+    pv_keys: int = 64  # keys per step of the PV sum
+    num_warps: int = 8  # 256 threads for the QK and softmax passes
+    pv_num_warps: int | None = None  # None: D/32 (one thread per output element of the row)
+    num_stages: int = 1  # the reference has no software pipelining
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("qk_keys", "softmax_rows", "softmax_cols", "pv_keys", "num_warps"):
+            c.check_pow2(owner, name, getattr(self, name))
+        if self.pv_num_warps is not None:
+            c.check_pow2(owner, "pv_num_warps", self.pv_num_warps)
+        c.check_positive(owner, "num_stages", self.num_stages)
+
+    def pv_warps(self, d: int) -> int:
+        return self.pv_num_warps or max(1, d // 32)
+
+
+CONFIGS: dict[str, NaiveConfig] = {"faithful": NaiveConfig()}
+
+
+# --- pass 1: S = scale * Q K^T ------------------------------------------------------------------------
+
+
+def _qk_kernel(q_ref, k_ref, s_ref, *, scale: float, tq: int, tk: int, block_k: int):
+    jb, i, bh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    d = q_ref.shape[-1]
+    cols = jb * block_k + jnp.arange(block_k)
+    kmask = cols < tk
+    q = q_ref[pl.ds(i, 1), :]  # [1, D]
+    kt = load(k_ref.at[pl.ds(jb * block_k, block_k), :], mask=jnp.broadcast_to(kmask[:, None], (block_k, d)),
+              other=0.0)
+    s = jnp.sum(q * kt, axis=1) * scale  # one FP32 dot per S element, on CUDA cores
+    store(s_ref.at[pl.ds(bh * tq + i, 1), pl.ds(jb * block_k, block_k)], s[None, :], mask=kmask[None, :])
+
+
+def qk_pass(q, k, *, scale: float, cfg: NaiveConfig, interpret: bool, name: str):
+    b, tq, h, d = q.shape
+    tk = k.shape[1]
+    bk = min(cfg.qk_keys, c.next_pow2(tk))
+    return pl.pallas_call(
+        functools.partial(_qk_kernel, scale=scale, tq=tq, tk=tk, block_k=bk),
+        out_shape=jax.ShapeDtypeStruct((b * h * tq, tk), jnp.float32),
+        grid=(c.cdiv(tk, bk), tq, b * h),
+        in_specs=[c.btnh_spec(tq, d, h, bh_axis=2), c.btnh_spec(tk, d, h, bh_axis=2)],
+        out_specs=c.full_spec((b * h * tq, tk)),
+        compiler_params=triton_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=interpret,
+        name=name,
+    )(q, k)
+
+
+# --- pass 2: row softmax in place (shared by v2_tiled) --------------------------------------------------
+
+
+def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: bool, q_offset: int,
+                    rows: int, cols: int):
+    del s_in_ref  # aliased to s_ref: read and write the one buffer, as the reference does
+    r0 = pl.program_id(0) * rows
+    r = r0 + jnp.arange(rows)
+    rvalid = r < n_rows
+    i = lax.rem(r, jnp.int32(tq))  # query position of each flattened (b, h, i) row
+    col = jnp.arange(cols)
+    if causal:
+        lim = jnp.minimum(i + (q_offset + 1), tk)  # visible keys per row
+        n_vis = c.cdiv(jnp.max(jnp.where(rvalid, lim, 0)), cols)
+    else:
+        lim = jnp.full((rows,), tk, jnp.int32)
+        n_vis = c.cdiv(tk, cols)
+
+    def tile(cb):
+        j = cb * cols + col
+        inb = rvalid[:, None] & (j < tk)[None, :]
+        vis = j[None, :] < lim[:, None]
+        return inb, vis
+
+    def sweep_max(cb, m):
+        inb, vis = tile(cb)
+        s = load(s_ref.at[pl.ds(r0, rows), pl.ds(cb * cols, cols)], mask=inb, other=0.0)
+        return jnp.maximum(m, jnp.max(jnp.where(vis, s, -jnp.inf), axis=1))
+
+    m = lax.fori_loop(0, n_vis, sweep_max, jnp.full((rows,), c.NEG_BIG, jnp.float32))
+
+    def sweep_exp(cb, l):
+        inb, vis = tile(cb)
+        ref = s_ref.at[pl.ds(r0, rows), pl.ds(cb * cols, cols)]
+        s = load(ref, mask=inb, other=0.0)
+        p = jnp.where(vis, jnp.exp(s - m[:, None]), 0.0)  # the masked tail is written as 0
+        store(ref, p, mask=inb)
+        return l + jnp.sum(p, axis=1)
+
+    l = lax.fori_loop(0, c.cdiv(tk, cols), sweep_exp, jnp.zeros((rows,), jnp.float32))
+    inv = jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)
+
+    def sweep_norm(cb, carry):
+        inb, _ = tile(cb)
+        ref = s_ref.at[pl.ds(r0, rows), pl.ds(cb * cols, cols)]
+        store(ref, load(ref, mask=inb, other=0.0) * inv[:, None], mask=inb)
+        return carry
+
+    lax.fori_loop(0, n_vis, sweep_norm, 0)
+
+
+def softmax_pass(s, *, tq: int, causal: bool, q_offset: int, cfg: NaiveConfig, interpret: bool, name: str):
+    n_rows, tk = s.shape
+    rows = min(cfg.softmax_rows, c.next_pow2(n_rows))
+    cols = min(cfg.softmax_cols, c.next_pow2(tk))
+    return pl.pallas_call(
+        functools.partial(_softmax_kernel, n_rows=n_rows, tq=tq, tk=tk, causal=causal, q_offset=q_offset,
+                          rows=rows, cols=cols),
+        out_shape=jax.ShapeDtypeStruct(s.shape, s.dtype),
+        grid=(c.cdiv(n_rows, rows),),
+        in_specs=[c.full_spec(s.shape)],
+        out_specs=c.full_spec(s.shape),
+        input_output_aliases={0: 0},
+        compiler_params=triton_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=interpret,
+        name=name,
+    )(s)
+
+
+# --- pass 3: O = P V -------------------------------------------------------------------------------------
+
+
+def _pv_kernel(p_ref, v_ref, o_ref, *, tq: int, tk: int, block_k: int):
+    i, bh = pl.program_id(0), pl.program_id(1)
+    d = v_ref.shape[-1]
+    row = bh * tq + i
+
+    def body(cb, acc):
+        j = cb * block_k + jnp.arange(block_k)
+        kmask = j < tk
+        p = load(p_ref.at[pl.ds(row, 1), pl.ds(cb * block_k, block_k)], mask=kmask[None, :], other=0.0)
+        vt = load(v_ref.at[pl.ds(cb * block_k, block_k), :],
+                  mask=jnp.broadcast_to(kmask[:, None], (block_k, d)), other=0.0)
+        return acc + jnp.sum(p.reshape(block_k, 1) * vt, axis=0)
+
+    acc = lax.fori_loop(0, c.cdiv(tk, block_k), body, jnp.zeros((d,), jnp.float32))
+    o_ref[pl.ds(i, 1), :] = acc.reshape(1, d).astype(o_ref.dtype)
+
+
+def pv_pass(p, v, *, tq: int, out_dtype, cfg: NaiveConfig, interpret: bool, name: str):
+    b, tk, h, d = v.shape
+    bk = min(cfg.pv_keys, c.next_pow2(tk))
+    return pl.pallas_call(
+        functools.partial(_pv_kernel, tq=tq, tk=tk, block_k=bk),
+        out_shape=jax.ShapeDtypeStruct((b, tq, h, d), out_dtype),
+        grid=(tq, b * h),
+        in_specs=[c.full_spec(p.shape), c.btnh_spec(tk, d, h, bh_axis=1)],
+        out_specs=c.btnh_spec(tq, d, h, bh_axis=1),
+        compiler_params=triton_params(num_warps=cfg.pv_warps(d), num_stages=cfg.num_stages),
+        interpret=interpret,
+        name=name,
+    )(p, v)
+
+
+# --- wrapper ---------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
+            config: NaiveConfig = CONFIGS["faithful"]):
+    """BTNH FP32 q ``[B, Tq, H, D]``, k/v ``[B, Tk, H, D]`` -> ``[B, Tq, H, D]`` FP32.
+
+    Jitted so that S is a temporary and the in-place softmax really aliases it (no 4·B·H·Tq·Tk-byte copy).
+    """
+    c.check_dense_shapes(GEN, q, k, v)
+    if q.dtype != jnp.float32:
+        raise NotImplementedError(f"{GEN} takes float32 only (as the reference); got {q.dtype}")
+    s = qk_pass(q, k, scale=scale, cfg=config, interpret=interpret, name=f"pallas_attn_{GEN}_qk")
+    p = softmax_pass(s, tq=q.shape[1], causal=causal, q_offset=q_offset, cfg=config, interpret=interpret,
+                     name=f"pallas_attn_{GEN}_softmax")
+    return pv_pass(p, v, tq=q.shape[1], out_dtype=q.dtype, cfg=config, interpret=interpret,
+                   name=f"pallas_attn_{GEN}_pv")

@@ -1,0 +1,117 @@
+"""v2_tiled: v1's three passes with tiles that reuse operands; S still in HBM (ORIGINAL.md §2.2).
+
+Delta from v1_naive: the QK and PV passes work on tiles, so each loaded Q/K/P/V element is reused by a
+whole tile instead of one output element. Tiles are the reference's: TM = TN = 64 for D = 64, 32 for
+D = 128 (its shared-memory budget, (TM+TN)·D·4 B = 32 KB).
+
+* ``pallas_attn_v2_tiled_qk``: grid (ceil(Tk/TN), ceil(Tq/TM), B·H); one TM x TN tile of S per program,
+  zero-filled out of range, written as FP32 to HBM.
+* ``pallas_attn_v2_tiled_softmax``: v1's in-place three-sweep row softmax, unchanged (imported).
+* ``pallas_attn_v2_tiled_pv``: grid (ceil(Tq/TM), B·H); the key contraction chunked by TK = TN,
+  a TM x D FP32 accumulator per program.
+
+Both tile products are ``dot_general`` with ``precision=HIGHEST``: Triton's IEEE FP32 dot, i.e. FMAs on
+CUDA cores, as the reference's per-thread smem dot (TF32 tensor cores would change the numerics).
+Pallas has no shared memory to stage into: the "tile in smem" is a tile in registers, loaded once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._compat import load, pl, store, triton_params
+from . import common as c
+from .v1_naive import NaiveConfig, softmax_pass
+
+GEN = "v2_tiled"
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledConfig:
+    """Tiles per head dim; TK (the PV contraction chunk) equals TN as in the reference."""
+
+    tile_d64: int = 64
+    tile_d128: int = 32
+    num_warps: int = 8  # the reference's 256 threads
+    num_stages: int = 1
+    softmax: NaiveConfig = NaiveConfig()  # pass 2 is v1's
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        # jnp.dot operands need every dim >= 16 under the Triton lowering
+        c.check_pow2(owner, "tile_d64", self.tile_d64, minimum=16)
+        c.check_pow2(owner, "tile_d128", self.tile_d128, minimum=16)
+        c.check_pow2(owner, "num_warps", self.num_warps)
+        c.check_positive(owner, "num_stages", self.num_stages)
+
+    def tile(self, d: int) -> int:
+        return c.per_head_dim(GEN, d, d64=self.tile_d64, d128=self.tile_d128)
+
+
+CONFIGS: dict[str, TiledConfig] = {"faithful": TiledConfig()}
+
+
+def _qk_kernel(q_ref, k_ref, s_ref, *, scale: float, tq: int, tk: int, tm: int, tn: int):
+    jb, ib, bh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    d = q_ref.shape[-1]
+    rows = ib * tm + jnp.arange(tm)
+    cols = jb * tn + jnp.arange(tn)
+    qt = load(q_ref.at[pl.ds(ib * tm, tm), :], mask=c.row_mask(rows, tq, d), other=0.0)
+    kt = load(k_ref.at[pl.ds(jb * tn, tn), :], mask=c.row_mask(cols, tk, d), other=0.0)
+    s = c.dot_nt(qt, kt, precision=c.FP32_EXACT) * scale
+    store(s_ref.at[pl.ds(bh * tq + ib * tm, tm), pl.ds(jb * tn, tn)], s,
+          mask=(rows < tq)[:, None] & (cols < tk)[None, :])
+
+
+def _pv_kernel(p_ref, v_ref, o_ref, *, tq: int, tk: int, tm: int, tn: int):
+    ib, bh = pl.program_id(0), pl.program_id(1)
+    d = v_ref.shape[-1]
+    rows = ib * tm + jnp.arange(tm)
+
+    def body(cb, acc):
+        cols = cb * tn + jnp.arange(tn)
+        pt = load(p_ref.at[pl.ds(bh * tq + ib * tm, tm), pl.ds(cb * tn, tn)],
+                  mask=(rows < tq)[:, None] & (cols < tk)[None, :], other=0.0)
+        vt = load(v_ref.at[pl.ds(cb * tn, tn), :], mask=c.row_mask(cols, tk, d), other=0.0)
+        return acc + c.dot_nn(pt, vt, precision=c.FP32_EXACT)
+
+    acc = lax.fori_loop(0, c.cdiv(tk, tn), body, jnp.zeros((tm, d), jnp.float32))
+    store(o_ref.at[pl.ds(ib * tm, tm), :], acc.astype(o_ref.dtype), mask=c.row_mask(rows, tq, d))
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
+            config: TiledConfig = CONFIGS["faithful"]):
+    """BTNH FP32 in, FP32 out; S ``[B*H*Tq, Tk]`` FP32 lives in HBM between the passes."""
+    b, tq, h, d, tk = c.check_dense_shapes(GEN, q, k, v)
+    if q.dtype != jnp.float32:
+        raise NotImplementedError(f"{GEN} takes float32 only (as the reference); got {q.dtype}")
+    t = config.tile(d)
+    params = triton_params(num_warps=config.num_warps, num_stages=config.num_stages)
+    s = pl.pallas_call(
+        functools.partial(_qk_kernel, scale=scale, tq=tq, tk=tk, tm=t, tn=t),
+        out_shape=jax.ShapeDtypeStruct((b * h * tq, tk), jnp.float32),
+        grid=(c.cdiv(tk, t), c.cdiv(tq, t), b * h),
+        in_specs=[c.btnh_spec(tq, d, h, bh_axis=2), c.btnh_spec(tk, d, h, bh_axis=2)],
+        out_specs=c.full_spec((b * h * tq, tk)),
+        compiler_params=params,
+        interpret=interpret,
+        name=f"pallas_attn_{GEN}_qk",
+    )(q, k)
+    p = softmax_pass(s, tq=tq, causal=causal, q_offset=q_offset, cfg=config.softmax, interpret=interpret,
+                     name=f"pallas_attn_{GEN}_softmax")
+    return pl.pallas_call(
+        functools.partial(_pv_kernel, tq=tq, tk=tk, tm=t, tn=t),
+        out_shape=jax.ShapeDtypeStruct((b, tq, h, d), q.dtype),
+        grid=(c.cdiv(tq, t), b * h),
+        in_specs=[c.full_spec(p.shape), c.btnh_spec(tk, d, h, bh_axis=1)],
+        out_specs=c.btnh_spec(tq, d, h, bh_axis=1),
+        compiler_params=params,
+        interpret=interpret,
+        name=f"pallas_attn_{GEN}_pv",
+    )(p, v)

@@ -1,0 +1,125 @@
+"""v5_wmma: FP16/BF16 operands on tensor cores, FP32 accumulation, online softmax (ORIGINAL.md §2.5).
+
+Delta from v4_fused: the two products run on tensor cores. A program owns BM query rows and streams key
+blocks of BN: ``S = Q K^T`` (``jnp.dot`` of 16-bit operands, FP32 result), scale and mask in FP32
+(``j >= Tk`` or causal ``j > i + q_offset``), the block online update (§2.0) on FP32 ``m, l``, the
+running O rescaled by ``alpha``, then ``P V`` with P rounded to the operand dtype (the reference writes
+``p`` as half into ``sP``) and FP32 accumulation. Finally ``O / l`` (0 if ``l = 0``).
+One ``pallas_call``: ``pallas_attn_v5_wmma_fwd``, grid (ceil(Tq/BM), B·H).
+
+Faithful blocks (the reference's 48 KB smem budget): D = 64 -> BM = 64, BN = 32, 4 warps;
+D = 128 -> BM = 32, BN = 32, 2 warps (one warp per 16-row M tile). K is contracted on its D axis
+(``dot_general``), the col-major-fragment trick of the reference: no transpose in HBM.
+
+Precision: like the reference host, FP32 inputs are cast to FP16 before the kernel (the cast is part of
+``forward``, so it is inside any timed region, as in the reference); FP16 and BF16 inputs are staged as
+they are. The output has q's dtype (FP32 for FP32 input, as the reference returns FP32).
+
+Differences from the CUDA original: the running O lives in registers, not in an ``oRun`` smem buffer
+that every PV MMA reloads (Pallas has no scratch memory under the Triton lowering; Triton keeps the
+accumulator in registers), and Triton picks the MMA instruction (mma.sync/wgmma) instead of WMMA 16x16x16.
+``CONFIGS["tuned"]`` uses the larger blocks and software pipelining usual for Triton FA-2 forward
+kernels; it is a starting point labelled as such, to be confirmed by ``compare`` on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._compat import load, pl, store, triton_params
+from . import common as c
+
+GEN = "v5_wmma"
+
+
+@dataclasses.dataclass(frozen=True)
+class WmmaConfig:
+    block_m_d64: int = 64
+    block_n_d64: int = 32
+    block_m_d128: int = 32
+    block_n_d128: int = 32
+    num_warps_d64: int = 4
+    num_warps_d128: int = 2
+    num_stages: int = 1  # the reference loads, syncs, computes: no pipelining
+    fp32_stage_dtype: str = "float16"  # what FP32 input is cast to (the reference host casts to half)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in ("block_m_d64", "block_n_d64", "block_m_d128", "block_n_d128"):
+            c.check_pow2(owner, name, getattr(self, name), minimum=16)  # tensor-core dot: dims >= 16
+        for name in ("num_warps_d64", "num_warps_d128"):
+            c.check_pow2(owner, name, getattr(self, name))
+        c.check_positive(owner, "num_stages", self.num_stages)
+        if self.fp32_stage_dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"{owner}.fp32_stage_dtype must be 'float16' or 'bfloat16'; "
+                             f"got {self.fp32_stage_dtype!r}")
+
+    def blocks(self, d: int) -> tuple[int, int, int]:
+        """(BM, BN, num_warps) for head dim ``d``."""
+        return c.per_head_dim(GEN, d, d64=(self.block_m_d64, self.block_n_d64, self.num_warps_d64),
+                              d128=(self.block_m_d128, self.block_n_d128, self.num_warps_d128))
+
+
+CONFIGS: dict[str, WmmaConfig] = {
+    "faithful": WmmaConfig(),
+    # Not the reference's: BM = 128 query rows per program, BN = 64, pipelined loads (num_stages).
+    "tuned": WmmaConfig(block_m_d64=128, block_n_d64=64, block_m_d128=128, block_n_d128=64,
+                        num_warps_d64=4, num_warps_d128=8, num_stages=3),
+}
+
+
+def stage(x, config: WmmaConfig):
+    """The reference host's cast: FP32 inputs become 16-bit operands; 16-bit inputs stay as they are."""
+    return x.astype(config.fp32_stage_dtype) if x.dtype == jnp.float32 else x
+
+
+def _kernel(q_ref, k_ref, v_ref, o_ref, *, scale, tq, tk, causal, q_offset, bm, bn):
+    d = q_ref.shape[-1]
+    i0 = pl.program_id(0) * bm
+    rows = i0 + jnp.arange(bm)
+    qt = load(q_ref.at[pl.ds(i0, bm), :], mask=c.row_mask(rows, tq, d), other=0.0)
+    last = jnp.minimum(i0 + bm, tq) - 1
+    n_blocks = c.cdiv(c.key_limit(last, tk=tk, causal=causal, q_offset=q_offset), bn)
+
+    def body(jb, carry):
+        m, l, acc = carry
+        cols = jb * bn + jnp.arange(bn)
+        kmask = c.row_mask(cols, tk, d)
+        kt = load(k_ref.at[pl.ds(jb * bn, bn), :], mask=kmask, other=0.0)
+        vt = load(v_ref.at[pl.ds(jb * bn, bn), :], mask=kmask, other=0.0)
+        s = c.dot_nt(qt, kt) * scale  # tensor cores, FP32 accumulate; scale after the dot
+        vis = c.visible(rows[:, None], cols[None, :], tk=tk, causal=causal, q_offset=q_offset)
+        m, l, alpha, p = c.online_softmax_step(m, l, s, vis)
+        acc = acc * alpha[:, None] + c.dot_nn(p.astype(vt.dtype), vt)
+        return m, l, acc
+
+    init = (jnp.full((bm,), c.NEG_BIG, jnp.float32), jnp.zeros((bm,), jnp.float32),
+            jnp.zeros((bm, d), jnp.float32))
+    _, l, acc = lax.fori_loop(0, n_blocks, body, init)
+    store(o_ref.at[pl.ds(i0, bm), :], c.finalize(acc, l).astype(o_ref.dtype), mask=c.row_mask(rows, tq, d))
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
+            config: WmmaConfig = CONFIGS["faithful"]):
+    """BTNH in (FP32/FP16/BF16), operands staged in 16 bits, FP32 accumulation, output in q's dtype."""
+    b, tq, h, d, tk = c.check_dense_shapes(GEN, q, k, v)
+    out_dtype = q.dtype
+    q, k, v = (stage(x, config) for x in (q, k, v))
+    bm, bn, warps = config.blocks(d)
+    return pl.pallas_call(
+        functools.partial(_kernel, scale=scale, tq=tq, tk=tk, causal=causal, q_offset=q_offset, bm=bm, bn=bn),
+        out_shape=jax.ShapeDtypeStruct((b, tq, h, d), out_dtype),
+        grid=(c.cdiv(tq, bm), b * h),
+        in_specs=[c.btnh_spec(tq, d, h, bh_axis=1), c.btnh_spec(tk, d, h, bh_axis=1),
+                  c.btnh_spec(tk, d, h, bh_axis=1)],
+        out_specs=c.btnh_spec(tq, d, h, bh_axis=1),
+        compiler_params=triton_params(num_warps=warps, num_stages=config.num_stages),
+        interpret=interpret,
+        name=f"pallas_attn_{GEN}_fwd",
+    )(q, k, v)
