@@ -1,0 +1,149 @@
+"""Inputs made once per workload and shared by every implementation, JAX and torch, without copies.
+
+Inputs are seeded standard-normal numpy draws (never zeros: METHOD.md), cast once to the workload's dtype
+on the default JAX device. torch sees the *same* device buffers through DLPack
+(``torch.utils.dlpack.from_dlpack``); layout changes (BTNH -> BHND for SDPA and cuda_ref, the peers' own
+page layouts, pre-scaled queries) are made here, once, outside every timed region, and cached on the
+``Inputs`` object so several implementations share them. Outputs come back to BTNH JAX arrays through
+DLPack too (``to_jax_btnh``), also outside the timed region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+# torch and JAX share the GPU: without this JAX takes 75% of its memory at import (ANCHORS.md §4).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["Inputs", "make_inputs", "torch_cuda_available", "to_torch", "to_jax", "to_jax_btnh", "kv_lengths"]
+
+
+def torch_cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken one: torch implementations are then 'unavailable'
+        return False
+
+
+def to_torch(x: jax.Array):
+    """Zero-copy JAX -> torch (same device buffer)."""
+    import torch.utils.dlpack
+
+    return torch.utils.dlpack.from_dlpack(x)
+
+
+def to_jax(t) -> jax.Array:
+    """Zero-copy torch -> JAX (a contiguous tensor; strided views are made contiguous first)."""
+    return jax.dlpack.from_dlpack(t.contiguous())
+
+
+def to_jax_btnh(out: Any, layout: str) -> jax.Array:
+    """Any implementation's output as a BTNH JAX array (fp32 if the implementation returned fp32)."""
+    if hasattr(out, "detach"):  # torch
+        if layout == "BHND":
+            out = out.transpose(1, 2)
+        elif layout == "BND":  # [B, H, D] decode output
+            out = out.unsqueeze(1)
+        elif layout != "BTNH":
+            raise ValueError(f"unknown layout {layout!r}")
+        return to_jax(out)
+    out = jnp.asarray(out)
+    if layout == "BHND":
+        return jnp.swapaxes(out, 1, 2)
+    if layout == "BND":
+        return out[:, None]
+    if layout != "BTNH":
+        raise ValueError(f"unknown layout {layout!r}")
+    return out
+
+
+def kv_lengths(w) -> np.ndarray | None:
+    """Per-sequence key counts of a paged workload (None for dense ones), from their own seeded stream so
+    the roofline can count ragged bytes before any input exists. Ragged: drawn in [kv_len/2, kv_len]
+    (workloads.py), the longest exactly kv_len so the workload's kv_len is the real maximum."""
+    if w.family != "paged_decode":
+        return None
+    if not w.ragged:
+        return np.full((w.batch,), w.kv_len, np.int32)
+    rng = np.random.default_rng([w.seed, 1])
+    lens = rng.integers(max(1, w.kv_len // 2), w.kv_len + 1, size=w.batch)
+    lens[int(rng.integers(w.batch))] = w.kv_len
+    return lens.astype(np.int32)
+
+
+@dataclasses.dataclass
+class Inputs:
+    """One workload's inputs. Dense arrays are BTNH; ``k``/``v`` are also the dense view of a paged cache."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    scale: float
+    kv_lens: np.ndarray | None = None  # int32 [B] (paged workloads)
+    k_pool: jax.Array | None = None  # [num_blocks, page, Hkv, D]
+    v_pool: jax.Array | None = None
+    block_table: jax.Array | None = None  # int32 [B, pages_per_seq]
+    _cache: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def cached(self, key: str, make):
+        """Derived inputs (layouts, pre-scaled q, torch views), built once and shared by implementations."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def kv_lens_jax(self) -> jax.Array:
+        return self.cached("kv_lens_jax", lambda: jnp.asarray(self.kv_lens, dtype=jnp.int32))
+
+    def torch_bhnd(self) -> tuple[Any, Any, Any]:
+        """q, k, v as contiguous torch BHND tensors on the same device (one layout copy, untimed)."""
+        def make():
+            return tuple(to_torch(x).transpose(1, 2).contiguous() for x in (self.q, self.k, self.v))
+        return self.cached("torch_bhnd", make)
+
+    def torch_paged(self) -> tuple[Any, Any, Any, Any]:
+        """k_pool, v_pool, block_table, kv_lens as torch tensors: the pools are shared, not copied."""
+        def make():
+            return (to_torch(self.k_pool), to_torch(self.v_pool), to_torch(self.block_table),
+                    to_torch(self.kv_lens_jax()))
+        return self.cached("torch_paged", make)
+
+    def nbytes(self) -> int:
+        arrs = [self.q, self.k, self.v, self.k_pool, self.v_pool]
+        return int(sum(a.size * a.dtype.itemsize for a in arrs if a is not None))
+
+
+def make_inputs(w, *, seed: int | None = None) -> Inputs:
+    """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
+    (``pallas_attn.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
+    if w.family == "mla":
+        raise NotImplementedError("compare has no MLA input path yet (needs the latent-cache builder)")
+    rng = np.random.default_rng(w.seed if seed is None else seed)
+    dt = jnp.dtype(w.dtype)
+    q_np = rng.standard_normal((w.batch, w.q_len, w.heads_q, w.head_dim), dtype=np.float32)
+    k_np = rng.standard_normal((w.batch, w.kv_len, w.heads_kv, w.head_dim), dtype=np.float32)
+    v_np = rng.standard_normal((w.batch, w.kv_len, w.heads_kv, w.head_dim), dtype=np.float32)
+    # Cast once: every implementation and the oracle see exactly these rounded values.
+    q, k, v = (jnp.asarray(x, dtype=dt) for x in (q_np, k_np, v_np))
+    scale = 1.0 / float(np.sqrt(w.head_dim))
+    inp = Inputs(q=q, k=k, v=v, scale=scale)
+    if w.family == "paged_decode":
+        from pallas_attn import paging
+
+        lens = kv_lengths(w)
+        # Build pools from the rounded values so dense and paged views hold identical numbers.
+        k_r, v_r = np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32))
+        k_pool, v_pool, table = paging.build_paged_kv(k_r, v_r, w.page_size, seed=w.seed, shuffle=True,
+                                                      kv_lens=lens)
+        inp.kv_lens = lens
+        inp.k_pool = jnp.asarray(k_pool, dtype=dt)
+        inp.v_pool = jnp.asarray(v_pool, dtype=dt)
+        inp.block_table = jnp.asarray(table, dtype=jnp.int32)
+    return inp

@@ -1,0 +1,368 @@
+"""The peers: what the project measures itself against (ANCHORS.md), each with its own ``supports()``.
+
+  * ``torch:cudnn|flash|efficient|math`` — torch SDPA with one backend selected explicitly
+    (``torch.nn.attention.sdpa_kernel``; FLASH is FlashAttention-2). BHND contiguous copies are made once,
+    outside the timed region. MATH only where its materialized scores stay small.
+  * ``jax:cudnn|xla`` — ``jax.nn.dot_product_attention(implementation=...)`` on the BTNH arrays.
+  * ``jax-pallas:mha|mgpu|decode_gqa|paged`` — JAX's own Pallas ops, with their traps handled
+    (ANCHORS.md §3): ``mha`` defaults to ``sm_scale=1.0`` (we pass the scale); ``attention_mgpu`` and
+    ``paged_attention`` apply no scale at all (q is pre-scaled once, untimed, in the input dtype, so their
+    error includes that one rounding); ``attention_mgpu`` takes fp16 only, D % 64 == 0, block multiples of
+    64 (we use block_q 64, block_kv 128, 2 stages: ANCHORS.md §1); ``decode_attention.gqa`` is decode only.
+
+Causal masks: our convention is top-left with ``q_offset`` (``j <= i + q_offset``). When every row sees
+every key the mask is dropped; ``q_offset == 0`` maps to the peers' top-left ``is_causal``; for SDPA,
+``q_offset == Tk - Tq`` maps to ``causal_lower_right``; any other offset needs an explicit mask (MATH,
+EFFICIENT and jax:xla only). Paged workloads give dense-KV peers the dense view of the same cache
+(``notes`` says so); ragged lengths become ``key_value_seq_lengths`` (jax) or a boolean mask (SDPA).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .impls import YES, Ctx, Impl, Prepared, Support
+
+__all__ = ["peer_impls", "causal_mode"]
+
+MATH_MAX_SCORE_BYTES = 512 << 20  # fp32 scores B*H*Tq*Tk*4 above this: MATH is not "cheap"
+
+
+def causal_mode(w) -> str:
+    """``none`` | ``top_left`` | ``bottom_right`` | ``offset``: the mask a peer must apply."""
+    if not w.causal or w.q_offset >= w.kv_len - 1:  # row 0 already sees every key: no mask at all
+        return "none"
+    if w.q_offset == 0:
+        return "top_left"
+    if w.q_offset == w.kv_len - w.q_len:
+        return "bottom_right"
+    return "offset"
+
+
+def _dense_like(w) -> Support:
+    if w.family == "mla":
+        return Support(False, "", "n/a")  # no MLA peer yet: the MLA generations' records say why
+    return YES
+
+
+def _lowp(w) -> Support:
+    if w.dtype not in ("float16", "bfloat16"):
+        return Support(False, f"takes float16/bfloat16 only; got {w.dtype}")
+    return YES
+
+
+def _first_fail(*checks: Support) -> Support:
+    for c in checks:
+        if not c.ok:
+            return c
+    return YES
+
+
+def _ragged(w) -> bool:
+    return w.family == "paged_decode" and bool(w.ragged)
+
+
+def _kv_note(w) -> str:
+    return "dense view of the paged cache" if w.family == "paged_decode" else ""
+
+
+# --------------------------------------------------------------------------------------- torch SDPA
+
+_SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+
+
+def _sdpa_supports(backend: str, w, ctx: Ctx) -> Support:
+    base = _dense_like(w)
+    if not base.ok:
+        return base
+    if not ctx.torch_cuda:
+        return Support(False, "needs a CUDA GPU", "unavailable")
+    mode = causal_mode(w)
+    gqa = w.heads_q != w.heads_kv
+    masked = mode == "offset" or _ragged(w)
+    if backend in ("cudnn", "flash"):
+        c = _lowp(w)
+        if not c.ok:
+            return c
+        if masked:
+            return Support(False, f"{backend} takes no explicit mask (causal offset {w.q_offset} / ragged lengths)")
+    if backend == "cudnn" and gqa and w.kv_len == 1:
+        return Support(False, "cuDNN SDPA cannot take Sk == 1 with GQA (ANCHORS.md §3)")
+    if backend == "efficient" and gqa:
+        return Support(False, "EFFICIENT refuses Hq != Hkv with enable_gqa (ANCHORS.md §3)")
+    if backend == "math":
+        score_bytes = w.batch * w.heads_q * w.q_len * w.kv_len * 4
+        if score_bytes > MATH_MAX_SCORE_BYTES:
+            return Support(False, f"MATH materializes {score_bytes / 2**20:.0f} MiB of scores (> "
+                                  f"{MATH_MAX_SCORE_BYTES >> 20} MiB): not cheap", "skipped")
+    return YES
+
+
+def _sdpa_prepare(backend: str, w, inp, ctx: Ctx) -> Prepared:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inp.torch_bhnd()
+    mode = causal_mode(w)
+    kwargs = {"scale": inp.scale}
+    if w.heads_q != w.heads_kv:
+        kwargs["enable_gqa"] = True
+    mask = None
+    if mode == "top_left":
+        kwargs["is_causal"] = True
+    elif mode == "bottom_right" and not _ragged(w):
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(w.q_len, w.kv_len)
+    if mode == "offset" or _ragged(w):
+        j = torch.arange(w.kv_len, device=q.device)
+        vis = torch.ones((w.batch, 1, w.q_len, w.kv_len), dtype=torch.bool, device=q.device)
+        if _ragged(w):
+            lens = torch.as_tensor(inp.kv_lens, device=q.device).long()
+            vis &= j[None, None, None, :] < lens[:, None, None, None]
+            offs = lens - w.q_len  # paged causal: q_offset = kv_len[b] - Tq per sequence
+        else:
+            offs = torch.full((w.batch,), w.q_offset, device=q.device)
+        if w.causal:
+            i = torch.arange(w.q_len, device=q.device)
+            vis &= j[None, None, None, :] <= (i[None, None, :, None] + offs[:, None, None, None])
+        mask = vis
+    be = getattr(SDPBackend, _SDPA[backend])
+
+    def fn(q, k, v):
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+
+    return Prepared(fn, (q, k, v), "torch", "BHND", notes=_kv_note(w))
+
+
+# ----------------------------------------------------------------------------------------- jax.nn
+
+
+def _jaxnn_supports(impl: str, w, ctx: Ctx) -> Support:
+    base = _dense_like(w)
+    if not base.ok:
+        return base
+    if impl == "xla" and not ctx.jax_gpu and w.dtype != "float32":
+        return Support(False, f"jax.nn xla on the CPU backend has no {w.dtype} dot with fp32 accumulation "
+                              "(F16_F16_F32 / BF16_BF16_F32 unsupported there); runs on a GPU")
+    if impl == "cudnn":
+        if not ctx.jax_gpu:
+            return Support(False, "needs a CUDA GPU", "unavailable")
+        c = _lowp(w)
+        if not c.ok:
+            return c
+        if causal_mode(w) not in ("none", "top_left"):
+            return Support(False, f"jax.nn cudnn path: only top-left causal here (q_offset={w.q_offset})")
+    return YES
+
+
+def _jaxnn_prepare(impl: str, w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    import jax.numpy as jnp
+
+    mode = causal_mode(w)
+    args = [inp.q, inp.k, inp.v]
+    kw = {"scale": inp.scale, "implementation": impl}
+    use_lens = _ragged(w)
+    mask_arr = None
+    if mode == "top_left":
+        kw["is_causal"] = True
+    elif mode in ("bottom_right", "offset"):
+        # explicit top-left-with-offset mask (per sequence for paged: q_offset = kv_len[b] - Tq)
+        offs = (np.asarray(inp.kv_lens) - w.q_len) if w.family == "paged_decode" else np.full(w.batch, w.q_offset)
+        i = np.arange(w.q_len)[None, :, None]
+        j = np.arange(w.kv_len)[None, None, :]
+        mask_arr = jnp.asarray((j <= i + offs[:, None, None])[:, None])  # [B, 1, Tq, Tk]
+    if use_lens:
+        args.append(inp.kv_lens_jax())
+    if mask_arr is not None:
+        args.append(mask_arr)
+
+    def fn(q, k, v, *rest):
+        rest = list(rest)
+        lens = rest.pop(0) if use_lens else None
+        m = rest.pop(0) if mask_arr is not None else None
+        return jax.nn.dot_product_attention(q, k, v, mask=m, key_value_seq_lengths=lens, **kw)
+
+    return Prepared(jax.jit(fn), tuple(args), "jax", "BTNH", notes=_kv_note(w))
+
+
+# ------------------------------------------------------------------------------ JAX's Pallas ops
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _mha_block(n: int) -> bool:
+    """mha uses block = min(128, n) and needs n % block == 0; Triton needs a power-of-two block >= 16."""
+    return n % 128 == 0 or (_pow2(n) and n >= 16)
+
+
+def _mha_supports(w, ctx: Ctx) -> Support:
+    base = _dense_like(w)
+    if not base.ok:
+        return base
+    if w.family == "paged_decode":
+        return Support(False, "dense prefill kernel: paged workloads go to jax-pallas:paged")
+    if w.heads_q != w.heads_kv:
+        return Support(False, "ops.gpu.attention.mha indexes K/V by the query head: Hq == Hkv only")
+    if causal_mode(w) not in ("none", "top_left"):
+        return Support(False, f"mha's causal mask is top-left without offset (q_offset={w.q_offset})")
+    if not (_mha_block(w.q_len) and _mha_block(w.kv_len)):
+        return Support(False, f"mha needs Tq, Tk multiples of 128 or powers of two >= 16; got {w.q_len}, {w.kv_len}")
+    return YES
+
+
+def _mha_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    from jax.experimental.pallas.ops.gpu import attention
+
+    fn = jax.jit(functools.partial(attention.mha, segment_ids=None, sm_scale=inp.scale,
+                                   causal=causal_mode(w) == "top_left", interpret=ctx.interpret))
+    return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes="sm_scale passed (its default is 1.0)")
+
+
+_MGPU_BLOCK_Q, _MGPU_BLOCK_KV, _MGPU_STAGES = 64, 128, 2
+
+
+def _mgpu_supports(w, ctx: Ctx) -> Support:
+    base = _dense_like(w)
+    if not base.ok:
+        return base
+    if not ctx.hopper:
+        return Support(False, "needs a Hopper GPU (Mosaic GPU kernel; not interpretable)", "unavailable")
+    if w.family == "paged_decode":
+        return Support(False, "dense prefill kernel: no paged path")
+    if w.dtype != "float16":
+        return Support(False, f"attention_mgpu stages through fp16 shared memory: float16 only; got {w.dtype}")
+    if w.head_dim % 64:
+        return Support(False, f"attention_mgpu needs D % 64 == 0; got {w.head_dim}")
+    if w.q_len % (2 * _MGPU_BLOCK_Q) or w.kv_len % _MGPU_BLOCK_KV:
+        return Support(False, f"attention_mgpu needs Tq % {2 * _MGPU_BLOCK_Q} == 0 and Tk % {_MGPU_BLOCK_KV} "
+                              f"== 0; got {w.q_len}, {w.kv_len}")
+    if causal_mode(w) not in ("none", "top_left"):
+        return Support(False, f"attention_mgpu's causal mask is top-left without offset (q_offset={w.q_offset})")
+    return YES
+
+
+def _mgpu_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+    cfg = attention_mgpu.TuningConfig(block_q=_MGPU_BLOCK_Q, block_kv=_MGPU_BLOCK_KV,
+                                      max_concurrent_steps=_MGPU_STAGES, causal=causal_mode(w) == "top_left")
+    q_scaled = inp.cached("q_prescaled", lambda: (inp.q * inp.scale).astype(inp.q.dtype))
+    fn = jax.jit(functools.partial(attention_mgpu.attention, config=cfg))
+    return Prepared(fn, (q_scaled, inp.k, inp.v), "jax", "BTNH",
+                    notes="applies no softmax scale: q pre-scaled once (untimed)")
+
+
+def _splits(n: int, block: int, cap: int = 16) -> int | None:
+    """Largest k_splits <= cap with n % k == 0, n/k >= 16 and (n/k) % min(block, n/k) == 0."""
+    for k in range(cap, 0, -1):
+        if n % k:
+            continue
+        part = n // k
+        if part >= 16 and part % min(block, part) == 0:
+            return k
+    return None
+
+
+def _decode_gqa_supports(w, ctx: Ctx) -> Support:
+    base = _dense_like(w)
+    if not base.ok:
+        return base
+    if w.q_len != 1:
+        return Support(False, f"decode_attention.gqa is decode only (Tq == 1); got Tq={w.q_len}")
+    if causal_mode(w) != "none":
+        return Support(False, "decode_attention.gqa takes no causal mask")
+    if _splits(w.kv_len, 128) is None:
+        return Support(False, f"no k_splits divides Tk={w.kv_len} into blocks of >= 16 keys")
+    return YES
+
+
+def _decode_gqa_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    ks = _splits(w.kv_len, 128)
+    args = [inp.q, inp.k, inp.v]
+    ragged = _ragged(w)
+    if ragged:
+        args.append(inp.kv_lens_jax())
+
+    def fn(q, k, v, *lens):
+        return decode_attention.gqa(q[:, 0], k, v, kv_seq_len=lens[0] if lens else None, sm_scale=inp.scale,
+                                    k_splits=ks, interpret=ctx.interpret)
+
+    note = f"k_splits={ks}; transposes the KV cache in XLA (ANCHORS.md §3)"
+    return Prepared(jax.jit(fn), tuple(args), "jax", "BND", notes=", ".join(x for x in (note, _kv_note(w)) if x))
+
+
+def _paged_split(pages: int) -> tuple[int, int] | None:
+    for ks in range(min(16, pages), 0, -1):
+        if pages % ks == 0:
+            part = pages // ks
+            for ppcb in range(min(8, part), 0, -1):
+                if part % ppcb == 0:
+                    return ks, ppcb
+    return None
+
+
+def _paged_supports(w, ctx: Ctx) -> Support:
+    if w.family != "paged_decode":
+        return Support(False, "", "n/a")
+    if w.q_len != 1:  # a decode token at q_offset = kv_len - 1 sees every key, so causal needs no mask
+        return Support(False, f"ops.gpu.paged_attention is decode only (Tq == 1); got Tq={w.q_len}")
+    if _paged_split(math.ceil(w.kv_len / w.page_size)) is None:
+        return Support(False, "no k_splits/pages_per_compute_block fits the table")
+    return YES
+
+
+def _paged_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import paged_attention
+
+    pages = int(inp.block_table.shape[1])
+    ks, ppcb = _paged_split(pages)
+    # its layout is [Hkv, num_pages, page, D]: one transpose of the pools, untimed
+    kp = inp.cached("k_pages_hnpd", lambda: jnp.transpose(inp.k_pool, (2, 0, 1, 3)))
+    vp = inp.cached("v_pages_hnpd", lambda: jnp.transpose(inp.v_pool, (2, 0, 1, 3)))
+    q_scaled = inp.cached("q_prescaled", lambda: (inp.q * inp.scale).astype(inp.q.dtype))
+
+    def fn(q, k_pages, v_pages, table, lens):
+        return paged_attention.paged_attention(q[:, 0], k_pages, v_pages, table, lens, k_splits=ks,
+                                               pages_per_compute_block=ppcb, interpret=ctx.interpret)
+
+    return Prepared(jax.jit(fn), (q_scaled, kp, vp, inp.block_table, inp.kv_lens_jax()), "jax", "BND",
+                    notes=f"applies no softmax scale: q pre-scaled once (untimed); k_splits={ks}, "
+                          f"pages_per_compute_block={ppcb}; pools transposed to [Hkv, pages, page, D] (untimed)")
+
+
+def peer_impls() -> list[Impl]:
+    out = [Impl(f"torch:{b}", "torch", None, None, "peer", f"sdpa:{_SDPA[b]}",
+                f"torch SDPA, backend {_SDPA[b]} selected explicitly" + (" (FlashAttention-2)" if b == "flash" else ""),
+                functools.partial(_sdpa_supports, b), functools.partial(_sdpa_prepare, b))
+           for b in ("cudnn", "flash", "efficient", "math")]
+    out += [Impl(f"jax:{i}", "jax", None, None, "peer", i, f"jax.nn.dot_product_attention(implementation={i!r})",
+                 functools.partial(_jaxnn_supports, i), functools.partial(_jaxnn_prepare, i))
+            for i in ("cudnn", "xla")]
+    out += [
+        Impl("jax-pallas:mha", "jax-pallas", None, None, "peer", "triton",
+             "jax.experimental.pallas.ops.gpu.attention.mha", _mha_supports, _mha_prepare),
+        Impl("jax-pallas:mgpu", "jax-pallas", None, None, "peer", "mosaic-gpu",
+             "jax.experimental.pallas.ops.gpu.attention_mgpu (block_q 64, block_kv 128, 2 stages)",
+             _mgpu_supports, _mgpu_prepare),
+        Impl("jax-pallas:decode_gqa", "jax-pallas", None, None, "peer", "triton",
+             "jax.experimental.pallas.ops.gpu.decode_attention.gqa", _decode_gqa_supports, _decode_gqa_prepare),
+        Impl("jax-pallas:paged", "jax-pallas", None, None, "peer", "triton",
+             "jax.experimental.pallas.ops.gpu.paged_attention", _paged_supports, _paged_prepare),
+    ]
+    return out

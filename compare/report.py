@@ -1,0 +1,360 @@
+"""Tables, plots and ``docs/results.md``, rendered from run records only (nothing is measured here).
+
+``python -m compare report results/<run>/records.jsonl [more.jsonl ...] [--out docs/results.md]`` writes
+  * ``docs/results.md``: per run, the environment header (GPU, versions, git sha, measured ceilings, the
+    clock check) and the record file it came from; per workload a table of implementations sorted by
+    kernel time, with speed-ups against the best peer and the twin, roofline fraction and errors; refused
+    implementations listed with their reasons;
+  * ``docs/img/roofline_<run>.png``: every timed implementation as a point (arithmetic intensity of its
+    model vs achieved FLOP/s), under the run's measured roofs (HBM read x AI, matmul peaks), log-log;
+  * ``docs/img/generations_<run>.png``: kernel time per generation, in registry order, Pallas (each config)
+    and CUDA side by side, one panel per workload.
+GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from . import records
+
+__all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
+
+_STATUS_STYLE = {"ok": "green", "wrong": "bold red", "failed": "red", "oom": "red", "unsupported": "dim",
+                 "unavailable": "dim", "not_built": "dim", "skipped": "yellow"}
+
+
+def console():
+    from rich.console import Console
+
+    return Console(width=200)
+
+
+def _f(x: Any, spec: str = ".3g", none: str = "—") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return none
+    return format(x, spec)
+
+
+def _pct(x: Any) -> str:
+    return _f(None if x is None else 100 * x, ".1f") + ("%" if x is not None else "")
+
+
+def _x(x: Any) -> str:
+    return _f(x, ".2f") + ("x" if x is not None else "")
+
+
+def _sort_key(r: dict) -> tuple:
+    order = {"ok": 0, "wrong": 1, "skipped": 2, "failed": 3, "oom": 3, "unsupported": 4, "unavailable": 5,
+             "not_built": 6}
+    t = records.get(r, "metrics.time_us_p50")
+    return (order.get(r.get("status"), 9), t if isinstance(t, (int, float)) else math.inf, r["impl"]["name"])
+
+
+def _time_cell(r: dict) -> str:
+    m = r.get("metrics") or {}
+    if m.get("time_us_p50") is not None:
+        return f"{m['time_us_p50']:.1f} ({m['time_us_p10']:.1f}–{m['time_us_p90']:.1f})"
+    if m.get("cpu_interpret_us_p50") is not None:
+        return f"CPU-interpret {m['cpu_interpret_us_p50'] / 1e3:.0f} ms"
+    return "—"
+
+
+_COLS = ("impl", "status", "p50 µs (p10–p90)", "e2e µs", "TFLOP/s", "GB/s", "roofline", "HBM", "TC",
+         "vs best peer", "vs twin", "max abs", "rel L2", "note")
+
+
+def _row(r: dict) -> list[str]:
+    m, a = r.get("metrics") or {}, r.get("agreement") or {}
+    note = r.get("reason") or ""
+    if not note and m.get("clock") not in (None, "cupti:jax-measure", "cupti:torch-profiler", "cpu-interpret"):
+        note = f"clock {m['clock']}"
+    tw = a.get("twin") or {}
+    if tw.get("rel_l2_err") is not None:
+        note = (note + "; " if note else "") + f"twin rel L2 {tw['rel_l2_err']:.2g}"
+    return [r["impl"]["name"], r["status"], _time_cell(r), _f(m.get("e2e_us_p50"), ".1f"), _f(m.get("tflops"), ".1f"),
+            _f(m.get("gbps"), ".0f"), _pct(m.get("roofline_fraction")), _pct(m.get("hbm_fraction")),
+            _pct(m.get("tc_fraction")), _x(m.get("speedup_vs_best_peer")), _x(m.get("speedup_vs_twin")),
+            _f(a.get("max_abs_err"), ".2g"), _f(a.get("rel_l2_err"), ".2g"), note]
+
+
+_FOLD = ("not_built", "unavailable", "unsupported")  # long lists: one line per status under the table
+
+
+def workload_table(name: str, recs: list[dict]):
+    """A rich table for one workload (the run prints one after each workload)."""
+    from rich.table import Table
+
+    shown = sorted((r for r in recs if r["status"] not in _FOLD), key=_sort_key)
+    folded = defaultdict(list)
+    for r in recs:
+        if r["status"] in _FOLD:
+            folded[r["status"]].append(r["impl"]["name"])
+    w = recs[0]["workload"] if recs else {}
+    title = f"{name}  [dim]{_shape(w)}[/]" if w else name
+    caption = "; ".join(f"{k}: {', '.join(v)}" for k, v in folded.items()) or None
+    if not shown:
+        from rich.text import Text
+
+        return Text.from_markup(f"[bold]{title}[/]: nothing ran — {caption or 'no records'}")
+    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for c in _COLS:
+        t.add_column(c, overflow="fold", max_width=60 if c == "note" else None)
+    for r in shown:
+        row = _row(r)
+        style = _STATUS_STYLE.get(r["status"], "")
+        row[1] = f"[{style}]{row[1]}[/]" if style else row[1]
+        t.add_row(*row)
+    return t
+
+
+def _shape(w: dict) -> str:
+    s = (f"B{w.get('batch')} Hq{w.get('heads_q')}/Hkv{w.get('heads_kv')} Tq{w.get('q_len')} Tk{w.get('kv_len')} "
+         f"D{w.get('head_dim')} {w.get('dtype')}")
+    if w.get("page_size"):
+        s += f" page{w['page_size']}" + (" ragged" if w.get("ragged") else "")
+    return s + (" causal" if w.get("causal") else "")
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="render docs/results.md and plots from run records",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="records.jsonl files (or run directories)")
+    p.add_argument("--out", default="docs/results.md", help="markdown output; default docs/results.md")
+    p.add_argument("--img-dir", default=None, help="plot directory; default <out dir>/img")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    img = Path(args.img_dir) if args.img_dir else out.parent / "img"
+    paths = [Path(f) / "records.jsonl" if Path(f).is_dir() else Path(f) for f in args.files]
+    written = render(paths, out, img, plots=not args.no_plots)
+    for p in written:
+        print(p)
+    return 0
+
+
+def load_runs(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """``{run_id: {"path", "header", "ceilings", "clock_checks", "results"}}`` in file order."""
+    runs: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        for r in records.read_jsonl(path):
+            run = runs.setdefault(r.get("run_id", "?"), {"path": str(path), "header": None, "ceilings": None,
+                                                          "clock_checks": [], "results": []})
+            t = r.get("type")
+            if t == "header":
+                run["header"] = r
+            elif t == "ceilings":
+                run["ceilings"] = r
+            elif t == "clock_check":
+                run["clock_checks"].append(r)
+            elif t == "result":
+                run["results"].append(r)
+    return runs
+
+
+def _md_table(rows: list[list[str]], cols: Iterable[str]) -> str:
+    cols = list(cols)
+    esc = [[c.replace("|", "\\|") for c in r] for r in rows]
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |"
+                                                                                  for r in esc])
+
+
+def _is_gpu(run: dict) -> bool:
+    env = (run["header"] or (run["results"][0] if run["results"] else {})).get("env", {})
+    return env.get("device_kind") == "gpu"
+
+
+def _env_md(run: dict) -> str:
+    env = (run["header"] or (run["results"][0] if run["results"] else {})).get("env", {})
+    v = env.get("versions", {})
+    lines = [f"- device: **{env.get('gpu') or 'no GPU (CPU interpret mode: agreement only, no kernel timings)'}**"
+             + (f", clocks {env['clocks']}" if env.get("clocks") else ""),
+             "- versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v) if v[k] is not None),
+             f"- git: `{env.get('git_sha')}`; records: `{run['path']}`"]
+    if run["header"]:
+        lines.append(f"- command: `{' '.join(run['header'].get('argv') or [])}`")
+    c = run["ceilings"] or {}
+    meas = c.get("measured")
+    if meas:
+        fl = ", ".join(f"{k} {val / 1e12:.0f} TFLOP/s" for k, val in meas.get("flops", {}).items())
+        lines.append(f"- measured ceilings ({meas.get('clock')}): HBM read "
+                     f"{_f((meas.get('hbm_read_Bps') or 0) / 1e12, '.2f')} TB/s, copy "
+                     f"{_f((meas.get('hbm_copy_Bps') or 0) / 1e12, '.2f')} TB/s; {fl}")
+        if meas.get("errors"):
+            lines.append(f"- ceilings not measured: {meas['errors']}")
+    elif c:
+        lines.append(f"- ceilings: not measured ({c.get('reason')})")
+    ds = c.get("datasheet")
+    if ds:
+        lines.append(f"- datasheet ({ds['name']}): HBM {ds['hbm_bw_Bps'] / 1e12:.2f} TB/s, "
+                     + ", ".join(f"{k} {val / 1e12:.0f} TFLOP/s" for k, val in ds["flops"].items()))
+    for cc in run["clock_checks"]:
+        if cc.get("clock"):
+            lines.append(f"- clock check ({cc['framework']}, {cc['clock']}): 1 GiB copy at "
+                         f"{cc['achieved_Bps'] / 1e12:.2f} TB/s = {100 * cc['ratio']:.0f}% of the copy ceiling "
+                         f"({'ok' if cc['ok'] else 'SUSPECT'})")
+        else:
+            lines.append(f"- clock check ({cc['framework']}) failed: {cc.get('reason')}")
+    return "\n".join(lines)
+
+
+def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True) -> list[Path]:
+    runs = load_runs(paths)
+    if not runs:
+        raise ValueError(f"no records in {[str(p) for p in paths]}")
+    parts = ["# Results", "",
+             "Generated by `python -m compare report` from the record files named below; every number here "
+             "traces to one JSONL record (its `repro` field reruns it). Kernel times are CUPTI device times "
+             "with a cold L2 (median, p10–p90); e2e is host wall-clock per call with dispatch. "
+             "`roofline` = predicted floor / measured time (layer 1, measured ceilings); HBM and TC are the "
+             "achieved byte and FLOP rates over the measured HBM-read and matmul ceilings. CPU-interpret runs "
+             "report agreement only.", ""]
+    written: list[Path] = []
+    for run_id, run in runs.items():
+        gpu = _is_gpu(run)
+        parts += [f"## Run `{run_id}`" + ("" if gpu else " (CPU interpret)"), "", _env_md(run), ""]
+        if plots and gpu:
+            for kind, fn in (("roofline", plot_roofline), ("generations", plot_generations)):
+                p = img_dir / f"{kind}_{run_id}.png"
+                try:
+                    if fn(run, p):
+                        written.append(p)
+                        parts += [f"![{kind}]({p.relative_to(out.parent) if p.is_relative_to(out.parent) else p})",
+                                  ""]
+                except Exception as e:  # a plot failing must not lose the tables
+                    parts += [f"_{kind} plot failed: {type(e).__name__}: {e}_", ""]
+        by_wl: dict[str, list[dict]] = defaultdict(list)
+        for r in run["results"]:
+            by_wl[r["workload"]["name"]].append(r)
+        for name, recs in by_wl.items():
+            shown = sorted((r for r in recs if r["status"] not in _FOLD), key=_sort_key)
+            parts += [f"### {name}", "", f"`{_shape(recs[0]['workload'])}` — {recs[0]['workload'].get('source', '')}",
+                      ""]
+            if shown:
+                parts += [_md_table([_row(r) for r in shown], _COLS), ""]
+            for st in _FOLD:
+                by_reason: dict[str, list[str]] = defaultdict(list)
+                for r in recs:
+                    if r["status"] == st:
+                        by_reason[" ".join((r.get("reason") or "").split())[:200]].append(r["impl"]["name"])
+                for reason, names in by_reason.items():
+                    parts += [f"- {st}: {', '.join(names)} — {reason}"]
+            parts += [""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts) + "\n")
+    return [out, *written]
+
+
+# -------------------------------------------------------------------------------------------- plots
+
+_FW_STYLE = {"pallas": ("tab:blue", "o"), "cuda": ("tab:orange", "s"), "torch": ("tab:green", "^"),
+             "jax": ("tab:red", "v"), "jax-pallas": ("tab:purple", "D")}
+
+
+def _timed(run: dict) -> list[dict]:
+    return [r for r in run["results"] if r["status"] in records.RAN_STATUSES
+            and isinstance(records.get(r, "metrics.time_us_p50"), (int, float))]
+
+
+def plot_roofline(run: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = []
+    for r in _timed(run):
+        pred = r.get("prediction") or {}
+        b = pred.get(pred.get("basis") or "", {})
+        if b.get("ai") and r["metrics"].get("tflops"):
+            pts.append((b["ai"], r["metrics"]["tflops"] * 1e12, r["impl"]["framework"]))
+    if not pts:
+        return False
+    meas = (run["ceilings"] or {}).get("measured") or {}
+    ds = (run["ceilings"] or {}).get("datasheet") or {}
+    bw = meas.get("hbm_read_Bps") or ds.get("hbm_bw_Bps")
+    peaks = dict(ds.get("flops", {}))
+    peaks.update(meas.get("flops", {}))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ais = [p[0] for p in pts]
+    lo, hi = min(ais) / 2, max(ais) * 4
+    if bw:
+        for prec in ("fp32", "fp16", "fp8"):
+            if prec in peaks:
+                ridge = peaks[prec] / bw
+                xs = [lo, ridge, max(hi, ridge * 2)]
+                ax.plot(xs, [min(x * bw, peaks[prec]) for x in xs], "--", lw=1, label=f"roof {prec} "
+                        f"({peaks[prec] / 1e12:.0f} TFLOP/s, {bw / 1e12:.2f} TB/s)")
+    for fw, (color, marker) in _FW_STYLE.items():
+        sel = [(a, f) for a, f, k in pts if k == fw]
+        if sel:
+            ax.scatter([a for a, _ in sel], [f for _, f in sel], c=color, marker=marker, label=fw, s=28, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity of the model (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s (model FLOPs / kernel time)")
+    env = (run["header"] or {}).get("env", {})
+    ax.set_title(f"roofline: {env.get('gpu')} ({len(pts)} implementation x workload points)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_generations(run: dict, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pallas_attn import registry
+
+    order = {g: i for i, g in enumerate(registry.ids())}
+    by_wl: dict[str, list[dict]] = defaultdict(list)
+    for r in _timed(run):
+        if r["impl"]["framework"] in ("pallas", "cuda") and r["impl"]["generation"] in order:
+            by_wl[r["workload"]["name"]].append(r)
+    wls = sorted(by_wl, key=lambda n: -len({r["impl"]["generation"] for r in by_wl[n]}))[:9]
+    if not wls:
+        return False
+    n = len(wls)
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, wls):
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in by_wl[name]:
+            label = r["impl"]["framework"] + (f":{r['impl']['config']}" if r["impl"]["config"] else "")
+            series[label].append((order[r["impl"]["generation"]], r["metrics"]["time_us_p50"]))
+        gens = sorted({g for s in series.values() for g, _ in s})
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([gens.index(g) for g, _ in pts], [t for _, t in pts], marker="o", label=label)
+        ax.set_xticks(range(len(gens)))
+        ax.set_xticklabels([registry.ids()[g] for g in gens], rotation=45, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("kernel time p50 (µs)")
+        ax.set_title(name, fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,571 @@
+"""``python -m compare run``: every implementation on every workload of a config, one JSONL record each.
+
+Order of a run (docs/compare.md has the details):
+  1. environment, then the device's ceilings measured in this process (``ceilings.py``), then a clock check
+     per clock (a 1 GiB copy timed under CUPTI against the copy ceiling timed with CUDA events);
+  2. per workload: inputs once (``interop.make_inputs``), the float64 oracle once on a subset
+     (``accuracy``), then each implementation that supports the workload: prepare (layouts, untimed) ->
+     first call (compile) -> agreement -> warm-up -> kernel timing (CUPTI, cold L2) -> end-to-end timing;
+  3. per workload: speed-ups against the best peer and the twin, twin-vs-twin agreement; records written,
+     the table printed.
+A failure is a record (``failed``/``oom`` with the exception), never the end of the run. On a machine
+without a GPU the Pallas generations run in interpret mode at shapes small enough (``--cpu-max-flops``)
+and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` and never sit in
+``time_us_*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import gc
+import math
+import os
+import re
+import shlex
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax: torch shares the GPU
+
+from . import accuracy, ceilings, hardware, interop, records, roofline, timing  # noqa: E402
+from .impls import Ctx, Impl, all_impls  # noqa: E402
+from .workloads import Workload, load_config  # noqa: E402
+
+__all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run every implementation on a config's workloads; write JSONL records",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="default", help="config name (configs/<name>.toml) or path; default: default")
+    p.add_argument("--only", action="append", default=[], metavar="WORKLOAD[:IMPL]",
+                   help="glob filter, repeatable (OR): 'ref_prefill_*', '*:torch:*', 'smoke_*:pallas:v4_fused:*'. "
+                        "The part before the first ':' matches the workload name, the rest the impl name")
+    p.add_argument("--out", default=None, help="output directory (records.jsonl inside) or a .jsonl path; "
+                                               "default results/<run-id>/")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per record (cold L2 each); default 20")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls after the first (compile) call; default 3")
+    p.add_argument("--e2e-reps", type=int, default=10, help="host wall-clock calls for e2e time; default 10")
+    p.add_argument("--budget-s", type=float, default=3.0,
+                   help="per-record time budget: predicted or measured time for all calls above it -> fewer reps "
+                        "(>= 3) or status 'skipped' with reason 'over time budget'; default 3")
+    p.add_argument("--max-run-s", type=float, default=None,
+                   help="whole-run budget: once elapsed, remaining records are 'skipped' (reason says so)")
+    p.add_argument("--clock", choices=("cupti", "kineto", "events"), default="cupti",
+                   help="cupti: JAX profiler for JAX, torch.profiler for torch (both CUPTI); kineto: torch.profiler "
+                        "for both; events: CUDA events / host wall (labelled). Fallbacks are automatic and recorded")
+    p.add_argument("--arch", default="h100", help="hardware row for predictions when no GPU is detected; default h100")
+    p.add_argument("--cpu-max-flops", type=float, default=1e8,
+                   help="CPU interpret mode runs only workloads under this many FLOPs; default 1e8")
+    p.add_argument("--no-ceilings", action="store_true", help="skip measuring ceilings (datasheet values only)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    return run(RunOptions.from_args(args))
+
+
+class RunOptions(types.SimpleNamespace):
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> RunOptions:
+        if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1:
+            raise SystemExit(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1; got {a.reps}, {a.warmup}, {a.e2e_reps}")
+        return cls(config=a.config, only=list(a.only), out=a.out, reps=a.reps, warmup=a.warmup,
+                   e2e_reps=a.e2e_reps, budget_s=a.budget_s, max_run_s=a.max_run_s, clock=a.clock, arch=a.arch,
+                   cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
+                   argv=["python", "-m", "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
+
+
+def parse_only(specs: list[str]) -> list[tuple[str, str]]:
+    """``["wl_glob:impl_glob", "wl_glob"]`` -> ``[(wl_glob, impl_glob)]``; split at the first ':' only."""
+    out = []
+    for s in specs:
+        wl, _, impl = s.partition(":")
+        out.append((wl or "*", impl or "*"))
+    return out
+
+
+def _selected(only: list[tuple[str, str]], w: Workload, impl: Impl) -> bool:
+    if not only:
+        return True
+    return any(fnmatch.fnmatchcase(w.name, a) and fnmatch.fnmatchcase(impl.name, b) for a, b in only)
+
+
+def _allowed_by_workload(w: Workload, impl: Impl) -> bool:
+    """A workload's own ``generations``/``peers`` lists restrict what runs on it (config choice, no record)."""
+    if impl.kind == "peer":
+        if w.peers is None:
+            return True
+        short = impl.name.split(":", 1)[1]
+        return any(fnmatch.fnmatchcase(impl.name, p) or fnmatch.fnmatchcase(short, p) for p in w.peers)
+    return w.generations is None or impl.generation in w.generations
+
+
+# ------------------------------------------------------------------------------------------ context
+
+
+def detect_ctx() -> Ctx:
+    from pallas_attn import _compat
+
+    jax_gpu = _compat.has_gpu()
+    hopper = False
+    if jax_gpu:
+        import jax
+
+        dev = next(d for d in jax.devices() if d.platform == "gpu")
+        cc = str(getattr(dev, "compute_capability", "") or "")
+        hopper = cc.split(".")[0] == "9"
+    return Ctx(jax_gpu=jax_gpu, torch_cuda=interop.torch_cuda_available(), hopper=hopper, interpret=not jax_gpu)
+
+
+def _l2_bytes(hw: hardware.Hardware | None) -> int | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).L2_cache_size)
+    except Exception:  # fall back to the hardware table's L2
+        pass
+    return int(hw.l2_mb * 2**20) if hw else None
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")[:40] or "device"
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+class _Run:
+    def __init__(self, opts: RunOptions):
+        self.opts = opts
+        self.t_start = time.perf_counter()
+        self.ctx = detect_ctx()
+        self.env = records.collect_env()
+        self.gpu = self.ctx.jax_gpu
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        self.run_id = f"{stamp}_{_slug(self.env['gpu'] or 'cpu-interpret')}"
+        out = Path(opts.out) if opts.out else Path("results") / self.run_id
+        self.path = out if out.suffix == ".jsonl" else out / "records.jsonl"
+        if self.path.exists():
+            self.path.unlink()  # a run writes its own file; appending to an old run would mix environments
+        self.hw_ds = hardware.detect(self.env["gpu"]) if self.env["gpu"] else None
+        self.hw_pred_only = None if self.gpu else hardware.get(opts.arch)
+        self.hw = self.hw_ds
+        self.ceil: dict[str, Any] | None = None
+        self.flush_bytes = timing.default_flush_bytes(_l2_bytes(self.hw_ds))
+        self.config_path = str(opts.config)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def base(self, rtype: str) -> dict[str, Any]:
+        return {"schema": records.SCHEMA_VERSION, "type": rtype, "run_id": self.run_id, "env": self.env}
+
+    def write(self, recs: list[dict[str, Any]]) -> None:
+        records.write_jsonl(self.path, recs)
+
+    def over_run_budget(self) -> bool:
+        return self.opts.max_run_s is not None and time.perf_counter() - self.t_start > self.opts.max_run_s
+
+    def repro(self, w: Workload, impl_name: str) -> str:
+        return ("python -m compare run --config " + shlex.quote(self.config_path)
+                + " --only " + shlex.quote(f"{w.name}:{impl_name}"))
+
+    # -- ceilings and clock check --------------------------------------------------------------
+    def measure_ceilings(self) -> None:
+        rec = self.base("ceilings")
+        ds = None
+        if self.hw_ds is not None:
+            ds = {"name": self.hw_ds.name, "hbm_bw_Bps": self.hw_ds.hbm_bw, "flops": dict(self.hw_ds.flops),
+                  "l2_mb": self.hw_ds.l2_mb, "sources": dict(self.hw_ds.sources)}
+        rec["datasheet"] = ds
+        if self.opts.no_ceilings:
+            meas, reason = None, "--no-ceilings: datasheet values only"
+        else:
+            meas, reason = ceilings.measure()
+        rec["measured"] = meas
+        rec["reason"] = reason
+        self.ceil = meas
+        if meas and self.hw_ds is not None:
+            self.hw = self.hw_ds.with_measured(hbm_bw=meas.get("hbm_read_Bps"), flops=meas.get("flops", {}))
+        elif self.gpu and self.hw_ds is None:
+            rec["reason"] = (reason or "") + f"; no datasheet row for {self.env['gpu']!r}: predictions omitted"
+        self.write([rec])
+
+    def clock_check(self) -> None:
+        if not self.gpu or not self.ceil or not self.ceil.get("hbm_copy_Bps"):
+            return
+        recs = []
+        nbytes = 1 << 30
+        for fw in ("jax", "torch") if self.ctx.torch_cuda else ("jax",):
+            rec = self.base("clock_check")
+            rec.update({"framework": fw, "bytes_moved": 2 * nbytes, "what": "1 GiB negate (read + write)"})
+            try:
+                if fw == "jax":
+                    import jax
+                    import jax.numpy as jnp
+
+                    x = jax.random.normal(jax.random.key(0), (nbytes // 2,), jnp.float16)
+                    fn, args = jax.jit(lambda a: -a), (x,)
+                else:
+                    import torch
+
+                    x = torch.randn(nbytes // 2, dtype=torch.float16, device="cuda")
+                    y = torch.empty_like(x)
+                    fn, args = (lambda a, _y=y: torch.neg(a, out=_y)), (x,)
+                fn(*args)
+                t = timing.time_kernels(fn, args, framework=fw, reps=5, flush_bytes=self.flush_bytes,
+                                        clock=self.opts.clock)
+                bps = 2 * nbytes / (t.stats["p50"] * 1e-6)
+                ratio = bps / self.ceil["hbm_copy_Bps"]
+                rec.update({"clock": t.clock, "clock_notes": list(t.notes), "time_us_p50": t.stats["p50"],
+                            "achieved_Bps": bps, "copy_ceiling_Bps": self.ceil["hbm_copy_Bps"],
+                            "ratio": ratio, "ok": 0.8 <= ratio <= 1.15})
+            except Exception as e:  # the check failing is itself the finding; the run goes on
+                rec.update({"clock": None, "ok": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"})
+            finally:
+                x = y = None  # noqa: F841
+                gc.collect()
+            recs.append(rec)
+        self.write(recs)
+
+    # -- predictions ---------------------------------------------------------------------------
+    def predict(self, w: Workload, gen: str | None) -> dict[str, Any] | None:
+        lens = interop.kv_lengths(w)
+        wl: Any = w
+        if lens is not None and w.ragged:
+            wl = types.SimpleNamespace(**{**w.as_dict(), "kv_tokens": int(lens.sum())})
+        try:
+            prob = roofline.problem_for(wl, gen)
+        except Exception as e:  # the model refusing a shape is worth a field, not a crash
+            return {"error": f"{type(e).__name__}: {e}"}
+        out: dict[str, Any] = {"precision": prob.precision}
+        for label, hw in (("measured", self.hw if self.ceil else None), ("datasheet", self.hw_ds or self.hw_pred_only)):
+            if hw is None:
+                continue
+            try:
+                est = roofline.estimate(prob, hw)
+            except Exception as e:  # e.g. no peak for this engine on this hardware
+                out[f"{label}_error"] = f"{type(e).__name__}: {e}"
+                continue
+            out[label] = {"hardware": hw.name, "flops": est.flops, "bytes": est.bytes, "exps": est.exps,
+                          "t_mma_us": est.t_mma * 1e6, "t_hbm_us": est.t_hbm * 1e6, "t_mufu_us": est.t_mufu * 1e6,
+                          "floor_us": est.floor_s * 1e6, "limiter": est.limiter, "ai": est.ai, "ridge": est.ridge,
+                          "engine": est.engine, "peak_flops": est.peak_flops, "bw_Bps": est.bw}
+        out["basis"] = "measured" if "measured" in out else ("datasheet" if "datasheet" in out else None)
+        if not self.gpu:
+            out["note"] = f"no GPU in this run: prediction for {self.hw_pred_only.name} (datasheet)"
+        return out
+
+    # -- one workload --------------------------------------------------------------------------
+    def record(self, w: Workload, impl: Impl, status: str, reason: str | None) -> dict[str, Any]:
+        rec = self.base("result")
+        rec.update({"workload": {**w.as_dict(), "config": self.config_path},
+                    "impl": impl.as_dict(), "status": status, "reason": reason,
+                    "metrics": {}, "agreement": {}, "repro": self.repro(w, impl.name)})
+        rec["impl"]["generation"] = impl.generation
+        rec["impl"]["config"] = impl.config
+        return rec
+
+    def run_workload(self, w: Workload, impls: list[Impl], progress=None, task=None) -> list[dict[str, Any]]:
+        recs: list[dict[str, Any]] = []
+        state: dict[str, Any] = {}
+        outputs: dict[str, Any] = {}  # impl name -> BTNH output, for twin agreement (freed per workload)
+        flops = 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim  # for the CPU size gate only
+        for impl in impls:
+            if progress is not None:
+                progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
+            try:
+                rec = self.run_one(w, impl, state, outputs, flops)
+            except Exception as e:  # last line of defence: a bug in compare itself is still a record
+                rec = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}")
+            if progress is not None:
+                progress.advance(task)
+            if rec is not None:
+                recs.append(rec)
+        self.finalize(recs, outputs)
+        outputs.clear()
+        state.clear()
+        gc.collect()
+        _empty_torch_cache()
+        return recs
+
+    def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
+        sup = impl.supports(w, self.ctx)
+        if sup.status == "n/a":
+            return None
+        rec = self.record(w, impl, "ok", None)
+        pred = self.predict(w, impl.generation)
+        rec["prediction"] = pred
+        if not sup.ok:
+            rec.update(status=sup.status, reason=sup.reason)
+            return rec
+        if self.over_run_budget():
+            rec.update(status="skipped", reason=f"over time budget: run budget --max-run-s {self.opts.max_run_s:g} "
+                                                 "s exhausted before this record")
+            return rec
+        if not self.gpu and flops > self.opts.cpu_max_flops:
+            rec.update(status="skipped", reason=f"too large for CPU interpret mode ({flops:.2g} FLOPs > "
+                                                f"--cpu-max-flops {self.opts.cpu_max_flops:.2g}); run on a GPU")
+            return rec
+        n_calls = 1 + self.opts.warmup + self.opts.reps + self.opts.e2e_reps
+        basis = (pred or {}).get((pred or {}).get("basis") or "", {})
+        if self.gpu and basis.get("floor_us"):
+            predicted_s = basis["floor_us"] * 1e-6 * n_calls
+            if predicted_s > self.opts.budget_s:
+                rec.update(status="skipped", reason=(
+                    f"over time budget: predicted floor {basis['floor_us'] / 1e3:.1f} ms x {n_calls} calls = "
+                    f"{predicted_s:.1f} s > --budget-s {self.opts.budget_s:g} s"))
+                return rec
+
+        # inputs and oracle: once per workload, shared by every implementation
+        if "inputs_error" in state:
+            rec.update(status="failed", reason=state["inputs_error"])
+            return rec
+        if "inputs" not in state:
+            try:
+                state["inputs"] = interop.make_inputs(w)
+                state["subset"] = accuracy.choose_subset(w)
+                state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
+            except Exception as e:
+                state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
+                rec.update(status="oom" if _is_oom(e) else "failed", reason=state["inputs_error"])
+                return rec
+        inp, subset, ref = state["inputs"], state["subset"], state["oracle"]
+
+        try:
+            prep = impl.prepare(w, inp, self.ctx)
+            sync = _sync_for(prep.framework)
+            t0 = time.perf_counter()
+            out = prep.fn(*prep.args)
+            sync(out)
+            first_call_s = time.perf_counter() - t0
+            out_btnh = interop.to_jax_btnh(out, prep.layout)
+        except Exception as e:
+            rec.update(status="oom" if _is_oom(e) else _failure_status(e), reason=_reason(e))
+            return rec
+        rec["impl"]["prepared_notes"] = prep.notes
+        rec["metrics"]["first_call_s"] = first_call_s
+
+        # agreement (NaN/Inf anywhere fails the record)
+        precision = (pred or {}).get("precision") or roofline.problem_for(w, impl.generation).precision
+        tol = accuracy.tolerance(precision)
+        ag = {"subset": subset.describe(), "tol_rel_l2": tol, "precision": precision}
+        rec["agreement"] = ag
+        if not accuracy.all_finite(out_btnh):
+            rec.update(status="failed", reason="non-finite output (NaN/Inf)")
+            return rec
+        max_abs, rel = accuracy.errors(subset.take(out_btnh), ref)
+        ag.update(max_abs_err=max_abs, rel_l2_err=rel)
+        if not (math.isfinite(max_abs) and math.isfinite(rel)):
+            rec.update(status="failed", reason="non-finite error against the oracle")
+            return rec
+        if rel > tol:
+            rec.update(status="wrong", reason=f"rel_l2_err {rel:.3g} > {tol:g} (tolerance for {precision})")
+        if impl.framework in ("pallas", "cuda") and impl.generation:
+            outputs[impl.name] = out_btnh
+        del out
+
+        # timing
+        m = rec["metrics"]
+        try:
+            if self.gpu:
+                self.time_gpu(prep, rec, basis)
+            else:
+                ct = timing.time_cpu(prep.fn, prep.args, reps=1)
+                m.update(clock="cpu-interpret", cpu_interpret_us_p50=ct.stats["p50"], time_us_p50=None,
+                         time_us_p10=None, time_us_p90=None, e2e_us_p50=None, tflops=None, gbps=None,
+                         roofline_fraction=None, hbm_fraction=None, tc_fraction=None,
+                         limiter=basis.get("limiter"))
+        except Exception as e:
+            rec.update(status="oom" if _is_oom(e) else "failed", reason="timing: " + _reason(e))
+        return rec
+
+    def time_gpu(self, prep, rec: dict, basis: dict) -> None:
+        o = self.opts
+        m = rec["metrics"]
+        sync = _sync_for(prep.framework)
+        for _ in range(o.warmup):
+            sync(prep.fn(*prep.args))
+        t0 = time.perf_counter()
+        sync(prep.fn(*prep.args))
+        one = time.perf_counter() - t0
+        reps, e2e_reps = o.reps, o.e2e_reps
+        if one * (reps + e2e_reps) > o.budget_s:
+            reps = max(3, int(o.budget_s / one) - 1)
+            e2e_reps = max(1, min(e2e_reps, reps // 2))
+            if one * (reps + e2e_reps) > 2 * o.budget_s:
+                m.update(one_call_s=one)
+                rec.update(status="skipped", reason=f"over time budget: one call took {one:.2f} s; 3 reps "
+                                                    f"exceed --budget-s {o.budget_s:g} s (agreement kept)")
+                return
+            m["reps_reduced_for_budget"] = True
+        kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
+                                 flush_bytes=self.flush_bytes, clock=o.clock)
+        e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
+        st = kt.stats
+        m.update(clock=kt.clock, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed, reps=len(kt.samples_us),
+                 time_us_p50=st["p50"], time_us_p10=st["p10"], time_us_p90=st["p90"], time_us_mean=st["mean"],
+                 e2e_us_p50=e2e.stats["p50"], e2e_clock="host wall-clock per call, dispatch + sync, warm L2")
+        self.fill_rates(rec)
+
+    def fill_rates(self, rec: dict) -> None:
+        m, pred = rec["metrics"], rec.get("prediction") or {}
+        t = m["time_us_p50"] * 1e-6
+        basis = pred.get(pred.get("basis") or "", {})
+        ds = pred.get("datasheet", {})
+        m.update(tflops=None, gbps=None, roofline_fraction=None, hbm_fraction=None, tc_fraction=None,
+                 limiter=basis.get("limiter"), floor_us=basis.get("floor_us"))
+        if not basis:
+            return
+        m["tflops"] = basis["flops"] / t / 1e12
+        m["gbps"] = basis["bytes"] / t / 1e9
+        m["roofline_fraction"] = basis["floor_us"] * 1e-6 / t
+        if ds:
+            m["roofline_fraction_datasheet"] = ds["floor_us"] * 1e-6 / t
+            m["hbm_fraction_datasheet"] = ds["bytes"] / t / ds["bw_Bps"]
+            m["tc_fraction_datasheet"] = ds["flops"] / t / ds["peak_flops"]
+        if self.ceil:
+            if self.ceil.get("hbm_read_Bps"):
+                m["hbm_fraction"] = basis["bytes"] / t / self.ceil["hbm_read_Bps"]
+            peak = self.ceil.get("flops", {}).get(basis["engine"])
+            if peak:
+                m["tc_fraction"] = basis["flops"] / t / peak
+            m["tc_ceiling"] = f"measured {basis['engine']} matmul" if peak else f"no measured {basis['engine']} rate"
+
+    # -- per-workload summary ------------------------------------------------------------------
+    def finalize(self, recs: list[dict], outputs: dict) -> None:
+        def p50(r):
+            v = records.get(r, "metrics.time_us_p50")
+            return v if r["status"] == "ok" and isinstance(v, (int, float)) else None
+
+        peers = [(p50(r), r["impl"]["name"]) for r in recs if r["impl"]["kind"] == "peer" and p50(r)]
+        best = min(peers) if peers else None
+        by_name = {r["impl"]["name"]: r for r in recs}
+        for r in recs:
+            mine = p50(r)
+            if best and mine:
+                r["metrics"]["speedup_vs_best_peer"] = best[0] / mine
+                r["metrics"]["best_peer"] = best[1]
+            gen, fw = r["impl"]["generation"], r["impl"]["framework"]
+            if fw not in ("pallas", "cuda") or not gen:
+                continue
+            twins = ([by_name.get(f"cuda:{gen}")] if fw == "pallas"
+                     else [x for x in recs if x["impl"]["framework"] == "pallas" and x["impl"]["generation"] == gen])
+            twins = [t for t in twins if t is not None]
+            if not twins:
+                continue
+            tw = twins[0] if fw == "pallas" else next(
+                (t for t in twins if t["impl"]["config"] == "faithful"), twins[0])
+            r["metrics"]["twin"] = tw["impl"]["name"]
+            if mine and p50(tw):
+                r["metrics"]["speedup_vs_twin"] = p50(tw) / mine
+            a, b = outputs.get(r["impl"]["name"]), outputs.get(tw["impl"]["name"])
+            if a is not None and b is not None:
+                try:
+                    mx, rel = accuracy.twin_errors(a, b)
+                    r["agreement"]["twin"] = {"name": tw["impl"]["name"], "max_abs_err": mx, "rel_l2_err": rel,
+                                              "subset": "full output"}
+                except Exception as e:  # shape mismatch etc.: recorded, not fatal
+                    r["agreement"]["twin"] = {"name": tw["impl"]["name"], "error": _reason(e)}
+
+    # -- main loop -----------------------------------------------------------------------------
+    def main(self) -> int:
+        from . import report
+
+        workloads = load_config(self.opts.config)
+        only = parse_only(self.opts.only)
+        header = self.base("header")
+        header.update({"config": self.config_path, "argv": self.opts.argv, "options": {
+            k: v for k, v in vars(self.opts).items() if k != "argv"}, "ctx": dataclasses.asdict(self.ctx),
+                       "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        self.write([header])
+        self.measure_ceilings()
+        self.clock_check()
+        impls = all_impls()
+        plan = [(w, [i for i in impls if _selected(only, w, i) and _allowed_by_workload(w, i)]) for w in workloads]
+        plan = [(w, lst) for w, lst in plan if lst]
+        total = sum(len(lst) for _, lst in plan)
+        console = report.console()
+        if not self.opts.quiet:
+            console.print(f"[bold]compare run[/] {self.run_id}: {len(plan)} workloads, {total} (workload, impl) "
+                          f"pairs -> {self.path}")
+        n_written = 0
+        progress = None
+        if not self.opts.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console, transient=True)
+            progress.start()
+            task = progress.add_task("", total=total)
+        try:
+            for w, lst in plan:
+                recs = self.run_workload(w, lst, progress, task if progress else None)
+                self.write(recs)
+                n_written += len(recs)
+                if not self.opts.quiet:
+                    console.print(report.workload_table(w.name, recs))
+        finally:
+            if progress is not None:
+                progress.stop()
+        if not self.opts.quiet:
+            console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}")
+            console.print(f"render: python -m compare report {self.path}")
+        return 0
+
+
+def run(opts: RunOptions) -> int:
+    return _Run(opts).main()
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _sync_for(framework: str):
+    if framework == "torch":
+        def sync(_):
+            import torch
+
+            torch.cuda.synchronize()
+        return sync
+    import jax
+
+    return jax.block_until_ready
+
+
+def _is_oom(e: BaseException) -> bool:
+    s = f"{type(e).__name__} {e}".lower()
+    return "out of memory" in s or "resource_exhausted" in s or "outofmemory" in s
+
+
+def _failure_status(e: BaseException) -> str:
+    # Refusals raised by the implementations themselves (NotImplementedError, torch's "No available
+    # kernel") are 'unsupported', not failures.
+    if isinstance(e, NotImplementedError) or "no available kernel" in str(e).lower():
+        return "unsupported"
+    return "failed"
+
+
+def _reason(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:400]}"
+
+
+def _empty_torch_cache() -> None:
+    if "torch" in sys.modules:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # cache trimming is best effort
+            pass
