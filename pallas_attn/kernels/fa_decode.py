@@ -87,7 +87,7 @@ class DecodeConfig:
     splits: int | None = None
     occupancy: int = 2
     block_m_max: int | None = None
-    merge_block: int = 32
+    merge_block: int = 64
     merge_num_warps: int = 4
 
     def __post_init__(self) -> None:
@@ -487,7 +487,9 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool = Fal
     if not _is_pow2(page):
         raise ValueError(f"page_size must be a power of two; got {page}")
     if block_table.ndim != 2 or block_table.shape[0] != b or jnp.dtype(block_table.dtype) != jnp.int32:
-        raise ValueError(f"block_table must be int32 [B, pages_per_seq]; got {block_table.shape=}, {block_table.dtype=}")
+        raise ValueError(
+            f"block_table must be int32 [B, pages_per_seq]; got {block_table.shape=}, {block_table.dtype=}"
+        )
     if kv_lens.shape != (b,) or jnp.dtype(kv_lens.dtype) != jnp.int32:
         raise ValueError(f"kv_lens must be int32 [B]; got {kv_lens.shape=}, {kv_lens.dtype=}")
     pages_per_seq = block_table.shape[1]
