@@ -1,0 +1,157 @@
+"""fa_decode on the GPU (Triton lowering, compiled) at realistic sizes, against the float64 oracle.
+
+The oracle runs on the host in float64, so each test checks a subset of batch rows and KV heads (edges
+included: first and last) of a full-size launch; the kernel itself always runs on the whole problem.
+Outputs are checked element by element (rel. L2 and max-abs against the oracle, finiteness), so an
+unwritten element fails. Budget: about two minutes on an H100/H200 (``-m gpu``).
+"""
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import pallas_attn  # noqa: E402
+from pallas_attn import reference  # noqa: E402
+from pallas_attn.kernels import fa_decode as fd  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float16": 1e-2, "bfloat16": 2e-2}
+
+
+def _rand(key, shape, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _inputs(seed, b, tq, hq, hkv, d, s, dtype):
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    dt = jnp.dtype(dtype)
+    return _rand(kq, (b, tq, hq, d), dt), _rand(kk, (b, s, hkv, d), dt), _rand(kv, (b, s, hkv, d), dt)
+
+
+def _subset_check(out, q, k, v, *, rows, kv_heads, dtype, kv_lens=None, causal=False, q_offset=0):
+    """Oracle on batch rows ``rows`` and KV heads ``kv_heads`` (with their G query heads each)."""
+    hq, hkv = q.shape[2], k.shape[2]
+    g = hq // hkv
+    qh = np.concatenate([np.arange(h * g, (h + 1) * g) for h in kv_heads])
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    assert np.all(np.isfinite(out)), "non-finite output"
+    for b in rows:
+        n = k.shape[1] if kv_lens is None else int(kv_lens[b])
+        qo = q_offset if kv_lens is None else n - q.shape[1]
+        qs = np.asarray(q[b : b + 1][:, :, qh].astype(jnp.float32))
+        ks = np.asarray(k[b : b + 1, :n][:, :, kv_heads].astype(jnp.float32))
+        vs = np.asarray(v[b : b + 1, :n][:, :, kv_heads].astype(jnp.float32))
+        ref, _ = reference.attention_reference(qs, ks, vs, causal=causal, q_offset=qo)
+        got = out[b : b + 1][:, :, qh].astype(np.float64)
+        rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert rel < TOL[dtype], (b, rel)
+        assert np.max(np.abs(got - ref)) < 0.05, (b, np.max(np.abs(got - ref)))
+
+
+def _paged(k, v, page, seed=0):
+    """Device-side paging with a shuffled table: same layout as pallas_attn.paging.build_paged_kv."""
+    b, s, hkv, d = k.shape
+    p = -(-s // page)
+    pad = p * page - s
+    perm = np.random.default_rng(seed).permutation(b * p)
+    inv = np.argsort(perm)
+
+    def pool(x):
+        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * p, page, hkv, d)
+        return x[jnp.asarray(inv)]
+
+    return pool(k), pool(v), jnp.asarray(perm.reshape(b, p).astype(np.int32))
+
+
+# -------------------------------------------------------------------------------------------------- dense
+
+
+@pytest.mark.parametrize("s", [8192, 8190])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dense_target_family(s, dtype):
+    q, k, v = _inputs(1, 4, 1, 32, 8, 128, s, dtype)
+    out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode"))(q, k, v)
+    _subset_check(out, q, k, v, rows=[0, 3], kv_heads=[0, 7], dtype=dtype)
+
+
+def test_dense_long_context_b1():
+    q, k, v = _inputs(2, 1, 1, 32, 8, 128, 131072, "float16")
+    out = pallas_attn.attention(q, k, v, generation="fa_decode")
+    assert fd.plan(batch=1, hkv=8, rows=4, d=128, max_kv=131072, config=fd.CONFIGS["faithful"]).splits > 1
+    _subset_check(out, q, k, v, rows=[0], kv_heads=[0, 7], dtype="float16")
+
+
+@pytest.mark.parametrize("g, d, dtype", [(1, 128, "float16"), (2, 64, "bfloat16"), (8, 256, "float16"),
+                                         (16, 128, "bfloat16"), (16, 256, "bfloat16")])
+def test_dense_gqa_and_head_dims(g, d, dtype):
+    hkv = 4
+    q, k, v = _inputs(3, 2, 1, g * hkv, hkv, d, 3001, dtype)
+    out = pallas_attn.attention(q, k, v, generation="fa_decode")
+    _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, hkv - 1], dtype=dtype)
+
+
+@pytest.mark.parametrize("tq, q_offset", [(4, 2044), (16, 2032), (4, 100)])
+def test_dense_causal_multi_query(tq, q_offset):
+    q, k, v = _inputs(4, 2, tq, 16, 4, 128, 2048, "float16")
+    out = pallas_attn.attention(q, k, v, causal=True, q_offset=q_offset, generation="fa_decode")
+    _subset_check(out, q, k, v, rows=[1], kv_heads=[0, 3], dtype="float16", causal=True, q_offset=q_offset)
+
+
+@pytest.mark.parametrize("cfg", [fd.DecodeConfig(splits=1), fd.DecodeConfig(splits=7, block_k=128),
+                                 fd.DecodeConfig(block_k=32, num_warps=8, num_stages=4),
+                                 fd.DecodeConfig(block_k=128, num_warps=8, num_stages=2)])
+def test_dense_configs_compile_and_agree(cfg):
+    q, k, v = _inputs(5, 3, 1, 32, 8, 128, 4099, "float16")
+    out = fd.forward(q, k, v, interpret=False, config=cfg)
+    _subset_check(out, q, k, v, rows=[0, 2], kv_heads=[0, 7], dtype="float16")
+
+
+# -------------------------------------------------------------------------------------------------- paged
+
+
+@pytest.mark.parametrize("page", [8, 16, 32, 64, 128, 256])
+def test_paged_ragged_shuffled(page):
+    lens = np.array([8192, 8190, 1, 4097], np.int32)
+    q, k, v = _inputs(6, 4, 1, 32, 8, 128, 8192, "float16")
+    kp, vp, bt = _paged(k, v, page, seed=page)
+    f = jax.jit(lambda *a: pallas_attn.paged_attention(*a))
+    out = f(q, kp, vp, bt, jnp.asarray(lens))
+    _subset_check(out, q, k, v, rows=[0, 1, 2, 3], kv_heads=[0, 7], dtype="float16", kv_lens=lens)
+
+
+@pytest.mark.parametrize("page, dtype", [(16, "bfloat16"), (256, "float16")])
+def test_paged_causal_tq4(page, dtype):
+    lens = np.array([5000, 3, 2048], np.int32)
+    q, k, v = _inputs(7, 3, 4, 32, 8, 128, 5000, dtype)
+    kp, vp, bt = _paged(k, v, page)
+    out = pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), causal=True)
+    _subset_check(out, q, k, v, rows=[0, 1, 2], kv_heads=[0, 7], dtype=dtype, kv_lens=lens, causal=True)
+
+
+@pytest.mark.parametrize("cfg", [fd.DecodeConfig(block_k=16), fd.DecodeConfig(block_k=128, num_stages=3),
+                                 fd.DecodeConfig(splits=5, num_stages=4)])
+def test_paged_configs_compile_and_agree(cfg):
+    lens = np.array([4099, 777], np.int32)
+    q, k, v = _inputs(8, 2, 1, 32, 8, 128, 4099, "float16")
+    kp, vp, bt = _paged(k, v, 16)
+    out = fd.paged_forward(q, kp, vp, bt, jnp.asarray(lens), interpret=False, config=cfg)
+    _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, 7], dtype="float16", kv_lens=lens)
+
+
+def test_paged_bad_table_on_gpu():
+    lens = np.array([300, 300], np.int32)
+    q, k, v = _inputs(9, 2, 1, 8, 2, 64, 300, "float16")
+    kp, vp, bt = _paged(k, v, 16)
+    bad = np.asarray(bt).copy()
+    bad[0, 3] = kp.shape[0] + 100
+    with pytest.raises(ValueError, match="block_table"):
+        pallas_attn.paged_attention(q, kp, vp, jnp.asarray(bad), jnp.asarray(lens))
+    out = jax.jit(lambda *a: pallas_attn.paged_attention(*a))(q, kp, vp, jnp.asarray(bad), jnp.asarray(lens))
+    out = np.asarray(out, np.float32)
+    assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
