@@ -16,6 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("CUDA_REF_DEBUG", "1")  # NaN-poisoned outputs, a sync after every call
+# One cudaMalloc per tensor, so memcheck sees the true end of every buffer (the caching allocator hides
+# overruns into pool slack).
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
