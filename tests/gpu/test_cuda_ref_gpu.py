@@ -85,10 +85,16 @@ def check(out, ref, tol, *, rows=None):
 @pytest.mark.parametrize("gen", GENS)
 def test_matches_oracle(gen, shape, causal):
     b, h, n, d = shape
-    q, k, v = _qkv(b, h, n, n, d, seed=hash((b, h, n, d)) % 1000)
+    q, k, v = _qkv(b, h, n, n, d, seed=sum(shape))
     out = cuda_ref.attention(q, k, v, causal=causal, generation=gen)
     assert out.shape == q.shape
-    check(out, oracle(q, k, v, causal=causal), TOL[gen])
+    key = (shape, causal)
+    if key not in _ORACLE_CACHE:  # same seeded inputs for every generation: compute the oracle once
+        _ORACLE_CACHE[key] = oracle(q, k, v, causal=causal)
+    check(out, _ORACLE_CACHE[key], TOL[gen])
+
+
+_ORACLE_CACHE: dict = {}
 
 
 @pytest.mark.parametrize("gen", GENS)
