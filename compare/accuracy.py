@@ -50,11 +50,11 @@ class Subset:
 
     def take(self, out_btnh: Any) -> np.ndarray:
         """The subset of a BTNH output as float64 numpy ``[nb, nrows, nh, D]`` (gathered on the device)."""
-        x = jnp.asarray(out_btnh)
-        b = jnp.asarray(self.batches)
-        h = jnp.asarray(self.heads)
         rows = np.concatenate([np.arange(r0, r1) for r0, r1 in self.rows])
-        sub = x[b][:, jnp.asarray(rows)][:, :, h]
+        if isinstance(out_btnh, np.ndarray):  # host (e.g. float64 oracle): stay in numpy, keep precision
+            return out_btnh[list(self.batches)][:, rows][:, :, list(self.heads)].astype(np.float64)
+        x = jnp.asarray(out_btnh)
+        sub = x[jnp.asarray(self.batches)][:, jnp.asarray(rows)][:, :, jnp.asarray(self.heads)]
         return reference.to_f64(sub)
 
 

@@ -1,0 +1,275 @@
+"""compare's pieces on the CPU: timing statistics and the flush split, agreement maths and the oracle
+subset, the record schema, peer causal mapping, --only filters, and the GPU bookkeeping path (rates,
+fractions, speed-ups, twin agreement) driven with the host clock."""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compare import accuracy, hardware, interop, peers, records, runner, timing
+from compare.impls import YES, Impl, Prepared
+from compare.workloads import Workload
+from pallas_attn import reference
+
+
+def _wl(**kw) -> Workload:
+    base = dict(name="t", family="prefill", batch=2, heads_q=4, heads_kv=4, q_len=40, kv_len=40, head_dim=16,
+                dtype="float32", causal=False, q_offset=0, seed=3)
+    base.update(kw)
+    return Workload(**base)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def test_percentiles_known_values():
+    st = timing.percentiles(range(1, 101))
+    assert st["p50"] == pytest.approx(50.5)
+    assert st["p10"] == pytest.approx(10.9)
+    assert st["p90"] == pytest.approx(90.1)
+    assert st["n"] == 100 and st["min"] == 1 and st["max"] == 100
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])
+def test_percentiles_refuse_empty_and_non_finite(bad):
+    with pytest.raises(ValueError):
+        timing.percentiles(bad)
+
+
+def test_split_by_flush_sums_kernels_between_flushes():
+    f = frozenset({"flush_k"})
+    evts = [("flush_k", 0, 50), ("a", 60, 70), ("b", 75, 80),  # rep 1: 10 + 5
+            ("flush_k", 100, 150), ("a", 160, 172),  # rep 2: 12
+            ("flush_k", 200, 250), ("a", 260, 269), ("memset", 270, 271)]  # rep 3: 9 + 1
+    assert timing._split_by_flush(evts, f, 3) == [15, 12, 10]
+    with pytest.raises(RuntimeError, match="expected 4"):
+        timing._split_by_flush(evts, f, 4)
+    with pytest.raises(RuntimeError, match="no implementation kernel"):
+        timing._split_by_flush([("flush_k", 0, 1), ("flush_k", 2, 3)], f, 2)
+
+
+def test_time_kernels_falls_back_with_a_label_on_cpu():
+    f = jax.jit(lambda x: x * 2)
+    x = jnp.arange(1024.0)
+    f(x)
+    t = timing.time_kernels(f, (x,), framework="jax", reps=3, flush_bytes=1 << 16)
+    assert t.clock == "host-wall"  # no CUPTI here: the fallback says so
+    assert len(t.samples_us) == 3 and all(s > 0 for s in t.samples_us)
+    assert t.notes and "jax-measure failed" in t.notes[0]
+
+
+# --------------------------------------------------------------------------------------- agreement
+
+
+def test_errors_max_abs_and_rel_l2():
+    ref = np.array([[3.0, 4.0]])
+    got = np.array([[3.0, 4.5]])
+    mx, rel = accuracy.errors(got, ref)
+    assert mx == pytest.approx(0.5)
+    assert rel == pytest.approx(0.5 / 5.0)
+    mx, rel = accuracy.errors(np.array([[np.nan, 4.0]]), ref)
+    assert not math.isfinite(rel)  # NaN propagates; the runner turns it into 'failed'
+    with pytest.raises(ValueError, match="shape"):
+        accuracy.errors(np.zeros((2, 2)), ref)
+
+
+def test_twin_errors_and_finiteness():
+    a = jnp.ones((1, 2, 3, 4), jnp.float16)
+    b = jnp.ones((1, 2, 3, 4), jnp.float32).at[0, 0, 0, 0].set(2.0)
+    mx, rel = accuracy.twin_errors(a, b)
+    assert mx == pytest.approx(1.0)
+    assert rel == pytest.approx(1.0 / math.sqrt(23 + 4))
+    assert accuracy.all_finite(a)
+    assert not accuracy.all_finite(b.at[0, 1, 2, 3].set(jnp.nan))
+
+
+def test_tolerance_by_precision():
+    assert accuracy.tolerance("fp32") < accuracy.tolerance("fp16") <= accuracy.tolerance("bf16")
+    with pytest.raises(ValueError):
+        accuracy.tolerance("fp64")
+
+
+@pytest.mark.parametrize("causal,q_offset", [(False, 0), (True, 0), (True, 37)])
+def test_oracle_subset_matches_full_reference(causal, q_offset):
+    # 300 rows > 256: the subset takes the first and last 128 rows, with the causal offset shifted.
+    w = _wl(batch=3, heads_q=6, heads_kv=2, q_len=300, kv_len=350, causal=causal, q_offset=q_offset)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    assert sub.batches == (0, 2) and sub.heads == (0, 5) and sub.rows == ((0, 128), (172, 300))
+    full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=causal, scale=inp.scale, q_offset=q_offset)
+    ref = accuracy.oracle(w, inp, sub)
+    np.testing.assert_allclose(ref, sub.take(full), rtol=0, atol=1e-12)
+
+
+def test_paged_oracle_matches_dense_on_ragged_lengths():
+    w = _wl(family="paged_decode", batch=3, heads_q=8, heads_kv=2, q_len=1, kv_len=70, q_offset=69,
+            page_size=16, ragged=True, dtype="float16", causal=True)
+    inp = interop.make_inputs(w)
+    assert inp.kv_lens.max() == 70 and inp.kv_lens.min() >= 35
+    sub = accuracy.choose_subset(w)
+    ref = accuracy.oracle(w, inp, sub)
+    full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=True, scale=inp.scale,
+                                            q_offset=inp.kv_lens - 1, kv_len=inp.kv_lens)
+    np.testing.assert_allclose(ref, sub.take(full), rtol=0, atol=1e-12)
+
+
+def test_inputs_are_seeded_and_never_zero():
+    w = _wl()
+    a, b = interop.make_inputs(w), interop.make_inputs(w)
+    np.testing.assert_array_equal(np.asarray(a.q), np.asarray(b.q))
+    assert float(jnp.abs(a.k).min()) >= 0 and float(jnp.abs(a.v).mean()) > 0.5
+    assert not np.array_equal(np.asarray(a.q), np.asarray(interop.make_inputs(w, seed=4).q))
+
+
+# ---------------------------------------------------------------------------------------- schema
+
+
+def _good_result(kind="gpu", status="ok") -> dict:
+    return {
+        "schema": records.SCHEMA_VERSION, "type": "result", "run_id": "r", "status": status, "reason": None,
+        "workload": {"name": "w", "family": "prefill", "dtype": "float16"},
+        "impl": {"name": "pallas:v4_fused:faithful", "framework": "pallas", "generation": "v4_fused",
+                 "config": "faithful"},
+        "env": {"gpu": "H100", "versions": {}, "device_kind": kind},
+        "metrics": {"time_us_p50": 10.0, "time_us_p10": 9.0, "time_us_p90": 12.0, "tflops": 1.0, "gbps": 2.0,
+                    "roofline_fraction": 0.5, "hbm_fraction": 0.4, "tc_fraction": 0.1, "limiter": "HBM",
+                    "clock": "cupti:jax-measure", "e2e_us_p50": 20.0},
+        "agreement": {"max_abs_err": 1e-3, "rel_l2_err": 1e-4, "subset": {}, "tol_rel_l2": 1e-2},
+        "repro": "python -m compare run --config smoke --only 'w:pallas:v4_fused:faithful'",
+    }
+
+
+def test_schema_accepts_a_good_record_and_names_violations():
+    assert records.validate(_good_result()) == []
+    r = _good_result()
+    r["agreement"]["rel_l2_err"] = float("nan")
+    assert any("rel_l2_err" in e for e in records.validate(r))
+    r = _good_result()
+    r["metrics"]["time_us_p50"] = None
+    assert any("time_us_p50" in e for e in records.validate(r))
+    r = _good_result()
+    r["metrics"]["time_us_p10"] = 11.0
+    assert any("order" in e for e in records.validate(r))
+    r = _good_result(status="unsupported")
+    assert any("reason" in e for e in records.validate(r))
+    r = _good_result(kind="cpu-interpret")
+    assert any("CPU-interpret" in e for e in records.validate(r))
+    r = _good_result()
+    del r["impl"]["framework"]
+    assert any("impl.framework" in e for e in records.validate(r))
+    assert records.validate({"type": "bogus"})
+
+
+# ---------------------------------------------------------------------------------------- peers
+
+
+@pytest.mark.parametrize("causal,q_len,kv_len,q_offset,mode", [
+    (False, 64, 64, 0, "none"), (True, 64, 64, 0, "top_left"), (True, 1, 300, 299, "none"),
+    (True, 4, 300, 296, "bottom_right"), (True, 4, 300, 5, "offset")])
+def test_causal_mode(causal, q_len, kv_len, q_offset, mode):
+    assert peers.causal_mode(_wl(causal=causal, q_len=q_len, kv_len=kv_len, q_offset=q_offset)) == mode
+
+
+def test_peer_supports_encode_the_anchors_traps():
+    from compare.impls import Ctx
+
+    gpu = Ctx(jax_gpu=True, torch_cuda=True, hopper=True, interpret=False)
+    by = {p.name: p for p in peers.peer_impls()}
+    gqa = _wl(heads_q=8, heads_kv=2, dtype="float16")
+    assert not by["torch:efficient"].supports(gqa, gpu).ok  # EFFICIENT refuses Hq != Hkv
+    assert not by["jax-pallas:mgpu"].supports(_wl(dtype="bfloat16", q_len=128, kv_len=128), gpu).ok
+    assert by["jax-pallas:mgpu"].supports(_wl(dtype="float16", q_len=128, kv_len=128, head_dim=64), gpu).ok
+    assert not by["jax-pallas:decode_gqa"].supports(_wl(q_len=4), gpu).ok
+    assert by["jax-pallas:paged"].supports(_wl(), gpu).status == "n/a"
+    cpu = Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True)
+    s = by["torch:cudnn"].supports(_wl(dtype="float16"), cpu)
+    assert (s.ok, s.status, s.reason) == (False, "unavailable", "needs a CUDA GPU")
+
+
+# ---------------------------------------------------------------------------------------- filters
+
+
+def test_only_filters_split_at_the_first_colon():
+    assert runner.parse_only(["smoke_*:pallas:v4_fused:*", "ref_*", ":torch:*"]) == [
+        ("smoke_*", "pallas:v4_fused:*"), ("ref_*", "*"), ("*", "torch:*")]
+    impl = Impl("pallas:v4_fused:faithful", "pallas", "v4_fused", "faithful", "mirror", "triton", "", lambda w, c: YES)
+    w = _wl(name="smoke_prefill")
+    assert runner._selected(runner.parse_only(["smoke_*:pallas:*"]), w, impl)
+    assert not runner._selected(runner.parse_only(["smoke_*:torch:*"]), w, impl)
+    assert runner._selected([], w, impl)
+
+
+# ------------------------------------------------------------------------- GPU bookkeeping (host clock)
+
+
+def test_gpu_bookkeeping_rates_speedups_and_twin(tmp_path):
+    """The GPU path of a run (warm-up, timing, rates, fractions, best peer, twin agreement), driven on the
+    CPU: the clock falls back to host-wall (labelled) and the ceilings are injected."""
+    import pallas_attn
+
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path), reps=3, warmup=1, e2e_reps=2,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                             no_ceilings=True, quiet=True, argv=[])
+    run = runner._Run(opts)
+    run.gpu = True  # exercise the GPU branch
+    run.env = {**run.env, "device_kind": "gpu", "gpu": "stand-in (host clock)"}
+    hw = hardware.get("h100")
+    run.hw_ds = hw
+    run.ceil = {"hbm_read_Bps": 3.0e12, "hbm_copy_Bps": 2.9e12, "flops": {"fp32": 50e12, "fp16": 700e12}}
+    run.hw = hw.with_measured(hbm_bw=3.0e12, flops=run.ceil["flops"])
+    w = _wl(name="bk", batch=1, heads_q=2, heads_kv=2, q_len=32, kv_len=32, head_dim=64, causal=True)
+
+    def dense(gen):
+        def prep(w, inp, ctx):
+            fn = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, causal=w.causal, scale=inp.scale,
+                                                               q_offset=w.q_offset, generation=gen, interpret=True))
+            return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH")
+        return prep
+
+    def xla(w, inp, ctx):
+        fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla"))
+        return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH")
+
+    sup = lambda w, c: YES  # noqa: E731
+    impls = [Impl("pallas:v4_fused:faithful", "pallas", "v4_fused", "faithful", "mirror", "triton", "", sup,
+                  dense("v4_fused")),
+             Impl("cuda:v4_fused", "cuda", "v4_fused", None, "mirror", "stand-in", "", sup, dense("v3_online")),
+             Impl("jax:xla", "jax", None, None, "peer", "xla", "", sup, xla)]
+    recs = run.run_workload(w, impls)
+    assert [r["status"] for r in recs] == ["ok", "ok", "ok"], [r.get("reason") for r in recs]
+    for r in recs:
+        assert records.validate(r) == []
+        m = r["metrics"]
+        assert m["clock"] == "host-wall" and m["clock_notes"]
+        assert m["reps"] == 3 and m["time_us_p10"] <= m["time_us_p50"] <= m["time_us_p90"]
+        pred = r["prediction"]["measured"]
+        assert m["tflops"] == pytest.approx(pred["flops"] / (m["time_us_p50"] * 1e-6) / 1e12)
+        assert m["roofline_fraction"] == pytest.approx(pred["floor_us"] / m["time_us_p50"])
+        assert m["hbm_fraction"] == pytest.approx(pred["bytes"] / (m["time_us_p50"] * 1e-6) / 3.0e12)
+        assert m["tc_fraction"] is not None and m["limiter"] in ("MMA", "HBM", "MUFU")
+        assert m["best_peer"] == "jax:xla"
+        assert shlex.split(r["repro"])[-1] == f"bk:{r['impl']['name']}"
+    p, c = recs[0], recs[1]
+    assert p["metrics"]["twin"] == "cuda:v4_fused" and c["metrics"]["twin"] == "pallas:v4_fused:faithful"
+    assert p["metrics"]["speedup_vs_twin"] == pytest.approx(1 / c["metrics"]["speedup_vs_twin"])
+    tw = p["agreement"]["twin"]
+    assert tw["subset"] == "full output" and tw["rel_l2_err"] < 1e-5  # v4 vs v3 on the same fp32 inputs
+    # the report renders GPU-labelled records into tables and both plots
+    from compare import report
+
+    path = tmp_path / "gpu.jsonl"
+    hdr = {**run.base("header"), "argv": ["python", "-m", "compare", "run"]}
+    ceil = {**run.base("ceilings"), "measured": {"clock": "cuda-events", **run.ceil}, "reason": None,
+            "datasheet": {"name": hw.name, "hbm_bw_Bps": hw.hbm_bw, "flops": dict(hw.flops), "l2_mb": hw.l2_mb}}
+    records.write_jsonl(path, [hdr, ceil, *recs])
+    out = report.render([path], tmp_path / "docs" / "results.md", tmp_path / "docs" / "img")
+    pngs = sorted(p.name.split("_")[0] for p in out if p.suffix == ".png")
+    assert pngs == ["generations", "roofline"] and all(p.stat().st_size > 10_000 for p in out[1:])
+    md = out[0].read_text()
+    assert "| pallas:v4_fused:faithful | ok |" in md and "measured ceilings" in md and "![roofline]" in md
