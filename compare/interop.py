@@ -1,7 +1,7 @@
 """Inputs made once per workload and shared by every implementation, JAX and torch, without copies.
 
-Inputs are seeded standard-normal numpy draws (never zeros: METHOD.md), cast once to the workload's dtype
-on the default JAX device. torch sees the *same* device buffers through DLPack
+Inputs are seeded standard-normal draws (``jax.random``, never zeros: METHOD.md) on the default JAX device,
+cast once to the workload's dtype. torch sees the *same* device buffers through DLPack
 (``torch.utils.dlpack.from_dlpack``); layout changes (BTNH -> BHND for SDPA and cuda_ref, the peers' own
 page layouts, pre-scaled queries) are made here, once, outside every timed region, and cached on the
 ``Inputs`` object so several implementations share them. Outputs come back to BTNH JAX arrays through
@@ -125,13 +125,14 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     (``pallas_attn.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
     if w.family == "mla":
         raise NotImplementedError("compare has no MLA input path yet (needs the latent-cache builder)")
-    rng = np.random.default_rng(w.seed if seed is None else seed)
     dt = jnp.dtype(w.dtype)
-    q_np = rng.standard_normal((w.batch, w.q_len, w.heads_q, w.head_dim), dtype=np.float32)
-    k_np = rng.standard_normal((w.batch, w.kv_len, w.heads_kv, w.head_dim), dtype=np.float32)
-    v_np = rng.standard_normal((w.batch, w.kv_len, w.heads_kv, w.head_dim), dtype=np.float32)
-    # Cast once: every implementation and the oracle see exactly these rounded values.
-    q, k, v = (jnp.asarray(x, dtype=dt) for x in (q_np, k_np, v_np))
+    # Drawn on the device (a 1e9-element KV cache takes seconds in numpy, microseconds on a GPU), seeded,
+    # standard normal in float32, then cast once: every implementation and the oracle see these values.
+    kq, kk, kv = jax.random.split(jax.random.key(w.seed if seed is None else seed), 3)
+    shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
+    shape_kv = (w.batch, w.kv_len, w.heads_kv, w.head_dim)
+    q, k, v = (jax.random.normal(key, shp, jnp.float32).astype(dt)
+               for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
     if w.family == "paged_decode":

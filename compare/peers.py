@@ -258,7 +258,7 @@ def _mgpu_prepare(w, inp, ctx: Ctx) -> Prepared:
     cfg = attention_mgpu.TuningConfig(block_q=_MGPU_BLOCK_Q, block_kv=_MGPU_BLOCK_KV,
                                       max_concurrent_steps=_MGPU_STAGES, causal=causal_mode(w) == "top_left")
     q_scaled = inp.cached("q_prescaled", lambda: (inp.q * inp.scale).astype(inp.q.dtype))
-    fn = jax.jit(functools.partial(attention_mgpu.attention, config=cfg))
+    fn = jax.jit(lambda q, k, v: attention_mgpu.attention(q, k, v, cfg))  # config is a nondiff positional
     return Prepared(fn, (q_scaled, inp.k, inp.v), "jax", "BTNH",
                     notes="applies no softmax scale: q pre-scaled once (untimed)")
 

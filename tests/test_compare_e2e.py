@@ -99,3 +99,27 @@ def test_report_renders_markdown(run_records, tmp_path):
     assert not list(tmp_path.glob("img/*.png"))  # no plots from a CPU run: nothing timed to plot
     runs = report.load_runs([path])
     assert len(runs) == 1
+
+
+@pytest.mark.gpu
+def test_gpu_run_times_every_record_with_cupti(tmp_path):
+    """On the device: ceilings measured, clock check near the copy ceiling, every record that ran has
+    finite CUPTI kernel times with a cold L2 and roofline fractions."""
+    from pallas_attn import _compat
+
+    if not _compat.has_gpu():
+        pytest.skip("needs a CUDA GPU")
+    assert cli.main(["run", "--config", "smoke", "--out", str(tmp_path), "--reps", "5", "--quiet"]) == 0
+    recs = list(records.read_jsonl(tmp_path / "records.jsonl"))
+    assert all(records.validate(r) == [] for r in recs)
+    ceil = next(r for r in recs if r["type"] == "ceilings")
+    assert ceil["measured"]["hbm_read_Bps"] > 1e11 and ceil["measured"]["flops"]["fp16"] > 1e13
+    checks = [r for r in recs if r["type"] == "clock_check"]
+    assert checks and all(c["ok"] for c in checks), checks
+    ran = [r for r in recs if r["type"] == "result" and r["status"] in records.RAN_STATUSES]
+    assert ran
+    for r in ran:
+        m = r["metrics"]
+        assert m["clock"].startswith("cupti") and m["l2_flushed"], (r["impl"]["name"], m.get("clock_notes"))
+        assert 0 < m["time_us_p10"] <= m["time_us_p50"] <= m["time_us_p90"]
+        assert m["roofline_fraction"] > 0 and m["e2e_us_p50"] > 0

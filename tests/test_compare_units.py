@@ -273,3 +273,17 @@ def test_gpu_bookkeeping_rates_speedups_and_twin(tmp_path):
     assert pngs == ["generations", "roofline"] and all(p.stat().st_size > 10_000 for p in out[1:])
     md = out[0].read_text()
     assert "| pallas:v4_fused:faithful | ok |" in md and "measured ceilings" in md and "![roofline]" in md
+
+
+def test_cupti_samples_drop_one_flush_kernel_per_rep():
+    f = frozenset({"loop_not_fusion"})
+    per_iter = [[("loop_not_fusion", 0.5), ("attn", 0.010), ("merge", 0.002)],
+                [("loop_not_fusion", 0.5), ("attn", 0.011), ("merge", 0.002)]]
+    assert timing._cupti_samples(per_iter, f) == pytest.approx([12.0, 13.0])
+    # renamed by fusion numbering but still first: recognised; a generic name later in the list is kept
+    assert timing._cupti_samples([[("loop_not_fusion_1", 0.5), ("loop_not_fusion", 0.004)]],
+                                 frozenset({"wrapped_not"})) == pytest.approx([4.0])
+    with pytest.raises(RuntimeError, match="not found"):
+        timing._cupti_samples([[("attn", 0.01)]], f)
+    with pytest.raises(RuntimeError, match="no implementation kernel"):
+        timing._cupti_samples([[("loop_not_fusion", 0.5)]], f)
