@@ -88,6 +88,8 @@ def attention_reference(
     if causal:
         visible &= j <= i + qo
     s = np.where(visible, s, -np.inf)
+    if tk == 0:  # an empty cache: every row is fully masked
+        return np.zeros((b, tq, hq, v.shape[3])), np.full((b, hq, tq), -np.inf)
 
     m = s.max(axis=-1, keepdims=True)
     m_safe = np.where(np.isfinite(m), m, 0.0)

@@ -55,6 +55,8 @@ def test_fully_masked_row_is_zero_not_nan(rng):
     k = rng.standard_normal((1, 4, 1, 8))
     out, lse = ref.attention_reference(q, k, k, kv_len=0)
     assert np.all(out == 0) and np.all(np.isneginf(lse))
+    out, lse = ref.attention_reference(q, k[:, :0], k[:, :0])  # an empty cache
+    assert out.shape == q.shape and np.all(out == 0) and np.all(np.isneginf(lse))
 
 
 def test_ragged_kv_len_and_per_sequence_offset(rng):
