@@ -21,13 +21,13 @@ stage() {  # stage NAME LIMIT_S CMD...
 }
 for s in "$@"; do
   case "$s" in
-    pallas-tests)  stage pallas-tests 300 python3 -m pytest -m gpu -q -rs tests/gpu/test_pallas_gpu.py ;;
-    cuda-build)    stage cuda-build 400 python3 -c "import time,cuda_ref.build as b; t=time.time(); b.load(); print('cold', time.time()-t); t=time.time(); b.load(); print('cached', time.time()-t)" ;;
-    cuda-tests)    stage cuda-tests 300 python3 -m pytest -m gpu -q -rs tests/gpu/test_cuda_ref_gpu.py ;;
+    pallas-tests)  stage pallas-tests ${PALLAS_TESTS_LIMIT:-240} python3 -m pytest -m gpu -q -rs tests/gpu/test_pallas_gpu.py ;;
+    cuda-build)    stage cuda-build 300 python3 scripts/time_cuda_ref.py --build-only ;;
+    cuda-tests)    stage cuda-tests ${CUDA_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_cuda_ref_gpu.py ;;
     cuda-sanitize) stage cuda-sanitize 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/cuda_sanitize.py ;;
     cuda-time)     stage cuda-time 200 python3 scripts/time_cuda_ref.py ;;
     pallas-time)   stage pallas-time 200 python3 scripts/time_pallas_generations.py ;;
-    fa-tests)      stage fa-tests 240 python3 -m pytest -m gpu -q -rs tests/gpu/test_fa_decode_gpu.py ;;
+    fa-tests)      stage fa-tests ${FA_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_fa_decode_gpu.py ;;
     fa-tune)       stage fa-tune 300 python3 scripts/tune_fa_decode.py ;;
     compare:*)     IFS=: read -r _ cfg only <<< "$s"
                    stage "compare-$cfg" 540 python3 -m compare run --config "$cfg" ${only:+--only "$only"} --out "$OUT/compare-$cfg" ;;
