@@ -164,11 +164,16 @@ def plan(
     bm_cap = config.block_m_max or max(16, 8192 // d)
     block_m = min(max(16, _next_pow2(rows)), bm_cap)
     row_tiles = _cdiv(rows, block_m)
-    block_k = config.block_k or _default_block_k(d)
-    n_blocks = max(1, _cdiv(max(int(max_kv), 1), block_k))
     sms = sm_count if sm_count is not None else _compat.device_sm_count()
     slots = max(1, sms * config.occupancy)
     base = batch * hkv * row_tiles
+    block_k = config.block_k or _default_block_k(d)
+    if config.block_k is None and page_size is None and base >= slots:
+        # B·Hkv alone fills the chip (one split, no merge): a program then streams a whole sequence, and a
+        # tile twice as large keeps more bytes in flight per SM. Measured on an H200 (tune run 2026-11-21,
+        # docs/fa_decode.md): B=64, S=4096 268.7 -> 236.9 µs; B=32, S=8192 236.4 -> 235.7 µs.
+        block_k = min(256, 2 * block_k)
+    n_blocks = max(1, _cdiv(max(int(max_kv), 1), block_k))
 
     def realized(s: int) -> tuple[int, int]:
         cb = _cdiv(n_blocks, s)
