@@ -233,7 +233,8 @@ def collect_env() -> dict[str, Any]:
         "device_kind": device_kind,
         "clocks": clocks,
         "versions": versions,
-        "git_sha": (sha + ("-dirty" if dirty else "")) if sha else None,
+        # The device machine gets a copy of the tree without .git: the caller passes the sha it sent.
+        "git_sha": (sha + ("-dirty" if dirty else "")) if sha else os.environ.get("PALLAS_ATTN_GIT_SHA"),
         "host": platform.node(),
         "env_flags": {k: os.environ.get(k) for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS") if k in os.environ},
     }
