@@ -86,6 +86,7 @@ class DecodeConfig:
     num_stages: int | None = None
     splits: int | None = None
     occupancy: int = 2
+    paged_min_waves: int = 3
     block_m_max: int | None = None
     merge_block: int = 64
     merge_num_warps: int = 4
@@ -99,6 +100,8 @@ class DecodeConfig:
             raise ValueError(f"num_stages must be in [1, 8]; got {self.num_stages=}")
         if self.splits is not None and not (isinstance(self.splits, int) and self.splits >= 1):
             raise ValueError(f"splits must be a positive int or None; got {self.splits=}")
+        if not (isinstance(self.paged_min_waves, int) and 1 <= self.paged_min_waves <= 16):
+            raise ValueError(f"paged_min_waves must be an int in [1, 16]; got {self.paged_min_waves=}")
         if not (isinstance(self.occupancy, int) and 1 <= self.occupancy <= 32):
             raise ValueError(f"occupancy must be an int in [1, 32]; got {self.occupancy=}")
         if self.block_m_max is not None and not (_is_pow2(self.block_m_max) and self.block_m_max >= 16):
@@ -113,6 +116,9 @@ class DecodeConfig:
 # frontier row). "tuned" is filled in from scripts/tune_fa_decode.py once measured (docs/fa_decode.md).
 CONFIGS: dict[str, DecodeConfig] = {
     "faithful": DecodeConfig(),
+    # the paged plan without the ragged-batch balancing (one program per sequence when B·Hkv fills the
+    # chip): kept so compare measures what the balancing costs on uniform lengths and buys on ragged ones
+    "paged_unbalanced": DecodeConfig(paged_min_waves=1),
 }
 
 
@@ -179,11 +185,18 @@ def plan(
         cb = _cdiv(n_blocks, s)
         return cb, _cdiv(n_blocks, cb)
 
+    # Paged caches serve ragged batches whose lengths are runtime values the plan cannot see: with one
+    # program per sequence the longest sequence sets the makespan (H200, B=32, lengths in [S/2, S]:
+    # 3.93 TB/s against 4.5 dense). Splitting so that programs cover ``paged_min_waves`` waves lets the
+    # hardware scheduler fill in behind the short sequences; splits past a sequence's end exit at once.
+    s_min = 1
+    if page_size is not None and config.paged_min_waves > 1:
+        s_min = min(n_blocks, _cdiv(config.paged_min_waves * slots, base))
     if config.splits is not None:
         chunk_blocks, splits = realized(min(config.splits, n_blocks))
     else:
         best = None
-        for s in range(1, min(n_blocks, 256) + 1):
+        for s in range(s_min, min(n_blocks, 256) + 1):
             cb, s_eff = realized(s)
             cost = _cdiv(base * s_eff, slots) * (cb + _PROGRAM_OVERHEAD_TILES) + (2 if s_eff > 1 else 0)
             if best is None or cost < best[0]:
