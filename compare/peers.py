@@ -305,11 +305,14 @@ def _decode_gqa_prepare(w, inp, ctx: Ctx) -> Prepared:
     return Prepared(jax.jit(fn), tuple(args), "jax", "BND", notes=", ".join(x for x in (note, _kv_note(w)) if x))
 
 
-def _paged_split(pages: int) -> tuple[int, int] | None:
+def _paged_split(pages: int, page_size: int) -> tuple[int, int] | None:
+    # at most 128 keys per compute block: 8 pages of 64 asked for 276 KiB of shared memory on an H200
+    # (run 20261121T093034), more than the 227 KiB a block may have
+    cap = max(1, min(8, 128 // page_size))
     for ks in range(min(16, pages), 0, -1):
         if pages % ks == 0:
             part = pages // ks
-            for ppcb in range(min(8, part), 0, -1):
+            for ppcb in range(min(cap, part), 0, -1):
                 if part % ppcb == 0:
                     return ks, ppcb
     return None
@@ -320,7 +323,7 @@ def _paged_supports(w, ctx: Ctx) -> Support:
         return Support(False, "", "n/a")
     if w.q_len != 1:  # a decode token at q_offset = kv_len - 1 sees every key, so causal needs no mask
         return Support(False, f"ops.gpu.paged_attention is decode only (Tq == 1); got Tq={w.q_len}")
-    if _paged_split(math.ceil(w.kv_len / w.page_size)) is None:
+    if _paged_split(math.ceil(w.kv_len / w.page_size), w.page_size) is None:
         return Support(False, "no k_splits/pages_per_compute_block fits the table")
     return YES
 
@@ -331,7 +334,7 @@ def _paged_prepare(w, inp, ctx: Ctx) -> Prepared:
     from jax.experimental.pallas.ops.gpu import paged_attention
 
     pages = int(inp.block_table.shape[1])
-    ks, ppcb = _paged_split(pages)
+    ks, ppcb = _paged_split(pages, w.page_size)
     # its layout is [Hkv, num_pages, page, D]: one transpose of the pools, untimed
     kp = inp.cached("k_pages_hnpd", lambda: jnp.transpose(inp.k_pool, (2, 0, 1, 3)))
     vp = inp.cached("v_pages_hnpd", lambda: jnp.transpose(inp.v_pool, (2, 0, 1, 3)))
