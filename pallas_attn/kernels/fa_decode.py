@@ -119,6 +119,7 @@ CONFIGS: dict[str, DecodeConfig] = {
     # the paged plan without the ragged-batch balancing (one program per sequence when B·Hkv fills the
     # chip): kept so compare measures what the balancing costs on uniform lengths and buys on ragged ones
     "paged_unbalanced": DecodeConfig(paged_min_waves=1),
+    "paged_2waves": DecodeConfig(paged_min_waves=2),
     # best dense point of the first H200 sweep (results/fa_decode_tune/20261121_h200_tune1.json): B=32,
     # S=8192 234.2 µs vs 236.4 default; B=1, S=131072 122.7 vs 122.4; B=64, S=4096 240.1 vs 236.9 (bk 128)
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
