@@ -86,7 +86,7 @@ class DecodeConfig:
     num_stages: int | None = None
     splits: int | None = None
     occupancy: int = 2
-    paged_min_waves: int = 3
+    paged_min_waves: int = 6
     block_m_max: int | None = None
     merge_block: int = 64
     merge_num_warps: int = 4
@@ -119,7 +119,6 @@ CONFIGS: dict[str, DecodeConfig] = {
     # the paged plan without the ragged-batch balancing (one program per sequence when B·Hkv fills the
     # chip): kept so compare measures what the balancing costs on uniform lengths and buys on ragged ones
     "paged_unbalanced": DecodeConfig(paged_min_waves=1),
-    "paged_2waves": DecodeConfig(paged_min_waves=2),
     # best dense point of the first H200 sweep (results/fa_decode_tune/20261121_h200_tune1.json): B=32,
     # S=8192 234.2 µs vs 236.4 default; B=1, S=131072 122.7 vs 122.4; B=64, S=4096 240.1 vs 236.9 (bk 128)
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
@@ -193,8 +192,12 @@ def plan(
     # program per sequence the longest sequence sets the makespan (H200, B=32, lengths in [S/2, S]:
     # 3.93 TB/s against 4.5 dense). Splitting so that programs cover ``paged_min_waves`` waves lets the
     # hardware scheduler fill in behind the short sequences; splits past a sequence's end exit at once.
+    # Split sweep (results/fa_decode_tune/20261121_h200_paged_splits.log, B=32, S=8192, page 16, µs
+    # uniform/ragged): s=1 245.5/204.5, s=3 250.7/207.1, s=4 259.3/194.9, s=8 253.5/191.2, dense 242.7:
+    # about 6 waves serves both. Only when the sequences alone fill half the chip: below that the wave
+    # model already makes many short programs.
     s_min = 1
-    if page_size is not None and config.paged_min_waves > 1:
+    if page_size is not None and config.paged_min_waves > 1 and 2 * base >= slots:
         s_min = min(n_blocks, _cdiv(config.paged_min_waves * slots, base))
     if config.splits is not None:
         chunk_blocks, splits = realized(min(config.splits, n_blocks))
