@@ -61,7 +61,7 @@ def _time_cell(r: dict) -> str:
     if m.get("time_us_p50") is not None:
         return f"{m['time_us_p50']:.1f} ({m['time_us_p10']:.1f}–{m['time_us_p90']:.1f})"
     if m.get("cpu_interpret_us_p50") is not None:
-        return f"CPU-interpret {m['cpu_interpret_us_p50'] / 1e3:.0f} ms"
+        return f"CPU-interpret {m['cpu_interpret_us_p50'] / 1e3:.3g} ms"
     return "—"
 
 

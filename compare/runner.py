@@ -62,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clock", choices=("cupti", "kineto", "events"), default="cupti",
                    help="cupti: JAX profiler for JAX, torch.profiler for torch (both CUPTI); kineto: torch.profiler "
                         "for both; events: CUDA events / host wall (labelled). Fallbacks are automatic and recorded")
-    p.add_argument("--arch", default="h100", help="hardware row for predictions when no GPU is detected; default h100")
+    p.add_argument("--arch", default="h100,h200",
+                   help="hardware rows (comma-separated) for datasheet predictions when no GPU is detected; "
+                        "the first fills prediction.datasheet, all go to prediction.by_arch; default h100,h200")
     p.add_argument("--cpu-max-flops", type=float, default=1e8,
                    help="CPU interpret mode runs only workloads under this many FLOPs; default 1e8")
     p.add_argument("--no-ceilings", action="store_true", help="skip measuring ceilings (datasheet values only)")
@@ -159,7 +161,8 @@ class _Run:
         if self.path.exists():
             self.path.unlink()  # a run writes its own file; appending to an old run would mix environments
         self.hw_ds = hardware.detect(self.env["gpu"]) if self.env["gpu"] else None
-        self.hw_pred_only = None if self.gpu else hardware.get(opts.arch)
+        self.hw_pred_archs = [] if self.gpu else [hardware.get(a) for a in str(opts.arch).split(",") if a.strip()]
+        self.hw_pred_only = self.hw_pred_archs[0] if self.hw_pred_archs else None
         self.hw = self.hw_ds
         self.ceil: dict[str, Any] | None = None
         self.flush_bytes = timing.default_flush_bytes(_l2_bytes(self.hw_ds))
@@ -264,8 +267,28 @@ class _Run:
                           "engine": est.engine, "peak_flops": est.peak_flops, "bw_Bps": est.bw}
         out["basis"] = "measured" if "measured" in out else ("datasheet" if "datasheet" in out else None)
         if not self.gpu:
-            out["note"] = f"no GPU in this run: prediction for {self.hw_pred_only.name} (datasheet)"
+            by_arch = {}
+            for hw in self.hw_pred_archs:
+                try:
+                    est = roofline.estimate(prob, hw)
+                except Exception as e:  # an arch without this engine's peak
+                    by_arch[hw.key] = {"error": f"{type(e).__name__}: {e}"}
+                    continue
+                by_arch[hw.key] = {"hardware": hw.name, "floor_us": est.floor_s * 1e6, "limiter": est.limiter,
+                                   "ai": est.ai, "ridge": est.ridge}
+            out["by_arch"] = by_arch
+            names = ", ".join(hw.name for hw in self.hw_pred_archs)
+            out["note"] = f"no GPU in this run: datasheet predictions for {names}"
         return out
+
+    def prediction_line(self, w: Workload) -> str | None:
+        """CPU runs: the layer-1 floor of the workload (peer model, workload dtype) on each --arch row."""
+        if self.gpu:
+            return None
+        pred = self.predict(w, None) or {}
+        parts = [f"{v['hardware']} {v['floor_us']:.4g} µs ({v['limiter']}, AI {v['ai']:.3g})"
+                 for v in (pred.get("by_arch") or {}).values() if "floor_us" in v]
+        return ("  predicted floor (datasheet, fused model): " + "; ".join(parts)) if parts else None
 
     # -- one workload --------------------------------------------------------------------------
     def record(self, w: Workload, impl: Impl, status: str, reason: str | None) -> dict[str, Any]:
@@ -516,6 +539,9 @@ class _Run:
                 n_written += len(recs)
                 if not self.opts.quiet:
                     console.print(report.workload_table(w.name, recs))
+                    line = self.prediction_line(w)
+                    if line:
+                        console.print(line, highlight=False)
         finally:
             if progress is not None:
                 progress.stop()

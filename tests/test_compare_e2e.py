@@ -72,6 +72,9 @@ def test_statuses_and_agreement(run_records):
         assert m["clock"] == "cpu-interpret" and m["cpu_interpret_us_p50"] > 0
         assert m["time_us_p50"] is None and m["roofline_fraction"] is None
         assert r["prediction"]["datasheet"]["floor_us"] > 0  # predictions still made (datasheet, --arch)
+        by_arch = r["prediction"]["by_arch"]  # make compare on a CPU: H100 and H200 predictions by default
+        assert set(by_arch) == {"h100", "h200"}
+        assert by_arch["h200"]["floor_us"] <= by_arch["h100"]["floor_us"]  # same math, faster HBM
     fp32 = res[("smoke_prefill_f32_c1", "pallas:v4_fused:faithful")]["agreement"]
     assert fp32["rel_l2_err"] < 1e-5  # fp32 end to end through the run matches the float64 oracle
 
