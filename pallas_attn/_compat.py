@@ -39,7 +39,8 @@ __all__ = [
 
 JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
-_TRITON_DEPRECATION = r".*(Triton lowering|triton lowering|pallas.triton).*"
+# 0.11.2 says: "The Pallas Triton backend is deprecated and will be removed in a future JAX version. ..."
+_TRITON_DEPRECATION = r".*(Pallas Triton backend is deprecated|Triton lowering|triton lowering).*"
 
 
 def silence_triton_deprecation() -> None:
