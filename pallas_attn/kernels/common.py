@@ -18,6 +18,9 @@ computes ``-inf - -inf``.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -79,6 +82,31 @@ def per_head_dim(owner: str, d: int, *, d64, d128):
     if d == 128:
         return d128
     raise NotImplementedError(f"{owner} has tiles for head dims 64 and 128 (the reference's); got D={d}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SquareTiles:
+    """Square tiles TM = TN per head dim with the reference's 256 threads (v2 and v3 share this shape).
+
+    Subclasses set ``generation`` (named in errors) and add their own fields.
+    """
+
+    generation: ClassVar[str] = "?"
+    tile_d64: int = 64
+    tile_d128: int = 32
+    num_warps: int = 8  # the reference's 256 threads
+    num_stages: int = 1
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        # jnp.dot operands need every dim >= 16 under the Triton lowering
+        check_pow2(owner, "tile_d64", self.tile_d64, minimum=16)
+        check_pow2(owner, "tile_d128", self.tile_d128, minimum=16)
+        check_pow2(owner, "num_warps", self.num_warps)
+        check_positive(owner, "num_stages", self.num_stages)
+
+    def tile(self, d: int) -> int:
+        return per_head_dim(self.generation, d, d64=self.tile_d64, d128=self.tile_d128)
 
 
 def btnh_spec(t: int, d: int, heads: int, *, bh_axis: int) -> pl.BlockSpec:

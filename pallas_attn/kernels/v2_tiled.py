@@ -32,25 +32,11 @@ GEN = "v2_tiled"
 
 
 @dataclasses.dataclass(frozen=True)
-class TiledConfig:
+class TiledConfig(c.SquareTiles):
     """Tiles per head dim; TK (the PV contraction chunk) equals TN as in the reference."""
 
-    tile_d64: int = 64
-    tile_d128: int = 32
-    num_warps: int = 8  # the reference's 256 threads
-    num_stages: int = 1
+    generation = GEN
     softmax: NaiveConfig = NaiveConfig()  # pass 2 is v1's
-
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        # jnp.dot operands need every dim >= 16 under the Triton lowering
-        c.check_pow2(owner, "tile_d64", self.tile_d64, minimum=16)
-        c.check_pow2(owner, "tile_d128", self.tile_d128, minimum=16)
-        c.check_pow2(owner, "num_warps", self.num_warps)
-        c.check_positive(owner, "num_stages", self.num_stages)
-
-    def tile(self, d: int) -> int:
-        return c.per_head_dim(GEN, d, d64=self.tile_d64, d128=self.tile_d128)
 
 
 CONFIGS: dict[str, TiledConfig] = {"faithful": TiledConfig()}

@@ -33,21 +33,10 @@ GEN = "v3_online"
 
 
 @dataclasses.dataclass(frozen=True)
-class OnlineConfig:
-    tile_d64: int = 64  # TM = TN
-    tile_d128: int = 32
-    num_warps: int = 8  # the reference's 256 threads
-    num_stages: int = 1
+class OnlineConfig(c.SquareTiles):
+    """TM = TN per head dim; one thread per query row in the reference (TM of 256 threads active)."""
 
-    def __post_init__(self) -> None:
-        owner = type(self).__name__
-        c.check_pow2(owner, "tile_d64", self.tile_d64, minimum=16)
-        c.check_pow2(owner, "tile_d128", self.tile_d128, minimum=16)
-        c.check_pow2(owner, "num_warps", self.num_warps)
-        c.check_positive(owner, "num_stages", self.num_stages)
-
-    def tile(self, d: int) -> int:
-        return c.per_head_dim(GEN, d, d64=self.tile_d64, d128=self.tile_d128)
+    generation = GEN
 
 
 CONFIGS: dict[str, OnlineConfig] = {"faithful": OnlineConfig()}
