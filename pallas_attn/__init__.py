@@ -1,7 +1,7 @@
 """pallas_attn: FlashAttention's generations as JAX/Pallas GPU kernels, plus frontier kernels.
 
-Public API: ``attention``, ``paged_attention``, ``generations``; the oracle lives in
-``pallas_attn.reference`` and the generation table in ``pallas_attn.registry``.
+Public API: ``attention`` (dense), ``paged_attention`` (paged KV), ``generations`` (the table, with each
+kernel's declared facts). The float64 oracle and paging builders live in ``attn_core`` (numpy only).
 """
 
 from .api import attention, generations, paged_attention

@@ -1,8 +1,12 @@
 """jax 0.10.2 (CPU CI, Python 3.11) vs 0.11.2 (GPU machine, Python 3.12): every difference, in one place.
 
 What differs, and what we do about it (ANCHORS.md §4):
-  * The Triton lowering is deprecated in 0.11 and warns on every ``pallas_call``; we filter exactly that
-    warning (``silence_triton_deprecation``) and nothing else.
+  * The Triton lowering is deprecated in 0.11 and warns when a Triton ``pallas_call`` is lowered. Importing
+    this package installs no filter (DESIGN.md decision 9): ``quiet_triton()`` hides exactly that warning
+    around our own calls (the public entries run inside it, so an eager call, whose kernels lower inside
+    it, is quiet), and ``silence_triton_deprecation()`` is for entry points (compare, scripts) that want
+    it gone for the whole process. Under a caller's ``jax.jit`` the lowering happens after our call
+    returns, so the caller sees JAX's warning: it is JAX's to give, and true.
   * A ``pallas_call`` without ``compiler_params`` lowers through Mosaic GPU; the Triton lowering needs
     ``jax.experimental.pallas.triton.CompilerParams`` (``triton_params``).
   * ``pl.load``/``pl.store`` are gone: kernels use ``load``/``store`` from here, which wrap
@@ -13,6 +17,7 @@ What differs, and what we do about it (ANCHORS.md §4):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -25,7 +30,6 @@ except ImportError as e:  # pragma: no cover
     raise ImportError(f"jax {jax.__version__} has no jax.experimental.pallas.triton: {e}") from e
 
 __all__ = [
-    "JAX_VERSION",
     "pl",
     "pltriton",
     "has_gpu",
@@ -34,22 +38,26 @@ __all__ = [
     "load",
     "store",
     "silence_triton_deprecation",
+    "quiet_triton",
     "device_sm_count",
 ]
-
-JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
 # 0.11.2 says: "The Pallas Triton backend is deprecated and will be removed in a future JAX version. ..."
 _TRITON_DEPRECATION = r".*(Pallas Triton backend is deprecated|Triton lowering|triton lowering).*"
 
 
 def silence_triton_deprecation() -> None:
-    """Filter the 0.11 deprecation warning of the Triton lowering (and only that one)."""
-    for cat in (DeprecationWarning, FutureWarning, UserWarning):
-        warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=cat)
+    """For entry points only: filter the 0.11 Triton-lowering deprecation warning for the whole process
+    (that one message, as the DeprecationWarning JAX raises, and nothing else)."""
+    warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
 
 
-silence_triton_deprecation()
+@contextlib.contextmanager
+def quiet_triton():
+    """Hide the Triton-lowering deprecation warning inside the block only (the filter list is restored)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TRITON_DEPRECATION, category=DeprecationWarning)
+        yield
 
 
 @functools.cache

@@ -1,49 +1,72 @@
-"""Public entry points: validate once, pick the generation from the registry, call its kernel module.
+"""Public entry points: validate once, look the generation up in the table, resolve its config, call its kernel.
 
-Kernel-module contract (``pallas_attn.kernels.<module>``):
-  * ``CONFIGS: dict[str, <frozen config>]`` with at least ``"faithful"`` (DESIGN.md decision 3);
-  * ``forward(q, k, v, *, causal, scale, q_offset, interpret, config) -> out`` on validated BTNH arrays
-    (dense entry), and/or
-  * ``paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal, scale, interpret, config) -> out``
-    (paged entry).
-Validation of ranks, shapes and dtypes happens here, once; capability checks (dtype, head dim, GQA,
-query length) come from the registry row, so an unsupported combination is a NotImplementedError that
-names what is supported.
+Argument model (DESIGN.md decision 6), the same for every entry:
+
+* causal is top-left with an offset: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``;
+  ``q_offset`` is a Python int, an int32 scalar (traced or not) or an int32 ``[B]`` array (one offset per
+  sequence), so a jitted decode loop passes its cache position as data. Dense default 0; paged default
+  ``kv_len - Tq`` per sequence (the last query on the last key). A row that sees no key outputs 0;
+* ``config=`` takes a config object of the generation's kernel, a name (``generations()`` lists them) or
+  None (the kernel's heuristic default for the problem);
+* ``return_lse=True`` returns ``(out, lse)``, ``lse`` float32 ``[B, Hq, Tq]`` in natural log (-inf for a row
+  with no visible key);
+* ``scale`` is a static Python float (default ``1/sqrt(D)``); ``interpret=None`` interprets when no GPU is
+  present. Bad input raises ValueError naming the argument; a combination the kernel does not support raises
+  NotImplementedError naming what it supports.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from . import _compat, registry
+from .kernels import seqlen
+from .kernels.contract import Problem
 
-__all__ = ["attention", "paged_attention", "generations", "validate_dense", "validate_paged"]
+__all__ = ["attention", "paged_attention", "generations", "validate_dense", "validate_paged", "problem_dense",
+           "problem_paged", "resolve"]
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 
 
-def generations() -> tuple[registry.Generation, ...]:
-    """Every generation id with what it supports (``dtypes``, ``head_dims``, ``gqa``, ``max_q_len``)
-    and which twins are built (``.built``)."""
+def generations() -> tuple[registry.GenerationInfo, ...]:
+    """Every generation id with whether Pallas builds it and its kernel's declared facts (dtypes, head dims,
+    GQA, max query length, precision per dtype, configs, lowering) and the causal rule."""
     return registry.generations()
 
 
-def _dtype_name(x: Any) -> str:
+def _dtype_name(x) -> str:
     return jnp.dtype(x.dtype).name
 
 
-def validate_dense(q, k, v, *, causal: bool, scale, q_offset) -> float:
-    """Shape/dtype checks shared by every dense generation. Returns the effective scale."""
+def _check_array(name: str, x, rank: int, layout: str) -> None:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an array; got {type(x).__name__}")
+    if x.ndim != rank:
+        raise ValueError(f"{name} must be rank {rank} {layout}; got {name}.shape={tuple(x.shape)}")
+
+
+def _check_scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool):
+        raise ValueError(f"scale must be a Python float; got {scale!r}")
+    try:
+        s = float(scale)
+    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+        raise ValueError(f"scale must be a Python float (it is static); got {scale!r}") from e
+    if not math.isfinite(s):
+        raise ValueError(f"scale must be finite; got {scale=}")
+    return s
+
+
+def validate_dense(q, k, v, *, causal: bool, scale) -> float:
+    """Shape/dtype checks of the dense entry. Returns the effective scale."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"{name} must be an array; got {type(x).__name__}")
-        if x.ndim != 4:
-            raise ValueError(f"{name} must be rank 4 [B, T, H, D] (BTNH); got {name}.shape={tuple(x.shape)}")
+        _check_array(name, x, 4, "[B, T, H, D] (BTNH)")
         if _dtype_name(x) not in _FLOAT_DTYPES:
             raise ValueError(f"{name} must be float32, float16 or bfloat16; got {name}.dtype={_dtype_name(x)}")
     if not (_dtype_name(q) == _dtype_name(k) == _dtype_name(v)):
@@ -58,90 +81,16 @@ def validate_dense(q, k, v, *, causal: bool, scale, q_offset) -> float:
         raise ValueError(f"every dimension must be >= 1; got {q.shape=}, {k.shape=}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"Hq must be a multiple of Hkv; got Hq={q.shape[2]}, Hkv={k.shape[2]}")
-    if not isinstance(q_offset, (int, np.integer)) or isinstance(q_offset, bool) or q_offset < 0:
-        raise ValueError(f"q_offset must be a non-negative int; got {q_offset=!r}")
-    if not isinstance(causal, (bool, np.bool_)):
+    if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool; got {causal=!r}")
     return _check_scale(scale, q.shape[3])
 
 
-def _check_scale(scale, d: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    try:
-        s = float(scale)
-    except (TypeError, jax.errors.ConcretizationTypeError) as e:
-        raise ValueError(f"scale must be a Python float (it is static); got {scale!r}") from e
-    if not math.isfinite(s):
-        raise ValueError(f"scale must be finite; got {scale=}")
-    return s
-
-
-def _check_capabilities(gen: registry.Generation, *, dtype: str, d: int, hq: int, hkv: int, tq: int) -> None:
-    if dtype not in gen.dtypes:
-        raise NotImplementedError(f"{gen.id} takes dtypes {gen.dtypes}; got {dtype}")
-    if d not in gen.head_dims:
-        raise NotImplementedError(f"{gen.id} supports head dims {gen.head_dims}; got D={d}")
-    if hq != hkv and not gen.gqa:
-        gqa_ids = [g.id for g in registry.generations() if g.gqa and g.pallas is not None]
-        raise NotImplementedError(
-            f"{gen.id} is MHA (Hq == Hkv) as in the reference; got Hq={hq}, Hkv={hkv}. "
-            f"Generations that support GQA: {', '.join(gqa_ids) or '(none built yet)'}"
-        )
-    if gen.max_q_len is not None and tq > gen.max_q_len:
-        raise NotImplementedError(f"{gen.id} is a decode kernel for Tq <= {gen.max_q_len}; got Tq={tq}")
-
-
-def attention(
-    q,
-    k,
-    v,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    q_offset: int = 0,
-    generation: str = "v4_fused",
-    interpret: bool | None = None,
-    config: str | None = None,
-):
-    """Attention on JAX BTNH arrays: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, D]`` -> ``[B, Tq, Hq, D]``.
-
-    ``causal`` is top-left: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``.
-    ``scale`` defaults to ``1/sqrt(D)``. ``interpret=None`` runs in interpret mode when no GPU is present.
-    ``config`` picks a kernel config of the generation (``"faithful"`` by default, ``"tuned"`` where one
-    exists). Jit-compatible: every keyword argument is static. Output has q's dtype.
-    """
-    if not isinstance(generation, str):
-        raise ValueError(f"generation must be a string id; got {generation!r}")
-    gen = registry.get(generation)
-    if gen.entry != "attention":
-        raise ValueError(f"generation {generation!r} is served by pallas_attn.{gen.entry}, not attention()")
-    s = validate_dense(q, k, v, causal=causal, scale=scale, q_offset=q_offset)
-    _check_capabilities(gen, dtype=_dtype_name(q), d=q.shape[3], hq=q.shape[2], hkv=k.shape[2], tq=q.shape[1])
-    mod = registry.pallas_module(generation)
-    cfg = _pick_config(mod, generation, config)
-    out = mod.forward(
-        q, k, v, causal=bool(causal), scale=s, q_offset=int(q_offset),
-        interpret=_compat.default_interpret(interpret), config=cfg,
-    )
-    return out.astype(q.dtype)
-
-
-def _pick_config(mod, generation: str, config: str | None):
-    name = config or "faithful"
-    try:
-        return mod.CONFIGS[name]
-    except KeyError:
-        raise ValueError(f"{generation} has configs {sorted(mod.CONFIGS)}; got {config=!r}") from None
-
-
-def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, scale) -> float:
-    """Checks for the paged entry (pools ``[num_blocks, page, Hkv, D]``, int32 tables)."""
-    if q.ndim != 4:
-        raise ValueError(f"q must be rank 4 [B, Tq, Hq, D]; got {q.shape=}")
+def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale) -> float:
+    """Checks of the paged entry (pools ``[num_blocks, page, Hkv, D]``, int32 tables). Returns the scale."""
+    _check_array("q", q, 4, "[B, Tq, Hq, D] (BTNH)")
     for name, x in (("k_pool", k_pool), ("v_pool", v_pool)):
-        if x.ndim != 4:
-            raise ValueError(f"{name} must be rank 4 [num_blocks, page_size, Hkv, D]; got {x.shape=}")
+        _check_array(name, x, 4, "[num_blocks, page_size, Hkv, D]")
     if k_pool.shape != v_pool.shape:
         raise ValueError(f"k_pool and v_pool must match; got {k_pool.shape=}, {v_pool.shape=}")
     dt = _dtype_name(q)
@@ -150,48 +99,87 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, scale) -> float:
     page = k_pool.shape[1]
     if page < 1 or page & (page - 1):
         raise ValueError(f"page_size (k_pool.shape[1]) must be a power of two; got {page}")
+    if min(q.shape) < 1 or min(k_pool.shape) < 1:
+        raise ValueError(f"every dimension must be >= 1; got {q.shape=}, {k_pool.shape=}")
     if q.shape[3] != k_pool.shape[3]:
         raise ValueError(f"q and the pools must share D; got {q.shape[3]=}, {k_pool.shape[3]=}")
     if q.shape[2] % k_pool.shape[2]:
         raise ValueError(f"Hq must be a multiple of Hkv; got Hq={q.shape[2]}, Hkv={k_pool.shape[2]}")
-    if block_table.ndim != 2 or block_table.shape[0] != q.shape[0] or _dtype_name(block_table) != "int32":
+    _check_array("block_table", block_table, 2, "int32 [B, pages_per_seq]")
+    if block_table.shape[0] != q.shape[0] or _dtype_name(block_table) != "int32" or block_table.shape[1] < 1:
         raise ValueError(
-            f"block_table must be int32 [B, pages_per_seq]; got {block_table.shape=}, {block_table.dtype=}"
-        )
-    if kv_lens.shape != (q.shape[0],) or _dtype_name(kv_lens) != "int32":
-        raise ValueError(f"kv_lens must be int32 [B]; got {kv_lens.shape=}, {kv_lens.dtype=}")
+            f"block_table must be int32 [B={q.shape[0]}, pages_per_seq >= 1]; got {block_table.shape=}, "
+            f"{block_table.dtype=}")
+    if not hasattr(kv_lens, "shape") or tuple(kv_lens.shape) != (q.shape[0],) or _dtype_name(kv_lens) != "int32":
+        raise ValueError(f"kv_lens must be int32 [B={q.shape[0]}]; got {getattr(kv_lens, 'shape', kv_lens)!r}, "
+                         f"{getattr(kv_lens, 'dtype', None)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool; got {causal=!r}")
     return _check_scale(scale, q.shape[3])
 
 
-def paged_attention(
-    q,
-    k_pool,
-    v_pool,
-    block_table,
-    kv_lens,
-    *,
-    scale: float | None = None,
-    causal: bool = False,
-    generation: str = "fa_decode",
-    interpret: bool | None = None,
-    config: str | None = None,
-    check_block_table: bool = True,
-):
-    """Paged-KV attention (ragged batch). q ``[B, Tq, Hq, D]``; pools ``[num_blocks, page, Hkv, D]``;
-    block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``. Causal decode masks with
-    ``q_offset = kv_len - Tq`` per sequence. With ``check_block_table`` (default) a page index outside the
-    pool raises (eagerly) or poisons the output with NaN (under jit), never reads out of bounds silently.
-    """
+def problem_dense(q, k, *, causal: bool) -> Problem:
+    return Problem(entry="dense", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1], kv_len=k.shape[1],
+                   heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], causal=causal)
+
+
+def problem_paged(q, k_pool, block_table, *, causal: bool) -> Problem:
+    return Problem(entry="paged", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
+                   kv_len=block_table.shape[1] * k_pool.shape[1], heads_q=q.shape[2], heads_kv=k_pool.shape[2],
+                   head_dim=q.shape[3], causal=causal, page_size=k_pool.shape[1])
+
+
+def resolve(generation: str, problem: Problem, config):
+    """``(kernel, config)`` for a generation on a problem, or NotImplementedError / ValueError saying why not."""
+    if not isinstance(generation, str):
+        raise ValueError(f"generation must be a string id; got {generation!r}")
     gen = registry.get(generation)
-    s = validate_paged(q, k_pool, v_pool, block_table, kv_lens, scale=scale)
-    _check_capabilities(gen, dtype=_dtype_name(q), d=q.shape[3], hq=q.shape[2], hkv=k_pool.shape[2],
-                        tq=q.shape[1])
-    mod = registry.pallas_module(generation)
-    if not hasattr(mod, "paged_forward"):
-        raise NotImplementedError(f"{generation} has no paged entry")
-    cfg = _pick_config(mod, generation, config)
-    out = mod.paged_forward(
-        q, k_pool, v_pool, block_table, kv_lens, causal=bool(causal), scale=s,
-        interpret=_compat.default_interpret(interpret), config=cfg, check_block_table=check_block_table,
-    )
-    return out.astype(q.dtype)
+    if problem.entry not in gen.entries:
+        raise ValueError(f"generation {generation!r} serves the {sorted(gen.entries)} entries, not {problem.entry!r}")
+    kern = registry.kernel(generation)
+    ok, why = kern.supports(problem)
+    if not ok:
+        raise NotImplementedError(why)
+    named = registry.configs(generation)
+    if isinstance(config, str):
+        if config not in named:
+            raise ValueError(f"{generation} has configs {sorted(named)}; got config={config!r}")
+        return kern, named[config]
+    return kern, kern.config(config, problem)
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset=0,
+              generation: str = "v4_fused", interpret: bool | None = None, config=None, return_lse: bool = False):
+    """Attention on JAX BTNH arrays: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, D]`` -> ``[B, Tq, Hq, D]``.
+
+    Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
+    ``j <= i + q_offset[b]`` (``q_offset``: int, int32 scalar or ``[B]`` array, default 0). See the module
+    docstring for ``config``, ``return_lse``, ``scale`` and ``interpret``. Output has q's dtype.
+    """
+    s = validate_dense(q, k, v, causal=causal, scale=scale)
+    kern, cfg = resolve(generation, problem_dense(q, k, causal=causal), config)
+    offs = seqlen.q_offsets(q_offset, q.shape[0])
+    with _compat.quiet_triton():
+        return kern.dense(q, k, v, causal=causal, scale=s, q_offset=offs,
+                          interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse))
+
+
+def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,
+                    q_offset=None, generation: str = "fa_decode", interpret: bool | None = None, config=None,
+                    return_lse: bool = False, check_block_table: bool = True):
+    """Paged-KV attention (ragged batch). q ``[B, Tq, Hq, D]``; pools ``[num_blocks, page, Hkv, D]``;
+    block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``.
+
+    Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
+    ``j <= i + q_offset[b]``; ``q_offset=None`` (default) means ``kv_lens - Tq`` (decode: the last query sits
+    on the last key). With ``check_block_table`` (default) a page index outside the pool raises (eagerly) or
+    poisons that sequence's output with NaN (under jit); a kernel never reads out of bounds.
+    """
+    s = validate_paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=scale)
+    kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
+    b = q.shape[0]
+    offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
+    with _compat.quiet_triton():
+        return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=s, q_offset=offs,
+                          interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
+                          check_block_table=check_block_table)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import pallas_attn
-from pallas_attn import reference, registry
+from attn_core import oracle as reference
+from attn_core.paging import build_paged_kv
+from pallas_attn import registry
 from pallas_attn.kernels import fa_decode as fd
-from pallas_attn.paging import build_paged_kv
 
 TOL = {"float16": 1e-2, "bfloat16": 2e-2}  # relative L2 against float64, by operand precision
 
@@ -48,7 +49,7 @@ DENSE = [
     (1, 4, 4, 2, 64, 24, "float16", True, 100, fd.DecodeConfig(block_k=16)),  # offset past the end
     (2, 1, 4, 1, 64, 1, "float16", False, 0, fd.DecodeConfig(block_k=16)),  # Tk = 1
     (1, 4, 16, 1, 128, 70, "bfloat16", True, 66, fd.DecodeConfig(block_k=32, block_m_max=16)),  # 4 row tiles
-    (1, 1, 4, 2, 256, 300, "float16", False, 0, fd.CONFIGS["faithful"]),  # heuristic plan (132 SMs)
+    (1, 1, 4, 2, 256, 300, "float16", False, 0, fd.CONFIGS["default"]),  # heuristic plan (132 SMs)
 ]
 
 
@@ -57,7 +58,8 @@ DENSE = [
 def test_dense_matches_oracle(rng, case):
     b, tq, hq, hkv, d, tk, dtype, causal, q_offset, cfg = case
     q, k, v = _arr(rng, (b, tq, hq, d), dtype), _arr(rng, (b, tk, hkv, d), dtype), _arr(rng, (b, tk, hkv, d), dtype)
-    out = fd.forward(q, k, v, causal=causal, scale=None, q_offset=q_offset, interpret=True, config=cfg)
+    out = pallas_attn.attention(q, k, v, causal=causal, q_offset=q_offset, generation="fa_decode", interpret=True,
+                                config=cfg)
     assert out.dtype == q.dtype and out.shape == q.shape
     ref, _ = reference.attention_reference(q, k, v, causal=causal, q_offset=q_offset)
     assert _rel(out, ref) < TOL[dtype]
@@ -67,7 +69,8 @@ def test_dense_causal_first_row_sees_only_key_0(rng):
     # Top-left causal with q_offset = 0: query 0 sees key 0 only, so its output is v[0] exactly (any scale).
     b, tq, hq, hkv, d, tk = 1, 4, 2, 1, 64, 16
     q, k, v = _qkv(rng, b, tq, hq, hkv, d, tk, "float16")
-    out = fd.forward(q, k, v, causal=True, scale=0.3, q_offset=0, interpret=True, config=fd.DecodeConfig(block_k=16))
+    out = pallas_attn.attention(q, k, v, causal=True, scale=0.3, generation="fa_decode", interpret=True,
+                                config=fd.DecodeConfig(block_k=16))
     np.testing.assert_allclose(np.asarray(out[0, 0, :, :], np.float32), np.asarray(v[0, 0, [0, 0], :], np.float32))
     ref, _ = reference.attention_reference(q, k, v, causal=True, scale=0.3, q_offset=0)
     assert _rel(out, ref) < 1e-2
@@ -82,7 +85,7 @@ PAGED = [
     (2, 4, 8, 2, 64, [1, 23], 16, "float16", True, fd.DecodeConfig(block_k=16)),  # kv_len < Tq: empty rows
     (2, 1, 4, 4, 256, [130, 64], 64, "bfloat16", True, fd.DecodeConfig(block_k=32)),  # G=1, page >= tile
     (2, 4, 16, 2, 128, [300, 257], 256, "float16", True, fd.DecodeConfig(block_k=64)),  # G=8, heuristic split
-    (1, 1, 4, 2, 128, [5], 256, "float16", False, fd.CONFIGS["faithful"]),
+    (1, 1, 4, 2, 128, [5], 256, "float16", False, fd.CONFIGS["default"]),
     (2, 1, 4, 2, 64, [0, 9], 8, "float16", False, fd.DecodeConfig(block_k=16)),  # kv_len = 0: output 0
 ]
 
@@ -95,8 +98,8 @@ def test_paged_matches_oracle(rng, case):
     q, k, v = _arr(rng, (b, tq, hq, d), dtype), _arr(rng, (b, tk, hkv, d), dtype), _arr(rng, (b, tk, hkv, d), dtype)
     kp, vp, bt = build_paged_kv(k, v, page, seed=int(rng.integers(1 << 30)), kv_lens=lens)
     lens = np.asarray(lens, np.int32)
-    out = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens), causal=causal,
-                           interpret=True, config=cfg)
+    out = pallas_attn.paged_attention(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens),
+                                      causal=causal, interpret=True, config=cfg)
     assert out.dtype == q.dtype and out.shape == q.shape
     live = np.nonzero(lens > 0)[0]  # the oracle takes no empty sequence; its convention for one is 0
     ref, _ = reference.paged_attention_reference(q[live], kp, vp, bt[live], lens[live], causal=causal)
@@ -109,10 +112,10 @@ def test_paged_equals_dense_on_same_data(rng):
     b, hq, hkv, d, tk = 2, 8, 2, 64, 96
     q, k, v = _qkv(rng, b, 1, hq, hkv, d, tk, "float16")
     cfg = fd.DecodeConfig(block_k=32, splits=2)
-    dense = fd.forward(q, k, v, interpret=True, config=cfg)
+    dense = pallas_attn.attention(q, k, v, generation="fa_decode", interpret=True, config=cfg)
     kp, vp, bt = build_paged_kv(k, v, 32, seed=3)
-    paged = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.full((b,), tk, jnp.int32),
-                             interpret=True, config=cfg)
+    paged = pallas_attn.paged_attention(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt),
+                                        jnp.full((b,), tk, jnp.int32), interpret=True, config=cfg)
     # Same tiles, same order of accumulation: identical up to nothing.
     np.testing.assert_array_equal(np.asarray(dense, np.float32), np.asarray(paged, np.float32))
 
@@ -132,8 +135,9 @@ def test_keys_past_kv_len_are_never_used(rng):
         vp[last, n % page or page:] = np.nan
     bt[1, 1] = 10**6  # an unused table entry: never followed, never checked
     for block_k in (16, 32):  # gather path (page < tile) and contiguous path with a short last tile
-        out = fd.paged_forward(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens, jnp.int32),
-                               interpret=True, config=fd.DecodeConfig(block_k=block_k))
+        out = pallas_attn.paged_attention(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt),
+                                          jnp.asarray(lens, jnp.int32), interpret=True,
+                                          config=fd.DecodeConfig(block_k=block_k))
         assert _rel(out, ref) < 1e-2
 
 
@@ -198,10 +202,27 @@ def test_public_api_dense_and_paged_under_jit(rng):
     assert _rel(paged, ref) < 2e-2
 
 
-def test_registry_row_is_built():
-    g = registry.get("fa_decode")
-    assert g.pallas == "fa_decode" and g.gqa and g.max_q_len == 16 and set(g.head_dims) == {64, 128, 256}
-    assert registry.pallas_module("fa_decode") is fd
+def test_registry_row_is_built_and_declares_its_dataflow():
+    k = registry.kernel("fa_decode")
+    assert k is fd.KERNEL and k.gqa and k.max_q_len == 16 and set(k.head_dims) == {64, 128, 256}
+    assert k.lowering == "triton" and k.entries == {"dense", "paged"}
+    assert k.passes == ("pallas_attn_fa_decode_partial", "pallas_attn_fa_decode_merge")
+
+
+def _pallas_call_names(fn, *args):
+    import re
+
+    return set(re.findall(r"pallas_attn_\w+", str(jax.make_jaxpr(fn)(*args))))
+
+
+def test_passes_are_the_declared_ones(rng):
+    # One split: the partial kernel writes the output (no merge); several: partial + the shared merge.
+    q, k, v = _qkv(rng, 1, 1, 4, 2, 64, 96, "float16")
+    for splits, want in ((1, {"pallas_attn_fa_decode_partial"}), (3, set(fd.KERNEL.passes))):
+        cfg = fd.DecodeConfig(block_k=16, splits=splits)
+        got = _pallas_call_names(lambda q, k, v, c=cfg: pallas_attn.attention(
+            q, k, v, generation="fa_decode", interpret=True, config=c), q, k, v)
+        assert got == want, (splits, got)
 
 
 @pytest.mark.parametrize("kw", [dict(block_k=48), dict(block_k=8), dict(num_warps=3), dict(num_stages=0),
@@ -227,7 +248,7 @@ def test_unsupported_inputs_name_what_is_supported(rng):
 
 
 def test_plan_for_the_target_shapes():
-    cfg = fd.CONFIGS["faithful"]
+    cfg = fd.CONFIGS["default"]
     p32 = fd.plan(batch=32, hkv=8, rows=4, d=128, max_kv=8192, config=cfg, sm_count=132)
     p64 = fd.plan(batch=64, hkv=8, rows=4, d=128, max_kv=4096, config=cfg, sm_count=132)
     p1 = fd.plan(batch=1, hkv=8, rows=4, d=128, max_kv=131072, config=cfg, sm_count=132)

@@ -19,12 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from . import formats
+
 __all__ = [
     "to_f64",
     "attention_reference",
     "paged_attention_reference",
     "gather_paged_kv",
     "lse_merge_reference",
+    "quantized_attention_reference",
+    "mla_attention_reference",
+    "mla_materialized_reference",
 ]
 
 
@@ -171,3 +176,117 @@ def lse_merge_reference(o_parts: Any, lse_parts: Any) -> tuple[np.ndarray, np.nd
     with np.errstate(divide="ignore"):
         lse_out = np.where(tot > 0, m_safe + np.log(tot_safe), -np.inf)
     return out, lse_out
+
+
+def _quantize_dequantize(x: np.ndarray, kv_format: str) -> np.ndarray:
+    """``x`` after a round trip through ``kv_format``: the values a kernel reading that cache actually sees."""
+    if kv_format == "fp8":
+        return formats.dequantize_fp8_e4m3(formats.quantize_fp8_e4m3(x))
+    if kv_format == "nvfp4":
+        return formats.dequantize_nvfp4(formats.quantize_nvfp4(x))
+    raise ValueError(f"kv_format must be 'fp8' or 'nvfp4'; got {kv_format!r}")
+
+
+def quantized_attention_reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    kv_format: str,
+    causal: bool = False,
+    scale: float | None = None,
+    q_offset: int | np.ndarray = 0,
+    kv_len: int | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over a quantized KV cache: the oracle run on the operands the kernel sees, not the originals.
+
+    K and V are each quantized as one whole tensor (separate per-tensor scales; NVFP4 micro-blocks run along the
+    head dim) with :mod:`attn_core.formats`, dequantized to float32, then passed to :func:`attention_reference`
+    in float64. ``q`` stays unquantized. So a kernel is judged on its attention arithmetic alone; the
+    quantization error itself is the format's, measured separately. Returns ``(out, lse)`` as the dense oracle.
+    """
+    k_seen = _quantize_dequantize(to_f64(k), kv_format)
+    v_seen = _quantize_dequantize(to_f64(v), kv_format)
+    return attention_reference(q, k_seen, v_seen, causal=causal, scale=scale, q_offset=q_offset, kv_len=kv_len)
+
+
+def mla_attention_reference(
+    q: Any,
+    latent: Any,
+    *,
+    kv_lora_rank: int,
+    scale: float | None = None,
+    causal: bool = False,
+    q_offset: int | np.ndarray = 0,
+    kv_len: int | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Absorbed MLA (multi-head latent attention) decode: every query head attends over one shared latent head.
+
+    q ``[B, Tq, Hq, DQK]`` (already absorbed: ``[q_nope . W_UK, q_rope]``), latent ``[B, Tk, 1, DQK]`` with
+    ``DQK = kv_lora_rank + rope_dim``. Keys are the whole latent, values its first ``kv_lora_rank`` columns, and
+    the single KV head broadcasts to all query heads (GQA with Hkv = 1). Returns
+    ``(out [B, Tq, Hq, kv_lora_rank], lse [B, Hq, Tq])``.
+
+    ``scale`` defaults to ``1/sqrt(DQK)``. That is rarely what a model wants: an absorbed kernel must be given the
+    scale of the materialized attention it stands for (``1/sqrt(Dn + R)``, see :func:`mla_materialized_reference`).
+    """
+    q, latent = to_f64(q), to_f64(latent)
+    if q.ndim != 4 or latent.ndim != 4 or latent.shape[2] != 1:
+        raise ValueError(f"q must be [B, Tq, Hq, DQK] and latent [B, Tk, 1, DQK]; got {q.shape=}, {latent.shape=}")
+    if q.shape[-1] != latent.shape[-1]:
+        raise ValueError(f"q and latent must share DQK; got {q.shape=}, {latent.shape=}")
+    if not 0 < kv_lora_rank <= latent.shape[-1]:
+        raise ValueError(f"kv_lora_rank must lie in [1, DQK={latent.shape[-1]}]; got {kv_lora_rank}")
+    return attention_reference(
+        q, latent, latent[..., :kv_lora_rank], causal=causal, scale=scale, q_offset=q_offset, kv_len=kv_len
+    )
+
+
+def mla_materialized_reference(
+    q_nope: Any,
+    q_rope: Any,
+    latent: Any,
+    *,
+    kv_lora_rank: int,
+    w_uk: Any,
+    w_uv: Any,
+    scale: float | None = None,
+    causal: bool = False,
+    q_offset: int | np.ndarray = 0,
+    kv_len: int | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MLA with per-head K and V materialized from the latent: the oracle for the absorption identity.
+
+    latent ``[B, Tk, 1, L + R]`` splits into content ``c = latent[..., :L]`` and rope part ``r = latent[..., L:]``
+    (``L = kv_lora_rank``). Per head ``h``: ``K_h = [c . W_UK[h]^T, r]`` and ``V_h = c . W_UV[h]^T`` with
+    ``w_uk [H, Dn, L]`` and ``w_uv [H, Dv, L]``; queries are ``[q_nope, q_rope]`` (``[B, Tq, H, Dn]`` and
+    ``[B, Tq, H, R]``). Plain attention then gives ``(out [B, Tq, H, Dv], lse [B, H, Tq])``.
+
+    The identity it checks: with ``q_abs = [q_nope . W_UK[h], q_rope]`` (``[B, Tq, H, L + R]``),
+    ``mla_attention_reference(q_abs, latent, scale=s)`` returns ``o_abs`` with ``out = o_abs . W_UV[h]^T`` and the
+    same lse, because ``q_nope . (c W_UK[h]^T) = (q_nope W_UK[h]) . c``. ``scale`` defaults to ``1/sqrt(Dn + R)``,
+    the materialized head dim; the absorbed form must be passed that same scale explicitly (its own default is
+    ``1/sqrt(L + R)``).
+    """
+    q_nope, q_rope, latent = to_f64(q_nope), to_f64(q_rope), to_f64(latent)
+    w_uk, w_uv = to_f64(w_uk), to_f64(w_uv)
+    if latent.ndim != 4 or latent.shape[2] != 1 or not 0 < kv_lora_rank <= latent.shape[-1]:
+        raise ValueError(f"latent must be [B, Tk, 1, L + R] with L = {kv_lora_rank=}; got {latent.shape=}")
+    lora, rope = kv_lora_rank, latent.shape[-1] - kv_lora_rank
+    if q_nope.ndim != 4 or q_rope.shape != (*q_nope.shape[:3], rope):
+        raise ValueError(
+            f"q_nope must be [B, Tq, H, Dn] and q_rope [B, Tq, H, {rope}]; got {q_nope.shape=}, {q_rope.shape=}"
+        )
+    heads, d_nope = q_nope.shape[2], q_nope.shape[3]
+    if w_uk.shape != (heads, d_nope, lora) or w_uv.ndim != 3 or w_uv.shape[::2] != (heads, lora):
+        raise ValueError(
+            f"w_uk must be [{heads}, {d_nope}, {lora}] and w_uv [{heads}, Dv, {lora}]; got {w_uk.shape=}, {w_uv.shape=}"
+        )
+
+    content = latent[:, :, 0, :lora]  # [B, Tk, L]
+    rope_k = np.broadcast_to(latent[:, :, :, lora:], (*latent.shape[:2], heads, rope))  # shared by every head
+    k = np.concatenate([np.einsum("bkl,hdl->bkhd", content, w_uk), rope_k], axis=-1)  # [B, Tk, H, Dn + R]
+    v = np.einsum("bkl,hdl->bkhd", content, w_uv)  # [B, Tk, H, Dv]
+    q = np.concatenate([q_nope, q_rope], axis=-1)
+    scale = 1.0 / np.sqrt(d_nope + rope) if scale is None else scale
+    return attention_reference(q, k, v, causal=causal, scale=scale, q_offset=q_offset, kv_len=kv_len)

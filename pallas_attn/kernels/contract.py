@@ -1,0 +1,206 @@
+"""The kernel contract: what every Pallas kernel declares about itself, in one object (DESIGN.md decision 2).
+
+A kernel module ends with ``KERNEL = Kernel(...)``. The object says how the kernel is lowered, which
+``pallas_call``s it launches, its config class and named configs, which entries it serves, what inputs it
+takes, at what precision it computes, and what the roofline must assume about it. The generation table
+(``pallas_attn.registry``) points each generation at a (kernel, configs) pair; the API, ``compare`` and the
+tests read these facts and nothing else, so no other place lists generations or guesses their precision.
+
+Calling convention of the entry functions (``dense`` / ``paged``), on validated arrays:
+
+* ``dense(q, k, v, *, causal, scale, q_offset, interpret, config, return_lse)``: BTNH ``q [B, Tq, Hq, D]``,
+  ``k, v [B, Tk, Hkv, D]``; ``q_offset`` an int32 ``[B]`` array (the API normalises scalars and traced values);
+* ``paged(q, k_pool, v_pool, block_table, kv_lens, *, causal, scale, q_offset, interpret, config,
+  return_lse, check_block_table)``: pools ``[num_blocks, page, Hkv, D]``, int32 ``block_table [B, P]`` and
+  ``kv_lens [B]``, ``q_offset`` int32 ``[B]`` (the API defaults it to ``kv_lens - Tq``).
+
+Both return ``out [B, Tq, Hq, D]`` (q's dtype) or, with ``return_lse``, ``(out, lse)`` with ``lse`` float32
+``[B, Hq, Tq]``: the natural-log log-sum-exp of the scaled scores over the visible keys (-inf where none).
+Causal is top-left with an offset everywhere: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["LOWERINGS", "ENTRIES", "CAUSAL_RULE", "Problem", "Precision", "RooflineInputs", "Kernel"]
+
+LOWERINGS = ("triton", "mosaic-gpu")
+ENTRIES = ("dense", "paged", "quantized", "mla")
+CAUSAL_RULE = ("top-left with offset: key j is visible to query i iff j <= i + q_offset "
+               "(dense default q_offset = 0; paged default q_offset = kv_len - Tq per sequence)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a kernel needs to know to accept a call, pick a config and predict its cost.
+
+    ``kv_len`` is the longest sequence a program may have to read: dense ``Tk``, paged
+    ``pages_per_seq * page_size``. ``kv_dtype`` is the KV storage format (None: the q dtype).
+    """
+
+    entry: str
+    dtype: str
+    batch: int
+    q_len: int
+    kv_len: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool = False
+    page_size: int | None = None
+    kv_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.entry not in ENTRIES:
+            raise ValueError(f"Problem.entry must be one of {ENTRIES}; got {self.entry!r}")
+        if min(self.batch, self.q_len, self.heads_q, self.heads_kv, self.head_dim) < 1 or self.kv_len < 0:
+            raise ValueError(f"Problem sizes must be positive: {self}")
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """How a kernel computes for one input dtype.
+
+    ``operand``: the storage precision of the staged operands (what the roofline charges in bytes);
+    ``accumulate``: the accumulator; ``engine``: ``"fp32"`` (CUDA-core FMA) or ``"tensor"`` (MMA on the
+    operand precision); ``note`` says what happens on the way (e.g. a host cast)."""
+
+    operand: str
+    accumulate: str = "fp32"
+    engine: str = "fp32"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("fp32", "tensor"):
+            raise ValueError(f"Precision.engine must be 'fp32' or 'tensor'; got {self.engine!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RooflineInputs:
+    """What layer 1 of the roofline needs from a kernel: operand bytes, whether S lives in HBM and with
+    which tile reuse, and whether the products run on tensor cores."""
+
+    precision: str
+    materialize_s: bool = False
+    tile: tuple[int, int] = (1, 1)
+    tensor_cores: bool = False
+
+
+def _no_plan(problem: Problem, config: Any) -> Mapping[str, Any]:
+    return {}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Kernel:
+    """One Pallas kernel's declaration. See the module docstring for the entry calling convention."""
+
+    name: str
+    lowering: str
+    passes: tuple[str, ...]
+    config_cls: type
+    configs: Mapping[str, Any]
+    entries: frozenset[str]
+    dtypes: tuple[str, ...]
+    precision: Mapping[str, Precision]
+    head_dims: tuple[int, ...] | None = (64, 128)  # None: any head dim
+    gqa: bool = False
+    max_q_len: int | None = None
+    dense: Callable[..., Any] | None = None
+    paged: Callable[..., Any] | None = None
+    materializes_s: bool = False
+    # (problem, config) -> (tile_m, tile_n) of S's operand reuse (materialized kernels only)
+    s_tile: Callable[[Problem, Any], tuple[int, int]] | None = None
+    # problem -> the config to use when the caller names none
+    heuristic: Callable[[Problem], Any] | None = None
+    # (problem, config) -> the launch plan (grid, splits, waves ...), recorded by compare
+    plan: Callable[[Problem, Any], Mapping[str, Any]] = _no_plan
+
+    def __post_init__(self) -> None:
+        if self.lowering not in LOWERINGS:
+            raise ValueError(f"{self.name}: lowering must be one of {LOWERINGS}; got {self.lowering!r}")
+        object.__setattr__(self, "entries", frozenset(self.entries))
+        object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
+        object.__setattr__(self, "precision", MappingProxyType(dict(self.precision)))
+        if not self.entries or not self.entries <= set(ENTRIES):
+            raise ValueError(f"{self.name}: entries must be a non-empty subset of {ENTRIES}; got {self.entries}")
+        if ("dense" in self.entries) != (self.dense is not None):
+            raise ValueError(f"{self.name}: serves 'dense' iff it has a dense function")
+        if (bool({"paged", "quantized"} & self.entries)) != (self.paged is not None):
+            raise ValueError(f"{self.name}: serves 'paged' iff it has a paged function")
+        if set(self.precision) != set(self.dtypes):
+            raise ValueError(f"{self.name}: precision must be declared for every dtype {self.dtypes}")
+        for cname, cfg in self.configs.items():
+            if not isinstance(cfg, self.config_cls):
+                raise ValueError(f"{self.name}: config {cname!r} is not a {self.config_cls.__name__}")
+        if not self.passes or not all(p.startswith("pallas_attn_") for p in self.passes):
+            raise ValueError(f"{self.name}: passes must be the pallas_call names pallas_attn_<...>")
+        if self.materializes_s and self.s_tile is None:
+            raise ValueError(f"{self.name}: a kernel that materializes S must declare s_tile")
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def supports(self, p: Problem) -> tuple[bool, str]:
+        """``(True, "")`` or ``(False, reason)`` naming what is supported."""
+        if p.entry not in self.entries:
+            return False, f"{self.name} serves {sorted(self.entries)}, not the {p.entry!r} entry"
+        if p.dtype not in self.dtypes:
+            return False, f"{self.name} takes dtypes {self.dtypes}; got {p.dtype}"
+        if p.kv_dtype not in (None, p.dtype) and p.entry != "quantized":
+            return False, f"{self.name} takes KV in q's dtype; got kv_dtype={p.kv_dtype}"
+        if self.head_dims is not None and p.head_dim not in self.head_dims:
+            return False, f"{self.name} supports head dims {self.head_dims}; got D={p.head_dim}"
+        if p.heads_q != p.heads_kv and not self.gqa:
+            return False, f"{self.name} is MHA (Hq == Hkv) as in the reference; got Hq={p.heads_q}, Hkv={p.heads_kv}"
+        if self.max_q_len is not None and p.q_len > self.max_q_len:
+            return False, f"{self.name} is a decode kernel for Tq <= {self.max_q_len}; got Tq={p.q_len}"
+        return True, ""
+
+    def default_config_name(self) -> str:
+        return "faithful" if "faithful" in self.configs else "default"
+
+    def config(self, config: Any, problem: Problem | None = None) -> Any:
+        """Resolve ``config``: a config object, a name in ``configs`` or None (the heuristic for the problem)."""
+        if config is None:
+            if self.heuristic is not None and problem is not None:
+                return self.heuristic(problem)
+            return self.configs[self.default_config_name()]
+        if isinstance(config, str):
+            try:
+                return self.configs[config]
+            except KeyError:
+                raise ValueError(f"{self.name} has configs {sorted(self.configs)}; got config={config!r}") from None
+        if isinstance(config, self.config_cls):
+            return config
+        raise ValueError(f"config must be a {self.config_cls.__name__}, a name in {sorted(self.configs)} or None; "
+                         f"got {config!r}")
+
+    def precision_for(self, dtype: str) -> Precision:
+        try:
+            return self.precision[dtype]
+        except KeyError:
+            raise NotImplementedError(f"{self.name} takes dtypes {self.dtypes}; got {dtype}") from None
+
+    def roofline(self, p: Problem, config: Any = None) -> RooflineInputs:
+        prec = self.precision_for(p.dtype)
+        cfg = self.config(config, p)
+        tile = self.s_tile(p, cfg) if self.materializes_s else (1, 1)
+        return RooflineInputs(precision=prec.operand, materialize_s=self.materializes_s, tile=tile,
+                              tensor_cores=prec.engine == "tensor")
+
+    def describe(self) -> dict[str, Any]:
+        """The declaration as plain data (what ``generations()`` and the records show)."""
+        return {
+            "kernel": self.name, "lowering": self.lowering, "passes": list(self.passes),
+            "configs": list(self.configs), "entries": sorted(self.entries), "dtypes": list(self.dtypes),
+            "head_dims": None if self.head_dims is None else list(self.head_dims), "gqa": self.gqa,
+            "max_q_len": self.max_q_len, "materializes_s": self.materializes_s,
+            "precision": {k: dataclasses.asdict(v) for k, v in self.precision.items()},
+        }
