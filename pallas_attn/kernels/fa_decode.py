@@ -275,7 +275,8 @@ def validate_block_table(block_table, kv_lens, *, num_pages: int, page_size: int
         raise ValueError(f"block_table[{bi}, {pi}] = {int(bt[bi, pi])} is outside the pool [0, {num_pages})")
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse", "check_block_table"))
+@functools.partial(jax.jit,
+                   static_argnames=("causal", "scale", "interpret", "config", "return_lse", "check_block_table"))
 def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, causal, scale, interpret, config, return_lse,
            check_block_table):
     b, tq, hq, d = q.shape
@@ -325,7 +326,8 @@ KERNEL = Kernel(
     configs=CONFIGS,
     entries=frozenset({"dense", "paged"}),
     dtypes=("float16", "bfloat16"),
-    precision={"float16": Precision("fp16", "fp32", "tensor", _TC), "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
+    precision={"float16": Precision("fp16", "fp32", "tensor", _TC),
+               "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
     head_dims=(64, 128, 256),
     gqa=True,
     max_q_len=16,

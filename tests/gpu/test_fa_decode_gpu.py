@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import pallas_attn  # noqa: E402
-from pallas_attn import reference  # noqa: E402
+from attn_core import oracle as reference  # noqa: E402
 from pallas_attn.kernels import fa_decode as fd  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def _subset_check(out, q, k, v, *, rows, kv_heads, dtype, kv_lens=None, causal=F
 
 
 def _paged(k, v, page, seed=0):
-    """Device-side paging with a shuffled table: same layout as pallas_attn.paging.build_paged_kv."""
+    """Device-side paging with a shuffled table: same layout as attn_core.paging.build_paged_kv."""
     b, s, hkv, d = k.shape
     p = -(-s // page)
     pad = p * page - s
@@ -83,7 +83,7 @@ def test_dense_target_family(s, dtype):
 def test_dense_long_context_b1():
     q, k, v = _inputs(2, 1, 1, 32, 8, 128, 131072, "float16")
     out = pallas_attn.attention(q, k, v, generation="fa_decode")
-    assert fd.plan(batch=1, hkv=8, rows=4, d=128, max_kv=131072, config=fd.CONFIGS["faithful"]).splits > 1
+    assert fd.plan(batch=1, hkv=8, rows=4, d=128, max_kv=131072, config=fd.CONFIGS["default"]).splits > 1
     _subset_check(out, q, k, v, rows=[0], kv_heads=[0, 7], dtype="float16")
 
 
@@ -108,7 +108,7 @@ def test_dense_causal_multi_query(tq, q_offset):
                                  fd.DecodeConfig(block_k=128, num_warps=8, num_stages=2)])
 def test_dense_configs_compile_and_agree(cfg):
     q, k, v = _inputs(5, 3, 1, 32, 8, 128, 4099, "float16")
-    out = fd.forward(q, k, v, interpret=False, config=cfg)
+    out = pallas_attn.attention(q, k, v, generation="fa_decode", config=cfg)
     _subset_check(out, q, k, v, rows=[0, 2], kv_heads=[0, 7], dtype="float16")
 
 
@@ -140,7 +140,7 @@ def test_paged_configs_compile_and_agree(cfg):
     lens = np.array([4099, 777], np.int32)
     q, k, v = _inputs(8, 2, 1, 32, 8, 128, 4099, "float16")
     kp, vp, bt = _paged(k, v, 16)
-    out = fd.paged_forward(q, kp, vp, bt, jnp.asarray(lens), interpret=False, config=cfg)
+    out = pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), config=cfg)
     _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, 7], dtype="float16", kv_lens=lens)
 
 
@@ -155,3 +155,27 @@ def test_paged_bad_table_on_gpu():
     out = jax.jit(lambda *a: pallas_attn.paged_attention(*a))(q, kp, vp, jnp.asarray(bad), jnp.asarray(lens))
     out = np.asarray(out, np.float32)
     assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
+
+
+# ------------------------------------------------------------------------------------ argument model, LSE
+
+
+@pytest.mark.parametrize("splits", [1, 6])
+def test_lse_and_traced_per_sequence_offsets(splits):
+    """return_lse from the partial kernel (one split) and from the shared merge (several); per-sequence
+    q_offset passed as data under one jit."""
+    b, tq, hq, hkv, d, s = 3, 4, 16, 4, 128, 3000
+    q, k, v = _inputs(11, b, tq, hq, hkv, d, s, "float16")
+    cfg = fd.DecodeConfig(splits=splits)
+    f = jax.jit(lambda q, k, v, off: pallas_attn.attention(q, k, v, causal=True, q_offset=off, generation="fa_decode",
+                                                           config=cfg, return_lse=True))
+    offs = np.array([2996, 40, 1500], np.int32)
+    out, lse = f(q, k, v, jnp.asarray(offs))
+    out, lse = np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse)
+    for bi in range(b):
+        ref, ref_lse = reference.attention_reference(np.asarray(q[bi:bi + 1], np.float32),
+                                                     np.asarray(k[bi:bi + 1], np.float32),
+                                                     np.asarray(v[bi:bi + 1], np.float32), causal=True,
+                                                     q_offset=int(offs[bi]))
+        assert np.linalg.norm(out[bi:bi + 1] - ref) / np.linalg.norm(ref) < TOL["float16"]
+        np.testing.assert_allclose(lse[bi:bi + 1], ref_lse, atol=2e-2, rtol=0)
