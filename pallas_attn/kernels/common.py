@@ -1,19 +1,16 @@
 """Pieces every Triton-lowered generation shares, written once (DESIGN.md decision 2, ORIGINAL.md §2.0).
 
-* ``online_softmax_step``: the FP32 running (m, l) update with the rescale factor for O. The reference
-  updates once per key (v3/v4/v6) or once per key block (v5); a Pallas program works on whole tiles, so
-  every generation here updates once per tile. The arithmetic is the §2.0 recurrence applied to a block.
-* ``finalize``: O / l, and 0 (never NaN) for a row that saw no visible key.
-* ``lse_merge``: the split-KV merge of unnormalized partials (m_s, l_s, O_s) (§2.0, v6+).
-* ``visible`` / ``key_limit``: the top-left causal mask ``j <= i + q_offset`` plus the ragged-length mask
-  ``j < Tk``, and how many keys a block of rows can see (the reference's "stop at j > i").
-* ``choose_splits``: the reference's split-KV heuristic with its constants (S_CAP 32, MIN_CHUNK 256,
-  target 2 x num_sm).
-* ``btnh_spec`` / ``dot_nt``: BTNH indexing through BlockSpecs and the Q.K^T contraction.
+The online-softmax recurrence, its finalize and the log-sum-exp live in ``softmax``; the split-KV state and
+its merge in ``splitkv``; the split heuristic and its constants in ``attn_core.splits``; the query-offset
+normaliser in ``seqlen``. What is left here is indexing and masking:
 
-Running max starts at -FLT_MAX (a large finite negative, as in §2.0) and masked scores are -inf, so
-``exp(s - m)`` is exactly 0 for a masked key even when a row has seen nothing yet, and no step ever
-computes ``-inf - -inf``.
+* ``visible`` / ``key_limit``: the top-left causal mask ``j <= i + q_offset`` plus the ragged-length mask
+  ``j < Tk``, and how many keys a block of rows can see (the reference's "stop at j > i"). ``q_offset`` is
+  a traced int32 (one sequence's value, read in the kernel with ``seq_offset``), so loop bounds are traced.
+* ``offset_spec`` / ``seq_offset``: the int32 ``[B]`` offsets as a kernel input and one sequence's value,
+  clamped to ``[-Tq, Tk]`` (outside that range the mask is all-or-nothing, and the clamp keeps
+  ``i + q_offset + 1`` far from int32 overflow).
+* ``btnh_spec`` / ``dot_nt``: BTNH indexing through BlockSpecs and the Q.K^T contraction.
 """
 
 from __future__ import annotations
@@ -25,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._compat import pl
+from .._compat import load, pl
+from . import seqlen
 
 __all__ = [
-    "NEG_BIG",
     "cdiv",
     "next_pow2",
     "check_pow2",
@@ -38,19 +35,14 @@ __all__ = [
     "full_spec",
     "visible",
     "key_limit",
-    "online_softmax_step",
-    "finalize",
-    "lse_merge",
-    "choose_splits",
+    "offset_spec",
+    "seq_offset",
     "dot_nt",
     "dot_nn",
     "FP32_EXACT",
     "row_mask",
     "check_dense_shapes",
 ]
-
-NEG_BIG = float(np.finfo(np.float32).min)  # -FLT_MAX: the reference's running-max init
-
 
 def cdiv(a, b: int):
     """Ceil division for Python ints and for non-negative traced int32 scalars (truncating lax.div is
@@ -135,10 +127,11 @@ def row_mask(rows, n: int, width: int):
     return jnp.broadcast_to((rows < n)[:, None], (rows.shape[0], width))
 
 
-def visible(q_pos, k_pos, *, tk: int, causal: bool, q_offset: int):
-    """True where key ``k_pos`` exists (``< Tk``) and, if causal, ``k_pos <= q_pos + q_offset``.
+def visible(q_pos, k_pos, *, tk, causal: bool, q_offset=None):
+    """True where key ``k_pos`` exists (``< tk``) and, if causal, ``k_pos <= q_pos + q_offset``.
 
     Top-left alignment (DESIGN.md decision 5); the reference's v1-v6 are the ``q_offset = 0`` case.
+    ``q_offset`` is the (traced) offset of the rows' sequence; it is not read when not causal.
     Arguments broadcast (rows [R, 1] against keys [1, N], or a scalar row against keys [N]).
     """
     ok = k_pos < tk
@@ -147,75 +140,29 @@ def visible(q_pos, k_pos, *, tk: int, causal: bool, q_offset: int):
     return ok
 
 
-def key_limit(last_row, *, tk: int, causal: bool, q_offset: int):
+def key_limit(last_row, *, tk: int, causal: bool, q_offset=None):
     """Number of leading keys that rows up to ``last_row`` can see: the loop bound that replaces the
-    reference's per-row "stop at the first j > i" (a Python int when not causal, so loops stay static)."""
+    reference's per-row "stop at the first j > i". A Python int when not causal (the loop stays static),
+    else a traced int32 in ``[0, tk]`` (0 when the offset hides every key from these rows)."""
     if not causal:
         return tk
-    return jnp.minimum(last_row + (q_offset + 1), tk)
+    return jnp.clip(last_row + (q_offset + 1), 0, tk)
 
 
-def online_softmax_step(m, l, s, valid):
-    """One block of the §2.0 recurrence on FP32 scores ``s [..., N]`` with running ``m, l [...]``.
-
-    Returns ``(m_new, l_new, alpha, p)``; the caller rescales its O accumulator by ``alpha`` *before*
-    adding ``p @ V`` (the reference's order). Masked scores become -inf, so their ``p`` is exactly 0 even
-    while ``m`` is still -FLT_MAX (the all-masked-block guard of v8_gqa_tc, §2.9, for free).
-    """
-    s = jnp.where(valid, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-    alpha = jnp.exp(m - m_new)
-    p = jnp.exp(s - (m_new[..., None] if s.ndim > 1 else m_new))
-    l_new = alpha * l + jnp.sum(p, axis=-1)
-    return m_new, l_new, alpha, p
+def offset_spec(batch: int) -> pl.BlockSpec:
+    """The int32 ``[B]`` query offsets as a whole-array kernel input (read per program with ``seq_offset``)."""
+    return pl.BlockSpec((batch,), lambda *g: (0,))
 
 
-def finalize(acc, l):
-    """O / l per row; a row that saw no visible key (l == 0) gives 0, never NaN."""
-    l_b = l[..., None] if acc.ndim > l.ndim else l
-    return jnp.where(l_b > 0, acc / jnp.where(l_b > 0, l_b, 1.0), 0.0)
-
-
-def lse_merge(m, l, o, valid):
-    """Merge unnormalized split partials: ``m, l [S]``, ``o [S, D]`` -> ``[D]`` (§2.0).
-
-    ``m* = max_s m_s``; weights ``exp(m_s - m*)``; ``l* = sum_s w_s l_s``; output ``sum_s w_s O_s / l*``,
-    0 if ``l* == 0`` (every split empty). ``valid`` masks padding entries beyond the real split count.
-    An empty split (m = -FLT_MAX, l = 0, O = 0) has weight <= 1 and contributes nothing.
-    """
-    m = jnp.where(valid, m, -jnp.inf)
-    m_star = jnp.max(m)
-    w = jnp.exp(m - m_star)
-    l_star = jnp.sum(w * l)
-    o_sum = jnp.sum(w[:, None] * o, axis=0)
-    return jnp.where(l_star > 0, o_sum / jnp.where(l_star > 0, l_star, 1.0), 0.0)
-
-
-S_CAP = 32
-MIN_CHUNK = 256
-REFERENCE_NUM_SM = 40  # the T4 the reference tuned on; every recorded v6-v8 number used it (§7.3)
-
-
-def choose_splits(
-    *, bh: int, n_q: int, n_k: int, num_sm: int, rows_per_program: int = 8,
-    s_cap: int = S_CAP, min_chunk: int = MIN_CHUNK,
-) -> tuple[int, int]:
-    """The reference's split count (§2.0): returns ``(S, chunk)`` with split ``s`` covering keys
-    ``[s*chunk, min((s+1)*chunk, n_k))``.
-
-    ``by_occ`` fills ``2 * num_sm`` programs; ``by_size`` keeps every split >= ``min_chunk`` keys;
-    ``S = clamp(min(by_occ, by_size), 1, s_cap)``. Prefill (many row tiles) gives S = 1.
-    """
-    for name, val in (("bh", bh), ("n_q", n_q), ("n_k", n_k), ("num_sm", num_sm),
-                      ("rows_per_program", rows_per_program), ("s_cap", s_cap), ("min_chunk", min_chunk)):
-        if not isinstance(val, (int, np.integer)) or val < 1:
-            raise ValueError(f"choose_splits: {name} must be a positive int; got {name}={val!r}")
-    row_tiles = cdiv(n_q, rows_per_program)
-    base = bh * row_tiles
-    by_occ = cdiv(2 * num_sm, max(base, 1))
-    by_size = cdiv(n_k, min_chunk)
-    s = max(1, min(by_occ, by_size, s_cap))
-    return s, cdiv(n_k, s)
+def seq_offset(off_ref, b, *, tq: int, tk: int, mask=None):
+    """Sequence ``b``'s query offset, clamped to ``[-tq, tk]`` (the mask is the same for every value
+    beyond, and ``i + q_offset + 1`` cannot overflow int32). ``b`` may be a vector of sequence ids (one
+    per flattened row, v1's softmax); ``mask`` then marks the real rows."""
+    if mask is None:
+        off = seqlen.offset_of(off_ref, b)
+    else:
+        off = load(off_ref.at[b], mask=mask, other=0)
+    return jnp.clip(off, -tq, tk)
 
 
 def dot_nt(a, b, *, precision=None):

@@ -16,7 +16,13 @@ What it computes: ``O = softmax(scale * Q K^T [+ causal]) V`` for FP32 BTNH inpu
 This is the root of the prefill family; it has no parent. Differences from the CUDA original that Pallas
 imposes: a program works on a vector of ``qk_keys`` / ``softmax_cols`` / ``pv_keys`` elements at a time
 (Triton tensors), and memory coalescing is Triton's, not one-thread-per-element. The causal mask is
-top-left with ``q_offset`` (the reference is the ``q_offset = 0`` case).
+top-left with a per-sequence ``q_offset`` (the reference is the ``q_offset = 0`` case): the softmax pass
+takes the int32 ``[B]`` offsets as an input and reads the offset of each of its flattened rows' sequence.
+
+``return_lse=True``: the softmax pass, which has each row's max and sum, also writes the row's natural-log
+LSE ``m + log(l)`` (-inf for a row with no visible key) as FP32 ``[B*H*Tq]``, which is ``[B, H, Tq]``
+without a copy. With ``return_lse=False`` it writes nothing but S. A NaN score reaches the row's sum and
+1/sum, so a NaN in q, k or v makes the rows that see it NaN (never 0).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import seqlen, softmax
+from .contract import Kernel, Precision, Problem
 
 GEN = "v1_naive"
 
@@ -95,8 +103,8 @@ def qk_pass(q, k, *, scale: float, cfg: NaiveConfig, interpret: bool, name: str)
 # --- pass 2: row softmax in place (shared by v2_tiled) --------------------------------------------------
 
 
-def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: bool, q_offset: int,
-                    rows: int, cols: int):
+def _softmax_kernel(off_ref, s_in_ref, s_ref, *lse_ref, n_rows: int, tq: int, heads: int, tk: int,
+                    causal: bool, rows: int, cols: int):
     del s_in_ref  # aliased to s_ref: read and write the one buffer, as the reference does
     r0 = pl.program_id(0) * rows
     r = r0 + jnp.arange(rows)
@@ -104,7 +112,9 @@ def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: b
     i = lax.rem(r, jnp.int32(tq))  # query position of each flattened (b, h, i) row
     col = jnp.arange(cols)
     if causal:
-        lim = jnp.minimum(i + (q_offset + 1), tk)  # visible keys per row
+        seq = lax.div(r, jnp.int32(heads * tq))  # the row's sequence b: its own q_offset
+        off = c.seq_offset(off_ref, seq, tq=tq, tk=tk, mask=rvalid)
+        lim = jnp.clip(i + (off + 1), 0, tk)  # visible keys per row
         n_vis = c.cdiv(jnp.max(jnp.where(rvalid, lim, 0)), cols)
     else:
         lim = jnp.full((rows,), tk, jnp.int32)
@@ -121,7 +131,7 @@ def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: b
         s = load(s_ref.at[pl.ds(r0, rows), pl.ds(cb * cols, cols)], mask=inb, other=0.0)
         return jnp.maximum(m, jnp.max(jnp.where(vis, s, -jnp.inf), axis=1))
 
-    m = lax.fori_loop(0, n_vis, sweep_max, jnp.full((rows,), c.NEG_BIG, jnp.float32))
+    m = lax.fori_loop(0, n_vis, sweep_max, softmax.init_state((rows,))[0])
 
     def sweep_exp(cb, l):
         inb, vis = tile(cb)
@@ -132,7 +142,8 @@ def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: b
         return l + jnp.sum(p, axis=1)
 
     l = lax.fori_loop(0, c.cdiv(tk, cols), sweep_exp, jnp.zeros((rows,), jnp.float32))
-    inv = jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)
+    # 1/sum; a row with no visible key (l == 0, every p already 0) keeps its zeros; a NaN sum stays NaN
+    inv = 1.0 / jnp.where(l == 0, 1.0, l)
 
     def sweep_norm(cb, carry):
         inb, _ = tile(cb)
@@ -141,24 +152,40 @@ def _softmax_kernel(s_in_ref, s_ref, *, n_rows: int, tq: int, tk: int, causal: b
         return carry
 
     lax.fori_loop(0, n_vis, sweep_norm, 0)
+    if lse_ref:
+        store(lse_ref[0].at[pl.ds(r0, rows)], softmax.lse(m, l), mask=rvalid)
 
 
-def softmax_pass(s, *, tq: int, causal: bool, q_offset: int, cfg: NaiveConfig, interpret: bool, name: str):
-    n_rows, tk = s.shape
+def softmax_plan(n_rows: int, tk: int, cfg: NaiveConfig) -> dict:
     rows = min(cfg.softmax_rows, c.next_pow2(n_rows))
     cols = min(cfg.softmax_cols, c.next_pow2(tk))
-    return pl.pallas_call(
-        functools.partial(_softmax_kernel, n_rows=n_rows, tq=tq, tk=tk, causal=causal, q_offset=q_offset,
-                          rows=rows, cols=cols),
-        out_shape=jax.ShapeDtypeStruct(s.shape, s.dtype),
-        grid=(c.cdiv(n_rows, rows),),
-        in_specs=[c.full_spec(s.shape)],
-        out_specs=c.full_spec(s.shape),
-        input_output_aliases={0: 0},
+    return {"grid": [c.cdiv(n_rows, rows)], "rows_per_program": rows, "cols_per_step": cols,
+            "num_warps": cfg.num_warps}
+
+
+def softmax_pass(s, q_offset, *, tq: int, heads: int, causal: bool, cfg: NaiveConfig, interpret: bool,
+                 name: str, return_lse: bool = False):
+    """Softmax of ``s [B*H*Tq, Tk]`` in place; with ``return_lse`` also ``lse [B*H*Tq]`` (FP32)."""
+    n_rows, tk = s.shape
+    pln = softmax_plan(n_rows, tk, cfg)
+    out_shape = [jax.ShapeDtypeStruct(s.shape, s.dtype)]
+    out_specs = [c.full_spec(s.shape)]
+    if return_lse:
+        out_shape.append(jax.ShapeDtypeStruct((n_rows,), jnp.float32))
+        out_specs.append(c.full_spec((n_rows,)))
+    res = pl.pallas_call(
+        functools.partial(_softmax_kernel, n_rows=n_rows, tq=tq, heads=heads, tk=tk, causal=causal,
+                          rows=pln["rows_per_program"], cols=pln["cols_per_step"]),
+        out_shape=tuple(out_shape),
+        grid=tuple(pln["grid"]),
+        in_specs=[c.offset_spec(q_offset.shape[0]), c.full_spec(s.shape)],
+        out_specs=tuple(out_specs),
+        input_output_aliases={1: 0},
         compiler_params=triton_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name=name,
-    )(s)
+    )(q_offset, s)
+    return tuple(res) if return_lse else res[0]
 
 
 # --- pass 3: O = P V -------------------------------------------------------------------------------------
@@ -199,18 +226,61 @@ def pv_pass(p, v, *, tq: int, out_dtype, cfg: NaiveConfig, interpret: bool, name
 # --- wrapper ---------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
-def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
-            config: NaiveConfig = CONFIGS["faithful"]):
-    """BTNH FP32 q ``[B, Tq, H, D]``, k/v ``[B, Tk, H, D]`` -> ``[B, Tq, H, D]`` FP32.
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool,
+            config: NaiveConfig = CONFIGS["faithful"], return_lse: bool = False):
+    """BTNH FP32 q ``[B, Tq, H, D]``, k/v ``[B, Tk, H, D]`` -> ``[B, Tq, H, D]`` FP32
+    (with ``return_lse``: ``(out, lse [B, H, Tq] FP32)``).
 
-    Jitted so that S is a temporary and the in-place softmax really aliases it (no 4·B·H·Tq·Tk-byte copy).
+    ``q_offset``: int32 ``[B]`` (or a scalar; traced either way). Jitted so that S is a temporary and the
+    in-place softmax really aliases it (no 4·B·H·Tq·Tk-byte copy).
     """
-    c.check_dense_shapes(GEN, q, k, v)
+    b, tq, h, _, _ = c.check_dense_shapes(GEN, q, k, v)
     if q.dtype != jnp.float32:
         raise NotImplementedError(f"{GEN} takes float32 only (as the reference); got {q.dtype}")
+    off = seqlen.q_offsets(q_offset, b)
     s = qk_pass(q, k, scale=scale, cfg=config, interpret=interpret, name=f"pallas_attn_{GEN}_qk")
-    p = softmax_pass(s, tq=q.shape[1], causal=causal, q_offset=q_offset, cfg=config, interpret=interpret,
-                     name=f"pallas_attn_{GEN}_softmax")
-    return pv_pass(p, v, tq=q.shape[1], out_dtype=q.dtype, cfg=config, interpret=interpret,
-                   name=f"pallas_attn_{GEN}_pv")
+    res = softmax_pass(s, off, tq=tq, heads=h, causal=causal, cfg=config, interpret=interpret,
+                       name=f"pallas_attn_{GEN}_softmax", return_lse=return_lse)
+    p, lse = res if return_lse else (res, None)
+    out = pv_pass(p, v, tq=tq, out_dtype=q.dtype, cfg=config, interpret=interpret, name=f"pallas_attn_{GEN}_pv")
+    return (out, lse.reshape(b, h, tq)) if return_lse else out
+
+
+# --- contract --------------------------------------------------------------------------------------------
+
+
+def plan(problem: Problem, config: NaiveConfig) -> dict:
+    """The three launches: grids, and what one program covers."""
+    p = problem
+    bh, tq, tk, d = p.batch * p.heads_q, p.q_len, p.kv_len, p.head_dim
+    qk_keys = min(config.qk_keys, c.next_pow2(tk))
+    pv_keys = min(config.pv_keys, c.next_pow2(tk))
+    return {
+        "qk": {"grid": [c.cdiv(tk, qk_keys), tq, bh], "rows_per_program": 1, "keys_per_program": qk_keys,
+               "num_warps": config.num_warps},
+        "softmax": softmax_plan(bh * tq, tk, config),
+        "pv": {"grid": [tq, bh], "rows_per_program": 1, "keys_per_step": pv_keys,
+               "num_warps": config.pv_warps(d)},
+    }
+
+
+KERNEL = Kernel(
+    name=GEN,
+    lowering="triton",
+    passes=(f"pallas_attn_{GEN}_qk", f"pallas_attn_{GEN}_softmax", f"pallas_attn_{GEN}_pv"),
+    config_cls=NaiveConfig,
+    configs=CONFIGS,
+    entries={"dense"},
+    dtypes=("float32",),
+    precision={"float32": Precision(operand="fp32", accumulate="fp32", engine="fp32",
+                                    note="CUDA-core multiply + sum per S element; S in HBM as fp32")},
+    # Any power-of-two D would lower (a [1, D] Triton tensor); the reference's dims are 64 and 128.
+    head_dims=(64, 128),
+    gqa=False,
+    max_q_len=None,
+    dense=forward,
+    materializes_s=True,
+    s_tile=lambda problem, config: (1, 1),  # no reuse: every S element reads its Q row and K row
+    plan=plan,
+)

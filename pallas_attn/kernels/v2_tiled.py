@@ -13,6 +13,9 @@ D = 128 (its shared-memory budget, (TM+TN)·D·4 B = 32 KB).
 Both tile products are ``dot_general`` with ``precision=HIGHEST``: Triton's IEEE FP32 dot, i.e. FMAs on
 CUDA cores, as the reference's per-thread smem dot (TF32 tensor cores would change the numerics).
 Pallas has no shared memory to stage into: the "tile in smem" is a tile in registers, loaded once.
+
+Query offsets and ``return_lse`` are v1's: only the softmax pass reads the int32 ``[B]`` offsets, and with
+``return_lse`` it also writes each row's natural-log LSE (FP32 ``[B*H*Tq]`` = ``[B, H, Tq]``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
-from .v1_naive import NaiveConfig, softmax_pass
+from . import seqlen
+from .contract import Kernel, Precision, Problem
+from .v1_naive import NaiveConfig, softmax_pass, softmax_plan
 
 GEN = "v2_tiled"
 
@@ -70,13 +75,15 @@ def _pv_kernel(p_ref, v_ref, o_ref, *, tq: int, tk: int, tm: int, tn: int):
     store(o_ref.at[pl.ds(ib * tm, tm), :], acc.astype(o_ref.dtype), mask=c.row_mask(rows, tq, d))
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
-def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
-            config: TiledConfig = CONFIGS["faithful"]):
-    """BTNH FP32 in, FP32 out; S ``[B*H*Tq, Tk]`` FP32 lives in HBM between the passes."""
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool,
+            config: TiledConfig = CONFIGS["faithful"], return_lse: bool = False):
+    """BTNH FP32 in, FP32 out (with ``return_lse``: ``(out, lse [B, H, Tq] FP32)``); S ``[B*H*Tq, Tk]``
+    FP32 lives in HBM between the passes. ``q_offset``: int32 ``[B]`` (or a scalar; traced either way)."""
     b, tq, h, d, tk = c.check_dense_shapes(GEN, q, k, v)
     if q.dtype != jnp.float32:
         raise NotImplementedError(f"{GEN} takes float32 only (as the reference); got {q.dtype}")
+    off = seqlen.q_offsets(q_offset, b)
     t = config.tile(d)
     params = triton_params(num_warps=config.num_warps, num_stages=config.num_stages)
     s = pl.pallas_call(
@@ -89,9 +96,10 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bo
         interpret=interpret,
         name=f"pallas_attn_{GEN}_qk",
     )(q, k)
-    p = softmax_pass(s, tq=tq, causal=causal, q_offset=q_offset, cfg=config.softmax, interpret=interpret,
-                     name=f"pallas_attn_{GEN}_softmax")
-    return pl.pallas_call(
+    res = softmax_pass(s, off, tq=tq, heads=h, causal=causal, cfg=config.softmax, interpret=interpret,
+                       name=f"pallas_attn_{GEN}_softmax", return_lse=return_lse)
+    p, lse = res if return_lse else (res, None)
+    out = pl.pallas_call(
         functools.partial(_pv_kernel, tq=tq, tk=tk, tm=t, tn=t),
         out_shape=jax.ShapeDtypeStruct((b, tq, h, d), q.dtype),
         grid=(c.cdiv(tq, t), b * h),
@@ -101,3 +109,39 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bo
         interpret=interpret,
         name=f"pallas_attn_{GEN}_pv",
     )(p, v)
+    return (out, lse.reshape(b, h, tq)) if return_lse else out
+
+
+# --- contract --------------------------------------------------------------------------------------------
+
+
+def plan(problem: Problem, config: TiledConfig) -> dict:
+    p = problem
+    bh, tq, tk, t = p.batch * p.heads_q, p.q_len, p.kv_len, config.tile(p.head_dim)
+    return {
+        "tile": t,
+        "qk": {"grid": [c.cdiv(tk, t), c.cdiv(tq, t), bh], "tile_m": t, "tile_n": t,
+               "num_warps": config.num_warps},
+        "softmax": softmax_plan(bh * tq, tk, config.softmax),
+        "pv": {"grid": [c.cdiv(tq, t), bh], "tile_m": t, "tile_k": t, "num_warps": config.num_warps},
+    }
+
+
+KERNEL = Kernel(
+    name=GEN,
+    lowering="triton",
+    passes=(f"pallas_attn_{GEN}_qk", f"pallas_attn_{GEN}_softmax", f"pallas_attn_{GEN}_pv"),
+    config_cls=TiledConfig,
+    configs=CONFIGS,
+    entries={"dense"},
+    dtypes=("float32",),
+    precision={"float32": Precision(operand="fp32", accumulate="fp32", engine="fp32",
+                                    note="IEEE-fp32 tile dots (precision=HIGHEST, FMA, no TF32); S in HBM as fp32")},
+    head_dims=(64, 128),
+    gqa=False,
+    max_q_len=None,
+    dense=forward,
+    materializes_s=True,
+    s_tile=lambda problem, config: (config.tile(problem.head_dim),) * 2,  # TM x TN reuse of Q and K
+    plan=plan,
+)

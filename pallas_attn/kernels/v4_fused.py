@@ -15,6 +15,11 @@ are; a row past ``Tq``, or (causal) a tile wholly beyond the row's last visible 
 Differences from the CUDA original: the reference updates once per key after a 5-step shuffle reduction;
 here a row updates once per key tile (Triton reduces a tile at a time). ``rows_attend`` is reused by
 v6_splitkv, whose partial kernel is this loop restricted to a key range.
+
+Causal offsets are per sequence (int32 ``[B]``, an input read once per program), so the tile count and the
+idle-row test are traced. ``return_lse=True``: each row also stores its natural-log LSE from its final
+``(m, l)`` (-inf with no visible key) into FP32 ``[B*H, Tq]`` = ``[B, H, Tq]``; without it the kernel
+writes O only. A NaN score makes the row's ``l`` NaN and ``finalize`` keeps it NaN.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import seqlen, softmax
+from .contract import Kernel, Precision, Problem
 
 GEN = "v4_fused"
 
@@ -55,10 +62,11 @@ CONFIGS: dict[str, FusedConfig] = {"faithful": FusedConfig()}
 
 
 def rows_attend(q_ref, k_ref, v_ref, *, i0, rows: int, key_start, key_end, block_k: int, scale: float,
-                tq: int, causal: bool, q_offset: int, skip_idle_rows: bool = True):
+                tq: int, causal: bool, q_offset=None, skip_idle_rows: bool = True):
     """Online softmax of rows ``i0 .. i0+rows-1`` over keys ``[key_start, key_end)``, one shared K/V tile
     at a time. Returns per row the unnormalized FP32 ``(m, l, acc[D])``; a row that saw no visible key
-    keeps ``(-FLT_MAX, 0, 0)``. K/V are upcast to FP32 after the load (the reference's FP32 smem tile)."""
+    keeps ``(-FLT_MAX, 0, 0)``. K/V are upcast to FP32 after the load (the reference's FP32 smem tile).
+    ``q_offset``: the rows' sequence offset (traced int32, clamped; unused when not causal)."""
     d = q_ref.shape[-1]
     row_ids = [i0 + w for w in range(rows)]
     qs = [
@@ -83,7 +91,7 @@ def rows_attend(q_ref, k_ref, v_ref, *, i0, rows: int, key_start, key_end, block
                 m, l, acc = st
                 s = jnp.sum(q_w * kt, axis=1) * scale  # the row's FP32 dot with each key, CUDA cores
                 vis = c.visible(r, cols, tk=key_end, causal=causal, q_offset=q_offset)
-                m, l, alpha, p = c.online_softmax_step(m, l, s, vis)
+                m, l, alpha, p = softmax.step(m, l, s, vis)
                 return m, l, acc * alpha + jnp.sum(p[:, None] * vt, axis=0)
 
             if skip_idle_rows:
@@ -95,42 +103,81 @@ def rows_attend(q_ref, k_ref, v_ref, *, i0, rows: int, key_start, key_end, block
                 out.append(update(states[w]))
         return tuple(out)
 
-    init = tuple(
-        (jnp.full((), c.NEG_BIG, jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((d,), jnp.float32))
-        for _ in row_ids
-    )
+    init = tuple(softmax.init_state((), d) for _ in row_ids)
     return row_ids, lax.fori_loop(0, n_tiles, body, init)
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, *, scale, tq, tk, causal, q_offset, rows, block_k, skip_idle_rows):
+def _kernel(off_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, scale, heads, tq, tk, causal, rows, block_k,
+            skip_idle_rows):
     d = q_ref.shape[-1]
     i0 = pl.program_id(0) * rows
+    off = c.seq_offset(off_ref, pl.program_id(1) // heads, tq=tq, tk=tk) if causal else None
     row_ids, states = rows_attend(
         q_ref, k_ref, v_ref, i0=i0, rows=rows, key_start=0, key_end=tk, block_k=block_k, scale=scale,
-        tq=tq, causal=causal, q_offset=q_offset, skip_idle_rows=skip_idle_rows,
+        tq=tq, causal=causal, q_offset=off, skip_idle_rows=skip_idle_rows,
     )
-    for r, (_, l, acc) in zip(row_ids, states):
-        store(o_ref.at[pl.ds(r, 1), :], c.finalize(acc, l).reshape(1, d).astype(o_ref.dtype),
-              mask=jnp.broadcast_to(r < tq, (1, d)))
+    for r, (m, l, acc) in zip(row_ids, states):
+        ok = r < tq
+        store(o_ref.at[pl.ds(r, 1), :], softmax.finalize(acc, l).reshape(1, d).astype(o_ref.dtype),
+              mask=jnp.broadcast_to(ok, (1, d)))
+        if lse_ref:
+            store(lse_ref[0].at[pl.ds(r, 1)], softmax.lse(m, l).reshape(1), mask=jnp.broadcast_to(ok, (1,)))
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
-def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
-            config: FusedConfig = CONFIGS["faithful"]):
-    """BTNH FP32 in, FP32 out, one pass, nothing but Q, K, V, O in HBM."""
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool,
+            config: FusedConfig = CONFIGS["faithful"], return_lse: bool = False):
+    """BTNH FP32 in, FP32 out (with ``return_lse``: ``(out, lse [B, H, Tq] FP32)``), one pass, nothing but
+    Q, K, V, O in HBM. ``q_offset``: int32 ``[B]`` (or a scalar; traced either way)."""
     b, tq, h, d, tk = c.check_dense_shapes(GEN, q, k, v)
     if q.dtype != jnp.float32:
         raise NotImplementedError(f"{GEN} takes float32 only (as the reference); got {q.dtype}")
+    off = seqlen.q_offsets(q_offset, b)
     bk = config.key_tile(d)
-    return pl.pallas_call(
-        functools.partial(_kernel, scale=scale, tq=tq, tk=tk, causal=causal, q_offset=q_offset,
-                          rows=config.rows, block_k=bk, skip_idle_rows=config.skip_idle_rows),
-        out_shape=jax.ShapeDtypeStruct((b, tq, h, d), q.dtype),
+    o_spec = c.btnh_spec(tq, d, h, bh_axis=1)
+    out_shape = (jax.ShapeDtypeStruct((b, tq, h, d), q.dtype),)
+    out_specs = (o_spec,)
+    if return_lse:
+        out_shape += (jax.ShapeDtypeStruct((b * h, tq), jnp.float32),)
+        out_specs += (c.full_spec((b * h, tq), bh_axis=1),)
+    res = pl.pallas_call(
+        functools.partial(_kernel, scale=scale, heads=h, tq=tq, tk=tk, causal=causal, rows=config.rows,
+                          block_k=bk, skip_idle_rows=config.skip_idle_rows),
+        out_shape=out_shape,
         grid=(c.cdiv(tq, config.rows), b * h),
-        in_specs=[c.btnh_spec(tq, d, h, bh_axis=1), c.btnh_spec(tk, d, h, bh_axis=1),
+        in_specs=[c.offset_spec(b), c.btnh_spec(tq, d, h, bh_axis=1), c.btnh_spec(tk, d, h, bh_axis=1),
                   c.btnh_spec(tk, d, h, bh_axis=1)],
-        out_specs=c.btnh_spec(tq, d, h, bh_axis=1),
+        out_specs=out_specs,
         compiler_params=triton_params(num_warps=config.num_warps, num_stages=config.num_stages),
         interpret=interpret,
         name=f"pallas_attn_{GEN}_fwd",
-    )(q, k, v)
+    )(off, q, k, v)
+    return (res[0], res[1].reshape(b, h, tq)) if return_lse else res[0]
+
+
+# --- contract --------------------------------------------------------------------------------------------
+
+
+def plan(problem: Problem, config: FusedConfig) -> dict:
+    p = problem
+    return {"grid": [c.cdiv(p.q_len, config.rows), p.batch * p.heads_q], "rows_per_program": config.rows,
+            "key_tile": config.key_tile(p.head_dim), "num_warps": config.num_warps,
+            "skip_idle_rows": config.skip_idle_rows}
+
+
+KERNEL = Kernel(
+    name=GEN,
+    lowering="triton",
+    passes=(f"pallas_attn_{GEN}_fwd",),
+    config_cls=FusedConfig,
+    configs=CONFIGS,
+    entries={"dense"},
+    dtypes=("float32",),
+    precision={"float32": Precision(operand="fp32", accumulate="fp32", engine="fp32",
+                                    note="per-row broadcast-multiply + sum on CUDA cores (no dot)")},
+    head_dims=(64, 128),
+    gqa=False,
+    max_q_len=None,
+    dense=forward,
+    plan=plan,
+)

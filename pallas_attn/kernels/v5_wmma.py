@@ -4,7 +4,7 @@ Delta from v4_fused: the two products run on tensor cores. A program owns BM que
 blocks of BN: ``S = Q K^T`` (``jnp.dot`` of 16-bit operands, FP32 result), scale and mask in FP32
 (``j >= Tk`` or causal ``j > i + q_offset``), the block online update (§2.0) on FP32 ``m, l``, the
 running O rescaled by ``alpha``, then ``P V`` with P rounded to the operand dtype (the reference writes
-``p`` as half into ``sP``) and FP32 accumulation. Finally ``O / l`` (0 if ``l = 0``).
+``p`` as half into ``sP``) and FP32 accumulation. Finally ``O / l`` (0 if ``l = 0``; NaN stays NaN).
 One ``pallas_call``: ``pallas_attn_v5_wmma_fwd``, grid (ceil(Tq/BM), B·H).
 
 Faithful blocks (the reference's 48 KB smem budget): D = 64 -> BM = 64, BN = 32, 4 warps;
@@ -13,7 +13,12 @@ D = 128 -> BM = 32, BN = 32, 2 warps (one warp per 16-row M tile). K is contract
 
 Precision: like the reference host, FP32 inputs are cast to FP16 before the kernel (the cast is part of
 ``forward``, so it is inside any timed region, as in the reference); FP16 and BF16 inputs are staged as
-they are. The output has q's dtype (FP32 for FP32 input, as the reference returns FP32).
+they are. The output has q's dtype (FP32 for FP32 input, as the reference returns FP32). ``KERNEL``
+declares the cast (float32 -> fp16 operands, tensor cores).
+
+Causal offsets are per sequence (int32 ``[B]``, an input read once per program; the block count is a
+traced loop bound). ``return_lse=True``: the kernel also writes each row's natural-log LSE from its final
+``(m, l)`` (-inf with no visible key) into FP32 ``[B*H, Tq]`` = ``[B, H, Tq]``; without it, O only.
 
 Differences from the CUDA original: the running O lives in registers, not in an ``oRun`` smem buffer
 that every PV MMA reloads (Pallas has no scratch memory under the Triton lowering; Triton keeps the
@@ -33,6 +38,8 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import seqlen, softmax
+from .contract import Kernel, Precision, Problem
 
 GEN = "v5_wmma"
 
@@ -78,13 +85,14 @@ def stage(x, config: WmmaConfig):
     return x.astype(config.fp32_stage_dtype) if x.dtype == jnp.float32 else x
 
 
-def _kernel(q_ref, k_ref, v_ref, o_ref, *, scale, tq, tk, causal, q_offset, bm, bn):
+def _kernel(off_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, scale, heads, tq, tk, causal, bm, bn):
     d = q_ref.shape[-1]
     i0 = pl.program_id(0) * bm
     rows = i0 + jnp.arange(bm)
+    off = c.seq_offset(off_ref, pl.program_id(1) // heads, tq=tq, tk=tk) if causal else None
     qt = load(q_ref.at[pl.ds(i0, bm), :], mask=c.row_mask(rows, tq, d), other=0.0)
     last = jnp.minimum(i0 + bm, tq) - 1
-    n_blocks = c.cdiv(c.key_limit(last, tk=tk, causal=causal, q_offset=q_offset), bn)
+    n_blocks = c.cdiv(c.key_limit(last, tk=tk, causal=causal, q_offset=off), bn)
 
     def body(jb, carry):
         m, l, acc = carry
@@ -93,33 +101,78 @@ def _kernel(q_ref, k_ref, v_ref, o_ref, *, scale, tq, tk, causal, q_offset, bm, 
         kt = load(k_ref.at[pl.ds(jb * bn, bn), :], mask=kmask, other=0.0)
         vt = load(v_ref.at[pl.ds(jb * bn, bn), :], mask=kmask, other=0.0)
         s = c.dot_nt(qt, kt) * scale  # tensor cores, FP32 accumulate; scale after the dot
-        vis = c.visible(rows[:, None], cols[None, :], tk=tk, causal=causal, q_offset=q_offset)
-        m, l, alpha, p = c.online_softmax_step(m, l, s, vis)
+        vis = c.visible(rows[:, None], cols[None, :], tk=tk, causal=causal, q_offset=off)
+        m, l, alpha, p = softmax.step(m, l, s, vis)
         acc = acc * alpha[:, None] + c.dot_nn(p.astype(vt.dtype), vt)
         return m, l, acc
 
-    init = (jnp.full((bm,), c.NEG_BIG, jnp.float32), jnp.zeros((bm,), jnp.float32),
-            jnp.zeros((bm, d), jnp.float32))
-    _, l, acc = lax.fori_loop(0, n_blocks, body, init)
-    store(o_ref.at[pl.ds(i0, bm), :], c.finalize(acc, l).astype(o_ref.dtype), mask=c.row_mask(rows, tq, d))
+    m, l, acc = lax.fori_loop(0, n_blocks, body, softmax.init_state((bm,), d))
+    rmask = rows < tq
+    store(o_ref.at[pl.ds(i0, bm), :], softmax.finalize(acc, l).astype(o_ref.dtype), mask=c.row_mask(rows, tq, d))
+    if lse_ref:
+        store(lse_ref[0].at[pl.ds(i0, bm)], softmax.lse(m, l), mask=rmask)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "q_offset", "interpret", "config"))
-def forward(q, k, v, *, causal: bool, scale: float, q_offset: int, interpret: bool,
-            config: WmmaConfig = CONFIGS["faithful"]):
-    """BTNH in (FP32/FP16/BF16), operands staged in 16 bits, FP32 accumulation, output in q's dtype."""
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse"))
+def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool,
+            config: WmmaConfig = CONFIGS["faithful"], return_lse: bool = False):
+    """BTNH in (FP32/FP16/BF16), operands staged in 16 bits, FP32 accumulation, output in q's dtype
+    (with ``return_lse``: ``(out, lse [B, H, Tq] FP32)``). ``q_offset``: int32 ``[B]`` (or a scalar)."""
     b, tq, h, d, tk = c.check_dense_shapes(GEN, q, k, v)
     out_dtype = q.dtype
+    off = seqlen.q_offsets(q_offset, b)
     q, k, v = (stage(x, config) for x in (q, k, v))
     bm, bn, warps = config.blocks(d)
-    return pl.pallas_call(
-        functools.partial(_kernel, scale=scale, tq=tq, tk=tk, causal=causal, q_offset=q_offset, bm=bm, bn=bn),
-        out_shape=jax.ShapeDtypeStruct((b, tq, h, d), out_dtype),
+    out_shape = (jax.ShapeDtypeStruct((b, tq, h, d), out_dtype),)
+    out_specs = (c.btnh_spec(tq, d, h, bh_axis=1),)
+    if return_lse:
+        out_shape += (jax.ShapeDtypeStruct((b * h, tq), jnp.float32),)
+        out_specs += (c.full_spec((b * h, tq), bh_axis=1),)
+    res = pl.pallas_call(
+        functools.partial(_kernel, scale=scale, heads=h, tq=tq, tk=tk, causal=causal, bm=bm, bn=bn),
+        out_shape=out_shape,
         grid=(c.cdiv(tq, bm), b * h),
-        in_specs=[c.btnh_spec(tq, d, h, bh_axis=1), c.btnh_spec(tk, d, h, bh_axis=1),
+        in_specs=[c.offset_spec(b), c.btnh_spec(tq, d, h, bh_axis=1), c.btnh_spec(tk, d, h, bh_axis=1),
                   c.btnh_spec(tk, d, h, bh_axis=1)],
-        out_specs=c.btnh_spec(tq, d, h, bh_axis=1),
+        out_specs=out_specs,
         compiler_params=triton_params(num_warps=warps, num_stages=config.num_stages),
         interpret=interpret,
         name=f"pallas_attn_{GEN}_fwd",
-    )(q, k, v)
+    )(off, q, k, v)
+    return (res[0], res[1].reshape(b, h, tq)) if return_lse else res[0]
+
+
+# --- contract --------------------------------------------------------------------------------------------
+
+
+def plan(problem: Problem, config: WmmaConfig) -> dict:
+    p = problem
+    bm, bn, warps = config.blocks(p.head_dim)
+    return {"grid": [c.cdiv(p.q_len, bm), p.batch * p.heads_q], "block_m": bm, "block_n": bn,
+            "num_warps": warps, "num_stages": config.num_stages}
+
+
+_FP32_CAST = "fp32 input is cast to fp16 before the kernel, as the reference host does"
+
+KERNEL = Kernel(
+    name=GEN,
+    lowering="triton",
+    passes=(f"pallas_attn_{GEN}_fwd",),
+    config_cls=WmmaConfig,
+    configs=CONFIGS,
+    entries={"dense"},
+    dtypes=("float32", "float16", "bfloat16"),
+    precision={
+        # the faithful configs' fp32_stage_dtype; a WmmaConfig(fp32_stage_dtype="bfloat16") stages bf16
+        "float32": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_FP32_CAST),
+        "float16": Precision(operand="fp16", accumulate="fp32", engine="tensor",
+                             note="P is rounded to fp16 before the PV product"),
+        "bfloat16": Precision(operand="bf16", accumulate="fp32", engine="tensor",
+                              note="P is rounded to bf16 before the PV product"),
+    },
+    head_dims=(64, 128),
+    gqa=False,
+    max_q_len=None,
+    dense=forward,
+    plan=plan,
+)
