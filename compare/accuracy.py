@@ -1,4 +1,4 @@
-"""Agreement: every output against the float64 oracle (``pallas_attn.reference``), and twin against twin.
+"""Agreement: every output against the float64 oracle (``attn_core.oracle``), and twin against twin.
 
 The oracle runs on the CPU in float64, which is too slow for the full output at real shapes, so it is
 computed on a *subset* chosen to catch the usual indexing bugs: the first and last batch element, the
@@ -11,8 +11,9 @@ device.
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
 ``tolerance(precision)`` is compare's verdict threshold on ``rel_l2_err`` (status ``ok`` vs ``wrong``),
-from the compute precision (METHOD.md: fp32 far under 1e-3, tf32 near 3e-4, bf16 operands 1e-3..1e-2);
-the tests own the strict per-kernel tolerances.
+from the compute precision: a correct fp32 kernel lands far under 1e-3, one whose matmuls ran in TF32 near
+3e-4, bf16 operands between 1e-3 and 1e-2 (docs/compare.md, "Agreement"); the tests own the strict
+per-kernel tolerances.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_attn import reference
+from attn_core import oracle as reference
 
 __all__ = ["Subset", "choose_subset", "oracle", "errors", "twin_errors", "all_finite", "tolerance", "TOLERANCE"]
 
-# Verdict thresholds on rel_l2 by compute precision (roofline.problem_for's precision of the generation).
+# Verdict thresholds on rel_l2 by compute precision (the implementation's declared operand precision, as
+# recorded in prediction.precision).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 2e-2, "fp8": 5e-2, "nvfp4": 1e-1, "int8": 5e-2}
 
 
@@ -46,7 +48,7 @@ class Subset:
 
     def describe(self) -> dict[str, Any]:
         return {"batches": list(self.batches), "heads_q": list(self.heads),
-                "rows": [list(r) for r in self.rows], "oracle": "pallas_attn.reference float64 (CPU)"}
+                "rows": [list(r) for r in self.rows], "oracle": "attn_core.oracle float64 (CPU)"}
 
     def take(self, out_btnh: Any) -> np.ndarray:
         """The subset of a BTNH output as float64 numpy ``[nb, nrows, nh, D]`` (gathered on the device)."""

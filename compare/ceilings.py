@@ -1,4 +1,4 @@
-"""The device's own ceilings, measured at the start of every run in the same process (METHOD.md).
+"""The device's own ceilings, measured at the start of every run in the same process (docs/compare.md).
 
   * HBM read: ``x.sum()`` over ``read_gib`` GiB of fp16 (bytes = the buffer once; the output is a scalar);
   * HBM copy: a 1 GiB device-to-device copy, bytes read + written;

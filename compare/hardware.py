@@ -53,9 +53,6 @@ class Hardware:
         except KeyError:
             raise ValueError(f"{self.name} has no {precision} peak (has: {', '.join(self.flops)})") from None
 
-    def ridge(self, precision: str = "fp16") -> float:
-        return self.peak(precision) / self.hbm_bw
-
     def with_measured(self, *, hbm_bw: float | None = None, flops: Mapping[str, float] | None = None) -> Hardware:
         """A copy whose ceilings are the ones measured on the device (datasheet kept in ``sources``)."""
         new_flops = dict(self.flops)

@@ -1,133 +1,109 @@
-"""Implementations as data: an ``Impl`` per thing compare can run, built by iterating the registry.
+"""Implementations as data: an ``Impl`` per thing compare can run, built from the twins' own declarations.
 
-  * ``pallas:<gen>:<config>`` — every generation whose Pallas twin is built, once per entry of its module's
-    ``CONFIGS`` ("faithful" first, then "tuned", then any other); an unbuilt generation is one
-    ``pallas:<gen>`` impl whose records say ``not_built``;
-  * ``cuda:<gen>`` — every generation ``cuda_ref.generations()`` builds (torch BHND in, fp32 BHND out);
+  * ``pallas:<gen>:<config>`` — every row of ``pallas_attn.registry`` (``registry.rows()``), once per named
+    config of the row (``registry.configs(gen)``: "faithful" then "tuned" for a reference generation,
+    "default" then the others for a frontier kernel). Lowering, support, roofline inputs and the launch
+    plan are the kernel's contract (``registry.kernel(gen)``: ``lowering``, ``supports`` through
+    ``pallas_attn.api.resolve``, ``roofline``, ``plan``). A generation of the shared table
+    (``attn_core.generations``) without a row is one ``pallas:<gen>`` impl whose records say ``not_built``;
+  * ``cuda:<gen>`` — every reference generation; built iff ``cuda_ref.table()`` has its row, whose columns
+    give the operand precision, materialization, tile and split plan; support from ``cuda_ref.api.validate``
+    on meta tensors (the same answer on a CPU machine as on the GPU);
   * the peers (``compare.peers``).
 
-No per-generation code: what a generation supports comes from its registry row (checked by
-``pallas_attn.api``'s own capability check, and by ``cuda_ref.api.validate`` on meta tensors for the CUDA
-twin), and which entry serves it from ``row.entry``. ``supports()`` answers ``Support(ok, reason, status)``;
-``status == "n/a"`` means the family does not apply at all (a prefill generation on an MLA workload) and
-no record is written; every other refusal is a record with its reason.
+No per-generation code. A generation applies to a workload iff the workload family's entry
+(``ENTRY_FAMILIES``: prefill and decode -> ``dense``, paged_decode -> ``paged``, mla -> ``mla``) is one of the
+generation's ``entries``; otherwise ``supports()`` answers ``status == "n/a"`` and no record is written.
+Every other refusal is a record with its reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import os
+from typing import Any
 
-__all__ = ["Support", "Prepared", "Ctx", "Impl", "pallas_impls", "cuda_impls", "all_impls", "ENTRY_FAMILIES"]
+from attn_core import generations as core
 
+from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
-class Support(NamedTuple):
-    ok: bool
-    reason: str = ""
-    status: str = "unsupported"  # when not ok: unsupported | unavailable | not_built | skipped | n/a
+__all__ = ["ENTRY_FAMILIES", "entry_for", "applies", "problem_of", "pallas_impls", "cuda_impls", "all_impls",
+           "cuda_table"]
 
-
-YES = Support(True, "", "ok")
-
-# Which workload families each public entry serves (registry row .entry).
+# Which workload families each public entry serves (attn_core.generations.ENTRIES). No workload family
+# feeds the quantized entry yet (compare builds no fp8 / NVFP4 pools), so v9/v10 apply to nothing.
 ENTRY_FAMILIES: dict[str, tuple[str, ...]] = {
-    "attention": ("prefill", "decode"),
-    "paged_attention": ("paged_decode",),
-    "fp8_attention": ("paged_decode",),
-    "nvfp4_attention": ("paged_decode",),
-    "mla_attention": ("mla",),
+    "dense": ("prefill", "decode"),
+    "paged": ("paged_decode",),
+    "quantized": (),
+    "mla": ("mla",),
 }
+_FAMILY_ENTRY = {fam: entry for entry, fams in ENTRY_FAMILIES.items() for fam in fams}
 
 
-@dataclasses.dataclass
-class Prepared:
-    """``fn(*args)`` is the timed call: pure, all layout work already done. ``framework`` picks the clock."""
-
-    fn: Callable
-    args: tuple
-    framework: str  # "jax" | "torch"
-    layout: str  # output layout: "BTNH" | "BHND" | "BND"
-    notes: str = ""
+def entry_for(w) -> str:
+    """The public entry that serves a workload's family."""
+    return _FAMILY_ENTRY[w.family]
 
 
-@dataclasses.dataclass(frozen=True)
-class Ctx:
-    """What the machine offers; supports() decisions depend on it."""
-
-    jax_gpu: bool
-    torch_cuda: bool
-    hopper: bool
-    interpret: bool  # Pallas generations run in interpret mode (CPU)
-
-    @property
-    def gpu(self) -> bool:
-        return self.jax_gpu
+def applies(gen_id: str, w) -> bool:
+    return entry_for(w) in core.get(gen_id).entries
 
 
-@dataclasses.dataclass(frozen=True)
-class Impl:
-    name: str
-    framework: str  # pallas | cuda | torch | jax | jax-pallas
-    generation: str | None
-    config: str | None
-    kind: str  # mirror | frontier | peer
-    lowering: str | None
-    notes: str
-    supports_fn: Callable[[Any, Ctx], Support] = dataclasses.field(repr=False, compare=False)
-    prepare_fn: Callable[[Any, Any, Ctx], Prepared] | None = dataclasses.field(repr=False, compare=False,
-                                                                                 default=None)
+def problem_of(w):
+    """The kernel contract's ``Problem`` for a workload (paged: ``kv_len`` = pages_per_seq x page_size, the
+    table width ``attn_core.paging.build_paged_kv`` gives it, as ``pallas_attn.api.problem_paged`` sees it)."""
+    from pallas_attn.kernels.contract import Problem
 
-    def supports(self, w, ctx: Ctx) -> Support:
-        return self.supports_fn(w, ctx)
+    entry = entry_for(w)
+    kv_len, page = w.kv_len, None
+    if entry == "paged":
+        page = w.page_size
+        kv_len = -(-w.kv_len // page) * page
+    return Problem(entry=entry, dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=kv_len, heads_q=w.heads_q,
+                   heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal), page_size=page)
 
-    def prepare(self, w, inp, ctx: Ctx) -> Prepared:
-        if self.prepare_fn is None:
-            raise RuntimeError(f"{self.name} cannot run")
-        return self.prepare_fn(w, inp, ctx)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "framework": self.framework, "generation": self.generation,
-                "config": self.config, "kind": self.kind, "lowering": self.lowering, "notes": self.notes}
+def _not_built_facts(gen_id: str, w) -> RooflineFacts:
+    """An unbuilt generation is predicted at the reference's storage precision (``compare.predict``)."""
+    from .predict import reference_storage
+
+    return RooflineFacts(reference_storage(gen_id), source="reference storage convention (not built)")
 
 
 # ------------------------------------------------------------------------------------------ Pallas
 
 
-def _gen_applies(row, w, module=None) -> bool:
-    fams = ENTRY_FAMILIES.get(row.entry, ())
-    if w.family in fams:
-        return True
-    # A dense-entry generation that also has a paged entry (the frontier decode kernel) serves paged work.
-    return w.family == "paged_decode" and module is not None and hasattr(module, "paged_forward")
-
-
-def _capability(row, w) -> Support:
+def _resolve(gen_id: str, config: str, w):
     from pallas_attn import api
 
+    problem = problem_of(w)
+    kern, cfg = api.resolve(gen_id, problem, config)
+    return kern, cfg, problem
+
+
+def _pallas_supports(gen_id: str, config: str, w, ctx: Ctx) -> Support:
+    if not applies(gen_id, w):
+        return Support(False, "", "n/a")
+    if w.family == "mla":
+        return Support(False, "compare has no MLA input path yet", "unsupported")
     try:
-        api._check_capabilities(row, dtype=w.dtype, d=w.head_dim, hq=w.heads_q, hkv=w.heads_kv, tq=w.q_len)
-    except NotImplementedError as e:
+        _resolve(gen_id, config, w)
+    except (NotImplementedError, ValueError) as e:
         return Support(False, str(e), "unsupported")
     return YES
 
 
-def _pallas_supports(row, module, w, ctx: Ctx) -> Support:
-    if not _gen_applies(row, w, module):
-        return Support(False, "", "n/a")
-    if module is None:
-        return Support(False, f"{row.id} has no Pallas implementation yet (registry)", "not_built")
-    if w.family == "paged_decode":
-        if not hasattr(module, "paged_forward"):
-            return Support(False, f"{row.id} has no paged entry (paged_forward)", "unsupported")
-        if row.entry in ("fp8_attention", "nvfp4_attention"):
-            return Support(False, f"compare has no quantized-pool path for {row.entry} yet", "unsupported")
-    elif w.family == "mla":
-        return Support(False, "compare has no MLA input path yet", "unsupported")
-    elif not hasattr(module, "forward"):
-        return Support(False, f"{row.id} has no dense entry (forward)", "unsupported")
-    return _capability(row, w)
+def _pallas_roofline(gen_id: str, config: str, w) -> RooflineFacts:
+    kern, cfg, problem = _resolve(gen_id, config, w)
+    ri = kern.roofline(problem, cfg)
+    return RooflineFacts(ri.precision, bool(ri.materialize_s), tuple(ri.tile), bool(ri.tensor_cores),
+                         f"pallas contract ({kern.name})")
+
+
+def _pallas_plan(gen_id: str, config: str, w, ctx: Ctx) -> dict[str, Any]:
+    kern, cfg, problem = _resolve(gen_id, config, w)
+    return dict(kern.plan(problem, cfg))
 
 
 def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
@@ -149,64 +125,131 @@ def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
 
 
 def _config_order(names) -> list[str]:
-    first = [n for n in ("faithful", "tuned") if n in names]
-    return first + sorted(n for n in names if n not in first)
+    """The named configs, the kernel's usual choice first ("faithful", then "tuned"; "default" for a
+    frontier kernel), the rest in the order the row declares them."""
+    names = list(names)
+    first = [n for n in ("faithful", "default", "tuned") if n in names]
+    return first + [n for n in names if n not in first]
+
+
+def _unbuilt(gen_id: str, twin: str, w, ctx: Ctx) -> Support:
+    if not applies(gen_id, w):
+        return Support(False, "", "n/a")
+    return Support(False, f"{gen_id} is not built {twin}", "not_built")
+
+
+def _broken(gen_id: str, err: str, w, ctx: Ctx) -> Support:
+    if not applies(gen_id, w):
+        return Support(False, "", "n/a")
+    return Support(False, err, "failed")
 
 
 def pallas_impls() -> list[Impl]:
     from pallas_attn import registry
 
+    rows = {r.generation: r for r in registry.rows()}
     out: list[Impl] = []
-    for row in registry.generations():
-        kind = "frontier" if row.frontier else "mirror"
-        lowering = "mosaic-gpu" if row.frontier and row.family == "frontier_decode" else "triton"
-        if not row.built["pallas"]:
-            out.append(Impl(f"pallas:{row.id}", "pallas", row.id, None, kind, None, row.delta,
-                            functools.partial(_pallas_supports, row, None)))
+    for g in core.GENERATIONS:
+        kind = "frontier" if g.frontier else "mirror"
+        if g.id not in rows:
+            out.append(Impl(f"pallas:{g.id}", "pallas", g.id, None, kind, None, g.delta,
+                            functools.partial(_unbuilt, g.id, "in Pallas yet (no row in pallas_attn.registry)"),
+                            roofline_fn=functools.partial(_not_built_facts, g.id)))
             continue
         try:
-            module = registry.pallas_module(row.id)
-        except Exception as e:  # a module that fails to import is a record per workload, not a crash
-            err = f"importing pallas_attn.kernels.{row.pallas} failed: {type(e).__name__}: {e}"
-            out.append(Impl(f"pallas:{row.id}", "pallas", row.id, None, kind, None, row.delta,
-                            lambda w, ctx, _r=row, _e=err: (Support(False, "", "n/a") if not _gen_applies(_r, w)
-                                                            else Support(False, _e, "failed"))))
+            kern = registry.kernel(g.id)
+            names = list(registry.configs(g.id))
+        except Exception as e:  # a kernel that fails to import is a record per workload, not a crash
+            err = f"importing the kernel of {g.id} (pallas_attn.kernels.{rows[g.id].kernel}) failed: " \
+                  f"{type(e).__name__}: {e}"
+            out.append(Impl(f"pallas:{g.id}", "pallas", g.id, None, kind, None, g.delta,
+                            functools.partial(_broken, g.id, err)))
             continue
-        lowering = getattr(module, "LOWERING", lowering)
-        for cfg in _config_order(getattr(module, "CONFIGS", {"faithful": None})):
+        for cfg in _config_order(names):
             out.append(Impl(
-                f"pallas:{row.id}:{cfg}", "pallas", row.id, cfg, kind, lowering, row.delta,
-                functools.partial(_pallas_supports, row, module),
-                functools.partial(_pallas_prepare, row.id, cfg)))
+                f"pallas:{g.id}:{cfg}", "pallas", g.id, cfg, kind, kern.lowering, g.delta,
+                functools.partial(_pallas_supports, g.id, cfg),
+                functools.partial(_pallas_prepare, g.id, cfg),
+                roofline_fn=functools.partial(_pallas_roofline, g.id, cfg),
+                plan_fn=functools.partial(_pallas_plan, g.id, cfg)))
     return out
 
 
 # -------------------------------------------------------------------------------------------- CUDA
 
 
-def _cuda_supports(row, built: bool, w, ctx: Ctx) -> Support:
-    if w.family not in ENTRY_FAMILIES.get(row.entry, ()):
+def cuda_table() -> tuple[Any, ...]:
+    """``cuda_ref.table()``: cuda_ref's generation rows (raises, saying why, when cuda_ref cannot give them)."""
+    import cuda_ref
+
+    table = getattr(cuda_ref, "table", None)
+    if not callable(table):
+        raise AttributeError("cuda_ref exposes no table() function")
+    return tuple(table())
+
+
+def _meta_validate(gen_id: str, w) -> None:
+    """cuda_ref's own argument checks on meta tensors (no GPU, no allocation)."""
+    import torch
+
+    from cuda_ref import api as capi
+
+    dt = getattr(torch, w.dtype)
+    q = torch.empty((w.batch, w.heads_q, w.q_len, w.head_dim), dtype=dt, device="meta")
+    k = torch.empty((w.batch, w.heads_kv, w.kv_len, w.head_dim), dtype=dt, device="meta")
+    capi.validate(q, k, k, causal=w.causal, scale=None, q_offset=w.q_offset, generation=gen_id)
+
+
+def _cuda_supports(gen_id: str, row, table_error: str | None, w, ctx: Ctx) -> Support:
+    if not applies(gen_id, w):
         return Support(False, "", "n/a")
-    if not built:
-        return Support(False, f"{row.id} has no CUDA implementation yet (cuda_ref)", "not_built")
-    if row.entry != "attention":
-        return Support(False, f"compare has no cuda_ref path for {row.entry} yet", "unsupported")
-    try:  # cuda_ref's own checks, on meta tensors: the same answer on a CPU machine as on the GPU
-        import torch
-
-        from cuda_ref import api as capi
-
-        dt = getattr(torch, w.dtype)
-        q = torch.empty((w.batch, w.heads_q, w.q_len, w.head_dim), dtype=dt, device="meta")
-        k = torch.empty((w.batch, w.heads_kv, w.kv_len, w.head_dim), dtype=dt, device="meta")
-        capi.validate(q, k, k, causal=w.causal, scale=None, q_offset=w.q_offset, generation=row.id)
-    except NotImplementedError as e:
+    if table_error is not None:
+        return Support(False, table_error, "unavailable")
+    if row is None:
+        return Support(False, f"{gen_id} is not built in cuda_ref yet (no row in its generation table)", "not_built")
+    entry = entry_for(w)
+    if row.entry != "dense" or entry != row.entry:
+        return Support(False, f"compare has no cuda_ref path for the {entry!r} entry yet (cuda_ref serves {gen_id} "
+                              f"through {row.entry!r})", "unsupported")
+    try:
+        _meta_validate(gen_id, w)
+    except (NotImplementedError, ValueError) as e:
         return Support(False, str(e), "unsupported")
-    except ImportError as e:
-        return Support(False, f"cuda_ref or torch not importable: {e}", "unavailable")
+    except (ImportError, AttributeError, TypeError) as e:
+        return Support(False, f"cuda_ref or torch not usable here: {type(e).__name__}: {e}", "unavailable")
     if not ctx.torch_cuda:
         return Support(False, "needs a CUDA GPU (torch.cuda unavailable)", "unavailable")
     return YES
+
+
+def _cuda_roofline(row, w) -> RooflineFacts:
+    mat = bool(row.materializes_s)
+    tile = tuple(row.tile(w.head_dim)) if mat else (1, 1)
+    return RooflineFacts(row.operand_precision(w.dtype), mat, tile, None, f"cuda_ref table ({row.id})")
+
+
+def _cuda_plan(row, w, ctx: Ctx) -> dict[str, Any]:
+    """What the table row says about the launch; for a split-KV row also the split plan, which needs the
+    device's SM count (``cuda_ref.choose_splits``), so on a machine without a CUDA GPU it stays null."""
+    plan: dict[str, Any] = {
+        "source": "cuda_ref generation table", "entry": row.entry, "operand": row.operand,
+        "tile": list(row.tile(w.head_dim)), "materializes_s": bool(row.materializes_s),
+        "workspace": row.workspace, "split_kv": bool(row.split_kv), "writes_lse": bool(row.writes_lse)}
+    if row.split_kv:
+        plan.update(splits=None, chunk=None)
+        if not ctx.torch_cuda:
+            plan["splits_note"] = "the split plan needs the device's SM count: a CUDA GPU"
+            return plan
+        env = os.environ.get("CUDA_REF_NUM_SM", "").strip()
+        num_sm = int(env) if env.isdigit() and int(env) > 0 else None
+        try:
+            import cuda_ref
+
+            s, chunk = cuda_ref.choose_splits(bh=w.batch * w.heads_q, n_q=w.q_len, n_k=w.kv_len, num_sm=num_sm)
+            plan.update(splits=int(s), chunk=int(chunk), num_sm=num_sm or "device")
+        except Exception as e:  # the plan is a record field: its failure is written, the run goes on
+            plan["splits_error"] = f"{type(e).__name__}: {e}"
+    return plan
 
 
 def _cuda_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
@@ -219,22 +262,25 @@ def _cuda_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
 
 
 def cuda_impls() -> list[Impl]:
-    from pallas_attn import registry
-
+    """One ``cuda:<gen>`` per reference generation (frontier kernels have no CUDA twin by design)."""
     try:
-        import cuda_ref
-
-        built = set(cuda_ref.generations())
-    except Exception:  # cuda_ref not importable: fall back to the registry's claim; calls will say why
-        built = {r.id for r in registry.generations() if r.built["cuda"]}
+        rows, table_error = {r.id: r for r in cuda_table()}, None
+    except Exception as e:  # cuda_ref not importable or its table unreadable: every record says so
+        rows, table_error = {}, f"cuda_ref's generation table is unavailable: {type(e).__name__}: {e}"
     out = []
-    for row in registry.generations():
-        if row.frontier:
-            continue  # frontier kernels are Pallas-only: no CUDA twin by design
-        b = row.id in built
-        out.append(Impl(f"cuda:{row.id}", "cuda", row.id, None, "mirror", "cuda-jit" if b else None, row.delta,
-                        functools.partial(_cuda_supports, row, b),
-                        functools.partial(_cuda_prepare, row.id) if b else None))
+    for g in core.GENERATIONS:
+        if g.frontier:
+            continue
+        row = rows.get(g.id)
+        supports = functools.partial(_cuda_supports, g.id, row, table_error)
+        if row is None:
+            out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, "mirror", None, g.delta, supports,
+                            roofline_fn=functools.partial(_not_built_facts, g.id)))
+            continue
+        out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, "mirror", "cuda-jit", g.delta, supports,
+                        functools.partial(_cuda_prepare, g.id),
+                        roofline_fn=functools.partial(_cuda_roofline, row),
+                        plan_fn=functools.partial(_cuda_plan, row)))
     return out
 
 

@@ -1,25 +1,25 @@
 """Inputs made once per workload and shared by every implementation, JAX and torch, without copies.
 
-Inputs are seeded standard-normal draws (``jax.random``, never zeros: METHOD.md) on the default JAX device,
-cast once to the workload's dtype. torch sees the *same* device buffers through DLPack
-(``torch.utils.dlpack.from_dlpack``); layout changes (BTNH -> BHND for SDPA and cuda_ref, the peers' own
-page layouts, pre-scaled queries) are made here, once, outside every timed region, and cached on the
-``Inputs`` object so several implementations share them. Outputs come back to BTNH JAX arrays through
-DLPack too (``to_jax_btnh``), also outside the timed region.
+Inputs are seeded standard-normal draws (``jax.random``) on the default JAX device, cast once to the
+workload's dtype; never zeros, whose products a compiler or a sparsity-aware unit could skip. torch sees
+the *same* device buffers through DLPack (``torch.utils.dlpack.from_dlpack``); layout changes (BTNH ->
+BHND for SDPA and cuda_ref, the peers' own page layouts, pre-scaled queries) are made here, once, outside
+every timed region, and cached on the ``Inputs`` object so several implementations share them. Outputs
+come back to BTNH JAX arrays through DLPack too (``to_jax_btnh``), also outside the timed region.
+
+JAX and torch share the GPU, so JAX must not preallocate most of its memory: the entry points
+(``compare.cli.main``, the scripts) set ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX is imported;
+importing this module sets nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
-# torch and JAX share the GPU: without this JAX takes 75% of its memory at import (ANCHORS.md §4).
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["Inputs", "make_inputs", "torch_cuda_available", "to_torch", "to_jax", "to_jax_btnh", "kv_lengths"]
 
@@ -108,21 +108,11 @@ class Inputs:
             return tuple(to_torch(x).transpose(1, 2).contiguous() for x in (self.q, self.k, self.v))
         return self.cached("torch_bhnd", make)
 
-    def torch_paged(self) -> tuple[Any, Any, Any, Any]:
-        """k_pool, v_pool, block_table, kv_lens as torch tensors: the pools are shared, not copied."""
-        def make():
-            return (to_torch(self.k_pool), to_torch(self.v_pool), to_torch(self.block_table),
-                    to_torch(self.kv_lens_jax()))
-        return self.cached("torch_paged", make)
-
-    def nbytes(self) -> int:
-        arrs = [self.q, self.k, self.v, self.k_pool, self.v_pool]
-        return int(sum(a.size * a.dtype.itemsize for a in arrs if a is not None))
 
 
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
-    (``pallas_attn.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
+    (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
     if w.family == "mla":
         raise NotImplementedError("compare has no MLA input path yet (needs the latent-cache builder)")
     dt = jnp.dtype(w.dtype)
@@ -136,7 +126,7 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
     if w.family == "paged_decode":
-        from pallas_attn import paging
+        from attn_core import paging
 
         lens = kv_lengths(w)
         # Build pools from the rounded values so dense and paged views hold identical numbers.

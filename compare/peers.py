@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .impls import YES, Ctx, Impl, Prepared, Support
+from .schema import YES, Ctx, Impl, Prepared, Support
 
 __all__ = ["peer_impls", "causal_mode"]
 

@@ -3,6 +3,11 @@
 Flags follow the reference's ``roofline.predict`` (ORIGINAL.md §3.3) plus ``--arch t4|a100|h100|h200|b200|
 b300`` (``sm_XY`` spellings accepted), ``--q-len``, ``--causal``, ``--reference-conventions`` and ``--json``.
 ``--shape BxHxNxd``: N is the query length and, unless ``--kv-len`` is given, the key length.
+
+``--generation GEN`` takes the operand precision, S materialization and tile from what the generation
+declares instead of ``--precision/--materialize-s/--tile``: a generation built in Pallas from its kernel's
+contract (``Kernel.roofline`` for the input ``--dtype`` and ``--config``), an unbuilt one from
+``REFERENCE_STORAGE`` below.
 """
 
 from __future__ import annotations
@@ -11,8 +16,71 @@ import argparse
 import json
 
 from . import hardware, roofline
+from .schema import RooflineFacts
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "generation_facts"]
+
+# The reference's harness convention, not a declaration of any kernel here: the storage precision at which
+# the reference's benchmark feeds (and its roofline tool charges) each generation that Pallas does not
+# build yet (ORIGINAL.md §4.1, "Roofline column": fp16 from v5 on, FP8 E4M3 for v9, NVFP4 for v10-v12).
+# Used ONLY to predict an unbuilt generation (``--generation`` here, and the prediction of a ``not_built``
+# record); a built kernel's precision is always its contract's.
+REFERENCE_STORAGE: dict[str, str] = {
+    "v7_paged": "fp16", "v8_gqa": "fp16", "v8_gqa_tc": "fp16", "v8_gqa_db": "fp16", "v8_gqa_occ": "fp16",
+    "v8_gqa_ilp": "fp16", "v8_gqa_ss": "fp16",
+    "v9_fp8": "fp8",
+    "v10_nvfp4": "nvfp4", "v11_mla": "nvfp4", "v12_mla_tc": "nvfp4",
+}
+
+
+def reference_storage(gen_id: str) -> str:
+    """The reference's storage precision of an unbuilt generation (KeyError names what is known)."""
+    try:
+        return REFERENCE_STORAGE[gen_id]
+    except KeyError:
+        raise KeyError(f"no reference storage convention for {gen_id!r} (known: {', '.join(REFERENCE_STORAGE)}); "
+                       "a built generation's precision comes from its kernel contract") from None
+
+
+def _entry(gen) -> str:
+    return next(e for e in ("dense", "paged", "quantized", "mla") if e in gen.entries)
+
+
+def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int,
+                     head_dim: int, causal: bool, dtype: str | None, config: str | None,
+                     page_size: int = 16) -> tuple[RooflineFacts, str]:
+    """``(facts, what)``: the roofline facts ``gen_id`` declares for this problem and a line saying whence."""
+    from pallas_attn import registry
+
+    gen = registry.get(gen_id)
+    if not registry.built(gen_id):
+        if config is not None or dtype is not None:
+            raise SystemExit(f"--config/--dtype apply to a generation built in Pallas; {gen_id} is not built")
+        prec = reference_storage(gen_id)
+        return (RooflineFacts(prec, source="reference storage convention (not built)"),
+                f"{gen_id} is not built in Pallas: the reference's storage precision {prec} (REFERENCE_STORAGE)")
+    from pallas_attn import api
+    from pallas_attn.kernels.contract import Problem
+
+    kern = registry.kernel(gen_id)
+    if dtype is None:
+        dtype = "float32" if "float32" in kern.dtypes else kern.dtypes[0]
+    entry = _entry(gen)
+    page = page_size if entry == "paged" else None
+    kv = -(-kv_len // page) * page if page else kv_len
+    problem = Problem(entry=entry, dtype=dtype, batch=batch, q_len=q_len, kv_len=kv, heads_q=heads_q,
+                      heads_kv=heads_kv, head_dim=head_dim, causal=causal, page_size=page)
+    try:
+        kern, cfg = api.resolve(gen_id, problem, config)
+    except (NotImplementedError, ValueError) as e:
+        raise SystemExit(f"--generation {gen_id}: {e}") from None
+    ri = kern.roofline(problem, cfg)
+    facts = RooflineFacts(ri.precision, bool(ri.materialize_s), tuple(ri.tile), bool(ri.tensor_cores),
+                          f"pallas contract ({kern.name})")
+    name = next((n for n, c in registry.configs(gen_id).items() if c == cfg), "from the kernel's heuristic")
+    what = (f"{gen_id} (Pallas kernel {kern.name}, config {name}, {dtype} input): {facts.precision} operands"
+            + (f", S materialized, tile {facts.tile[0]}x{facts.tile[1]}" if facts.materialize_s else ", fused"))
+    return facts, what
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
@@ -38,9 +106,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="t4", help="t4 | a100 | h100 | h200 | b200 | b300 (or sm_XY); default t4")
     p.add_argument("--shape", type=_shape, default=(1, 8, 2048, 64), help="BxHxNxd, H = query heads")
-    p.add_argument("--precision", default="fp32", choices=sorted(roofline.BYTES))
+    p.add_argument("--precision", default=None, choices=sorted(roofline.BYTES), help="storage precision; default fp32")
     p.add_argument("--materialize-s", action="store_true", help="v1/v2 model: S round-trips through HBM")
-    p.add_argument("--tile", type=_tile, default=(1, 1), help="MxN tile reuse for --materialize-s")
+    p.add_argument("--tile", type=_tile, default=None, help="MxN tile reuse for --materialize-s; default 1x1")
+    p.add_argument("--generation", default=None,
+                   help="take precision, materialization and tile from this generation's declaration "
+                        "(Pallas kernel contract; REFERENCE_STORAGE when not built)")
+    p.add_argument("--config", default=None, help="with --generation: the Pallas config name")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                   help="with --generation: the input dtype (default float32 if the kernel takes it)")
+    p.add_argument("--page-size", type=int, default=16, help="with --generation of a paged-only kernel")
     p.add_argument("--no-tensor-core", action="store_true", help="use the fp32 CUDA-core peak")
     p.add_argument("--kv-len", type=int, default=None, help="key length N_k (decode); default N")
     p.add_argument("--q-len", type=int, default=None, help="query length; default N from --shape")
@@ -62,6 +137,29 @@ def run(args: argparse.Namespace) -> int:
     b, h, n, d = args.shape
     q_len = args.q_len or n
     kv_len = args.kv_len or n
+    contract = None
+    if args.generation is not None:
+        if args.precision is not None or args.materialize_s or args.tile is not None:
+            raise SystemExit("--generation takes precision, S materialization and tile from the generation's "
+                             "declaration: drop --precision/--materialize-s/--tile")
+        from pallas_attn import registry
+
+        mla = "mla" in registry.get(args.generation).entries
+        args.mla = args.mla or mla
+        if mla:
+            hq, hkv, dim = args.h_q, 1, args.kv_lora_rank + args.rope_dim
+        else:
+            if h % args.gqa_group:
+                raise SystemExit(f"H ({h}) must be a multiple of --gqa-group ({args.gqa_group})")
+            hq, hkv, dim = h, h // args.gqa_group, d
+        facts, contract = generation_facts(args.generation, batch=b, heads_q=hq, heads_kv=hkv, q_len=q_len,
+                                           kv_len=kv_len, head_dim=dim, causal=args.causal, dtype=args.dtype,
+                                           config=args.config, page_size=args.page_size)
+        args.precision, args.materialize_s, args.tile = facts.precision, facts.materialize_s, facts.tile
+    elif args.config is not None or args.dtype is not None:
+        raise SystemExit("--config and --dtype only apply with --generation")
+    args.precision = args.precision or "fp32"
+    args.tile = args.tile or (1, 1)
     if args.mla:
         prob = roofline.Problem(
             batch=b, heads_q=args.h_q, q_len=q_len, kv_len=kv_len, head_dim=args.kv_lora_rank + args.rope_dim,
@@ -80,11 +178,14 @@ def run(args: argparse.Namespace) -> int:
         shape = f"B={b} Hq={h} Hkv={h // args.gqa_group} (G={args.gqa_group}) Nq={q_len} Nk={kv_len} d={d}"
     est = roofline.estimate(prob, hw)
     if args.json:
-        print(json.dumps({"arch": hw.key, "problem": prob.__dict__, "estimate": est.as_dict()}, default=str))
+        print(json.dumps({"arch": hw.key, "generation": args.generation, "contract": contract,
+                          "problem": prob.__dict__, "estimate": est.as_dict()}, default=str))
         return 0
     side = "BELOW -> memory-bound" if est.ai < est.ridge else "ABOVE -> compute-bound"
     print(f"arch      : {hw.name} ({hw.sm}), {hw.num_sm} SMs, HBM {hw.hbm_bw / 1e12:.2f} TB/s, "
           f"{est.engine} peak {est.peak_flops / 1e12:.1f} TFLOP/s  [datasheet; see compare/hardware.py]")
+    if contract:
+        print(f"declared  : {contract}")
     print(f"shape     : {shape} {args.precision}{' causal' if args.causal else ''}"
           f"{' materialized-S tile ' + 'x'.join(map(str, args.tile)) if args.materialize_s else ''}")
     print(f"LIMITER   : {est.limiter} (predicted lower bound {est.floor_s * 1e3:.4g} ms)")

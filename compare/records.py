@@ -6,13 +6,15 @@ Record types (``type``):
     the datasheet values they sit next to;
   * ``clock_check`` — once per run and clock: a device copy of known size timed under that clock, the
     achieved GB/s over the measured copy ceiling (a clock that lies shows here);
-  * ``result``   — one per (workload, implementation): ``workload``, ``impl``, ``status``, ``reason``,
-    ``metrics``, ``agreement``, ``prediction``, ``env``, ``repro``.
+  * ``result``   — one per (workload, implementation): ``workload``, ``impl`` (with the declared
+    ``lowering`` and the launch ``plan`` made before the run), ``status``, ``reason``, ``metrics``,
+    ``agreement``, ``prediction`` (with the ``roofline_inputs`` it assumed), ``env``, ``repro``.
 
 Statuses: ``ok`` (ran, finite, within the precision's tolerance of the oracle), ``wrong`` (ran and finite but
-beyond that tolerance), ``failed`` (raised, or produced NaN/Inf), ``oom``, ``unsupported`` (the
-implementation refuses the workload: dtype, head dim, GQA, shape rules), ``unavailable`` (the machine lacks
-what it needs: a CUDA GPU, Hopper, cuda_ref's build), ``not_built`` (the registry row has no twin yet),
+beyond that tolerance), ``failed`` (raised, produced NaN/Inf, or its kernel module does not import),
+``oom``, ``unsupported`` (the implementation refuses the workload: dtype, head dim, GQA, shape rules),
+``unavailable`` (the machine lacks what it needs: a CUDA GPU, Hopper, cuda_ref's build or table),
+``not_built`` (the generation has no twin on that side yet),
 ``skipped`` (over the time budget, too large for CPU interpret mode). Every non-``ok`` status carries a
 ``reason``; a record is never silently missing.
 

@@ -7,8 +7,8 @@
     implementations listed with their reasons;
   * ``docs/img/roofline_<run>.png``: every timed implementation as a point (arithmetic intensity of its
     model vs achieved FLOP/s), under the run's measured roofs (HBM read x AI, matmul peaks), log-log;
-  * ``docs/img/generations_<run>.png``: kernel time per generation, in registry order, Pallas (each config)
-    and CUDA side by side, one panel per workload.
+  * ``docs/img/generations_<run>.png``: kernel time per generation, in the generation table's order,
+    Pallas (each config) and CUDA side by side, one panel per workload.
 GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots.
 """
 
@@ -321,9 +321,10 @@ def plot_generations(run: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pallas_attn import registry
+    from attn_core import generations as core
 
-    order = {g: i for i, g in enumerate(registry.ids())}
+    ids = core.ids()
+    order = {g: i for i, g in enumerate(ids)}
     by_wl: dict[str, list[dict]] = defaultdict(list)
     for r in _timed(run):
         if r["impl"]["framework"] in ("pallas", "cuda") and r["impl"]["generation"] in order:
@@ -345,7 +346,7 @@ def plot_generations(run: dict, path: Path) -> bool:
             pts.sort()
             ax.plot([gens.index(g) for g, _ in pts], [t for _, t in pts], marker="o", label=label)
         ax.set_xticks(range(len(gens)))
-        ax.set_xticklabels([registry.ids()[g] for g in gens], rotation=45, ha="right", fontsize=7)
+        ax.set_xticklabels([ids[g] for g in gens], rotation=45, ha="right", fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel("kernel time p50 (µs)")
         ax.set_title(name, fontsize=8)

@@ -9,6 +9,11 @@ The model is the reference's (ORIGINAL.md §3.2) so its published figures reprod
   * limiter = the largest of t_mma (FLOPs / the engine's peak), t_hbm (bytes / bandwidth) and t_mufu
     (exps / exp rate); floor = that largest time.
 
+What an implementation *is* to the model (operand precision, whether S makes the HBM round trip, the tile
+reuse) is what it declares: a Pallas kernel's contract (``Kernel.roofline``), cuda_ref's generation table,
+or, for a peer, the workload's dtype (``problem_for``). The engine then follows the operand precision as
+below; a declaration's ``tensor_cores`` flag is recorded beside the prediction but does not pick the peak.
+
 Where we depart from the reference's conventions, ``reference_conventions=True`` reproduces its numbers
 and the default is what we believe is more accurate, for these reasons:
   * MLA Q and O bytes: the reference charges them at the *storage* width (0.5625 B for NVFP4), but kernels
@@ -26,7 +31,8 @@ import math
 
 from .hardware import Hardware
 
-__all__ = ["Problem", "Estimate", "estimate", "problem_for", "BYTES", "visible_pairs", "tc_ceiling_fraction"]
+__all__ = ["Problem", "Estimate", "estimate", "problem_for", "workload_precision", "BYTES", "visible_pairs",
+           "tc_ceiling_fraction"]
 
 BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "nvfp4": 0.5625, "int4": 0.5}
 _DTYPE_TO_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -82,10 +88,6 @@ class Estimate:
     @property
     def times(self) -> dict[str, float]:
         return {"MMA": self.t_mma, "HBM": self.t_hbm, "MUFU": self.t_mufu}
-
-    def utilization(self) -> dict[str, float]:
-        """Each bound over the floor: the most of each unit the problem can keep busy."""
-        return {k: v / self.floor_s for k, v in self.times.items()}
 
     def as_dict(self) -> dict[str, float | str]:
         return dataclasses.asdict(self)
@@ -164,24 +166,22 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
     )
 
 
-# Storage precision and materialization per generation, as the reference's harness feeds its tool
-# (ORIGINAL.md §4.1 "Roofline column"). Peers and frontier kernels use the workload's own dtype.
-_GEN_PRECISION = {"v1_naive": "fp32", "v2_tiled": "fp32", "v3_online": "fp32", "v4_fused": "fp32",
-                  "v9_fp8": "fp8", "v10_nvfp4": "nvfp4", "v11_mla": "nvfp4", "v12_mla_tc": "nvfp4"}
+def workload_precision(workload) -> str:
+    """The roofline precision of a workload's own dtype (what a peer is modelled at)."""
+    return _DTYPE_TO_PRECISION[workload.dtype]
 
 
-def problem_for(workload, generation: str | None = None, *, reference_conventions: bool = False) -> Problem:
-    """The roofline problem of running ``generation`` (None: a peer, at the workload dtype) on a workload."""
+def problem_for(workload, facts=None, *, reference_conventions: bool = False) -> Problem:
+    """The roofline problem of running an implementation on a workload.
+
+    ``facts`` is what the implementation declares about itself (``compare.schema.RooflineFacts`` or a
+    kernel contract's ``RooflineInputs``: ``precision``, ``materialize_s``, ``tile``); None models a peer at
+    the workload's own dtype on the fused path. Nothing here knows generation ids.
+    """
     w = workload
-    precision = _DTYPE_TO_PRECISION[w.dtype]
-    if generation in _GEN_PRECISION:
-        precision = _GEN_PRECISION[generation]
-    elif generation is not None and generation.startswith(("v5", "v6", "v7", "v8")) and precision == "fp32":
-        precision = "fp16"  # the reference host casts to fp16 from v5 on
-    tile = (1, 1)
-    materialize = generation in ("v1_naive", "v2_tiled")
-    if generation == "v2_tiled":
-        tile = (64, 64) if w.head_dim <= 64 else (32, 32)
+    precision = workload_precision(w) if facts is None else facts.precision
+    materialize = bool(facts is not None and facts.materialize_s)
+    tile = tuple(facts.tile) if materialize else (1, 1)
     kv_tokens = getattr(w, "kv_tokens", None)
     if w.family == "mla":
         return Problem(

@@ -4,8 +4,10 @@ Order of a run (docs/compare.md has the details):
   1. environment, then the device's ceilings measured in this process (``ceilings.py``), then a clock check
      per clock (a 1 GiB copy timed under CUPTI against the copy ceiling timed with CUDA events);
   2. per workload: inputs once (``interop.make_inputs``), the float64 oracle once on a subset
-     (``accuracy``), then each implementation that supports the workload: prepare (layouts, untimed) ->
-     first call (compile) -> agreement -> warm-up -> kernel timing (CUPTI, cold L2) -> end-to-end timing;
+     (``accuracy``), then each implementation that supports the workload: its roofline prediction and
+     launch plan (``impl.plan``, from its declaration, before anything runs) -> prepare (layouts,
+     untimed) -> first call (compile) -> agreement -> warm-up -> kernel timing (CUPTI, cold L2) ->
+     end-to-end timing;
   3. per workload: speed-ups against the best peer and the twin, twin-vs-twin agreement; records written,
      the table printed.
 A failure is a record (``failed``/``oom`` with the exception), never the end of the run. On a machine
@@ -21,7 +23,6 @@ import dataclasses
 import fnmatch
 import gc
 import math
-import os
 import re
 import shlex
 import sys
@@ -30,11 +31,10 @@ import types
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax: torch shares the GPU
-
-from . import accuracy, ceilings, hardware, interop, records, roofline, timing  # noqa: E402
-from .impls import Ctx, Impl, all_impls  # noqa: E402
-from .workloads import Workload, load_config  # noqa: E402
+from . import accuracy, ceilings, hardware, interop, records, roofline, timing
+from .impls import all_impls
+from .schema import Ctx, Impl
+from .workloads import Workload, load_config
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
 
@@ -243,16 +243,22 @@ class _Run:
         self.write(recs)
 
     # -- predictions ---------------------------------------------------------------------------
-    def predict(self, w: Workload, gen: str | None) -> dict[str, Any] | None:
+    def predict(self, w: Workload, impl: Impl | None) -> dict[str, Any] | None:
+        """The layer-1 prediction of ``impl`` (None: a peer) on ``w``, from what the implementation declares
+        (``Impl.roofline``: a kernel contract, cuda_ref's table, or the workload dtype for a peer)."""
         lens = interop.kv_lengths(w)
         wl: Any = w
         if lens is not None and w.ragged:
             wl = types.SimpleNamespace(**{**w.as_dict(), "kv_tokens": int(lens.sum())})
         try:
-            prob = roofline.problem_for(wl, gen)
-        except Exception as e:  # the model refusing a shape is worth a field, not a crash
+            facts = impl.roofline(w) if impl is not None else None
+            prob = roofline.problem_for(wl, facts)
+        except Exception as e:  # an undeclared precision or a shape the model refuses: a field, not a crash
             return {"error": f"{type(e).__name__}: {e}"}
-        out: dict[str, Any] = {"precision": prob.precision}
+        out: dict[str, Any] = {"precision": prob.precision,
+                               "roofline_inputs": facts.as_dict() if facts is not None else {
+                                   "precision": prob.precision, "materialize_s": False, "tile": [1, 1],
+                                   "tensor_cores": None, "source": "workload dtype (peer)"}}
         for label, hw in (("measured", self.hw if self.ceil else None), ("datasheet", self.hw_ds or self.hw_pred_only)):
             if hw is None:
                 continue
@@ -285,7 +291,7 @@ class _Run:
         """CPU runs: the layer-1 floor of the workload (peer model, workload dtype) on each --arch row."""
         if self.gpu:
             return None
-        pred = self.predict(w, None) or {}
+        pred = self.predict(w, None) or {}  # the peer model: workload dtype, fused
         parts = [f"{v['hardware']} {v['floor_us']:.4g} µs ({v['limiter']}, AI {v['ai']:.3g})"
                  for v in (pred.get("by_arch") or {}).values() if "floor_us" in v]
         return ("  predicted floor (datasheet, fused model): " + "; ".join(parts)) if parts else None
@@ -298,6 +304,7 @@ class _Run:
                     "metrics": {}, "agreement": {}, "repro": self.repro(w, impl.name)})
         rec["impl"]["generation"] = impl.generation
         rec["impl"]["config"] = impl.config
+        rec["impl"]["plan"] = None
         return rec
 
     def run_workload(self, w: Workload, impls: list[Impl], progress=None, task=None) -> list[dict[str, Any]]:
@@ -328,11 +335,15 @@ class _Run:
         if sup.status == "n/a":
             return None
         rec = self.record(w, impl, "ok", None)
-        pred = self.predict(w, impl.generation)
+        pred = self.predict(w, impl)
         rec["prediction"] = pred
         if not sup.ok:
             rec.update(status=sup.status, reason=sup.reason)
             return rec
+        try:  # the launch plan the implementation declares, made before anything runs
+            rec["impl"]["plan"] = impl.plan(w, self.ctx)
+        except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
+            rec["impl"]["plan"] = {"error": _reason(e)}
         if self.over_run_budget():
             rec.update(status="skipped", reason=f"over time budget: run budget --max-run-s {self.opts.max_run_s:g} "
                                                  "s exhausted before this record")
@@ -381,7 +392,7 @@ class _Run:
         rec["metrics"]["first_call_s"] = first_call_s
 
         # agreement (NaN/Inf anywhere fails the record)
-        precision = (pred or {}).get("precision") or roofline.problem_for(w, impl.generation).precision
+        precision = (pred or {}).get("precision") or roofline.workload_precision(w)
         tol = accuracy.tolerance(precision)
         ag = {"subset": subset.describe(), "tol_rel_l2": tol, "precision": precision}
         rec["agreement"] = ag

@@ -59,20 +59,10 @@ class Workload:
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
-    @property
-    def is_decode(self) -> bool:
-        return self.family != "prefill"
-
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["group"] = self.group
         return d
-
-    def shape_str(self) -> str:
-        s = f"B{self.batch} Hq{self.heads_q}/Hkv{self.heads_kv} Tq{self.q_len} Tk{self.kv_len} D{self.head_dim}"
-        if self.page_size:
-            s += f" page{self.page_size}"
-        return s + f" {self.dtype}" + (" causal" if self.causal else "")
 
 
 _DEFAULTS: dict[str, Any] = {

@@ -17,6 +17,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import pallas_attn  # noqa: E402
+from pallas_attn import _compat  # noqa: E402
+
+_compat.silence_triton_deprecation()  # an entry point: the jitted calls below lower Triton kernels
 
 
 def wall_us(f, args, n=50):

@@ -26,7 +26,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import pallas_attn  # noqa: E402
+from pallas_attn import _compat, registry  # noqa: E402
 from pallas_attn.kernels import fa_decode as fd  # noqa: E402
+
+_compat.silence_triton_deprecation()  # an entry point: the jitted calls below lower Triton kernels
 
 HQ, HKV, D = 32, 8, 128
 DENSE_SHAPES = {"B32_S8192": (32, 8192), "B64_S4096": (64, 4096), "B1_S131072": (1, 131072)}
@@ -108,10 +112,11 @@ def _plan(shape, cfg, page=None):
 
 def time_fa(name, args, cfg, nbytes, ceiling, *, page=None, shape=None, note=""):
     if page is None:
-        f = jax.jit(lambda q, k, v: fd.forward(q, k, v, interpret=INTERPRET, config=cfg))
+        f = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", interpret=INTERPRET,
+                                                          config=cfg))
     else:
-        f = jax.jit(lambda q, kp, vp, bt, ln: fd.paged_forward(q, kp, vp, bt, ln, interpret=INTERPRET, config=cfg,
-                                                               check_block_table=True))
+        f = jax.jit(lambda q, kp, vp, bt, ln: pallas_attn.paged_attention(
+            q, kp, vp, bt, ln, generation="fa_decode", interpret=INTERPRET, config=cfg, check_block_table=True))
     p = _plan(shape, cfg, page)
     rec = dict(kind="fa_decode", shape=name, page=page, config=dataclasses.asdict(cfg), plan=dataclasses.asdict(p),
                bytes=nbytes, note=note)
@@ -192,26 +197,26 @@ def main(argv=None) -> int:
         return 2
     ceiling = read_ceiling_tbs()
     log(f"HBM read ceiling {ceiling:.2f} TB/s")
-    faithful = fd.CONFIGS["faithful"]
+    default_cfg = registry.configs("fa_decode")["default"]
     inputs = {name: _dense_inputs(*shape, seed=i) for i, (name, shape) in enumerate(DENSE_SHAPES.items())}
 
     log("== default config, dense")
     for name, shape in DENSE_SHAPES.items():
-        time_fa(name, inputs[name], faithful, _bytes(*shape), ceiling, shape=shape)
+        time_fa(name, inputs[name], default_cfg, _bytes(*shape), ceiling, shape=shape)
     pb, ps = PAGED_SHAPE
     log(f"== default config, paged (B={pb}, S={ps}, shuffled table)")
     q, k, v = inputs["B32_S8192"]
     lens = jnp.full((pb,), ps, jnp.int32)
     for page in PAGES:
         kp, vp, bt = _paged_inputs(k, v, page, seed=page)
-        time_fa("B32_S8192", (q, kp, vp, bt, lens), faithful, _bytes(pb, ps, table=bt.size * 4), ceiling,
+        time_fa("B32_S8192", (q, kp, vp, bt, lens), default_cfg, _bytes(pb, ps, table=bt.size * 4), ceiling,
                 page=page, shape=PAGED_SHAPE)
         del kp, vp
     # Ragged: lengths uniform in [S/2, S]; bytes are the keys actually read.
     rl = np.random.default_rng(1).integers(ps // 2, ps + 1, size=pb).astype(np.int32)
     kp, vp, bt = _paged_inputs(k, v, 16, seed=1)
     rbytes = int(2 * HKV * rl.sum() * D * 2 + 2 * pb * HQ * D * 2)
-    time_fa("B32_ragged", (q, kp, vp, bt, jnp.asarray(rl)), faithful, rbytes, ceiling, page=16, shape=PAGED_SHAPE,
+    time_fa("B32_ragged", (q, kp, vp, bt, jnp.asarray(rl)), default_cfg, rbytes, ceiling, page=16, shape=PAGED_SHAPE,
             note=f"kv_lens ~ U[{ps // 2}, {ps}]")
     del kp, vp
 
@@ -263,7 +268,7 @@ def main(argv=None) -> int:
         if not rs:
             print(f"{shape:12s} {page!s:>4s} | all failed")
             continue
-        dflt = next((r for r in rs if r["config"] == dataclasses.asdict(faithful)), None)
+        dflt = next((r for r in rs if r["config"] == dataclasses.asdict(default_cfg)), None)
         best = min(rs, key=lambda r: r["us"])
         cd = next((r for r in RECORDS if r["kind"] == "cudnn" and r["shape"] == shape and "us" in r), None)
         p = best["plan"]

@@ -1,5 +1,6 @@
 """End to end on the CPU: ``python -m compare run`` on the smoke config (filtered to keep it quick), then
-the records (schema, statuses, agreement), a record's ``repro`` command, and ``python -m compare report``."""
+the records (schema, statuses, agreement, the declared lowering and launch plan), a record's ``repro``
+command, and ``python -m compare report``."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_statuses_and_agreement(run_records):
         assert cuda["status"] == "unavailable" and "CUDA GPU" in cuda["reason"]
     assert res[("smoke_prefill_f32_c1", "jax:xla")]["status"] == "ok"
     assert res[("smoke_prefill_f32_c1", "jax:cudnn")]["status"] == "unavailable"
-    assert res[("smoke_paged_gqa_f16", "pallas:fa_decode:faithful")]["status"] == "ok"
+    assert res[("smoke_paged_gqa_f16", "pallas:fa_decode:default")]["status"] == "ok"
     assert res[("smoke_paged_gqa_f16", "jax-pallas:paged")]["status"] == "ok"
     torch_recs = [r for (_, i), r in res.items() if i.startswith("torch:")]
     assert torch_recs and all(r["status"] == "unavailable" and r["reason"] for r in torch_recs)
@@ -77,6 +78,33 @@ def test_statuses_and_agreement(run_records):
         assert by_arch["h200"]["floor_us"] <= by_arch["h100"]["floor_us"]  # same math, faster HBM
     fp32 = res[("smoke_prefill_f32_c1", "pallas:v4_fused:faithful")]["agreement"]
     assert fp32["rel_l2_err"] < 1e-5  # fp32 end to end through the run matches the float64 oracle
+
+
+def test_lowering_and_plan_come_from_the_kernel_contract(run_records):
+    """Every Pallas record carries its kernel's declared lowering (fa_decode: triton, never mosaic-gpu) and,
+    once supported, the launch plan ``kernel.plan`` made before the run; predictions name their source."""
+    from pallas_attn import registry
+
+    _, recs = run_records
+    res = [r for r in _results(recs).values() if r["impl"]["framework"] == "pallas"]
+    fa = [r for r in res if r["impl"]["generation"] == "fa_decode"]
+    assert fa and {r["impl"]["lowering"] for r in fa} == {registry.kernel("fa_decode").lowering}
+    for r in res:
+        gen, impl = r["impl"]["generation"], r["impl"]
+        if r["status"] == "not_built":
+            assert impl["lowering"] is None and impl["plan"] is None
+            continue
+        assert impl["lowering"] == registry.kernel(gen).lowering, impl["name"]
+        if r["status"] in records.RAN_STATUSES:
+            assert isinstance(impl["plan"], dict) and impl["plan"] and "error" not in impl["plan"], impl
+            src = r["prediction"]["roofline_inputs"]["source"]
+            assert src == f"pallas contract ({registry.kernel(gen).name})"
+    plan = _results(recs)[("smoke_paged_gqa_f16", "pallas:fa_decode:default")]["impl"]["plan"]
+    assert plan["splits"] >= 1 and plan["block_k"] >= 16 and plan["programs"] >= 1
+    v4 = _results(recs)[("smoke_prefill_f32_c1", "pallas:v4_fused:faithful")]
+    assert v4["prediction"]["roofline_inputs"]["precision"] == "fp32" and v4["agreement"]["precision"] == "fp32"
+    cuda = _results(recs)[("smoke_prefill_f32_c1", "cuda:v4_fused")]
+    assert cuda["prediction"]["roofline_inputs"]["source"].startswith("cuda_ref table")
 
 
 def test_repro_reruns_exactly_one_record(run_records, tmp_path):

@@ -1,21 +1,30 @@
 """compare's pieces on the CPU: timing statistics and the flush split, agreement maths and the oracle
-subset, the record schema, peer causal mapping, --only filters, and the GPU bookkeeping path (rates,
+subset, the record schema, peer causal mapping, --only filters, which generations apply to which workload
+and what their twins declare, the committed records' labels, and the GPU bookkeeping path (rates,
 fractions, speed-ups, twin agreement) driven with the host clock."""
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from compare import accuracy, hardware, interop, peers, records, runner, timing
-from compare.impls import YES, Impl, Prepared
+from attn_core import generations as core
+from attn_core import oracle as reference
+from compare import accuracy, hardware, impls, interop, peers, records, runner, timing
+from compare.schema import YES, Ctx, Impl, Prepared
 from compare.workloads import Workload
-from pallas_attn import reference
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True)
 
 
 def _wl(**kw) -> Workload:
@@ -177,8 +186,6 @@ def test_causal_mode(causal, q_len, kv_len, q_offset, mode):
 
 
 def test_peer_supports_encode_the_anchors_traps():
-    from compare.impls import Ctx
-
     gpu = Ctx(jax_gpu=True, torch_cuda=True, hopper=True, interpret=False)
     by = {p.name: p for p in peers.peer_impls()}
     gqa = _wl(heads_q=8, heads_kv=2, dtype="float16")
@@ -187,8 +194,7 @@ def test_peer_supports_encode_the_anchors_traps():
     assert by["jax-pallas:mgpu"].supports(_wl(dtype="float16", q_len=128, kv_len=128, head_dim=64), gpu).ok
     assert not by["jax-pallas:decode_gqa"].supports(_wl(q_len=4), gpu).ok
     assert by["jax-pallas:paged"].supports(_wl(), gpu).status == "n/a"
-    cpu = Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True)
-    s = by["torch:cudnn"].supports(_wl(dtype="float16"), cpu)
+    s = by["torch:cudnn"].supports(_wl(dtype="float16"), CPU)
     assert (s.ok, s.status, s.reason) == (False, "unavailable", "needs a CUDA GPU")
 
 
@@ -203,6 +209,89 @@ def test_only_filters_split_at_the_first_colon():
     assert runner._selected(runner.parse_only(["smoke_*:pallas:*"]), w, impl)
     assert not runner._selected(runner.parse_only(["smoke_*:torch:*"]), w, impl)
     assert runner._selected([], w, impl)
+
+
+# ------------------------------------------------------------------------ implementations and entries
+
+
+def test_entries_map_workload_families_to_the_table():
+    assert set(impls.ENTRY_FAMILIES) == set(core.ENTRIES)
+    assert {f for fams in impls.ENTRY_FAMILIES.values() for f in fams} == {"prefill", "decode", "paged_decode",
+                                                                           "mla"}
+    prefill, paged = _wl(), _wl(family="paged_decode", q_len=1, page_size=16, q_offset=39)
+    mla = _wl(family="mla", heads_kv=1, head_dim=576, q_len=1, kv_lora_rank=512, rope_dim=64)
+    assert impls.applies("v4_fused", prefill) and not impls.applies("v4_fused", paged)
+    assert impls.applies("fa_decode", prefill) and impls.applies("fa_decode", paged)  # dense and paged entries
+    assert impls.applies("v7_paged", paged) and not impls.applies("v7_paged", prefill)
+    assert impls.applies("v11_mla", mla) and not impls.applies("v9_fp8", paged)  # no quantized workloads yet
+    p = impls.problem_of(_wl(family="paged_decode", q_len=1, kv_len=70, page_size=16, q_offset=69))
+    assert (p.entry, p.kv_len, p.page_size) == ("paged", 80, 16)  # pages_per_seq x page, as the API sees it
+
+
+def test_pallas_impls_follow_the_registry():
+    from pallas_attn import registry
+
+    by = {i.name: i for i in impls.pallas_impls()}
+    for row in registry.rows():
+        k = registry.kernel(row.generation)
+        mine = [i for i in by.values() if i.generation == row.generation]
+        assert [i.config for i in mine] == impls._config_order(registry.configs(row.generation))
+        assert {i.lowering for i in mine} == {k.lowering}
+    assert by["pallas:fa_decode:default"].lowering == "triton" and "pallas:fa_decode:faithful" not in by
+    assert by["pallas:v7_paged"].supports(_wl(family="paged_decode", q_len=1, page_size=16, q_offset=39),
+                                          CPU).status == "not_built"
+    assert by["pallas:v7_paged"].supports(_wl(), CPU).status == "n/a"
+    s = by["pallas:v4_fused:faithful"].supports(_wl(dtype="float16"), CPU)
+    assert (s.ok, s.status) == (False, "unsupported") and "float32" in s.reason  # the contract's own words
+
+
+def test_cuda_impls_read_the_cuda_table_and_say_when_it_is_missing(monkeypatch):
+    rows = {r.id: r for r in impls.cuda_table()}
+    by = {i.name: i for i in impls.cuda_impls()}
+    assert [i.generation for i in by.values()] == list(core.REFERENCE_IDS)
+    for gen in core.REFERENCE_IDS:
+        assert (by[f"cuda:{gen}"].lowering is not None) == (gen in rows)
+    w = _wl(q_len=4, kv_len=300, q_offset=296, causal=True, head_dim=64)
+    f = by["cuda:v2_tiled"].roofline(w)
+    assert (f.precision, f.materialize_s, f.tile) == ("fp32", True, rows["v2_tiled"].tile(64))
+    assert by["cuda:v5_wmma"].roofline(_wl(dtype="bfloat16")).precision == "fp16"  # host cast to fp16
+    plan = by["cuda:v6_splitkv"].plan(w, CPU)
+    assert plan["split_kv"] and plan["splits"] is None and "CUDA GPU" in plan["splits_note"]
+    import cuda_ref
+
+    monkeypatch.setattr(cuda_ref, "choose_splits", lambda **kw: (7, 43), raising=False)
+    gpu = Ctx(jax_gpu=True, torch_cuda=True, hopper=True, interpret=False)
+    assert by["cuda:v6_splitkv"].plan(w, gpu)["splits"] == 7
+    monkeypatch.setattr(impls, "cuda_table", lambda: (_ for _ in ()).throw(ImportError("no cuda_ref here")))
+    broken = {i.name: i for i in impls.cuda_impls()}
+    s = broken["cuda:v4_fused"].supports(_wl(), CPU)
+    assert s.status == "unavailable" and "no cuda_ref here" in s.reason
+
+
+def test_importing_compare_sets_no_environment():
+    code = ("import os; import compare.runner, compare.interop, compare.impls, compare.peers, compare.report; "
+            "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "None", r.stderr
+
+
+def test_committed_records_carry_the_declared_lowering():
+    """The records under results/ label every Pallas generation with its kernel's declared lowering
+    (fa_decode was recorded as mosaic-gpu before the contract said triton; results/README.md)."""
+    from pallas_attn import registry
+
+    files = sorted(ROOT.glob("results/*/records.jsonl"))
+    assert files
+    seen = 0
+    for path in files:
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("type") != "result" or r["impl"]["framework"] != "pallas" or not r["impl"].get("lowering"):
+                continue
+            assert r["impl"]["lowering"] == registry.kernel(r["impl"]["generation"]).lowering, (path, r["impl"])
+            seen += 1
+    assert seen
 
 
 # ------------------------------------------------------------------------- GPU bookkeeping (host clock)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pallas_attn import reference as ref
+from attn_core import oracle as ref
 
 
 def _naive(q, k, v, *, causal=False, scale=None, q_offset=0):

@@ -1,42 +1,108 @@
-"""The generation table: order, ids, honest 'built' flags."""
+"""The generation table and the Pallas rows: order, ids, and every row's kernel contract checked against what
+the kernel actually launches (pallas_call names and lowering, traced, nothing run)."""
 
-import importlib
+import re
 
+import jax
+import jax.numpy as jnp
 import pytest
+from jax.extend import core as jcore
 
-from pallas_attn import registry
+from attn_core import generations as core
+from pallas_attn import _compat, api, registry
+from pallas_attn.kernels.contract import ENTRIES, LOWERINGS, Kernel
 
 REFERENCE_IDS = ["v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv", "v7_paged", "v8_gqa",
                  "v8_gqa_tc", "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss", "v9_fp8", "v10_nvfp4",
                  "v11_mla", "v12_mla_tc"]
+ROWS = registry.rows()
 
 
 def test_the_17_reference_generations_in_order():
+    assert list(core.REFERENCE_IDS) == REFERENCE_IDS
     assert list(registry.REFERENCE_IDS) == REFERENCE_IDS
+    assert list(registry.ids()) == [g.id for g in core.GENERATIONS]
+    assert [g.id for g in core.GENERATIONS if not g.frontier] == REFERENCE_IDS
 
 
 def test_parents_exist_and_precede():
     seen = set()
-    for g in registry.generations():
+    for g in core.GENERATIONS:
         assert g.parent is None or g.parent in seen, g.id
-        assert g.delta and g.section
+        assert g.delta and g.section and g.entries <= set(ENTRIES)
         seen.add(g.id)
 
 
-@pytest.mark.parametrize("gen", [g for g in registry.generations() if g.pallas], ids=lambda g: g.id)
-def test_built_pallas_rows_have_real_modules(gen):
-    mod = importlib.import_module(f"pallas_attn.kernels.{gen.pallas}")
-    assert "faithful" in mod.CONFIGS
-    entry = "forward" if gen.entry == "attention" else "paged_forward"
-    assert callable(getattr(mod, entry, None)) or callable(getattr(mod, "paged_forward", None))
+def test_built_flags_are_the_rows():
+    built = {r.generation for r in ROWS}
+    assert len(built) == len(ROWS)
+    assert {g.id for g in registry.generations() if g.built} == built
+    for g in registry.generations():
+        assert registry.built(g.id) == (g.id in built)
 
 
-def test_unbuilt_generation_is_a_visible_state():
-    unbuilt = [g for g in registry.generations() if g.pallas is None]
-    if not unbuilt:
-        pytest.skip("every generation has a Pallas twin")
+def _pallas_calls(jaxpr, out):
+    """(name, compiler_params) of every pallas_call in a traced program, sub-jaxprs included."""
+    for e in jaxpr.eqns:
+        if e.primitive.name == "pallas_call":
+            names = [m for k, v in e.params.items() if "name" in k for m in re.findall(r"pallas_attn_\w+", str(v))]
+            out.append((names[0] if names else None, e.params.get("compiler_params")))
+        for v in e.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    _pallas_calls(sub.jaxpr, out)
+                elif isinstance(sub, jcore.Jaxpr):
+                    _pallas_calls(sub, out)
+    return out
+
+
+def _trace(gen: str, k: Kernel):
+    """The pallas_calls of one small call the kernel declares it supports (traced in interpret mode)."""
+    dt = jnp.dtype(k.dtypes[0])
+    d = k.head_dims[0] if k.head_dims else 64
+    hq, hkv = (4, 2) if k.gqa else (2, 2)
+    tq = 1 if k.max_q_len else 3
+    q = jnp.zeros((2, tq, hq, d), dt)
+    if "dense" in k.entries:
+        kv = jnp.zeros((2, 40, hkv, d), dt)
+        fn = lambda q, kv: api.attention(q, kv, kv, generation=gen, interpret=True)  # noqa: E731
+        return _pallas_calls(jax.make_jaxpr(fn)(q, kv).jaxpr, [])
+    pool = jnp.zeros((6, 16, hkv, d), dt)
+    table = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
+    lens = jnp.array([40, 33], jnp.int32)
+    fn = lambda q, pool: api.paged_attention(q, pool, pool, table, lens, generation=gen, interpret=True)  # noqa: E731
+    return _pallas_calls(jax.make_jaxpr(fn)(q, pool).jaxpr, [])
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.generation)
+def test_row_kernel_declares_a_consistent_contract(row):
+    k = registry.kernel(row.generation)
+    g = core.get(row.generation)
+    assert isinstance(k, Kernel) and k.lowering in LOWERINGS
+    # a generation serves exactly the entries its kernel declares, each through the kernel's own function
+    assert g.entries == k.entries, (g.entries, k.entries)
+    for e in k.entries & {"dense", "paged", "quantized"}:
+        assert callable(k.dense if e == "dense" else k.paged), e
+    cfgs = registry.configs(row.generation)
+    assert cfgs and all(isinstance(c, k.config_cls) for c in cfgs.values())
+    if g.frontier:  # a frontier kernel has a heuristic "default", never a "faithful" one
+        assert "default" in cfgs and "faithful" not in cfgs
+    else:  # a mirror has the reference's faithful config, lowered through Triton (CPU-interpretable)
+        assert "faithful" in cfgs and k.lowering == "triton"
+    assert len(set(k.passes)) == len(k.passes) and all(p.startswith(f"pallas_attn_{k.name}_") for p in k.passes)
+    # what it launches: declared passes only, lowered as declared
+    calls = _trace(row.generation, k)
+    assert calls and {n for n, _ in calls} <= set(k.passes), (calls, k.passes)
+    triton = [isinstance(cp, _compat.pltriton.CompilerParams) for _, cp in calls]
+    assert all(triton) if k.lowering == "triton" else not any(triton), (k.lowering, calls)
+
+
+@pytest.mark.parametrize("gen", [g.id for g in core.GENERATIONS if not registry.built(g.id)][:3])
+def test_unbuilt_generation_is_a_visible_state(gen):
     with pytest.raises(NotImplementedError, match="not built"):
-        registry.pallas_module(unbuilt[0].id)
+        registry.kernel(gen)
+    with pytest.raises(NotImplementedError, match="not built"):
+        registry.configs(gen)
 
 
 def test_unknown_id():

@@ -71,13 +71,31 @@ def test_causal_counts_visible_pairs_unless_reference_conventions():
     assert roofline.visible_pairs(3, 10, 0) == 6 and roofline.visible_pairs(1, 10, 9) == 10
 
 
-def test_problem_for_generation_precision_and_tiles():
+def test_problem_for_takes_the_declared_facts():
+    from compare.schema import RooflineFacts
     from compare.workloads import Workload
 
     w = Workload("w", "prefill", 1, 8, 8, 2048, 2048, 128, "float32")
-    assert roofline.problem_for(w, "v2_tiled").tile == (32, 32)
-    assert roofline.problem_for(w, "v5_wmma").precision == "fp16"
-    assert roofline.problem_for(w, None).precision == "fp32"
+    peer = roofline.problem_for(w, None)  # a peer: the workload's dtype, fused
+    assert (peer.precision, peer.materialize_s, peer.tile) == ("fp32", False, (1, 1))
+    p = roofline.problem_for(w, RooflineFacts("fp32", materialize_s=True, tile=(32, 32)))
+    assert (p.precision, p.materialize_s, p.tile) == ("fp32", True, (32, 32))
+    assert roofline.problem_for(w, RooflineFacts("fp16", tile=(8, 64))).tile == (1, 1)  # fused: no S reuse term
+    assert roofline.problem_for(w, RooflineFacts("fp16")).precision == "fp16"
+
+
+def test_problem_for_reads_the_pallas_contract():
+    """v2 at D=128 charges its declared 32x32 tiles, v5 its fp16 operands for fp32 input: from the kernel
+    contracts, through the same path as a run's records."""
+    from compare import impls
+    from compare.workloads import Workload
+
+    w = Workload("w", "prefill", 1, 8, 8, 2048, 2048, 128, "float32")
+    by = {i.name: i for i in impls.pallas_impls()}
+    v2 = roofline.problem_for(w, by["pallas:v2_tiled:faithful"].roofline(w))
+    assert (v2.precision, v2.materialize_s, v2.tile) == ("fp32", True, (32, 32))
+    assert round(estimate(v2, T4).ai, 1) == 6.4
+    assert roofline.problem_for(w, by["pallas:v5_wmma:faithful"].roofline(w)).precision == "fp16"
 
 
 def test_hardware_table_has_sources_and_detects_names():
