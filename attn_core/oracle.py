@@ -4,7 +4,7 @@ Every kernel in this project, Pallas or CUDA, is checked against these functions
 They are written for clarity, not speed: numpy float64, explicit max-subtracted softmax, one function per
 family, each family built on the dense one.
 
-Conventions (ORIGINAL.md §1.1, DESIGN.md decisions 4-5):
+Conventions (docs/reference.md §1.1, DESIGN.md decisions 4-5):
   * dense inputs are BTNH: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, Dv]``;
   * GQA head map ``h_kv = h_q // G`` with ``G = Hq // Hkv`` (KV expansion is repeat-interleave, never tile);
   * causal is top-left: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``;
@@ -111,7 +111,7 @@ def gather_paged_kv(pool: Any, block_table: Any, length: int) -> np.ndarray:
     """Dense ``[length, H, W]`` view of one sequence from a pool ``[num_blocks, page, H, W]``.
 
     Logical key ``j`` lives in physical page ``block_table[j // page]`` at offset ``j % page``
-    (ORIGINAL.md §1.3). Raises ValueError on a page index outside the pool.
+    (docs/reference.md §1.3). Raises ValueError on a page index outside the pool.
     """
     pool = to_f64(pool)
     bt = np.asarray(block_table, dtype=np.int64)
@@ -162,7 +162,7 @@ def paged_attention_reference(
 def lse_merge_reference(o_parts: Any, lse_parts: Any) -> tuple[np.ndarray, np.ndarray]:
     """Merge normalized partial outputs ``[S, ..., D]`` with their log-sum-exps ``[S, ...]``.
 
-    The exact identity behind split-KV (ORIGINAL.md §2.0): ``out = Σ_s exp(lse_s - lse*) o_s`` with
+    The exact identity behind split-KV (docs/reference.md §2.0): ``out = Σ_s exp(lse_s - lse*) o_s`` with
     ``lse* = log Σ_s exp(lse_s)``; empty splits carry ``lse = -inf`` and contribute nothing.
     """
     o = to_f64(o_parts)

@@ -1,4 +1,4 @@
-"""Paged-KV builders: dense BTNH caches -> vLLM-style pools + per-sequence block table (ORIGINAL.md §1.3).
+"""Paged-KV builders: dense BTNH caches -> vLLM-style pools + per-sequence block table (docs/reference.md §1.3).
 
 numpy on the host, so the JAX kernels and the torch/CUDA twins page the same bytes with the same table
 (``compare`` moves the pools to either framework). Layout (DESIGN.md decision 4): pools

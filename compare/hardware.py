@@ -2,7 +2,7 @@
 
 Values are leads, not ceilings: ``compare run`` measures HBM bandwidth and matmul rates on the device in
 the same process and quotes fractions against both (``Hardware.with_measured``). Rates are dense (no
-2:4 sparsity). Where the reference's table (ORIGINAL.md §3.1) holds a value we keep it, so its published
+2:4 sparsity). Where the reference's table (docs/reference.md §3.1) holds a value we keep it, so its published
 predictions reproduce exactly.
 """
 
@@ -70,7 +70,7 @@ class Hardware:
         return dataclasses.replace(self, hbm_bw=hbm_bw or self.hbm_bw, flops=new_flops, measured=meas, sources=srcs)
 
 
-_REF = "ORIGINAL.md §3.1 (the reference's archs.py)"
+_REF = "docs/reference.md §3.1 (the reference's archs.py)"
 
 HARDWARE: dict[str, Hardware] = {
     "t4": Hardware(
@@ -103,7 +103,7 @@ HARDWARE: dict[str, Hardware] = {
             "*": "NVIDIA H200 datasheet (same GH100 compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s)",
             "exp_per_s": "CUDA C++ Programming Guide throughput table: 16 exp2/clk/SM on cc 9.0 x 132 SMs x 1.98 GHz",
             "l2_mb": "torch L2_cache_size on the device machine (KINDS.md, 2026-10-28)",
-            "measured": "ANCHORS.md §1: HBM read 4.27 TB/s, copy 4.24 TB/s, fp16 matmul 746-780, fp8 1422 TFLOP/s",
+            "measured": "docs/peers.md §1: HBM read 4.27 TB/s, copy 4.24 TB/s, fp16 matmul 746-780, fp8 1422 TFLOP/s",
         },
     ),
     "b200": Hardware(

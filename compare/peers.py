@@ -1,14 +1,14 @@
-"""The peers: what the project measures itself against (ANCHORS.md), each with its own ``supports()``.
+"""The peers: what the project measures itself against (docs/peers.md), each with its own ``supports()``.
 
   * ``torch:cudnn|flash|efficient|math`` — torch SDPA with one backend selected explicitly
     (``torch.nn.attention.sdpa_kernel``; FLASH is FlashAttention-2). BHND contiguous copies are made once,
     outside the timed region. MATH only where its materialized scores stay small.
   * ``jax:cudnn|xla`` — ``jax.nn.dot_product_attention(implementation=...)`` on the BTNH arrays.
   * ``jax-pallas:mha|mgpu|decode_gqa|paged`` — JAX's own Pallas ops, with their traps handled
-    (ANCHORS.md §3): ``mha`` defaults to ``sm_scale=1.0`` (we pass the scale); ``attention_mgpu`` and
+    (docs/peers.md §3): ``mha`` defaults to ``sm_scale=1.0`` (we pass the scale); ``attention_mgpu`` and
     ``paged_attention`` apply no scale at all (q is pre-scaled once, untimed, in the input dtype, so their
     error includes that one rounding); ``attention_mgpu`` takes fp16 only, D % 64 == 0, block multiples of
-    64 (we use block_q 64, block_kv 128, 2 stages: ANCHORS.md §1); ``decode_attention.gqa`` is decode only.
+    64 (we use block_q 64, block_kv 128, 2 stages: docs/peers.md §1); ``decode_attention.gqa`` is decode only.
 
 Causal masks: our convention is top-left with ``q_offset`` (``j <= i + q_offset``). When every row sees
 every key the mask is dropped; ``q_offset == 0`` maps to the peers' top-left ``is_causal``; for SDPA,
@@ -90,9 +90,9 @@ def _sdpa_supports(backend: str, w, ctx: Ctx) -> Support:
         if masked:
             return Support(False, f"{backend} takes no explicit mask (causal offset {w.q_offset} / ragged lengths)")
     if backend == "cudnn" and gqa and w.kv_len == 1:
-        return Support(False, "cuDNN SDPA cannot take Sk == 1 with GQA (ANCHORS.md §3)")
+        return Support(False, "cuDNN SDPA cannot take Sk == 1 with GQA (docs/peers.md §3)")
     if backend == "efficient" and gqa:
-        return Support(False, "EFFICIENT refuses Hq != Hkv with enable_gqa (ANCHORS.md §3)")
+        return Support(False, "EFFICIENT refuses Hq != Hkv with enable_gqa (docs/peers.md §3)")
     if backend == "math":
         score_bytes = w.batch * w.heads_q * w.q_len * w.kv_len * 4
         if score_bytes > MATH_MAX_SCORE_BYTES:
@@ -301,7 +301,7 @@ def _decode_gqa_prepare(w, inp, ctx: Ctx) -> Prepared:
         return decode_attention.gqa(q[:, 0], k, v, kv_seq_len=lens[0] if lens else None, sm_scale=inp.scale,
                                     k_splits=ks, interpret=ctx.interpret)
 
-    note = f"k_splits={ks}; transposes the KV cache in XLA (ANCHORS.md §3)"
+    note = f"k_splits={ks}; transposes the KV cache in XLA (docs/peers.md §3)"
     return Prepared(jax.jit(fn), tuple(args), "jax", "BND", notes=", ".join(x for x in (note, _kv_note(w)) if x))
 
 

@@ -1,6 +1,6 @@
 """``python -m compare predict``: the layer-1 roofline for one problem, with the reference's flags.
 
-Flags follow the reference's ``roofline.predict`` (ORIGINAL.md §3.3) plus ``--arch t4|a100|h100|h200|b200|
+Flags follow the reference's ``roofline.predict`` (docs/reference.md §3.3) plus ``--arch t4|a100|h100|h200|b200|
 b300`` (``sm_XY`` spellings accepted), ``--q-len``, ``--causal``, ``--reference-conventions`` and ``--json``.
 ``--shape BxHxNxd``: N is the query length and, unless ``--kv-len`` is given, the key length.
 
@@ -22,7 +22,7 @@ __all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "gener
 
 # The reference's harness convention, not a declaration of any kernel here: the storage precision at which
 # the reference's benchmark feeds (and its roofline tool charges) each generation that Pallas does not
-# build yet (ORIGINAL.md §4.1, "Roofline column": fp16 from v5 on, FP8 E4M3 for v9, NVFP4 for v10-v12).
+# build yet (docs/reference.md §4.1, "Roofline column": fp16 from v5 on, FP8 E4M3 for v9, NVFP4 for v10-v12).
 # Used ONLY to predict an unbuilt generation (``--generation`` here, and the prediction of a ``not_built``
 # record); a built kernel's precision is always its contract's.
 REFERENCE_STORAGE: dict[str, str] = {

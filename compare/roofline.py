@@ -1,6 +1,6 @@
 """Roofline model, layer 1: FLOPs and bytes per family, and three independent time bounds.
 
-The model is the reference's (ORIGINAL.md §3.2) so its published figures reproduce exactly:
+The model is the reference's (docs/reference.md §3.2) so its published figures reproduce exactly:
   * standard path: FLOPs = 4·BH·Nq·Nk·d; fused bytes = K+V once (KV heads only) + Q + O;
   * materialized S (v1/v2): operand re-reads with tile reuse r = 1/tile_m + 1/tile_n for QKᵀ and PV, plus
     the S round trip (write, read+write, read = 4 passes);
@@ -17,7 +17,7 @@ below; a declaration's ``tensor_cores`` flag is recorded beside the prediction b
 Where we depart from the reference's conventions, ``reference_conventions=True`` reproduces its numbers
 and the default is what we believe is more accurate, for these reasons:
   * MLA Q and O bytes: the reference charges them at the *storage* width (0.5625 B for NVFP4), but kernels
-    read Q and write O at 16 bits (ORIGINAL.md §7.16); we charge ``io_bytes`` (2 B) for them.
+    read Q and write O at 16 bits (docs/reference.md §7.16); we charge ``io_bytes`` (2 B) for them.
   * causal: the reference counts every (i, j) pair; fused kernels skip masked tiles, so by default we
     count only the visible pairs for FLOPs and exps of the fused path (materialized S is still full).
   * bf16 / fp8 engines: the reference maps every 16-bit and 8-bit *storage* format to the fp16 tensor-core

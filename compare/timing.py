@@ -1,7 +1,7 @@
 """Kernel timing with one clock for both frameworks, a cold L2 for every repetition, and percentiles.
 
 The clock is CUPTI's activity timestamps (what Nsight uses): device-side start/end of every kernel in the
-process, whichever framework launched it (ANCHORS.md §4: torch CUDA events cannot see JAX's streams).
+process, whichever framework launched it (docs/peers.md §4: torch CUDA events cannot see JAX's streams).
   * JAX implementations: ``jax.experimental.mosaic.gpu.profiler.measure(f, aggregate=False,
     iterations=N)``, which returns per-iteration lists of ``(kernel name, ms)``;
   * torch implementations (SDPA, cuda_ref): ``torch.profiler`` with CUDA activity (kineto, also CUPTI);
@@ -63,7 +63,7 @@ class Timing:
 
 
 def default_flush_bytes(l2_bytes: int | None) -> int:
-    """Twice the L2 (the reference's regime.py rule, ORIGINAL.md §4.2); 128 MiB when unknown."""
+    """Twice the L2 (the reference's regime.py rule, docs/reference.md §4.2); 128 MiB when unknown."""
     return int(2 * l2_bytes) if l2_bytes else 128 << 20
 
 

@@ -1,6 +1,6 @@
 """jax 0.10.2 (CPU CI, Python 3.11) vs 0.11.2 (GPU machine, Python 3.12): every difference, in one place.
 
-What differs, and what we do about it (ANCHORS.md §4):
+What differs, and what we do about it (docs/peers.md §4):
   * The Triton lowering is deprecated in 0.11 and warns when a Triton ``pallas_call`` is lowered. Importing
     this package installs no filter (DESIGN.md decision 9): ``quiet_triton()`` hides exactly that warning
     around our own calls (the public entries run inside it, so an eager call, whose kernels lower inside

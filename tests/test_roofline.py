@@ -1,4 +1,4 @@
-"""The roofline model pinned to the reference's published figures (ORIGINAL.md §2-§3)."""
+"""The roofline model pinned to the reference's published figures (docs/reference.md §2-§3)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Pieces every Triton-lowered generation shares, written once (DESIGN.md decision 2, ORIGINAL.md §2.0).
+"""Pieces every Triton-lowered generation shares, written once (DESIGN.md decision 2, docs/reference.md §2.0).
 
 The online-softmax recurrence, its finalize and the log-sum-exp live in ``softmax``; the split-KV state and
 its merge in ``splitkv``; the split heuristic and its constants in ``attn_core.splits``; the query-offset

@@ -1,4 +1,4 @@
-"""v1_naive: three passes with the full score matrix S in HBM, FP32 throughout (ORIGINAL.md §2.1).
+"""v1_naive: three passes with the full score matrix S in HBM, FP32 throughout (docs/reference.md §2.1).
 
 What it computes: ``O = softmax(scale * Q K^T [+ causal]) V`` for FP32 BTNH inputs, in three
 ``pallas_call``s, each reading its operands straight from HBM with no reuse across rows:

@@ -1,4 +1,4 @@
-"""v2_tiled: v1's three passes with tiles that reuse operands; S still in HBM (ORIGINAL.md §2.2).
+"""v2_tiled: v1's three passes with tiles that reuse operands; S still in HBM (docs/reference.md §2.2).
 
 Delta from v1_naive: the QK and PV passes work on tiles, so each loaded Q/K/P/V element is reused by a
 whole tile instead of one output element. Tiles are the reference's: TM = TN = 64 for D = 64, 32 for

@@ -1,4 +1,4 @@
-"""v3_online: two passes, row statistics (M, L) in HBM, S never materialized (ORIGINAL.md §2.3).
+"""v3_online: two passes, row statistics (M, L) in HBM, S never materialized (docs/reference.md §2.3).
 
 Delta from v2_tiled: the score matrix is recomputed instead of stored. The only HBM scratch is FP32
 ``M, L [B*H, Tq]``.

@@ -1,4 +1,4 @@
-"""v4_fused: one pass, online softmax, 8 query rows per program, FP32 on CUDA cores (ORIGINAL.md §2.4).
+"""v4_fused: one pass, online softmax, 8 query rows per program, FP32 on CUDA cores (docs/reference.md §2.4).
 
 Delta from v3_online: the statistics pass is gone. Each program owns 8 query rows (the reference: 8 warps,
 warp w owns row ``i0 + w``) and streams key tiles of TN = 64 (D = 64) / 32 (D = 128) shared by the 8 rows

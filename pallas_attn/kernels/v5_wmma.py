@@ -1,4 +1,4 @@
-"""v5_wmma: FP16/BF16 operands on tensor cores, FP32 accumulation, online softmax (ORIGINAL.md §2.5).
+"""v5_wmma: FP16/BF16 operands on tensor cores, FP32 accumulation, online softmax (docs/reference.md §2.5).
 
 Delta from v4_fused: the two products run on tensor cores. A program owns BM query rows and streams key
 blocks of BN: ``S = Q K^T`` (``jnp.dot`` of 16-bit operands, FP32 result), scale and mask in FP32

@@ -1,4 +1,4 @@
-"""v6_splitkv: split-KV decode (Flash-Decoding): per-split partial states + an LSE merge (ORIGINAL.md §2.6).
+"""v6_splitkv: split-KV decode (Flash-Decoding): per-split partial states + an LSE merge (docs/reference.md §2.6).
 
 Delta from v4_fused: the key axis is also split across programs, so decode (Tq = 1, where v4 has
 B·H programs only) fills the GPU. Two ``pallas_call``s:

@@ -11,7 +11,7 @@ and each case is checked twice:
     outputs itself);
   * a subset of query rows (first and last 16) against the float64 oracle on the CPU, with the same
     tolerances as the CPU tests (the oracle over all rows at N = 8192 would take minutes).
-Shapes (ORIGINAL.md §6): prefill B=1, H=8, N in {512, 2048, 8192}, D in {64, 128}, causal and not;
+Shapes (docs/reference.md §6): prefill B=1, H=8, N in {512, 2048, 8192}, D in {64, 128}, causal and not;
 long-N stability N=16384, B=1, H=2 (v3, v4, v5); decode Tq=1, Tk in {4096, 8190, 16384} (v6).
 Plus what the compiled kernels must show beyond interpret mode: per-sequence offsets as traced data under
 ``jax.jit`` (negative ones: rows with no visible key give 0 and LSE -inf; v1's softmax gathers one offset
