@@ -1,10 +1,15 @@
 """cuda_ref: our own CUDA C++ twins of the reference's kernel generations (v1_naive ... v6_splitkv so far).
 
-Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out), ``generations`` (ids built),
-``choose_splits`` (v6's split heuristic, mirrored from C++) and ``REFERENCE_NUM_SM``. Importing works on
-any machine; the first kernel call builds one JIT extension (``cuda_ref.build``) and needs a CUDA GPU.
+Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out, optionally the row log-sum-exp),
+``paged_attention`` (paged KV pools + block table; validated, no paged generation built yet),
+``table`` (the generation table, one ``CudaGeneration`` per row of ``csrc/generations.def``),
+``generations`` (ids built), ``choose_splits`` (the split-KV heuristic of ``attn_core.splits``, which the C++
+mirrors) and ``REFERENCE_NUM_SM``. Importing works on any machine and imports neither torch nor JAX; the
+first kernel call builds one JIT extension (``cuda_ref.build``) and needs a CUDA GPU.
 """
 
-from .api import REFERENCE_NUM_SM, attention, choose_splits, generations
+from .api import REFERENCE_NUM_SM, attention, choose_splits, generations, paged_attention
+from .table import CudaGeneration, table
 
-__all__ = ["attention", "generations", "choose_splits", "REFERENCE_NUM_SM"]
+__all__ = ["attention", "paged_attention", "table", "CudaGeneration", "generations", "choose_splits",
+           "REFERENCE_NUM_SM"]

@@ -1,74 +1,84 @@
 """cuda_ref's public functions: validate in pure Python, then call the one JIT-built extension.
 
 Everything here up to the extension call runs without a GPU, so the argument checks are tested on the
-CPU (tests/test_cuda_ref_cpu.py). Conventions (ORIGINAL.md §1.1, DESIGN.md decisions 4-5):
+CPU (tests/test_cuda_ref_cpu.py). What each generation accepts comes from its row of
+``csrc/generations.def`` (``cuda_ref.table``); the split constants from ``attn_core.splits``; "known but
+not built" from ``attn_core.generations``. No JAX is imported. Conventions (docs/reference.md §1.1, DESIGN.md
+decisions 4-5):
 
   * tensors are torch's BHND: q ``[B, H, Nq, D]``, k/v ``[B, H, Nk, D]``; the output is BHND **float32**
     whatever the input dtype, like the reference (the compare layer casts);
   * causal is top-left: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``. The reference's
     v1-v6 have no ``q_offset`` (it is always 0 there); we accept it in all six, a deliberate extension;
-  * v1-v4 take float32 only (the reference TORCH_CHECKs it); v5/v6 take float32/float16/bfloat16 and cast
-    to float16 on the host, inside the call, as the reference does (so bf16 inputs are rounded to fp16);
-  * v1_naive takes any head dim (as the reference); v2-v6 take D in {64, 128};
-  * non-contiguous inputs are made contiguous before the kernel (a copy, outside the kernel).
+  * fp32-operand generations take float32 only (the reference TORCH_CHECKs it); fp16-operand ones take
+    float32/float16/bfloat16 and cast to float16 on the host, inside the call, as the reference does (so
+    bf16 inputs are rounded to fp16);
+  * non-contiguous inputs are made contiguous before the kernel (a copy, outside the kernel);
+  * ``return_lse=True`` also returns the kernel's own row log-sum-exp, float32 ``[B, H_q, N_q]``.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
 import os
-from typing import Any
+from typing import Any, NamedTuple
+
+from attn_core import generations as _known
+from attn_core import splits as _splits
+
+# The module cuda_ref.table (the package attribute ``cuda_ref.table`` is its table() function).
+_table = importlib.import_module(".table", __package__)
 
 __all__ = [
     "GENERATION_IDS",
     "attention",
+    "paged_attention",
     "generations",
     "choose_splits",
     "validate",
+    "validate_paged",
+    "PagedCall",
     "REFERENCE_NUM_SM",
 ]
 
-# Generation id -> the integer the binding dispatches on (csrc/common/params.cuh, enum Gen).
-GENERATION_IDS: dict[str, int] = {
-    "v1_naive": 1,
-    "v2_tiled": 2,
-    "v3_online": 3,
-    "v4_fused": 4,
-    "v5_wmma": 5,
-    "v6_splitkv": 6,
-}
-_FP32_ONLY = frozenset({"v1_naive", "v2_tiled", "v3_online", "v4_fused"})
-_ANY_HEAD_DIM = frozenset({"v1_naive"})
-_HEAD_DIMS = (64, 128)
+# Generation id -> the integer the binding dispatches on, read from csrc/generations.def.
+GENERATION_IDS: dict[str, int] = {g.id: g.number for g in _table.table()}
+
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 _MAX_GRID_Y = 65535  # B*H rides in a grid dimension capped at 65535
+_INT32_MAX = 2**31 - 1
 
-# choose_splits constants (csrc/common/split_plan.cuh; ORIGINAL.md §2.0). Change both sides together.
-S_CAP = 32
-MIN_CHUNK = 256
-V6_ROWS_PER_CTA = 8
-REFERENCE_NUM_SM = 40  # the reference's hard-coded T4 SM count, behind every recorded v6 number (§7.3)
+# The split heuristic's constants live in attn_core.splits (split_plan.cuh mirrors them; a CPU test checks).
+S_CAP = _splits.S_CAP
+MIN_CHUNK = _splits.MIN_CHUNK
+ROWS_PER_PROGRAM = _splits.ROWS_PER_PROGRAM
+REFERENCE_NUM_SM = _splits.REFERENCE_NUM_SM  # the reference's T4 SM count, behind every recorded v6 number
 
-NUM_SM_ENV = "CUDA_REF_NUM_SM"  # e.g. 40 to reproduce the reference's split plans for every v6 call
-DEBUG_ENV = "CUDA_REF_DEBUG"  # 1: poison output/workspace with NaN and synchronise after each call
+NUM_SM_ENV = "CUDA_REF_NUM_SM"  # e.g. 40 to reproduce the reference's split plans for every split-KV call
+DEBUG_ENV = "CUDA_REF_DEBUG"  # 1: poison outputs/workspace with NaN and synchronise after each call
 
 
 def generations() -> tuple[str, ...]:
-    """Generation ids cuda_ref builds kernels for, in reference order."""
-    return tuple(GENERATION_IDS)
+    """Generation ids cuda_ref builds kernels for (every entry), in reference order."""
+    return _table.ids()
 
 
 def _dtype_name(x: Any) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_tensor(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "dim")
 
 
 def choose_splits(bh: int, n_q: int, n_k: int, num_sm: int | None = None) -> tuple[int, int]:
-    """v6_splitkv's split plan ``(num_splits, chunk)``; mirrors ``choose_splits`` in split_plan.cuh exactly.
+    """The split-KV plan ``(num_splits, chunk)`` of ``attn_core.splits``, which split_plan.cuh mirrors.
 
     ``num_sm=None`` uses the current CUDA device's SM count (needs a GPU); pass ``REFERENCE_NUM_SM`` (40)
     for the reference's plans, e.g. ``choose_splits(8, 1, 8192, 40) == (10, 820)``.
@@ -80,13 +90,7 @@ def choose_splits(bh: int, n_q: int, n_k: int, num_sm: int | None = None) -> tup
         num_sm = _device_sm_count()
     elif not _is_int(num_sm) or num_sm < 1:
         raise ValueError(f"num_sm must be an int >= 1 or None; got {num_sm=!r}")
-    target_blocks = 2 * num_sm
-    row_tiles = _ceil_div(n_q, V6_ROWS_PER_CTA)
-    base = max(bh * row_tiles, 1)
-    by_occ = _ceil_div(target_blocks, base)
-    by_size = _ceil_div(n_k, MIN_CHUNK)
-    s = min(max(min(by_occ, by_size), 1), S_CAP)
-    return s, _ceil_div(n_k, s)
+    return _splits.choose_splits(bh=bh, n_q=n_q, n_k=n_k, num_sm=num_sm)
 
 
 def _device_sm_count() -> int:
@@ -98,19 +102,114 @@ def _device_sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+# --- generation resolution (from the table; attn_core for "known but not built") --------------------------
 
 
-def validate(q, k, v, *, causal: bool, scale, q_offset, generation: str, num_sm=None) -> tuple[int, float, int]:
-    """Every argument check that needs no GPU. Returns ``(gen_id, scale, num_sm)`` with ``num_sm`` 0 for
-    "the device's count". Raises ValueError for bad input, NotImplementedError for what v1-v6 lack."""
+def _check_generation_type(generation: Any) -> None:
     if not isinstance(generation, str):
         raise ValueError(f"generation must be a string id; got {generation!r}")
-    if generation not in GENERATION_IDS:
-        _unknown_generation(generation)
+
+
+def _resolve(generation: str, entry: str) -> _table.CudaGeneration:
+    """The table row serving ``entry``. ValueError for an id nobody knows or a row of another entry,
+    NotImplementedError for a generation attn_core knows that cuda_ref does not build."""
+    fn = "cuda_ref.attention" if entry == "dense" else "cuda_ref.paged_attention"
+    built_here = _table.ids(entry)
+    try:
+        row = _table.by_id(generation)
+    except KeyError:
+        row = None
+    if row is not None:
+        if row.entry != entry:
+            other = "cuda_ref.attention" if row.entry == "dense" else "cuda_ref.paged_attention"
+            raise ValueError(f"{generation} is a {row.entry} generation: call {other}; {fn} serves "
+                             f"{', '.join(built_here) or 'none yet'}")
+        return row
+    if generation not in _known.ids():
+        raise ValueError(f"unknown generation {generation!r}; {fn} serves {', '.join(built_here) or 'none yet'}")
+    known = _known.get(generation)
+    if known.frontier:
+        why = "frontier kernels are Pallas-only by design"
+    elif not built_here:
+        why = f"no {entry} generation is built in cuda_ref yet"
+    else:
+        why = f"not built in cuda_ref yet (its entries: {', '.join(sorted(known.entries))})"
+    raise NotImplementedError(f"generation {generation!r} has no CUDA twin: {why}; built: "
+                              f"{', '.join(_table.ids())}")
+
+
+def _check_row_support(row: _table.CudaGeneration, *, dtype: str, d: int, hq: int, hkv: int,
+                       return_lse: bool) -> None:
+    """NotImplementedError for what the row's generation (and so the reference) does not do."""
+    if not row.gqa and hq != hkv:
+        raise NotImplementedError(f"{row.id} is MHA (H_q == H_kv) as in the reference; got H_q={hq}, H_kv={hkv}")
+    if row.operand == "fp32" and dtype != "float32":
+        fp16_rows = [g.id for g in _table.table() if g.operand == "fp16" and g.entry == row.entry]
+        raise NotImplementedError(f"{row.id} takes float32 only (as the reference); got {dtype}. "
+                                  f"{', '.join(fp16_rows) or 'no generation'} take float16/bfloat16")
+    if not row.supports_head_dim(d):
+        raise NotImplementedError(f"{row.id} supports head dims {row.head_dims}; got D={d}")
+    if return_lse and not row.writes_lse:
+        writers = [g.id for g in _table.table() if g.writes_lse and g.entry == row.entry]
+        raise NotImplementedError(f"{row.id} does not write the log-sum-exp (generations.def writes_lse=0); "
+                                  f"return_lse=True works with {', '.join(writers) or 'no generation'}")
+
+
+# --- shared scalar checks -------------------------------------------------------------------------------
+
+
+def _check_scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool):
+        raise ValueError(f"scale must be a float; got {scale=!r}")
+    try:
+        s = float(scale)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"scale must be a float; got {scale!r}") from e
+    if not math.isfinite(s):
+        raise ValueError(f"scale must be finite; got {scale=}")
+    return s
+
+
+def _check_bool(name: str, val: Any) -> None:
+    if not isinstance(val, bool):
+        raise ValueError(f"{name} must be a bool; got {name}={val!r}")
+
+
+def _check_num_sm(num_sm, row: _table.CudaGeneration) -> int:
+    """The split-KV knob. Explicit argument > CUDA_REF_NUM_SM > the device's SM count (returned as 0)."""
+    if num_sm is not None:
+        if not row.split_kv:
+            split_rows = [g.id for g in _table.table() if g.split_kv]
+            raise ValueError(f"num_sm only applies to {', '.join(split_rows) or 'split-KV generations'}'s split "
+                             f"heuristic; got it for {row.id}")
+        if not _is_int(num_sm) or num_sm < 1:
+            raise ValueError(f"num_sm must be an int >= 1 (40 = the reference's T4 constant); got {num_sm=!r}")
+        return int(num_sm)
+    env = os.environ.get(NUM_SM_ENV, "").strip()
+    if env and row.split_kv:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"{NUM_SM_ENV} must be a positive integer; got {env!r}")
+        return int(env)
+    return 0
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# --- dense entry ------------------------------------------------------------------------------------------
+
+
+def validate(q, k, v, *, causal: bool, scale, q_offset, generation: str, num_sm=None,
+             return_lse: bool = False) -> tuple[int, float, int]:
+    """Every check of :func:`attention` that needs no GPU. Returns ``(gen_id, scale, num_sm)`` with
+    ``num_sm`` 0 for "the device's count". Raises ValueError for bad input, NotImplementedError for what the
+    generation does not support (or a generation cuda_ref does not build)."""
+    _check_generation_type(generation)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "dim")):
+        if not _is_tensor(x):
             raise ValueError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name} must be rank 4 [B, H, N, D] (BHND); got {name}.shape={tuple(x.shape)}")
@@ -131,84 +230,37 @@ def validate(q, k, v, *, causal: bool, scale, q_offset, generation: str, num_sm=
         raise ValueError(f"H_q must be a multiple of H_kv; got H_q={hq}, H_kv={hkv}")
     if not _is_int(q_offset) or q_offset < 0:
         raise ValueError(f"q_offset must be a non-negative int; got {q_offset=!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be a bool; got {causal=!r}")
+    _check_bool("causal", causal)
+    _check_bool("return_lse", return_lse)
     s = _check_scale(scale, q.shape[3])
 
-    # What the reference's v1-v6 do not support.
-    if hq != hkv:
-        raise NotImplementedError(f"{generation} is MHA (H_q == H_kv) as in the reference; got H_q={hq}, H_kv={hkv}")
-    if generation in _FP32_ONLY and _dtype_name(q) != "float32":
-        raise NotImplementedError(f"{generation} takes float32 only (as the reference); got {_dtype_name(q)}. "
-                                  "v5_wmma and v6_splitkv take float16/bfloat16")
-    d = q.shape[3]
-    if generation not in _ANY_HEAD_DIM and d not in _HEAD_DIMS:
-        raise NotImplementedError(f"{generation} supports head dims {_HEAD_DIMS}; got D={d}")
+    row = _resolve(generation, "dense")
+    _check_row_support(row, dtype=_dtype_name(q), d=q.shape[3], hq=hq, hkv=hkv, return_lse=return_lse)
     if q.shape[0] * hq > _MAX_GRID_Y:
         raise NotImplementedError(f"B*H must be <= {_MAX_GRID_Y} (a CUDA grid dimension); got {q.shape[0] * hq}")
-    if max(q.shape[2], k.shape[2], q_offset) > 2**31 - 1:
+    if max(q.shape[2], k.shape[2], q_offset) > _INT32_MAX:
         raise NotImplementedError("sequence lengths and q_offset must fit in int32")
-    return GENERATION_IDS[generation], s, _check_num_sm(num_sm, generation)
-
-
-def _unknown_generation(generation: str) -> None:
-    try:
-        from pallas_attn import registry
-    except ImportError:  # cuda_ref without pallas_attn installed
-        registry = None
-    if registry is not None and generation in registry.ids():
-        raise NotImplementedError(
-            f"generation {generation!r} has no CUDA twin in cuda_ref.attention yet; built: {', '.join(GENERATION_IDS)}"
-        )
-    raise ValueError(f"unknown generation {generation!r}; cuda_ref.attention serves {', '.join(GENERATION_IDS)}")
-
-
-def _check_scale(scale, d: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool):
-        raise ValueError(f"scale must be a float; got {scale=!r}")
-    try:
-        s = float(scale)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"scale must be a float; got {scale!r}") from e
-    if not math.isfinite(s):
-        raise ValueError(f"scale must be finite; got {scale=}")
-    return s
-
-
-def _check_num_sm(num_sm, generation: str) -> int:
-    """The v6 knob. Explicit argument > CUDA_REF_NUM_SM > the device's SM count (returned as 0)."""
-    if num_sm is not None:
-        if generation != "v6_splitkv":
-            raise ValueError(f"num_sm only applies to v6_splitkv's split heuristic; got it for {generation}")
-        if not _is_int(num_sm) or num_sm < 1:
-            raise ValueError(f"num_sm must be an int >= 1 (40 = the reference's T4 constant); got {num_sm=!r}")
-        return int(num_sm)
-    env = os.environ.get(NUM_SM_ENV, "").strip()
-    if env and generation == "v6_splitkv":
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"{NUM_SM_ENV} must be a positive integer; got {env!r}")
-        return int(env)
-    return 0
-
-
-def _debug() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return row.number, s, _check_num_sm(num_sm, row)
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset: int = 0,
-              generation: str = "v4_fused", num_sm: int | None = None):
+              generation: str = "v4_fused", num_sm: int | None = None, return_lse: bool = False):
     """Attention on torch BHND CUDA tensors: q ``[B, H, Nq, D]``, k/v ``[B, H, Nk, D]`` -> float32 ``[B, H, Nq, D]``.
 
-    ``generation`` is one of :func:`generations` (v1_naive ... v6_splitkv). ``scale`` defaults to
-    ``1/sqrt(D)``. ``num_sm`` (v6_splitkv only) sets the SM count of the split heuristic: ``None`` uses the
-    device's (or ``$CUDA_REF_NUM_SM``), ``40`` reproduces the reference's recorded plans. With
-    ``CUDA_REF_DEBUG=1`` the output and workspace are NaN-poisoned and each call synchronises, so a missed
-    write or an asynchronous fault surfaces at the call. The first call builds the extension (cached).
+    ``generation`` is one of :func:`generations` whose entry is dense (v1_naive ... v6_splitkv). ``scale``
+    defaults to ``1/sqrt(D)``. Causal is top-left: key ``j`` is visible to query ``i`` iff
+    ``j <= i + q_offset``. ``num_sm`` (split-KV generations only) sets the SM count of the split heuristic:
+    ``None`` uses the device's (or ``$CUDA_REF_NUM_SM``), ``40`` reproduces the reference's recorded plans.
+
+    ``return_lse=True`` returns ``(out, lse)``: ``lse`` float32 ``[B, H, Nq]``, the natural-log
+    log-sum-exp of the scaled scores over the visible keys (``-inf`` for a row that sees none), written by
+    the kernel itself from its row statistics (generations.def column ``writes_lse``).
+
+    With ``CUDA_REF_DEBUG=1`` the outputs and workspace are NaN-poisoned and each call synchronises, so a
+    missed write or an asynchronous fault surfaces at the call. The first call builds the extension (cached).
     """
     gen_id, s, sms = validate(q, k, v, causal=causal, scale=scale, q_offset=q_offset, generation=generation,
-                              num_sm=num_sm)
+                              num_sm=num_sm, return_lse=return_lse)
     from . import build
 
     build.require_cuda()
@@ -218,4 +270,183 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
         if x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}; got {x.device}")
     ext = build.load()
-    return ext.forward(gen_id, q, k, v, s, bool(causal), int(q_offset), sms, _debug())
+    res = ext.forward(gen_id, q, k, v, s, bool(causal), int(q_offset), sms, _debug(), bool(return_lse))
+    return (res[0], res[1]) if return_lse else res[0]
+
+
+# --- paged entry ------------------------------------------------------------------------------------------
+
+
+class PagedCall(NamedTuple):
+    """What :func:`validate_paged` resolved: the binding's arguments that are not the tensors."""
+
+    gen_id: int
+    scale: float
+    num_sm: int  # 0: the device's SM count
+    q_offset: Any  # None (kv_len - N_q per sequence), an int, or the int32 [B] tensor given
+
+
+def _is_pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _checkable(x: Any) -> bool:
+    """Whether x's values can be read here: CPU tensors always, CUDA tensors in debug mode (a sync), meta
+    tensors never."""
+    dev = getattr(getattr(x, "device", None), "type", "meta")
+    return dev == "cpu" or (dev == "cuda" and _debug())
+
+
+def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str, causal: bool, scale,
+                   q_offset, return_lse: bool, num_sm=None) -> PagedCall:
+    """Every check of :func:`paged_attention` that needs no GPU, in this order: argument ValueErrors (all
+    shapes, dtypes, devices; values too where they are readable, see ``_checkable``), then the generation
+    (ValueError unknown, NotImplementedError not built), then what the generation does not support."""
+    _check_generation_type(generation)
+    named = (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table), ("kv_lens", kv_lens))
+    for name, x in named:
+        if not _is_tensor(x):
+            raise ValueError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be rank 4 [B, H_q, N_q, D] (BHND); got q.shape={tuple(q.shape)}")
+    for name, x in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be rank 4 [num_blocks, page_size, H_kv, D]; got "
+                             f"{name}.shape={tuple(x.shape)}")
+    for name, x in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
+        if _dtype_name(x) not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float32, float16 or bfloat16; got {name}.dtype={_dtype_name(x)}")
+    if not (_dtype_name(q) == _dtype_name(k_pool) == _dtype_name(v_pool)):
+        raise ValueError(f"q, k_pool, v_pool must share a dtype; got {q.dtype=}, {k_pool.dtype=}, {v_pool.dtype=}")
+    if tuple(k_pool.shape) != tuple(v_pool.shape):
+        raise ValueError(f"k_pool and v_pool must have the same shape [num_blocks, page_size, H_kv, D]; got "
+                         f"{tuple(k_pool.shape)=}, {tuple(v_pool.shape)=}")
+    if min(q.shape) < 1:
+        raise ValueError(f"every dimension of q must be >= 1; got q.shape={tuple(q.shape)}")
+    if min(k_pool.shape) < 1:
+        raise ValueError(f"every dimension of k_pool must be >= 1; got k_pool.shape={tuple(k_pool.shape)}")
+    b, hq, n_q, d = (int(x) for x in q.shape)
+    num_blocks, page_size, hkv, d_kv = (int(x) for x in k_pool.shape)
+    if d_kv != d:
+        raise ValueError(f"q and k_pool must share the head dim D; got q D={d}, k_pool D={d_kv}")
+    if not _is_pow2(page_size):
+        raise ValueError(f"page_size (k_pool.shape[1]) must be a power of two; got page_size={page_size}")
+    if hq % hkv:
+        raise ValueError(f"H_q must be a multiple of H_kv (k_pool.shape[2]); got H_q={hq}, H_kv={hkv}")
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B={b}; got "
+                         f"block_table.shape={tuple(block_table.shape)}")
+    if _dtype_name(block_table) != "int32":
+        raise ValueError(f"block_table must be int32; got block_table.dtype={_dtype_name(block_table)}")
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != b:
+        raise ValueError(f"kv_lens must be int32 [B] with B={b}; got kv_lens.shape={tuple(kv_lens.shape)}")
+    if _dtype_name(kv_lens) != "int32":
+        raise ValueError(f"kv_lens must be int32; got kv_lens.dtype={_dtype_name(kv_lens)}")
+    q_offset_tensor = None
+    if q_offset is None:
+        pass
+    elif _is_tensor(q_offset):
+        if q_offset.dim() != 1 or q_offset.shape[0] != b or _dtype_name(q_offset) != "int32":
+            raise ValueError(f"q_offset as a tensor must be int32 [B] with B={b}; got shape "
+                             f"{tuple(q_offset.shape)}, dtype {_dtype_name(q_offset)}")
+        q_offset_tensor = q_offset
+    elif not _is_int(q_offset) or q_offset < 0:
+        raise ValueError(f"q_offset must be None, a non-negative int or an int32 [B] tensor; got {q_offset=!r}")
+    elif q_offset > _INT32_MAX:
+        raise ValueError(f"q_offset must fit in int32; got {q_offset=}")
+    for name, x in (("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table), ("kv_lens", kv_lens),
+                    ("q_offset", q_offset_tensor)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}; got {x.device}")
+    _check_bool("causal", causal)
+    _check_bool("return_lse", return_lse)
+    s = _check_scale(scale, d)
+    pages_per_seq = int(block_table.shape[1])
+    capacity = pages_per_seq * page_size
+    if max(n_q, capacity, num_blocks) > _INT32_MAX:
+        raise ValueError("N_q, pages_per_seq * page_size and num_blocks must fit in int32")
+    _check_paged_values(block_table, kv_lens, q_offset, n_q=n_q, page_size=page_size, num_blocks=num_blocks,
+                        capacity=capacity, causal=causal)
+
+    row = _resolve(generation, "paged")
+    _check_row_support(row, dtype=_dtype_name(q), d=d, hq=hq, hkv=hkv, return_lse=return_lse)
+    if b * hq > _MAX_GRID_Y:
+        raise NotImplementedError(f"B*H_q must be <= {_MAX_GRID_Y} (a CUDA grid dimension); got {b * hq}")
+    return PagedCall(row.number, s, _check_num_sm(num_sm, row), q_offset)
+
+
+def _check_paged_values(block_table, kv_lens, q_offset, *, n_q: int, page_size: int, num_blocks: int,
+                        capacity: int, causal: bool) -> None:
+    """Value checks of the paged metadata, where the values are readable (``_checkable``)."""
+    if not (_checkable(kv_lens) and _checkable(block_table)):
+        return
+    lens = [int(x) for x in kv_lens.tolist()]
+    bad = [(i, n) for i, n in enumerate(lens) if not 0 <= n <= capacity]
+    if bad:
+        i, n = bad[0]
+        raise ValueError(f"kv_lens must lie in [0, pages_per_seq * page_size = {capacity}]; got kv_lens[{i}]={n}")
+    table = block_table.tolist()
+    for i, n in enumerate(lens):
+        used = table[i][: -(-n // page_size)]  # only the pages holding keys are read
+        out = [p for p in used if not 0 <= p < num_blocks]
+        if out:
+            raise ValueError(f"block_table entries of used pages must lie in [0, num_blocks={num_blocks}); got "
+                             f"{out[0]} in row {i} (kv_lens[{i}]={n})")
+    if _is_tensor(q_offset):
+        if not _checkable(q_offset):
+            return
+        offs = [int(x) for x in q_offset.tolist()]
+        neg = [(i, o) for i, o in enumerate(offs) if o < 0]
+        if neg:
+            raise ValueError(f"q_offset must be >= 0 for every sequence; got q_offset[{neg[0][0]}]={neg[0][1]}")
+    elif q_offset is None and causal:
+        short = [(i, n) for i, n in enumerate(lens) if n < n_q]
+        if short:
+            i, n = short[0]
+            raise ValueError(f"causal with the default q_offset = kv_len - N_q needs kv_len >= N_q; got "
+                             f"kv_lens[{i}]={n} < N_q={n_q} (pass q_offset explicitly)")
+
+
+def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str = "v7_paged", causal: bool = False,
+                    scale: float | None = None, q_offset=None, return_lse: bool = False, num_sm: int | None = None):
+    """Attention over a paged KV cache: q ``[B, H_q, N_q, D]`` (torch BHND), pools
+    ``[num_blocks, page_size, H_kv, D]``, ``block_table`` int32 ``[B, pages_per_seq]``, ``kv_lens`` int32
+    ``[B]`` -> float32 ``[B, H_q, N_q, D]`` (and float32 lse ``[B, H_q, N_q]`` with ``return_lse=True``).
+
+    Key ``j`` of sequence ``b`` is row ``j % page_size`` of physical block ``block_table[b, j // page_size]``;
+    keys ``j >= kv_lens[b]`` are invisible. ``page_size`` must be a power of two; query head ``h`` reads KV
+    head ``h // (H_q // H_kv)``.
+
+    Causal rule (top-left with offset): key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``.
+    ``q_offset=None`` (default) is ``kv_len - N_q`` per sequence, i.e. the N_q queries are the last N_q
+    tokens of their sequence (decode: the one query sees the whole cache). An int applies to every sequence;
+    an int32 ``[B]`` tensor gives one offset per sequence.
+
+    Every argument is validated in pure Python first (shapes, dtypes, devices; the metadata's values too
+    when they are on the CPU, or on the GPU under ``CUDA_REF_DEBUG=1``): ValueError naming the argument.
+    Then the generation: ValueError for an unknown id, NotImplementedError for one cuda_ref does not build.
+    **No paged generation is built yet** (v7_paged is the next one), so today every valid call ends in
+    NotImplementedError. ``num_sm`` is the split-KV knob of :func:`attention`.
+    """
+    call = validate_paged(q, k_pool, v_pool, block_table, kv_lens, generation=generation, causal=causal,
+                          scale=scale, q_offset=q_offset, return_lse=return_lse, num_sm=num_sm)
+    from . import build
+
+    build.require_cuda()
+    import torch
+
+    for name, x in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table),
+                    ("kv_lens", kv_lens)):
+        if not x.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
+    n_q = q.shape[2]
+    if call.q_offset is None:
+        q_offsets = (kv_lens - n_q).to(torch.int32)
+    elif _is_tensor(call.q_offset):
+        q_offsets = call.q_offset
+    else:
+        q_offsets = torch.full((q.shape[0],), int(call.q_offset), dtype=torch.int32, device=q.device)
+    ext = build.load()
+    res = ext.forward_paged(call.gen_id, q, k_pool, v_pool, block_table, kv_lens, q_offsets, call.scale,
+                            bool(causal), call.num_sm, _debug(), bool(return_lse))
+    return (res[0], res[1]) if return_lse else res[0]

@@ -43,7 +43,9 @@ def sources() -> list[Path]:
 
 
 def headers() -> list[Path]:
-    return sorted((CSRC / "common").glob("*.cuh"))
+    """Everything the sources include: ``common/*.cuh`` and the generation table ``generations.def`` (so an
+    edit to either changes the build key)."""
+    return sorted((CSRC / "common").glob("*.cuh")) + sorted(CSRC.glob("*.def"))
 
 
 def parse_arch(spec: str) -> str:

@@ -58,7 +58,8 @@ def main() -> int:
     q, k, v = (torch.randn(b, h, n, d, device="cuda") for _ in range(3))
     rows = []
     flops = 4 * b * h * n * n * d
-    for gen in ("v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma"):
+    prefill = [g.id for g in cuda_ref.table() if g.entry == "dense" and not g.split_kv]  # v1-v5
+    for gen in prefill:
         ms = time_ms(lambda g=gen: cuda_ref.attention(q, k, v, generation=g), args.warmup, args.iters)
         rows.append((gen, f"{b}x{h}x{n}x{d} prefill", ms, f"{flops / ms / 1e9:8.2f} TFLOP/s"))
 
@@ -66,12 +67,14 @@ def main() -> int:
     qd = torch.randn(1, 8, 1, dd, device="cuda")
     kd, vd = (torch.randn(1, 8, nk, dd, device="cuda") for _ in range(2))
     kv_bytes = 2 * 8 * nk * dd * 2  # fp16 K and V, as the kernel reads them
-    for num_sm in (None, cuda_ref.REFERENCE_NUM_SM):
-        s, _ = cuda_ref.choose_splits(8, 1, nk, num_sm)
-        ms = time_ms(lambda m=num_sm: cuda_ref.attention(qd, kd, vd, generation="v6_splitkv", num_sm=m),
-                     args.warmup, args.iters)
-        label = f"1x8x1x{dd}/{nk} decode S={s}" + (" (num_sm=40)" if num_sm else "")
-        rows.append(("v6_splitkv", label, ms, f"{kv_bytes / ms / 1e6:8.1f} GB/s (incl. host fp16 cast)"))
+    decode = [g.id for g in cuda_ref.table() if g.entry == "dense" and g.split_kv]  # v6
+    for gen in decode:
+        for num_sm in (None, cuda_ref.REFERENCE_NUM_SM):
+            s, _ = cuda_ref.choose_splits(8, 1, nk, num_sm)
+            ms = time_ms(lambda g=gen, m=num_sm: cuda_ref.attention(qd, kd, vd, generation=g, num_sm=m),
+                         args.warmup, args.iters)
+            label = f"1x8x1x{dd}/{nk} decode S={s}" + (" (num_sm=40)" if num_sm else "")
+            rows.append((gen, label, ms, f"{kv_bytes / ms / 1e6:8.1f} GB/s (incl. host fp16 cast)"))
 
     print(f"\n{'generation':<12} {'shape':<36} {'p50 ms':>9}  rate")
     for gen, shape, ms, rate in rows:

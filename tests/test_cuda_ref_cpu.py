@@ -1,6 +1,8 @@
 """cuda_ref on a machine without a GPU: every kernel compiles for sm_90a with no register spills, the binding
-compiles against torch's headers, the split heuristic is the same in C++ and Python, and every argument
-check raises the documented error before any GPU is needed.
+compiles against torch's headers, the generation table (csrc/generations.def) reads the same in C++ and
+Python and agrees with attn_core, the split heuristic is the same in C++ and Python, every argument check
+(dense and paged) raises the documented error before any GPU is needed, and ``import cuda_ref`` stays free of
+torch and JAX.
 
 nvcc runs once per session for all sources, in parallel (fixture ``compiled``). The ptxas resource report is
 written to results/ptxas/ptxas_sm90a.txt (committed; docs/cuda_ref.md summarises it).
@@ -8,6 +10,7 @@ written to results/ptxas/ptxas_sm90a.txt (committed; docs/cuda_ref.md summarises
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -21,7 +24,11 @@ from pathlib import Path
 import pytest
 
 import cuda_ref
+from attn_core import generations as core_generations
+from attn_core import splits as core_splits
 from cuda_ref import api, build
+
+cuda_table = importlib.import_module("cuda_ref.table")  # the module (cuda_ref.table is its table() function)
 
 torch = pytest.importorskip("torch")
 
@@ -38,7 +45,7 @@ TORCH_NVCC_DEFINES = [
     "--expt-relaxed-constexpr",
 ]
 # Every kernel the six generations launch, with the static shared memory the specification implies
-# (ORIGINAL.md §2.1-§2.6): v2-v4/v6 stage 32 KB of fp32 tiles, v5 carries its six buffers (44 KB / 46 KB).
+# (docs/reference.md §2.1-§2.6): v2-v4/v6 stage 32 KB of fp32 tiles, v5 carries its six buffers (44 KB / 46 KB).
 EXPECTED_SMEM = {
     "v1_qk_kernel": 0,
     "v1_softmax_kernel": 0,
@@ -161,11 +168,22 @@ def compiled(toolchain, tmp_path_factory):
             '#include <cstdio>\n#include "common/split_plan.cuh"\n'
             "int main(){for(long bh:{1,2,8,16,64,300})for(long nq:{1,7,8,9,64,2048})"
             "for(long nk:{1,255,256,257,2048,8190,8192,16384,100000})for(int sm:{1,40,132}){"
-            "auto p=cuda_ref::choose_splits(bh,nq,nk,8,sm);"
+            "auto p=cuda_ref::choose_splits(bh,nq,nk,cuda_ref::kSplitRowsPerCta,sm);"
             'std::printf("%ld %ld %ld %d %d %d\\n",bh,nq,nk,sm,p.num_splits,p.chunk);}}\n'
         )
         jobs["split_plan"] = [cxx, "-std=c++17", "-I", str(csrc), "-I", str(cuda_inc), str(prog),
                               "-o", str(tmp / "split_plan")]
+        # The generation table as C++ sees it (common/generations.cuh over generations.def), one row a line.
+        table_prog = tmp / "table_main.cpp"
+        table_prog.write_text(
+            '#include <cstdio>\n#include "common/generations.cuh"\n'
+            "int main(){for(const auto& g:cuda_ref::kGenerations)"
+            'std::printf("%d %s %d %d %d %d %d %d %d %d %d %d %d %d\\n",g.number(),g.name,int(g.entry),'
+            "int(g.operand),int(g.head_dims),g.gqa,g.materialize_s,g.tile_m_d64,g.tile_n_d64,g.tile_m_d128,"
+            "g.tile_n_d128,int(g.workspace),g.split_kv,g.writes_lse);}\n"
+        )
+        jobs["table_main"] = [cxx, "-std=c++17", "-Wall", "-Werror", "-I", str(csrc), str(table_prog),
+                              "-o", str(tmp / "table_main")]
         stub = tmp / "stub"
         # The CPU wheel of torch ships c10/cuda headers but not this generated one; it only sets export macros.
         (stub / "c10" / "cuda" / "impl").mkdir(parents=True)
@@ -183,6 +201,8 @@ def compiled(toolchain, tmp_path_factory):
         results = {name: f.result() for name, f in futures.items()}
     if "split_plan" in results and results["split_plan"].returncode == 0:
         results["split_plan_run"] = _run([str(tmp / "split_plan")])
+    if "table_main" in results and results["table_main"].returncode == 0:
+        results["table_main_run"] = _run([str(tmp / "table_main")])
     return results
 
 
@@ -209,6 +229,28 @@ def test_kernel_source_compiles_for_sm90a(compiled, src):
 def test_one_kernel_file_per_generation():
     stems = sorted(p.stem for p in (build.CSRC / "kernels").glob("*.cu"))
     assert stems == sorted(cuda_ref.generations())
+
+
+def test_binding_never_streams_numbers_into_messages():
+    # On the GPU image (torch 2.11 + g++ 13.3) `std::ostream << int64_t` inside an extension segfaults, so a
+    # TORCH_CHECK with numeric arguments (formatted by c10::str through an ostringstream) would kill the
+    # process instead of raising. binding.cpp builds every message with msg() (std::to_string) instead.
+    code = re.sub(r"//[^\n]*", "", (build.CSRC / "binding.cpp").read_text())
+    assert "<<" not in code and "c10::str" not in code
+    calls = list(re.finditer(r"TORCH_CHECK\w*\(", code))
+    assert calls
+    for m in calls:
+        assert m.group(0) in ("TORCH_CHECK_VALUE(", "TORCH_CHECK_NOT_IMPLEMENTED("), m.group(0)
+        depth, i, comma = 1, m.end(), None
+        while depth:
+            ch = code[i]
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+            if ch == "," and depth == 1 and comma is None:
+                comma = i
+            i += 1
+        message = code[comma + 1:i - 1].strip()
+        assert message.startswith("msg(") and message.endswith(")"), f"raw TORCH_CHECK message: {message[:80]}"
 
 
 def test_kernel_sources_do_not_include_torch():
@@ -273,7 +315,7 @@ def test_split_heuristic_same_in_cpp_and_python(compiled):
 
 @pytest.mark.parametrize(("n_k", "splits"), [(2048, 8), (8192, 10), (16384, 10)])
 def test_choose_splits_reference_worked_examples(n_k, splits):
-    # ORIGINAL.md §2.0: v6 B=1, H=8, N_q=1 with num_sm=40.
+    # docs/reference.md §2.0: v6 B=1, H=8, N_q=1 with num_sm=40.
     s, chunk = cuda_ref.choose_splits(8, 1, n_k, cuda_ref.REFERENCE_NUM_SM)
     assert s == splits
     assert chunk == -(-n_k // splits) and (s - 1) * chunk < n_k <= s * chunk
@@ -300,7 +342,172 @@ def test_choose_splits_rejects_bad_input():
 
 def test_import_on_cpu_and_generations():
     assert cuda_ref.generations() == ("v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv")
-    assert callable(cuda_ref.attention)
+    assert callable(cuda_ref.attention) and callable(cuda_ref.paged_attention)
+
+
+# --- the generation table (csrc/generations.def) ---------------------------------------------------------
+
+
+def test_table_rows_ids_order_and_numbers():
+    rows = cuda_ref.table()
+    assert all(isinstance(g, cuda_ref.CudaGeneration) for g in rows)
+    got = [g.id for g in rows]
+    assert len(got) == len(set(got)), f"duplicate ids: {got}"
+    assert len({g.number for g in rows}) == len(rows), "duplicate numbers"
+    # Every row is a generation attn_core knows, in attn_core's order (a subsequence of it).
+    core = core_generations.ids()
+    assert set(got) <= set(core), f"ids unknown to attn_core: {set(got) - set(core)}"
+    assert got == [i for i in core if i in set(got)], "rows must follow attn_core.generations' order"
+    # The integers the binding dispatches on are stable: v1..v6 are 1..6 forever.
+    first = {"v1_naive": 1, "v2_tiled": 2, "v3_online": 3, "v4_fused": 4, "v5_wmma": 5, "v6_splitkv": 6}
+    assert {g.id: g.number for g in rows if g.id in first} == first
+    for g in rows:
+        assert g.entry in core_generations.get(g.id).entries, f"{g.id}: entry {g.entry} not in attn_core's"
+        assert not core_generations.get(g.id).frontier, f"{g.id}: frontier kernels have no CUDA twin"
+
+
+def test_table_columns_of_the_six():
+    t = {g.id: g for g in cuda_ref.table()}
+    assert [i for i, g in t.items() if g.operand == "fp16"] == ["v5_wmma", "v6_splitkv"]
+    assert [i for i, g in t.items() if g.head_dims is None] == ["v1_naive"]
+    assert [i for i, g in t.items() if g.materializes_s] == ["v1_naive", "v2_tiled"]
+    assert [i for i, g in t.items() if g.split_kv] == ["v6_splitkv"]
+    assert all(g.entry == "dense" and not g.gqa and g.writes_lse for g in t.values())
+    assert t["v2_tiled"].tile(64) == (64, 64) and t["v2_tiled"].tile(128) == (32, 32)
+    assert t["v5_wmma"].tile(64) == (64, 32) and t["v4_fused"].tile(128) == (8, 32)
+    assert [g.workspace for g in t.values()] == ["scores", "scores", "row_stats", "none", "none", "split_partials"]
+
+
+def test_table_same_in_cpp_and_python(compiled):
+    if "table_main_run" not in compiled:
+        res = compiled.get("table_main")
+        if res is None:
+            pytest.skip("no host C++ compiler")
+        pytest.fail(f"common/generations.cuh does not compile as host C++:\n{res.stderr[-3000:]}")
+    entries, operands = ["dense", "paged", "quantized", "mla"], ["fp32", "fp16"]
+    workspaces = ["none", "scores", "row_stats", "split_partials"]
+    cpp = []
+    for line in compiled["table_main_run"].stdout.splitlines():
+        num, name, entry, operand, hd, gqa, mat, m64, n64, m128, n128, ws, split, lse = line.split()
+        cpp.append(cuda_table.CudaGeneration(
+            id=name, number=int(num), entry=entries[int(entry)], operand=operands[int(operand)],
+            head_dims=None if hd == "0" else (64, 128), gqa=gqa == "1", materializes_s=mat == "1",
+            tile_d64=(int(m64), int(n64)), tile_d128=(int(m128), int(n128)), workspace=workspaces[int(ws)],
+            split_kv=split == "1", writes_lse=lse == "1"))
+    assert tuple(cpp) == cuda_ref.table()
+
+
+def test_operand_precision():
+    v4, v5 = cuda_table.by_id("v4_fused"), cuda_table.by_id("v5_wmma")
+    assert v4.operand_precision(torch.float32) == "fp32"
+    assert v4.operand_precision("float32") == "fp32"
+    for dt in (torch.float32, torch.float16, torch.bfloat16, "bf16", "float16"):
+        assert v5.operand_precision(dt) == "fp16"
+    with pytest.raises(NotImplementedError, match="float32 only"):
+        v4.operand_precision(torch.bfloat16)
+    with pytest.raises(ValueError, match="int32"):
+        v5.operand_precision(torch.int32)
+
+
+_DEF_HEADER = "// COLUMNS: " + " ".join(cuda_table.COLUMNS) + "\n"
+
+
+def _def_row(gen="v1_naive", num="1", operand="kF32", gqa="0", extra=""):
+    cols = f"{gen}, {num}, kDense, {operand}, kHeadDimsAny, {gqa}, 1, 1, 1, 1, 1, kWsScores, 0, 1{extra}"
+    return f"CUDA_REF_GEN({cols})\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("// COLUMNS: id number\n" + _def_row(), "COLUMNS"),
+        (_DEF_HEADER, "no CUDA_REF_GEN row"),
+        (_DEF_HEADER + "CUDA_REF_GEN(v1_naive, 1, kDense, kF32)", "columns"),
+        (_DEF_HEADER + _def_row(extra=", 1"), "columns"),
+        (_DEF_HEADER + _def_row(operand="kF64"), "operand"),
+        (_DEF_HEADER + _def_row(gqa="2"), "gqa"),
+        (_DEF_HEADER + _def_row(num="0"), "number"),
+        (_DEF_HEADER + _def_row(gen="V1"), "id"),
+        (_DEF_HEADER + _def_row() + _def_row(num="2"), "duplicate id"),
+        (_DEF_HEADER + _def_row() + _def_row(gen="v2_tiled"), "duplicate number"),
+        (_DEF_HEADER + _def_row(gen="v2_tiled", num="2") + _def_row(), "ascend"),
+    ],
+)
+def test_table_parser_rejects_malformed_rows(text, match):
+    with pytest.raises(ValueError, match=match):
+        cuda_table.parse(text)
+
+
+def test_table_parser_ignores_comments():
+    row = "CUDA_REF_GEN(v1_naive, 1, kDense, kF32, kHeadDimsAny, 0, 1, 1, 1, 1, 1, kWsScores, 0, 1)"
+    text = _DEF_HEADER + "// CUDA_REF_GEN(v9, 9, x)\n/* CUDA_REF_GEN(v8, 8,\n y) */\n" + row + "  // trailing\n"
+    assert [g.id for g in cuda_table.parse(text)] == ["v1_naive"]
+
+
+def test_api_tables_are_derived_from_the_table():
+    assert api.GENERATION_IDS == {g.id: g.number for g in cuda_ref.table()}
+    assert cuda_ref.generations() == tuple(g.id for g in cuda_ref.table())
+    # No second list of generations anywhere in cuda_ref's Python.
+    for p in (ROOT / "cuda_ref").glob("*.py"):
+        assert '"v3_online"' not in p.read_text(), f"{p.name} lists generations by hand"
+
+
+@pytest.mark.parametrize("gen", api.generations())
+def test_api_checks_follow_each_row(gen):
+    row = cuda_table.by_id(gen)
+    q, k, v = _qkv(d=96)
+    if row.head_dims is None:
+        assert _validate(q, k, v, generation=gen)[0] == row.number
+    else:
+        with pytest.raises(NotImplementedError, match="head dims"):
+            _validate(q, k, v, generation=gen)
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    if row.operand == "fp16":
+        assert _validate(q, k, v, generation=gen)[0] == row.number
+    else:
+        with pytest.raises(NotImplementedError, match="float32 only"):
+            _validate(q, k, v, generation=gen)
+    q, k, v = _qkv()
+    assert _validate(q, k, v, generation=gen, return_lse=True)[0] == row.number
+
+
+def _with_rows(monkeypatch, *changed):
+    """Monkeypatch cuda_ref's table: replace rows by id, or append new ones."""
+    rows = {g.id: g for g in cuda_table.table()}
+    for new in changed:
+        rows[new.id] = new
+    monkeypatch.setattr(cuda_table, "table", lambda: tuple(rows.values()))
+
+
+def test_return_lse_not_implemented_for_a_row_without_it(monkeypatch):
+    import dataclasses
+
+    _with_rows(monkeypatch, dataclasses.replace(cuda_table.by_id("v4_fused"), writes_lse=False))
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match="does not write the log-sum-exp"):
+        _validate(q, k, v, generation="v4_fused", return_lse=True)
+    assert _validate(q, k, v, generation="v4_fused")[0] == 4
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_return_lse_must_be_bool(bad):
+    with pytest.raises(ValueError, match="return_lse"):
+        _validate(*_qkv(), return_lse=bad)
+    with pytest.raises(ValueError, match="return_lse"):
+        cuda_ref.attention(*_qkv(), return_lse=bad)
+
+
+# --- attn_core agreement: split constants ------------------------------------------------------------------
+
+
+def test_split_plan_constants_equal_attn_core():
+    text = (build.CSRC / "common" / "split_plan.cuh").read_text()
+    consts = dict(re.findall(r"constexpr\s+int\s+(k\w+)\s*=\s*(\d+)\s*;", text))
+    assert int(consts["kSplitCap"]) == core_splits.S_CAP
+    assert int(consts["kMinSplitChunk"]) == core_splits.MIN_CHUNK
+    assert int(consts["kSplitRowsPerCta"]) == core_splits.ROWS_PER_PROGRAM
+    assert "kReferenceNumSm" not in text  # the dead constant is gone; 40 lives in attn_core.splits only
+    assert cuda_ref.REFERENCE_NUM_SM == core_splits.REFERENCE_NUM_SM
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
@@ -311,13 +518,6 @@ def test_calling_a_kernel_without_gpu_raises_runtime_error(gen):
         cuda_ref.attention(q, q, q, generation=gen)
     with pytest.raises(RuntimeError, match="CUDA"):
         build.load()
-
-
-def test_registry_cuda_rows_match_what_is_built():
-    from pallas_attn import registry
-
-    claimed = {g.id for g in registry.generations() if g.cuda}
-    assert claimed == set(cuda_ref.generations())
 
 
 # --- argument checks (cuda_ref/api.py), all before any GPU is touched --------------------------------
@@ -435,6 +635,153 @@ def test_bad_input_error_comes_before_the_missing_gpu_error():
         cuda_ref.attention(q, k, v, q_offset=-3)
 
 
+# --- the paged entry (cuda_ref.paged_attention), validated in pure Python ---------------------------------
+
+_I32 = torch.int32
+
+
+def _paged(b=2, hq=4, hkv=2, nq=1, d=64, num_blocks=8, page=16, pages=4, dtype=torch.float32, device="cpu"):
+    """Valid paged arguments: pools [num_blocks, page, H_kv, D], int32 table [B, pages] and lens [B]."""
+    q = torch.randn(b, hq, nq, d, dtype=dtype, device=device)
+    k_pool = torch.randn(num_blocks, page, hkv, d, dtype=dtype, device=device)
+    v_pool = torch.randn(num_blocks, page, hkv, d, dtype=dtype, device=device)
+    block_table = (torch.arange(b * pages, dtype=_I32) % num_blocks).reshape(b, pages).to(device)
+    kv_lens = torch.tensor([min(20 + 13 * i, pages * page) for i in range(b)], dtype=_I32, device=device)
+    return {"q": q, "k_pool": k_pool, "v_pool": v_pool, "block_table": block_table, "kv_lens": kv_lens}
+
+
+def _validate_paged(args, **kw):
+    kw = {"generation": "v7_paged", "causal": False, "scale": None, "q_offset": None, "return_lse": False, **kw}
+    return api.validate_paged(args["q"], args["k_pool"], args["v_pool"], args["block_table"], args["kv_lens"], **kw)
+
+
+_UNBUILT_PAGED = "no paged generation is built in cuda_ref yet; built: v1_naive, v2_tiled"
+
+
+def test_paged_valid_call_is_not_implemented_today():
+    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+        _validate_paged(_paged())
+    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):  # the public entry, before any GPU check
+        cuda_ref.paged_attention(**_paged(), causal=True, return_lse=True)
+    for gen in ("v7_paged", "v8_gqa"):
+        with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+            cuda_ref.paged_attention(**_paged(), generation=gen)
+
+
+def test_paged_validation_runs_on_meta_tensors():
+    # Shapes and dtypes only (values are unreadable): the same answer as on the GPU.
+    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+        _validate_paged(_paged(device="meta"), causal=True)
+    with pytest.raises(ValueError, match="page_size"):
+        _validate_paged(_paged(device="meta", page=12))
+
+
+@pytest.mark.parametrize(
+    ("gen", "exc", "match"),
+    [
+        ("v99", ValueError, "unknown generation 'v99'"),
+        ("v4_fused", ValueError, "v4_fused is a dense generation: call cuda_ref.attention"),
+        ("fa_decode", NotImplementedError, "Pallas-only"),
+        (7, ValueError, "generation must be a string"),
+    ],
+)
+def test_paged_generation_errors(gen, exc, match):
+    with pytest.raises(exc, match=match):
+        cuda_ref.paged_attention(**_paged(), generation=gen)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "kw", "match"),
+    [
+        (lambda a: {**a, "q": a["q"].numpy()}, {}, "q must be a torch.Tensor"),
+        (lambda a: {**a, "kv_lens": [20, 33]}, {}, "kv_lens must be a torch.Tensor"),
+        (lambda a: {**a, "q": a["q"][0]}, {}, "q must be rank 4"),
+        (lambda a: {**a, "k_pool": a["k_pool"][0]}, {}, "k_pool must be rank 4"),
+        (lambda a: {**a, "v_pool": a["v_pool"][:4]}, {}, "k_pool and v_pool must have the same shape"),
+        (lambda a: {**a, "q": a["q"].to(torch.int32)}, {}, "q must be float32, float16 or bfloat16"),
+        (lambda a: {**a, "v_pool": a["v_pool"].double()}, {}, "v_pool must be float32"),
+        (lambda a: {**a, "k_pool": a["k_pool"].half(), "v_pool": a["v_pool"].half()}, {}, "share a dtype"),
+        (lambda a: {**a, "q": a["q"][:, :, :0]}, {}, "q must be >= 1"),
+        (lambda a: {**a, "q": a["q"][..., :32]}, {}, "head dim D"),
+        (lambda a: {**a, "k_pool": a["k_pool"][:, :12], "v_pool": a["v_pool"][:, :12]}, {}, "page_size"),
+        (lambda a: {**a, "q": a["q"][:, :3]}, {}, "H_q must be a multiple of H_kv"),
+        (lambda a: {**a, "block_table": a["block_table"].long()}, {}, "block_table must be int32"),
+        (lambda a: {**a, "block_table": a["block_table"][0]}, {}, r"block_table must be int32 \[B, pages_per_seq\]"),
+        (lambda a: {**a, "block_table": a["block_table"][:1]}, {}, "block_table must be int32 .*B=2"),
+        (lambda a: {**a, "kv_lens": a["kv_lens"].long()}, {}, "kv_lens must be int32"),
+        (lambda a: {**a, "kv_lens": a["kv_lens"][:1]}, {}, r"kv_lens must be int32 \[B\]"),
+        (lambda a: {**a, "block_table": a["block_table"].to("meta")}, {}, "block_table must be on q's device"),
+        (lambda a: a, {"q_offset": -1}, "q_offset"),
+        (lambda a: a, {"q_offset": 1.5}, "q_offset"),
+        (lambda a: a, {"q_offset": True}, "q_offset"),
+        (lambda a: a, {"q_offset": torch.zeros(2, dtype=torch.int64)}, "q_offset as a tensor must be int32"),
+        (lambda a: a, {"q_offset": torch.zeros(3, dtype=_I32)}, "q_offset as a tensor must be int32 .*B=2"),
+        (lambda a: a, {"causal": 1}, "causal"),
+        (lambda a: a, {"scale": float("inf")}, "scale"),
+        (lambda a: a, {"return_lse": "yes"}, "return_lse"),
+        # Values, readable on the CPU:
+        (lambda a: {**a, "kv_lens": torch.tensor([20, 65], dtype=_I32)}, {}, r"kv_lens must lie in \[0, .* = 64\]"),
+        (lambda a: {**a, "kv_lens": torch.tensor([-1, 5], dtype=_I32)}, {}, "kv_lens must lie in"),
+        (lambda a: {**a, "block_table": torch.tensor([[0, 99, 0, 0], [1, 2, 3, 4]], dtype=_I32)}, {},
+         "block_table entries .* num_blocks=8"),
+        (lambda a: a, {"q_offset": torch.tensor([0, -2], dtype=_I32)}, "q_offset must be >= 0"),
+        (lambda a: {**a, "q": torch.randn(2, 4, 30, 64)}, {"causal": True}, "kv_len >= N_q.*q_offset"),
+    ],
+)
+def test_paged_bad_argument_is_value_error_naming_it(mutate, kw, match):
+    # Argument errors come before the generation's NotImplementedError (the default v7_paged is not built).
+    with pytest.raises(ValueError, match=match):
+        _validate_paged(mutate(_paged()), **kw)
+
+
+def test_paged_accepts_what_it_documents():
+    # Unused pages may hold anything (-1 padding); an explicit offset lifts the kv_len >= N_q rule.
+    args = _paged()
+    args["block_table"] = torch.tensor([[0, 1, -1, -1], [2, 3, 4, -1]], dtype=_I32)
+    for kw in ({}, {"q_offset": 0, "causal": True}, {"q_offset": torch.tensor([3, 0], dtype=_I32)},
+               {"scale": 0.5, "return_lse": True}):
+        with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+            _validate_paged(args, **kw)
+    long_q = {**_paged(), "q": torch.randn(2, 4, 30, 64)}
+    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+        _validate_paged(long_q, causal=True, q_offset=0)
+
+
+def _fake_paged_row(**kw):
+    import dataclasses
+
+    fields = {"id": "v7_paged", "number": 7, "entry": "paged", "gqa": True, **kw}
+    return dataclasses.replace(cuda_table.by_id("v6_splitkv"), **fields)
+
+
+def test_paged_with_a_paged_row_in_the_table(monkeypatch):
+    # What the next issue's row will see: the table drives resolution, support checks and the split knob.
+    _with_rows(monkeypatch, _fake_paged_row())
+    call = _validate_paged(_paged(), return_lse=True, causal=True)
+    assert call == api.PagedCall(7, pytest.approx(64**-0.5), 0, None)
+    assert _validate_paged(_paged(), q_offset=5, num_sm=40) == api.PagedCall(7, pytest.approx(0.125), 40, 5)
+    with pytest.raises(NotImplementedError, match="head dims"):
+        _validate_paged(_paged(d=96))
+    with pytest.raises(ValueError, match="v4_fused is a dense generation.*serves v7_paged"):
+        _validate_paged(_paged(), generation="v4_fused")
+    with pytest.raises(NotImplementedError, match="'v8_gqa' has no CUDA twin: not built in cuda_ref yet"):
+        _validate_paged(_paged(), generation="v8_gqa")
+    _with_rows(monkeypatch, _fake_paged_row(gqa=False, split_kv=False, writes_lse=False))
+    with pytest.raises(NotImplementedError, match="MHA"):
+        _validate_paged(_paged())
+    with pytest.raises(NotImplementedError, match="log-sum-exp"):
+        _validate_paged(_paged(hkv=4), return_lse=True)
+    with pytest.raises(ValueError, match="num_sm only applies to v6_splitkv"):
+        _validate_paged(_paged(hkv=4), num_sm=40)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_paged_with_a_paged_row_needs_a_gpu(monkeypatch):
+    _with_rows(monkeypatch, _fake_paged_row())
+    with pytest.raises(RuntimeError, match="CUDA"):
+        cuda_ref.paged_attention(**_paged())
+
+
 # --- build configuration (no GPU needed) -------------------------------------------------------------
 
 
@@ -470,10 +817,16 @@ def test_flags_key_and_build_dir(monkeypatch, tmp_path):
     assert srcs[-1] == "binding.cpp" and len(srcs) == len(cuda_ref.generations()) + 1
 
 
-def test_module_import_does_not_need_torch_cuda():
-    # A fresh interpreter: importing cuda_ref must not build, import torch's CUDA or fail on a CPU machine.
-    code = "import cuda_ref, sys; print('torch' in sys.modules)"
+def test_module_import_needs_neither_torch_nor_jax():
+    # A fresh interpreter: importing cuda_ref (and reading its table) must not build, import torch or JAX,
+    # or fail on a CPU machine. JAX must never come in through a "known generation" lookup either.
+    code = ("import cuda_ref, sys; cuda_ref.table(); cuda_ref.generations(); "
+            "assert 'jax' not in sys.modules, 'jax imported'; print('torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+def test_build_key_covers_the_generation_table():
+    assert build.CSRC / "generations.def" in build.headers()

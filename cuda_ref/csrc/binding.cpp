@@ -1,9 +1,18 @@
-// The one torch-aware file of cuda_ref: turns tensors into an AttnParams, allocates the output and the
+// The one torch-aware file of cuda_ref: turns tensors into an AttnParams, allocates the outputs and the
 // generation's workspace, dispatches by generation id and surfaces launch errors as Python exceptions.
+//
+// Two entries, one per kind of KV operand: forward (dense BHND k/v) and forward_paged (KV pools + block
+// table). What a generation accepts (entry, operand cast, head dims, GQA, LSE, split plan, workspace) comes
+// from its row in generations.def (common/generations.cuh); nothing here names a generation.
 //
 // cuda_ref/api.py validates arguments first (with the same messages on a CPU machine); the checks here are
 // the C++ line of defence for direct callers of the extension. TORCH_CHECK_VALUE raises ValueError,
 // TORCH_CHECK_NOT_IMPLEMENTED raises NotImplementedError, std::runtime_error becomes RuntimeError.
+//
+// Every message is assembled by msg() (std::to_string, string appends) and handed to TORCH_CHECK as ONE
+// std::string, never as numbers for c10::str to stream: on the GPU image (torch 2.11.0+cu130, g++ 13.3,
+// libstdc++.so.6.0.33) `std::ostream << int64_t` (or double) inside an extension segfaults the process,
+// seen 2026-11-22 on an H100 even in a minimal load_inline extension; strings and std::to_string are fine.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -14,7 +23,9 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/params.cuh"
 #include "common/split_plan.cuh"
@@ -22,43 +33,119 @@
 namespace cuda_ref {
 namespace {
 
-constexpr int kV6RowsPerCta = 8;  // v6's partial CTA holds 8 query rows (one per warp)
+constexpr int64_t kMaxGridY = 65535;  // B*H rides in a grid dimension capped at 65535
+constexpr int64_t kInt32Max = std::numeric_limits<int>::max();
 
-const char* gen_name(Gen gen) {
-  switch (gen) {
-    case Gen::kV1Naive: return "v1_naive";
-    case Gen::kV2Tiled: return "v2_tiled";
-    case Gen::kV3Online: return "v3_online";
-    case Gen::kV4Fused: return "v4_fused";
-    case Gen::kV5Wmma: return "v5_wmma";
-    case Gen::kV6SplitKV: return "v6_splitkv";
+// --- error messages without iostreams (see the file comment) ----------------------------------------------
+void append(std::string& s, const char* x) { s += x; }
+void append(std::string& s, const std::string& x) { s += x; }
+void append(std::string& s, int64_t x) { s += std::to_string(x); }
+void append(std::string& s, int x) { s += std::to_string(x); }
+void append(std::string& s, double x) { s += std::to_string(x); }
+void append(std::string& s, c10::ScalarType x) { s += c10::toString(x); }
+void append(std::string& s, const c10::Device& x) { s += x.str(); }
+void append(std::string& s, at::IntArrayRef x) {
+  s += '[';
+  for (size_t i = 0; i < x.size(); ++i) s += (i ? ", " : "") + std::to_string(x[i]);
+  s += ']';
+}
+
+template <typename... Args>
+std::string msg(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+const char* entry_name(Entry e) {
+  switch (e) {
+    case Entry::kDense: return "dense";
+    case Entry::kPaged: return "paged";
+    case Entry::kQuantized: return "quantized";
+    case Entry::kMla: return "mla";
   }
   return "?";
 }
 
-bool takes_fp16(Gen gen) { return gen == Gen::kV5Wmma || gen == Gen::kV6SplitKV; }
+// "v1_naive, v2_tiled, ..." over every row (or the rows of one entry).
+std::string built_ids(const Entry* only = nullptr) {
+  std::string s;
+  for (const GenInfo& g : kGenerations) {
+    if (only != nullptr && g.entry != *only) continue;
+    if (!s.empty()) s += ", ";
+    s += g.name;
+  }
+  return s.empty() ? "none" : s;
+}
+
+// The row for gen_id, which must serve `entry`. An id no row carries is a ValueError, except on an entry
+// no row serves yet (paged today), which is a NotImplementedError saying so.
+const GenInfo& row_for(int64_t gen_id, Entry entry) {
+  const GenInfo* g = find_gen(gen_id);
+  TORCH_CHECK_NOT_IMPLEMENTED(any_entry(entry), msg("cuda_ref: generation id ", gen_id, ": no ", entry_name(entry),
+                                                    " generation is built in cuda_ref yet; built: ", built_ids()));
+  TORCH_CHECK_VALUE(g != nullptr, msg("cuda_ref: unknown generation id ", gen_id, "; built: ", built_ids()));
+  TORCH_CHECK_VALUE(g->entry == entry, msg("cuda_ref: ", g->name, " is a ", entry_name(g->entry), " generation, not ",
+                                           entry_name(entry), "; ", entry_name(entry),
+                                           " generations built: ", built_ids(&entry)));
+  return *g;
+}
+
+// The launcher of a row: one case per generations.def row.
+void dispatch(const GenInfo& g, const AttnParams& p, cudaStream_t stream) {
+  switch (g.gen) {
+#define CUDA_REF_GEN(id, ...) \
+  case Gen::id:               \
+    launch_##id(p, stream);   \
+    return;
+#include "generations.def"
+  }
+  throw std::logic_error("cuda_ref: no launcher for generation " + std::to_string(g.number()));
+}
 
 int device_sm_count() {
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     throw std::runtime_error("cuda_ref: cannot query the device's SM count");
   }
   return sms;
 }
 
-void check_operand(const torch::Tensor& x, const char* name, const torch::Tensor& q) {
-  TORCH_CHECK_VALUE(x.dim() == 4, name, " must be rank 4 [B, H, N, D]; got ", x.sizes());
-  TORCH_CHECK_VALUE(x.is_cuda(), name, " must be a CUDA tensor; got device ", x.device());
-  TORCH_CHECK_VALUE(x.device() == q.device(), name, " must be on q's device ", q.device(), "; got ", x.device());
+void check_float_operand(const torch::Tensor& x, const char* name, const torch::Tensor& q, const char* shape) {
+  TORCH_CHECK_VALUE(x.dim() == 4, msg(name, " must be rank 4 ", shape, "; got ", x.sizes()));
+  TORCH_CHECK_VALUE(x.is_cuda(), msg(name, " must be a CUDA tensor; got device ", x.device()));
+  TORCH_CHECK_VALUE(x.device() == q.device(), msg(name, " must be on q's device ", q.device(), "; got ", x.device()));
   const auto st = x.scalar_type();
-  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, name,
-                    " must be float32, float16 or bfloat16; got ", st);
+  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+                    msg(name, " must be float32, float16 or bfloat16; got ", st));
 }
 
-// Operands as the kernels take them: contiguous, and fp16 for v5/v6 (the reference casts on the host,
-// inside the timed call, and so do we).
-torch::Tensor prepare(const torch::Tensor& x, Gen gen) {
-  if (takes_fp16(gen)) return x.to(at::kHalf).contiguous();
+void check_int32_vector(const torch::Tensor& x, const char* name, const torch::Tensor& q, int64_t b) {
+  TORCH_CHECK_VALUE(x.dim() == 1 && x.size(0) == b, msg(name, " must be int32 [B] with B=", b, "; got ", x.sizes()));
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kInt, msg(name, " must be int32; got ", x.scalar_type()));
+  TORCH_CHECK_VALUE(x.device() == q.device(), msg(name, " must be on q's device ", q.device(), "; got ", x.device()));
+}
+
+// What every generation checks, from its row: operand dtype, head dim, GQA, LSE.
+void check_row_support(const GenInfo& g, const torch::Tensor& q, const torch::Tensor& k, int64_t h_q, int64_t h_kv,
+                       int64_t d, bool return_lse) {
+  if (!g.gqa) {
+    TORCH_CHECK_NOT_IMPLEMENTED(h_q == h_kv, msg(g.name, " is MHA: H_q must equal H_kv; got ", h_q, " and ", h_kv));
+  }
+  if (!g.takes_fp16()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat,
+                                msg(g.name, " takes float32 operands only (as the reference)"));
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(g.supports_head_dim(d), msg(g.name, " supports head dims 64 and 128; got ", d));
+  TORCH_CHECK_NOT_IMPLEMENTED(!return_lse || g.writes_lse,
+                              msg(g.name, " does not write the log-sum-exp (generations.def: writes_lse = 0)"));
+}
+
+// Operands as the kernels take them: contiguous, and fp16 for fp16-operand rows (the reference casts on the
+// host, inside the timed call, and so do we).
+torch::Tensor prepare(const torch::Tensor& x, const GenInfo& g) {
+  if (g.takes_fp16()) return x.to(at::kHalf).contiguous();
   return x.contiguous();
 }
 
@@ -68,103 +155,190 @@ torch::Tensor alloc_f32(at::IntArrayRef sizes, const torch::Tensor& like, bool p
   return poison ? torch::full(sizes, std::numeric_limits<float>::quiet_NaN(), opts) : torch::empty(sizes, opts);
 }
 
-torch::Tensor forward(int64_t gen_id, torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool causal,
-                      int64_t q_offset, int64_t num_sm, bool debug) {
-  TORCH_CHECK_VALUE(gen_id >= 1 && gen_id <= 6, "generation id must be 1..6 (v1_naive..v6_splitkv); got ", gen_id);
-  const Gen gen = static_cast<Gen>(gen_id);
-  check_operand(q, "q", q);
-  check_operand(k, "k", q);
-  check_operand(v, "v", q);
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "k and v must have the same shape; got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0), "q and k must share B; got ", q.size(0), " and ", k.size(0));
-  TORCH_CHECK_VALUE(q.size(3) == k.size(3), "q and k must share D; got ", q.size(3), " and ", k.size(3));
-  TORCH_CHECK_NOT_IMPLEMENTED(q.size(1) == k.size(1), gen_name(gen), " is MHA: H_q must equal H_kv; got ", q.size(1),
-                              " and ", k.size(1));
-  TORCH_CHECK_VALUE(q.numel() > 0 && k.numel() > 0, "q and k must be non-empty; got ", q.sizes(), ", ", k.sizes());
-  TORCH_CHECK_VALUE(q_offset >= 0, "q_offset must be >= 0; got ", q_offset);
-  TORCH_CHECK_VALUE(std::isfinite(scale), "scale must be finite; got ", scale);
-  if (!takes_fp16(gen)) {
-    TORCH_CHECK_NOT_IMPLEMENTED(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                                    v.scalar_type() == at::kFloat,
-                                gen_name(gen), " takes float32 operands only (as the reference)");
-  }
-  const int64_t d = q.size(3);
-  TORCH_CHECK_NOT_IMPLEMENTED(gen == Gen::kV1Naive || d == 64 || d == 128, gen_name(gen),
-                              " supports head dims 64 and 128; got ", d);
-  const int64_t bh = q.size(0) * q.size(1);
-  TORCH_CHECK_NOT_IMPLEMENTED(bh <= 65535, gen_name(gen), ": B*H must be <= 65535 (a grid dimension); got ", bh);
-  TORCH_CHECK_NOT_IMPLEMENTED(q.size(2) <= std::numeric_limits<int>::max() && k.size(2) <= std::numeric_limits<int>::max() &&
-                                  q_offset <= std::numeric_limits<int>::max(),
-                              "sequence lengths and q_offset must fit in int32");
+Strides strides_of(const torch::Tensor& x) {  // x contiguous rank 4; dims 0, 1, 2 of BHND
+  return {x.stride(0), x.stride(1), x.stride(2)};
+}
 
-  const c10::cuda::CUDAGuard guard(q.device());
-  const torch::Tensor qc = prepare(q, gen), kc = prepare(k, gen), vc = prepare(v, gen);
-  torch::Tensor out = alloc_f32({q.size(0), q.size(1), q.size(2), d}, q, debug);
-
-  AttnParams p;
-  p.q = qc.data_ptr();
-  p.k = kc.data_ptr();
-  p.v = vc.data_ptr();
+// Everything after the tensors are in AttnParams: split plan, workspace, LSE, launch, debug sync. Returns
+// {out} or {out, lse}.
+std::vector<torch::Tensor> run(const GenInfo& g, AttnParams& p, const torch::Tensor& q, int64_t d_out,
+                               int64_t num_sm, bool debug, bool return_lse) {
+  torch::Tensor out = alloc_f32({p.batch, p.h_q, p.n_q, d_out}, q, debug);
   p.out = out.data_ptr<float>();
-  p.batch = static_cast<int>(q.size(0));
-  p.heads = static_cast<int>(q.size(1));
-  p.n_q = static_cast<int>(q.size(2));
-  p.n_k = static_cast<int>(k.size(2));
-  p.head_dim = static_cast<int>(d);
-  p.scale = static_cast<float>(scale);
-  p.causal = causal;
-  p.q_offset = static_cast<int>(q_offset);
-  if (gen == Gen::kV6SplitKV) {
+  p.o_strides = strides_of(out);
+  torch::Tensor lse;
+  if (return_lse) {
+    lse = alloc_f32({p.batch, p.h_q, p.n_q}, q, debug);
+    p.lse = lse.data_ptr<float>();
+  }
+  if (g.split_kv) {
     // num_sm <= 0: the device's SM count (post-audit behaviour); 40 reproduces the reference's numbers.
     const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
-    const SplitPlan plan = choose_splits(bh, p.n_q, p.n_k, kV6RowsPerCta, sms);
+    const SplitPlan plan = choose_splits(p.bh(), p.n_q, p.n_k, kSplitRowsPerCta, sms);
     p.num_splits = plan.num_splits;
     p.split_chunk = plan.chunk;
   }
-
   torch::Tensor ws;
-  const int64_t ws_floats = workspace_floats(gen, p);
+  const int64_t ws_floats = workspace_floats(g, p);
   if (ws_floats > 0) {
     ws = alloc_f32({ws_floats}, q, debug);
     p.ws = ws.data_ptr<float>();
   }
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  switch (gen) {
-    case Gen::kV1Naive: launch_v1_naive(p, stream); break;
-    case Gen::kV2Tiled: launch_v2_tiled(p, stream); break;
-    case Gen::kV3Online: launch_v3_online(p, stream); break;
-    case Gen::kV4Fused: launch_v4_fused(p, stream); break;
-    case Gen::kV5Wmma: launch_v5_wmma(p, stream); break;
-    case Gen::kV6SplitKV: launch_v6_splitkv(p, stream); break;
-  }
+  dispatch(g, p, stream);
   if (debug) {
     // Asynchronous faults (out-of-bounds, illegal address) only show at a synchronisation point.
     const cudaError_t err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) {
-      throw std::runtime_error(std::string("cuda_ref: ") + gen_name(gen) + " failed during execution: " +
+      throw std::runtime_error(std::string("cuda_ref: ") + g.name + " failed during execution: " +
                                cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
     }
   }
-  return out;
+  if (return_lse) return {out, lse};
+  return {out};
+}
+
+// Dense entry: q [B, H_q, Nq, D], k/v [B, H_kv, Nk, D] (BHND).
+std::vector<torch::Tensor> forward(int64_t gen_id, torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale,
+                                   bool causal, int64_t q_offset, int64_t num_sm, bool debug, bool return_lse) {
+  const GenInfo& g = row_for(gen_id, Entry::kDense);
+  constexpr const char* kShape = "[B, H, N, D]";
+  check_float_operand(q, "q", q, kShape);
+  check_float_operand(k, "k", q, kShape);
+  check_float_operand(v, "v", q, kShape);
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(),
+                    msg("k and v must have the same shape; got ", k.sizes(), " and ", v.sizes()));
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0), msg("q and k must share B; got ", q.size(0), " and ", k.size(0)));
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3), msg("q and k must share D; got ", q.size(3), " and ", k.size(3)));
+  TORCH_CHECK_VALUE(q.numel() > 0 && k.numel() > 0, msg("q and k must be non-empty; got ", q.sizes(), ", ", k.sizes()));
+  TORCH_CHECK_VALUE(q.size(1) % k.size(1) == 0,
+                    msg("H_q must be a multiple of H_kv; got ", q.size(1), " and ", k.size(1)));
+  TORCH_CHECK_VALUE(q_offset >= 0, msg("q_offset must be >= 0; got ", q_offset));
+  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+  const int64_t d = q.size(3);
+  check_row_support(g, q, k, q.size(1), k.size(1), d, return_lse);
+  const int64_t bh = q.size(0) * q.size(1);
+  TORCH_CHECK_NOT_IMPLEMENTED(bh <= kMaxGridY, msg(g.name, ": B*H must be <= 65535 (a grid dimension); got ", bh));
+  TORCH_CHECK_NOT_IMPLEMENTED(q.size(2) <= kInt32Max && k.size(2) <= kInt32Max && q_offset <= kInt32Max,
+                              msg("sequence lengths and q_offset must fit in int32"));
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const torch::Tensor qc = prepare(q, g), kc = prepare(k, g), vc = prepare(v, g);
+
+  AttnParams p;
+  p.q = qc.data_ptr();
+  p.k = kc.data_ptr();
+  p.v = vc.data_ptr();
+  p.q_strides = strides_of(qc);
+  p.k_strides = strides_of(kc);
+  p.v_strides = strides_of(vc);
+  p.kv_dtype = g.takes_fp16() ? KvDtype::kF16 : KvDtype::kF32;
+  p.batch = static_cast<int>(q.size(0));
+  p.h_q = static_cast<int>(q.size(1));
+  p.h_kv = static_cast<int>(k.size(1));
+  p.n_q = static_cast<int>(q.size(2));
+  p.n_k = static_cast<int>(k.size(2));
+  p.head_dim = static_cast<int>(d);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  p.q_offset = static_cast<int>(q_offset);
+  return run(g, p, q, d, num_sm, debug, return_lse);
+}
+
+// Paged entry: q [B, H_q, Nq, D]; pools [num_blocks, page_size, H_kv, D]; block_table int32 [B, pages_per_seq];
+// kv_lens int32 [B]; q_offsets int32 [B] (api.py turns None / an int into it). Key j of sequence b is row
+// j % page_size of block block_table[b][j / page_size]; keys at j >= kv_lens[b] are invisible.
+std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
+                                         torch::Tensor block_table, torch::Tensor kv_lens, torch::Tensor q_offsets,
+                                         double scale, bool causal, int64_t num_sm, bool debug, bool return_lse) {
+  const GenInfo& g = row_for(gen_id, Entry::kPaged);
+  check_float_operand(q, "q", q, "[B, H_q, N_q, D]");
+  check_float_operand(k_pool, "k_pool", q, "[num_blocks, page_size, H_kv, D]");
+  check_float_operand(v_pool, "v_pool", q, "[num_blocks, page_size, H_kv, D]");
+  TORCH_CHECK_VALUE(k_pool.sizes() == v_pool.sizes(),
+                    msg("k_pool and v_pool must have the same shape; got ", k_pool.sizes(), " and ", v_pool.sizes()));
+  TORCH_CHECK_VALUE(q.numel() > 0 && k_pool.numel() > 0,
+                    msg("q and the pools must be non-empty; got ", q.sizes(), ", ", k_pool.sizes()));
+  const int64_t b = q.size(0), h_q = q.size(1), d = q.size(3);
+  const int64_t num_blocks = k_pool.size(0), page_size = k_pool.size(1), h_kv = k_pool.size(2);
+  TORCH_CHECK_VALUE(k_pool.size(3) == d, msg("q and the pools must share D; got ", d, " and ", k_pool.size(3)));
+  TORCH_CHECK_VALUE((page_size & (page_size - 1)) == 0, msg("page_size must be a power of two; got ", page_size));
+  TORCH_CHECK_VALUE(h_q % h_kv == 0, msg("H_q must be a multiple of H_kv; got ", h_q, " and ", h_kv));
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
+                    msg("block_table must be int32 [B, pages_per_seq] with B=", b, "; got ", block_table.sizes()));
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt,
+                    msg("block_table must be int32; got ", block_table.scalar_type()));
+  TORCH_CHECK_VALUE(block_table.device() == q.device(), msg("block_table must be on q's device ", q.device()));
+  check_int32_vector(kv_lens, "kv_lens", q, b);
+  check_int32_vector(q_offsets, "q_offsets", q, b);
+  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+  check_row_support(g, q, k_pool, h_q, h_kv, d, return_lse);
+  TORCH_CHECK_NOT_IMPLEMENTED(b * h_q <= kMaxGridY,
+                              msg(g.name, ": B*H_q must be <= 65535 (a grid dimension); got ", b * h_q));
+  const int64_t capacity = block_table.size(1) * page_size;
+  TORCH_CHECK_NOT_IMPLEMENTED(q.size(2) <= kInt32Max && capacity <= kInt32Max && num_blocks <= kInt32Max,
+                              msg("sequence lengths, pages and blocks must fit in int32"));
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const torch::Tensor qc = prepare(q, g), kc = prepare(k_pool, g), vc = prepare(v_pool, g);
+  const torch::Tensor bt = block_table.contiguous(), lens = kv_lens.contiguous(), offs = q_offsets.contiguous();
+
+  AttnParams p;
+  p.q = qc.data_ptr();
+  p.k = kc.data_ptr();
+  p.v = vc.data_ptr();
+  p.q_strides = strides_of(qc);
+  p.k_strides = {kc.stride(0), kc.stride(2), kc.stride(1)};  // pool: block, head, token-in-page
+  p.v_strides = {vc.stride(0), vc.stride(2), vc.stride(1)};
+  p.kv_dtype = g.takes_fp16() ? KvDtype::kF16 : KvDtype::kF32;
+  p.batch = static_cast<int>(b);
+  p.h_q = static_cast<int>(h_q);
+  p.h_kv = static_cast<int>(h_kv);
+  p.n_q = static_cast<int>(q.size(2));
+  p.n_k = static_cast<int>(capacity);
+  p.head_dim = static_cast<int>(d);
+  p.block_table = bt.data_ptr<int32_t>();
+  p.pages_per_seq = static_cast<int>(bt.size(1));
+  p.page_size = static_cast<int>(page_size);
+  p.num_blocks = static_cast<int>(num_blocks);
+  p.kv_lens = lens.data_ptr<int32_t>();
+  p.q_offsets = offs.data_ptr<int32_t>();
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  return run(g, p, q, d, num_sm, debug, return_lse);
 }
 
 std::tuple<int64_t, int64_t> choose_splits_py(int64_t bh, int64_t n_q, int64_t n_k, int64_t num_sm) {
-  TORCH_CHECK_VALUE(bh >= 1 && n_q >= 1 && n_k >= 1, "bh, n_q, n_k must be >= 1");
+  TORCH_CHECK_VALUE(bh >= 1 && n_q >= 1 && n_k >= 1, msg("bh, n_q, n_k must be >= 1"));
   const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
-  const SplitPlan plan = choose_splits(bh, n_q, n_k, kV6RowsPerCta, sms);
+  const SplitPlan plan = choose_splits(bh, n_q, n_k, kSplitRowsPerCta, sms);
   return {plan.num_splits, plan.chunk};
+}
+
+// The table as the extension was compiled with it: (number, id, entry) per row (a GPU test compares it
+// with cuda_ref.table(), i.e. the loaded build is the current generations.def).
+std::vector<std::tuple<int64_t, std::string, std::string>> table_py() {
+  std::vector<std::tuple<int64_t, std::string, std::string>> rows;
+  for (const GenInfo& g : kGenerations) rows.emplace_back(g.number(), g.name, entry_name(g.entry));
+  return rows;
 }
 
 }  // namespace
 }  // namespace cuda_ref
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "cuda_ref: CUDA twins of the reference's v1_naive..v6_splitkv (use cuda_ref.attention)";
-  m.def("forward", &cuda_ref::forward, "attention forward on BHND CUDA tensors; fp32 output", py::arg("gen_id"),
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("causal"), py::arg("q_offset"),
-        py::arg("num_sm"), py::arg("debug"));
-  m.def("choose_splits", &cuda_ref::choose_splits_py, "v6 split plan (num_splits, chunk); num_sm <= 0: device",
+  m.doc() = "cuda_ref: CUDA twins of the reference's generations (use cuda_ref.attention / paged_attention)";
+  m.def("forward", &cuda_ref::forward, "dense attention on BHND CUDA tensors; returns [out] or [out, lse]",
+        py::arg("gen_id"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("causal"),
+        py::arg("q_offset"), py::arg("num_sm"), py::arg("debug"), py::arg("return_lse"));
+  m.def("forward_paged", &cuda_ref::forward_paged,
+        "paged attention (BHND q, [num_blocks, page_size, H_kv, D] pools); returns [out] or [out, lse]",
+        py::arg("gen_id"), py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("block_table"),
+        py::arg("kv_lens"), py::arg("q_offsets"), py::arg("scale"), py::arg("causal"), py::arg("num_sm"),
+        py::arg("debug"), py::arg("return_lse"));
+  m.def("choose_splits", &cuda_ref::choose_splits_py, "split plan (num_splits, chunk); num_sm <= 0: device",
         py::arg("bh"), py::arg("n_q"), py::arg("n_k"), py::arg("num_sm"));
   m.def("device_sm_count", &cuda_ref::device_sm_count, "SM count of the current CUDA device");
+  m.def("table", &cuda_ref::table_py, "generations.def as compiled: [(number, id, entry)]");
 }

@@ -1,10 +1,12 @@
 """cuda_ref on the GPU: every generation against the float64 oracle at the reference's test shapes
-(ORIGINAL.md §5), the long-N stability cases, v6 decode, the split heuristic's C++/Python parity, and the
-Pallas twin where one is built.
+(docs/reference.md §5), the long-N stability cases, v6 decode, the row log-sum-exp (return_lse), the split
+heuristic's C++/Python parity, the built table, and the Pallas twin where one is built.
 
-Runs with ``CUDA_REF_DEBUG=1``: output and workspace are NaN-poisoned before each call and each call
+Runs with ``CUDA_REF_DEBUG=1``: outputs and workspace are NaN-poisoned before each call and each call
 synchronises, so an element a kernel forgets to write, or an asynchronous fault, fails the test.
-Tolerances (atol = rtol) are the reference's: fp32 generations 1e-4, fp16-operand generations 2e-2.
+Tolerances (atol = rtol) are the reference's: fp32 generations 1e-4, fp16-operand generations 2e-2. The
+log-sum-exp is compared (atol only) with the oracle's on the operands the kernel reads (fp16-rounded for
+fp16-operand generations): 1e-4 fp32, 1e-3 fp16.
 """
 
 from __future__ import annotations
@@ -19,19 +21,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuda_ref  # noqa: E402
+from attn_core.oracle import attention_reference  # noqa: E402
 from cuda_ref import api  # noqa: E402
-from pallas_attn import registry  # noqa: E402
-from pallas_attn.reference import attention_reference  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-GENS = cuda_ref.generations()
-FP32_GENS = ("v1_naive", "v2_tiled", "v3_online", "v4_fused")
-TOL = {g: (1e-4 if g in FP32_GENS else 2e-2) for g in GENS}
-# test_matches_sdpa shapes (B, H, N, d), ORIGINAL.md §5
+ROWS = {g.id: g for g in cuda_ref.table() if g.entry == "dense"}
+GENS = tuple(ROWS)
+TOL = {i: (1e-4 if g.operand == "fp32" else 2e-2) for i, g in ROWS.items()}
+LSE_TOL = {i: (1e-4 if g.operand == "fp32" else 1e-3) for i, g in ROWS.items()}
+SPLIT_GENS = tuple(i for i, g in ROWS.items() if g.split_kv)
+# test_matches_sdpa shapes (B, H, N, d), docs/reference.md §5
 REFERENCE_SHAPES = [(1, 4, 128, 64), (2, 8, 512, 64), (1, 8, 512, 128), (1, 2, 2048, 64), (1, 2, 130, 64),
                     (1, 2, 100, 128)]
 
@@ -209,9 +212,10 @@ def test_build_is_cached_across_processes(tmp_path):
 
 @pytest.mark.parametrize("gen", GENS)
 def test_matches_pallas_twin(gen):
-    row = registry.get(gen)
-    if row.pallas is None:
-        pytest.skip(f"{gen} has no Pallas twin built yet (registry _PALLAS_BUILT)")
+    from pallas_attn import registry
+
+    if not registry.built(gen):
+        pytest.skip(f"{gen} has no Pallas twin built yet (no row in pallas_attn.registry)")
     jax = pytest.importorskip("jax")
     if not any(d.platform == "gpu" for d in jax.devices()):
         pytest.skip("jax sees no GPU")
@@ -226,3 +230,134 @@ def test_matches_pallas_twin(gen):
         assert np.isfinite(theirs).all()
         # Each twin is within TOL of the oracle, so they agree within twice that.
         np.testing.assert_allclose(ours, theirs, atol=2 * TOL[gen], rtol=2 * TOL[gen])
+
+
+# --- the row log-sum-exp (return_lse=True) ------------------------------------------------------------
+
+
+def _kernel_operands(gen, *xs):
+    """The operands as the kernel reads them: fp16-operand generations see the host's fp16 cast."""
+    return [x.half() if ROWS[gen].operand == "fp16" else x for x in xs]
+
+
+def lse_oracle(gen, q, k, v, *, causal=False, scale=None, q_offset=0):
+    """Float64 reference lse [B, H, Nq] (and output BHND) on the operands the kernel reads."""
+    qh, kh, vh = (_bthd(x) for x in _kernel_operands(gen, q, k, v))
+    out, lse = attention_reference(qh, kh, vh, causal=causal, scale=scale, q_offset=q_offset)
+    return out.transpose(0, 2, 1, 3), lse
+
+
+def check_lse(lse, ref_lse, gen, shape):
+    assert lse.dtype == torch.float32 and lse.is_cuda and tuple(lse.shape) == tuple(shape)
+    got = lse.detach().cpu().numpy().astype(np.float64)
+    # Top-left causal with q_offset >= 0 always sees key 0, so no row is empty: every lse is finite.
+    assert np.isfinite(got).all(), "NaN/inf in lse (poisoned row never written?)"
+    assert np.isfinite(ref_lse).all()
+    np.testing.assert_allclose(got, ref_lse, atol=LSE_TOL[gen], rtol=0)
+
+
+LSE_SHAPES = [(1, 4, 128, 64), (1, 8, 512, 128), (1, 2, 2048, 64), (1, 2, 130, 64), (1, 2, 100, 128)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", LSE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("gen", GENS)
+def test_lse_matches_oracle(gen, shape, causal):
+    b, h, n, d = shape
+    q, k, v = _qkv(b, h, n, n, d, seed=sum(shape) + 1)
+    out, lse = cuda_ref.attention(q, k, v, causal=causal, generation=gen, return_lse=True)
+    ref_out, ref_lse = lse_oracle(gen, q, k, v, causal=causal)
+    check(out, ref_out, TOL[gen])
+    check_lse(lse, ref_lse, gen, (b, h, n))
+    # The LSE store leaves the output untouched: same kernels, same bits as without return_lse.
+    assert torch.equal(out, cuda_ref.attention(q, k, v, causal=causal, generation=gen))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("gen", GENS)
+def test_lse_rectangular_with_q_offset_and_scale(gen, causal):
+    q, k, v = _qkv(2, 2, 70, 333, 64, seed=12)
+    out, lse = cuda_ref.attention(q, k, v, causal=causal, q_offset=200, scale=0.3, generation=gen, return_lse=True)
+    ref_out, ref_lse = lse_oracle(gen, q, k, v, causal=causal, q_offset=200, scale=0.3)
+    check(out, ref_out, TOL[gen])
+    check_lse(lse, ref_lse, gen, (2, 2, 70))
+
+
+def test_lse_v1_any_head_dim():
+    q, k, v = _qkv(1, 2, 40, 50, 96, seed=3)
+    out, lse = cuda_ref.attention(q, k, v, causal=True, generation="v1_naive", return_lse=True)
+    _, ref_lse = lse_oracle("v1_naive", q, k, v, causal=True)
+    check_lse(lse, ref_lse, "v1_naive", (1, 2, 40))
+
+
+@pytest.mark.parametrize("num_sm", [None, 40, 1])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("gen", SPLIT_GENS)
+def test_lse_split_kv_decode_every_plan(gen, d, num_sm):
+    # B*H = 8, N_q = 1, N_k = 8190: S = 32 with 132 SMs, 10 with the reference's 40, 1 with num_sm = 1. The
+    # merged lse m* + log(l*) must not depend on the plan (S = 1 is the unmerged single split).
+    q, k, v = _qkv(1, 8, 1, 8190, d, seed=31 + d)
+    out, lse = cuda_ref.attention(q, k, v, causal=True, q_offset=8189, generation=gen, num_sm=num_sm,
+                                  return_lse=True)
+    ref_out, ref_lse = lse_oracle(gen, q, k, v)
+    check(out, ref_out, TOL[gen])
+    check_lse(lse, ref_lse, gen, (1, 8, 1))
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_lse_low_precision_inputs(gen):
+    if ROWS[gen].operand != "fp16":
+        pytest.skip(f"{gen} takes float32 only")
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v = _qkv(1, 2, 100, 100, 64, seed=13, dtype=dtype)
+        _, lse = cuda_ref.attention(q, k, v, causal=True, generation=gen, return_lse=True)
+        _, ref_lse = lse_oracle(gen, q, k, v, causal=True)
+        check_lse(lse, ref_lse, gen, (1, 2, 100))
+
+
+# --- the table as built, and the paged entry -------------------------------------------------------------
+
+
+def test_built_extension_has_the_current_table():
+    from cuda_ref import build
+
+    built = [tuple(r) for r in build.load().table()]
+    assert built == [(g.number, g.id, g.entry) for g in cuda_ref.table()]
+
+
+def test_binding_errors_raise_instead_of_crashing():
+    # The binding's own checks (direct callers): messages with numbers must raise, not segfault (see the
+    # comment at the top of binding.cpp); this process would die if one did.
+    from cuda_ref import build
+
+    ext = build.load()
+    q = _randn(1, 2, 16, 64, seed=1)
+    with pytest.raises(ValueError, match="unknown generation id 99"):
+        ext.forward(99, q, q, q, 0.125, False, 0, 0, True, False)
+    with pytest.raises(ValueError, match=r"must share D; got 64 and 32"):
+        ext.forward(4, q, q[..., :32], q[..., :32], 0.125, False, 0, 0, True, False)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        ext.forward(4, q, q, q, float("nan"), False, 0, 0, True, False)
+    with pytest.raises(ValueError, match=r"rank 4 \[B, H, N, D\]; got \[2, 16, 64\]"):
+        ext.forward(4, q, q[0], q, 0.125, False, 0, 0, True, False)
+    with pytest.raises(NotImplementedError, match="supports head dims 64 and 128; got 96"):
+        ext.forward(2, q[..., :48].repeat(1, 1, 1, 2), q[..., :48].repeat(1, 1, 1, 2), q[..., :48].repeat(1, 1, 1, 2),
+                    0.125, False, 0, 0, True, False)
+
+
+def test_paged_entry_is_not_implemented_yet_on_the_gpu():
+    # Until a paged row exists in generations.def, a valid call on CUDA tensors says so (Python first, then
+    # the binding's own check for direct callers).
+    q = _randn(2, 4, 1, 64, seed=1)
+    k_pool, v_pool = _randn(8, 16, 2, 64, seed=2), _randn(8, 16, 2, 64, seed=3)
+    block_table = torch.arange(8, dtype=torch.int32, device="cuda").reshape(2, 4)
+    kv_lens = torch.tensor([20, 33], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="no paged generation is built in cuda_ref yet"):
+        cuda_ref.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=True)
+    if any(g.entry == "paged" for g in cuda_ref.table()):
+        return
+    from cuda_ref import build
+
+    with pytest.raises(NotImplementedError, match="no paged generation is built in cuda_ref yet"):
+        build.load().forward_paged(7, q, k_pool, v_pool, block_table, kv_lens, kv_lens - 1, 0.125, True, 0, True,
+                                   False)

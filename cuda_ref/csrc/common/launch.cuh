@@ -1,5 +1,5 @@
-// Host-side contract between the kernels and the binding: one launcher per generation, the workspace each
-// needs, and launch-error reporting. No torch here (see params.cuh).
+// Host-side contract between the kernels and the binding: one launcher per generations.def row, the
+// workspace each needs, and launch-error reporting. No torch here (see params.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,34 +8,33 @@
 #include <stdexcept>
 #include <string>
 
+#include "generations.cuh"
 #include "params.cuh"
 
 namespace cuda_ref {
 
-void launch_v1_naive(const AttnParams& p, cudaStream_t stream);
-void launch_v2_tiled(const AttnParams& p, cudaStream_t stream);
-void launch_v3_online(const AttnParams& p, cudaStream_t stream);
-void launch_v4_fused(const AttnParams& p, cudaStream_t stream);
-void launch_v5_wmma(const AttnParams& p, cudaStream_t stream);
-void launch_v6_splitkv(const AttnParams& p, cudaStream_t stream);
+// void launch_<id>(const AttnParams& p, cudaStream_t stream); for every row, defined in kernels/<id>.cu.
+#define CUDA_REF_GEN(id, ...) void launch_##id(const AttnParams& p, cudaStream_t stream);
+#include "../generations.def"
 
 // v2 keeps v1's softmax pass unchanged (§2.2 "Pass 2: identical to v1"), so it calls it instead of
-// carrying a copy. Normalises S [BH, n_q, n_k] in place, row by row.
+// carrying a copy. Normalises S [BH, n_q, n_k] in place, row by row; writes p.lse when it is set.
 void launch_v1_softmax_rows(const AttnParams& p, float* s, cudaStream_t stream);
 
-// Floats of HBM scratch each generation needs (0: none).
-inline int64_t workspace_floats(Gen gen, const AttnParams& p) {
-  switch (gen) {
-    case Gen::kV1Naive:
-    case Gen::kV2Tiled:  // the materialised score matrix S (§2.1, §2.2)
-      return p.bh() * p.n_q * p.n_k;
-    case Gen::kV3Online:  // per-row max M and denominator L (§2.3)
-      return 2 * p.bh() * p.n_q;
-    case Gen::kV6SplitKV:  // O_partial [BH, n_q, S, D] + m_partial, l_partial [BH, n_q, S] (§2.0)
-      return p.bh() * p.n_q * p.num_splits * (static_cast<int64_t>(p.head_dim) + 2);
-    default:
+// Floats of HBM scratch a generation needs (0: none), from its workspace column. p must carry the shape
+// and, for kWsSplitPartials, the split plan.
+inline int64_t workspace_floats(const GenInfo& g, const AttnParams& p) {
+  switch (g.workspace) {
+    case Workspace::kWsNone:
       return 0;
+    case Workspace::kWsScores:  // the materialised score matrix S (§2.1, §2.2)
+      return p.bh() * p.n_q * p.n_k;
+    case Workspace::kWsRowStats:  // per-row max M and denominator L (§2.3)
+      return 2 * p.bh() * p.n_q;
+    case Workspace::kWsSplitPartials:  // O_partial [BH, n_q, S, D] + m_partial, l_partial [BH, n_q, S] (§2.0)
+      return p.bh() * p.n_q * p.num_splits * (static_cast<int64_t>(p.head_dim) + 2);
   }
+  throw std::logic_error("cuda_ref: unknown workspace kind");
 }
 
 // Every launch is followed by this: a bad configuration (grid, smem) becomes a C++ exception, which the

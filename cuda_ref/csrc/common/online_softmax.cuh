@@ -1,9 +1,11 @@
-// The online-softmax update (ORIGINAL.md §2.0), written once for every fused generation.
+// The online-softmax update (docs/reference.md §2.0), written once for every fused generation.
 //
 // State per query row, fp32: running max m (starts at -FLT_MAX, a large finite negative rather than -inf
 // so that m - m_new never forms inf - inf), denominator l (0) and the unnormalised output O (0).
 // Exponentials are the fast __expf, as in the reference.
 #pragma once
+
+#include <math_constants.h>
 
 #include <cfloat>
 
@@ -37,5 +39,10 @@ __device__ __forceinline__ float online_softmax_rescale(float& m, float block_ma
 
 // Final normalisation; a row that saw no key (l == 0) yields 0, never NaN (§8).
 __device__ __forceinline__ float safe_inv(float l) { return l > 0.f ? 1.f / l : 0.f; }
+
+// The row's natural-log log-sum-exp of the scaled scores from its final statistics: m + log(l), where
+// m is the running max and l = sum exp(s - m). -inf for a row that saw no key (l == 0). The accurate logf,
+// not __logf: one call per row.
+__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? m + logf(l) : -CUDART_INF_F; }
 
 }  // namespace cuda_ref

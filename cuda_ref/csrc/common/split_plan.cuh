@@ -1,8 +1,8 @@
-// The split-KV heuristic (ORIGINAL.md §2.0): how many key splits a decode launch uses.
+// The split-KV heuristic (docs/reference.md §2.0): how many key splits a decode launch uses.
 //
 // Integer math only, no CUDA intrinsics: binding.cpp (a plain C++ translation unit) calls it to size the
-// workspace. Mirrored line for line by cuda_ref.api.choose_splits (Python); a GPU test asserts the two
-// agree, so change both together.
+// workspace. Mirrored by attn_core.splits.choose_splits (Python, behind cuda_ref.choose_splits); a CPU test
+// compiles this header and checks the two agree, so change both together.
 #pragma once
 
 #include <cuda_runtime.h>  // __host__ __device__ for non-nvcc compilers
@@ -11,9 +11,11 @@
 
 namespace cuda_ref {
 
-constexpr int kSplitCap = 32;        // S_CAP
-constexpr int kMinSplitChunk = 256;  // MIN_CHUNK
-constexpr int kReferenceNumSm = 40;  // the reference's T4 constant (§7.3); the default is the device count
+// The constants of attn_core.splits (a CPU test parses these lines and compares). The SM count is the
+// device's unless the caller passes one (40 reproduces the reference's T4 plans, §7.3).
+constexpr int kSplitCap = 32;         // S_CAP
+constexpr int kMinSplitChunk = 256;   // MIN_CHUNK
+constexpr int kSplitRowsPerCta = 8;   // ROWS_PER_PROGRAM: query rows of one partial CTA (v6: one per warp)
 
 struct SplitPlan {
   int num_splits;

@@ -1,4 +1,4 @@
-// The v4_fused CTA body (ORIGINAL.md §2.4), shared with v6_splitkv (§2.6: "warp per row exactly as v4,
+// The v4_fused CTA body (docs/reference.md §2.4), shared with v6_splitkv (§2.6: "warp per row exactly as v4,
 // restricted to the split's key range"). Kept here so v6 is v4 plus its delta, not a copy.
 //
 // 256 threads = 8 warps; warp w owns query row row0 + w. Lane owns elements t = lane + 32 e (e < D / 32)

@@ -1,10 +1,11 @@
-// v1_naive (ORIGINAL.md §2.1): the fp32 three-pass baseline. S = scale * Q K^T is materialised in HBM,
+// v1_naive (docs/reference.md §2.1): the fp32 three-pass baseline. S = scale * Q K^T is materialised in HBM,
 // normalised in place by a thread-per-row softmax, then multiplied by V. No shared memory, no reuse: every
 // thread reads its operand rows straight from global memory. Any head dim.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/online_softmax.cuh"
@@ -13,6 +14,9 @@ namespace cuda_ref {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(gen_info(Gen::v1_naive).tile_m_d64 == 1 && gen_info(Gen::v1_naive).tile_n_d64 == 1 &&
+                  gen_info(Gen::v1_naive).tile_m_d128 == 1 && gen_info(Gen::v1_naive).tile_n_d128 == 1,
+              "generations.def: v1_naive is untiled (1 x 1)");
 
 // Pass 1: one thread per element of S [BH, n_q, n_k], 1-D grid-stride over the flat index.
 __global__ void __launch_bounds__(kThreads) v1_qk_kernel(const float* __restrict__ q, const float* __restrict__ k,
@@ -32,9 +36,11 @@ __global__ void __launch_bounds__(kThreads) v1_qk_kernel(const float* __restrict
 }
 
 // Pass 2: one thread per row, three sweeps (max over visible keys; exp and sum; scale by 1/sum). The
-// masked tail of a causal row is written as 0 so pass 3 can sum over all n_k keys unconditionally.
-__global__ void __launch_bounds__(kThreads) v1_softmax_kernel(float* __restrict__ s, int64_t rows, int n_q,
-                                                              int n_k, bool causal, int q_offset) {
+// masked tail of a causal row is written as 0 so pass 3 can sum over all n_k keys unconditionally. With
+// lse set, the row's max and sum also give its log-sum-exp (one store per row).
+__global__ void __launch_bounds__(kThreads) v1_softmax_kernel(float* __restrict__ s, float* __restrict__ lse,
+                                                              int64_t rows, int n_q, int n_k, bool causal,
+                                                              int q_offset) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= rows) return;
   const int i = static_cast<int>(row % n_q);
@@ -51,6 +57,7 @@ __global__ void __launch_bounds__(kThreads) v1_softmax_kernel(float* __restrict_
   const float inv = safe_inv(sum);
   for (int j = 0; j <= j_max; ++j) sr[j] *= inv;
   for (int j = j_max + 1; j < n_k; ++j) sr[j] = 0.f;
+  if (lse != nullptr) lse[row] = row_lse(m, sum);
 }
 
 // Pass 3: one thread per output element (bh, i, t); V is read strided by d, as in the reference.
@@ -78,7 +85,7 @@ int grid_for(int64_t work) {
 
 void launch_v1_softmax_rows(const AttnParams& p, float* s, cudaStream_t stream) {
   const int64_t rows = p.bh() * p.n_q;
-  v1_softmax_kernel<<<grid_for(rows), kThreads, 0, stream>>>(s, rows, p.n_q, p.n_k, p.causal, p.q_offset);
+  v1_softmax_kernel<<<grid_for(rows), kThreads, 0, stream>>>(s, p.lse, rows, p.n_q, p.n_k, p.causal, p.q_offset);
   check_launch("v1_naive softmax");
 }
 

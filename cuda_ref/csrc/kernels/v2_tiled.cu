@@ -1,4 +1,4 @@
-// v2_tiled (ORIGINAL.md §2.2): v1 with shared-memory tiles for the two matrix products. S is still
+// v2_tiled (docs/reference.md §2.2): v1 with shared-memory tiles for the two matrix products. S is still
 // materialised in HBM and normalised by v1's softmax pass, unchanged.
 //
 // Tiles TM = TN = 64 for d = 64 and 32 for d = 128, so the Q + K tiles are (TM + TN) * d * 4 B = 32 KB
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/dispatch.cuh"
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 
 namespace cuda_ref {
@@ -24,6 +25,9 @@ struct V2Tile {
   static constexpr int kOutPerThread = TM * D / kThreads;  // 16 accumulators in both configs
   static_assert(TM * D % kThreads == 0, "each thread owns a whole number of outputs");
   static_assert((TM + TN) * D * 4 <= 48 * 1024, "static shared memory limit");
+  static_assert(TM == (D == 64 ? gen_info(Gen::v2_tiled).tile_m_d64 : gen_info(Gen::v2_tiled).tile_m_d128) &&
+                    TN == (D == 64 ? gen_info(Gen::v2_tiled).tile_n_d64 : gen_info(Gen::v2_tiled).tile_n_d128),
+                "generations.def: v2_tiled tile columns");
 };
 
 // Pass 1: a TM x TN tile of S per CTA; both operand tiles staged once (zero-filled out of range), then

@@ -1,4 +1,4 @@
-// v3_online (ORIGINAL.md §2.3): two passes with online row statistics; S never reaches HBM. The only
+// v3_online (docs/reference.md §2.3): two passes with online row statistics; S never reaches HBM. The only
 // scratch is the per-row max M and denominator L, fp32 [BH, n_q].
 //
 // One THREAD per query row (tid < TM of 256 threads active), TM = TN = 64 (d = 64) / 32 (d = 128). Pass 1
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dispatch.cuh"
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/online_softmax.cuh"
@@ -24,14 +25,19 @@ struct V3Tile {
   static constexpr int TM = D == 64 ? 64 : 32;
   static constexpr int TN = TM;
   static_assert(2 * TM * D * 4 <= 48 * 1024, "static shared memory limit");
+  static_assert(TM == (D == 64 ? gen_info(Gen::v3_online).tile_m_d64 : gen_info(Gen::v3_online).tile_m_d128) &&
+                    TN == (D == 64 ? gen_info(Gen::v3_online).tile_n_d64 : gen_info(Gen::v3_online).tile_n_d128),
+                "generations.def: v3_online tile columns");
 };
 
 // Pass 1: row statistics. Branch form of the update (§2.3): on a new max, rescale l first; then add.
+// With lse set, the final (M, L) also give the row's log-sum-exp (one store per row).
 template <int D>
 __global__ void __launch_bounds__(kThreads) v3_stats_kernel(const float* __restrict__ q,
                                                             const float* __restrict__ k, float* __restrict__ m_out,
-                                                            float* __restrict__ l_out, int n_q, int n_k, float scale,
-                                                            bool causal, int q_offset) {
+                                                            float* __restrict__ l_out, float* __restrict__ lse,
+                                                            int n_q, int n_k, float scale, bool causal,
+                                                            int q_offset) {
   using T = V3Tile<D>;
   __shared__ float sQ[T::TM][D];
   __shared__ float sK[T::TN][D];
@@ -76,6 +82,7 @@ __global__ void __launch_bounds__(kThreads) v3_stats_kernel(const float* __restr
   if (active) {
     m_out[bh * n_q + i] = m;
     l_out[bh * n_q + i] = l;
+    if (lse != nullptr) lse[bh * n_q + i] = row_lse(m, l);
   }
 }
 
@@ -139,7 +146,8 @@ void launch_v3_online(const AttnParams& p, cudaStream_t stream) {
   CUDA_REF_SWITCH_HEAD_DIM(p.head_dim, D, [&] {
     using T = V3Tile<D>;
     const dim3 grid((p.n_q + T::TM - 1) / T::TM, static_cast<unsigned>(p.bh()));
-    v3_stats_kernel<D><<<grid, kThreads, 0, stream>>>(q, k, m, l, p.n_q, p.n_k, p.scale, p.causal, p.q_offset);
+    v3_stats_kernel<D><<<grid, kThreads, 0, stream>>>(q, k, m, l, p.lse, p.n_q, p.n_k, p.scale, p.causal,
+                                                      p.q_offset);
     check_launch("v3_online stats");
     v3_output_kernel<D><<<grid, kThreads, 0, stream>>>(q, k, v, m, l, p.out, p.n_q, p.n_k, p.scale, p.causal,
                                                        p.q_offset);

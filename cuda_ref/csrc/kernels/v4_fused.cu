@@ -1,4 +1,4 @@
-// v4_fused (ORIGINAL.md §2.4): single-pass FlashAttention-1, warp per query row, online softmax; no HBM
+// v4_fused (docs/reference.md §2.4): single-pass FlashAttention-1, warp per query row, online softmax; no HBM
 // scratch at all. Grid (ceil(n_q / 8), BH) x 256 threads. The CTA body lives in common/warp_rows.cuh
 // because v6_splitkv reuses it; this file adds only the normalisation and the store.
 #include <cuda_runtime.h>
@@ -6,17 +6,26 @@
 #include <cstdint>
 
 #include "common/dispatch.cuh"
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/warp_rows.cuh"
 
 namespace cuda_ref {
 namespace {
 
+static_assert(kWarpRowsPerCta == gen_info(Gen::v4_fused).tile_m_d64 &&
+                  kWarpRowsPerCta == gen_info(Gen::v4_fused).tile_m_d128 &&
+                  WarpRowsTile<64>::TN == gen_info(Gen::v4_fused).tile_n_d64 &&
+                  WarpRowsTile<128>::TN == gen_info(Gen::v4_fused).tile_n_d128,
+              "generations.def: v4_fused tile columns");
+
+// With lse set, lane 0 of each warp stores its row's log-sum-exp from the final (m, l).
 template <int D>
 __global__ void __launch_bounds__(kWarpRowsThreads, kWarpRowsMinCtas) v4_fused_kernel(const float* __restrict__ q,
                                                                     const float* __restrict__ k,
                                                                     const float* __restrict__ v,
-                                                                    float* __restrict__ out, int n_q, int n_k,
+                                                                    float* __restrict__ out,
+                                                                    float* __restrict__ lse, int n_q, int n_k,
                                                                     float scale, bool causal, int q_offset) {
   using T = WarpRowsTile<D>;
   __shared__ float sK[T::TN][D];
@@ -30,6 +39,7 @@ __global__ void __launch_bounds__(kWarpRowsThreads, kWarpRowsMinCtas) v4_fused_k
   const float inv = safe_inv(st.l);
 #pragma unroll
   for (int e = 0; e < T::EPT; ++e) out[(bh * n_q + i) * D + lane + 32 * e] = st.o[e] * inv;  // coalesced
+  if (lse != nullptr && lane == 0) lse[bh * n_q + i] = row_lse(st.m, st.l);
 }
 
 }  // namespace
@@ -39,7 +49,7 @@ void launch_v4_fused(const AttnParams& p, cudaStream_t stream) {
     const dim3 grid((p.n_q + kWarpRowsPerCta - 1) / kWarpRowsPerCta, static_cast<unsigned>(p.bh()));
     v4_fused_kernel<D><<<grid, kWarpRowsThreads, 0, stream>>>(
         static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v), p.out,
-        p.n_q, p.n_k, p.scale, p.causal, p.q_offset);
+        p.lse, p.n_q, p.n_k, p.scale, p.causal, p.q_offset);
     check_launch("v4_fused");
   });
 }

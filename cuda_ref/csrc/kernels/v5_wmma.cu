@@ -1,4 +1,4 @@
-// v5_wmma (ORIGINAL.md §2.5): v4's single pass moved onto tensor cores through WMMA 16x16x16 with fp16
+// v5_wmma (docs/reference.md §2.5): v4's single pass moved onto tensor cores through WMMA 16x16x16 with fp16
 // operands and fp32 accumulation. The host casts q, k, v to fp16; the output stays fp32.
 //
 // One warp per 16-row M tile. d = 64: BM = 64 query rows, BN = 32 keys, 4 warps; d = 128: BM = 32, BN = 32,
@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "common/dispatch.cuh"
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/online_softmax.cuh"
@@ -32,13 +33,17 @@ struct V5Tile {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kSmemBytes = (BM * D + 2 * BN * D + BM * BN) * 2 + (BM * BN + BM * D) * 4;
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
+  static_assert(BM == (D == 64 ? gen_info(Gen::v5_wmma).tile_m_d64 : gen_info(Gen::v5_wmma).tile_m_d128) &&
+                    BN == (D == 64 ? gen_info(Gen::v5_wmma).tile_n_d64 : gen_info(Gen::v5_wmma).tile_n_d128),
+                "generations.def: v5_wmma tile columns");
 };
 
 template <int D>
 __global__ void __launch_bounds__(V5Tile<D>::kThreads) v5_wmma_kernel(const __half* __restrict__ q,
                                                                       const __half* __restrict__ k,
                                                                       const __half* __restrict__ v,
-                                                                      float* __restrict__ out, int n_q, int n_k,
+                                                                      float* __restrict__ out,
+                                                                      float* __restrict__ lse, int n_q, int n_k,
                                                                       float scale, bool causal, int q_offset) {
   using T = V5Tile<D>;
   constexpr int BM = T::BM, BN = T::BN;
@@ -152,6 +157,7 @@ __global__ void __launch_bounds__(V5Tile<D>::kThreads) v5_wmma_kernel(const __ha
     const float* orow = oRun + my_row * D;
     float* dst = out + (bh * n_q + my_i) * D;
     for (int t = 0; t < D; ++t) dst[t] = orow[t] * inv;
+    if (lse != nullptr) lse[bh * n_q + my_i] = row_lse(m, l);  // the row's owning lane holds (m, l)
   }
 }
 
@@ -163,7 +169,7 @@ void launch_v5_wmma(const AttnParams& p, cudaStream_t stream) {
     const dim3 grid((p.n_q + T::BM - 1) / T::BM, static_cast<unsigned>(p.bh()));
     v5_wmma_kernel<D><<<grid, T::kThreads, 0, stream>>>(
         static_cast<const __half*>(p.q), static_cast<const __half*>(p.k), static_cast<const __half*>(p.v), p.out,
-        p.n_q, p.n_k, p.scale, p.causal, p.q_offset);
+        p.lse, p.n_q, p.n_k, p.scale, p.causal, p.q_offset);
     check_launch("v5_wmma");
   });
 }

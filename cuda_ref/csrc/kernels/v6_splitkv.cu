@@ -1,4 +1,4 @@
-// v6_splitkv (ORIGINAL.md §2.6): Flash-Decoding. v4's warp-per-row CTA body restricted to one split of the
+// v6_splitkv (docs/reference.md §2.6): Flash-Decoding. v4's warp-per-row CTA body restricted to one split of the
 // keys, writing unnormalised (O, m, l) partials to an fp32 workspace, then an LSE merge (§2.0).
 //
 // Operands arrive as fp16 (the host casts, as the reference does) and are widened to fp32 in shared memory.
@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/dispatch.cuh"
+#include "common/generations.cuh"
 #include "common/launch.cuh"
 #include "common/merge.cuh"
 #include "common/split_plan.cuh"
@@ -18,6 +19,13 @@
 
 namespace cuda_ref {
 namespace {
+
+static_assert(kWarpRowsPerCta == kSplitRowsPerCta, "the split plan counts v6's rows per partial CTA");
+static_assert(kWarpRowsPerCta == gen_info(Gen::v6_splitkv).tile_m_d64 &&
+                  kWarpRowsPerCta == gen_info(Gen::v6_splitkv).tile_m_d128 &&
+                  WarpRowsTile<64>::TN == gen_info(Gen::v6_splitkv).tile_n_d64 &&
+                  WarpRowsTile<128>::TN == gen_info(Gen::v6_splitkv).tile_n_d128,
+              "generations.def: v6_splitkv tile columns");
 
 // Grid (ceil(n_q / 8), S, BH). A split with no visible key for a row still writes (-FLT_MAX, 0, 0).
 template <int D>
@@ -51,14 +59,17 @@ __global__ void __launch_bounds__(kWarpRowsThreads, kWarpRowsMinCtas) v6_partial
   }
 }
 
-// Grid (n_q, BH), one thread per output dim; each recomputes the split-wide max and denominator.
+// Grid (n_q, BH), one thread per output dim; each recomputes the split-wide max and denominator. With lse
+// set, thread 0 also stores the row's merged log-sum-exp m* + log(l*).
 __global__ void v6_merge_kernel(const float* __restrict__ o_part, const float* __restrict__ m_part,
-                                const float* __restrict__ l_part, float* __restrict__ out, int n_q, int d,
-                                int num_splits) {
+                                const float* __restrict__ l_part, float* __restrict__ out, float* __restrict__ lse,
+                                int n_q, int d, int num_splits) {
   const int t = threadIdx.x;
   const int64_t row = static_cast<int64_t>(blockIdx.y) * n_q + blockIdx.x;
   const int64_t slot0 = row * num_splits;
-  out[row * d + t] = lse_merge(m_part + slot0, l_part + slot0, o_part + slot0 * d + t, d, num_splits);
+  const MergedElement r = lse_merge(m_part + slot0, l_part + slot0, o_part + slot0 * d + t, d, num_splits);
+  out[row * d + t] = r.out;
+  if (lse != nullptr && t == 0) lse[row] = r.lse;
 }
 
 }  // namespace
@@ -82,8 +93,8 @@ void launch_v6_splitkv(const AttnParams& p, cudaStream_t stream) {
     check_launch("v6_splitkv partial");
   });
   const dim3 merge_grid(p.n_q, static_cast<unsigned>(p.bh()));
-  v6_merge_kernel<<<merge_grid, p.head_dim, 0, stream>>>(o_part, m_part, l_part, p.out, p.n_q, p.head_dim,
-                                                         num_splits);
+  v6_merge_kernel<<<merge_grid, p.head_dim, 0, stream>>>(o_part, m_part, l_part, p.out, p.lse, p.n_q,
+                                                         p.head_dim, num_splits);
   check_launch("v6_splitkv merge");
 }
 
