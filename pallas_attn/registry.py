@@ -109,18 +109,11 @@ def configs(gen_id: str) -> Mapping[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerationInfo:
-    """What ``pallas_attn.generations()`` shows: the shared row, whether Pallas builds it, and the kernel's
-    declared facts (``kernel`` is None when not built)."""
+class GenerationInfo(_core.Generation):
+    """What ``pallas_attn.generations()`` shows: the shared row (``attn_core.generations.Generation``),
+    whether Pallas builds it, and the kernel's declared facts (``kernel`` is None when not built)."""
 
-    id: str
-    family: str
-    parent: str | None
-    delta: str
-    section: str
-    entries: frozenset[str]
-    frontier: bool
-    built: bool
+    built: bool = False
     kernel: str | None = None
     lowering: str | None = None
     configs: tuple[str, ...] = ()
@@ -134,15 +127,13 @@ class GenerationInfo:
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["entries"] = sorted(self.entries)
-        d["precision"] = {k: dataclasses.asdict(v) for k, v in self.precision.items()}
         return d
 
 
 def generations() -> tuple[GenerationInfo, ...]:
     out = []
     for g in _core.GENERATIONS:
-        base = dict(id=g.id, family=g.family, parent=g.parent, delta=g.delta, section=g.section, entries=g.entries,
-                    frontier=g.frontier)
+        base = {f.name: getattr(g, f.name) for f in dataclasses.fields(g)}
         if not built(g.id):
             out.append(GenerationInfo(**base, built=False))
             continue
