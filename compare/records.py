@@ -235,8 +235,9 @@ def collect_env() -> dict[str, Any]:
         "device_kind": device_kind,
         "clocks": clocks,
         "versions": versions,
-        # The device machine gets a copy of the tree without .git: the caller passes the sha it sent.
-        "git_sha": (sha + ("-dirty" if dirty else "")) if sha else os.environ.get("PALLAS_ATTN_GIT_SHA"),
+        # The device machine gets a copy of the tree whose .git (when there is one) is the last *landed*
+        # commit with the session's work on top as uncommitted changes: the sha the caller sent wins.
+        "git_sha": os.environ.get("PALLAS_ATTN_GIT_SHA") or ((sha + ("-dirty" if dirty else "")) if sha else None),
         "host": platform.node(),
         "env_flags": {k: os.environ.get(k) for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS") if k in os.environ},
     }
