@@ -25,13 +25,11 @@ import time
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import importlib  # noqa: E402
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pallas_attn import _compat  # noqa: E402
+from pallas_attn import _compat, registry  # noqa: E402
 from pallas_attn.kernels.contract import Problem  # noqa: E402
 
 try:
@@ -77,7 +75,7 @@ def _call(dense, q, k, v, q_offset, **kw):
 
 
 def _kernel(gen: str):
-    return importlib.import_module(f"pallas_attn.kernels.{gen}").KERNEL
+    return registry.kernel(gen)
 
 
 def main(argv=None) -> int:
