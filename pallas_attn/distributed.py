@@ -1,0 +1,182 @@
+"""Context-parallel decode over a JAX mesh axis: each device attends to its own part of the KV cache with
+fa_decode and the partial states are merged across the axis (DESIGN.md: decode, many GPUs).
+
+One long request outgrows one GPU's bandwidth long before its memory. Split the cache along the sequence
+over the devices of a mesh axis; every device runs the decode kernel on its slice with ``return_lse=True``
+and the normalized partials ``(o, lse)`` are merged with the split-KV identity (``kernels/splitkv.py``):
+
+    lse* = log sum_d exp(lse_d),   out = sum_d exp(lse_d - lse*) o_d
+
+Communication is XLA's (NCCL on GPUs) inside the same jitted program as the kernels, two ways:
+
+* ``merge="all_gather"``: gather every device's ``(o, lse)`` and merge them locally (``splitkv.merge_jnp``):
+  one collective of ``n * (D + 1)`` floats per row;
+* ``merge="psum"``: ``pmax`` of the LSE, then one ``psum`` of the rescaled ``[o * w, w]``: two collectives of
+  ``D + 1`` floats per row, independent of the device count.
+
+Each device's keys are global positions ``kv_start[b] + j`` (``j`` local), so causal masking with the global
+``q_offset`` becomes a local offset ``q_offset - kv_start``. Uneven or empty slices are local lengths
+(``kv_len``); the local call is fa_decode's paged entry over the device's own pool (paged input) or over a
+free identity-table view of its dense slice (dense input), which is what takes per-sequence lengths.
+
+Head-parallel (tensor-parallel) sharding composes: shard the head axes of q and KV over a second mesh axis;
+the merge runs over the context axis only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import api
+from .kernels import splitkv
+
+__all__ = ["context_parallel_attention", "context_parallel_decode", "decode_program", "merge_across", "shard_kv",
+           "MERGES"]
+
+MERGES = ("all_gather", "psum")
+
+
+def merge_across(o, lse, *, axis_name, merge: str = "all_gather"):
+    """Merge per-device states ``o [B, Tq, Hq, D]`` / ``lse [B, Hq, Tq]`` across ``axis_name``; returns the
+    merged ``(out, lse)`` on every device of the axis. FP32 math; ``out`` keeps ``o``'s dtype."""
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
+    lse_t = jnp.transpose(lse, (0, 2, 1)).astype(jnp.float32)  # [B, Tq, Hq], aligned with o's rows
+    if merge == "all_gather":
+        o_all = lax.all_gather(o, axis_name)  # [n, B, Tq, Hq, D]
+        l_all = lax.all_gather(lse_t, axis_name)  # [n, B, Tq, Hq]
+        out, lse_m = splitkv.merge_jnp(o_all, l_all, axis=0)
+    else:
+        m = lax.pmax(lse_t, axis_name)
+        m_safe = jnp.where(jnp.isneginf(m), 0.0, m)  # every device empty for this row: all weights 0
+        w = jnp.exp(lse_t - m_safe)
+        packed = jnp.concatenate([o.astype(jnp.float32) * w[..., None], w[..., None]], axis=-1)
+        tot = lax.psum(packed, axis_name)
+        den = tot[..., -1]
+        out = (tot[..., :-1] / jnp.where(den == 0, 1.0, den)[..., None]).astype(o.dtype)
+        lse_m = jnp.where(den == 0, -jnp.inf, m_safe + jnp.log(jnp.where(den == 0, 1.0, den)))
+    return out, jnp.transpose(lse_m, (0, 2, 1))
+
+
+def _page_for(t: int) -> int:
+    """The largest power of two <= 256 dividing ``t`` (the identity-table view needs whole pages)."""
+    page = 1
+    while page < 256 and t % (2 * page) == 0:
+        page *= 2
+    return page
+
+
+def _as_pool(x, page: int):
+    """Dense ``[B, T, H, D]`` as a pool ``[B*T/page, page, H, D]`` (a free reshape) with table row b = its pages."""
+    b, t, h, d = x.shape
+    return x.reshape(b * (t // page), page, h, d)
+
+
+def context_parallel_attention(q, k, v, *, axis_name, kv_len=None, kv_start=None, block_table=None,
+                               causal: bool = False, scale: float | None = None, q_offset=None,
+                               merge: str = "all_gather", generation: str = "fa_decode", config=None,
+                               interpret: bool | None = None, return_lse: bool = False):
+    """Decode attention over a KV cache split along the sequence across mesh axis ``axis_name``.
+
+    Call inside ``jax.shard_map`` (or use ``context_parallel_decode``). Per device:
+
+    * dense: ``k, v [B, T_local, Hkv, D]`` (BTNH), keys ``kv_start[b] + j`` of the global sequence, of which
+      the first ``kv_len[b]`` are valid (default: all ``T_local``); ``kv_start`` defaults to
+      ``axis_index * T_local`` (equal contiguous slices);
+    * paged: ``k, v`` the device's own pools ``[blocks, page, Hkv, D]`` with ``block_table [B, P]`` and
+      ``kv_len [B]`` (required) and ``kv_start [B]`` (required when causal).
+
+    ``q [B, Tq, Hq, D]`` is replicated over the axis. Causal is top-left with the global offset (key ``j``
+    visible to query ``i`` iff ``j <= i + q_offset``; default ``q_offset = total_len - Tq``, the decode case,
+    with ``total_len`` the psum of the local lengths). Returns ``out`` (and ``lse [B, Hq, Tq]``), the same on
+    every device of the axis. A device whose slice is empty contributes nothing.
+    """
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
+    b, tq = q.shape[0], q.shape[1]
+    idx = lax.axis_index(axis_name)
+    paged = block_table is not None
+    if paged:
+        if kv_len is None:
+            raise ValueError("paged context parallelism needs kv_len [B]: each device's own valid lengths")
+        if causal and kv_start is None:
+            raise ValueError("causal paged context parallelism needs kv_start [B]: where each device's keys begin")
+        pool_k, pool_v, table = k, v, block_table
+    else:
+        t_local = k.shape[1]
+        page = _page_for(t_local)
+        pool_k, pool_v = _as_pool(k, page), _as_pool(v, page)
+        per = t_local // page
+        table = (jnp.arange(b, dtype=jnp.int32)[:, None] * per + jnp.arange(per, dtype=jnp.int32)[None, :])
+        if kv_start is None:
+            kv_start = jnp.full((b,), idx * t_local, jnp.int32)
+        if kv_len is None:
+            kv_len = jnp.full((b,), t_local, jnp.int32)
+    kv_len = jnp.asarray(kv_len, jnp.int32)
+    if causal:
+        if q_offset is None:
+            q_offset = lax.psum(kv_len, axis_name) - tq  # the last query on the last key of the whole cache
+        local_off = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (b,)) - jnp.asarray(kv_start, jnp.int32)
+    else:
+        local_off = jnp.zeros((b,), jnp.int32)
+    o, lse = api.paged_attention(q, pool_k, pool_v, table, kv_len, causal=causal, scale=scale, q_offset=local_off,
+                                 generation=generation, config=config, interpret=interpret, return_lse=True,
+                                 check_block_table=False)
+    out, lse_m = merge_across(o, lse, axis_name=axis_name, merge=merge)
+    return (out, lse_m) if return_lse else out
+
+
+def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str | None = None, causal: bool = False,
+                            scale: float | None = None, q_offset=None, kv_len=None, merge: str = "all_gather",
+                            generation: str = "fa_decode", config=None, interpret: bool | None = None,
+                            return_lse: bool = False):
+    """Convenience wrapper: dense BTNH ``q [B, Tq, Hq, D]`` and ``k, v [B, Tk, Hkv, D]`` with ``Tk`` split into
+    equal contiguous slices over ``mesh`` axis ``axis`` (and, with ``head_axis``, heads over that axis).
+
+    ``kv_len`` (optional, global int32 ``[B]``) masks keys at or past it (ragged batches); causal uses the
+    global ``q_offset`` (default ``kv_len - Tq``). Returns ``out`` replicated over ``axis`` (sharded over
+    ``head_axis``). One jitted program per configuration (cached): kernels, collectives and merge.
+    """
+    n = mesh.shape[axis]
+    b, tk = k.shape[0], k.shape[1]
+    if tk % n:
+        raise ValueError(f"k.shape[1] = {tk} must divide into {n} equal slices over mesh axis {axis!r}")
+    lens = jnp.full((b,), tk, jnp.int32) if kv_len is None else jnp.asarray(kv_len, jnp.int32)
+    if causal and q_offset is None:
+        q_offset = lens - q.shape[1]
+    off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (b,))
+    f = decode_program(mesh, axis=axis, head_axis=head_axis, t_local=tk // n, batch=b, causal=causal, scale=scale,
+                       merge=merge, generation=generation, config=config, interpret=interpret)
+    out, lse = f(q, k, v, lens, off)
+    return (out, lse) if return_lse else out
+
+
+@functools.cache
+def decode_program(mesh, *, axis: str, head_axis: str | None, t_local: int, batch: int, causal: bool,
+                   scale: float | None, merge: str, generation: str, config, interpret: bool | None):
+    """The jitted ``(q, k, v, kv_len [B], q_offset [B]) -> (out, lse)`` of ``context_parallel_decode``."""
+    h = head_axis
+    q_spec, kv_spec = P(None, None, h, None), P(None, axis, h, None)
+
+    def local(q, k, v, lens, off):
+        start = lax.axis_index(axis) * t_local
+        loc_len = jnp.clip(lens - start, 0, t_local)
+        return context_parallel_attention(
+            q, k, v, axis_name=axis, kv_len=loc_len, kv_start=jnp.full((batch,), start, jnp.int32), causal=causal,
+            scale=scale, q_offset=off, merge=merge, generation=generation, config=config, interpret=interpret,
+            return_lse=True)
+
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, P(), P()),
+                                 out_specs=(q_spec, P(None, h, None)), check_vma=False))
+
+
+def shard_kv(mesh, k, *, axis: str = "cp", head_axis: str | None = None):
+    """Place a dense cache ``[B, Tk, Hkv, D]`` on ``mesh`` split along the sequence (helper for callers)."""
+    return jax.device_put(k, NamedSharding(mesh, P(None, axis, head_axis, None)))
+
