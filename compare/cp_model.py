@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["CPModel", "H200"]
+__all__ = ["CPModel", "H200", "H200_FIT"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +57,9 @@ class CPModel:
 # H200: read ceiling 4.27 TB/s (x.sum) to 4.6 (jnp.sum under CUPTI); fa_decode read ~4.0-4.35 TB/s on long
 # caches in the 2026-11-21 runs (README): 4.1 TB/s effective.
 H200 = CPModel(bw_eff=4.1e12)
+
+# Refit after the first run (results/cp_decode/20261122_h200x4, loop clock): the 1-GPU step reads 4.45 TB/s,
+# and the steps on 2 and 4 GPUs sit 31-46 us above perfect scaling, more than the 12-18 us psum the model took
+# from a bandwidth-bound read: alpha 18 us, beta 8 us, t_fixed folded into them. Scored on the 2-GPU machine
+# (results/cp_decode/20261122_h200x2) in docs/distributed.md.
+H200_FIT = CPModel(bw_eff=4.45e12, t_fixed=0.0, alpha=18e-6, beta=8e-6)
