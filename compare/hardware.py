@@ -150,3 +150,14 @@ def detect(device_name: str) -> Hardware | None:
         if re.search(pat, n):
             return HARDWARE[key]
     return None
+
+
+def aggregate(hw: Hardware, devices: int) -> Hardware:
+    """``devices`` copies of ``hw`` working on one problem (context parallelism on one host): bandwidth, SMs,
+    FLOP and exp rates add up; the same hardware when ``devices == 1``."""
+    if devices == 1:
+        return hw
+    return dataclasses.replace(
+        hw, name=f"{devices}x {hw.name}", num_sm=hw.num_sm * devices, hbm_gb=hw.hbm_gb * devices,
+        hbm_bw=hw.hbm_bw * devices, l2_mb=hw.l2_mb * devices, flops={k: v * devices for k, v in hw.flops.items()},
+        exp_per_s=None if hw.exp_per_s is None else hw.exp_per_s * devices)

@@ -285,7 +285,8 @@ def cuda_impls() -> list[Impl]:
 
 
 def all_impls() -> list[Impl]:
-    """Pallas generations, CUDA twins, then the peers, in that order (twins pair by generation id)."""
-    from . import peers
+    """Pallas generations, CUDA twins, multi-device implementations, then the peers, in that order (twins
+    pair by generation id)."""
+    from . import multidevice, peers
 
-    return pallas_impls() + cuda_impls() + peers.peer_impls()
+    return pallas_impls() + cuda_impls() + multidevice.cp_impls() + peers.peer_impls()

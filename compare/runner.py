@@ -103,13 +103,18 @@ def _selected(only: list[tuple[str, str]], w: Workload, impl: Impl) -> bool:
 
 
 def _allowed_by_workload(w: Workload, impl: Impl) -> bool:
-    """A workload's own ``generations``/``peers`` lists restrict what runs on it (config choice, no record)."""
+    """A workload's own ``generations``/``peers`` lists restrict what runs on it (config choice, no record);
+    a workload split over several devices is run by multi-device implementations only."""
+    if w.devices > 1 and not impl.multi_device:
+        return False
     if impl.kind == "peer":
         if w.peers is None:
             return True
         short = impl.name.split(":", 1)[1]
         return any(fnmatch.fnmatchcase(impl.name, p) or fnmatch.fnmatchcase(short, p) for p in w.peers)
-    return w.generations is None or impl.generation in w.generations
+    if w.generations is None or impl.generation in w.generations:
+        return True
+    return any(fnmatch.fnmatchcase(impl.name, g) for g in w.generations)  # e.g. "pallas:fa_decode_cp:*"
 
 
 # ------------------------------------------------------------------------------------------ context
@@ -263,7 +268,7 @@ class _Run:
             if hw is None:
                 continue
             try:
-                est = roofline.estimate(prob, hw)
+                est = roofline.estimate(prob, hardware.aggregate(hw, w.devices))
             except Exception as e:  # e.g. no peak for this engine on this hardware
                 out[f"{label}_error"] = f"{type(e).__name__}: {e}"
                 continue
@@ -444,8 +449,11 @@ class _Run:
                                                     f"exceed --budget-s {o.budget_s:g} s (agreement kept)")
                 return
             m["reps_reduced_for_budget"] = True
-        kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
-                                 flush_bytes=self.flush_bytes, clock=o.clock)
+        if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
+            kt = timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
+        else:
+            kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
+                                     flush_bytes=self.flush_bytes, clock=o.clock)
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
         st = kt.stats
         m.update(clock=kt.clock, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed, reps=len(kt.samples_us),

@@ -32,6 +32,9 @@ class Prepared:
     framework: str  # "jax" | "torch"
     layout: str  # output layout: "BTNH" | "BHND" | "BND"
     notes: str = ""
+    # None: the framework's kernel clock (CUPTI). "loop": the step chained inside one jitted program, for
+    # programs that span several devices (no single CUPTI span covers them; timing.time_loop)
+    clock: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Impl:
     roofline_fn: Callable[[Any], RooflineFacts] | None = dataclasses.field(repr=False, compare=False, default=None)
     plan_fn: Callable[[Any, Ctx], Mapping[str, Any] | None] = dataclasses.field(repr=False, compare=False,
                                                                               default=_none)
+    multi_device: bool = False  # runs on workloads with devices > 1 (single-device impls never see those)
 
     def supports(self, w, ctx: Ctx) -> Support:
         return self.supports_fn(w, ctx)
@@ -110,4 +114,5 @@ class Impl:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "framework": self.framework, "generation": self.generation,
-                "config": self.config, "kind": self.kind, "lowering": self.lowering, "notes": self.notes}
+                "config": self.config, "kind": self.kind, "lowering": self.lowering, "notes": self.notes,
+                "multi_device": self.multi_device}

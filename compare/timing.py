@@ -309,3 +309,32 @@ def time_cpu(fn: Callable, args: tuple, *, reps: int) -> Timing:
     """CPU interpret mode: wall-clock of the interpreter, labelled so it is never read as a kernel time."""
     t = time_e2e(fn, args, framework="cpu", reps=reps)
     return dataclasses.replace(t, clock="cpu-interpret")
+
+
+def time_loop(fn: Callable, args: tuple, *, reps: int, iters: int = 20) -> Timing:
+    """Device time per step of a JAX program that spans several devices: ``iters`` steps chained inside one
+    jitted program (each step's first argument is the last step's first argument plus 0 x its output, so no
+    step is hoisted or dropped; the output must have the first argument's shape, as attention's does), wall
+    clock of the whole loop / iters, ``reps`` samples. No dispatch in it, no L2 flush (label says so)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    first, rest = args[0], args[1:]
+
+    @jax.jit
+    def loop(x, *rest):
+        def body(_, x):
+            out = fn(x, *rest)
+            return (x.astype(jnp.float32) + 0.0 * out.astype(jnp.float32)).astype(x.dtype)
+
+        return lax.fori_loop(0, iters, body, x)
+
+    jax.block_until_ready(loop(first, *rest))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(loop(first, *rest))
+        samples.append(1e6 * (time.perf_counter() - t0) / iters)
+    return Timing(tuple(samples), "host-wall:in-jit-loop", False,
+                  (f"{iters} steps chained in one jitted program per sample; warm L2; no dispatch",))

@@ -8,7 +8,9 @@ Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | ml
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
 causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged only),
 ragged (paged only: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_lora_rank / rope_dim (mla),
-generations / peers (restrict the implementations; default all that support the workload), tags, seed.
+generations / peers (restrict the implementations; default all that support the workload), tags, seed,
+devices (default 1: GPUs of one host a decode's KV cache is split over; only multi-device implementations run
+on devices > 1).
 
 Errors name the file and the entry: unknown key, bad shape, Hq not a multiple of Hkv, and so on.
 """
@@ -53,6 +55,7 @@ class Workload:
     peers: tuple[str, ...] | None = None
     tags: tuple[str, ...] = ()
     seed: int = 0
+    devices: int = 1  # GPUs of one host the KV cache is split over (context-parallel decode)
     source: str = ""
 
     @property
@@ -68,6 +71,7 @@ class Workload:
 _DEFAULTS: dict[str, Any] = {
     "heads_kv": None, "kv_len": None, "causal": False, "q_offset": None, "page_size": None, "ragged": False,
     "kv_lora_rank": None, "rope_dim": None, "generations": None, "peers": None, "tags": (), "seed": 0,
+    "devices": 1,
 }
 _REQUIRED = ("name", "family", "batch", "heads_q", "q_len", "head_dim", "dtype")
 _FIELDS = {f.name for f in dataclasses.fields(Workload)} - {"source"}
@@ -112,7 +116,7 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
     except (KeyError, IndexError, ValueError) as err:
         raise ConfigError(f"{where}: bad name template {raw['name']!r}: {err}") from None
     where = f"{where} ({e['name']})"
-    for k in ("batch", "heads_q", "q_len", "head_dim"):
+    for k in ("batch", "heads_q", "q_len", "head_dim", "devices"):
         if not isinstance(e[k], int) or isinstance(e[k], bool) or e[k] < 1:
             raise ConfigError(f"{where}: {k} must be a positive int; got {e[k]!r}")
     e["heads_kv"] = e["heads_q"] if e["heads_kv"] is None else e["heads_kv"]
@@ -136,6 +140,9 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
             raise ConfigError(f"{where}: paged_decode needs page_size, a power of two; got {ps!r}")
     elif e["page_size"] is not None or e["ragged"]:
         raise ConfigError(f"{where}: page_size/ragged only apply to family 'paged_decode'")
+    if e["devices"] > 1 and (e["family"] != "decode" or e["kv_len"] % e["devices"]):
+        raise ConfigError(f"{where}: devices > 1 (context-parallel) takes family 'decode' with kv_len a multiple of "
+                          f"devices; got family {e['family']!r}, kv_len {e['kv_len']}, devices {e['devices']}")
     if e["family"] == "mla":
         if not e["kv_lora_rank"] or e["rope_dim"] is None:
             raise ConfigError(f"{where}: mla needs kv_lora_rank and rope_dim")

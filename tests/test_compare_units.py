@@ -376,3 +376,26 @@ def test_cupti_samples_drop_one_flush_kernel_per_rep():
         timing._cupti_samples([[("attn", 0.01)]], f)
     with pytest.raises(RuntimeError, match="no implementation kernel"):
         timing._cupti_samples([[("loop_not_fusion", 0.5)]], f)
+
+
+def test_multi_device_building_blocks():
+    """The loop clock chains steps inside one program; aggregated hardware adds bandwidth and rates; the
+    devices field is validated."""
+    import jax.numpy as jnp
+
+    from compare import hardware, timing
+    from compare.workloads import ConfigError, _build
+
+    t = timing.time_loop(lambda x, y: x * y, (jnp.ones((4, 8)), jnp.full((4, 8), 2.0)), reps=2, iters=3)
+    assert t.clock == "host-wall:in-jit-loop" and len(t.samples_us) == 2 and all(s > 0 for s in t.samples_us)
+    hw = hardware.get("h200")
+    agg = hardware.aggregate(hw, 4)
+    assert agg.hbm_bw == 4 * hw.hbm_bw and agg.flops["fp16"] == 4 * hw.flops["fp16"]
+    assert hardware.aggregate(hw, 1) is hw
+    base = dict(name="w", family="decode", batch=1, heads_q=8, heads_kv=2, q_len=1, kv_len=1024, head_dim=64,
+                dtype="float16")
+    assert _build({**base, "devices": 4}, "t").devices == 4
+    with pytest.raises(ConfigError, match="devices"):
+        _build({**base, "devices": 3}, "t")  # 1024 keys do not split into 3
+    with pytest.raises(ConfigError, match="devices"):
+        _build({**base, "family": "prefill", "devices": 2}, "t")

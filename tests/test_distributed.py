@@ -150,3 +150,27 @@ def test_inner_bad_arguments():
     k = jnp.zeros((1, 10, 2, 64), jnp.float16)
     with pytest.raises(ValueError, match="equal slices"):
         dist.context_parallel_decode(_mesh(), q, k, k)
+
+
+@inner
+def test_inner_compare_runs_the_multi_device_impls(tmp_path):
+    """compare on the smoke cp workloads: the cp impls on 1, 2, 4 devices agree with the oracle; single-device
+    impls never appear on devices > 1; every cp record carries its plan (devices, merge, local kernel plan)."""
+    import json
+
+    from compare import runner
+
+    opts = runner.RunOptions(config="cp_decode", only=["cp_smoke*"], out=str(tmp_path), reps=1, warmup=0, e2e_reps=1,
+                             budget_s=60.0, max_run_s=None, clock="cupti", arch="h200", cpu_max_flops=1e9,
+                             no_ceilings=True, quiet=True, argv=[])
+    assert runner.run(opts) == 0
+    recs = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    res = [r for r in recs if r.get("type") == "result"]
+    for n in (1, 2, 4):
+        cp = [r for r in res if r["workload"]["devices"] == n and r["impl"]["name"].startswith("pallas:fa_decode_cp:")]
+        assert {r["impl"]["config"] for r in cp} == {"all_gather", "psum"}
+        for r in cp:
+            assert r["status"] == "ok", r["reason"]
+            assert r["impl"]["plan"]["devices"] == n and r["impl"]["multi_device"]
+            assert r["agreement"]["rel_l2_err"] < 1e-2
+    assert all(r["impl"]["multi_device"] for r in res if r["workload"]["devices"] > 1)

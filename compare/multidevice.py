@@ -1,0 +1,109 @@
+"""Implementations that span several devices: context-parallel decode (``pallas_attn.distributed``).
+
+``pallas:fa_decode_cp:<merge>`` runs a dense decode workload with its KV cache split into ``w.devices``
+equal contiguous slices over the first ``w.devices`` devices of this process: fa_decode on each slice, the
+partial states merged across the devices inside the same jitted program (``merge`` = ``all_gather`` or
+``psum``). On ``devices = 1`` it is the same program on a one-device mesh: the baseline its speed-up is read
+against, measured on the same clock. Only these implementations run on workloads with ``devices > 1``
+(``runner._allowed_by_workload``).
+
+Inputs: compare's own per-workload arrays, resharded onto the mesh once, outside the timed region. Clock:
+``timing.time_loop`` (the step chained inside one jitted program): a program over several devices has no
+single CUPTI span. The roofline is the workload's on ``devices`` aggregated GPUs (``hardware.aggregate``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
+
+__all__ = ["cp_impls", "MERGES"]
+
+MERGES = ("all_gather", "psum")
+_GEN = "fa_decode"
+
+
+def _local_problem(w):
+    from pallas_attn.kernels.contract import Problem
+
+    return Problem(entry="paged", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len // w.devices,
+                   heads_q=w.heads_q, heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal),
+                   page_size=_page(w))
+
+
+def _page(w) -> int:
+    from pallas_attn import distributed
+
+    return distributed._page_for(w.kv_len // w.devices)
+
+
+def _supports(merge: str, w, ctx: Ctx) -> Support:
+    if w.family != "decode":
+        return Support(False, "", "n/a")
+    if w.kv_len % w.devices:
+        return Support(False, f"kv_len {w.kv_len} does not split into {w.devices} equal slices", "unsupported")
+    from pallas_attn import registry
+
+    ok, why = registry.kernel(_GEN).supports(_local_problem(w))
+    if not ok:
+        return Support(False, why, "unsupported")
+    import jax
+
+    if jax.device_count() < w.devices:
+        return Support(False, f"needs {w.devices} devices; this process sees {jax.device_count()}", "unavailable")
+    return YES
+
+
+def _roofline(w) -> RooflineFacts:
+    from pallas_attn import registry
+
+    k = registry.kernel(_GEN)
+    prec = k.precision_for(w.dtype)
+    return RooflineFacts(prec.operand, False, (1, 1), prec.engine == "tensor",
+                         f"pallas contract ({k.name}) on {w.devices} device(s)")
+
+
+def _plan(merge: str, w, ctx: Ctx) -> dict[str, Any]:
+    from pallas_attn import registry
+
+    k = registry.kernel(_GEN)
+    p = _local_problem(w)
+    return {"devices": w.devices, "merge": merge, "keys_per_device": w.kv_len // w.devices,
+            "page_view": p.page_size, "local": dict(k.plan(p, k.config(None, p)))}
+
+
+def _prepare(merge: str, w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from pallas_attn import distributed
+
+    mesh = Mesh(np.array(jax.devices()[: w.devices]), ("cp",))
+    q = jax.device_put(inp.q, NamedSharding(mesh, P()))
+    k = jax.device_put(inp.k, NamedSharding(mesh, P(None, "cp")))
+    v = jax.device_put(inp.v, NamedSharding(mesh, P(None, "cp")))
+    lens = jax.device_put(jnp.full((w.batch,), w.kv_len, jnp.int32), NamedSharding(mesh, P()))
+    off = jax.device_put(jnp.full((w.batch,), w.q_offset, jnp.int32), NamedSharding(mesh, P()))
+    prog = distributed.decode_program(mesh, axis="cp", head_axis=None, t_local=w.kv_len // w.devices,
+                                      batch=w.batch, causal=bool(w.causal), scale=inp.scale, merge=merge,
+                                      generation=_GEN, config=None, interpret=ctx.interpret)
+
+    def fn(q, k, v, lens, off):
+        return prog(q, k, v, lens, off)[0]
+
+    return Prepared(fn, (q, k, v, lens, off), "jax", "BTNH", clock="loop",
+                    notes=f"KV split over {w.devices} device(s) ({w.kv_len // w.devices} keys each), {merge} merge")
+
+
+def cp_impls() -> list[Impl]:
+    import functools
+
+    return [Impl(f"pallas:{_GEN}_cp:{m}", "pallas", None, m, "frontier", "triton",
+                 f"context-parallel fa_decode: the KV cache split over the workload's devices, {m} merge",
+                 functools.partial(_supports, m), functools.partial(_prepare, m), _roofline,
+                 functools.partial(_plan, m), multi_device=True)
+            for m in MERGES]
