@@ -8,8 +8,9 @@ against, measured on the same clock. Only these implementations run on workloads
 (``runner._allowed_by_workload``).
 
 Inputs: compare's own per-workload arrays, resharded onto the mesh once, outside the timed region. Clock:
-``timing.time_loop`` (the step chained inside one jitted program): a program over several devices has no
-single CUPTI span. The roofline is the workload's on ``devices`` aggregated GPUs (``hardware.aggregate``).
+``timing.time_loop`` (the step chained inside one jitted program, two loop lengths differenced so the
+per-call costs cancel): a program over several devices has no single CUPTI span. The roofline is the
+workload's on ``devices`` aggregated GPUs (``hardware.aggregate``).
 """
 
 from __future__ import annotations

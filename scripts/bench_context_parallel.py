@@ -8,9 +8,9 @@ D 128, fp16 KV, Tq 1, non-causal, the cache split into equal contiguous slices o
 
 Clock. Three host wall-clock figures per (workload, devices, merge), because several devices' kernels and
 collectives have no single CUPTI span a JAX call can return:
-  * ``loop_us``: the step run ``--iters`` times inside ONE jitted program (``lax.fori_loop``, each step's q
-    depends on the last step's output, so nothing is hoisted or dropped), divided by the iteration count:
-    device time per step with no host dispatch in it (the primary number);
+  * ``loop_us``: the step chained inside ONE jitted program (``compare.timing.time_loop``: each step's q
+    depends on the last step's output, so nothing is hoisted or dropped; ``T(2n) - T(n)`` over ``n`` steps,
+    so what a call pays once cancels): device time per step (the primary number);
   * ``pipelined_us``: ``--iters`` calls issued with one sync at the end, per call (what a serving loop sees);
   * ``synced_us``: median of calls each followed by a sync.
 The merge's own time is ``merge_us`` (the collective + merge alone on the real (o, lse) shapes, same loop
@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from compare import timing  # noqa: E402
 from pallas_attn import _compat, distributed  # noqa: E402
 
 WORKLOADS = {  # name: (B, S)
@@ -72,23 +72,10 @@ def _inputs(mesh, b, s, dtype):
 
 
 def _loop_time(step, args, iters: int) -> float:
-    """µs per step of ``iters`` steps chained inside one jitted program (q <- q + 0 * out keeps them live)."""
-
-    @jax.jit
-    def loop(q, *rest):
-        def body(_, q):
-            out = step(q, *rest)
-            return (q.astype(jnp.float32) + 0.0 * out.astype(jnp.float32)).astype(q.dtype)
-
-        return lax.fori_loop(0, iters, body, q)
-
-    jax.block_until_ready(loop(*args))  # compile + warm
-    ts = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        jax.block_until_ready(loop(*args))
-        ts.append((time.perf_counter() - t0) / iters * 1e6)
-    return min(ts)
+    """µs per step: ``compare.timing.time_loop`` (steps chained in one jitted program, two loop lengths
+    differenced so per-call costs cancel), the best of 3 samples. Records made before 2026-11-22 14:05 (git
+    2406d14d7e57) used T(iters) / iters instead, which carries the per-call cost / iters on top."""
+    return min(timing.time_loop(step, args, reps=3, iters=iters).samples_us)
 
 
 def _call_times(fn, args, iters: int) -> tuple[float, float]:

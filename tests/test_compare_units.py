@@ -387,7 +387,7 @@ def test_multi_device_building_blocks():
     from compare.workloads import ConfigError, _build
 
     t = timing.time_loop(lambda x, y: x * y, (jnp.ones((4, 8)), jnp.full((4, 8), 2.0)), reps=2, iters=3)
-    assert t.clock == "host-wall:in-jit-loop" and len(t.samples_us) == 2 and all(s > 0 for s in t.samples_us)
+    assert t.clock == "host-wall:in-jit-loop-diff" and len(t.samples_us) == 2
     hw = hardware.get("h200")
     agg = hardware.aggregate(hw, 4)
     assert agg.hbm_bw == 4 * hw.hbm_bw and agg.flops["fp16"] == 4 * hw.flops["fp16"]
