@@ -4,6 +4,11 @@
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX is imported (torch and JAX share the GPU; preallocation
 would give JAX most of its memory), and the filter for the Triton lowering's deprecation warning
 (``pallas_attn._compat.silence_triton_deprecation``), which the library no longer installs itself.
+
+A mistake in what was asked (unknown config or arch, bad TOML or config value, a filter that matches nothing,
+an existing records file, an unwritable ``--out``) is a ``workloads.UsageError`` raised while the arguments
+are resolved, before anything runs: one line on stderr, exit code 2, no traceback. Nothing else is caught
+here (a kernel's failure is already a record; a bug in compare itself keeps its traceback).
 """
 
 from __future__ import annotations
@@ -31,8 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     from pallas_attn import _compat
 
     _compat.silence_triton_deprecation()
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    from .workloads import UsageError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:  # what the user asked for is wrong (flag, file, config): one line, exit 2
+        msg = " ".join(str(e).split())
+        print(f"{parser.prog} {args.command}: error: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 
 from . import hardware, roofline
 from .schema import RooflineFacts
+from .workloads import UsageError
 
 __all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "generation_facts"]
 
@@ -132,8 +133,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    for flag, v, lo in (("--kv-len", args.kv_len, 1), ("--q-len", args.q_len, 1), ("--gqa-group", args.gqa_group, 1),
+                        ("--h-q", args.h_q, 1), ("--kv-lora-rank", args.kv_lora_rank, 1),
+                        ("--rope-dim", args.rope_dim, 0), ("--page-size", args.page_size, 1)):
+        if v is not None and v < lo:
+            raise UsageError(f"{flag} must be >= {lo}; got {v}")
+    if args.tile is not None and min(args.tile) < 1:
+        raise UsageError(f"--tile sizes must be >= 1; got {args.tile[0]}x{args.tile[1]}")
+    if not args.mla and args.generation is None and args.shape[1] % args.gqa_group:
+        raise UsageError(f"H ({args.shape[1]}) must be a multiple of --gqa-group ({args.gqa_group})")
+    if args.generation is not None:
+        from pallas_attn import registry
+
+        try:
+            registry.get(args.generation)
+        except (KeyError, ValueError) as e:
+            raise UsageError(f"--generation: {e.args[0] if e.args else e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    hw = hardware.get(args.arch)
+    try:
+        hw = hardware.get(args.arch)
+    except ValueError as e:
+        raise UsageError(f"--arch: {e}") from None
+    _check_args(args)
     b, h, n, d = args.shape
     q_len = args.q_len or n
     kv_len = args.kv_len or n

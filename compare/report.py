@@ -1,13 +1,15 @@
 """Tables, plots and ``docs/results.md``, rendered from run records only (nothing is measured here).
 
-``python -m compare report results/<run>/records.jsonl [more.jsonl ...] [--out docs/results.md]`` writes
-  * ``docs/results.md``: per run, the environment header (GPU, versions, git sha, measured ceilings, the
+``python -m compare report results/<run>/records.jsonl [more.jsonl ...] [--out docs/results.md]`` writes,
+into the run's folder (next to the records: ``results/<run>/results.md`` and ``results/<run>/img/``) unless
+``--out`` names another file — the committed ``docs/results.md`` is rewritten only when asked by name:
+  * ``results.md``: per run, the environment header (GPU, versions, git sha, measured ceilings, the
     clock check) and the record file it came from; per workload a table of implementations sorted by
     kernel time, with speed-ups against the best peer and the twin, roofline fraction and errors; refused
     implementations listed with their reasons;
-  * ``docs/img/roofline_<run>.png``: every timed implementation as a point (arithmetic intensity of its
+  * ``img/roofline_<run>.png``: every timed implementation as a point (arithmetic intensity of its
     model vs achieved FLOP/s), under the run's measured roofs (HBM read x AI, matmul peaks), log-log;
-  * ``docs/img/generations_<run>.png``: kernel time per generation, in the generation table's order,
+  * ``img/generations_<run>.png``: kernel time per generation, in the generation table's order,
     Pallas (each config) and CUDA side by side, one panel per workload.
 GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records
+from .workloads import UsageError
 
 __all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
 
@@ -125,19 +128,43 @@ def _shape(w: dict) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="render docs/results.md and plots from run records",
+    p = sub.add_parser("report", help="render results.md and plots from run records (into the run's folder)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="records.jsonl files (or run directories)")
-    p.add_argument("--out", default="docs/results.md", help="markdown output; default docs/results.md")
+    p.add_argument("--out", default=None,
+                   help="markdown output; default <run folder>/results.md, next to the records. "
+                        "'--out docs/results.md' regenerates the committed docs")
     p.add_argument("--img-dir", default=None, help="plot directory; default <out dir>/img")
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    img = Path(args.img_dir) if args.img_dir else out.parent / "img"
     paths = [Path(f) / "records.jsonl" if Path(f).is_dir() else Path(f) for f in args.files]
+    for p in paths:
+        if not p.is_file():
+            raise UsageError(f"no records file {str(p)!r}")
+    if args.out is None:
+        folders = sorted({str(p.resolve().parent) for p in paths})
+        if len(folders) > 1:
+            raise UsageError(f"records from {len(folders)} folders ({', '.join(folders)}): name the report "
+                             "with --out")
+        out = paths[0].parent / "results.md"
+    else:
+        out = Path(args.out)
+    img = Path(args.img_dir) if args.img_dir else out.parent / "img"
+    try:
+        runs = load_runs(paths)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    if not runs:
+        raise UsageError(f"no records in {', '.join(map(str, paths))}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write: {e.strerror or e}") from None
     written = render(paths, out, img, plots=not args.no_plots)
     for p in written:
         print(p)

@@ -34,7 +34,7 @@ from typing import Any
 from . import accuracy, ceilings, hardware, interop, records, roofline, timing
 from .impls import all_impls
 from .schema import Ctx, Impl
-from .workloads import Workload, load_config
+from .workloads import UsageError, Workload, load_config
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
 
@@ -48,9 +48,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="default", help="config name (configs/<name>.toml) or path; default: default")
     p.add_argument("--only", action="append", default=[], metavar="WORKLOAD[:IMPL]",
                    help="glob filter, repeatable (OR): 'ref_prefill_*', '*:torch:*', 'smoke_*:pallas:v4_fused:*'. "
-                        "The part before the first ':' matches the workload name, the rest the impl name")
+                        "The part before the first ':' matches the workload name, the rest the impl name. "
+                        "A filter that matches nothing is an error")
+    p.add_argument("--impl", action="append", default=[], metavar="GLOB",
+                   help="implementation filter, repeatable (OR), on the impl name alone: 'pallas:fa_decode:*', "
+                        "'torch:*'. Combines (AND) with --only. A glob that matches no implementation is an error")
     p.add_argument("--out", default=None, help="output directory (records.jsonl inside) or a .jsonl path; "
-                                               "default results/<run-id>/")
+                                               "default results/<run-id>/. An existing non-empty records file is "
+                                               "never overwritten: give a new --out, or --append")
+    p.add_argument("--append", action="store_true",
+                   help="add this run (its own header and run id) to the end of an existing --out records file")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per record (cold L2 each); default 20")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls after the first (compile) call; default 3")
     p.add_argument("--e2e-reps", type=int, default=10, help="host wall-clock calls for e2e time; default 10")
@@ -77,13 +84,16 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 class RunOptions(types.SimpleNamespace):
+    impl: tuple[str, ...] = ()  # defaults for callers that build RunOptions by hand
+    append: bool = False
+
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
         if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1:
-            raise SystemExit(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1; got {a.reps}, {a.warmup}, {a.e2e_reps}")
-        return cls(config=a.config, only=list(a.only), out=a.out, reps=a.reps, warmup=a.warmup,
-                   e2e_reps=a.e2e_reps, budget_s=a.budget_s, max_run_s=a.max_run_s, clock=a.clock, arch=a.arch,
-                   cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
+            raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1; got {a.reps}, {a.warmup}, {a.e2e_reps}")
+        return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
+                   warmup=a.warmup, e2e_reps=a.e2e_reps, budget_s=a.budget_s, max_run_s=a.max_run_s, clock=a.clock,
+                   arch=a.arch, cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
                    argv=["python", "-m", "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
 
 
@@ -100,6 +110,67 @@ def _selected(only: list[tuple[str, str]], w: Workload, impl: Impl) -> bool:
     if not only:
         return True
     return any(fnmatch.fnmatchcase(w.name, a) and fnmatch.fnmatchcase(impl.name, b) for a, b in only)
+
+
+def _impl_selected(globs: list[str], impl: Impl) -> bool:
+    return not globs or any(fnmatch.fnmatchcase(impl.name, g) for g in globs)
+
+
+def _name_examples(impls: list[Impl]) -> str:
+    seen: dict[str, str] = {}
+    for i in impls:
+        seen.setdefault(i.name.split(":", 1)[0], i.name)
+    return ", ".join(seen.values())
+
+
+def check_workload_lists(workloads: list[Workload], impls: list[Impl]) -> None:
+    """Every entry of a workload's ``generations``/``peers`` list must match some implementation compare
+    knows (a misspelt generation would otherwise silently run nothing); ConfigError names the entry."""
+    from .workloads import ConfigError
+
+    gens = {i.generation for i in impls if i.generation}
+    peers = [i for i in impls if i.kind == "peer"]
+    for w in workloads:
+        for g in w.generations or ():
+            if g not in gens and not any(fnmatch.fnmatchcase(i.name, g) for i in impls):
+                raise ConfigError(f"{w.source}: generations entry {g!r} matches no implementation; known "
+                                  f"generations: {', '.join(sorted(gens))} (or an impl-name glob)")
+        for p in w.peers or ():
+            if not any(fnmatch.fnmatchcase(i.name, p) or fnmatch.fnmatchcase(i.name.split(":", 1)[1], p)
+                       for i in peers):
+                raise ConfigError(f"{w.source}: peers entry {p!r} matches no peer; known peers: "
+                                  f"{', '.join(i.name for i in peers)}")
+
+
+def make_plan(workloads: list[Workload], impls: list[Impl], only_specs: list[str], impl_globs: list[str],
+              config: str = "") -> list[tuple[Workload, list[Impl]]]:
+    """The (workload, implementations) pairs a run visits; UsageError names any filter that matches nothing."""
+    for g in impl_globs:
+        if not any(fnmatch.fnmatchcase(i.name, g) for i in impls):
+            raise UsageError(f"--impl {g!r} matches no implementation (names look like {_name_examples(impls)})")
+    only = parse_only(only_specs)
+    for spec, (a, b) in zip(only_specs, only):
+        wls = [w for w in workloads if fnmatch.fnmatchcase(w.name, a)]
+        if not wls:
+            hint = ""
+            if any(fnmatch.fnmatchcase(i.name, spec) for i in impls):
+                hint = f"; {spec!r} names implementations: use --impl {shlex.quote(spec)}"
+            raise UsageError(f"--only {spec!r}: workload glob {a!r} matches no workload of config {config!r}{hint}")
+        if not any(fnmatch.fnmatchcase(i.name, b) for i in impls):
+            raise UsageError(f"--only {spec!r}: impl glob {b!r} matches no implementation "
+                             f"(names look like {_name_examples(impls)})")
+        if not any(fnmatch.fnmatchcase(i.name, b) and _impl_selected(impl_globs, i) and _allowed_by_workload(w, i)
+                   for w in wls for i in impls):
+            raise UsageError(f"--only {spec!r} matches no (workload, implementation) pair that the workloads' "
+                             "generations/peers lists" + (" and --impl" if impl_globs else "") + " allow")
+    plan = [(w, [i for i in impls if _selected(only, w, i) and _impl_selected(impl_globs, i)
+                 and _allowed_by_workload(w, i)]) for w in workloads]
+    plan = [(w, lst) for w, lst in plan if lst]
+    if not plan:
+        raise UsageError("the selection (" + " ".join([f"--only {s!r}" for s in only_specs]
+                                                      + [f"--impl {g!r}" for g in impl_globs])
+                         + f") matches no (workload, implementation) pair of config {config!r}")
+    return plan
 
 
 def _allowed_by_workload(w: Workload, impl: Impl) -> bool:
@@ -156,6 +227,18 @@ class _Run:
     def __init__(self, opts: RunOptions):
         self.opts = opts
         self.t_start = time.perf_counter()
+        # what the user asked for is resolved first: a mistake is one UsageError line, before anything is written
+        self.workloads = load_config(opts.config)
+        self.impls = all_impls()
+        check_workload_lists(self.workloads, self.impls)
+        self.plan = make_plan(self.workloads, self.impls, list(opts.only), list(opts.impl), str(opts.config))
+        archs = []
+        for a in str(opts.arch).split(","):
+            if a.strip():
+                try:
+                    archs.append(hardware.get(a.strip()))
+                except ValueError as e:
+                    raise UsageError(f"--arch: {e}") from None
         self.ctx = detect_ctx()
         self.env = records.collect_env()
         self.gpu = self.ctx.jax_gpu
@@ -163,15 +246,38 @@ class _Run:
         self.run_id = f"{stamp}_{_slug(self.env['gpu'] or 'cpu-interpret')}"
         out = Path(opts.out) if opts.out else Path("results") / self.run_id
         self.path = out if out.suffix == ".jsonl" else out / "records.jsonl"
-        if self.path.exists():
-            self.path.unlink()  # a run writes its own file; appending to an old run would mix environments
+        self._open_out()
         self.hw_ds = hardware.detect(self.env["gpu"]) if self.env["gpu"] else None
-        self.hw_pred_archs = [] if self.gpu else [hardware.get(a) for a in str(opts.arch).split(",") if a.strip()]
+        self.hw_pred_archs = [] if self.gpu else archs
         self.hw_pred_only = self.hw_pred_archs[0] if self.hw_pred_archs else None
         self.hw = self.hw_ds
         self.ceil: dict[str, Any] | None = None
         self.flush_bytes = timing.default_flush_bytes(_l2_bytes(self.hw_ds))
         self.config_path = str(opts.config)
+
+    def _open_out(self) -> None:
+        """Never lose records: an existing non-empty records file is refused unless --append, which adds this
+        run under its own header (and a run id not already in the file)."""
+        p = self.path
+        if p.is_dir():
+            raise UsageError(f"--out {self.opts.out}: {p} is a directory, not a records file")
+        if p.is_file() and p.stat().st_size > 0:
+            if not self.opts.append:
+                raise UsageError(f"{p} already holds records; not overwriting it: give a new --out, or --append "
+                                 "to add this run to it")
+            try:
+                ids = {r.get("run_id") for r in records.read_jsonl(p)}
+            except (ValueError, OSError) as e:
+                raise UsageError(f"--append: cannot read {p}: {e}") from None
+            base, n = self.run_id, 2
+            while self.run_id in ids:
+                self.run_id, n = f"{base}-{n}", n + 1
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with p.open("a"):
+                pass
+        except OSError as e:
+            raise UsageError(f"--out {self.opts.out or p}: cannot write {p}: {e.strerror or e}") from None
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def base(self, rtype: str) -> dict[str, Any]:
@@ -316,6 +422,7 @@ class _Run:
         recs: list[dict[str, Any]] = []
         state: dict[str, Any] = {}
         outputs: dict[str, Any] = {}  # impl name -> BTNH output, for twin agreement (freed per workload)
+        self._inflight = (recs, outputs)  # what main flushes if the run is interrupted mid-workload
         flops = 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim  # for the CPU size gate only
         for impl in impls:
             if progress is not None:
@@ -525,45 +632,61 @@ class _Run:
     def main(self) -> int:
         from . import report
 
-        workloads = load_config(self.opts.config)
-        only = parse_only(self.opts.only)
         header = self.base("header")
         header.update({"config": self.config_path, "argv": self.opts.argv, "options": {
             k: v for k, v in vars(self.opts).items() if k != "argv"}, "ctx": dataclasses.asdict(self.ctx),
                        "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         self.write([header])
-        self.measure_ceilings()
-        self.clock_check()
-        impls = all_impls()
-        plan = [(w, [i for i in impls if _selected(only, w, i) and _allowed_by_workload(w, i)]) for w in workloads]
-        plan = [(w, lst) for w, lst in plan if lst]
-        total = sum(len(lst) for _, lst in plan)
-        console = report.console()
-        if not self.opts.quiet:
-            console.print(f"[bold]compare run[/] {self.run_id}: {len(plan)} workloads, {total} (workload, impl) "
-                          f"pairs -> {self.path}")
+        self._inflight = ([], {})
         n_written = 0
         progress = None
-        if not self.opts.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=console, transient=True)
-            progress.start()
-            task = progress.add_task("", total=total)
         try:
+            self.measure_ceilings()
+            self.clock_check()
+            plan = self.plan
+            total = sum(len(lst) for _, lst in plan)
+            console = report.console()
+            if not self.opts.quiet:
+                console.print(f"[bold]compare run[/] {self.run_id}: {len(plan)} workloads, {total} (workload, impl) "
+                              f"pairs -> {self.path}")
+            if not self.opts.quiet:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+                progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), console=console, transient=True)
+                progress.start()
+                task = progress.add_task("", total=total)
             for w, lst in plan:
                 recs = self.run_workload(w, lst, progress, task if progress else None)
                 self.write(recs)
+                self._inflight = ([], {})
                 n_written += len(recs)
                 if not self.opts.quiet:
                     console.print(report.workload_table(w.name, recs))
                     line = self.prediction_line(w)
                     if line:
                         console.print(line, highlight=False)
+        except KeyboardInterrupt:
+            if progress is not None:
+                progress.stop()
+                progress = None
+            kept, outputs = self._inflight
+            try:  # speed-ups and twin agreement among the records that finished; best effort
+                self.finalize(kept, outputs)
+            except Exception:  # the records themselves matter more than their summary
+                pass
+            self.write(kept)
+            n_written += len(kept)
+            print(f"interrupted: {n_written} result records kept ({len(kept)} of the workload in progress) "
+                  f"in {self.path}", file=sys.stderr)
+            return 130
         finally:
             if progress is not None:
                 progress.stop()
+        if n_written == 0:
+            print(f"nothing ran: every selected (workload, implementation) pair is n/a (not applicable) on this "
+                  f"machine; no result records in {self.path}", file=sys.stderr)
+            return 1
         if not self.opts.quiet:
             console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}")
             console.print(f"render: python -m compare report {self.path}")

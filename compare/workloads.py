@@ -23,14 +23,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Workload", "ConfigError", "load_config", "config_dir", "resolve_config"]
+__all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir", "resolve_config"]
 
 FAMILIES = ("prefill", "decode", "paged_decode", "mla")
 DTYPES = ("float32", "float16", "bfloat16")
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
 
 
-class ConfigError(ValueError):
+class UsageError(ValueError):
+    """A mistake in what the user asked for (a flag, a file, a config): the CLI prints it as one line and exits 2.
+    Raised only while resolving arguments, never from inside a kernel run."""
+
+
+class ConfigError(UsageError):
     pass
 
 
@@ -74,6 +79,10 @@ _DEFAULTS: dict[str, Any] = {
     "devices": 1,
 }
 _REQUIRED = ("name", "family", "batch", "heads_q", "q_len", "head_dim", "dtype")
+_BOOL_FIELDS = ("causal", "ragged")
+_INT_FIELDS = ("batch", "heads_q", "heads_kv", "q_len", "kv_len", "head_dim", "q_offset", "page_size", "kv_lora_rank",
+               "rope_dim", "seed", "devices")  # None (absent) allowed for the optional ones
+_STR_FIELDS = ("name", "family", "dtype")
 _FIELDS = {f.name for f in dataclasses.fields(Workload)} - {"source"}
 
 
@@ -111,11 +120,23 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {missing}")
     e = {**_DEFAULTS, **raw}
+    base = where
+    if isinstance(raw.get("name"), str):
+        where = f"{base} ({raw['name']})"
+    for k in _BOOL_FIELDS:  # types first: TOML "yes" or 1 is not a bool, and must not reach a name template
+        if not isinstance(e[k], bool):
+            raise ConfigError(f"{where}: {k} must be true or false; got {e[k]!r}")
+    for k in _INT_FIELDS:
+        if e[k] is not None and (not isinstance(e[k], int) or isinstance(e[k], bool)):
+            raise ConfigError(f"{where}: {k} must be an int; got {e[k]!r}")
+    for k in _STR_FIELDS:
+        if not isinstance(e[k], str):
+            raise ConfigError(f"{where}: {k} must be a string; got {e[k]!r}")
     try:
         e["name"] = str(e["name"]).format(**e)
     except (KeyError, IndexError, ValueError) as err:
         raise ConfigError(f"{where}: bad name template {raw['name']!r}: {err}") from None
-    where = f"{where} ({e['name']})"
+    where = f"{base} ({e['name']})"
     for k in ("batch", "heads_q", "q_len", "head_dim", "devices"):
         if not isinstance(e[k], int) or isinstance(e[k], bool) or e[k] < 1:
             raise ConfigError(f"{where}: {k} must be a positive int; got {e[k]!r}")
