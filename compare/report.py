@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records
-from .workloads import UsageError
+from .workloads import UsageError, ensure_writable
 
 __all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
 
@@ -159,12 +159,7 @@ def _cli(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if not runs:
         raise UsageError(f"no records in {', '.join(map(str, paths))}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a"):
-            pass
-    except OSError as e:
-        raise UsageError(f"--out {out}: cannot write: {e.strerror or e}") from None
+    ensure_writable(out, f"--out {out}")
     written = render(paths, out, img, plots=not args.no_plots)
     for p in written:
         print(p)

@@ -34,7 +34,7 @@ from typing import Any
 from . import accuracy, ceilings, hardware, interop, records, roofline, timing
 from .impls import all_impls
 from .schema import Ctx, Impl
-from .workloads import UsageError, Workload, load_config
+from .workloads import UsageError, Workload, ensure_writable, load_config
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
 
@@ -272,12 +272,7 @@ class _Run:
             base, n = self.run_id, 2
             while self.run_id in ids:
                 self.run_id, n = f"{base}-{n}", n + 1
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            with p.open("a"):
-                pass
-        except OSError as e:
-            raise UsageError(f"--out {self.opts.out or p}: cannot write {p}: {e.strerror or e}") from None
+        ensure_writable(p, f"--out {self.opts.out or p}")
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def base(self, rtype: str) -> dict[str, Any]:

@@ -39,6 +39,17 @@ class ConfigError(UsageError):
     pass
 
 
+def ensure_writable(path: Path, flag: str) -> None:
+    """Create ``path``'s folder and open the file for append (writing nothing), or raise a UsageError naming
+    ``flag``: a run or a report learns that its output cannot be written before it does any work."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot write {path}: {e.strerror or e}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     name: str
