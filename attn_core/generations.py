@@ -17,7 +17,7 @@ import dataclasses
 
 __all__ = ["Generation", "GENERATIONS", "FAMILIES", "ENTRIES", "REFERENCE_IDS", "ids", "get"]
 
-FAMILIES = ("prefill", "decode", "paged_gqa", "lowp_kv", "mla", "frontier_decode")
+FAMILIES = ("prefill", "decode", "paged_gqa", "lowp_kv", "mla", "frontier_decode", "frontier_prefill")
 ENTRIES = ("dense", "paged", "quantized", "mla")
 
 
@@ -83,6 +83,9 @@ GENERATIONS: tuple[Generation, ...] = (
     Generation("fa_decode", "frontier_decode", "v8_gqa_ss",
                "GQA decode at the HBM ceiling: packed heads on tensor cores, wide split-KV, dense and paged",
                "docs/fa_decode.md", _D | _P, frontier=True),
+    Generation("fa_train", "frontier_prefill", "v5_wmma",
+               "training attention: forward saving the LSE + dK/dV and dQ backward kernels; GQA, causal, "
+               "per-sequence lengths, local window; fp16 / bf16 / fp32", "docs/dropin.md", _D, frontier=True),
 )
 
 _BY_ID = {g.id: g for g in GENERATIONS}

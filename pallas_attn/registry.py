@@ -53,6 +53,7 @@ ROWS: tuple[Row, ...] = (
     Row("v5_wmma", "v5_wmma"),
     Row("v6_splitkv", "v6_splitkv"),
     Row("fa_decode", "fa_decode"),
+    Row("fa_train", "fa_train"),
 )
 _BY_ID = {r.generation: r for r in ROWS}
 
