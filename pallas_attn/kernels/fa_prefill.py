@@ -1,0 +1,480 @@
+"""fa_prefill: a Hopper (sm_90) attention forward in Pallas on Mosaic GPU: TMA, wgmma, warp specialisation.
+
+What it is. Dense prefill attention (Tq and Tk long), forward only, written for the H100's asynchronous
+machinery instead of the Triton lowering's generic tiles (docs/fa_prefill.md has the design, the roofline
+prediction and the measurements). Its parent is v5_wmma (reference §2.5: fp16 operands on tensor cores,
+fp32 accumulation, online softmax, docs/reference.md §2.5); the changes:
+
+  * One CTA = three warpgroups (``plgpu.kernel(num_threads=3)``). Warpgroups 0 and 1 are consumers: each
+    owns ``block_q`` query rows (its Q tile stays in shared memory for the whole KV sweep) and runs both
+    products as **wgmma** (S = Q K^T from shared memory, O += P V with P from registers), fp32
+    accumulation. Warpgroup 2 is the producer: it drops to a small register budget
+    (``set_max_registers``) and issues **TMA** copies of K and V tiles (``block_kv`` keys) into a ring of
+    ``stages`` shared-memory slots. Per slot, a "loaded" barrier (TMA completion) and a "free" barrier
+    (both consumers arrived) hand the slot back and forth; this is the producer/consumer split of
+    FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608), written from the paper's description.
+  * ``pingpong``: the two consumers take turns on the tensor cores (two named-barrier style handoffs made
+    of shared-memory barriers): while one warpgroup's softmax runs on the CUDA cores, the other's wgmma
+    runs, so the exponentials hide under the matmuls (FA-3 §3.1, "ping-pong scheduling").
+  * Online softmax in base 2: the scale and log2(e) fold into one multiply before ``exp2`` (approximate
+    ``ex2`` through ``approx_math``); the running max is kept on the raw scores.
+  * Causal: KV blocks past a row tile's diagonal are never loaded; blocks fully below the diagonal skip
+    the mask (an unmasked loop) and only the diagonal band (and a ragged last key block) pays for it.
+  * GQA: query head ``h`` reads KV head ``h // G`` in place (no repeated K/V in HBM).
+  * Any length: the wrapper pads Q to the CTA's rows and K/V to ``block_kv`` only when the length is not
+    a multiple (a copy, and only then); keys at or past ``Tk`` are masked in the last block.
+  * LSE: natural-log, from ``m`` and ``l`` at the end (-inf and a zero output for a row with no visible key).
+
+Conventions (``contract``): BTNH arrays, causal top-left with a per-sequence offset: key ``j`` is visible
+to query ``i`` iff ``j <= i + q_offset[b]``.
+
+Interpret mode (CPU). Mosaic GPU kernels do not run on a CPU; ``interpret=True`` runs a Pallas kernel
+with the same blocking and the same arithmetic in jnp (``_fallback_kernel``: online softmax in base 2 over
+``block_kv`` tiles, same masking and causal block bounds, same LSE), so the CPU tests check the semantics
+this module promises (odd lengths, offsets, GQA, fully masked rows, NaN propagation) and the GPU tests
+check the Mosaic kernel against the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._compat import pl
+from .contract import Kernel, Precision, Problem
+
+__all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes"]
+
+GEN = "fa_prefill"
+PASS_FWD = f"pallas_attn_{GEN}_fwd"
+PASS_FALLBACK = f"pallas_attn_{GEN}_fwd_interpret"
+PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic module carries both spellings
+_LOG2E = math.log2(math.e)
+_SMEM_LIMIT = 227 * 1024  # H100: 227 KiB of shared memory per block (opt-in maximum)
+_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillConfig:
+    """Knobs of the Hopper forward.
+
+    block_q: query rows per consumer warpgroup (64: one wgmma M tile; the CTA holds 2 * block_q rows).
+    block_kv: keys per K/V tile (a multiple of 64, 64..256). stages: depth of the K/V shared-memory ring
+    (2..4). pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
+    producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256).
+    """
+
+    block_q: int = 64
+    block_kv: int = 128
+    stages: int = 2
+    pingpong: bool = False
+    consumer_regs: int = 232
+    producer_regs: int = 40
+
+    def __post_init__(self) -> None:
+        if self.block_q != 64:
+            raise ValueError(f"PrefillConfig.block_q must be 64 (one wgmma M tile per warpgroup); got {self.block_q}")
+        if self.block_kv not in (64, 128, 192, 256):
+            raise ValueError(f"PrefillConfig.block_kv must be one of 64, 128, 192, 256; got {self.block_kv}")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"PrefillConfig.stages must be 2, 3 or 4; got {self.stages}")
+        for name in ("consumer_regs", "producer_regs"):
+            r = getattr(self, name)
+            if not (24 <= r <= 256 and r % 8 == 0):
+                raise ValueError(f"PrefillConfig.{name} must be a multiple of 8 in [24, 256]; got {r}")
+        if not isinstance(self.pingpong, bool):
+            raise ValueError(f"PrefillConfig.pingpong must be a bool; got {self.pingpong!r}")
+
+
+CONFIGS = {
+    "default": PrefillConfig(),
+    "pingpong": PrefillConfig(pingpong=True),
+    "kv64": PrefillConfig(block_kv=64, stages=3),
+}
+
+
+def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig) -> int:
+    """Shared memory of one CTA: two Q/O tiles, the K and V rings, the LSE staging and the barriers."""
+    return (2 * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize + 2 * cfg.block_q * 4 + 1024
+
+
+def _heuristic(p: Problem) -> PrefillConfig:
+    cfg = CONFIGS["default"]
+    if smem_bytes(p.head_dim, 2, cfg) > _SMEM_LIMIT:  # D=256: 64-key tiles, two stages
+        cfg = PrefillConfig(block_kv=64, stages=2)
+    return cfg
+
+
+def _supports(p: Problem, base) -> tuple[bool, str]:
+    ok, why = base(p)
+    if not ok:
+        return ok, why
+    if p.heads_q % p.heads_kv:
+        return False, f"{GEN}: Hq must be a multiple of Hkv; got Hq={p.heads_q}, Hkv={p.heads_kv}"
+    if p.kv_len < 1:
+        return False, f"{GEN}: needs at least one key (Tk >= 1); got Tk={p.kv_len}"
+    cfg = _heuristic(p)
+    if smem_bytes(p.head_dim, 2, cfg) > _SMEM_LIMIT:
+        return False, f"{GEN}: D={p.head_dim} needs more shared memory than an H100 block has"
+    return True, ""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The Mosaic GPU kernel
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, causal: bool):
+    """(n_full, n_total) key blocks for rows [r0, r0 + bq): the first n_full need no mask at all, blocks
+    [n_full, n_total) need the causal / length mask, blocks past n_total are invisible to every row."""
+    n_len_full, n_len = tk // bkv, -(-tk // bkv)
+    if not causal:
+        return jnp.int32(n_len_full), jnp.int32(n_len)
+    lo = r0 + off + 1  # keys [0, lo) are visible to the first row of the tile
+    hi = r0 + bq + off  # keys [0, hi) are visible to the last row
+    n_full = jnp.clip(lax.div(jnp.maximum(lo, 0), bkv), 0, n_len_full)
+    n_total = jnp.clip(lax.div(jnp.maximum(hi, 0) + bkv - 1, bkv), 0, n_len)
+    return n_full.astype(jnp.int32), n_total.astype(jnp.int32)
+
+
+def _smem_tile(shape, dtype):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = 128
+    elems = swizzle // itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle)))
+
+
+@functools.lru_cache(maxsize=64)
+def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
+                  causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    dtype = jnp.dtype(dtype_name)
+    bq, bkv, ns = cfg.block_q, cfg.block_kv, cfg.stages
+    group = hq // hkv
+    n_qblocks = tq_pad // (2 * bq)
+    c = float(scale) * _LOG2E
+    f32 = jnp.float32
+
+    def body(q_ref, k_ref, v_ref, off_ref, *rest):
+        if with_lse:
+            o_ref, lse_ref, *scratch = rest
+        else:
+            (o_ref, *scratch), lse_ref = rest, None
+        qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
+        # heavy (late, causal) row tiles first: the grid's first axis is launched first
+        qi = n_qblocks - 1 - lax.axis_index("q")
+        h = lax.axis_index("h")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        hk = lax.div(h, group)
+        off = off_ref[bi] if causal else jnp.int32(0)
+        q0 = qi * (2 * bq)
+        # the producer loads what the later consumer (warpgroup 1, the larger rows) needs
+        _, n_load = _block_bounds(q0 + bq, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            r0 = q0 + wg * bq
+            q_smem = qo_smem.at[wg]
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
+            n_full, n_mine = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+            plgpu.barrier_wait(q_bar.at[wg])
+
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
+            l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
+            acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
+
+            if cfg.pingpong:
+                # warpgroup 1 lets warpgroup 0 take the tensor cores first
+                @pl.when(wg == 1)
+                def _():
+                    plgpu.barrier_arrive(turn.at[0])
+
+            def step(s, carry, *, masked: bool):
+                acc, m_i, l_i = carry
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(k_bar.at[slot])
+                if cfg.pingpong:
+                    plgpu.barrier_wait(turn.at[wg])
+
+                def qk(acc_ref):
+                    plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+
+                zeros = plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
+                sc = pl.run_state(qk)(plgpu.ACC.init(zeros))
+                plgpu.wgmma_wait(0)
+                if cfg.pingpong:  # hand the tensor cores to the other consumer during our softmax
+                    plgpu.barrier_arrive(turn.at[1 - wg])
+                plgpu.barrier_arrive(k_free.at[slot])
+                if masked:
+                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    kpos = s * bkv + cols
+                    ok = kpos < tk
+                    if causal:
+                        ok = ok & (kpos <= r0 + rows + off)
+                    sc = jnp.where(ok, sc, -jnp.inf)
+                m_new = jnp.maximum(m_i, sc.max(axis=1))
+                # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
+                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
+                alpha = jnp.exp2(m_i * c - m_use)
+                p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
+                l_new = l_i * alpha + p.sum(axis=1)
+                acc = acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
+                plgpu.barrier_wait(v_bar.at[slot])
+
+                def pv(acc_ref):
+                    plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.wgmma_wait(0)
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l_new
+
+            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc0, m0, l0))
+            acc, m_i, l_i = lax.fori_loop(n_full, n_mine, functools.partial(step, masked=True), carry)
+
+            # blocks the producer loaded for the other consumer only: release them (never early: each
+            # arrival waits for its load, so no slot's phase can complete before the other consumer's turn)
+            @pl.loop(n_mine, n_load)
+            def _drain(s):
+                slot = lax.rem(s, ns)
+                if cfg.pingpong:
+                    plgpu.barrier_wait(turn.at[wg])
+                    plgpu.barrier_arrive(turn.at[1 - wg])
+                plgpu.barrier_wait(k_bar.at[slot])
+                plgpu.barrier_arrive(k_free.at[slot])
+                plgpu.barrier_wait(v_bar.at[slot])
+                plgpu.barrier_arrive(v_free.at[slot])
+
+            if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
+                @pl.when(wg == 0)
+                def _():
+                    plgpu.barrier_wait(turn.at[0])
+
+            empty = l_i == 0.0
+            inv = 1.0 / jnp.where(empty, 1.0, l_i)
+            out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
+            q_smem[...] = out.astype(dtype)
+            if with_lse:
+                lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+                lse_smem.at[wg][...] = lse
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(r0, bq), h])
+            if with_lse:
+                plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[bi, h, pl.ds(r0, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n_load)
+            def _load(s):
+                slot = lax.rem(s, ns)
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(k_free.at[slot])
+
+                plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(s * bkv, bkv), hk], k_smem.at[slot], k_bar.at[slot])
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(v_free.at[slot])
+
+                plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(s * bkv, bkv), hk], v_smem.at[slot], v_bar.at[slot])
+
+    out_type = [jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype)]
+    if with_lse:
+        out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
+    scratch = [
+        _smem_tile((2, bq, d), dtype),
+        _smem_tile((ns, bkv, d), dtype),
+        _smem_tile((ns, bkv, d), dtype),
+        plgpu.SMEM((2, bq), jnp.float32),
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=tuple(out_type) if with_lse else out_type[0],
+        scratch_types=scratch,
+        grid=(n_qblocks, hq, b),
+        grid_names=("q", "h", "b"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_FWD,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The interpret-mode twin (CPU): same tiles, same arithmetic, a plain pallas_call
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _fallback_kernel(off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, bkv: int, tk: int, tk_pad: int,
+                     causal: bool, c: float):
+    bi, qi = pl.program_id(0), pl.program_id(2)
+    off = off_ref[bi] if causal else jnp.int32(0)
+    r0 = qi * bq
+    q = q_ref[0, :, 0, :]
+    n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+    n_total = jnp.minimum(n_total, tk_pad // bkv)
+    rows = r0 + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
+    d = q.shape[-1]
+
+    def step(s, carry):
+        acc, m_i, l_i = carry
+        k = k_ref[0, pl.ds(s * bkv, bkv), 0, :]
+        v = v_ref[0, pl.ds(s * bkv, bkv), 0, :]
+        sc = jnp.dot(q, k.T, preferred_element_type=jnp.float32)
+        kpos = s * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
+        ok = kpos < tk
+        if causal:
+            ok = ok & (kpos <= rows + off)
+        sc = jnp.where(ok, sc, -jnp.inf)
+        m_new = jnp.maximum(m_i, sc.max(axis=1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
+        alpha = jnp.exp2(m_i * c - m_use)
+        p = jnp.exp2(sc * c - m_use[:, None])
+        l_new = l_i * alpha + p.sum(axis=1)
+        acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return acc, m_new, l_new
+
+    init = (jnp.zeros((bq, d), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32))
+    acc, m_i, l_i = lax.fori_loop(0, n_total, step, init)
+    del n_full  # the twin masks every block; the Mosaic kernel skips the mask where n_full says it may
+    empty = l_i == 0.0
+    o_ref[0, :, 0, :] = (acc / jnp.where(empty, 1.0, l_i)[:, None]).astype(o_ref.dtype)
+    lse_ref[0, 0, :] = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+
+
+def _fallback(q, k, v, off, *, causal: bool, scale: float, tk: int, cfg: PrefillConfig):
+    b, tq_pad, hq, d = q.shape
+    tk_pad, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    bq, bkv = cfg.block_q, cfg.block_kv
+    kern = functools.partial(_fallback_kernel, bq=bq, bkv=bkv, tk=tk, tk_pad=tk_pad, causal=causal,
+                             c=float(scale) * _LOG2E)
+    return pl.pallas_call(
+        kern,
+        grid=(b, hq, tq_pad // bq),
+        in_specs=[
+            pl.BlockSpec((b,), lambda i, j, t: (0,)),
+            pl.BlockSpec((1, bq, 1, d), lambda i, j, t: (i, t, j, 0)),
+            pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
+            pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((1, bq, 1, d), lambda i, j, t: (i, t, j, 0)),
+            pl.BlockSpec((1, 1, bq), lambda i, j, t: (i, j, t)),
+        ],
+        out_shape=[jax.ShapeDtypeStruct((b, tq_pad, hq, d), q.dtype),
+                   jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32)],
+        interpret=True,
+        name=PASS_FALLBACK,
+    )(off, q, k, v)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Entry
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _check(q, k, v) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"{GEN}: expected q [B, Tq, Hq, D] and k, v [B, Tk, Hkv, D]; got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype.name not in KERNEL.dtypes:
+        raise ValueError(f"{GEN}: q, k, v must share one dtype in {KERNEL.dtypes}; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if q.shape[3] != k.shape[3] or q.shape[3] not in _HEAD_DIMS:
+        raise ValueError(f"{GEN}: head dim must match and be one of {_HEAD_DIMS}; got {q.shape[3]}, {k.shape[3]}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{GEN}: Hq must be a multiple of Hkv; got {q.shape[2]}, {k.shape[2]}")
+    if k.shape[1] < 1:
+        raise ValueError(f"{GEN}: needs at least one key; got Tk={k.shape[1]}")
+
+
+def _pad(x, axis: int, mult: int):
+    n = x.shape[axis]
+    extra = -n % mult
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
+            return_lse: bool = False):
+    """Dense prefill forward on validated BTNH arrays (``contract`` calling convention)."""
+    _check(q, k, v)
+    b, tq, hq, d = q.shape
+    tk, hkv = k.shape[1], k.shape[2]
+    cfg = config
+    off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
+    kp, vp = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv)
+    if interpret:
+        qp = _pad(q, 1, cfg.block_q)
+        out, lse = _fallback(qp, kp, vp, off, causal=bool(causal), scale=scale, tk=tk, cfg=cfg)
+    else:
+        qp = _pad(q, 1, 2 * cfg.block_q)
+        call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
+                             float(scale), cfg, bool(return_lse))
+        res = call(qp, kp, vp, off)
+        out, lse = res if return_lse else (res, None)
+    out = out[:, :tq] if out.shape[1] != tq else out
+    if not return_lse:
+        return out
+    return out, (lse[:, :, :tq] if lse.shape[2] != tq else lse)
+
+
+def _plan(p: Problem, cfg: PrefillConfig):
+    rows = 2 * cfg.block_q
+    ctas = p.batch * p.heads_q * (-(-p.q_len // rows))
+    return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
+            "ctas": ctas, "warpgroups": 3, "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
+
+
+_TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
+
+class _PrefillKernel(Kernel):
+    """The contract, plus this kernel's own limits (group divisibility, a key, shared memory)."""
+
+    def supports(self, p: Problem) -> tuple[bool, str]:
+        return _supports(p, super().supports)
+
+
+KERNEL = _PrefillKernel(
+    name=GEN,
+    lowering="mosaic-gpu",
+    passes=PASS_NAMES,
+    config_cls=PrefillConfig,
+    configs=CONFIGS,
+    entries=frozenset({"dense"}),
+    dtypes=("float16", "bfloat16"),
+    precision={"float16": Precision("fp16", "fp32", "tensor", _TC),
+               "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
+    head_dims=_HEAD_DIMS,
+    gqa=True,
+    dense=forward,
+    heuristic=_heuristic,
+    plan=_plan,
+)
