@@ -65,13 +65,16 @@ class PrefillConfig:
 
     block_q: query rows per consumer warpgroup (64: one wgmma M tile; the CTA holds 2 * block_q rows).
     block_kv: keys per K/V tile (a multiple of 64, 64..256). stages: depth of the K/V shared-memory ring
-    (2..4). pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
+    (2..4). overlap: software-pipeline each consumer (issue S_s = Q K_s^T and O += P_{s-1} V_{s-1} together,
+    softmax of block s under the P V wgmma; FA-3 §3.2); without it a consumer waits for each wgmma before
+    its softmax. pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
     producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256).
     """
 
     block_q: int = 64
     block_kv: int = 128
     stages: int = 2
+    overlap: bool = True
     pingpong: bool = False
     consumer_regs: int = 232
     producer_regs: int = 40
@@ -87,13 +90,15 @@ class PrefillConfig:
             r = getattr(self, name)
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"PrefillConfig.{name} must be a multiple of 8 in [24, 256]; got {r}")
-        if not isinstance(self.pingpong, bool):
-            raise ValueError(f"PrefillConfig.pingpong must be a bool; got {self.pingpong!r}")
+        for name in ("overlap", "pingpong"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
 
 
 CONFIGS = {
     "default": PrefillConfig(),
     "pingpong": PrefillConfig(pingpong=True),
+    "serial": PrefillConfig(overlap=False),
     "kv64": PrefillConfig(block_kv=64, stages=3),
 }
 
@@ -142,6 +147,16 @@ def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, causal: bool):
     return n_full.astype(jnp.int32), n_total.astype(jnp.int32)
 
 
+def _acc_load(acc_ref, *, wait_n: int):
+    """Read a wgmma accumulator once at most ``wait_n`` wgmma groups are still in flight."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    load = getattr(plgpu, "wgmma_accumulator_load", None)
+    if load is None:  # jax 0.10 has the primitive but does not export it
+        from jax._src.pallas.mosaic_gpu.primitives import wgmma_accumulator_load as load
+    return load(acc_ref, wait_n=wait_n)
+
+
 def _smem_tile(shape, dtype):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -179,6 +194,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         q0 = qi * (2 * bq)
         # the producer loads what the later consumer (warpgroup 1, the larger rows) needs
         _, n_load = _block_bounds(q0 + bq, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+        if cfg.overlap:  # the pipelined consumers always run block 0 (see the prologue)
+            n_load = jnp.maximum(n_load, 1)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -194,64 +211,142 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
             acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
 
-            if cfg.pingpong:
-                # warpgroup 1 lets warpgroup 0 take the tensor cores first
+            def turn_wait():  # ping-pong: wait for our turn on the tensor cores
+                if cfg.pingpong:
+                    plgpu.barrier_wait(turn.at[wg])
+
+            def turn_pass():  # ping-pong: our wgmmas are issued, the other consumer may issue its own
+                if cfg.pingpong:
+                    plgpu.barrier_arrive(turn.at[1 - wg])
+
+            if cfg.pingpong:  # warpgroup 1 lets warpgroup 0 go first
                 @pl.when(wg == 1)
                 def _():
                     plgpu.barrier_arrive(turn.at[0])
 
-            def step(s, carry, *, masked: bool):
-                acc, m_i, l_i = carry
-                slot = lax.rem(s, ns)
-                plgpu.barrier_wait(k_bar.at[slot])
-                if cfg.pingpong:
-                    plgpu.barrier_wait(turn.at[wg])
+            def k_t(slot):
+                return plgpu.transpose_ref(k_smem.at[slot], (1, 0))
 
-                def qk(acc_ref):
-                    plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+            def mask(sc, s):
+                rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                kpos = s * bkv + cols
+                ok = kpos < tk
+                if causal:
+                    ok = ok & (kpos <= r0 + rows + off)
+                return jnp.where(ok, sc, -jnp.inf)
 
-                zeros = plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
-                sc = pl.run_state(qk)(plgpu.ACC.init(zeros))
-                plgpu.wgmma_wait(0)
-                if cfg.pingpong:  # hand the tensor cores to the other consumer during our softmax
-                    plgpu.barrier_arrive(turn.at[1 - wg])
-                plgpu.barrier_arrive(k_free.at[slot])
-                if masked:
-                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                    kpos = s * bkv + cols
-                    ok = kpos < tk
-                    if causal:
-                        ok = ok & (kpos <= r0 + rows + off)
-                    sc = jnp.where(ok, sc, -jnp.inf)
+            def softmax(sc, m_i, l_i):
                 m_new = jnp.maximum(m_i, sc.max(axis=1))
                 # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
                 m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
                 alpha = jnp.exp2(m_i * c - m_use)
                 p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
                 l_new = l_i * alpha + p.sum(axis=1)
-                acc = acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
-                plgpu.barrier_wait(v_bar.at[slot])
+                return p.astype(dtype), m_new, l_new, alpha
 
-                def pv(acc_ref):
-                    plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
+            def rescale(acc, alpha):
+                return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
 
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                plgpu.wgmma_wait(0)
-                plgpu.barrier_arrive(v_free.at[slot])
-                return acc, m_new, l_new
+            def zeros_s():
+                return plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
 
-            carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc0, m0, l0))
-            acc, m_i, l_i = lax.fori_loop(n_full, n_mine, functools.partial(step, masked=True), carry)
+            if not cfg.overlap:
+                # each step: S = Q K^T, wait, softmax, O = alpha O + P V, wait
+                def step(s, carry, *, masked: bool):
+                    acc, m_i, l_i = carry
+                    slot = lax.rem(s, ns)
+                    plgpu.barrier_wait(k_bar.at[slot])
+                    turn_wait()
+
+                    def qk(s_ref):
+                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                        turn_pass()
+
+                    sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    if masked:
+                        sc = mask(sc, s)
+                    p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
+                    acc = rescale(acc, alpha)
+                    plgpu.barrier_wait(v_bar.at[slot])
+
+                    def pv(o_ref):
+                        plgpu.wgmma(o_ref, p, v_smem.at[slot])
+
+                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_new, l_new
+
+                carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc0, m0, l0))
+                acc, m_i, l_i = lax.fori_loop(n_full, n_mine, functools.partial(step, masked=True), carry)
+                n_done = n_mine
+            else:
+                # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
+                # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
+                # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
+                # Block 0 is the prologue (always masked: with no visible block at all the mask hides
+                # every key and the row ends with l = 0), the last P V the epilogue.
+                plgpu.barrier_wait(k_bar.at[0])
+                turn_wait()
+
+                def qk0(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, k_t(0))
+                    turn_pass()
+
+                sc = pl.run_state(qk0)(plgpu.ACC.init(zeros_s()))
+                plgpu.barrier_arrive(k_free.at[0])
+                p0, m_i, l_i, _ = softmax(mask(sc, 0), m0, l0)
+
+                def step(s, carry, *, masked: bool):
+                    acc, m_i, l_i, p_prev = carry
+                    slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
+                    plgpu.barrier_wait(k_bar.at[slot])
+                    plgpu.barrier_wait(v_bar.at[prev])
+                    turn_wait()
+
+                    def both(refs):
+                        s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
+                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                        plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
+                        turn_pass()
+                        sc = _acc_load(s_ref, wait_n=1)  # S_s is done; P_{s-1} V_{s-1} may still run
+                        plgpu.barrier_arrive(k_free.at[slot])
+                        if masked:
+                            sc = mask(sc, s)
+                        p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
+                        p_ref[...] = p
+                        m_ref[...] = m_new
+                        l_ref[...] = l_new
+                        a_ref[...] = alpha
+
+                    _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
+                        (plgpu.ACC.init(zeros_s()), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
+                    plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
+                    return rescale(acc, alpha), m_new, l_new, p
+
+                n_done = jnp.maximum(n_mine, 1)
+                lo = jnp.clip(n_full, 1, n_done)
+                carry = lax.fori_loop(1, lo, functools.partial(step, masked=False), (acc0, m_i, l_i, p0))
+                acc, m_i, l_i, p_last = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), carry)
+                last = lax.rem(n_done - 1, ns)
+                plgpu.barrier_wait(v_bar.at[last])
+                turn_wait()
+
+                def pv_last(o_ref):
+                    plgpu.wgmma(o_ref, p_last, v_smem.at[last])
+                    turn_pass()
+
+                acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_free.at[last])
 
             # blocks the producer loaded for the other consumer only: release them (never early: each
             # arrival waits for its load, so no slot's phase can complete before the other consumer's turn)
-            @pl.loop(n_mine, n_load)
+            @pl.loop(n_done, n_load)
             def _drain(s):
                 slot = lax.rem(s, ns)
-                if cfg.pingpong:
-                    plgpu.barrier_wait(turn.at[wg])
-                    plgpu.barrier_arrive(turn.at[1 - wg])
+                turn_wait()
+                turn_pass()
                 plgpu.barrier_wait(k_bar.at[slot])
                 plgpu.barrier_arrive(k_free.at[slot])
                 plgpu.barrier_wait(v_bar.at[slot])
@@ -450,7 +545,7 @@ def _plan(p: Problem, cfg: PrefillConfig):
     rows = 2 * cfg.block_q
     ctas = p.batch * p.heads_q * (-(-p.q_len // rows))
     return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
-            "ctas": ctas, "warpgroups": 3, "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
+            "overlap": cfg.overlap, "ctas": ctas, "warpgroups": 3, "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
 
 
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
