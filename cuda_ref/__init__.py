@@ -4,12 +4,14 @@ Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out, optiona
 ``paged_attention`` (paged KV pools + block table; validated, no paged generation built yet),
 ``table`` (the generation table, one ``CudaGeneration`` per row of ``csrc/generations.def``),
 ``generations`` (ids built), ``choose_splits`` (the split-KV heuristic of ``attn_core.splits``, which the C++
-mirrors) and ``REFERENCE_NUM_SM``. Importing works on any machine and imports neither torch nor JAX; the
-first kernel call builds one JIT extension (``cuda_ref.build``) and needs a CUDA GPU.
+mirrors), ``REFERENCE_NUM_SM`` and the KV quantizers ``quantize_fp8_e4m3`` / ``quantize_nvfp4`` (module
+``cuda_ref.quant``, byte-identical to ``attn_core.formats``). Importing works on any machine and imports
+neither torch nor JAX; the first kernel call builds one JIT extension (``cuda_ref.build``) and needs a CUDA GPU.
 """
 
 from .api import REFERENCE_NUM_SM, attention, choose_splits, generations, paged_attention
+from .quant import quantize_fp8_e4m3, quantize_nvfp4
 from .table import CudaGeneration, table
 
 __all__ = ["attention", "paged_attention", "table", "CudaGeneration", "generations", "choose_splits",
-           "REFERENCE_NUM_SM"]
+           "REFERENCE_NUM_SM", "quant", "quantize_fp8_e4m3", "quantize_nvfp4"]
