@@ -27,7 +27,7 @@ from .kernels import seqlen
 from .kernels.contract import Problem
 
 __all__ = ["attention", "paged_attention", "generations", "validate_dense", "validate_paged", "problem_dense",
-           "problem_paged", "resolve"]
+           "problem_paged", "resolve", "default_generation"]
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 
@@ -145,23 +145,79 @@ def resolve(generation: str, problem: Problem, config):
         if config not in named:
             raise ValueError(f"{generation} has configs {sorted(named)}; got config={config!r}")
         return kern, named[config]
+    if config is None and kern.heuristic is None:
+        # the row's own default: a knob row (v8_gqa_db -> v8_gqa "double_buffered") maps "faithful" to one
+        # of its kernel's configs, which the kernel's own default would miss
+        for name in ("faithful", "default"):
+            if name in named:
+                return kern, named[name]
     return kern, kern.config(config, problem)
 
 
+# The default dense generation, best first: the GQA decode kernel for a few query rows, the training kernel
+# (any length, fp16/bf16/fp32, GQA, differentiable) for the rest; the first that supports the problem wins.
+_DEFAULT_DENSE = ("fa_decode", "fa_train")
+
+
+def default_generation(problem: Problem) -> str:
+    """The generation ``attention(..., generation=None)`` runs: fa_decode for decode shapes it takes
+    (Tq <= 16, fp16/bf16, GQA), else fa_train; NotImplementedError naming each refusal if none fits."""
+    reasons = []
+    for gen in _DEFAULT_DENSE:
+        if not registry.built(gen):
+            continue
+        if gen == "fa_decode" and problem.group == 1:
+            reasons.append("fa_decode: MHA (Hq == Hkv) is fa_train's")
+            continue
+        ok, why = registry.kernel(gen).supports(problem)
+        if ok:
+            return gen
+        reasons.append(why)
+    raise NotImplementedError("no default generation supports this call: " + "; ".join(reasons))
+
+
+def _no_backward(gen: str, fn):
+    """``fn`` with a forward-mode rule that raises: jax.grad / jax.jvp through a generation that has no
+    backward kernel fail naming it (instead of an empty AssertionError from inside Pallas)."""
+
+    @jax.custom_jvp
+    def f(q, k, v, offs):
+        return fn(q, k, v, offs)
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        raise NotImplementedError(
+            f"generation {gen!r} has no backward kernel, so jax.grad / jax.jvp cannot differentiate it; use "
+            "generation='fa_train' (or generation=None) or pallas_attn.dot_product_attention")
+
+    return f
+
+
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset=0,
-              generation: str = "v4_fused", interpret: bool | None = None, config=None, return_lse: bool = False):
+              generation: str | None = None, interpret: bool | None = None, config=None, return_lse: bool = False):
     """Attention on JAX BTNH arrays: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, D]`` -> ``[B, Tq, Hq, D]``.
 
     Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
     ``j <= i + q_offset[b]`` (``q_offset``: int, int32 scalar or ``[B]`` array, default 0). See the module
     docstring for ``config``, ``return_lse``, ``scale`` and ``interpret``. Output has q's dtype.
+    ``generation=None`` picks the best built kernel for the input (``default_generation``). ``jax.grad``
+    works through fa_train (its Pallas backward); other generations have no backward and say so.
     """
     s = validate_dense(q, k, v, causal=causal, scale=scale)
-    kern, cfg = resolve(generation, problem_dense(q, k, causal=causal), config)
+    problem = problem_dense(q, k, causal=causal)
+    if generation is None:
+        generation = default_generation(problem)
+    kern, cfg = resolve(generation, problem, config)
     offs = seqlen.q_offsets(q_offset, q.shape[0])
-    with _compat.quiet_triton():
+
+    def call(q, k, v, offs):
         return kern.dense(q, k, v, causal=causal, scale=s, q_offset=offs,
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse))
+
+    if generation != "fa_train":  # fa_train's entry is a jax.custom_vjp with its Pallas backward
+        call = _no_backward(generation, call)
+    with _compat.quiet_triton():
+        return call(q, k, v, offs)
 
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,

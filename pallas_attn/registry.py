@@ -52,6 +52,14 @@ ROWS: tuple[Row, ...] = (
     Row("v4_fused", "v4_fused"),
     Row("v5_wmma", "v5_wmma"),
     Row("v6_splitkv", "v6_splitkv"),
+    Row("v7_paged", "v7_paged"),
+    Row("v8_gqa", "v8_gqa", configs={"faithful": "faithful", "device_sm": "device_sm", "tuned": "tuned"}),
+    Row("v8_gqa_tc", "v8_gqa_tc"),
+    # knobs of v8_gqa's kernel in Pallas (docs/paged_gqa.md): one named config each
+    Row("v8_gqa_db", "v8_gqa", configs={"faithful": "double_buffered"}),
+    Row("v8_gqa_occ", "v8_gqa", configs={"faithful": "occupancy"}),
+    Row("v8_gqa_ilp", "v8_gqa", configs={"faithful": "key_ilp"}),
+    Row("v8_gqa_ss", "v8_gqa_ss"),
     Row("fa_decode", "fa_decode"),
     Row("fa_train", "fa_train"),
 )
