@@ -186,6 +186,33 @@ def _version(mod: str) -> str | None:
         return None
 
 
+def git_state() -> dict[str, Any]:
+    """``git_sha``, ``git_sha_source``, ``dirty`` (and ``git_sha_local`` when both sources exist).
+
+    The device machine gets a copy of the tree whose ``.git`` (when there is one) is the last *landed* commit
+    with the session's work on top as uncommitted changes, so the sha the caller sends in
+    ``PALLAS_ATTN_GIT_SHA`` wins (``git_sha_source: "env PALLAS_ATTN_GIT_SHA"``), with ``dirty`` from
+    ``PALLAS_ATTN_GIT_DIRTY`` (``1``/``0``; unknown, ``null``, when not sent). Otherwise the checkout's own
+    ``git rev-parse`` and ``git status`` (tracked files) answer (``git_sha_source: "git"``); ``null`` when
+    neither exists. The sha is never suffixed: ``dirty`` says it.
+    """
+    repo = Path(__file__).resolve().parent.parent
+    sha = _cmd(["git", "-C", str(repo), "rev-parse", "HEAD"])
+    status = _cmd(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"]) if sha else None
+    local_dirty = None if sha is None else bool(status)
+    sent = (os.environ.get("PALLAS_ATTN_GIT_SHA") or "").strip()
+    if sent:
+        flag = os.environ.get("PALLAS_ATTN_GIT_DIRTY")
+        dirty = None if flag is None or flag.strip() == "" else flag.strip().lower() not in ("0", "false", "no")
+        out: dict[str, Any] = {"git_sha": sent, "git_sha_source": "env PALLAS_ATTN_GIT_SHA", "dirty": dirty}
+        if sha and sha != sent:
+            out["git_sha_local"] = sha + ("-dirty" if local_dirty else "")
+        return out
+    if sha:
+        return {"git_sha": sha, "git_sha_source": "git", "dirty": local_dirty}
+    return {"git_sha": None, "git_sha_source": None, "dirty": None}
+
+
 def collect_env() -> dict[str, Any]:
     """GPU, driver, CUDA, library versions and the git sha: what every record carries."""
     versions: dict[str, Any] = {
@@ -227,17 +254,13 @@ def collect_env() -> dict[str, Any]:
         driver = parts[0]
         clocks = dict(zip(("sm_mhz", "max_sm_mhz", "mem_mhz"), parts[1:]))
     versions.update({"cuda": cuda, "cudnn": cudnn, "driver": driver})
-    repo = Path(__file__).resolve().parent.parent
-    sha = _cmd(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"])
-    dirty = _cmd(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
+    git = git_state()
     return {
         "gpu": gpu,
         "device_kind": device_kind,
         "clocks": clocks,
         "versions": versions,
-        # The device machine gets a copy of the tree whose .git (when there is one) is the last *landed*
-        # commit with the session's work on top as uncommitted changes: the sha the caller sent wins.
-        "git_sha": os.environ.get("PALLAS_ATTN_GIT_SHA") or ((sha + ("-dirty" if dirty else "")) if sha else None),
+        **git,
         "host": platform.node(),
         "env_flags": {k: os.environ.get(k) for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS") if k in os.environ},
     }

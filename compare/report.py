@@ -72,15 +72,39 @@ _COLS = ("impl", "status", "p50 µs (p10–p90)", "e2e µs", "TFLOP/s", "GB/s", 
          "vs best peer", "vs twin", "max abs", "rel L2", "note")
 
 
+_E2E_COL = "e2e µs synced / pipelined"
+
+
+def _cols(recs: list[dict]) -> tuple[str, ...]:
+    """The table's columns: records with both e2e figures get the labelled column (older records keep theirs)."""
+    if any((r.get("metrics") or {}).get("e2e_pipelined_us") is not None for r in recs):
+        return tuple(_E2E_COL if c == "e2e µs" else c for c in _COLS)
+    return _COLS
+
+
+def _e2e_cell(m: dict) -> str:
+    if m.get("e2e_pipelined_us") is not None:
+        return f"{_f(m.get('e2e_synced_us', m.get('e2e_us_p50')), '.1f')} / {_f(m['e2e_pipelined_us'], '.1f')}"
+    return _f(m.get("e2e_us_p50"), ".1f")
+
+
+_OWN_CLOCKS = (None, "cupti:mosaic", "cupti:jax-measure", "cupti:torch-profiler", "cpu-interpret")
+
+
 def _row(r: dict) -> list[str]:
     m, a = r.get("metrics") or {}, r.get("agreement") or {}
     note = r.get("reason") or ""
-    if not note and m.get("clock") not in (None, "cupti:jax-measure", "cupti:torch-profiler", "cpu-interpret"):
+    if m.get("clock_fallback"):
+        note = (note + "; " if note else "") + f"CLOCK FALLBACK to {m.get('clock')} (asked {m.get('clock_requested')})"
+    elif not note and m.get("clock") not in _OWN_CLOCKS:
         note = f"clock {m['clock']}"
+    for k in ("hbm_fraction_note",):
+        if m.get(k):
+            note = (note + "; " if note else "") + m[k]
     tw = a.get("twin") or {}
     if tw.get("rel_l2_err") is not None:
         note = (note + "; " if note else "") + f"twin rel L2 {tw['rel_l2_err']:.2g}"
-    return [r["impl"]["name"], r["status"], _time_cell(r), _f(m.get("e2e_us_p50"), ".1f"), _f(m.get("tflops"), ".1f"),
+    return [r["impl"]["name"], r["status"], _time_cell(r), _e2e_cell(m), _f(m.get("tflops"), ".1f"),
             _f(m.get("gbps"), ".0f"), _pct(m.get("roofline_fraction")), _pct(m.get("hbm_fraction")),
             _pct(m.get("tc_fraction")), _x(m.get("speedup_vs_best_peer")), _x(m.get("speedup_vs_twin")),
             _f(a.get("max_abs_err"), ".2g"), _f(a.get("rel_l2_err"), ".2g"), note]
@@ -106,7 +130,7 @@ def workload_table(name: str, recs: list[dict]):
 
         return Text.from_markup(f"[bold]{title}[/]: nothing ran — {caption or 'no records'}")
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for c in _COLS:
+    for c in _cols(shown):
         t.add_column(c, overflow="fold", max_width=60 if c == "note" else None)
     for r in shown:
         row = _row(r)
@@ -197,18 +221,38 @@ def _is_gpu(run: dict) -> bool:
     return env.get("device_kind") == "gpu"
 
 
+def _git_detail(env: dict) -> str:
+    if "git_sha_source" not in env:  # recorded before the source and dirty flag were
+        return ""
+    dirty = {True: "dirty", False: "clean", None: "dirty unknown"}[env.get("dirty")]
+    return f" ({dirty}; from {env.get('git_sha_source')})"
+
+
 def _env_md(run: dict) -> str:
     env = (run["header"] or (run["results"][0] if run["results"] else {})).get("env", {})
     v = env.get("versions", {})
     lines = [f"- device: **{env.get('gpu') or 'no GPU (CPU interpret mode: agreement only, no kernel timings)'}**"
              + (f", clocks {env['clocks']}" if env.get("clocks") else ""),
              "- versions: " + ", ".join(f"{k} {v[k]}" for k in sorted(v) if v[k] is not None),
-             f"- git: `{env.get('git_sha')}`; records: `{run['path']}`"]
+             f"- git: `{env.get('git_sha')}`{_git_detail(env)}; records: `{run['path']}`"]
     if run["header"]:
         lines.append(f"- command: `{' '.join(run['header'].get('argv') or [])}`")
     c = run["ceilings"] or {}
     meas = c.get("measured")
-    if meas:
+    ds = c.get("datasheet")
+    if meas and meas.get("hbm_read_methods"):
+        fl = ", ".join(f"{k} {val / 1e12:.0f} TFLOP/s" for k, val in meas.get("flops", {}).items())
+        sheet = f" (datasheet {ds['hbm_bw_Bps'] / 1e12:.2f} TB/s)" if ds else ""
+        methods = "; ".join(f"{k} {v['Bps'] / 1e12:.2f} TB/s ({v.get('clock')})"
+                            for k, v in meas["hbm_read_methods"].items())
+        lines.append(f"- measured HBM read ceiling: **{_f((meas.get('hbm_read_Bps') or 0) / 1e12, '.2f')} TB/s**, "
+                     f"best of {len(meas['hbm_read_methods'])} methods ({meas.get('hbm_read_best')}){sheet}: "
+                     f"{methods}; every HBM fraction is against the best")
+        lines.append(f"- measured ceilings (cuda-events): HBM copy {_f((meas.get('hbm_copy_Bps') or 0) / 1e12, '.2f')} "
+                     f"TB/s; {fl}")
+        if meas.get("errors"):
+            lines.append(f"- ceilings not measured: {meas['errors']}")
+    elif meas:
         fl = ", ".join(f"{k} {val / 1e12:.0f} TFLOP/s" for k, val in meas.get("flops", {}).items())
         lines.append(f"- measured ceilings ({meas.get('clock')}): HBM read "
                      f"{_f((meas.get('hbm_read_Bps') or 0) / 1e12, '.2f')} TB/s, copy "
@@ -217,13 +261,13 @@ def _env_md(run: dict) -> str:
             lines.append(f"- ceilings not measured: {meas['errors']}")
     elif c:
         lines.append(f"- ceilings: not measured ({c.get('reason')})")
-    ds = c.get("datasheet")
     if ds:
         lines.append(f"- datasheet ({ds['name']}): HBM {ds['hbm_bw_Bps'] / 1e12:.2f} TB/s, "
                      + ", ".join(f"{k} {val / 1e12:.0f} TFLOP/s" for k, val in ds["flops"].items()))
     for cc in run["clock_checks"]:
         if cc.get("clock"):
-            lines.append(f"- clock check ({cc['framework']}, {cc['clock']}): 1 GiB copy at "
+            fb = (f"; FALLBACK from {cc['clock_requested']}" if cc.get("clock_fallback") else "")
+            lines.append(f"- clock check ({cc['framework']}, {cc['clock']}{fb}): 1 GiB copy at "
                          f"{cc['achieved_Bps'] / 1e12:.2f} TB/s = {100 * cc['ratio']:.0f}% of the copy ceiling "
                          f"({'ok' if cc['ok'] else 'SUSPECT'})")
         else:
@@ -264,7 +308,7 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True) -
             parts += [f"### {name}", "", f"`{_shape(recs[0]['workload'])}` — {recs[0]['workload'].get('source', '')}",
                       ""]
             if shown:
-                parts += [_md_table([_row(r) for r in shown], _COLS), ""]
+                parts += [_md_table([_row(r) for r in shown], _cols(shown)), ""]
             for st in _FOLD:
                 by_reason: dict[str, list[str]] = defaultdict(list)
                 for r in recs:
@@ -343,9 +387,11 @@ def plot_generations(run: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attn_core import generations as core
+    ids = list((run["header"] or {}).get("generations") or [])
+    if not ids:  # runs recorded before the header carried the order: the live table
+        from attn_core import generations as core
 
-    ids = core.ids()
+        ids = core.ids()
     order = {g: i for i, g in enumerate(ids)}
     by_wl: dict[str, list[dict]] = defaultdict(list)
     for r in _timed(run):

@@ -60,7 +60,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="add this run (its own header and run id) to the end of an existing --out records file")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per record (cold L2 each); default 20")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls after the first (compile) call; default 3")
-    p.add_argument("--e2e-reps", type=int, default=10, help="host wall-clock calls for e2e time; default 10")
+    p.add_argument("--e2e-reps", type=int, default=10,
+                   help="synchronized calls for the e2e latency (metrics.e2e_synced_us); default 10")
+    p.add_argument("--e2e-calls", type=int, default=20,
+                   help="calls issued back to back, one sync, per pipelined e2e sample (metrics.e2e_pipelined_us, "
+                        "median of 3 samples); default 20")
     p.add_argument("--budget-s", type=float, default=3.0,
                    help="per-record time budget: predicted or measured time for all calls above it -> fewer reps "
                         "(>= 3) or status 'skipped' with reason 'over time budget'; default 3")
@@ -68,7 +72,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="whole-run budget: once elapsed, remaining records are 'skipped' (reason says so)")
     p.add_argument("--clock", choices=("cupti", "kineto", "events"), default="cupti",
                    help="cupti: JAX profiler for JAX, torch.profiler for torch (both CUPTI); kineto: torch.profiler "
-                        "for both; events: CUDA events / host wall (labelled). Fallbacks are automatic and recorded")
+                        "for both; events: CUDA events / host wall (labelled). A record timed by a fallback clock is "
+                        "marked (metrics.clock_fallback) and the run exits 3")
+    p.add_argument("--allow-clock-fallback", action="store_true",
+                   help="exit 0 even when some records were timed by a fallback clock (they stay marked)")
     p.add_argument("--arch", default="h100,h200",
                    help="hardware rows (comma-separated) for datasheet predictions when no GPU is detected; "
                         "the first fills prediction.datasheet, all go to prediction.by_arch; default h100,h200")
@@ -86,15 +93,47 @@ def run_cli(args: argparse.Namespace) -> int:
 class RunOptions(types.SimpleNamespace):
     impl: tuple[str, ...] = ()  # defaults for callers that build RunOptions by hand
     append: bool = False
+    e2e_calls: int = 20
+    allow_clock_fallback: bool = False
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
-        if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1:
-            raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1; got {a.reps}, {a.warmup}, {a.e2e_reps}")
+        if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1 or a.e2e_calls < 1:
+            raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1, --e2e-calls >= 1; got {a.reps}, "
+                             f"{a.warmup}, {a.e2e_reps}, {a.e2e_calls}")
         return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
-                   warmup=a.warmup, e2e_reps=a.e2e_reps, budget_s=a.budget_s, max_run_s=a.max_run_s, clock=a.clock,
-                   arch=a.arch, cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
+                   warmup=a.warmup, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
+                   max_run_s=a.max_run_s, clock=a.clock, allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
+                   cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
                    argv=["python", "-m", "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
+
+    def repro_flags(self) -> list[str]:
+        """Every option that differs from its default, as flags (what a record's ``repro`` must repeat;
+        selection, output and display flags excluded)."""
+        import argparse as _ap
+
+        sub = _ap.ArgumentParser().add_subparsers()
+        add_parser(sub)
+        parser = sub.choices["run"]
+        flags = []
+        for act in parser._actions:
+            dest = act.dest
+            if dest in _NOT_REPRO or not act.option_strings or not hasattr(self, dest):
+                continue
+            val = getattr(self, dest)
+            if val == act.default:
+                continue
+            if isinstance(act, _ap._StoreTrueAction):
+                if val:
+                    flags.append(act.option_strings[0])
+                continue
+            flags += [act.option_strings[0], f"{val:g}" if isinstance(val, float) else str(val)]
+        return flags
+
+
+# not repeated in a record's repro: what was selected and where it went (repro selects one record itself),
+# how it was displayed, and whether a clock fallback fails the exit code
+_NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback"})
 
 
 def parse_only(specs: list[str]) -> list[tuple[str, str]]:
@@ -254,6 +293,7 @@ class _Run:
         self.ceil: dict[str, Any] | None = None
         self.flush_bytes = timing.default_flush_bytes(_l2_bytes(self.hw_ds))
         self.config_path = str(opts.config)
+        self.clock_fallbacks = 0  # records timed by a clock other than the one requested
 
     def _open_out(self) -> None:
         """Never lose records: an existing non-empty records file is refused unless --append, which adds this
@@ -285,8 +325,9 @@ class _Run:
         return self.opts.max_run_s is not None and time.perf_counter() - self.t_start > self.opts.max_run_s
 
     def repro(self, w: Workload, impl_name: str) -> str:
-        return ("python -m compare run --config " + shlex.quote(self.config_path)
-                + " --only " + shlex.quote(f"{w.name}:{impl_name}"))
+        flags = self.opts.repro_flags() if isinstance(self.opts, RunOptions) else []
+        return " ".join(["python -m compare run --config", shlex.quote(self.config_path), "--only",
+                         shlex.quote(f"{w.name}:{impl_name}"), *map(shlex.quote, flags)])
 
     # -- ceilings and clock check --------------------------------------------------------------
     def measure_ceilings(self) -> None:
@@ -337,7 +378,8 @@ class _Run:
                                         clock=self.opts.clock)
                 bps = 2 * nbytes / (t.stats["p50"] * 1e-6)
                 ratio = bps / self.ceil["hbm_copy_Bps"]
-                rec.update({"clock": t.clock, "clock_notes": list(t.notes), "time_us_p50": t.stats["p50"],
+                rec.update({"clock": t.clock, "clock_requested": t.requested, "clock_fallback": t.fallback,
+                            "clock_notes": list(t.notes), "time_us_p50": t.stats["p50"],
                             "achieved_Bps": bps, "copy_ceiling_Bps": self.ceil["hbm_copy_Bps"],
                             "ratio": ratio, "ok": 0.8 <= ratio <= 1.15})
             except Exception as e:  # the check failing is itself the finding; the run goes on
@@ -542,6 +584,9 @@ class _Run:
         sync(prep.fn(*prep.args))
         one = time.perf_counter() - t0
         reps, e2e_reps = o.reps, o.e2e_reps
+        e2e_calls = getattr(o, "e2e_calls", 20)
+        if one * (reps + e2e_reps + 3 * e2e_calls) > o.budget_s:
+            e2e_calls = max(1, min(e2e_calls, int(o.budget_s / one / 6)))
         if one * (reps + e2e_reps) > o.budget_s:
             reps = max(3, int(o.budget_s / one) - 1)
             e2e_reps = max(1, min(e2e_reps, reps // 2))
@@ -557,10 +602,20 @@ class _Run:
             kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
                                      flush_bytes=self.flush_bytes, clock=o.clock)
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
+        pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
         st = kt.stats
-        m.update(clock=kt.clock, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed, reps=len(kt.samples_us),
-                 time_us_p50=st["p50"], time_us_p10=st["p10"], time_us_p90=st["p90"], time_us_mean=st["mean"],
-                 e2e_us_p50=e2e.stats["p50"], e2e_clock="host wall-clock per call, dispatch + sync, warm L2")
+        requested = "host-wall:in-jit-loop-diff" if prep.clock == "loop" else kt.requested
+        m.update(clock=kt.clock, clock_requested=requested, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed,
+                 reps=len(kt.samples_us), time_us_p50=st["p50"], time_us_p10=st["p10"], time_us_p90=st["p90"],
+                 time_us_mean=st["mean"], e2e_us_p50=e2e.stats["p50"], e2e_synced_us=e2e.stats["p50"],
+                 e2e_pipelined_us=pipe.stats["p50"], e2e_pipelined_calls=e2e_calls,
+                 e2e_clock=("host wall-clock, warm L2: e2e_synced_us = one call + its sync (latency, p50 of "
+                            f"{len(e2e.samples_us)}); e2e_pipelined_us = {e2e_calls} calls issued, one sync, per call "
+                            "(throughput, median of 3)"))
+        if requested is not None and kt.clock != requested:
+            m["clock_fallback"] = (f"requested {requested}, timed with {kt.clock}: "
+                                   + ("; ".join(kt.notes) or "no reason recorded"))[:600]
+            self.clock_fallbacks += 1
         self.fill_rates(rec)
 
     def fill_rates(self, rec: dict) -> None:
@@ -582,6 +637,16 @@ class _Run:
         if self.ceil:
             if self.ceil.get("hbm_read_Bps"):
                 m["hbm_fraction"] = basis["bytes"] / t / self.ceil["hbm_read_Bps"]
+                m["hbm_ceiling"] = f"measured HBM read, best method: {self.ceil.get('hbm_read_best', 'torch_sum')}"
+                l2 = _l2_bytes(self.hw_ds)
+                note = ceilings.over_ceiling_note(m["hbm_fraction"], what="HBM read ceiling", bytes_=basis["bytes"],
+                                                  l2_bytes=l2, datasheet_fraction=m.get("hbm_fraction_datasheet"))
+                if note:
+                    m["hbm_fraction_note"] = note
+                if (m.get("roofline_fraction") or 0) > 1.0 and basis.get("limiter") == "HBM":
+                    m["roofline_fraction_note"] = ceilings.over_ceiling_note(
+                        m["roofline_fraction"], what="roofline floor (HBM)", bytes_=basis["bytes"], l2_bytes=l2,
+                        datasheet_fraction=m.get("roofline_fraction_datasheet"))
             peak = self.ceil.get("flops", {}).get(basis["engine"])
             if peak:
                 m["tc_fraction"] = basis["flops"] / t / peak
@@ -630,7 +695,9 @@ class _Run:
         header = self.base("header")
         header.update({"config": self.config_path, "argv": self.opts.argv, "options": {
             k: v for k, v in vars(self.opts).items() if k != "argv"}, "ctx": dataclasses.asdict(self.ctx),
-                       "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                       "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "generations": _generation_order(),
+                       "clocks_requested": {fw: timing.expected_clock(self.opts.clock, fw) for fw in ("jax", "torch")}})
         self.write([header])
         self._inflight = ([], {})
         n_written = 0
@@ -685,6 +752,13 @@ class _Run:
         if not self.opts.quiet:
             console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}")
             console.print(f"render: python -m compare report {self.path}")
+        if self.clock_fallbacks:
+            print(f"clock fallback: {self.clock_fallbacks} records were timed by a clock other than the one requested "
+                  f"(--clock {self.opts.clock}); they carry metrics.clock_fallback with the reason, in {self.path}"
+                  + ("" if self.opts.allow_clock_fallback else "; exit 3 (--allow-clock-fallback accepts them)"),
+                  file=sys.stderr)
+            if not self.opts.allow_clock_fallback:
+                return 3
         return 0
 
 
@@ -709,7 +783,33 @@ def _sync_for(framework: str):
 
 def _is_oom(e: BaseException) -> bool:
     s = f"{type(e).__name__} {e}".lower()
-    return "out of memory" in s or "resource_exhausted" in s or "outofmemory" in s
+    return ("out of memory" in s or "resource_exhausted" in s or "outofmemory" in s or "out of resource" in s
+            or "outofresources" in s)
+
+
+_SMEM = (re.compile(r"shared memory size limit exceeded: requested (\d+), available:? (\d+)", re.I),  # XLA / jaxlib
+         re.compile(r"out of resource: shared memory, required: (\d+), hardware limit: (\d+)", re.I))  # Triton
+
+
+def _shared_memory_reason(msg: str) -> str | None:
+    """``shared memory: needs N bytes, limit M`` when ``msg`` is a shared-memory limit (not device memory)."""
+    for pat in _SMEM:
+        m = pat.search(msg)
+        if m:
+            need, limit = int(m.group(1)), int(m.group(2))
+            return (f"shared memory: needs {need} bytes, limit {limit} (per thread block, not device memory; the "
+                    "launch configuration asks for too much)")
+    return None
+
+
+def _generation_order() -> list[str]:
+    """The generation table's order, written into the run header so that ``report`` needs no live registry."""
+    try:
+        from attn_core import generations as core
+
+        return list(core.ids())
+    except Exception:  # the header is still written; report falls back to the live table
+        return []
 
 
 def _failure_status(e: BaseException) -> str:
@@ -722,7 +822,9 @@ def _failure_status(e: BaseException) -> str:
 
 def _reason(e: BaseException) -> str:
     msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg[:400]}"
+    full = f"{type(e).__name__}: {msg[:400]}"
+    smem = _shared_memory_reason(msg)
+    return f"{smem}; {full}" if smem else full
 
 
 def _empty_torch_cache() -> None:

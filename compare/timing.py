@@ -1,20 +1,26 @@
 """Kernel timing with one clock for both frameworks, a cold L2 for every repetition, and percentiles.
 
-The clock is CUPTI's activity timestamps (what Nsight uses): device-side start/end of every kernel in the
+The clock is CUPTI's activity timestamps (what Nsight uses): device-side duration of every kernel in the
 process, whichever framework launched it (docs/peers.md §4: torch CUDA events cannot see JAX's streams).
-  * JAX implementations: ``jax.experimental.mosaic.gpu.profiler.measure(f, aggregate=False,
-    iterations=N)``, which returns per-iteration lists of ``(kernel name, ms)``;
-  * torch implementations (SDPA, cuda_ref): ``torch.profiler`` with CUDA activity (kineto, also CUPTI);
-  * fallbacks, each labelled in ``metrics.clock`` and never silent: kineto for JAX when the JAX profiler is
-    unavailable; CUDA events around each call (torch only, ``cuda-events``); host wall-clock with a
-    device sync (``host-wall``, includes dispatch).
+One collector serves both frameworks (``cupti_kernels``): the CUPTI subscriber of jaxlib's Mosaic GPU
+extension, the one behind ``jax.experimental.mosaic.gpu.profiler.measure``, started before the
+repetitions and detached after them (clock label ``cupti:mosaic``). It is detached every time because CUPTI
+takes one subscriber per process: torch.profiler (kineto) subscribes on first use and never lets go, so a
+run that timed torch with kineto could no longer time JAX through the Mosaic collector (every JAX record of
+the runs before 2026-11-23 fell back to kineto that way). Hence:
+  * ``--clock cupti`` (default): the Mosaic collector for JAX *and* torch; kineto is never used;
+  * ``--clock kineto``: torch.profiler for both (``cupti:torch-profiler``);
+  * ``--clock events``: CUDA events for torch (``cuda-events``), host wall-clock for JAX (``host-wall``);
+  * a clock that fails falls back to the next of its chain (cupti -> cuda-events / host-wall) and the
+    ``Timing`` says which was requested (``requested``) and why it fell back (``notes``); ``fallback`` is
+    true when the two differ, and the runner marks the record and exits non-zero (docs/compare.md).
 
 L2 flush: before every repetition a kernel rewrites a buffer of twice the L2 size (``bitwise_not`` over
 uint32 words: a kernel name no attention implementation launches). Its kernels are recognised by name
 (learned by profiling the flush alone) and excluded from the per-repetition sum; each repetition's time is
 the sum of the implementation's own kernels (split-KV partials + merge count together, launch gaps do not).
-The end-to-end time per call (host wall-clock, dispatch and sync included, warm L2) is measured separately
-and labelled as such.
+End to end (host wall-clock, warm L2) is measured separately and labelled: ``time_e2e`` is the latency of one
+synchronized call, ``time_pipelined`` the time per call when N calls are issued and synchronized once.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ __all__ = [
     "percentiles",
     "time_kernels",
     "time_e2e",
+    "time_pipelined",
     "time_cpu",
+    "cupti_kernels",
+    "expected_clock",
+    "clock_chain",
     "default_flush_bytes",
 ]
 
@@ -53,13 +63,79 @@ def percentiles(samples_us: Sequence[float]) -> dict[str, float]:
 @dataclasses.dataclass(frozen=True)
 class Timing:
     samples_us: tuple[float, ...]
-    clock: str  # "cupti:jax-measure" | "cupti:torch-profiler" | "cuda-events" | "host-wall" | "cpu-interpret"
+    clock: str  # "cupti:mosaic" | "cupti:torch-profiler" | "cuda-events" | "host-wall" | "cpu-interpret" | ...
     l2_flushed: bool
     notes: tuple[str, ...] = ()  # why a fallback clock was used
+    requested: str | None = None  # the clock asked for (None: no choice, e.g. e2e or CPU interpret)
 
     @functools.cached_property
     def stats(self) -> dict[str, float]:
         return percentiles(self.samples_us)
+
+    @property
+    def fallback(self) -> bool:
+        """True when the clock that ran is not the one requested."""
+        return self.requested is not None and self.clock != self.requested
+
+
+# ---------------------------------------------------------------------------------------------- CUPTI
+
+
+class _MosaicCupti:
+    """CUPTI through jaxlib's Mosaic GPU extension (``_cupti_init`` / ``_cupti_get_timings``): every kernel
+    of the process between ``start`` and ``stop``, as ``(name, ms)`` in launch order; ``stop`` detaches
+    the subscriber so that the next measurement (or another profiler) can subscribe."""
+
+    def _ext(self):
+        from jax._src.lib import mosaic_gpu as mosaic_gpu_lib  # ImportError: this jaxlib has no Mosaic GPU
+
+        ext = getattr(mosaic_gpu_lib, "_mosaic_gpu_ext", None)
+        if ext is None or not hasattr(ext, "_cupti_init") or not hasattr(ext, "_cupti_get_timings"):
+            raise RuntimeError("this jaxlib's Mosaic GPU extension has no CUPTI collector")
+        return ext
+
+    def start(self) -> None:
+        self._ext()._cupti_init()
+
+    def stop(self) -> list[tuple[str, float]]:
+        ext = self._ext()
+        try:
+            out = ext._cupti_get_timings(True)  # finalize: detach CUPTI from the process
+        except TypeError:  # an older extension takes no argument (and always finalizes)
+            out = ext._cupti_get_timings()
+        return [(str(n), float(ms)) for n, ms in (out or [])]
+
+
+_CUPTI: Any = _MosaicCupti()  # the tests put a stand-in here (a simulated CUPTI with subscriber conflicts)
+
+
+def cupti_kernels(run: Callable[[], Any]) -> list[tuple[str, float]]:
+    """``(kernel name, ms)`` of every kernel launched (and finished) while ``run()`` executes; ``run`` must
+    synchronize before it returns."""
+    _CUPTI.start()
+    try:
+        run()
+    finally:
+        kernels = _CUPTI.stop()
+    return kernels
+
+
+def expected_clock(clock: str, framework: str) -> str:
+    """The clock label a record timed under ``--clock clock`` must carry (anything else is a fallback)."""
+    if clock == "cupti":
+        return "cupti:mosaic"
+    if clock == "kineto":
+        return "cupti:torch-profiler"
+    if clock == "events":
+        return "cuda-events" if framework == "torch" else "host-wall"
+    raise ValueError(f"clock must be cupti, kineto or events; got {clock!r}")
+
+
+def clock_chain(clock: str, framework: str) -> list[str]:
+    """The clocks tried in order for ``framework`` under ``--clock clock`` (labels as recorded)."""
+    last = "cuda-events" if framework == "torch" else "host-wall"
+    first = {"cupti": "cupti:mosaic", "kineto": "cupti:torch-profiler", "events": last}[clock]
+    return [first] if first == last else [first, last]
 
 
 def default_flush_bytes(l2_bytes: int | None) -> int:
@@ -101,17 +177,19 @@ def _jax_timed(fn: Callable) -> Callable:
 
 @functools.cache
 def _jax_flush_kernel_names(nbytes: int) -> frozenset[str]:
-    from jax.experimental.mosaic.gpu import profiler
+    import jax
 
     buf = _jax_flush_buffer(nbytes)
-    _, t = profiler.measure(_jax_flush_fn(), aggregate=False, iterations=1)(buf)
-    if not t:
+    fl = _jax_flush_fn()
+    jax.block_until_ready(fl(buf))  # compiled before the collector starts
+    names = frozenset(n for n, _ in cupti_kernels(lambda: jax.block_until_ready(fl(buf))))
+    if not names:
         raise RuntimeError("CUPTI recorded no kernel for the L2 flush")
-    return frozenset(name for name, _ in t)
+    return names
 
 
 def _cupti_samples(per_iter: list[list[tuple[str, float]]], flush_names: frozenset[str]) -> list[float]:
-    """Per-repetition µs from ``measure``'s ``[[(kernel, ms), ...], ...]``, the flush kernel excluded."""
+    """Per-repetition µs from ``[[(kernel, ms), ...], ...]`` (one list per repetition), the flush excluded."""
     samples = []
     for it in per_iter:
         names = [n for n, _ in it]
@@ -130,17 +208,34 @@ def _cupti_samples(per_iter: list[list[tuple[str, float]]], flush_names: frozens
     return samples
 
 
+def _per_rep(kernels: list[tuple[str, float]], reps: int) -> list[list[tuple[str, float]]]:
+    """A flat launch-order kernel list cut into ``reps`` equal repetitions (each launches the same kernels)."""
+    if not kernels:
+        raise RuntimeError("CUPTI recorded no kernels")
+    if len(kernels) % reps:
+        raise RuntimeError(f"{len(kernels)} kernels recorded over {reps} repetitions: not the same kernels in "
+                           "every repetition")
+    n = len(kernels) // reps
+    per = [kernels[i * n:(i + 1) * n] for i in range(reps)]
+    if any([k for k, _ in p] != [k for k, _ in per[0]] for p in per):
+        raise RuntimeError("kernel names differ across repetitions")
+    return per
+
+
 def _time_jax_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int) -> Timing:
-    from jax.experimental.mosaic.gpu import profiler
+    import jax
 
     flush_names = _jax_flush_kernel_names(flush_bytes)
     buf = _jax_flush_buffer(flush_bytes)
-    _, per_iter = profiler.measure(_jax_timed(fn), aggregate=False, iterations=reps)(buf, *args)
-    if per_iter is None:
-        raise RuntimeError("CUPTI recorded no kernels")
-    if reps == 1:  # measure returns one flat list for a single iteration
-        per_iter = [per_iter]
-    return Timing(tuple(_cupti_samples(per_iter, flush_names)), "cupti:jax-measure", True)
+    timed = _jax_timed(fn)
+    jax.block_until_ready(timed(buf, *args))  # compiled before the collector starts
+
+    def run() -> None:
+        outs = [timed(buf, *args) for _ in range(reps)]
+        jax.block_until_ready(outs)
+
+    per_iter = _per_rep(cupti_kernels(run), reps)
+    return Timing(tuple(_cupti_samples(per_iter, flush_names)), "cupti:mosaic", True)
 
 
 # ---------------------------------------------------------------------------------------------- torch
@@ -207,6 +302,32 @@ def _time_kineto(step: Callable[[], Any], flush: Callable[[], Any], sync: Callab
     return Timing(tuple(_split_by_flush(evts, flush_names, reps)), clock, True)
 
 
+_MOSAIC_TORCH_FLUSH_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _time_torch_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int) -> Timing:
+    """torch kernels through the same CUPTI collector as JAX (``cupti_kernels``), split at the flush."""
+    buf = _torch_flush_buffer(flush_bytes)
+    if flush_bytes not in _MOSAIC_TORCH_FLUSH_NAMES:
+        names = frozenset(n for n, _ in cupti_kernels(lambda: (buf.bitwise_not_(), _torch_sync())))
+        if not names:
+            raise RuntimeError("CUPTI recorded no kernel for the torch L2 flush")
+        _MOSAIC_TORCH_FLUSH_NAMES[flush_bytes] = names
+    flush_names = _MOSAIC_TORCH_FLUSH_NAMES[flush_bytes]
+    keep = []
+
+    def run() -> None:
+        for _ in range(reps):
+            buf.bitwise_not_()
+            keep.append(fn(*args))
+        _torch_sync()
+
+    kernels = cupti_kernels(run)
+    keep.clear()
+    evts = [(n, 0.0, 1e3 * ms) for n, ms in kernels]  # durations only (launch order), in µs
+    return Timing(tuple(_split_by_flush(evts, flush_names, reps)), "cupti:mosaic", True)
+
+
 def _time_torch_events(fn: Callable, args: tuple, *, reps: int, flush_bytes: int) -> Timing:
     import torch
 
@@ -242,14 +363,16 @@ def time_kernels(fn: Callable, args: tuple, *, framework: str, reps: int, flush_
                  clock: str = "cupti") -> Timing:
     """Device time per call of ``fn(*args)`` (already warm), cold L2, ``reps`` repetitions.
 
-    ``framework`` is ``"jax"`` (fn is jit-able on JAX arrays) or ``"torch"``. ``clock``: ``"cupti"`` (JAX
-    profiler for JAX, kineto for torch), ``"kineto"`` (torch.profiler for both) or ``"events"`` (CUDA events
-    for torch, host wall for JAX). On failure each step falls back to the next and says why in ``notes``.
+    ``framework`` is ``"jax"`` (fn is jit-able on JAX arrays) or ``"torch"``. ``clock``: ``"cupti"`` (the
+    Mosaic CUPTI collector for both), ``"kineto"`` (torch.profiler for both) or ``"events"`` (CUDA events
+    for torch, host wall for JAX). On failure each step falls back to the next of ``clock_chain`` and says
+    why in ``notes``; ``Timing.requested`` is ``expected_clock(clock, framework)``.
     """
     if reps < 1:
         raise ValueError(f"reps must be >= 1; got {reps}")
-    notes: list[str] = []
-    chain: list[tuple[str, Callable[[], Timing]]] = []
+    if framework not in ("jax", "torch"):
+        raise ValueError(f"framework must be 'jax' or 'torch'; got {framework!r}")
+    requested = expected_clock(clock, framework)
     if framework == "jax":
         def via_kineto() -> Timing:
             buf = _jax_flush_buffer(flush_bytes)
@@ -257,26 +380,23 @@ def time_kernels(fn: Callable, args: tuple, *, framework: str, reps: int, flush_
             return _time_kineto(lambda: fn(*args), lambda: fl(buf), _torch_sync, reps=reps,
                                 clock="cupti:torch-profiler", flush_key=f"jax{flush_bytes}")
 
-        if clock == "cupti":
-            chain.append(("jax-measure", lambda: _time_jax_cupti(fn, args, reps=reps, flush_bytes=flush_bytes)))
-        if clock in ("cupti", "kineto"):
-            chain.append(("torch-profiler", via_kineto))
-        chain.append(("host-wall", lambda: _time_host_flushed_jax(fn, args, reps=reps, flush_bytes=flush_bytes)))
-    elif framework == "torch":
+        how = {"cupti:mosaic": lambda: _time_jax_cupti(fn, args, reps=reps, flush_bytes=flush_bytes),
+               "cupti:torch-profiler": via_kineto,
+               "host-wall": lambda: _time_host_flushed_jax(fn, args, reps=reps, flush_bytes=flush_bytes)}
+    else:
         def via_kineto_t() -> Timing:
             buf = _torch_flush_buffer(flush_bytes)
             return _time_kineto(lambda: fn(*args), buf.bitwise_not_, _torch_sync, reps=reps,
                                 clock="cupti:torch-profiler", flush_key=f"torch{flush_bytes}")
 
-        if clock in ("cupti", "kineto"):
-            chain.append(("torch-profiler", via_kineto_t))
-        chain.append(("cuda-events", lambda: _time_torch_events(fn, args, reps=reps, flush_bytes=flush_bytes)))
-    else:
-        raise ValueError(f"framework must be 'jax' or 'torch'; got {framework!r}")
-    for label, attempt in chain:
+        how = {"cupti:mosaic": lambda: _time_torch_cupti(fn, args, reps=reps, flush_bytes=flush_bytes),
+               "cupti:torch-profiler": via_kineto_t,
+               "cuda-events": lambda: _time_torch_events(fn, args, reps=reps, flush_bytes=flush_bytes)}
+    notes: list[str] = []
+    for label in clock_chain(clock, framework):
         try:
-            t = attempt()
-            return dataclasses.replace(t, notes=tuple(notes))
+            t = how[label]()
+            return dataclasses.replace(t, notes=tuple(notes), requested=requested)
         except Exception as e:  # a clock that fails falls back to the next; the record says which and why
             notes.append(f"{label} failed: {type(e).__name__}: {str(e)[:200]}")
     raise RuntimeError("every clock failed: " + " | ".join(notes))
@@ -295,7 +415,8 @@ def _time_host_flushed_jax(fn: Callable, args: tuple, *, reps: int, flush_bytes:
 
 
 def time_e2e(fn: Callable, args: tuple, *, framework: str, reps: int) -> Timing:
-    """Host wall-clock per call, dispatch and device sync included (warm L2): what a caller waits."""
+    """Latency: host wall-clock per synchronized call, dispatch and device sync included (warm L2): what a
+    caller that waits for every call sees."""
     sync = _jax_sync if framework in ("jax", "cpu") else _torch_sync
     samples = []
     for _ in range(reps):
@@ -303,6 +424,24 @@ def time_e2e(fn: Callable, args: tuple, *, framework: str, reps: int) -> Timing:
         sync(fn(*args))
         samples.append(1e6 * (time.perf_counter() - t0))
     return Timing(tuple(samples), "host-wall-e2e", False)
+
+
+def time_pipelined(fn: Callable, args: tuple, *, framework: str, calls: int = 20, reps: int = 3) -> Timing:
+    """Throughput: host wall-clock per call when ``calls`` calls are issued back to back and synchronized
+    once (warm L2); one sample per batch of calls. What a caller that keeps the device busy sees."""
+    if calls < 1 or reps < 1:
+        raise ValueError(f"calls and reps must be >= 1; got {calls}, {reps}")
+    sync = _jax_sync if framework in ("jax", "cpu") else _torch_sync
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)  # in order on the device: the last one done means all are
+        sync(out)
+        samples.append(1e6 * (time.perf_counter() - t0) / calls)
+        del out
+    return Timing(tuple(samples), "host-wall-pipelined", False, (f"{calls} calls issued, one sync",))
 
 
 def time_cpu(fn: Callable, args: tuple, *, reps: int) -> Timing:

@@ -70,7 +70,8 @@ def test_time_kernels_falls_back_with_a_label_on_cpu():
     t = timing.time_kernels(f, (x,), framework="jax", reps=3, flush_bytes=1 << 16)
     assert t.clock == "host-wall"  # no CUPTI here: the fallback says so
     assert len(t.samples_us) == 3 and all(s > 0 for s in t.samples_us)
-    assert t.notes and "jax-measure failed" in t.notes[0]
+    assert t.notes and "cupti:mosaic failed" in t.notes[0]
+    assert t.requested == "cupti:mosaic" and t.fallback  # the record will say it fell back
 
 
 # --------------------------------------------------------------------------------------- agreement
@@ -343,7 +344,8 @@ def test_gpu_bookkeeping_rates_speedups_and_twin(tmp_path):
         assert m["hbm_fraction"] == pytest.approx(pred["bytes"] / (m["time_us_p50"] * 1e-6) / 3.0e12)
         assert m["tc_fraction"] is not None and m["limiter"] in ("MMA", "HBM", "MUFU")
         assert m["best_peer"] == "jax:xla"
-        assert shlex.split(r["repro"])[-1] == f"bk:{r['impl']['name']}"
+        argv = shlex.split(r["repro"])
+        assert argv[argv.index("--only") + 1] == f"bk:{r['impl']['name']}" and "--reps" in argv
     p, c = recs[0], recs[1]
     assert p["metrics"]["twin"] == "cuda:v4_fused" and c["metrics"]["twin"] == "pallas:v4_fused:faithful"
     assert p["metrics"]["speedup_vs_twin"] == pytest.approx(1 / c["metrics"]["speedup_vs_twin"])

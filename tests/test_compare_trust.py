@@ -1,0 +1,214 @@
+"""compare's method, on the CPU: read ceilings by several methods (best wins, every figure kept), the clock
+that was asked for (a simulated CUPTI with a subscriber conflict marks every record that fell back and the
+run exits 3), both end-to-end figures, honest fractions above 100%, records that say where their git sha
+came from and repeat every non-default option, shared-memory limits named as such."""
+
+from __future__ import annotations
+
+import shlex
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from compare import ceilings, cli, records, runner, timing
+
+# ------------------------------------------------------------------------------------- 1. read ceiling
+
+
+def _fake_methods(**overrides):
+    """The measurement backend stand-in: key -> (how, clock, fn) as ``ceilings._cuda_methods`` builds."""
+
+    def boom():
+        raise RuntimeError("Triton: out of resource")
+
+    m = {
+        "hbm_read.torch_sum": ("x.sum()", "cuda-events", lambda: 3.02e12),
+        "hbm_read.jnp_sum": ("jnp.sum", "cupti", lambda: 3.20e12),
+        "hbm_read.pallas_stream": ("stream", "cupti", lambda: (3.15e12, {"config": {"block_rows": 16}})),
+        "hbm_copy_Bps": ("copy", "cuda-events", lambda: 2.99e12),
+        "flops.fp16": ("mm", "cuda-events", lambda: 700e12),
+        "flops.fp8": ("fp8", "cuda-events", boom),
+    }
+    m.update(overrides)
+    return m
+
+
+def test_read_ceiling_is_the_best_method_and_every_method_is_kept():
+    meas, reason = ceilings.measure(methods=_fake_methods())
+    assert reason is None
+    assert meas["hbm_read_Bps"] == 3.20e12 and meas["hbm_read_best"] == "jnp_sum"
+    assert set(meas["hbm_read_methods"]) == {"torch_sum", "jnp_sum", "pallas_stream"}
+    assert meas["hbm_read_methods"]["torch_sum"] == {"Bps": 3.02e12, "how": "x.sum()", "clock": "cuda-events"}
+    assert meas["hbm_read_methods"]["pallas_stream"]["config"] == {"block_rows": 16}
+    assert meas["hbm_copy_Bps"] == 2.99e12 and meas["flops"] == {"fp16": 700e12}
+    assert "out of resource" in meas["errors"]["flops.fp8"] and "jnp_sum" in meas["how"]["hbm_read_Bps"]
+    # a method that fails (or returns garbage) is an error entry; the best of the others still wins
+    nan = {"hbm_read.jnp_sum": ("jnp.sum", "cupti", lambda: float("nan"))}
+    meas, _ = ceilings.measure(methods=_fake_methods(**nan))
+    assert meas["hbm_read_best"] == "pallas_stream" and "jnp_sum" not in meas["hbm_read_methods"]
+    assert "hbm_read.jnp_sum" in meas["errors"]
+
+
+def test_stream_read_kernel_sums_exactly_what_it_reads():
+    cfg = ceilings.StreamConfig(block_rows=8, cols=128, num_warps=4, num_stages=2, programs_per_sm=1)
+    x = jax.random.normal(jax.random.key(0), (8 * 3 * 3 + 5, 128), jnp.float16)  # 5 rows past the chunks
+    out = ceilings.stream_read_sum(x, programs=3, config=cfg, interpret=True)
+    assert out.shape == (3, 128) and out.dtype == jnp.float32
+    read = np.asarray(x[: 8 * 3 * 3], np.float64)
+    np.testing.assert_allclose(float(jnp.sum(out)), read.sum(), rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(out[1]), read[24:48].sum(0), rtol=1e-3, atol=1e-2)  # contiguous chunks
+    assert ceilings.read_bytes(x.shape, 2, programs=3, config=cfg) == 72 * 128 * 2
+    with pytest.raises(ValueError, match="do not fill"):
+        ceilings.stream_read_sum(x[:16], programs=3, config=cfg, interpret=True)
+
+
+def test_a_fraction_above_the_ceiling_is_explained():
+    assert ceilings.over_ceiling_note(0.99, what="HBM read ceiling", bytes_=1e9, l2_bytes=50e6,
+                                      datasheet_fraction=0.9) is None
+    small = ceilings.over_ceiling_note(1.3, what="HBM read ceiling", bytes_=8 << 20, l2_bytes=50 << 20,
+                                       datasheet_fraction=1.2)
+    assert "130.0%" in small and "smaller than the L2" in small
+    methods = ceilings.over_ceiling_note(1.04, what="HBM read ceiling", bytes_=1 << 30, l2_bytes=50 << 20,
+                                         datasheet_fraction=0.95)
+    assert "95.0% of the datasheet" in methods
+    model = ceilings.over_ceiling_note(1.2, what="HBM read ceiling", bytes_=1 << 30, l2_bytes=50 << 20,
+                                       datasheet_fraction=1.1)
+    assert "above the datasheet" in model
+
+
+# ----------------------------------------------------------------------------------- 2. the JAX clock
+
+
+class FakeCupti:
+    """A CUPTI with one subscriber per process: kineto, once used, keeps it (as on the device)."""
+
+    def __init__(self, script=None, conflict=False):
+        self.script = list(script or [])
+        self.conflict = conflict
+        self.calls = 0
+
+    def start(self):
+        self.calls += 1
+        if self.conflict:
+            raise RuntimeError("Mosaic GPU profiler error: Attempted to subscribe to CUPTI while another "
+                               "subscriber, such as Nsight Systems or Nsight Compute, is active")
+
+    def stop(self):
+        return self.script.pop(0) if self.script else []
+
+
+def test_clock_chains_never_hand_cupti_to_kineto():
+    for fw in ("jax", "torch"):
+        assert timing.expected_clock("cupti", fw) == "cupti:mosaic"
+        assert "cupti:torch-profiler" not in timing.clock_chain("cupti", fw)  # kineto would keep the subscription
+        assert timing.clock_chain("kineto", fw)[0] == "cupti:torch-profiler"
+    assert timing.clock_chain("events", "torch") == ["cuda-events"]
+    assert timing.expected_clock("events", "jax") == "host-wall"
+
+
+def test_jax_is_timed_through_the_collector_when_it_answers(monkeypatch):
+    timing._jax_flush_kernel_names.cache_clear()
+    rep = [("wrapped_not", 0.5), ("attn", 0.010), ("merge", 0.002)]
+    fake = FakeCupti(script=[[("wrapped_not", 0.5)], rep * 3])
+    monkeypatch.setattr(timing, "_CUPTI", fake)
+    f = jax.jit(lambda x: x * 2)
+    x = jnp.arange(256.0)
+    t = timing.time_kernels(f, (x,), framework="jax", reps=3, flush_bytes=1 << 12)
+    timing._jax_flush_kernel_names.cache_clear()
+    assert t.clock == t.requested == "cupti:mosaic" and not t.fallback and t.notes == ()
+    assert t.samples_us == pytest.approx((12.0, 12.0, 12.0))  # the flush dropped, partial + merge summed
+    assert fake.calls == 2  # flush names, then the repetitions
+
+
+def test_a_subscriber_conflict_marks_every_jax_record_and_fails_the_run(tmp_path, monkeypatch, capsys):
+    """The regression the runs before 2026-11-23 had: CUPTI taken by another subscriber, JAX records timed by
+    another clock. A silent fallback fails this test."""
+    timing._jax_flush_kernel_names.cache_clear()
+    monkeypatch.setattr(timing, "_CUPTI", FakeCupti(conflict=True))
+    monkeypatch.setattr(runner, "detect_ctx", lambda: runner.Ctx(jax_gpu=False, torch_cuda=False, hopper=False,
+                                                                  interpret=True))
+
+    def gpu_run(extra):
+        opts = runner.RunOptions.from_args(cli.build_parser().parse_args(
+            ["run", "--config", "smoke", "--only", "smoke_prefill_f32_c1:jax:xla", "--no-ceilings", "--quiet",
+             "--reps", "3", "--e2e-reps", "2", "--e2e-calls", "3", "--out", str(tmp_path / f"r{len(extra)}"),
+             *extra]))
+        run = runner._Run(opts)
+        run.gpu = True  # the GPU branch, driven on the CPU
+        run.env = {**run.env, "device_kind": "gpu", "gpu": "stand-in"}
+        return run.main(), [r for r in records.read_jsonl(run.path) if r["type"] == "result"]
+
+    code, recs = gpu_run([])
+    assert code == 3 and "clock fallback: 1 records" in capsys.readouterr().err
+    (r,) = recs
+    m = r["metrics"]
+    assert r["status"] == "ok" and m["clock"] == "host-wall" and m["clock_requested"] == "cupti:mosaic"
+    assert "another subscriber" in m["clock_fallback"]
+    # both end-to-end figures, labelled
+    assert m["e2e_synced_us"] > 0 and m["e2e_pipelined_us"] > 0 and m["e2e_pipelined_calls"] == 3
+    assert m["e2e_us_p50"] == m["e2e_synced_us"] and "pipelined" in m["e2e_clock"]
+    code, recs = gpu_run(["--allow-clock-fallback"])
+    assert code == 0 and recs[0]["metrics"]["clock_fallback"]  # accepted, still marked
+    assert "--allow-clock-fallback" not in recs[0]["repro"]
+
+
+# ---------------------------------------------------------------------------------------- 6. records
+
+
+def test_repro_repeats_every_non_default_option():
+    args = cli.build_parser().parse_args(["run", "--config", "smoke", "--reps", "7", "--clock", "kineto",
+                                          "--budget-s", "5", "--arch", "h200", "--quiet", "--out", "x"])
+    opts = runner.RunOptions.from_args(args)
+    flags = opts.repro_flags()
+    assert flags == ["--reps", "7", "--budget-s", "5", "--clock", "kineto", "--arch", "h200"]
+    plain = runner.RunOptions.from_args(cli.build_parser().parse_args(["run"]))
+    assert plain.repro_flags() == []
+
+
+def test_repro_in_a_record_carries_the_flags(tmp_path):
+    out = tmp_path / "r"
+    assert cli.main(["run", "--config", "smoke", "--only", "smoke_decode_f16", "--impl", "torch:cudnn", "--quiet",
+                     "--no-ceilings", "--reps", "7", "--clock", "events", "--out", str(out)]) == 0
+    recs = list(records.read_jsonl(out / "records.jsonl"))
+    (r,) = [x for x in recs if x["type"] == "result"]
+    argv = shlex.split(r["repro"])
+    assert argv[argv.index("--reps") + 1] == "7" and argv[argv.index("--clock") + 1] == "events"
+    assert "--no-ceilings" in argv and argv[argv.index("--only") + 1] == "smoke_decode_f16:torch:cudnn"
+    header = recs[0]
+    from attn_core import generations as core
+
+    assert header["generations"] == list(core.ids())  # report orders generations without the live table
+    assert header["clocks_requested"] == {"jax": "host-wall", "torch": "cuda-events"}
+    assert header["env"]["git_sha_source"] in ("git", "env PALLAS_ATTN_GIT_SHA", None)
+
+
+def test_git_sha_source_and_dirty_flag(monkeypatch):
+    monkeypatch.delenv("PALLAS_ATTN_GIT_SHA", raising=False)
+    monkeypatch.delenv("PALLAS_ATTN_GIT_DIRTY", raising=False)
+    local = records.git_state()
+    if local["git_sha"] is not None:  # a checkout: the real sha, never suffixed, and a boolean flag
+        assert local["git_sha_source"] == "git" and len(local["git_sha"]) == 40 and isinstance(local["dirty"], bool)
+    monkeypatch.setenv("PALLAS_ATTN_GIT_SHA", "0123456789abcdef0123456789abcdef01234567")
+    sent = records.git_state()
+    assert sent["git_sha"] == "0123456789abcdef0123456789abcdef01234567"
+    assert sent["git_sha_source"] == "env PALLAS_ATTN_GIT_SHA" and sent["dirty"] is None  # not sent: unknown
+    monkeypatch.setenv("PALLAS_ATTN_GIT_DIRTY", "1")
+    assert records.git_state()["dirty"] is True
+    monkeypatch.setenv("PALLAS_ATTN_GIT_DIRTY", "0")
+    assert records.git_state()["dirty"] is False
+
+
+@pytest.mark.parametrize("msg, need, limit", [
+    ("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 262144, available: 232448, context: []",
+     262144, 232448),
+    ("out of resource: shared memory, Required: 276480, Hardware limit: 232448. Reducing block sizes or "
+     "`num_stages` may help.", 276480, 232448),
+])
+def test_shared_memory_limits_say_so(msg, need, limit):
+    e = RuntimeError(msg)
+    assert runner._is_oom(e)
+    reason = runner._reason(e)
+    assert reason.startswith(f"shared memory: needs {need} bytes, limit {limit}") and msg[:40] in reason
+    assert runner._shared_memory_reason("RESOURCE_EXHAUSTED: out of memory while trying to allocate") is None
