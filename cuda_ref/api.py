@@ -37,6 +37,7 @@ __all__ = [
     "paged_attention",
     "generations",
     "choose_splits",
+    "split_plan",
     "validate",
     "validate_paged",
     "PagedCall",
@@ -91,6 +92,41 @@ def choose_splits(bh: int, n_q: int, n_k: int, num_sm: int | None = None) -> tup
     elif not _is_int(num_sm) or num_sm < 1:
         raise ValueError(f"num_sm must be an int >= 1 or None; got {num_sm=!r}")
     return _splits.choose_splits(bh=bh, n_q=n_q, n_k=n_k, num_sm=num_sm)
+
+
+def split_plan(generation: str, *, batch: int, h_q: int, h_kv: int, n_q: int, n_k: int, head_dim: int,
+               num_sm: int | None = None) -> tuple[int, int]:
+    """``(num_splits, chunk)`` a split-KV generation launches with at this shape (the binding's
+    ``split_plan_for``): the heuristic of ``attn_core.splits`` over ``B * H_kv`` KV heads and
+    ``ceil(G * n_q / rows)`` packed row tiles, ``rows`` = the row's ``tile_m`` at ``head_dim`` (8; 16 for
+    v8_gqa_tc). For the MHA rows (v6, v7) this is ``choose_splits(B * H, n_q, n_k)``. ``n_k``: the dense key
+    count, or for a paged call the table's capacity ``pages_per_seq * page_size``. ``num_sm=None``: the
+    device's SM count (needs a GPU), else as :func:`choose_splits`.
+
+    >>> split_plan("v8_gqa", batch=1, h_q=8, h_kv=1, n_q=1, n_k=8192, head_dim=128, num_sm=40)
+    (32, 256)
+    """
+    _check_generation_type(generation)
+    try:
+        row = _table.by_id(generation)
+    except KeyError:
+        raise ValueError(f"{generation!r} is not a generation cuda_ref builds; built: "
+                         f"{', '.join(_table.ids())}") from None
+    if not row.split_kv:
+        raise ValueError(f"{generation} takes no split plan (generations.def split_kv = 0)")
+    for name, val in (("batch", batch), ("h_q", h_q), ("h_kv", h_kv), ("n_q", n_q), ("n_k", n_k),
+                      ("head_dim", head_dim)):
+        if not _is_int(val) or val < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {name}={val!r}")
+    if h_q % h_kv:
+        raise ValueError(f"h_q must be a multiple of h_kv; got h_q={h_q}, h_kv={h_kv}")
+    if num_sm is None:
+        num_sm = _device_sm_count()
+    elif not _is_int(num_sm) or num_sm < 1:
+        raise ValueError(f"num_sm must be an int >= 1 or None; got {num_sm=!r}")
+    rows = row.tile(head_dim)[0]
+    return _splits.choose_splits(bh=batch * h_kv, n_q=(h_q // h_kv) * n_q, n_k=n_k, num_sm=num_sm,
+                                 rows_per_program=rows)
 
 
 def _device_sm_count() -> int:
@@ -422,11 +458,18 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
     tokens of their sequence (decode: the one query sees the whole cache). An int applies to every sequence;
     an int32 ``[B]`` tensor gives one offset per sequence.
 
+    ``generation``: a paged row of :func:`cuda_ref.table` — ``v7_paged`` (MHA only, ``H_q == H_kv``) or the
+    v8 family ``v8_gqa``, ``v8_gqa_tc``, ``v8_gqa_db``, ``v8_gqa_occ``, ``v8_gqa_ilp``, ``v8_gqa_ss`` (any
+    ``G = H_q / H_kv``, any ``N_q``). Head dims 64 and 128; float32/float16/bfloat16 inputs, q and both pools
+    cast to float16 on the host inside the call (as the reference), the output float32.
+
     Every argument is validated in pure Python first (shapes, dtypes, devices; the metadata's values too
     when they are on the CPU, or on the GPU under ``CUDA_REF_DEBUG=1``): ValueError naming the argument.
     Then the generation: ValueError for an unknown id, NotImplementedError for one cuda_ref does not build.
-    **No paged generation is built yet** (v7_paged is the next one), so today every valid call ends in
-    NotImplementedError. ``num_sm`` is the split-KV knob of :func:`attention`.
+    The kernels check every block-table entry they use and every ``kv_lens`` value once more: a bad one
+    loads its keys as NaN (the rows that need them come out NaN, never a read outside the pool), and under
+    ``CUDA_REF_DEBUG=1`` the binding raises ValueError naming it. ``num_sm`` is the split-KV knob of
+    :func:`attention`; the plan is :func:`split_plan` with ``n_k = pages_per_seq * page_size``.
     """
     call = validate_paged(q, k_pool, v_pool, block_table, kv_lens, generation=generation, causal=causal,
                           scale=scale, q_offset=q_offset, return_lse=return_lse, num_sm=num_sm)

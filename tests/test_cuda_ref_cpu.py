@@ -29,6 +29,8 @@ from attn_core import splits as core_splits
 from cuda_ref import api, build
 
 cuda_table = importlib.import_module("cuda_ref.table")  # the module (cuda_ref.table is its table() function)
+# A reference generation cuda_ref does not build (the first in attn_core's order), for "no CUDA twin" errors.
+_UNBUILT_REFERENCE_ID = next(i for i in core_generations.REFERENCE_IDS if i not in set(cuda_ref.generations()))
 
 torch = pytest.importorskip("torch")
 
@@ -65,6 +67,23 @@ EXPECTED_SMEM = {
     "v6_partial_kernel<64>": 32768,
     "v6_partial_kernel<128>": 32768,
     "v6_merge_kernel": 0,
+    # Paged (docs/reference.md §2.7-§2.13, §2.19): v7/Cut 1/ilp 32 KB fp32 tiles, db two fp16 tiles (32 KB), occ one
+    # fp16 tile (16 KB), ss sQ + transposed padded sK + sV in fp16 (17.5 / 18.7 KB), tc v5's six buffers at M = 16.
+    "v7_paged_partial_kernel<64>": 32768,
+    "v7_paged_partial_kernel<128>": 32768,
+    "paged_merge_kernel": 0,
+    "v8_gqa_partial_kernel<64>": 32768,
+    "v8_gqa_partial_kernel<128>": 32768,
+    "v8_gqa_tc_partial_kernel<64>": 28672,
+    "v8_gqa_tc_partial_kernel<128>": 31744,
+    "v8_gqa_db_partial_kernel<64>": 32768,
+    "v8_gqa_db_partial_kernel<128>": 32768,
+    "v8_gqa_occ_partial_kernel<64>": 16384,
+    "v8_gqa_occ_partial_kernel<128>": 16384,
+    "v8_gqa_ilp_partial_kernel<64>": 32768,
+    "v8_gqa_ilp_partial_kernel<128>": 32768,
+    "v8_gqa_ss_partial_kernel<64>": 17536,
+    "v8_gqa_ss_partial_kernel<128>": 18688,
 }
 
 
@@ -280,11 +299,11 @@ def _write_ptxas_report(kernels: list[Kernel]) -> None:
         f"# nvcc {version}",
         "# flags: nvcc -c " + " ".join(ARCH_FLAGS + TORCH_NVCC_DEFINES),
         "#",
-        f"{'source':<16} {'kernel':<24} {'regs':>4} {'spill_st':>8} {'spill_ld':>8} {'stack':>5} "
+        f"{'source':<16} {'kernel':<32} {'regs':>4} {'spill_st':>8} {'spill_ld':>8} {'stack':>5} "
         f"{'smem_B':>7} {'bars':>4}",
     ]
     for k in kernels:
-        lines.append(f"{k.source:<16} {k.name:<24} {k.registers:>4} {k.spill_stores:>8} {k.spill_loads:>8} "
+        lines.append(f"{k.source:<16} {k.name:<32} {k.registers:>4} {k.spill_stores:>8} {k.spill_loads:>8} "
                      f"{k.stack:>5} {k.smem:>7} {k.barriers:>4}")
     PTXAS_REPORT.parent.mkdir(parents=True, exist_ok=True)
     PTXAS_REPORT.write_text("\n".join(lines) + "\n")
@@ -341,7 +360,9 @@ def test_choose_splits_rejects_bad_input():
 
 
 def test_import_on_cpu_and_generations():
-    assert cuda_ref.generations() == ("v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv")
+    assert cuda_ref.generations()[:13] == (
+        "v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv", "v7_paged", "v8_gqa", "v8_gqa_tc",
+        "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss")
     assert callable(cuda_ref.attention) and callable(cuda_ref.paged_attention)
 
 
@@ -367,7 +388,7 @@ def test_table_rows_ids_order_and_numbers():
 
 
 def test_table_columns_of_the_six():
-    t = {g.id: g for g in cuda_ref.table()}
+    t = {g.id: g for g in cuda_ref.table() if g.entry == "dense"}
     assert [i for i, g in t.items() if g.operand == "fp16"] == ["v5_wmma", "v6_splitkv"]
     assert [i for i, g in t.items() if g.head_dims is None] == ["v1_naive"]
     assert [i for i, g in t.items() if g.materializes_s] == ["v1_naive", "v2_tiled"]
@@ -452,7 +473,7 @@ def test_api_tables_are_derived_from_the_table():
         assert '"v3_online"' not in p.read_text(), f"{p.name} lists generations by hand"
 
 
-@pytest.mark.parametrize("gen", api.generations())
+@pytest.mark.parametrize("gen", api._table.ids("dense"))
 def test_api_checks_follow_each_row(gen):
     row = cuda_table.by_id(gen)
     q, k, v = _qkv(d=96)
@@ -511,7 +532,7 @@ def test_split_plan_constants_equal_attn_core():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
-@pytest.mark.parametrize("gen", api.generations())
+@pytest.mark.parametrize("gen", api._table.ids("dense"))
 def test_calling_a_kernel_without_gpu_raises_runtime_error(gen):
     q = torch.randn(1, 2, 16, 64)
     with pytest.raises(RuntimeError, match="CUDA"):
@@ -602,7 +623,7 @@ def test_num_sm_env_knob(monkeypatch):
         ("v4_fused", {"dtype": torch.bfloat16}, "float32 only"),
         ("v2_tiled", {"d": 96}, "head dims"),
         ("v5_wmma", {"d": 32}, "head dims"),
-        ("v7_paged", {}, "no CUDA twin"),
+        (_UNBUILT_REFERENCE_ID, {}, "no CUDA twin"),
         ("fa_decode", {}, "no CUDA twin"),
     ],
 )
@@ -655,23 +676,18 @@ def _validate_paged(args, **kw):
     return api.validate_paged(args["q"], args["k_pool"], args["v_pool"], args["block_table"], args["kv_lens"], **kw)
 
 
-_UNBUILT_PAGED = "no paged generation is built in cuda_ref yet; built: v1_naive, v2_tiled"
-
-
-def test_paged_valid_call_is_not_implemented_today():
-    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
+def test_paged_valid_call_resolves_the_row():
+    # v7_paged is MHA (the _paged default has G = 2); the v8 family takes the GQA call.
+    assert _validate_paged(_paged(hkv=4)) == api.PagedCall(7, pytest.approx(0.125), 0, None)
+    with pytest.raises(NotImplementedError, match="v7_paged is MHA"):
         _validate_paged(_paged())
-    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):  # the public entry, before any GPU check
-        cuda_ref.paged_attention(**_paged(), causal=True, return_lse=True)
-    for gen in ("v7_paged", "v8_gqa"):
-        with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
-            cuda_ref.paged_attention(**_paged(), generation=gen)
+    assert _validate_paged(_paged(), generation="v8_gqa", return_lse=True) == api.PagedCall(8, pytest.approx(0.125),
+                                                                                            0, None)
 
 
 def test_paged_validation_runs_on_meta_tensors():
     # Shapes and dtypes only (values are unreadable): the same answer as on the GPU.
-    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
-        _validate_paged(_paged(device="meta"), causal=True)
+    assert _validate_paged(_paged(device="meta"), causal=True, generation="v8_gqa_ss").gen_id == 13
     with pytest.raises(ValueError, match="page_size"):
         _validate_paged(_paged(device="meta", page=12))
 
@@ -740,11 +756,9 @@ def test_paged_accepts_what_it_documents():
     args["block_table"] = torch.tensor([[0, 1, -1, -1], [2, 3, 4, -1]], dtype=_I32)
     for kw in ({}, {"q_offset": 0, "causal": True}, {"q_offset": torch.tensor([3, 0], dtype=_I32)},
                {"scale": 0.5, "return_lse": True}):
-        with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
-            _validate_paged(args, **kw)
+        assert _validate_paged(args, generation="v8_gqa", **kw).gen_id == 8
     long_q = {**_paged(), "q": torch.randn(2, 4, 30, 64)}
-    with pytest.raises(NotImplementedError, match=_UNBUILT_PAGED):
-        _validate_paged(long_q, causal=True, q_offset=0)
+    assert _validate_paged(long_q, causal=True, q_offset=0, generation="v8_gqa").q_offset == 0
 
 
 def _fake_paged_row(**kw):
@@ -755,7 +769,7 @@ def _fake_paged_row(**kw):
 
 
 def test_paged_with_a_paged_row_in_the_table(monkeypatch):
-    # What the next issue's row will see: the table drives resolution, support checks and the split knob.
+    # The table drives resolution, support checks and the split knob (v7_paged's row replaced by a fake).
     _with_rows(monkeypatch, _fake_paged_row())
     call = _validate_paged(_paged(), return_lse=True, causal=True)
     assert call == api.PagedCall(7, pytest.approx(64**-0.5), 0, None)
@@ -764,8 +778,8 @@ def test_paged_with_a_paged_row_in_the_table(monkeypatch):
         _validate_paged(_paged(d=96))
     with pytest.raises(ValueError, match="v4_fused is a dense generation.*serves v7_paged"):
         _validate_paged(_paged(), generation="v4_fused")
-    with pytest.raises(NotImplementedError, match="'v8_gqa' has no CUDA twin: not built in cuda_ref yet"):
-        _validate_paged(_paged(), generation="v8_gqa")
+    with pytest.raises(NotImplementedError, match=f"'{_UNBUILT_REFERENCE_ID}' has no CUDA twin: not built"):
+        _validate_paged(_paged(), generation=_UNBUILT_REFERENCE_ID)
     _with_rows(monkeypatch, _fake_paged_row(gqa=False, split_kv=False, writes_lse=False))
     with pytest.raises(NotImplementedError, match="MHA"):
         _validate_paged(_paged())

@@ -142,6 +142,15 @@ void check_row_support(const GenInfo& g, const torch::Tensor& q, const torch::Te
                               msg(g.name, " does not write the log-sum-exp (generations.def: writes_lse = 0)"));
 }
 
+// The split plan of a split-KV row (docs/reference.md §2.0, §2.8, §2.9): the heuristic counts the partial
+// kernel's CTAs, B*H_kv (one per KV head) x ceil(G*N_q / rows) packed row tiles, rows = the row's tile_m at this
+// head dim (8; 16 for v8_gqa_tc). For the MHA rows (v6, v7; G = 1) that is v6's B*H x ceil(N_q / 8).
+SplitPlan split_plan_for(const GenInfo& g, int64_t batch, int64_t h_q, int64_t h_kv, int64_t n_q, int64_t n_k,
+                         int64_t head_dim, int sms) {
+  const int rows = head_dim <= 64 ? g.tile_m_d64 : g.tile_m_d128;
+  return choose_splits(batch * h_kv, (h_q / h_kv) * n_q, n_k, rows, sms);
+}
+
 // Operands as the kernels take them: contiguous, and fp16 for fp16-operand rows (the reference casts on the
 // host, inside the timed call, and so do we).
 torch::Tensor prepare(const torch::Tensor& x, const GenInfo& g) {
@@ -174,7 +183,7 @@ std::vector<torch::Tensor> run(const GenInfo& g, AttnParams& p, const torch::Ten
   if (g.split_kv) {
     // num_sm <= 0: the device's SM count (post-audit behaviour); 40 reproduces the reference's numbers.
     const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
-    const SplitPlan plan = choose_splits(p.bh(), p.n_q, p.n_k, kSplitRowsPerCta, sms);
+    const SplitPlan plan = split_plan_for(g, p.batch, p.h_q, p.h_kv, p.n_q, p.n_k, p.head_dim, sms);
     p.num_splits = plan.num_splits;
     p.split_chunk = plan.chunk;
   }
@@ -306,13 +315,50 @@ std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch:
   p.q_offsets = offs.data_ptr<int32_t>();
   p.scale = static_cast<float>(scale);
   p.causal = causal;
-  return run(g, p, q, d, num_sm, debug, return_lse);
+  // Debug mode: the kernels report a used block-table entry outside [0, num_blocks) or a kv_len outside
+  // [0, capacity] here (they load such keys as NaN either way, never outside the pool; common/paged.cuh).
+  torch::Tensor err;
+  if (debug) {
+    err = torch::zeros({2}, q.options().dtype(at::kInt));
+    p.paged_error = err.data_ptr<int32_t>();
+  }
+  std::vector<torch::Tensor> res = run(g, p, q, d, num_sm, debug, return_lse);
+  if (debug) {
+    const torch::Tensor e = err.cpu();
+    const int32_t bad_entry = e[0].item<int32_t>(), bad_len = e[1].item<int32_t>();
+    if (bad_len > 0) {
+      const int64_t seq = bad_len - 1;
+      TORCH_CHECK_VALUE(false, msg(g.name, ": kv_lens[", seq, "] = ", lens[seq].item<int64_t>(),
+                                   " is outside [0, pages_per_seq * page_size = ", capacity, "]"));
+    }
+    if (bad_entry > 0) {
+      const int64_t flat = bad_entry - 1, pages = bt.size(1);
+      const int64_t seq = flat / pages, page = flat % pages;
+      TORCH_CHECK_VALUE(false, msg(g.name, ": block_table[", seq, "][", page, "] = ", bt[seq][page].item<int64_t>(),
+                                   " is outside [0, num_blocks = ", num_blocks, ") and page ", page,
+                                   " holds keys of sequence ", seq));
+    }
+  }
+  return res;
 }
 
 std::tuple<int64_t, int64_t> choose_splits_py(int64_t bh, int64_t n_q, int64_t n_k, int64_t num_sm) {
   TORCH_CHECK_VALUE(bh >= 1 && n_q >= 1 && n_k >= 1, msg("bh, n_q, n_k must be >= 1"));
   const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
   const SplitPlan plan = choose_splits(bh, n_q, n_k, kSplitRowsPerCta, sms);
+  return {plan.num_splits, plan.chunk};
+}
+
+// The split plan a split-KV generation launches with at this shape (split_plan_for; num_sm <= 0: the device's).
+std::tuple<int64_t, int64_t> split_plan_py(int64_t gen_id, int64_t batch, int64_t h_q, int64_t h_kv, int64_t n_q,
+                                           int64_t n_k, int64_t head_dim, int64_t num_sm) {
+  const GenInfo* g = find_gen(gen_id);
+  TORCH_CHECK_VALUE(g != nullptr, msg("cuda_ref: unknown generation id ", gen_id, "; built: ", built_ids()));
+  TORCH_CHECK_VALUE(g->split_kv, msg("cuda_ref: ", g->name, " takes no split plan (generations.def split_kv = 0)"));
+  TORCH_CHECK_VALUE(batch >= 1 && h_q >= 1 && h_kv >= 1 && h_q % h_kv == 0 && n_q >= 1 && n_k >= 1 && head_dim >= 1,
+                    msg("batch, h_q, h_kv, n_q, n_k, head_dim must be >= 1 with h_q a multiple of h_kv"));
+  const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
+  const SplitPlan plan = split_plan_for(*g, batch, h_q, h_kv, n_q, n_k, head_dim, sms);
   return {plan.num_splits, plan.chunk};
 }
 
@@ -339,6 +385,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("debug"), py::arg("return_lse"));
   m.def("choose_splits", &cuda_ref::choose_splits_py, "split plan (num_splits, chunk); num_sm <= 0: device",
         py::arg("bh"), py::arg("n_q"), py::arg("n_k"), py::arg("num_sm"));
+  m.def("split_plan", &cuda_ref::split_plan_py,
+        "split plan (num_splits, chunk) of a split-KV generation at a shape; num_sm <= 0: device",
+        py::arg("gen_id"), py::arg("batch"), py::arg("h_q"), py::arg("h_kv"), py::arg("n_q"), py::arg("n_k"),
+        py::arg("head_dim"), py::arg("num_sm"));
   m.def("device_sm_count", &cuda_ref::device_sm_count, "SM count of the current CUDA device");
   m.def("table", &cuda_ref::table_py, "generations.def as compiled: [(number, id, entry)]");
 }

@@ -315,7 +315,7 @@ def test_lse_low_precision_inputs(gen):
         check_lse(lse, ref_lse, gen, (1, 2, 100))
 
 
-# --- the table as built, and the paged entry -------------------------------------------------------------
+# --- the table as built (the paged entry: tests/gpu/test_cuda_paged_gpu.py) --------------------------------
 
 
 def test_built_extension_has_the_current_table():
@@ -343,21 +343,3 @@ def test_binding_errors_raise_instead_of_crashing():
     with pytest.raises(NotImplementedError, match="supports head dims 64 and 128; got 96"):
         ext.forward(2, q[..., :48].repeat(1, 1, 1, 2), q[..., :48].repeat(1, 1, 1, 2), q[..., :48].repeat(1, 1, 1, 2),
                     0.125, False, 0, 0, True, False)
-
-
-def test_paged_entry_is_not_implemented_yet_on_the_gpu():
-    # Until a paged row exists in generations.def, a valid call on CUDA tensors says so (Python first, then
-    # the binding's own check for direct callers).
-    q = _randn(2, 4, 1, 64, seed=1)
-    k_pool, v_pool = _randn(8, 16, 2, 64, seed=2), _randn(8, 16, 2, 64, seed=3)
-    block_table = torch.arange(8, dtype=torch.int32, device="cuda").reshape(2, 4)
-    kv_lens = torch.tensor([20, 33], dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="no paged generation is built in cuda_ref yet"):
-        cuda_ref.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=True)
-    if any(g.entry == "paged" for g in cuda_ref.table()):
-        return
-    from cuda_ref import build
-
-    with pytest.raises(NotImplementedError, match="no paged generation is built in cuda_ref yet"):
-        build.load().forward_paged(7, q, k_pool, v_pool, block_table, kv_lens, kv_lens - 1, 0.125, True, 0, True,
-                                   False)

@@ -64,6 +64,11 @@ struct AttnParams {
   int num_blocks = 0;                    // physical blocks in each pool (block_table entries < num_blocks)
   const int32_t* kv_lens = nullptr;      // int32 [B]: sequence b has keys [0, kv_lens[b]); null = n_k each
   const int32_t* q_offsets = nullptr;    // int32 [B]: per-sequence causal offset; null = the scalar q_offset
+  // Debug mode only (CUDA_REF_DEBUG=1), else null: int32 [2], zeroed by the binding. A paged kernel that meets
+  // a used block-table entry outside [0, num_blocks) stores 1 + its flat index (b * pages_per_seq + page) in
+  // [0]; a kv_lens[b] outside [0, n_k] stores 1 + b in [1]. Either way it never reads outside the pool: such
+  // keys load as NaN, so every row that needs them comes out NaN (common/paged.cuh).
+  int32_t* paged_error = nullptr;
 
   // --- KV storage precision (v9+) -------------------------------------------------------------------
   KvDtype kv_dtype = KvDtype::kF32;          // what k and v point to
