@@ -78,7 +78,7 @@ def _probe_call(f, args, timing) -> dict:
     import jax
     import numpy as np
 
-    jax.block_until_ready(f(*args))
+    first = jax.block_until_ready(f(*args))
     r: dict = {}
 
     def synced(sync, n=N_SYNCED, sleep=0.0):
@@ -97,7 +97,7 @@ def _probe_call(f, args, timing) -> dict:
 
     r["synced_block_until_ready"] = synced(jax.block_until_ready)
     r["synced_method"] = synced(lambda o: o.block_until_ready())
-    if hasattr(jax.Array, "is_ready"):
+    if hasattr(first, "is_ready"):
         r["synced_poll_is_ready"] = synced(poll)
     r["synced_np_asarray"] = synced(lambda o: np.asarray(o))
     r["synced_device_get_1"] = synced(lambda o: jax.device_get(o.ravel()[0]))
