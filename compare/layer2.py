@@ -1,0 +1,667 @@
+"""Roofline layer 2: a schedule-aware time prediction from a kernel's launch plan (docs/roofline.md).
+
+Layer 1 (``compare.roofline``) bounds a problem by FLOPs / peak, bytes / bandwidth and exps / exp rate and
+names the largest; the reference found it names the limiter right and misses the time by up to 450x, because
+occupancy, waves, per-program latency, launch cost and L2 live in the schedule (docs/reference.md §3.4). This
+module models the schedule, one launch at a time:
+
+* **launches**: the kernels one call runs (a Pallas kernel's declared passes, cuda_ref's kernels of a
+  generation, and the host-side casts that sit inside the timed call);
+* **programs, warps, registers, shared memory** per launch, from the plan (``Kernel.plan``; cuda_ref's table,
+  its split heuristic and the ptxas report for registers and static shared memory);
+* **residency**: programs per SM under the sm_90 limits (2048 threads, 64K registers, 228 KB shared memory,
+  32 blocks), then ``rounds`` = how many times the busiest SM refills its slots, and ``waves``;
+* per launch, the largest of four times, each a named limiter:
+    - ``issue``: the busiest SM's programs x work units per program x SM-cycles per unit (the engine's cost);
+    - ``latency``: rounds x (serial steps per program x cycles per step + fixed cycles per program) - the
+      per-program ("per-CTA") bound; for a streaming loop one step is one tile in flight, so this is Little's
+      law: bytes in flight per SM / latency caps the bandwidth a low-occupancy launch can draw;
+    - ``dram``: compulsory bytes / HBM bandwidth (a buffer written by an earlier launch and small enough to stay
+      in L2 is re-read from L2, not HBM: the **L2 residency switch**);
+    - ``l2``: bytes served by L2 (operand re-reads across programs) / L2 bandwidth;
+* plus a fixed **launch cost** per launch (ramp-up and drain of a kernel on CUPTI's clock; gaps between
+  kernels are not on that clock).
+
+Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) are a
+small table of builders keyed by the launch's name: the Pallas kernel's ``pallas_call`` names from its
+contract (``Kernel.passes``) and cuda_ref's kernel names (the ptxas report). cuda_ref's table gives no list
+of kernels per generation, so ``CUDA_LAUNCHES`` below is keyed by generation id (the one place we do so).
+
+Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
+``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
+``results/20261121T092505_nvidia-h200`` (``scripts/fit_layer2.py``) and is frozen; the H100 is scored with
+the same numbers (held out). Hardware enters only through ``compare.hardware`` (SMs, clock, HBM bandwidth,
+L2 size).
+
+Hooks for the runner: ``predict_record(workload, impl, plan, hardware) -> dict`` (before the kernel runs) and
+``score(record) -> dict`` (after).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from . import hardware as _hardware
+from .hardware import Hardware
+
+__all__ = ["SM90", "Cost", "COSTS", "GLOBAL", "Shape", "Launch", "LaunchTime", "Prediction", "occupancy",
+           "time_launch", "launches_for", "predict", "predict_record", "score", "CUDA_LAUNCHES"]
+
+ROOT = Path(__file__).resolve().parent.parent
+PTXAS_REPORT = ROOT / "results" / "ptxas" / "ptxas_sm90a.txt"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Machine limits and constants
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SMLimits:
+    """Per-SM residency limits of sm_90 (CUDA C++ Programming Guide, compute capability 9.0 table)."""
+
+    threads: int = 2048
+    regs: int = 65536
+    smem: int = 228 * 1024  # per SM; a block may use up to 227 KB
+    smem_reserved: int = 1024  # the runtime's per-block reservation
+    blocks: int = 32
+    reg_alloc: int = 256  # registers are allocated per warp in units of 256
+    schedulers: int = 4
+
+
+SM90 = SMLimits()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """What one unit of a launch's work costs on one SM.
+
+    ``issue``: SM-cycles per work unit when the SM is throughput-bound (the unit is named by the launch
+    builder: an FMA, a tensor-core FLOP, a warp-key step ...); ``lat``: cycles per serial step of one program
+    (a dependent chain: load -> compute -> next tile); ``fixed``: cycles per program outside the loop
+    (prologue loads, epilogue stores)."""
+
+    issue: float
+    lat: float
+    fixed: float = 0.0
+
+
+# Fitted on the H200 reference run (scripts/fit_layer2.py); frozen. See docs/roofline.md for each one.
+GLOBAL: dict[str, float] = {
+    "l2_bytes_per_clk_sm": 35.54,  # L2 -> SM bandwidth per SM per cycle (~10.5 TB/s on 132 SMs at 1.98 GHz)
+    "l2_resident_fraction": 0.75,  # a buffer up to this fraction of L2 is still there for the next launch
+    "launch_us": 2,  # fixed cost of one kernel on the CUPTI clock (ramp-up + drain)
+}
+
+COSTS: dict[str, Cost] = {
+    # --- Pallas (Triton) launches ----------------------------------------------------------------------
+    "pallas_attn_v1_naive_qk": Cost(issue=0, lat=0),
+    "pallas_attn_v1_naive_pv": Cost(issue=0, lat=0),
+    "pallas_attn_row_softmax": Cost(issue=0, lat=288.5),
+    "pallas_attn_v2_tiled_qk": Cost(issue=0.07348, lat=2.925e+04),
+    "pallas_attn_v2_tiled_pv": Cost(issue=0, lat=1.183e+04),
+    "pallas_attn_v3_online_stats": Cost(issue=0.06051, lat=0),
+    "pallas_attn_v3_online_out": Cost(issue=0.05292, lat=3.155e+04),
+    "pallas_attn_rows_attend": Cost(issue=0.3396, lat=2738),
+    "pallas_attn_v5_wmma_fwd": Cost(issue=0.0006865, lat=2324),
+    "pallas_attn_fa_decode_partial": Cost(issue=0, lat=0),
+    "pallas_attn_merge": Cost(issue=2.673, lat=0),
+    # --- cuda_ref launches -----------------------------------------------------------------------------
+    "v1_qk_kernel": Cost(issue=0, lat=0),
+    "v1_softmax_kernel": Cost(issue=2.252, lat=0),
+    "v1_pv_kernel": Cost(issue=0.9091, lat=0),
+    "v2_qk_kernel": Cost(issue=0.06598, lat=0),
+    "v2_pv_kernel": Cost(issue=0.2615, lat=0),
+    "v3_stats_kernel": Cost(issue=0.1831, lat=0),
+    "v3_output_kernel": Cost(issue=1.298, lat=98.56),
+    "warp_rows": Cost(issue=15.39, lat=160.8),
+    "v5_wmma_kernel": Cost(issue=0.02098, lat=1.827e+04),
+    "v6_merge_kernel": Cost(issue=0, lat=2293, fixed=2.198e+04),
+    # --- casts inside the timed call (XLA convert, torch .to(half)) ------------------------------------
+    "cast": Cost(issue=0.0, lat=0.0),
+}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Types
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The workload as the schedule sees it."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str = "float16"
+    causal: bool = False
+    q_offset: int = 0
+    page_size: int | None = None
+
+    @property
+    def bh(self) -> int:
+        return self.batch * self.heads_q
+
+    @property
+    def in_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def vis_frac(self) -> float:
+        """Fraction of (query, key) pairs a fused kernel visits (causal skips masked tiles)."""
+        if not self.causal:
+            return 1.0
+        from .roofline import visible_pairs
+
+        return visible_pairs(self.q_len, self.kv_len, self.q_offset) / (self.q_len * self.kv_len)
+
+    @classmethod
+    def of(cls, w: Any) -> Shape:
+        g = (lambda k, d=None: w.get(k, d)) if isinstance(w, Mapping) else (lambda k, d=None: getattr(w, k, d))
+        hq = int(g("heads_q"))
+        return cls(batch=int(g("batch")), heads_q=hq, heads_kv=int(g("heads_kv") or hq), q_len=int(g("q_len")),
+                   kv_len=int(g("kv_len")), head_dim=int(g("head_dim")), dtype=str(g("dtype")),
+                   causal=bool(g("causal", False)), q_offset=int(g("q_offset", 0) or 0),
+                   page_size=g("page_size"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch as the schedule sees it. ``cost`` names the ``COSTS`` entry (the dataflow)."""
+
+    name: str
+    cost: str
+    programs: int
+    threads: int
+    regs: int  # per thread
+    smem: int  # bytes per program
+    units: float  # work units per program (priced by Cost.issue)
+    steps: float  # serial steps per program (priced by Cost.lat)
+    dram_bytes: float
+    l2_bytes: float = 0.0
+    unit: str = ""  # what a work unit is (for the report)
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchTime:
+    launch: Launch
+    resident: int  # programs per SM
+    occupancy_limit: str  # what capped the residency
+    waves: float
+    rounds: int
+    t_issue: float
+    t_latency: float
+    t_dram: float
+    t_l2: float
+    t_launch: float
+    limiter: str
+    time_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self.launch)
+        d.update({k: getattr(self, k) for k in ("resident", "occupancy_limit", "waves", "rounds", "limiter")})
+        for k in ("t_issue", "t_latency", "t_dram", "t_l2", "t_launch", "time_s"):
+            d[k.replace("_s", "") + "_us" if k == "time_s" else k + "_us"] = getattr(self, k) * 1e6
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Layer 2 for one (implementation, workload, hardware): the launches, their times, the total."""
+
+    impl: str
+    hardware: str
+    launches: tuple[LaunchTime, ...]
+    time_s: float
+    limiter: str  # the limiter of the launch that takes the longest
+    plan: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"impl": self.impl, "hardware": self.hardware, "time_us": self.time_s * 1e6, "limiter": self.limiter,
+                "launches": [lt.as_dict() for lt in self.launches], "plan": dict(self.plan),
+                "constants": "compare.layer2 GLOBAL/COSTS, fitted on the H200 run 20261121T092505"}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Residency and the time of one launch
+# --------------------------------------------------------------------------------------------------------
+
+
+def occupancy(threads: int, regs: int, smem: int, lim: SMLimits = SM90) -> tuple[int, str]:
+    """Programs resident per SM and the limit that binds (threads, regs, smem or blocks)."""
+    if threads < 1 or threads > 1024:
+        raise ValueError(f"threads per program must be in 1..1024; got {threads}")
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // lim.reg_alloc) * lim.reg_alloc
+    by = {
+        "threads": lim.threads // (warps * 32),
+        "regs": lim.regs // (regs_per_warp * warps),
+        "smem": lim.smem // (smem + lim.smem_reserved) if smem > 0 else lim.blocks,
+        "blocks": lim.blocks,
+    }
+    limit = min(by, key=by.__getitem__)
+    if by[limit] < 1:
+        raise ValueError(f"a program of {threads} threads x {regs} regs with {smem} B of shared memory does not fit "
+                         f"on one SM ({by})")
+    return by[limit], limit
+
+
+def _l2_bw(hw: Hardware) -> float:
+    return GLOBAL["l2_bytes_per_clk_sm"] * hw.num_sm * hw.clock_mhz * 1e6
+
+
+def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = None,
+                glob: Mapping[str, float] | None = None) -> LaunchTime:
+    """The predicted time of one launch: max(issue, latency, dram, l2) + the launch cost."""
+    cst = (costs or COSTS)[ln.cost]
+    g = glob or GLOBAL
+    clk = hw.clock_mhz * 1e6
+    resident, limit = occupancy(ln.threads, ln.regs, ln.smem)
+    per_sm = -(-ln.programs // hw.num_sm)  # programs on the busiest SM
+    rounds = -(-per_sm // resident)
+    t_issue = per_sm * ln.units * cst.issue / clk
+    t_lat = rounds * (ln.steps * cst.lat + cst.fixed) / clk
+    t_dram = ln.dram_bytes / hw.hbm_bw
+    t_l2 = ln.l2_bytes / (g["l2_bytes_per_clk_sm"] * hw.num_sm * clk)
+    t_launch = g["launch_us"] * 1e-6
+    parts = {"issue": t_issue, "latency": t_lat, "dram": t_dram, "l2": t_l2}
+    lim = max(parts, key=parts.__getitem__)
+    waves = ln.programs / (resident * hw.num_sm)
+    return LaunchTime(ln, resident, limit, waves, rounds, t_issue, t_lat, t_dram, t_l2, t_launch, lim,
+                      parts[lim] + t_launch)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Launch builders: what one program of each launch does
+# --------------------------------------------------------------------------------------------------------
+
+
+def _cdiv(a: float, b: float) -> int:
+    return int(-(-int(a) // int(b)))
+
+
+def _resident_cap(hw: Hardware) -> float:
+    return GLOBAL["l2_resident_fraction"] * hw.l2_mb * 1e6
+
+
+def _split_dram_l2(nbytes: float, buffer_bytes: float, hw: Hardware) -> tuple[float, float]:
+    """Re-reads of a buffer an earlier launch wrote: from L2 when it fits, else from HBM."""
+    return (0.0, nbytes) if buffer_bytes <= _resident_cap(hw) else (nbytes, 0.0)
+
+
+def _cast_launches(s: Shape, what: str, to_bytes: int = 2) -> list[Launch]:
+    """fp32 inputs cast to 16 bits inside the timed call: one elementwise kernel per tensor (q, k, v)."""
+    if s.dtype != "float32":
+        return []
+    out = []
+    for name, n in (("q", s.bh * s.q_len * s.head_dim), ("k", s.batch * s.heads_kv * s.kv_len * s.head_dim),
+                    ("v", s.batch * s.heads_kv * s.kv_len * s.head_dim)):
+        out.append(Launch(f"{what}_cast_{name}", "cast", programs=max(1, _cdiv(n, 1024)), threads=256, regs=32,
+                          smem=0, units=0, steps=0, dram_bytes=n * (4 + to_bytes), unit="-",
+                          note=f"{what}: {name} fp32 -> 16 bit inside the timed call"))
+    return out
+
+
+def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> Launch:
+    """v1/v2 Pallas pass 2: max sweep, exp sweep (read + write), normalise sweep (read + write) over S."""
+    rows, cols = pl["rows_per_program"], pl["cols_per_step"]
+    s_bytes = s.bh * s.q_len * s.kv_len * 4
+    n_steps = _cdiv(s.kv_len, cols)
+    vis_steps = max(1, round(n_steps * s.vis_frac)) if s.causal else n_steps
+    dram, l2 = _split_dram_l2(s_bytes * (2 * vis_steps + n_steps) / n_steps + s_bytes * 2 * vis_steps / n_steps,
+                              s_bytes, hw)
+    return Launch(name, "pallas_attn_row_softmax", programs=math.prod(pl["grid"]), threads=32 * pl["num_warps"],
+                  regs=64, smem=0, units=rows * s.kv_len, steps=2 * vis_steps + n_steps, dram_bytes=dram,
+                  l2_bytes=l2, unit="S element",
+                  note=f"{rows} rows x {cols} columns per step, one step in flight per program")
+
+
+def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    s_bytes = bh * tq * tk * 4
+    qkv_f32 = bh * (tq + 2 * tk) * d * 4
+    vf = s.vis_frac
+    names = list(kernel.passes)
+    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    out: list[Launch] = []
+    kname = kernel.name
+    if kname == "v1_naive" or kname == "v2_tiled":
+        qk, pv = plan["qk"], plan["pv"]
+        if kname == "v1_naive":
+            bk = qk["keys_per_program"]
+            P = math.prod(qk["grid"])
+            out.append(Launch(by_suffix["qk"], "pallas_attn_v1_naive_qk", P, 32 * qk["num_warps"], 64, 0,
+                              units=bk * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
+                              l2_bytes=P * (bk + 1) * d * 4, unit="FMA",
+                              note="one query row x key chunk; K rows re-read from L2 by every query row"))
+        else:
+            t = plan["tile"]
+            P = math.prod(qk["grid"])
+            out.append(Launch(by_suffix["qk"], "pallas_attn_v2_tiled_qk", P, 32 * qk["num_warps"], 128,
+                              2 * t * d * 4, units=t * t * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
+                              l2_bytes=P * 2 * t * d * 4, unit="FMA", note="one TxT tile of S, fp32 dot"))
+        out.append(_softmax_rows(s, plan["softmax"], hw, by_suffix["softmax"]))
+        p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
+        if kname == "v1_naive":
+            bk = pv["keys_per_step"]
+            P = math.prod(pv["grid"])
+            out.append(Launch(by_suffix["pv"], "pallas_attn_v1_naive_pv", P, 32 * pv["num_warps"], 64, 0,
+                              units=tk * d, steps=_cdiv(tk, bk), dram_bytes=p_dram + qkv_f32 / 3 + bh * tq * d * 4,
+                              l2_bytes=p_l2 + P * tk * d * 4, unit="FMA",
+                              note="one output row; V re-read from L2 by every row"))
+        else:
+            t = plan["tile"]
+            P = math.prod(pv["grid"])
+            steps = _cdiv(tk, t)
+            out.append(Launch(by_suffix["pv"], "pallas_attn_v2_tiled_pv", P, 32 * pv["num_warps"], 128,
+                              2 * t * max(t, d) * 4, units=t * t * d * steps, steps=steps,
+                              dram_bytes=p_dram + qkv_f32 / 3 + bh * tq * d * 4,
+                              l2_bytes=p_l2 + P * steps * t * d * 4, unit="FMA", note="TxD output tile"))
+        return out
+    if kname == "v3_online":
+        t = plan["tile"]
+        P = math.prod(plan["stats"]["grid"])
+        steps = max(1.0, _cdiv(tk, t) * vf)
+        w = 32 * plan["stats"]["num_warps"]
+        out.append(Launch(by_suffix["stats"], "pallas_attn_v3_online_stats", P, w, 128, 2 * t * d * 4,
+                          units=t * t * d * steps, steps=steps, dram_bytes=bh * (tq + tk) * d * 4,
+                          l2_bytes=P * steps * t * d * 4, unit="FMA", note="(M, L) over key tiles"))
+        out.append(Launch(by_suffix["out"], "pallas_attn_v3_online_out", P, w, 128, 3 * t * d * 4,
+                          units=2 * t * t * d * steps, steps=steps, dram_bytes=qkv_f32 + bh * tq * d * 4,
+                          l2_bytes=P * steps * 2 * t * d * 4, unit="FMA", note="output with the final stats"))
+        return out
+    if kname in ("v4_fused", "v6_splitkv"):
+        pp = plan if kname == "v4_fused" else plan["partial"]
+        rows, bk = pp["rows_per_program"], pp["key_tile"]
+        P = math.prod(pp["grid"])
+        keys = tk if kname == "v4_fused" else plan["chunk"]
+        tiles = max(1.0, _cdiv(min(keys, tk), bk) * vf)
+        kvb = 4 if kname == "v4_fused" else 2
+        if kname == "v6_splitkv":
+            out += _cast_launches(s, "stage")
+        ws = bh * tq * plan.get("splits", 1) * (d + 1) * 4 if kname == "v6_splitkv" else 0
+        active = min(rows, tq)  # idle rows (past Tq) skip their update (skip_idle_rows)
+        out.append(Launch(names[0], "pallas_attn_rows_attend", P, 32 * pp["num_warps"], 128, 0,
+                          units=active * tiles * bk * d, steps=active * tiles,
+                          dram_bytes=bh * (tq + 2 * tk) * d * kvb + bh * tq * d * 4 + ws,
+                          l2_bytes=P * tiles * 2 * bk * d * kvb, unit="row x key x dim",
+                          note=f"{rows} rows, each a serial vector update per {bk}-key tile"))
+        if kname == "v6_splitkv":
+            m = plan["merge"]
+            out.append(Launch(names[1], "pallas_attn_merge", math.prod(m["grid"]), 32 * m["num_warps"], 32, 0,
+                              units=plan["splits"] * (d + 1), steps=1, dram_bytes=ws + bh * tq * d * s.in_bytes,
+                              unit="float", note="LSE merge of the split states"))
+        return out
+    if kname == "v5_wmma":
+        bm, bn, warps, stages = plan["block_m"], plan["block_n"], plan["num_warps"], plan["num_stages"]
+        P = math.prod(plan["grid"])
+        steps = max(1.0, _cdiv(tk, bn) * (vf if tq > bm else 1.0))
+        out += _cast_launches(s, "stage")
+        out.append(Launch(names[0], "pallas_attn_v5_wmma_fwd", P, 32 * warps, 128,
+                          (bm * d + 2 * bn * d * max(1, stages - 1)) * 2, units=4 * bm * bn * d * steps, steps=steps,
+                          dram_bytes=bh * (tq + 2 * tk) * d * 2 + bh * tq * d * s.in_bytes,
+                          l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",
+                          note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
+        return out
+    if kname == "fa_decode":
+        bm, bk, cb = plan["block_m"], plan["block_k"], plan["chunk_blocks"]
+        P = plan["programs"]
+        warps, stages = plan["num_warps"], plan["num_stages"]
+        kv = 2 * s.batch * s.heads_kv * tk * d * 2
+        ws = s.batch * s.heads_kv * plan["row_tiles"] * bm * plan["splits"] * (d + 1) * 4 if plan["splits"] > 1 else 0
+        out.append(Launch(names[0], "pallas_attn_fa_decode_partial", P, 32 * warps, 128,
+                          (bm * d + 2 * bk * d * max(1, stages - 1)) * 2, units=4 * bm * bk * d * cb, steps=cb,
+                          dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP",
+                          note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split"))
+        if plan["splits"] > 1:
+            rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
+            out.append(Launch(names[1], "pallas_attn_merge", rows_all, 128, 32, 0, units=plan["splits"] * (d + 1),
+                              steps=1, dram_bytes=ws + rows_all * d * 2, unit="float", note="LSE merge"))
+        return out
+    raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
+
+
+# cuda_ref: the kernels each generation launches, in order (read off cuda_ref/csrc/kernels/<id>.cu; the
+# generation table does not list launches, so this is keyed by generation id) and threads per CTA.
+CUDA_LAUNCHES: dict[str, tuple[str, ...]] = {
+    "v1_naive": ("v1_qk_kernel", "v1_softmax_kernel", "v1_pv_kernel"),
+    "v2_tiled": ("v2_qk_kernel<D>", "v1_softmax_kernel", "v2_pv_kernel<D>"),
+    "v3_online": ("v3_stats_kernel<D>", "v3_output_kernel<D>"),
+    "v4_fused": ("v4_fused_kernel<D>",),
+    "v5_wmma": ("v5_wmma_kernel<D>",),
+    "v6_splitkv": ("v6_partial_kernel<D>", "v6_merge_kernel"),
+}
+
+
+@lru_cache(maxsize=1)
+def ptxas_resources() -> dict[str, tuple[int, int]]:
+    """kernel -> (registers per thread, static shared memory bytes), from the committed ptxas report."""
+    out = {}
+    for line in PTXAS_REPORT.read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        f = line.split()
+        if len(f) >= 7 and f[0].endswith(".cu") and f[2].isdigit():
+            out[f[1]] = (int(f[2]), int(f[6]))
+    return out
+
+
+def _cuda_res(kernel: str, d: int) -> tuple[int, int]:
+    res = ptxas_resources()
+    key = kernel.replace("<D>", f"<{d}>")
+    if key not in res:
+        raise KeyError(f"{key} is not in the ptxas report {PTXAS_REPORT.name}")
+    return res[key]
+
+
+def _cuda_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    s_bytes = bh * tq * tk * 4
+    vf = s.vis_frac
+    tm, tn = row.tile(d)
+    out: list[Launch] = []
+    if row.operand == "fp16":
+        out += _cast_launches(s, "host")
+    ob = 4 if row.operand == "fp32" else 2
+    qkv = bh * (tq + 2 * tk) * d * ob
+    o_bytes = bh * tq * d * 4
+    for k in CUDA_LAUNCHES[gen]:
+        regs, smem = _cuda_res(k, d)
+        base = k.split("<")[0]
+        if base == "v1_qk_kernel":
+            total = bh * tq * tk
+            P = min(_cdiv(total, 256), 1 << 30)
+            out.append(Launch(k, base, P, 256, regs, smem, units=256 * d, steps=d,
+                              dram_bytes=qkv * 2 / 3 + s_bytes, l2_bytes=total * d * 4 * 2, unit="FMA",
+                              note="thread per S element, Q and K rows from global"))
+        elif base == "v1_softmax_kernel":
+            rows = bh * tq
+            dram, l2 = _split_dram_l2(5 * s_bytes * (0.6 + 0.4 * vf), s_bytes, hw)
+            out.append(Launch(k, base, _cdiv(rows, 256), 256, regs, smem, units=256 * 3 * tk, steps=3 * tk,
+                              dram_bytes=dram, l2_bytes=l2, unit="S element",
+                              note="thread per row, three serial sweeps"))
+        elif base == "v1_pv_kernel":
+            total = bh * tq * d
+            p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
+            out.append(Launch(k, base, _cdiv(total, 256), 256, regs, smem, units=256 * tk, steps=tk,
+                              dram_bytes=p_dram + qkv / 3 + o_bytes, l2_bytes=p_l2 + total * tk * 4, unit="FMA",
+                              note="thread per output element, sums all keys"))
+        elif base == "v2_qk_kernel":
+            P = _cdiv(tk, tn) * _cdiv(tq, tm) * bh
+            out.append(Launch(k, base, P, 256, regs, smem, units=tm * tn * d, steps=tm * tn * d / 256,
+                              dram_bytes=qkv * 2 / 3 + s_bytes, l2_bytes=P * (tm + tn) * d * 4, unit="FMA",
+                              note="TMxTN tile of S, d-long dots from shared memory"))
+        elif base == "v2_pv_kernel":
+            P = _cdiv(tq, tm) * bh
+            steps = _cdiv(tk, tn)
+            p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
+            out.append(Launch(k, base, P, 256, regs, smem, units=tm * d * tk, steps=steps * tn * tm * d / 256,
+                              dram_bytes=p_dram + qkv / 3 + o_bytes, l2_bytes=p_l2 + P * tk * d * 4, unit="FMA",
+                              note="TMxD output tile, keys in chunks of TN"))
+        elif base in ("v3_stats_kernel", "v3_output_kernel"):
+            P = _cdiv(tq, tm) * bh
+            keys = tk * vf
+            mult = 1 if base == "v3_stats_kernel" else 2
+            out.append(Launch(k, base, P, 256, regs, smem, units=mult * tm * keys * d, steps=mult * keys * d,
+                              dram_bytes=qkv * (2 if mult == 2 else 1) / 3 + (o_bytes if mult == 2 else 0),
+                              l2_bytes=P * keys * d * 4 * mult, unit="FMA",
+                              note="thread per query row (TM of 256 threads active), serial over keys x d"))
+        elif base in ("v4_fused_kernel", "v6_partial_kernel"):
+            if base == "v4_fused_kernel":
+                splits, chunk = 1, tk
+            else:
+                splits, chunk = plan.get("splits"), plan.get("chunk")
+                if not splits:
+                    from attn_core.splits import choose_splits
+
+                    splits, chunk = choose_splits(bh=bh, n_q=tq, n_k=tk, num_sm=hw.num_sm)
+            P = _cdiv(tq, 8) * splits * bh
+            keys = max(1.0, min(chunk, tk) * vf)
+            ws = bh * tq * splits * (d + 2) * 4 if splits > 1 or base == "v6_partial_kernel" else 0
+            out.append(Launch(k, "warp_rows", P, 256, regs, smem, units=min(8, tq) * keys, steps=keys,
+                              dram_bytes=qkv + (ws if ws else o_bytes), l2_bytes=P * keys * 2 * d * 4,
+                              unit="warp x key", note="warp per query row: per key a shuffle all-reduce + update"))
+            if base == "v6_partial_kernel":
+                out.append(Launch("v6_merge_kernel", "v6_merge_kernel", tq * bh, d, *_cuda_res("v6_merge_kernel", d),
+                                  units=splits, steps=splits, dram_bytes=ws + o_bytes, unit="split",
+                                  note="thread per output dim"))
+        elif base == "v5_wmma_kernel":
+            P = _cdiv(tq, tm) * bh
+            steps = max(1.0, _cdiv(tk, tn) * (vf if tq > tm else 1.0))
+            out.append(Launch(k, base, P, tm // 16 * 32, regs, smem, units=4 * tm * tn * d * steps, steps=steps,
+                              dram_bytes=qkv + o_bytes, l2_bytes=P * steps * 2 * tn * d * 2, unit="MMA FLOP",
+                              note="WMMA 16x16x16, softmax and running O in shared memory"))
+        elif base == "v6_merge_kernel":
+            continue  # added with its partial
+        else:
+            raise NotImplementedError(f"layer 2 has no launch builder for the cuda_ref kernel {k}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------------------
+
+
+def _pallas_problem(s: Shape, entry: str):
+    from pallas_attn.kernels.contract import Problem
+
+    return Problem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
+                   s.page_size)
+
+
+def _pallas_plan(gen: str, config: Any, s: Shape, entry: str = "dense") -> tuple[Any, dict[str, Any]]:
+    from pallas_attn import registry
+
+    k = registry.kernel(gen)
+    cfgs = registry.configs(gen)
+    if isinstance(config, str) and config not in cfgs:
+        config = k.default_config_name()  # records of older runs name fa_decode's default 'faithful'
+    prob = _pallas_problem(s, entry)
+    cfg = k.config(config, prob)
+    pl = k.plan(prob, cfg)
+    if hasattr(pl, "as_dict"):
+        pl = pl.as_dict()
+    return k, dict(pl)
+
+
+def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | None = None) -> tuple[list[Launch], dict]:
+    """The launches of ``impl`` (``pallas:<gen>:<config>`` or ``cuda:<gen>``) on shape ``s`` and the plan used."""
+    parts = impl.split(":")
+    fw = parts[0]
+    if fw == "pallas":
+        gen, config = parts[1], (parts[2] if len(parts) > 2 else None)
+        entry = "paged" if s.page_size else "dense"
+        k, pl = _pallas_plan(gen, config, s, entry)
+        if plan and "error" not in plan and plan.keys() >= pl.keys():
+            pl = dict(plan)
+        return _pallas_launches(gen, k, s, pl, hw), pl
+    if fw == "cuda":
+        import cuda_ref
+
+        gen = parts[1]
+        row = next((r for r in cuda_ref.table() if r.id == gen), None)
+        if row is None:
+            raise NotImplementedError(f"cuda_ref has no row {gen!r}")
+        pl = dict(plan or {})
+        if row.split_kv and not pl.get("splits"):
+            from attn_core.splits import choose_splits
+
+            sp, ch = choose_splits(bh=s.bh, n_q=s.q_len, n_k=s.kv_len, num_sm=hw.num_sm)
+            pl.update(splits=sp, chunk=ch, num_sm=hw.num_sm)
+        pl.setdefault("tile", list(row.tile(s.head_dim)))
+        pl["launches"] = list(CUDA_LAUNCHES[gen])
+        return _cuda_launches(gen, row, s, pl, hw), pl
+    raise NotImplementedError(f"layer 2 models pallas:* and cuda:* implementations, not {impl!r} (peers excluded)")
+
+
+def predict(impl: str, workload: Any, hw: Hardware | str, plan: Mapping[str, Any] | None = None) -> Prediction:
+    """Layer 2 for ``impl`` on ``workload`` (a Workload, a record's workload dict or a ``Shape``)."""
+    hw = _hardware.get(hw) if isinstance(hw, str) else hw
+    s = workload if isinstance(workload, Shape) else Shape.of(workload)
+    lns, pl = launches_for(impl, s, hw, plan)
+    times = tuple(time_launch(ln, hw) for ln in lns)
+    total = sum(t.time_s for t in times)
+    worst = max(times, key=lambda t: t.time_s)
+    return Prediction(impl, hw.name, times, total, worst.limiter, pl)
+
+
+def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[str, Any] | None,
+                   hw: Hardware) -> dict[str, Any]:
+    """The runner hook, made before the kernel runs: ``record["prediction"]["layer2"] = predict_record(...)``.
+    Never raises: an implementation layer 2 does not model gets ``{"error": ...}``."""
+    name = impl if isinstance(impl, str) else impl.get("name", "")
+    try:
+        return predict(name, workload, hw, plan).as_dict()
+    except (NotImplementedError, KeyError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}", "impl": name}
+
+
+def hardware_of(record_env: Mapping[str, Any], ceilings: Mapping[str, Any] | None = None) -> Hardware | None:
+    """The table row of a record's GPU, with the run's measured HBM read bandwidth when the run has it."""
+    hw = _hardware.detect(str((record_env or {}).get("gpu", "")))
+    if hw is None:
+        return None
+    bw = ((ceilings or {}).get("measured") or {}).get("hbm_read_Bps")
+    return hw.with_measured(hbm_bw=bw) if bw else hw
+
+
+def score(record: Mapping[str, Any], hw: Hardware | None = None) -> dict[str, Any]:
+    """After the run: layer-1 and layer-2 predictions against ``metrics.time_us_p50`` (error = predicted /
+    measured - 1, so -0.5 is a prediction twice too fast). Recomputes layer 2 when the record lacks it."""
+    m = record.get("metrics") or {}
+    meas = m.get("time_us_p50")
+    pred = record.get("prediction") or {}
+    basis = pred.get(pred.get("basis") or "measured") or pred.get("datasheet") or {}
+    l1 = basis.get("floor_us")
+    l2 = pred.get("layer2")
+    if not l2 or "error" in l2:
+        hw = hw or hardware_of(record.get("env") or {})
+        l2 = predict_record(record["workload"], record["impl"], (record.get("impl") or {}).get("plan"), hw) \
+            if hw else {"error": "unknown GPU"}
+    out: dict[str, Any] = {"measured_us": meas, "layer1_us": l1, "layer1_limiter": basis.get("limiter"),
+                           "layer2_us": l2.get("time_us"), "layer2_limiter": l2.get("limiter"),
+                           "layer2_error": l2.get("error")}
+    for k in ("layer1", "layer2"):
+        p = out[f"{k}_us"]
+        out[f"{k}_err"] = (p / meas - 1.0) if (p and meas) else None
+    return out
+
+
+_NAME_RE = re.compile(r"^(pallas|cuda):")
+
+
+def modelled(impl_name: str) -> bool:
+    """Layer 2 covers our own kernels (Pallas generations and CUDA twins), not the peers."""
+    return bool(_NAME_RE.match(impl_name))
