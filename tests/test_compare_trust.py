@@ -212,3 +212,32 @@ def test_shared_memory_limits_say_so(msg, need, limit):
     reason = runner._reason(e)
     assert reason.startswith(f"shared memory: needs {need} bytes, limit {limit}") and msg[:40] in reason
     assert runner._shared_memory_reason("RESOURCE_EXHAUSTED: out of memory while trying to allocate") is None
+
+
+# ------------------------------------------------------------------------------- 4. peers prepared alike
+
+
+def test_decode_gqa_peer_is_timed_without_its_kv_transposes():
+    """JAX's decode_attention.gqa transposes K and V inside its op; the peer calls its per-head kernel on
+    K/V transposed once (untimed), and gets gqa's own answer."""
+    import types
+
+    from jax.experimental.pallas.ops.gpu import decode_attention
+
+    from compare import peers
+    from compare.schema import Ctx
+
+    assert peers._gqa_inner() is not None  # this JAX: the untimed-transpose path, not the fallback
+    b, t, hq, hkv, d = 2, 64, 4, 2, 16
+    kq, kk, kv = jax.random.split(jax.random.key(3), 3)
+    cache = {}
+    inp = types.SimpleNamespace(q=jax.random.normal(kq, (b, 1, hq, d), jnp.float32),
+                                k=jax.random.normal(kk, (b, t, hkv, d), jnp.float32),
+                                v=jax.random.normal(kv, (b, t, hkv, d), jnp.float32), scale=d ** -0.5,
+                                cached=lambda key, make: cache.setdefault(key, make()))
+    w = types.SimpleNamespace(family="decode", kv_len=t, ragged=False, q_len=1, causal=False, q_offset=0)
+    prep = peers._decode_gqa_prepare(w, inp, Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True))
+    assert "transposed once" in prep.notes and "untimed" in prep.notes
+    assert prep.args[1].shape == (b, hkv, t, d)  # the timed call receives the transposed layout
+    ref = decode_attention.gqa(inp.q[:, 0], inp.k, inp.v, sm_scale=inp.scale, k_splits=4, interpret=True)
+    np.testing.assert_allclose(np.asarray(prep.fn(*prep.args)), np.asarray(ref), rtol=1e-5, atol=1e-5)
