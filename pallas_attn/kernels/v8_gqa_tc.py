@@ -153,13 +153,8 @@ KERNEL = Kernel(
     config_cls=TcConfig,
     configs=CONFIGS,
     entries={"paged"},
-    dtypes=("float32", "float16"),
-    precision={
-        "float32": Precision(operand="fp16", accumulate="fp32", engine="tensor",
-                             note="fp32 input (q and the pools) is cast to fp16 before the kernel, as the "
-                                  "reference host does; " + _TC),
-        "float16": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_TC),
-    },
+    dtypes=("float16",),  # fp32 input: v7_paged shows the reference host's cast; CI time keeps one dtype here
+    precision={"float16": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_TC)},
     head_dims=(64, 128),
     gqa=True,
     max_q_len=None,
