@@ -278,12 +278,14 @@ def test_arithmetic_units_match_the_declared_precision():
         assert all(t == ("float32", "float32") for _, t in dots)
     dots = _dots("v5_wmma")
     assert len(dots) == 2 and all(t == ("float16", "float16") for _, t in dots)
-    for dtype, operand in (("float32", "fp16"), ("float16", "fp16"), ("bfloat16", "bf16")):
+    for dtype, operand in (("float16", "fp16"), ("bfloat16", "bf16")):
         for gen in LOWP_GENS:
             prec = MODS[gen].KERNEL.precision_for(dtype)
             assert prec.operand == operand and prec.accumulate == "fp32"
             assert prec.engine == ("tensor" if gen == "v5_wmma" else "fp32")
-        assert "cast to fp16" in MODS["v5_wmma"].KERNEL.precision_for("float32").note
+            assert "host_cast=True" in prec.note  # fp32 is refused unless the config asks for the host cast
+    for gen in LOWP_GENS:
+        assert MODS[gen].KERNEL.dtypes == ("float16", "bfloat16")
     for gen in FP32_GENS:
         assert MODS[gen].KERNEL.dtypes == ("float32",)
         assert MODS[gen].KERNEL.precision_for("float32").operand == "fp32"
@@ -381,8 +383,8 @@ def test_v5_tuned_config(rng):
 def test_v6_forced_splits_with_empty_ones(rng):
     """Tk=5 in 4 splits of 2 keys: the last split is empty for every row, and with causal, row 0 sees only
     split 0. An empty split must write (O = 0, LSE = -inf): an unwritten one would be NaN and poison the
-    merge. Also FP32 input (staged fp16) and bf16."""
-    cfg = v6_splitkv.SplitKVConfig(num_splits=4)
+    merge. Also FP32 input (staged fp16 when the config asks for the host cast) and bf16."""
+    cfg = v6_splitkv.SplitKVConfig(num_splits=4, host_cast=True)
     assert cfg.splits(bh=2, n_q=3, n_k=5) == (4, 2)
     for dtype, causal in (("float16", False), ("float32", True), ("bfloat16", True)):
         q, k, v = _inputs(rng, b=1, tq=3, tk=5, h=2, d=64, dtype=dtype)

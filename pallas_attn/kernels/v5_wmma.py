@@ -11,10 +11,10 @@ Faithful blocks (the reference's 48 KB smem budget): D = 64 -> BM = 64, BN = 32,
 D = 128 -> BM = 32, BN = 32, 2 warps (one warp per 16-row M tile). K is contracted on its D axis
 (``dot_general``), the col-major-fragment trick of the reference: no transpose in HBM.
 
-Precision: like the reference host, FP32 inputs are cast to FP16 before the kernel (the cast is part of
-``forward``, so it is inside any timed region, as in the reference); FP16 and BF16 inputs are staged as
-they are. The output has q's dtype (FP32 for FP32 input, as the reference returns FP32). ``KERNEL``
-declares the cast (float32 -> fp16 operands, tensor cores).
+Precision: FP16 and BF16 inputs are staged as they are. FP32 input is refused with an error naming the
+dtypes (a silent cast to FP16 overflows near 6.5e4 and loses 3 decimal digits); the reference host's cast
+stays available when asked for, ``WmmaConfig(host_cast=True)``: FP32 is then cast to FP16 inside ``forward``
+(so inside any timed region, as in the reference) and the output is FP32. ``KERNEL`` declares both.
 
 Causal offsets are per sequence (int32 ``[B]``, an input read once per program; the block count is a
 traced loop bound). ``return_lse=True``: the kernel also writes each row's natural-log LSE from its final
@@ -54,6 +54,9 @@ class WmmaConfig:
     num_warps_d128: int = 2
     num_stages: int = 1  # the reference loads, syncs, computes: no pipelining
     fp32_stage_dtype: str = "float16"  # what FP32 input is cast to (the reference host casts to half)
+    # FP32 input is refused unless asked: True casts it to fp32_stage_dtype before the kernel (the reference
+    # host's cast, kept for faithful reproductions); never silent.
+    host_cast: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -81,8 +84,16 @@ CONFIGS: dict[str, WmmaConfig] = {
 
 
 def stage(x, config: WmmaConfig):
-    """The reference host's cast: FP32 inputs become 16-bit operands; 16-bit inputs stay as they are."""
-    return x.astype(config.fp32_stage_dtype) if x.dtype == jnp.float32 else x
+    """16-bit inputs stay as they are. FP32 input is refused (no silent cast) unless ``config.host_cast``:
+    then it is cast to ``config.fp32_stage_dtype`` before the kernel, as the reference host does."""
+    if x.dtype != jnp.float32:
+        return x
+    if not config.host_cast:
+        raise NotImplementedError(
+            f"{GEN} takes float16 or bfloat16 (its operands are 16-bit); got float32. The reference host casts "
+            f"float32 to {config.fp32_stage_dtype} before the kernel: pass WmmaConfig(host_cast=True) to do that "
+            "explicitly, or use a float32 generation (v1-v4, fa_train)")
+    return x.astype(config.fp32_stage_dtype)
 
 
 def _kernel(off_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, scale, heads, tq, tk, causal, bm, bn):
@@ -152,7 +163,8 @@ def plan(problem: Problem, config: WmmaConfig) -> dict:
             "num_warps": warps, "num_stages": config.num_stages}
 
 
-_FP32_CAST = "fp32 input is cast to fp16 before the kernel, as the reference host does"
+_FP32_REFUSED = ("float32 input is refused (no silent cast); WmmaConfig(host_cast=True) casts it to fp16 before "
+                 "the kernel, as the reference host does")
 
 KERNEL = Kernel(
     name=GEN,
@@ -161,14 +173,12 @@ KERNEL = Kernel(
     config_cls=WmmaConfig,
     configs=CONFIGS,
     entries={"dense"},
-    dtypes=("float32", "float16", "bfloat16"),
+    dtypes=("float16", "bfloat16"),
     precision={
-        # the faithful configs' fp32_stage_dtype; a WmmaConfig(fp32_stage_dtype="bfloat16") stages bf16
-        "float32": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_FP32_CAST),
         "float16": Precision(operand="fp16", accumulate="fp32", engine="tensor",
-                             note="P is rounded to fp16 before the PV product"),
+                             note="P is rounded to fp16 before the PV product; " + _FP32_REFUSED),
         "bfloat16": Precision(operand="bf16", accumulate="fp32", engine="tensor",
-                              note="P is rounded to bf16 before the PV product"),
+                              note="P is rounded to bf16 before the PV product; " + _FP32_REFUSED),
     },
     head_dims=(64, 128),
     gqa=False,

@@ -1,0 +1,215 @@
+"""``pallas_attn.dot_product_attention``: a drop-in for ``jax.nn.dot_product_attention`` with Pallas gradients.
+
+Same signature and semantics as ``jax.nn.dot_product_attention`` (BTNH or TNH arrays, GQA by head count,
+``bias`` / ``mask`` / ``is_causal`` / sequence lengths / ``local_window_size`` combined as jax.nn combines
+them, ``return_residual``), computed by the ``fa_train`` Pallas kernels (forward saving the LSE, dK/dV and
+dQ backward kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md).
+
+``implementation``:
+
+* ``None``: the Pallas kernel when it supports the call, else jax.nn's XLA implementation.
+  ``which_implementation(...)`` (same arguments) says which and why.
+* ``"pallas"``: the Pallas kernel or ``NotImplementedError`` naming what it does not support; never a
+  fallback.
+* ``"xla"`` / ``"cudnn"``: passed to ``jax.nn.dot_product_attention`` unchanged.
+
+Semantics kept from jax.nn's XLA path, including its corner cases: a query row with no visible key (causal
+with a window, ``key_value_seq_lengths`` 0, ...) returns the mean of V over all keys (jax.nn's masked logits
+are a large finite negative, so their softmax is uniform), and its gradient flows to every V row; rows at or
+past ``query_seq_lengths`` return 0 and get no gradient; NaN or Inf that reaches a visible score gives NaN.
+
+What runs on the GPU: no GPU -> interpret mode (``pallas_attn._compat.default_interpret``). jvp (forward-mode
+autodiff) of the Pallas path is not defined (``jax.custom_vjp``): ``jax.jvp`` raises JAX's TypeError.
+
+Not supported by the kernel (``None`` falls back to XLA, ``"pallas"`` raises): ``bias``, ``mask``, head dims
+outside (16, 32, 64, 128, 256), dtypes other than float16 / bfloat16 / float32, q/k/v of different dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _compat
+from .kernels import fa_train
+from .kernels.contract import Problem
+
+__all__ = ["dot_product_attention", "which_implementation", "IMPLEMENTATIONS"]
+
+IMPLEMENTATIONS = (None, "pallas", "xla", "cudnn")
+_PALLAS = "pallas:fa_train"
+
+
+def _ensure_4d(x):
+    x = jnp.asarray(x)
+    return x[(None,) * (4 - x.ndim)] if x.ndim < 4 else x
+
+
+def _window(local_window_size):
+    if local_window_size is None:
+        return None
+    if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
+        return (int(local_window_size), int(local_window_size))
+    try:
+        left, right = local_window_size
+        return (int(left), int(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"local_window_size must be an int or a (left, right) pair of ints; "
+                         f"got {local_window_size!r}") from None
+
+
+def _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation):
+    """jax.nn's argument checks (the same conditions, errors that name the argument). Returns 4-D arrays."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
+    q, k, v = _ensure_4d(query), _ensure_4d(key), _ensure_4d(value)
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"query, key, value must be BTNH (rank 4) or TNH (rank 3); got {jnp.shape(query)}, "
+                         f"{jnp.shape(key)}, {jnp.shape(value)}")
+    b, s, kh, h = k.shape
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise ValueError(f"value must match key's shape and dtype; got value {v.shape} {v.dtype}, key {k.shape} "
+                         f"{k.dtype}")
+    if q.shape[0] != b or q.shape[3] != h or q.dtype != k.dtype:
+        raise ValueError(f"query must be [B={b}, T, N, H={h}] with key's dtype {k.dtype}; got {q.shape} {q.dtype}")
+    if q.shape[2] % kh:
+        raise ValueError(f"the number of query heads must be a multiple of key/value heads; got {q.shape[2]} vs {kh}")
+    for name, x in (("bias", bias), ("mask", mask)):
+        if x is not None and jnp.ndim(x) > 4:
+            raise ValueError(f"{name} must be broadcastable to (B, N, T, S); got shape {jnp.shape(x)}")
+    if mask is not None and jnp.asarray(mask).dtype != np.dtype(bool):
+        raise ValueError(f"mask must be boolean (True = attend); got dtype {jnp.asarray(mask).dtype}")
+    for name, x in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
+        if x is not None:
+            x = jnp.asarray(x)
+            if x.shape != (b,) or x.dtype != np.dtype("int32"):
+                raise ValueError(f"{name} must be int32 [B={b}]; got shape {x.shape}, dtype {x.dtype}")
+    return q, k, v
+
+
+def _unsupported(q, k, bias, mask) -> str:
+    """Why the Pallas kernel cannot take this call ("" when it can)."""
+    if bias is not None:
+        return "bias is not supported by pallas:fa_train (its gradient is a [B, N, T, S] array)"
+    if mask is not None:
+        return "mask is not supported by pallas:fa_train (use is_causal / seq lengths / local_window_size)"
+    b, t, n, h = q.shape
+    problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=k.shape[1],
+                      heads_q=n, heads_kv=k.shape[2], head_dim=h)
+    ok, why = fa_train.KERNEL.supports(problem)
+    return "" if ok else why
+
+
+def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                         query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
+                         implementation=None, return_residual=False) -> tuple[str, str]:
+    """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
+
+    ``impl`` is ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says why (for ``None``: the
+    unsupported argument that made it fall back, or that the kernel supports the call; "interpret mode"
+    when no GPU is present). ``implementation="pallas"`` on an unsupported call raises NotImplementedError.
+    """
+    del scale, is_causal, local_window_size, return_residual
+    q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
+    if implementation in ("xla", "cudnn"):
+        return implementation, f"implementation={implementation!r} passes through to jax.nn"
+    why = _unsupported(q, k, bias, mask)
+    if why:
+        if implementation == "pallas":
+            raise NotImplementedError(f"implementation='pallas': {why}")
+        return "xla", f"fallback: {why}"
+    mode = "interpret mode: no GPU" if _compat.default_interpret(None) else "Triton on the GPU"
+    return _PALLAS, f"the kernel supports the call ({mode})"
+
+
+_LARGE_NEG = -0.7 * float(np.finfo(np.float32).max)  # jax.nn's masked logit (float32 logits)
+
+
+def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
+    """[B or 1, T] True where query row i sees no key (by jax.nn's mask rule, ignoring query lengths)."""
+    i = jnp.arange(t, dtype=jnp.int32)[None, :]
+    hi = jnp.full((1, 1), s, jnp.int32) if kv_lens is None else jnp.minimum(kv_lens, s)[:, None]
+    lo = jnp.zeros((1, 1), jnp.int32)
+    if causal:
+        hi = jnp.minimum(hi, i + 1)
+    if window is not None:
+        left, right = window
+        hi = jnp.minimum(hi, i + right + 1)
+        lo = jnp.maximum(lo, i - left)
+    return hi <= lo
+
+
+def _pallas(q, k, v, *, scale, is_causal, q_lens, kv_lens, window, return_residual):
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
+                      heads_kv=kh, head_dim=h, causal=bool(is_causal))
+    with _compat.quiet_triton():
+        out, lse = fa_train.attention_lse(
+            q, k, v, causal=bool(is_causal), scale=scale, q_lens=q_lens, kv_lens=kv_lens,
+            window=window, interpret=_compat.default_interpret(None), config=fa_train.heuristic(problem))
+    # jax.nn's corner cases, outside the kernel (cheap [B, T] work; autodiff sees plain jnp):
+    empty = None
+    if window is not None or kv_lens is not None:
+        empty = _empty_rows(t, s, causal=bool(is_causal), window=window, kv_lens=kv_lens)  # [B|1, T]
+        # a row with no visible key: softmax of equal masked logits = the mean of V over all S keys
+        mean_v = jnp.mean(v.astype(jnp.float32), axis=1)  # [B, KH, H]
+        mean_v = jnp.repeat(mean_v, n // kh, axis=1)[:, None].astype(out.dtype)  # [B, 1, N, H]
+        out = jnp.where(empty[:, :, None, None], mean_v, out)
+    if q_lens is not None:  # rows at or past the query length are zeroed (jax.nn multiplies them by 0)
+        valid = jnp.arange(t, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, T]
+        out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
+    if not return_residual:
+        return out
+    # jax.nn's residual: logsumexp of the masked logits, BTN, in the key dtype, no gradient
+    res = jnp.swapaxes(jax.lax.stop_gradient(lse), 1, 2)  # [B, T, N]
+    masked = jnp.isneginf(res)
+    if empty is not None:
+        masked = masked | empty[:, :, None]
+    if q_lens is not None:
+        masked = masked | ~valid[:, :, None]
+    res = jnp.where(masked, jnp.float32(_LARGE_NEG + math.log(s)), res)
+    return out, res.astype(k.dtype)
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
+                          is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
+                          local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
+                          return_residual: bool = False):
+    """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
+
+    query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
+    output has query's shape and dtype. ``scale`` defaults to ``1/sqrt(H)``; ``is_causal`` masks key ``j > i``
+    (top-left); ``local_window_size`` ``(left, right)`` (or an int for both) keeps ``i - left <= j <= i +
+    right``; ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 ``[B]``. ``implementation``: None
+    (Pallas when supported, else XLA: ``which_implementation`` says which), ``"pallas"`` (never falls back),
+    ``"xla"`` / ``"cudnn"`` (jax.nn's). ``return_residual=True`` also returns jax.nn's logsumexp residual.
+    """
+    impl, _ = which_implementation(query, key, value, bias, mask, query_seq_lengths=query_seq_lengths,
+                                   key_value_seq_lengths=key_value_seq_lengths, implementation=implementation)
+    if impl != _PALLAS:
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
+            implementation=impl, return_residual=return_residual)
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise ValueError(f"is_causal must be a bool; got {is_causal!r}")
+    rank = jnp.ndim(query)
+    q, k, v = (_ensure_4d(x) for x in (query, key, value))
+    sc = (1.0 / math.sqrt(q.shape[3])) if scale is None else scale
+    try:
+        sc = float(sc)
+    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+        raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") from e
+    res = _pallas(q, k, v, scale=sc, is_causal=bool(is_causal),
+                  q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
+                  kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
+                  window=_window(local_window_size), return_residual=bool(return_residual))
+    if rank == 4:
+        return res
+    if return_residual:
+        return res[0][0], res[1][0]
+    return res[0]
