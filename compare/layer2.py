@@ -247,9 +247,10 @@ def occupancy(threads: int, regs: int, smem: int, lim: SMLimits = SM90) -> tuple
     by = {
         "threads": lim.threads // (warps * 32),
         "regs": lim.regs // (regs_per_warp * warps),
-        "smem": lim.smem // (smem + lim.smem_reserved) if smem > 0 else lim.blocks,
         "blocks": lim.blocks,
     }
+    if smem > 0:
+        by["smem"] = lim.smem // (smem + lim.smem_reserved)
     limit = min(by, key=by.__getitem__)
     if by[limit] < 1:
         raise ValueError(f"a program of {threads} threads x {regs} regs with {smem} B of shared memory does not fit "

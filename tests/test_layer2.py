@@ -1,0 +1,174 @@
+"""Layer 2 of the roofline (compare/layer2.py) and its scorecard: the arithmetic pinned on hand-computed cases."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from compare import hardware, layer2, scorecard
+from compare.layer2 import Cost, Launch, occupancy, time_launch
+
+H200 = hardware.get("h200")
+CLK = H200.clock_mhz * 1e6  # 1.98 GHz
+GLOB = {"l2_bytes_per_clk_sm": 40.0, "l2_resident_fraction": 0.75, "launch_us": 2.0}
+
+
+# --- residency -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads,regs,smem,want", [
+    (1024, 32, 0, (2, "threads")),  # 2048 threads per SM
+    (256, 128, 0, (2, "regs")),  # 128 regs x 256 threads = 32768 of 65536
+    (256, 36, 0, (6, "regs")),  # 36 regs -> 1152 per warp, allocated as 1280: 65536 // (1280 * 8) = 6
+    (128, 32, 100 * 1024, (2, "smem")),  # (100 + 1 reserved) KB of 228 KB
+    (32, 16, 0, (32, "blocks")),  # 32 blocks per SM
+])
+def test_occupancy_limits(threads, regs, smem, want):
+    assert occupancy(threads, regs, smem) == want
+
+
+def test_occupancy_refuses_what_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        occupancy(256, 32, 240 * 1024)
+    with pytest.raises(ValueError, match="threads per program"):
+        occupancy(2048, 32, 0)
+
+
+# --- one launch ------------------------------------------------------------------------------------------
+
+
+def _ln(**kw):
+    base = dict(name="k", cost="c", programs=1000, threads=256, regs=64, smem=0, units=100.0, steps=10.0,
+                dram_bytes=0.0, l2_bytes=0.0)
+    base.update(kw)
+    return Launch(**base)
+
+
+def test_waves_rounds_and_issue_bound():
+    # 256 threads x 64 regs -> 4 per SM (regs); 1000 programs: busiest SM runs ceil(1000/132) = 8 -> 2 rounds
+    lt = time_launch(_ln(), H200, {"c": Cost(issue=50.0, lat=0.0)}, GLOB)
+    assert (lt.resident, lt.occupancy_limit, lt.rounds) == (4, "regs", 2)
+    assert lt.waves == pytest.approx(1000 / (4 * 132))
+    assert lt.t_issue == pytest.approx(8 * 100 * 50.0 / CLK)  # 8 programs x 100 units x 50 cycles
+    assert lt.limiter == "issue"
+    assert lt.time_s == pytest.approx(lt.t_issue + 2e-6)  # plus the launch cost
+
+
+def test_latency_bound_is_littles_law_at_low_occupancy():
+    # 132 programs, one per SM, 64 serial steps of 1000 cycles: one round of 64k cycles; with 16 KB per step in
+    # flight per SM the bandwidth it can draw is 132 x 16 KB / (1000 cycles) = 4.2 GB/ms, so 64 x 132 x 16 KB
+    # takes the same 64k cycles: the latency term IS the Little's-law bound
+    ln = _ln(programs=132, units=0.0, steps=64.0, dram_bytes=64 * 132 * 16384.0)
+    lt = time_launch(ln, H200, {"c": Cost(issue=0.0, lat=1000.0)}, GLOB)
+    assert lt.rounds == 1
+    assert lt.t_latency == pytest.approx(64 * 1000 / CLK)
+    littles_bw = 132 * 16384 / (1000 / CLK)
+    assert lt.t_latency == pytest.approx(ln.dram_bytes / littles_bw)
+    assert lt.t_dram == pytest.approx(ln.dram_bytes / H200.hbm_bw)
+    assert lt.t_latency > lt.t_dram and lt.limiter == "latency"  # 2.1 TB/s drawn: below the 4.8 TB/s of HBM
+
+
+def test_fixed_cycles_per_program_and_rounds():
+    # 3 programs per SM but 2 resident (threads) -> 2 rounds of (5 steps x 100 + 300 fixed)
+    ln = _ln(programs=3 * 132, threads=1024, regs=32, units=0.0, steps=5.0)
+    lt = time_launch(ln, H200, {"c": Cost(issue=0.0, lat=100.0, fixed=300.0)}, GLOB)
+    assert (lt.resident, lt.rounds) == (2, 2)
+    assert lt.t_latency == pytest.approx(2 * (5 * 100 + 300) / CLK)
+
+
+def test_dram_and_l2_terms():
+    ln = _ln(units=0.0, steps=0.0, dram_bytes=4.8e9, l2_bytes=1e9)
+    lt = time_launch(ln, H200, {"c": Cost(0.0, 0.0)}, GLOB)
+    assert lt.t_dram == pytest.approx(4.8e9 / H200.hbm_bw)
+    assert lt.t_l2 == pytest.approx(1e9 / (40.0 * 132 * CLK))
+    assert lt.limiter == "dram"
+
+
+def test_l2_residency_switch():
+    cap = layer2.GLOBAL["l2_resident_fraction"] * H200.l2_mb * 1e6  # 45 MB on the H200
+    assert layer2._split_dram_l2(1e8, cap * 0.9, H200) == (0.0, 1e8)  # fits: re-read from L2
+    assert layer2._split_dram_l2(1e8, cap * 1.1, H200) == (1e8, 0.0)  # does not: from HBM
+
+
+def test_prediction_sums_launches_and_their_launch_costs():
+    # v1_naive: three launches, each with its own launch cost
+    s = layer2.Shape(1, 8, 8, 512, 512, 64, "float32")
+    p = layer2.predict("pallas:v1_naive:faithful", s, H200)
+    assert [lt.launch.name for lt in p.launches] == ["pallas_attn_v1_naive_qk", "pallas_attn_v1_naive_softmax",
+                                                     "pallas_attn_v1_naive_pv"]
+    parts = [max(lt.t_issue, lt.t_latency, lt.t_dram, lt.t_l2) for lt in p.launches]
+    assert p.time_s == pytest.approx(sum(parts) + 3 * layer2.GLOBAL["launch_us"] * 1e-6)
+    # S (8 MB) fits the H200's L2: the softmax pass re-reads it from L2, not HBM
+    sm = p.launches[1].launch
+    assert sm.dram_bytes == 0 and sm.l2_bytes > 0
+
+
+def test_plan_drives_programs_and_casts():
+    s = layer2.Shape(1, 8, 8, 1, 8192, 128, "float16", q_offset=8191)
+    p = layer2.predict("pallas:v6_splitkv:faithful", s, H200)
+    part = p.launches[0].launch
+    assert part.programs == 32 * 8  # 32 splits x 8 heads (the plan)
+    assert part.steps == 8  # one active row x 256 / 32 key tiles
+    s32 = dataclasses.replace(s, dtype="float32")
+    names = [lt.launch.name for lt in layer2.predict("cuda:v6_splitkv", s32, H200).launches]
+    assert names[:3] == ["host_cast_q", "host_cast_k", "host_cast_v"]  # fp32 input: the host's fp16 casts
+
+
+def test_predict_record_reports_what_it_cannot_model():
+    w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048, "head_dim": 64, "dtype": "float16"}
+    out = layer2.predict_record(w, {"name": "torch:sdpa"}, None, H200)
+    assert "error" in out and "peers excluded" in out["error"]
+    ok = layer2.predict_record(w, {"name": "cuda:v6_splitkv"}, None, H200)
+    assert ok["time_us"] > 0 and ok["limiter"] in ("issue", "latency", "dram", "l2")
+
+
+def test_score_errors():
+    w = {"name": "x", "family": "decode", "batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048,
+         "head_dim": 64, "dtype": "float16"}
+    pred = layer2.predict_record(w, "cuda:v6_splitkv", None, H200)
+    rec = {"workload": w, "impl": {"name": "cuda:v6_splitkv"}, "metrics": {"time_us_p50": pred["time_us"] / 2},
+           "prediction": {"basis": "measured", "measured": {"floor_us": 1.0, "limiter": "HBM"}, "layer2": pred}}
+    sc = layer2.score(rec)
+    assert sc["layer2_err"] == pytest.approx(1.0)  # predicted twice the measured time
+    assert sc["layer1_err"] == pytest.approx(1.0 / (pred["time_us"] / 2) - 1)
+
+
+# --- scorecard -------------------------------------------------------------------------------------------
+
+
+def _records(tmp_path):
+    env = {"gpu": "NVIDIA H200"}
+    w = {"name": "ref_decode_tk2048_d64", "family": "decode", "batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1,
+         "kv_len": 2048, "head_dim": 64, "dtype": "float16", "causal": False, "q_offset": 2047}
+    t = layer2.predict("cuda:v6_splitkv", w, H200).time_s * 1e6
+    lines = [{"type": "header", "run_id": "r"}]
+    for impl, fw, meas in (("cuda:v6_splitkv", "cuda", t * 1.1), ("cuda:v4_fused", "cuda", None),
+                           ("pallas:v6_splitkv:faithful", "pallas", 1.0), ("torch:sdpa", "torch", 5.0)):
+        if meas is None:
+            lines.append({"type": "result", "run_id": "r", "env": env, "workload": w, "status": "unsupported",
+                          "impl": {"name": impl, "framework": fw}})
+            continue
+        lines.append({"type": "result", "run_id": "r", "env": env, "workload": w, "status": "ok",
+                      "impl": {"name": impl, "framework": fw}, "metrics": {"time_us_p50": meas},
+                      "prediction": {"basis": "measured", "measured": {"floor_us": 1.0, "limiter": "HBM"}}})
+    path = tmp_path / "records.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_scorecard_renders_from_a_records_file(tmp_path, capsys):
+    path = _records(tmp_path)
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    sc = scorecard.scorecard(recs)
+    allg = next(g for g in sc["groups"] if g["family"] == "all")
+    assert allg["n"] == 2  # the peer and the unsupported record are excluded
+    dec_cuda = next(g for g in sc["groups"] if g["family"] == "decode/cuda")
+    assert dec_cuda["l2_median"] == pytest.approx(abs(1 / 1.1 - 1))
+    # the Pallas record measured at 1 us is a miss far above 30%; no stated cause matches it
+    assert [m["impl"] for m in sc["misses"]] == ["pallas:v6_splitkv:faithful"]
+    assert sc["misses"][0]["cause"] == "open"
+    assert scorecard.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| NVIDIA H200 | decode/cuda | 1 |" in out and "misses above 30% (1)" in out and "open" in out
