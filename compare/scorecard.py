@@ -29,11 +29,14 @@ __all__ = ["CAUSES", "rows", "scorecard", "render", "main"]
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
 CAUSES: tuple[tuple[str, str, str], ...] = (
+    ("pallas:fa_decode", "paged_", "ragged lengths: layer 2 charges every sequence at kv_len (the plan cannot "
+     "see runtime lengths); they are drawn in [kv_len/2, kv_len], mean 3/4, so KV bytes are over-counted ~4/3"),
+    ("pallas:v5_wmma:faithful", "ref_decode_", "same 2-warp d128 plan as the prefill miss: per-block latency "
+     "scales with work per warp"),
+    ("pallas:v5_wmma:faithful", "peer_prefill_", "d128 faithful plan (BM=32, 2 warps), as on ref_prefill_n*_d128"),
     ("pallas:v5_wmma:faithful", "ref_prefill_n", "d128 faithful plan (BM=32, 2 warps): a key block's latency "
      "grows with the work per warp, which layer 2 prices per block, not per warp (fitted on the 4-warp d64 "
      "plan); at Tq=8192 the L2 term binds instead and under-counts the 2-warp programs' re-reads"),
-    ("pallas:v5_wmma:faithful", "ref_decode_", "same 2-warp d128 plan as the prefill miss: per-block latency "
-     "scales with work per warp"),
     ("pallas:v5_wmma:tuned", "ref_prefill_causal", "causal: programs on the diagonal do 1/2 the blocks of the "
      "average; the busiest SM's share is larger than the mean visible fraction layer 2 charges"),
     ("pallas:v5_wmma", "ref_prefill_causal", "causal imbalance (see the tuned row)"),
