@@ -86,6 +86,10 @@ GENERATIONS: tuple[Generation, ...] = (
     Generation("fa_train", "frontier_prefill", "v5_wmma",
                "training attention: forward saving the LSE + dK/dV and dQ backward kernels; GQA, causal, "
                "per-sequence lengths, local window; fp16 / bf16 / fp32", "docs/dropin.md", _D, frontier=True),
+    Generation("fa_prefill", "frontier_prefill", "v5_wmma",
+               "Hopper forward in Mosaic GPU: TMA K/V ring, wgmma, producer + two consumer warpgroups, "
+               "software-pipelined softmax; GQA, causal with offset, any length, LSE; fp16 / bf16",
+               "docs/fa_prefill.md", _D, frontier=True),
 )
 
 _BY_ID = {g.id: g for g in GENERATIONS}

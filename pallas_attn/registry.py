@@ -62,6 +62,7 @@ ROWS: tuple[Row, ...] = (
     Row("v8_gqa_ss", "v8_gqa_ss"),
     Row("fa_decode", "fa_decode"),
     Row("fa_train", "fa_train"),
+    Row("fa_prefill", "fa_prefill"),
 )
 _BY_ID = {r.generation: r for r in ROWS}
 

@@ -99,19 +99,22 @@ CONFIGS = {
     "default": PrefillConfig(),
     "pingpong": PrefillConfig(pingpong=True),
     "serial": PrefillConfig(overlap=False),
-    "kv64": PrefillConfig(block_kv=64, stages=3),
 }
 
 
-def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig) -> int:
+def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True) -> int:
     """Shared memory of one CTA: two Q/O tiles, the K and V rings, the LSE staging and the barriers."""
-    return (2 * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize + 2 * cfg.block_q * 4 + 1024
+    tiles = (2 * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize
+    # + Mosaic GPU's own scratch (2 KiB of reduction space by default), the barriers and alignment
+    return tiles + (2 * cfg.block_q * 4 if with_lse else 0) + 2700
 
 
 def _heuristic(p: Problem) -> PrefillConfig:
-    cfg = CONFIGS["default"]
+    # measured on an H100 (docs/fa_prefill.md): the pipelined consumers win without a mask (580 vs 448
+    # TFLOP/s at B4 H16 N4096 D128), the serial ones with the causal mask (504 vs 464)
+    cfg = CONFIGS["serial"] if p.causal else CONFIGS["default"]
     if smem_bytes(p.head_dim, 2, cfg) > _SMEM_LIMIT:  # D=256: 64-key tiles, two stages
-        cfg = PrefillConfig(block_kv=64, stages=2)
+        cfg = dataclasses.replace(cfg, block_kv=64, stages=2)
     return cfg
 
 
@@ -183,7 +186,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             o_ref, lse_ref, *scratch = rest
         else:
             (o_ref, *scratch), lse_ref = rest, None
-        qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
+        if with_lse:
+            qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
+        else:
+            (qo_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn), lse_smem = scratch, None
         # heavy (late, causal) row tiles first: the grid's first axis is launched first
         qi = n_qblocks - 1 - lax.axis_index("q")
         h = lax.axis_index("h")
@@ -397,7 +403,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         _smem_tile((2, bq, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
-        plgpu.SMEM((2, bq), jnp.float32),
+        *([plgpu.SMEM((2, bq), jnp.float32)] if with_lse else []),
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
         plgpu.Barrier(num_arrivals=1, num_barriers=ns),
         plgpu.Barrier(num_arrivals=1, num_barriers=ns),
@@ -524,6 +530,10 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
     cfg = config
+    if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
+        raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
+                         f"bytes of shared memory at D={d} (limit {_SMEM_LIMIT}); use fewer stages or a smaller "
+                         f"block_kv")
     off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
     kp, vp = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv)
     if interpret:

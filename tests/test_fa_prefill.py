@@ -1,0 +1,116 @@
+"""fa_prefill on the CPU: its contract and refusals, its interpret-mode twin against the float64 oracle, and
+its Mosaic GPU kernel lowering for CUDA (the kernel itself runs in tests/gpu/test_fa_prefill_gpu.py)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_attn
+from attn_core import oracle
+from pallas_attn import api
+from pallas_attn.kernels import fa_prefill as fp
+from pallas_attn.kernels.contract import Problem
+
+K = fp.KERNEL
+
+
+def _p(**kw):
+    base = dict(entry="dense", dtype="float16", batch=1, q_len=256, kv_len=256, heads_q=4, heads_kv=4, head_dim=128)
+    base.update(kw)
+    return Problem(**base)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(dtype="float32"), "dtypes"),
+    (dict(head_dim=96), "head dims"),
+    (dict(heads_q=6, heads_kv=4), "multiple of Hkv"),
+    (dict(entry="paged", page_size=16), "serves"),
+    (dict(kv_len=0), "at least one key"),
+])
+def test_supports_refuses_with_a_reason(kw, match):
+    ok, why = K.supports(_p(**kw))
+    assert not ok and re.search(match, why), why
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(head_dim=64, heads_q=8, heads_kv=2), dict(head_dim=256, causal=True),
+                                dict(dtype="bfloat16", q_len=1, kv_len=7)])
+def test_supports_accepts(kw):
+    assert K.supports(_p(**kw)) == (True, "")
+
+
+def test_heuristic_and_config_validation():
+    assert K.config(None, _p(causal=False)).overlap and not K.config(None, _p(causal=True)).overlap
+    big = K.config(None, _p(head_dim=256))
+    assert fp.smem_bytes(256, 2, big) <= fp._SMEM_LIMIT and big.block_kv == 64
+    for bad in (dict(block_q=128), dict(block_kv=96), dict(stages=1), dict(consumer_regs=250), dict(pingpong=1)):
+        with pytest.raises(ValueError, match="PrefillConfig"):
+            fp.PrefillConfig(**bad)
+    q = jnp.zeros((1, 64, 2, 256), jnp.float16)
+    with pytest.raises(ValueError, match="shared memory"):  # too big for an H100 block: refused, not truncated
+        fp.forward(q, q, q, causal=False, scale=1.0, q_offset=jnp.zeros((1,), jnp.int32), interpret=False,
+                   config=fp.PrefillConfig(block_kv=128, stages=2), return_lse=False)
+
+
+def _rand(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
+
+
+# b, tq, tk, hq, hkv, d, causal, offsets, dtype: odd lengths, Tq != Tk, GQA, negative and per-sequence offsets
+_CASES = [
+    (2, 70, 130, 4, 2, 64, True, (0, 60), "float16"),
+    (1, 64, 200, 2, 1, 128, False, (0,), "bfloat16"),
+    (2, 40, 30, 2, 2, 64, True, (-5, 3), "float16"),
+    (1, 129, 129, 2, 2, 64, True, (0,), "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: "-".join(map(str, c)))
+def test_interpret_twin_matches_the_oracle(rng, case):
+    b, tq, tk, hq, hkv, d, causal, offs, dt = case
+    q, k, v = _rand(rng, (b, tq, hq, d), dt), _rand(rng, (b, tk, hkv, d), dt), _rand(rng, (b, tk, hkv, d), dt)
+    o, lse = pallas_attn.attention(q, k, v, causal=causal, q_offset=jnp.asarray(offs, jnp.int32),
+                                   generation="fa_prefill", interpret=True, return_lse=True)
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == (b, hq, tq) and lse.dtype == jnp.float32
+    ro, rl = oracle.attention_reference(q, k, v, causal=causal, q_offset=np.asarray(offs))
+    o = np.asarray(jnp.asarray(o, jnp.float32), np.float64)
+    lse = np.asarray(lse, np.float64)
+    tol = 2e-2 if dt == "bfloat16" else 4e-3
+    assert np.linalg.norm(o - ro) / np.linalg.norm(ro) < tol
+    fin = np.isfinite(rl)
+    assert np.array_equal(np.isfinite(lse), fin)
+    assert np.abs(lse[fin] - rl[fin]).max() < 1e-3
+    if not fin.all():  # rows that see no key (negative offset): zero output, LSE -inf
+        assert np.all(o[~fin.transpose(0, 2, 1)] == 0.0)
+        assert np.all(lse[~fin] == -np.inf)
+
+
+def test_nan_row_stays_in_its_row(rng):
+    q, k = _rand(rng, (1, 64, 2, 64), "float16"), _rand(rng, (1, 80, 1, 64), "float16")
+    q = q.at[0, 7, 1, 3].set(jnp.nan)
+    o = np.asarray(jnp.asarray(pallas_attn.attention(q, k, k, generation="fa_prefill", interpret=True), jnp.float32))
+    assert np.all(np.isnan(o[0, 7, 1]))
+    mask = np.ones(o.shape[:3], bool)
+    mask[0, 7, 1] = False
+    assert np.all(np.isfinite(o[mask]))
+
+
+@pytest.mark.parametrize("cfg", ["default", "serial", "pingpong"])
+def test_mosaic_kernel_lowers_for_cuda(cfg):
+    """The Mosaic GPU kernel (not the twin) lowers on this CPU machine: a GQA, causal, ragged shape with LSE."""
+    q = jax.ShapeDtypeStruct((2, 200, 4, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 333, 2, 64), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def f(q, k, off):
+        return api.attention(q, k, k, causal=True, q_offset=off, generation="fa_prefill", config=cfg,
+                             interpret=False, return_lse=True)
+
+    text = jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert fp.PASS_FWD in names and names <= set(K.passes), names
+    assert fp.PASS_FALLBACK not in names
