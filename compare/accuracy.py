@@ -1,12 +1,13 @@
 """Agreement: every output against the float64 oracle (``attn_core.oracle``), and twin against twin.
 
 The oracle runs on the CPU in float64, which is too slow for the full output at real shapes, so it is
-computed on a *subset* chosen to catch the usual indexing bugs: the first and last batch element, the
-first and last query head (with the KV heads they map to under GQA), and all query rows when there are at
-most ``max_rows``, else the first and the last ``max_rows/2`` rows (the last rows see the most keys under a
-causal mask). Every implementation is compared on the same subset; the record names it
-(``agreement.subset``). Twins (Pallas and CUDA of one generation) are compared on the full output, on the
-device.
+computed on a *subset of rows*, over **every batch element and every query head** (a kernel that indexes
+one batch or head wrong is caught wherever it sits): all query rows when there are at most ``max_rows``
+and the work fits ``max_macs``, else a seeded sample of row ranges that always holds the first and the last
+rows (the last see the most keys under a causal mask). Only when one row over every (batch, head) is
+already more than ``max_macs`` are batches and heads sampled too (seeded, first and last always in). Every
+implementation is compared on the same subset; the record names it (``agreement.subset``). Twins
+(Pallas and CUDA of one generation) are compared on the full output, on the device.
 
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
@@ -60,15 +61,46 @@ class Subset:
         return reference.to_f64(sub)
 
 
-def choose_subset(w, *, max_rows: int = 256) -> Subset:
-    batches = tuple(sorted({0, w.batch - 1}))
-    heads = tuple(sorted({0, w.heads_q - 1}))
-    if w.q_len <= max_rows:
-        rows: tuple[tuple[int, int], ...] = ((0, w.q_len),)
+def _sample(n: int, k: int, rng: np.random.Generator) -> tuple[int, ...]:
+    """``k`` of ``range(n)``, sorted, always holding 0 and n - 1."""
+    if k >= n:
+        return tuple(range(n))
+    ends = {0, n - 1}
+    rest = rng.choice(np.arange(1, n - 1), size=max(0, k - len(ends)), replace=False) if n > 2 else []
+    return tuple(sorted(ends | {int(x) for x in rest}))
+
+
+def _row_ranges(tq: int, n: int, rng: np.random.Generator) -> tuple[tuple[int, int], ...]:
+    """About ``n`` of ``tq`` rows as up to four disjoint ranges: the first, the last, two seeded between."""
+    if n >= tq:
+        return ((0, tq),)
+    c = max(1, n // 4)
+    starts = {0, tq - c}
+    between = min(2, max(0, n // c - 2))  # ranges between the first and the last, within about n rows
+    if between and tq - 2 * c > c:
+        starts |= {int(x) for x in rng.integers(c, tq - 2 * c + 1, size=between)}
+    out: list[list[int]] = []
+    for s0 in sorted(starts):
+        if out and s0 <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], s0 + c)
+        else:
+            out.append([s0, s0 + c])
+    return tuple((a, min(b, tq)) for a, b in out)
+
+
+def choose_subset(w, *, max_rows: int = 256, max_macs: float = 2e9, seed: int = 0) -> Subset:
+    """Every batch and query head, the rows sampled to keep the float64 oracle under ``max_macs``."""
+    rng = np.random.default_rng(seed)
+    per_row = w.batch * w.heads_q * w.kv_len * w.head_dim  # multiply-adds of QK^T for one row everywhere
+    batches, heads = tuple(range(w.batch)), tuple(range(w.heads_q))
+    if per_row > max_macs:  # even one row everywhere is too much: sample batches and heads too
+        share = max_macs / per_row
+        batches = _sample(w.batch, max(2, int(np.ceil(w.batch * np.sqrt(share)))), rng)
+        heads = _sample(w.heads_q, max(2, int(np.ceil(w.heads_q * np.sqrt(share)))), rng)
+        n_rows = 2
     else:
-        half = max_rows // 2
-        rows = ((0, half), (w.q_len - half, w.q_len))
-    return Subset(batches, heads, rows)
+        n_rows = int(min(w.q_len, max_rows, max(2, max_macs // per_row)))
+    return Subset(batches, heads, _row_ranges(w.q_len, n_rows, rng))
 
 
 def oracle(w, inp, subset: Subset) -> np.ndarray:
@@ -79,7 +111,10 @@ def oracle(w, inp, subset: Subset) -> np.ndarray:
     ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says.
     """
     g = w.heads_q // w.heads_kv
-    kv_heads = [h // g for h in subset.heads]
+    if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
+        kv_heads = list(range(w.heads_kv))
+    else:  # a sample of heads: each gets its own KV head (expanded), so the oracle sees Hq == Hkv
+        kv_heads = [h // g for h in subset.heads]
     q_all = inp.q
     outs = []
     for b in subset.batches:
@@ -97,17 +132,39 @@ def oracle(w, inp, subset: Subset) -> np.ndarray:
             vd = reference.gather_paged_kv(inp.v_pool[idx][:, :, kh], local, n)[None][:, :, hmap]
             base_offset = n - w.q_len
         else:
-            kh = jnp.asarray(kv_heads)  # slice on the device: only the needed heads reach the host
-            kd = reference.to_f64(inp.k[b:b + 1][:, :, kh])
-            vd = reference.to_f64(inp.v[b:b + 1][:, :, kh])
+            if kv_heads == list(range(w.heads_kv)):  # every head: no gather
+                kd, vd = reference.to_f64(inp.k[b:b + 1]), reference.to_f64(inp.v[b:b + 1])
+            else:
+                kh = jnp.asarray(kv_heads)  # slice on the device: only the needed heads reach the host
+                kd = reference.to_f64(inp.k[b:b + 1][:, :, kh])
+                vd = reference.to_f64(inp.v[b:b + 1][:, :, kh])
             base_offset = w.q_offset
-        parts = []
-        for r0, r1 in subset.rows:
-            o, _ = reference.attention_reference(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale,
-                                                 q_offset=base_offset + r0)
-            parts.append(o)
+        parts = [_reference_rows(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale, q_offset=base_offset + r0)
+                 for r0, r1 in subset.rows]
         outs.append(np.concatenate(parts, axis=1))
     return np.concatenate(outs, axis=0)
+
+
+def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
+    """``attention_reference`` on one row range ``q [1, n, Hq, D]`` against ``k, v [1, Tk, Hkv, D]``, without
+    materializing K/V once per query head: a causal single row sees keys ``<= q_offset``, which is the
+    non-causal problem on those keys; a non-causal GQA problem folds each KV head's query heads into rows
+    (``Hkv`` problems of ``G x n`` rows and one head). Same float64 math, per row, as the direct call."""
+    n = q.shape[1]
+    if causal and n == 1:
+        k, v, causal = k[:, : max(0, q_offset + 1)], v[:, : max(0, q_offset + 1)], False
+    hq, hkv = q.shape[2], k.shape[2]
+    g = hq // hkv
+    if causal or g == 1 or k.shape[1] == 0:
+        o, _ = reference.attention_reference(q, k, v, causal=causal, scale=scale, q_offset=q_offset)
+        return o
+    d = q.shape[3]
+    outs = []
+    for j in range(hkv):
+        qj = np.asarray(q[:, :, j * g:(j + 1) * g]).transpose(0, 2, 1, 3).reshape(1, g * n, 1, d)
+        oj, _ = reference.attention_reference(qj, k[:, :, j:j + 1], v[:, :, j:j + 1], scale=scale)
+        outs.append(oj.reshape(1, g, n, -1).transpose(0, 2, 1, 3))
+    return np.concatenate(outs, axis=2)
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:

@@ -107,14 +107,23 @@ def test_tolerance_by_precision():
 
 @pytest.mark.parametrize("causal,q_offset", [(False, 0), (True, 0), (True, 37)])
 def test_oracle_subset_matches_full_reference(causal, q_offset):
-    # 300 rows > 256: the subset takes the first and last 128 rows, with the causal offset shifted.
+    # 300 rows > 256: every batch and head, sampled row ranges (first and last rows always in), with the
+    # causal offset shifted per range.
     w = _wl(batch=3, heads_q=6, heads_kv=2, q_len=300, kv_len=350, causal=causal, q_offset=q_offset)
     inp = interop.make_inputs(w)
     sub = accuracy.choose_subset(w)
-    assert sub.batches == (0, 2) and sub.heads == (0, 5) and sub.rows == ((0, 128), (172, 300))
+    assert sub.batches == (0, 1, 2) and sub.heads == tuple(range(6))
+    assert sub.rows[0][0] == 0 and sub.rows[-1][1] == 300 and len(sub.rows) >= 3
+    assert all(a[1] < b[0] for a, b in zip(sub.rows, sub.rows[1:]))  # disjoint, ordered
+    assert 64 < sum(b - a for a, b in sub.rows) <= 256
     full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=causal, scale=inp.scale, q_offset=q_offset)
     ref = accuracy.oracle(w, inp, sub)
     np.testing.assert_allclose(ref, sub.take(full), rtol=0, atol=1e-12)
+    # over the oracle budget even for one row: batches and heads sampled too, seeded, ends always in
+    small = accuracy.choose_subset(w, max_macs=1e4)
+    assert small.batches[0] == 0 and small.batches[-1] == 2 and small.heads[0] == 0 and small.heads[-1] == 5
+    assert small == accuracy.choose_subset(w, max_macs=1e4) and small.rows == ((0, 1), (299, 300))
+    np.testing.assert_allclose(accuracy.oracle(w, inp, small), small.take(full), rtol=0, atol=1e-12)
 
 
 def test_paged_oracle_matches_dense_on_ragged_lengths():
