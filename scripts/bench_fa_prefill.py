@@ -70,6 +70,11 @@ def _oracle_check(fp, cfg, dtype, rng) -> list[str]:
 
 
 def _ours(q, k, v, *, fp, causal, scale, off, cfg):
+    if cfg is None:  # the public entry with the kernel's heuristic config
+        import pallas_attn
+
+        return pallas_attn.attention(q, k, v, causal=causal, scale=scale, q_offset=off, generation="fa_prefill",
+                                     interpret=False)
     return fp.forward(q, k, v, causal=causal, scale=scale, q_offset=off, interpret=False, config=cfg)
 
 
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
     flush = timing.default_flush_bytes(50 * 2**20)
 
     def cfg_of(name):
+        if name == "auto":
+            return None
         if "=" in name or ":" in name:  # inline: block_kv=128:stages=3:pingpong=1
             kw = {}
             for part in name.split(":"):
