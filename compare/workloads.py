@@ -98,8 +98,13 @@ _FIELDS = {f.name for f in dataclasses.fields(Workload)} - {"source"}
 
 
 def config_dir() -> Path:
-    """``configs/`` of the checkout (the package is run from the checkout; see README)."""
-    return Path(__file__).resolve().parent.parent / "configs"
+    """The shipped configs: ``compare/configs`` (package data in an installed wheel; a link to the checkout's
+    ``configs/`` in a checkout), else the checkout's ``configs/`` itself."""
+    here = Path(__file__).parent
+    packaged = here / "configs"
+    if packaged.is_dir():
+        return packaged
+    return here.resolve().parent / "configs"
 
 
 def resolve_config(path_or_name: str | Path) -> Path:

@@ -241,3 +241,34 @@ def test_decode_gqa_peer_is_timed_without_its_kv_transposes():
     assert prep.args[1].shape == (b, hkv, t, d)  # the timed call receives the transposed layout
     ref = decode_attention.gqa(inp.q[:, 0], inp.k, inp.v, sm_scale=inp.scale, k_splits=4, interpret=True)
     np.testing.assert_allclose(np.asarray(prep.fn(*prep.args)), np.asarray(ref), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- 7. configs ship with compare
+
+
+def test_configs_ship_as_package_data(tmp_path):
+    """The packages copied as a wheel installs them (links resolved), run from another folder: --config smoke
+    is found in compare's package data, not in a checkout."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert "configs/*.toml" in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["compare"]
+    site = tmp_path / "site"
+    for pkg in ("compare", "attn_core", "pallas_attn", "cuda_ref"):
+        shutil.copytree(root / pkg, site / pkg, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    assert (site / "compare" / "configs" / "smoke.toml").is_file() and not (site / "configs").exists()
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    code = ("from compare import workloads; d = workloads.config_dir(); ws = workloads.load_config('smoke'); "
+            "print(d, len(ws))")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    where, n = p.stdout.split()
+    assert Path(where) == site / "compare" / "configs" and int(n) >= 5
