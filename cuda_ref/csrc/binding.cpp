@@ -142,15 +142,6 @@ void check_row_support(const GenInfo& g, const torch::Tensor& q, const torch::Te
                               msg(g.name, " does not write the log-sum-exp (generations.def: writes_lse = 0)"));
 }
 
-// The split plan of a split-KV row (docs/reference.md §2.0, §2.8, §2.9): the heuristic counts the partial
-// kernel's CTAs, B*H_kv (one per KV head) x ceil(G*N_q / rows) packed row tiles, rows = the row's tile_m at this
-// head dim (8; 16 for v8_gqa_tc). For the MHA rows (v6, v7; G = 1) that is v6's B*H x ceil(N_q / 8).
-SplitPlan split_plan_for(const GenInfo& g, int64_t batch, int64_t h_q, int64_t h_kv, int64_t n_q, int64_t n_k,
-                         int64_t head_dim, int sms) {
-  const int rows = head_dim <= 64 ? g.tile_m_d64 : g.tile_m_d128;
-  return choose_splits(batch * h_kv, (h_q / h_kv) * n_q, n_k, rows, sms);
-}
-
 // Operands as the kernels take them: contiguous, and fp16 for fp16-operand rows (the reference casts on the
 // host, inside the timed call, and so do we).
 torch::Tensor prepare(const torch::Tensor& x, const GenInfo& g) {

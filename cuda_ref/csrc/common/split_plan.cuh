@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "generations.cuh"
+
 namespace cuda_ref {
 
 // The constants of attn_core.splits (a CPU test parses these lines and compares). The SM count is the
@@ -39,6 +41,16 @@ __host__ __device__ inline SplitPlan choose_splits(int64_t bh, int64_t n_q, int6
   if (s > kSplitCap) s = kSplitCap;
   const int64_t chunk = ceil_div64(n_k, s);
   return {static_cast<int>(s), static_cast<int>(chunk)};
+}
+
+// The plan a split-KV row launches with (docs/reference.md §2.0, §2.8, §2.9): the heuristic counts the partial
+// kernel's CTAs, B*H_kv (one per KV head) x ceil(G*N_q / rows) packed row tiles, rows = the row's tile_m at this
+// head dim (8; 16 for v8_gqa_tc). For the MHA rows (v6, v7; G = 1) that is v6's B*H x ceil(N_q / 8). Mirrored by
+// cuda_ref.api.split_plan (a CPU test compiles this and compares).
+inline SplitPlan split_plan_for(const GenInfo& g, int64_t batch, int64_t h_q, int64_t h_kv, int64_t n_q, int64_t n_k,
+                                int64_t head_dim, int num_sm) {
+  const int rows = head_dim <= 64 ? g.tile_m_d64 : g.tile_m_d128;
+  return choose_splits(batch * h_kv, (h_q / h_kv) * n_q, n_k, rows, num_sm);
 }
 
 }  // namespace cuda_ref
