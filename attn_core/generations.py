@@ -81,8 +81,9 @@ GENERATIONS: tuple[Generation, ...] = (
                "§2.17", _M),
     # --- frontier ------------------------------------------------------------------------------------------
     Generation("fa_decode", "frontier_decode", "v8_gqa_ss",
-               "GQA decode at the HBM ceiling: packed heads on tensor cores, wide split-KV, dense and paged",
-               "docs/fa_decode.md", _D | _P, frontier=True),
+               "GQA decode at the HBM ceiling: packed heads on tensor cores, wide split-KV, dense and paged; "
+               "fp16, fp8 or NVFP4 KV",
+               "docs/fa_decode.md", _D | _P | _Q, frontier=True),
     Generation("fa_train", "frontier_prefill", "v5_wmma",
                "training attention: forward saving the LSE + dK/dV and dQ backward kernels; GQA, causal, "
                "per-sequence lengths, local window; fp16 / bf16 / fp32", "docs/dropin.md", _D, frontier=True),

@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import _compat, registry
+from . import _compat, quant, registry
 from .kernels import seqlen
 from .kernels.contract import Problem
 
@@ -64,7 +64,9 @@ def _check_scale(scale, d: int) -> float:
 
 
 def validate_dense(q, k, v, *, causal: bool, scale) -> float:
-    """Shape/dtype checks of the dense entry. Returns the effective scale."""
+    """Shape/dtype checks of the dense entry. Returns the effective scale. k, v may be a quantized pair
+    (``pallas_attn.quant`` Fp8Tensor / Nvfp4Tensor): their fields are checked, then their logical shape."""
+    k, v = quant.kv_view(q, k, v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x, 4, "[B, T, H, D] (BTNH)")
         if _dtype_name(x) not in _FLOAT_DTYPES:
@@ -87,8 +89,10 @@ def validate_dense(q, k, v, *, causal: bool, scale) -> float:
 
 
 def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale) -> float:
-    """Checks of the paged entry (pools ``[num_blocks, page, Hkv, D]``, int32 tables). Returns the scale."""
+    """Checks of the paged entry (pools ``[num_blocks, page, Hkv, D]``, int32 tables). Returns the scale.
+    The pools may be a quantized pair (Fp8Tensor / Nvfp4Tensor of that logical shape, ``pallas_attn.quant``)."""
     _check_array("q", q, 4, "[B, Tq, Hq, D] (BTNH)")
+    k_pool, v_pool = quant.kv_view(q, k_pool, v_pool, ("k_pool", "v_pool"))
     for name, x in (("k_pool", k_pool), ("v_pool", v_pool)):
         _check_array(name, x, 4, "[num_blocks, page_size, Hkv, D]")
     if k_pool.shape != v_pool.shape:
@@ -119,14 +123,17 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, sca
 
 
 def problem_dense(q, k, *, causal: bool) -> Problem:
-    return Problem(entry="dense", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1], kv_len=k.shape[1],
-                   heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], causal=causal)
+    fmt = quant.kv_format(k)  # a quantized cache is the "quantized" entry, served by the dense function
+    return Problem(entry="quantized" if fmt else "dense", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
+                   kv_len=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], causal=causal,
+                   kv_dtype=fmt)
 
 
 def problem_paged(q, k_pool, block_table, *, causal: bool) -> Problem:
-    return Problem(entry="paged", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
+    fmt = quant.kv_format(k_pool)  # a quantized pool is the "quantized" entry, served by the paged function
+    return Problem(entry="quantized" if fmt else "paged", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
                    kv_len=block_table.shape[1] * k_pool.shape[1], heads_q=q.shape[2], heads_kv=k_pool.shape[2],
-                   head_dim=q.shape[3], causal=causal, page_size=k_pool.shape[1])
+                   head_dim=q.shape[3], causal=causal, page_size=k_pool.shape[1], kv_dtype=fmt)
 
 
 def resolve(generation: str, problem: Problem, config):
@@ -224,7 +231,8 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
                     q_offset=None, generation: str = "fa_decode", interpret: bool | None = None, config=None,
                     return_lse: bool = False, check_block_table: bool = True):
     """Paged-KV attention (ragged batch). q ``[B, Tq, Hq, D]``; pools ``[num_blocks, page, Hkv, D]``;
-    block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``.
+    block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``. The pools may be quantized
+    (``pallas_attn.quant.Fp8Tensor`` / ``Nvfp4Tensor`` of that logical shape; generations serving "quantized").
 
     Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
     ``j <= i + q_offset[b]``; ``q_offset=None`` (default) means ``kv_lens - Tq`` (decode: the last query sits

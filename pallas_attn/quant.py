@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from attn_core import formats as _ref
+from attn_core import paging as _paging
 
 __all__ = [
     "Fp8Tensor",
@@ -40,6 +41,8 @@ __all__ = [
     "quantize_nvfp4",
     "dequantize_nvfp4",
     "kv_format",
+    "kv_view",
+    "build_paged_quantized",
 ]
 
 E4M3_MAX = _ref.E4M3_MAX
@@ -110,6 +113,40 @@ QuantizedKV = (Fp8Tensor, Nvfp4Tensor)
 def kv_format(x) -> str | None:
     """``"fp8_e4m3"`` / ``"nvfp4"`` for a quantized tensor, None for anything else (a plain array)."""
     return x.kind if isinstance(x, QuantizedKV) else None
+
+
+def _check_fields(name: str, t) -> None:
+    fields = ("data",) if isinstance(t, Fp8Tensor) else ("packed", "micro")
+    for f in fields:
+        a = getattr(t, f)
+        if not hasattr(a, "dtype") or jnp.dtype(a.dtype) != jnp.uint8:
+            raise ValueError(f"{name}.{f} must be a uint8 array; got {getattr(a, 'dtype', type(a).__name__)}")
+    sc = t.scale
+    if not hasattr(sc, "dtype") or jnp.dtype(sc.dtype) != jnp.float32 or tuple(jnp.shape(sc)) != ():
+        raise ValueError(f"{name}.scale must be a float32 scalar; got {getattr(sc, 'dtype', type(sc).__name__)} "
+                         f"shape {tuple(jnp.shape(sc))}")
+    if isinstance(t, Nvfp4Tensor):
+        p, m = t.packed, t.micro
+        if p.ndim < 1 or (2 * p.shape[-1]) % NVFP4_BLOCK or tuple(m.shape) != (*p.shape[:-1],
+                                                                               2 * p.shape[-1] // NVFP4_BLOCK):
+            raise ValueError(f"{name}: NVFP4 needs packed [..., D/2] and micro [..., D/16] with D % 16 == 0; got "
+                             f"packed {tuple(p.shape)}, micro {tuple(m.shape)}")
+
+
+def kv_view(q, k, v, names: tuple[str, str] = ("k", "v")):
+    """What the API's shape checks see of a K/V pair: a quantized pair (both the same type, fields checked) as
+    ``ShapeDtypeStruct``s of its logical shape in q's dtype; plain arrays are returned unchanged. A mix of a
+    quantized and a plain tensor, or of two formats, raises ValueError naming both."""
+    fk, fv = kv_format(k), kv_format(v)
+    if fk is None and fv is None:
+        return k, v
+    if fk != fv:
+        raise ValueError(f"{names[0]} and {names[1]} must be stored alike (both plain, both Fp8Tensor or both "
+                         f"Nvfp4Tensor); got {fk or type(k).__name__}, {fv or type(v).__name__}")
+    _check_fields(names[0], k)
+    _check_fields(names[1], v)
+    dt = getattr(q, "dtype", jnp.float16)
+    return jax.ShapeDtypeStruct(k.shape, dt), jax.ShapeDtypeStruct(v.shape, dt)
 
 
 def _as_float32(x, name: str) -> jax.Array:
@@ -249,3 +286,22 @@ def dequantize_nvfp4(t: Nvfp4Tensor) -> jax.Array:
     signed = jnp.where((codes & 8) != 0, -level, level)
     micro_el = jnp.repeat(e4m3_to_float(micro), NVFP4_BLOCK, axis=-1)
     return (signed * micro_el) * t.scale.astype(jnp.float32)
+
+
+def build_paged_quantized(k, v, page_size: int, *, seed: int = 0, kv_lens=None):
+    """Page a quantized dense cache (quantize first, then page, as the reference's builders do): ``k``, ``v``
+    both Fp8Tensor or both Nvfp4Tensor of logical shape ``[B, Tk, Hkv, D]``. Every field is paged with
+    ``attn_core.paging.build_paged_kv`` under the same seed (one permutation for data, packed and micro
+    pools). Returns ``(k_pool, v_pool, block_table)`` with the pools of the same type (scales unchanged)."""
+    fmt = kv_format(k)
+    if fmt is None or kv_format(v) != fmt:
+        raise ValueError(f"k and v must both be Fp8Tensor or both Nvfp4Tensor; got {type(k).__name__}, "
+                         f"{type(v).__name__}")
+    fields = ("data",) if fmt == "fp8_e4m3" else ("packed", "micro")
+    pools_k, pools_v, table = {}, {}, None
+    for f in fields:
+        kp, vp, table = _paging.build_paged_kv(np.asarray(getattr(k, f)), np.asarray(getattr(v, f)), page_size,
+                                               seed=seed, kv_lens=kv_lens)
+        pools_k[f], pools_v[f] = jnp.asarray(kp), jnp.asarray(vp)
+    cls = type(k)
+    return (cls(**pools_k, scale=k.scale), cls(**pools_v, scale=v.scale), jnp.asarray(table))

@@ -205,7 +205,7 @@ def test_public_api_dense_and_paged_under_jit(rng):
 def test_registry_row_is_built_and_declares_its_dataflow():
     k = registry.kernel("fa_decode")
     assert k is fd.KERNEL and k.gqa and k.max_q_len == 16 and set(k.head_dims) == {64, 128, 256}
-    assert k.lowering == "triton" and k.entries == {"dense", "paged"}
+    assert k.lowering == "triton" and k.entries == {"dense", "paged", "quantized"}  # tests/test_fa_decode_quant.py
     assert k.passes == ("pallas_attn_fa_decode_partial", "pallas_attn_fa_decode_merge")
 
 

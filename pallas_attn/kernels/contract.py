@@ -92,6 +92,8 @@ class RooflineInputs:
     materialize_s: bool = False
     tile: tuple[int, int] = (1, 1)
     tensor_cores: bool = False
+    # quantized KV: ALU instructions per KV element spent decoding it (the roofline's dequant bound)
+    dequant_ops: float = 0.0
 
 
 def _no_plan(problem: Problem, config: Any) -> Mapping[str, Any]:
@@ -122,6 +124,12 @@ class Kernel:
     heuristic: Callable[[Problem], Any] | None = None
     # (problem, config) -> the launch plan (grid, splits, waves ...), recorded by compare
     plan: Callable[[Problem, Any], Mapping[str, Any]] = _no_plan
+    # the "quantized" entry: KV storage format (Problem.kv_dtype, e.g. "fp8_e4m3", "nvfp4") -> how the kernel
+    # computes on it (operand = the storage precision the roofline charges), the q dtypes it takes with a
+    # quantized cache, and the ALU instructions per KV element its decode costs
+    kv_precision: Mapping[str, Precision] = dataclasses.field(default_factory=dict)
+    quantized_q_dtypes: tuple[str, ...] = ("float16",)
+    kv_dequant_ops: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.lowering not in LOWERINGS:
@@ -129,6 +137,10 @@ class Kernel:
         object.__setattr__(self, "entries", frozenset(self.entries))
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
         object.__setattr__(self, "precision", MappingProxyType(dict(self.precision)))
+        object.__setattr__(self, "kv_precision", MappingProxyType(dict(self.kv_precision)))
+        object.__setattr__(self, "kv_dequant_ops", MappingProxyType(dict(self.kv_dequant_ops)))
+        if ("quantized" in self.entries) != bool(self.kv_precision):
+            raise ValueError(f"{self.name}: serves 'quantized' iff it declares kv_precision")
         if not self.entries or not self.entries <= set(ENTRIES):
             raise ValueError(f"{self.name}: entries must be a non-empty subset of {ENTRIES}; got {self.entries}")
         if ("dense" in self.entries) != (self.dense is not None):
@@ -155,6 +167,10 @@ class Kernel:
             return False, f"{self.name} takes dtypes {self.dtypes}; got {p.dtype}"
         if p.kv_dtype not in (None, p.dtype) and p.entry != "quantized":
             return False, f"{self.name} takes KV in q's dtype; got kv_dtype={p.kv_dtype}"
+        if p.entry == "quantized" and p.kv_dtype not in self.kv_precision:
+            return False, f"{self.name} reads KV formats {sorted(self.kv_precision)}; got kv_dtype={p.kv_dtype}"
+        if p.entry == "quantized" and p.dtype not in self.quantized_q_dtypes:
+            return False, f"{self.name} takes q dtypes {self.quantized_q_dtypes} with a quantized KV; got {p.dtype}"
         if self.head_dims is not None and p.head_dim not in self.head_dims:
             return False, f"{self.name} supports head dims {self.head_dims}; got D={p.head_dim}"
         if p.heads_q != p.heads_kv and not self.gqa:
@@ -190,10 +206,13 @@ class Kernel:
 
     def roofline(self, p: Problem, config: Any = None) -> RooflineInputs:
         prec = self.precision_for(p.dtype)
+        ops = 0.0
+        if p.entry == "quantized" and p.kv_dtype in self.kv_precision:
+            prec, ops = self.kv_precision[p.kv_dtype], float(self.kv_dequant_ops.get(p.kv_dtype, 0.0))
         cfg = self.config(config, p)
         tile = self.s_tile(p, cfg) if self.materializes_s else (1, 1)
         return RooflineInputs(precision=prec.operand, materialize_s=self.materializes_s, tile=tile,
-                              tensor_cores=prec.engine == "tensor")
+                              tensor_cores=prec.engine == "tensor", dequant_ops=ops)
 
     def describe(self) -> dict[str, Any]:
         """The declaration as plain data (what ``generations()`` and the records show)."""
@@ -203,4 +222,5 @@ class Kernel:
             "head_dims": None if self.head_dims is None else list(self.head_dims), "gqa": self.gqa,
             "max_q_len": self.max_q_len, "materializes_s": self.materializes_s,
             "precision": {k: dataclasses.asdict(v) for k, v in self.precision.items()},
+            "kv_precision": {k: dataclasses.asdict(v) for k, v in self.kv_precision.items()},
         }

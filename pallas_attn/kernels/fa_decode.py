@@ -21,6 +21,14 @@ Conventions (``contract``): causal is top-left with a per-sequence offset, ``j <
 paged entry's default offset is ``kv_len - Tq`` (set by the API). A row with no visible key outputs 0 (LSE
 -inf). Keys at or past the length are never read (masked loads; splits past the length issue no loads).
 
+Quantized KV (docs/quantized_kv.md): ``Fp8Tensor`` / ``Nvfp4Tensor`` pools (``pallas_attn.quant``) in place of
+fp16 ones, dense or paged, with float16 q. The KV tile source loads the storage bytes (1 B / element, or the
+0.5 B packed nibbles + a micro-scale byte per 16) and decodes them in registers into *exact* fp16 tiles short
+of a power of two (``kv_source.e4m3_tile`` / ``nvfp4_tile``); the per-tensor scales and that power of two fold
+into the one scalar the scores are already multiplied by (``scale * log2(e) * scale_k``) and into the output
+(``* scale_v``), so dequantization costs no multiply by the tensor scale per element. Scores and ``p V`` run
+on fp16 tensor cores with fp32 accumulation, as for fp16 KV.
+
 Block tables: page indices are clamped in-kernel (no out-of-bounds read, ever). With ``check_block_table``
 an index outside ``[0, num_blocks)`` (or a ``kv_len`` the table cannot hold) raises ValueError on concrete
 inputs and, under jit, turns that sequence's output into NaN (the kernel sees the bad index on its way).
@@ -35,11 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _compat
+from .. import _compat, quant
 from .._compat import pl
 from . import gqa, planner, seqlen, softmax, splitkv
 from .contract import Kernel, Precision, Problem
-from .kv_source import KVLayout, KVSource, flat_dense, flat_pool
+from .kv_source import DECODES, E4M3_FOLD, NVFP4_FOLD, KVLayout, KVSource, e4m3_tile, flat_dense, flat_pool, nvfp4_tile
 
 __all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward", "validate_block_table"]
 
@@ -58,7 +66,9 @@ class DecodeConfig:
     (stages = software-pipelining depth of the K/V loads). splits: KV splits per (b, h_kv) (None: wave
     model). occupancy: programs the wave model assumes resident per SM. block_m_max: cap on packed rows per
     program (rows beyond it go to more row tiles, which re-read the tile, mostly from L2).
-    merge_block: splits combined per step of the merge kernel.
+    merge_block: splits combined per step of the merge kernel. fp8_decode / nvfp4_decode: how quantized
+    KV tiles become fp16 (``kv_source.DECODES``: "cast" through Triton's fp8 conversion, "bits" by integer
+    bit placement); unused for fp16 KV.
     """
 
     block_k: int | None = None
@@ -70,8 +80,13 @@ class DecodeConfig:
     block_m_max: int | None = None
     merge_block: int = 64
     merge_num_warps: int = 4
+    fp8_decode: str = "cast"
+    nvfp4_decode: str = "bits"
 
     def __post_init__(self) -> None:
+        if self.fp8_decode not in DECODES or self.nvfp4_decode not in DECODES:
+            raise ValueError(f"fp8_decode and nvfp4_decode must be one of {DECODES}; got {self.fp8_decode=}, "
+                             f"{self.nvfp4_decode=}")
         if self.block_k is not None and not (_is_pow2(self.block_k) and 16 <= self.block_k <= 512):
             raise ValueError(f"block_k must be a power of two in [16, 512]; got {self.block_k=}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
@@ -102,6 +117,8 @@ CONFIGS: dict[str, DecodeConfig] = {
     # best dense point of the first H200 sweep (results/fa_decode_tune/20261121_h200_tune1.json): B=32,
     # S=8192 234.2 us vs 236.4 default; B=1, S=131072 122.7 vs 122.4; B=64, S=4096 240.1 vs 236.9 (bk 128)
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
+    # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it
+    "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="cast"),
 }
 
 
@@ -122,9 +139,11 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 
 
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
-                   tq: int, rows: int, hkv: int, with_lse: bool):
+                   tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast"):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
+    km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
+    sc_ref = next(it) if fmt is not None else None
     bt_ref, lens_ref = (next(it), next(it)) if lay.paged else (None, None)
     off_ref = next(it) if causal else None
     out_refs = list(it)
@@ -158,7 +177,19 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         # No row of this program sees a key past the last query position: stop loading there.
         hi = jnp.minimum(hi, q_off + tq)
     n_tiles = jnp.maximum(hi - lo + bk - 1, 0) // bk
-    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h)
+    qk_scale, o_scale, dequant = scale_log2, None, None
+    if fmt is not None:
+        # the tiles decode exactly, short of 2^fold; the tensor scales and 2^fold fold into two scalars
+        fold = float(2.0 ** (E4M3_FOLD if fmt == "fp8_e4m3" else NVFP4_FOLD)[decode])
+        qk_scale = sc_ref[0] * (scale_log2 * fold)
+        o_scale = sc_ref[1] * fold
+        if fmt == "fp8_e4m3":
+            def dequant(k, v):
+                return e4m3_tile(k, decode), e4m3_tile(v, decode)
+        else:
+            def dequant(k, v):
+                return nvfp4_tile(*k, decode), nvfp4_tile(*v, decode)
+    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref)
 
     def body(i, carry):
         m_run, l_run, acc, bad_run = carry
@@ -167,7 +198,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         kmask = j < hi
         k, v, bad = src.tile(j0, j, kmask)
         sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        sc = sc * scale_log2
+        sc = sc * qk_scale
         vis = kmask[None, :]
         if causal:
             vis = vis & (j[None, :] <= (i_q + q_off)[:, None])
@@ -178,6 +209,8 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     m_run, l_run, acc, bad = jax.lax.fori_loop(0, n_tiles, body, (*softmax.init_state((bm,), d), bad0))
 
     o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
+    if o_scale is not None:
+        o = o * o_scale
     if check and lay.paged:
         o = jnp.where(bad, jnp.nan, o)
     omask = jnp.broadcast_to(row_ok[:, None], (bm, d))
@@ -198,16 +231,18 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
 
 
 def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale: float,
-            b: int, tq: int, hq: int, hkv: int, interpret: bool, config: DecodeConfig, return_lse: bool):
+            b: int, tq: int, hq: int, hkv: int, interpret: bool, config: DecodeConfig, return_lse: bool,
+            fmt: str | None = None, quant_args: tuple = ()):
     d = lay.d
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
+    decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
-        rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1)
+        rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
-    args = (gqa.pack_q(q, hkv), k2, v2, *extra)
+    args = (gqa.pack_q(q, hkv), k2, v2, *quant_args, *extra)
     if p.splits == 1:
         shapes = [jax.ShapeDtypeStruct((n_rows, d), q.dtype)]
         if return_lse:
@@ -229,8 +264,33 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     return (out, gqa.unpack_lse(lse, b, tq, hq)) if return_lse else out
 
 
+def _storage(k, v, *, flat):
+    """``(fmt, k_data, v_data, quant_args, width, micro)`` of the K/V operands: fp16 arrays pass through; a
+    quantized pair contributes its (flattened) data, micro pools and the two scales ``[scale_k, scale_v]``."""
+    fmt = quant.kv_format(k)
+    if fmt is None:
+        return None, flat(k), flat(v), (), 0, 0
+    scales = jnp.stack([jnp.asarray(k.scale, jnp.float32).reshape(()), jnp.asarray(v.scale, jnp.float32).reshape(())])
+    if fmt == "fp8_e4m3":
+        return fmt, flat(k.data), flat(v.data), (scales,), 0, 0
+    d = k.shape[-1]
+    return fmt, flat(k.packed), flat(v.packed), (flat(k.micro), flat(v.micro), scales), d // 2, d // quant.NVFP4_BLOCK
+
+
+def _check_quantized(q, k, v) -> None:
+    """Refuse a quantized K/V pair fa_decode cannot read (the API validates the fields' shapes)."""
+    fk, fv = quant.kv_format(k), quant.kv_format(v)
+    if fk != fv:
+        raise ValueError(f"k and v must be stored alike (both fp16, both fp8_e4m3 or both nvfp4); got {fk}, {fv}")
+    if fk is not None and jnp.dtype(q.dtype).name != "float16":
+        raise NotImplementedError(f"fa_decode reads quantized KV with float16 q (tiles decode to fp16); got "
+                                  f"q.dtype={jnp.dtype(q.dtype).name}")
+
+
 def _check_common(q, hkv: int, d_kv: int, dtype) -> None:
     b, tq, hq, d = q.shape
+    if dtype is None:  # a quantized pair, checked by _check_quantized
+        dtype = q.dtype
     if jnp.dtype(q.dtype).name not in ("float16", "bfloat16") or jnp.dtype(dtype) != jnp.dtype(q.dtype):
         raise NotImplementedError(f"fa_decode takes float16 or bfloat16 q and KV of the same dtype; got "
                                   f"{q.dtype=}, kv dtype={jnp.dtype(dtype).name}")
@@ -248,13 +308,15 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     """Dense decode on validated BTNH arrays (``contract`` calling convention)."""
     b, tq, hq, d = q.shape
     _, tk, hkv, dk = k.shape
-    _check_common(q, hkv, dk, k.dtype)
+    _check_quantized(q, k, v)
+    _check_common(q, hkv, dk, getattr(k, "dtype", None))
     p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=tk, config=config)
-    lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk)
+    fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
+    lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro)
     extra = (q_offset,) if causal else ()
-    return _launch(q, flat_dense(k), flat_dense(v), extra, p=p, lay=lay, causal=bool(causal), check=False,
+    return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal), check=False,
                    scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret, config=config,
-                   return_lse=return_lse)
+                   return_lse=return_lse, fmt=fmt, quant_args=qargs)
 
 
 def validate_block_table(block_table, kv_lens, *, num_pages: int, page_size: int) -> None:
@@ -284,12 +346,13 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, causal, scale, 
     pages_per_seq = block_table.shape[1]
     p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=pages_per_seq * page, config=config,
              page_size=page)
+    fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
-                   num_pages=num_pages, gather=p.paged_gather)
+                   num_pages=num_pages, gather=p.paged_gather, width=width, micro=micro)
     extra = (block_table.reshape(-1), kv_lens) + ((q_offset,) if causal else ())
-    return _launch(q, flat_pool(k_pool), flat_pool(v_pool), extra, p=p, lay=lay, causal=bool(causal),
+    return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal),
                    check=bool(check_block_table), scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret,
-                   config=config, return_lse=return_lse)
+                   config=config, return_lse=return_lse, fmt=fmt, quant_args=qargs)
 
 
 def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
@@ -297,7 +360,8 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
     """Paged decode on validated arrays (``contract`` calling convention): pools ``[num_pages, page, Hkv, D]``,
     int32 ``block_table [B, pages_per_seq]``, int32 ``kv_lens [B]`` (ragged), int32 ``q_offset [B]``."""
     num_pages, page, hkv, dk = k_pool.shape
-    _check_common(q, hkv, dk, k_pool.dtype)
+    _check_quantized(q, k_pool, v_pool)
+    _check_common(q, hkv, dk, getattr(k_pool, "dtype", None))
     if not _is_pow2(page):
         raise ValueError(f"page_size must be a power of two; got {page}")
     if check_block_table:
@@ -317,6 +381,13 @@ def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
 
 
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"
+_QNOTE = ("q float16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score and output "
+          "scalars), then as fp16")
+
+# ALU instructions per KV element of the default decodes (docs/quantized_kv.md counts them): fp8 "cast" is one
+# cvt.rn.f16x2.e4m3x2 per two elements plus the byte permute feeding it; NVFP4 "bits" is per packed byte two
+# shift/and/or groups (LOP3 + SHF, ~3 each), the join, and one fp16x2 multiply by the micro-scale per two.
+_DEQUANT_OPS = {"fp8_e4m3": 1.0, "nvfp4": 4.5}
 
 KERNEL = Kernel(
     name=GEN,
@@ -324,7 +395,7 @@ KERNEL = Kernel(
     passes=(f"pallas_attn_{GEN}_partial", f"pallas_attn_{GEN}_merge"),
     config_cls=DecodeConfig,
     configs=CONFIGS,
-    entries=frozenset({"dense", "paged"}),
+    entries=frozenset({"dense", "paged", "quantized"}),
     dtypes=("float16", "bfloat16"),
     precision={"float16": Precision("fp16", "fp32", "tensor", _TC),
                "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
@@ -333,6 +404,10 @@ KERNEL = Kernel(
     max_q_len=16,
     dense=forward,
     paged=paged_forward,
+    kv_precision={"fp8_e4m3": Precision("fp8", "fp32", "tensor", _QNOTE),
+                  "nvfp4": Precision("nvfp4", "fp32", "tensor", _QNOTE)},
+    quantized_q_dtypes=("float16",),
+    kv_dequant_ops=_DEQUANT_OPS,
     heuristic=lambda problem: CONFIGS["default"],  # the plan is the heuristic: it sizes tiles and splits per call
     plan=_plan_record,
 )

@@ -12,6 +12,14 @@ Both are indexed in place, in the caller's layout, with no copy of the cache out
 Bounds: page indices are clamped into the pool (no out-of-bounds read, ever) and ``bad`` reports an index
 that was outside it, so the caller can poison that sequence's output. ``dequant`` (optional) turns the
 loaded storage tiles into compute tiles: the hook the quantized pools use.
+
+Quantized pools (docs/quantized_kv.md): the storage width per head may differ from D (``KVLayout.width``:
+D for fp16 / fp8 bytes, D/2 for NVFP4 packed nibbles), and NVFP4 adds micro-scale pools of ``KVLayout.micro``
+(= D/16) columns per head, read through the same rows. With micro pools the hook receives ``(data, micro)``
+pairs: ``dequant((k, k_micro), (v, v_micro))``. ``e4m3_tile`` / ``nvfp4_tile`` are such decoders, each in two
+ways (``"cast"``: Triton's fp8 conversion, the hardware cvt on sm_89+; ``"bits"``: integer bit placement into
+fp16, any GPU). They return *exact* fp16 tiles short of a power-of-two factor ``2^fold`` (``E4M3_FOLD`` /
+``NVFP4_FOLD``), which the caller folds, with the per-tensor scale, into one scalar per score or output.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 
 from .. import _compat
 from .._compat import pl
 
-__all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool"]
+__all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "E4M3_FOLD", "NVFP4_FOLD",
+           "DECODES"]
 
 
 def flat_dense(x):
@@ -51,6 +61,12 @@ class KVLayout:
     pages_per_seq: int = 1
     num_pages: int = 1
     gather: bool = False  # paged with page < block_k
+    width: int = 0  # storage columns per head in the K/V pools (0: d; NVFP4 packed: d // 2)
+    micro: int = 0  # columns per head of the micro-scale pools (NVFP4: d // 16; 0: no micro pools)
+
+    @property
+    def data_width(self) -> int:
+        return self.width or self.d
 
     @property
     def capacity(self) -> int:
@@ -59,37 +75,111 @@ class KVLayout:
 
 
 class KVSource:
-    """In-kernel tile loader for sequence ``b``, KV head ``h``."""
+    """In-kernel tile loader for sequence ``b``, KV head ``h`` (micro-scale refs only for NVFP4 pools)."""
 
     def __init__(self, layout: KVLayout, k_ref, v_ref, bt_ref=None, *, b, h,
-                 dequant: Callable | None = None):
+                 dequant: Callable | None = None, k_micro_ref=None, v_micro_ref=None):
         self.lay, self.k_ref, self.v_ref, self.bt_ref = layout, k_ref, v_ref, bt_ref
-        self.b, self.dequant = b, dequant
-        self.col0 = h * layout.d
-        self.cols = self.col0 + jnp.arange(layout.d, dtype=jnp.int32)
+        self.k_micro_ref, self.v_micro_ref = k_micro_ref, v_micro_ref
+        self.b, self.h, self.dequant = b, h, dequant
+        self.col0 = h * layout.data_width
+        self.cols = self.col0 + jnp.arange(layout.data_width, dtype=jnp.int32)
         self.tbl0 = b * layout.pages_per_seq
+        if layout.micro and (k_micro_ref is None or v_micro_ref is None):
+            raise ValueError("KVLayout.micro > 0 needs k_micro_ref and v_micro_ref")
 
     def _page(self, lp):
         lay = self.lay
         raw = self.bt_ref[self.tbl0 + jnp.minimum(lp, lay.pages_per_seq - 1)]
         return jnp.clip(raw, 0, lay.num_pages - 1), (raw < 0) | (raw >= lay.num_pages)
 
+    def _rows(self, j0, j, kmask):
+        """The row part of the tile's index (a slice, or per-key rows for the gather) and ``bad``."""
+        lay, bk = self.lay, self.lay.block_k
+        if not lay.paged:
+            return pl.ds(self.b * lay.tk + j0, bk), False
+        if not lay.gather:
+            pg, bad = self._page(j0 // lay.page)
+            return pl.ds(pg * lay.page + j0 % lay.page, bk), bad
+        pg, bad_k = self._page(j // lay.page)
+        bad = jnp.max(jnp.where(kmask & bad_k, 1, 0)) > 0  # no reduce_or in Triton
+        return pg * lay.page + j % lay.page, bad
+
+    def _load(self, ref, rows, kmask, width: int):
+        bk = self.lay.block_k
+        if isinstance(rows, pl.Slice):
+            idx = (rows, pl.ds(self.h * width, width))
+        else:
+            idx = (rows[:, None], (self.h * width + jnp.arange(width, dtype=jnp.int32))[None, :])
+        other = 0.0 if jnp.issubdtype(ref.dtype, jnp.floating) else 0
+        return _compat.load(ref.at[idx], mask=jnp.broadcast_to(kmask[:, None], (bk, width)), other=other)
+
     def tile(self, j0, j, kmask):
         """K and V ``[block_k, D]`` for keys ``j = j0 + arange(block_k)`` (masked by ``kmask``), and ``bad``."""
-        lay, bk, d = self.lay, self.lay.block_k, self.lay.d
-        m2 = jnp.broadcast_to(kmask[:, None], (bk, d))
-        if not lay.paged:
-            src = pl.ds(self.b * lay.tk + j0, bk)
-            idx, bad = (src, pl.ds(self.col0, d)), False
-        elif not lay.gather:
-            pg, bad = self._page(j0 // lay.page)
-            idx = (pl.ds(pg * lay.page + j0 % lay.page, bk), pl.ds(self.col0, d))
-        else:
-            pg, bad_k = self._page(j // lay.page)
-            bad = jnp.max(jnp.where(kmask & bad_k, 1, 0)) > 0  # no reduce_or in Triton
-            idx = ((pg * lay.page + j % lay.page)[:, None], self.cols[None, :])
-        k = _compat.load(self.k_ref.at[idx], mask=m2, other=0.0)
-        v = _compat.load(self.v_ref.at[idx], mask=m2, other=0.0)
+        lay = self.lay
+        rows, bad = self._rows(j0, j, kmask)
+        k = self._load(self.k_ref, rows, kmask, lay.data_width)
+        v = self._load(self.v_ref, rows, kmask, lay.data_width)
+        if lay.micro:
+            k = (k, self._load(self.k_micro_ref, rows, kmask, lay.micro))
+            v = (v, self._load(self.v_micro_ref, rows, kmask, lay.micro))
         if self.dequant is not None:
             k, v = self.dequant(k, v)
         return k, v, bad
+
+
+# --------------------------------------------------------------------------------------------------------
+# Tile decoders for the quantized pools (exact fp16, short of 2^fold)
+# --------------------------------------------------------------------------------------------------------
+
+DECODES = ("cast", "bits")
+E4M3_FOLD = {"cast": 0, "bits": 8}  # log2 of the factor a decoded tile is short of
+NVFP4_FOLD = {"cast": 0, "bits": 7}
+
+
+def e4m3_tile(x, how: str):
+    """E4M3 bytes (uint8 tile) -> fp16, exactly (every E4M3 value is an fp16 value).
+
+    ``cast``: bitcast to float8_e4m3fn and convert (one hardware cvt per two elements on sm_89+); the value.
+    ``bits``: sign to bit 15, exponent and mantissa (7 bits) to bits 7..13 of an fp16: the fp16 reads
+    ``2^(e-15) (1 + m/8)`` (subnormals included: ``m 2^-17``), the value times 2^-8; 0x7F / 0xFF become NaN.
+    """
+    if how == "cast":
+        return jax.lax.bitcast_convert_type(x, jnp.float8_e4m3fn).astype(jnp.float16)
+    if how != "bits":
+        raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
+    u = x.astype(jnp.uint16)
+    f = jax.lax.bitcast_convert_type(((u & 0x80) << 8) | ((u & 0x7F) << 7), jnp.float16)
+    return jnp.where((u & 0x7F) == 0x7F, jnp.float16(jnp.nan), f)
+
+
+def nvfp4_tile(packed, micro, how: str):
+    """NVFP4 ``packed [n, D/2]`` + ``micro [n, D/16]`` (uint8 tiles) -> fp16 ``[n, D]`` = ``level * sign *
+    e4m3(micro) * 2^-fold``, exactly (the product has at most 7 significant bits and stays >= 2^-24).
+
+    The E2M1 code ``s e1 e0 m`` is placed into a wider float's bits so that the float reads the level times a
+    power of two (subnormal included: code 1 is 0.5): ``cast`` builds the E4M3 byte ``s 0 0 e1 e0 m 0 0`` (the
+    level times 2^-6) and converts it; ``bits`` builds the fp16 ``s 0 0 0 e1 e0 m 0...`` (the level times
+    2^-14). The micro-scale tile (16x fewer elements) absorbs most of the power of two (``cast``: x 2^6, giving
+    the value; ``bits``: x 2^7 after its own 2^-8, giving the value times 2^-7) so that typical products are
+    normal fp16 numbers. Even elements are the low nibbles: the halves are interleaved by a join (stack + reshape).
+    """
+    n, half = packed.shape
+    d = 2 * half
+    if how == "cast":
+        p = packed
+        lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
+        hi = (p & 0x80) | ((p & 0x70) >> 2)
+        lvl = e4m3_tile(jnp.stack([lo, hi], axis=-1).reshape(n, d), "cast")
+        m = e4m3_tile(micro, "cast") * jnp.float16(64.0)  # micro * 2^6 <= 28672: exact
+    elif how == "bits":
+        p = packed.astype(jnp.uint16)
+        lo = ((p & 0x8) << 12) | ((p & 0x7) << 9)
+        hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
+        lvl = jax.lax.bitcast_convert_type(jnp.stack([lo, hi], axis=-1).reshape(n, d), jnp.float16)
+        m = e4m3_tile(micro, "bits") * jnp.float16(32768.0)  # micro * 2^7 <= 57344: exact
+    else:
+        raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
+    blocks = micro.shape[1]
+    m = jnp.broadcast_to(m[:, :, None], (n, blocks, d // blocks)).reshape(n, d)
+    return lvl * m

@@ -1,0 +1,180 @@
+"""fa_decode with fp8 E4M3 and NVFP4 KV (interpret mode, CPU) against the oracle on the same quantized operands.
+
+The oracle (attn_core.oracle.quantized_attention_reference) quantizes the dense K and V as whole tensors with the
+numpy judge and attends in float64; the kernel reads pools quantized by pallas_attn.quant (byte-identical,
+tests/test_quant.py) and paged afterwards. Both decodes of each format are exercised; the tile decoders are
+checked exact; the contract, errors, NaN propagation and the CUDA lowering of every variant are checked too.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_attn
+from attn_core import oracle
+from pallas_attn import api, quant
+from pallas_attn.kernels import fa_decode as fd
+from pallas_attn.kernels import kv_source as ks
+from pallas_attn.kernels.contract import Problem
+
+QUANTIZE = {"fp8": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}
+KV_DTYPE = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+TOL = 1e-2  # relative L2 vs float64 on the same quantized operands (fp16 q and output), as for fp16 KV
+ALT = fd.DecodeConfig(fp8_decode="bits", nvfp4_decode="cast")
+
+
+def _rel(out, ref):
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    assert out.shape == ref.shape and np.all(np.isfinite(out)), "non-finite output (unwritten element or NaN)"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _case(rng, b, tq, hq, hkv, d, tk):
+    q = jnp.asarray(rng.standard_normal((b, tq, hq, d)), jnp.float16)
+    k = rng.standard_normal((b, tk, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((b, tk, hkv, d)).astype(np.float32)
+    return q, k, v
+
+
+# (fmt, B, Tq, Hq, Hkv, D, Tk, page (None: dense), ragged, causal, config)
+CASES = [
+    ("fp8", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32)),  # G4, page < tile: gather
+    ("fp8", 1, 1, 16, 1, 64, 100, None, False, False, fd.DecodeConfig(block_k=16, splits=3, fp8_decode="bits")),
+    ("fp8", 2, 4, 8, 8, 128, 50, 64, True, True, fd.DecodeConfig(block_k=16, fp8_decode="bits")),  # G1, Tq 4
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32)),
+    ("nvfp4", 1, 1, 16, 1, 64, 100, None, False, False, fd.DecodeConfig(block_k=16, splits=3, nvfp4_decode="cast")),
+    ("nvfp4", 3, 1, 4, 2, 64, 90, 32, True, False, fd.DecodeConfig(block_k=32, splits=2)),  # G2, page = tile
+    ("nvfp4", 1, 4, 8, 1, 128, 40, None, False, True, fd.DecodeConfig(block_k=16, nvfp4_decode="cast")),  # G8
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-B{c[1]}Tq{c[2]}G{c[3] // c[4]}D{c[5]}"
+                         f"{'p' + str(c[7]) if c[7] else 'dense'}{'r' if c[8] else ''}{'c' if c[9] else ''}")
+def test_matches_same_quantized_oracle(rng, case):
+    fmt, b, tq, hq, hkv, d, tk, page, ragged, causal, cfg = case
+    q, k, v = _case(rng, b, tq, hq, hkv, d, tk)
+    kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
+    qn = np.asarray(q, np.float32)
+    if page is None:
+        off = tk - tq if causal else 0
+        out, lse = pallas_attn.attention(q, kq, vq, causal=causal, q_offset=off, generation="fa_decode",
+                                         interpret=True, config=cfg, return_lse=True)
+        ref, ref_lse = oracle.quantized_attention_reference(qn, k, v, kv_format=fmt, causal=causal, q_offset=off)
+    else:
+        lens = rng.integers(1, tk + 1, size=b).astype(np.int32) if ragged else np.full(b, tk, np.int32)
+        lens[0] = tk
+        kp, vp, bt = quant.build_paged_quantized(kq, vq, page, seed=7, kv_lens=lens)
+        out, lse = pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), causal=causal, interpret=True,
+                                               config=cfg, return_lse=True)
+        ref, ref_lse = oracle.quantized_attention_reference(qn, k, v, kv_format=fmt, causal=causal,
+                                                            q_offset=lens - tq if causal else 0, kv_len=lens)
+    assert out.dtype == jnp.float16 and out.shape == q.shape
+    assert _rel(out, ref) < TOL
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("how", ks.DECODES)
+def test_tile_decoders_are_exact(rng, how):
+    """decode(tile) * 2^fold * scale is bit-identical to the float32 dequantization (fp8: all 256 bytes)."""
+    b = jnp.arange(256, dtype=jnp.uint8).reshape(16, 16)
+    got = np.asarray(ks.e4m3_tile(b, how), np.float32) * np.float32(2.0 ** ks.E4M3_FOLD[how])
+    want = np.asarray(quant.e4m3_to_float(b))
+    np.testing.assert_array_equal(got, want)  # NaN bytes decode to NaN (assert_array_equal matches NaNs)
+    x = jnp.asarray(rng.standard_normal((16, 128)) * np.logspace(-4, 4, 128), jnp.float32)
+    t = quant.quantize_nvfp4(x)
+    tile = np.asarray(ks.nvfp4_tile(t.packed, t.micro, how), np.float32)
+    got = (tile * np.float32(2.0 ** ks.NVFP4_FOLD[how])) * np.float32(t.scale)
+    np.testing.assert_array_equal(got.view(np.uint32), np.asarray(quant.dequantize_nvfp4(t)).view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_nan_in_nan_out(rng, fmt):
+    """A NaN byte in one sequence's keys makes that sequence's output NaN (and only it); a NaN scale all of it."""
+    q, k, v = _case(rng, 2, 1, 4, 1, 64, 32)
+    kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
+    cfg = fd.DecodeConfig(block_k=16)
+    if fmt == "fp8":
+        bad = quant.Fp8Tensor(kq.data.at[0, 5, 0, 3].set(0x7F), kq.scale)
+    else:  # a NaN micro-scale byte
+        bad = quant.Nvfp4Tensor(kq.packed, kq.micro.at[0, 5, 0, 1].set(0xFF), kq.scale)
+    out = np.asarray(pallas_attn.attention(q, bad, vq, generation="fa_decode", interpret=True, config=cfg))
+    assert np.all(np.isnan(out[0])) and np.all(np.isfinite(out[1]))
+    nan_scale = type(vq)(*jax.tree_util.tree_leaves(vq)[:-1], jnp.float32(np.nan))
+    out = np.asarray(pallas_attn.attention(q, kq, nan_scale, generation="fa_decode", interpret=True, config=cfg))
+    assert np.all(np.isnan(out))
+
+
+def test_errors(rng):
+    q, k, v = _case(rng, 1, 1, 4, 2, 64, 32)
+    k8, v4 = quant.quantize_fp8_e4m3(jnp.asarray(k)), quant.quantize_nvfp4(jnp.asarray(v))
+    with pytest.raises(ValueError, match="stored alike"):
+        pallas_attn.attention(q, k8, v4, generation="fa_decode", interpret=True)
+    with pytest.raises(ValueError, match="stored alike"):
+        pallas_attn.attention(q, k8, jnp.asarray(v, jnp.float16), generation="fa_decode", interpret=True)
+    with pytest.raises(NotImplementedError, match="q dtypes"):
+        pallas_attn.attention(q.astype(jnp.bfloat16), k8, k8, generation="fa_decode", interpret=True)
+    with pytest.raises(ValueError, match="uint8"):
+        pallas_attn.attention(q, quant.Fp8Tensor(k8.data.astype(jnp.int8), k8.scale), k8, generation="fa_decode",
+                              interpret=True)
+    with pytest.raises(ValueError, match="float32 scalar"):
+        pallas_attn.attention(q, quant.Fp8Tensor(k8.data, jnp.ones(2)), k8, generation="fa_decode", interpret=True)
+    bad = quant.Nvfp4Tensor(v4.packed, v4.micro[..., :2], v4.scale)
+    with pytest.raises(ValueError, match="micro"):
+        pallas_attn.attention(q, bad, bad, generation="fa_decode", interpret=True)
+    with pytest.raises(ValueError, match="serves"):  # a generation without the quantized entry says so
+        pallas_attn.attention(q, k8, k8, generation="v4_fused", interpret=True)
+    with pytest.raises(ValueError, match="fp8_decode"):
+        fd.DecodeConfig(fp8_decode="lut")
+
+
+def test_contract_declares_the_quantized_entry():
+    k = fd.KERNEL
+    assert "quantized" in k.entries and set(k.kv_precision) == {"fp8_e4m3", "nvfp4"}
+    base = dict(dtype="float16", batch=32, q_len=1, kv_len=8192, heads_q=32, heads_kv=8, head_dim=128)
+    for kv, operand in (("fp8_e4m3", "fp8"), ("nvfp4", "nvfp4")):
+        p = Problem(entry="quantized", kv_dtype=kv, page_size=64, **base)
+        assert k.supports(p) == (True, "")
+        r = k.roofline(p)
+        assert r.precision == operand and r.tensor_cores and r.dequant_ops > 0
+    assert k.roofline(Problem(entry="paged", page_size=64, **base)).dequant_ops == 0
+    ok, why = k.supports(Problem(entry="quantized", kv_dtype="int4", **base))
+    assert not ok and "int4" in why
+    ok, why = k.supports(Problem(entry="quantized", kv_dtype="nvfp4", **{**base, "dtype": "bfloat16"}))
+    assert not ok and "bfloat16" in why
+    q = jnp.zeros((1, 1, 4, 64), jnp.float16)
+    k8 = quant.quantize_fp8_e4m3(jnp.ones((1, 8, 2, 64)))
+    assert api.problem_dense(q, k8, causal=False).kv_dtype == "fp8_e4m3"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+def test_lowers_for_cuda(fmt, config):
+    """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
+    what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""
+    b, hq, hkv, d, tk = 2, 8, 2, 128, 1000
+
+    def pool_struct(lead):
+        if fmt == "fp8":
+            return quant.Fp8Tensor(jax.ShapeDtypeStruct((*lead, hkv, d), jnp.uint8),
+                                   jax.ShapeDtypeStruct((), jnp.float32))
+        return quant.Nvfp4Tensor(jax.ShapeDtypeStruct((*lead, hkv, d // 2), jnp.uint8),
+                                 jax.ShapeDtypeStruct((*lead, hkv, d // 16), jnp.uint8),
+                                 jax.ShapeDtypeStruct((), jnp.float32))
+
+    q = jax.ShapeDtypeStruct((b, 1, hq, d), jnp.float16)
+    lens = jax.ShapeDtypeStruct((b,), jnp.int32)
+    traced = [jax.jit(lambda q, k: pallas_attn.attention(q, k, k, generation="fa_decode", config=config,
+                                                         interpret=False)).trace(q, pool_struct((b, tk)))]
+    for page in (16, 256):
+        n = -(-tk // page)
+        bt = jax.ShapeDtypeStruct((b, n), jnp.int32)
+        traced.append(jax.jit(lambda q, kp, bt, lens: pallas_attn.paged_attention(
+            q, kp, kp, bt, lens, causal=True, config=config, interpret=False, check_block_table=False)).trace(
+            q, pool_struct((b * n, page)), bt, lens))
+    for t in traced:
+        text = t.lower(lowering_platforms=("cuda",)).as_text()
+        names = set(re.findall(r"pallas_attn_\w+", text))
+        assert names and names <= set(fd.KERNEL.passes) and text.count("xla.gpu.triton") >= len(names)
