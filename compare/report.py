@@ -33,9 +33,46 @@ _STATUS_STYLE = {"ok": "green", "wrong": "bold red", "failed": "red", "oom": "re
 
 
 def console():
+    """Wide (200 columns) into a log or pipe, the terminal's own width on a terminal."""
+    import sys
+
     from rich.console import Console
 
-    return Console(width=200)
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def status_summary(recs: list[dict]) -> str:
+    """``"2 ok, 3 skipped, 12 unavailable"``: counts by status, in the table's order."""
+    order = ("ok", "wrong", "failed", "oom", "skipped", "unsupported", "unavailable", "not_built")
+    counts = defaultdict(int)
+    for r in recs:
+        counts[r.get("status")] += 1
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+
+
+_CPU_COLS = ("impl", "status", "CPU interpret", "max abs", "rel L2", "note")
+
+
+def cpu_table(name: str, recs: list[dict]):
+    """A CPU run's compact table for one workload: what ran (interpret mode, agreement only); everything
+    else in one summary line under it."""
+    from rich.table import Table
+
+    ran = sorted((r for r in recs if r["status"] in ("ok", "wrong", "failed", "oom")), key=_sort_key)
+    rest = [r for r in recs if r not in ran]
+    w = recs[0]["workload"] if recs else {}
+    caption = f"also: {status_summary(rest)}" if rest else None
+    t = Table(title=f"{name}  [dim]{_shape(w)}[/]", caption=caption, title_justify="left", caption_justify="left")
+    for c in _CPU_COLS:
+        t.add_column(c, overflow="fold", max_width=50 if c == "note" else None)
+    for r in ran:
+        a = r.get("agreement") or {}
+        style = _STATUS_STYLE.get(r["status"], "")
+        us = (r.get("metrics") or {}).get("cpu_interpret_us_p50")
+        t.add_row(r["impl"]["name"], f"[{style}]{r['status']}[/]" if style else r["status"],
+                  "—" if us is None else f"{us / 1e3:.3g} ms",
+                  _f(a.get("max_abs_err"), ".2g"), _f(a.get("rel_l2_err"), ".2g"), (r.get("reason") or "")[:120])
+    return t
 
 
 def _f(x: Any, spec: str = ".3g", none: str = "—") -> str:

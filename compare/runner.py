@@ -435,6 +435,15 @@ class _Run:
             out["note"] = f"no GPU in this run: datasheet predictions for {names}"
         return out
 
+    def not_run_line(self, w: Workload, recs: list[dict]) -> str:
+        """CPU runs: one line for a workload where nothing ran: its shape, what happened, the floors."""
+        from .report import _shape, status_summary
+
+        pred = self.predict(w, None) or {}
+        floors = " / ".join(f"{v['hardware'].split()[0]} {v['floor_us']:.4g} µs"
+                            for v in (pred.get("by_arch") or {}).values() if "floor_us" in v)
+        return f"  {w.name:34.34s} {_shape(w.as_dict()):44.44s} {floors:30s} ({status_summary(recs)})"
+
     def prediction_line(self, w: Workload) -> str | None:
         """CPU runs: the layer-1 floor of the workload (peer model, workload dtype) on each --arch row."""
         if self.gpu:
@@ -718,16 +727,30 @@ class _Run:
                                     TimeElapsedColumn(), console=console, transient=True)
                 progress.start()
                 task = progress.add_task("", total=total)
+            not_run: list[str] = []  # CPU runs: one line per workload where nothing ran, after the tables
+            all_recs: list[dict] = []
             for w, lst in plan:
                 recs = self.run_workload(w, lst, progress, task if progress else None)
                 self.write(recs)
                 self._inflight = ([], {})
                 n_written += len(recs)
-                if not self.opts.quiet:
+                all_recs += recs
+                if self.opts.quiet:
+                    continue
+                if self.gpu:
                     console.print(report.workload_table(w.name, recs))
+                elif any(r["status"] in ("ok", "wrong", "failed", "oom") for r in recs):
+                    console.print(report.cpu_table(w.name, recs))
                     line = self.prediction_line(w)
                     if line:
                         console.print(line, highlight=False)
+                else:
+                    not_run.append(self.not_run_line(w, recs))
+            if not_run and not self.opts.quiet:
+                console.print(f"\n[bold]Not run on this machine[/] ({len(not_run)} workloads; predicted floor from the "
+                              "datasheet, fused model at the workload dtype):")
+                for line in not_run:
+                    console.print(line, highlight=False, overflow="ellipsis", no_wrap=True)
         except KeyboardInterrupt:
             if progress is not None:
                 progress.stop()
@@ -750,7 +773,14 @@ class _Run:
                   f"machine; no result records in {self.path}", file=sys.stderr)
             return 1
         if not self.opts.quiet:
-            console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}")
+            from . import report as _report
+
+            console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}: "
+                          f"{_report.status_summary(all_recs)}", highlight=False)
+            if not self.gpu:
+                console.print("No GPU here: Pallas kernels ran in interpret mode on the smallest shapes (agreement "
+                              "only, no kernel times); on a GPU the same command times every implementation.",
+                              highlight=False)
             console.print(f"render: python -m compare report {self.path}")
         if self.clock_fallbacks:
             print(f"clock fallback: {self.clock_fallbacks} records were timed by a clock other than the one requested "

@@ -272,3 +272,19 @@ def test_configs_ship_as_package_data(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     where, n = p.stdout.split()
     assert Path(where) == site / "compare" / "configs" and int(n) >= 5
+
+
+# ----------------------------------------------------------------------------- 8. a CPU run, for a newcomer
+
+
+def test_a_cpu_run_shows_what_ran_then_one_line_per_other_workload(tmp_path, capsys):
+    assert cli.main(["run", "--config", "smoke", "--only", "smoke_prefill_f32_c1", "--only", "smoke_decode_f16",
+                     "--impl", "jax:*", "--impl", "torch:*", "--no-ceilings", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "jax:xla" in out and "vs best peer" not in out  # the compact CPU table, not the GPU one
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("Not run on this machine (1 workloads"))
+    (decode,) = [ln for ln in lines[i + 1:] if "smoke_decode_f16" in ln]
+    assert "H100" in decode and "H200" in decode and "µs" in decode and "unavailable" in decode
+    assert any("records in" in ln and "ok" in ln and "unavailable" in ln for ln in lines)  # the closing summary
+    assert "No GPU here" in out and max(map(len, lines)) <= 200
