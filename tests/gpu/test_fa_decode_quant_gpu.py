@@ -1,0 +1,83 @@
+"""fa_decode with fp8 E4M3 / NVFP4 KV on the GPU (Triton, compiled) at the issue-12 sizes, against the float64
+oracle on the kernel's own quantized operands (a subset of batch rows and KV heads, edges included), both
+decodes of each format, dense and paged (page 64 and 16). The quantizers run on the GPU too and must match the
+numpy judge byte for byte. Budget: about a minute on an H100 (``-m gpu``).
+"""
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import pallas_attn  # noqa: E402
+from attn_core import formats, oracle  # noqa: E402
+from pallas_attn import quant  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+QUANTIZE = {"fp8_e4m3": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}
+DEQUANTIZE = {"fp8_e4m3": quant.dequantize_fp8_e4m3, "nvfp4": quant.dequantize_nvfp4}
+
+
+def _inputs(seed, b, s, hq=32, hkv=8, d=128):
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(kq, (b, 1, hq, d), jnp.float32).astype(jnp.float16)
+    return q, jax.random.normal(kk, (b, s, hkv, d), jnp.float32), jax.random.normal(kv, (b, s, hkv, d), jnp.float32)
+
+
+def _check(out, q, kq, vq, fmt, rows, heads, lens=None):
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    assert np.all(np.isfinite(out)), "non-finite output"
+    g = q.shape[2] // kq.shape[2]
+    qh = np.concatenate([np.arange(h * g, (h + 1) * g) for h in heads])
+    hsel = jnp.asarray(heads)
+    for b in rows:
+        n = kq.shape[1] if lens is None else int(lens[b])
+        sub = lambda t, b=b, n=n: jax.tree_util.tree_map(  # noqa: E731
+            lambda a: a if a.ndim == 0 else a[b : b + 1, :n][:, :, hsel], t)
+        ks = np.asarray(DEQUANTIZE[fmt](sub(kq)), np.float64)
+        vs = np.asarray(DEQUANTIZE[fmt](sub(vq)), np.float64)
+        ref, _ = oracle.attention_reference(np.asarray(q[b : b + 1][:, :, qh], np.float32), ks, vs)
+        got = out[b : b + 1][:, :, qh].astype(np.float64)
+        rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert rel < 1e-2 and np.max(np.abs(got - ref)) < 0.05, (b, rel)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
+def test_quantizer_on_gpu_matches_the_judge(fmt):
+    x = jax.random.normal(jax.random.PRNGKey(3), (4, 512, 8, 128), jnp.float32) * 3.0
+    got = jax.jit(QUANTIZE[fmt])(x)
+    want = (formats.quantize_fp8_e4m3 if fmt == "fp8_e4m3" else formats.quantize_nvfp4)(np.asarray(x))
+    for f in ("data",) if fmt == "fp8_e4m3" else ("packed", "micro"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), getattr(want, f))
+    assert np.asarray(got.scale).view(np.uint32) == np.float32(want.scale).view(np.uint32)
+
+
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("b,s", [(8, 8192), (1, 131072)])
+def test_dense_target_shapes(fmt, config, b, s):
+    q, k, v = _inputs(1, b, s)
+    kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
+    out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", config=config))(q, kq, vq)
+    _check(out, q, kq, vq, fmt, rows=[0, b - 1], heads=[0, 7])
+
+
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("page", [64, 16])
+def test_paged_ragged(fmt, config, page):
+    b, s = 6, 4096
+    q, k, v = _inputs(2, b, s)
+    kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
+    lens = np.array([4096, 1, 4000, 63, 2048, 3333], np.int32)
+    kp, vp, bt = quant.build_paged_quantized(kq, vq, page, seed=5, kv_lens=lens)
+    out = jax.jit(lambda q, kp, vp, bt, l: pallas_attn.paged_attention(q, kp, vp, bt, l, config=config,
+                                                                       check_block_table=False))(
+        q, kp, vp, bt, jnp.asarray(lens))
+    # paged default offset kv_len - 1 with Tq = 1: every row sees its whole sequence (the dense oracle)
+    _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
