@@ -231,7 +231,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     plgpu.barrier_arrive(turn.at[0])
 
             def k_t(slot):
-                return plgpu.transpose_ref(k_smem.at[slot], (1, 0))
+                return k_smem.at[slot].transpose((1, 0))
 
             def mask(sc, s):
                 rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
