@@ -92,7 +92,9 @@ CASES = [
     ("v8_gqa", "faithful", 1, 2, 3, 64, 8, [37, 5], True, [34, -2]),  # G=1, per key, row 0 of b1 sees nothing
     ("v8_gqa_tc", "faithful", 2, 2, 2, 128, 16, [50, 33], True, None),
     ("v8_gqa_ss", "faithful", 4, 1, 1, 64, 64, [70, 0, 129], False, None),  # an empty sequence, 3 pages
-    ("v8_gqa", v7_paged.PagedConfig(num_splits=4), 8, 1, 1, 128, 256, [300, 21], True, [299, 3]),  # empty splits
+    # 3 splits of 171 keys: split starts (and so tiles) straddle pages; seq 1 has empty splits
+    ("v8_gqa", v7_paged.PagedConfig(num_splits=3), 8, 1, 1, 128, 256, [300, 21], True, [299, 3]),
+    ("v8_gqa_ss", "reference_sm40", 2, 2, 1, 64, 64, [700, 333], False, None),  # choose_splits: S 3, chunk 235
     ("v8_gqa_ss", "tuned", 16, 1, 2, 128, 8, [45, 17], True, [44, 20]),
     ("v8_gqa_tc", "tuned", 32, 1, 1, 64, 32, [95, 64], False, None),
 ]

@@ -377,8 +377,11 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, fam: Family, sp
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     pps = block_table.shape[1]
+    # A load lies in one page only if it starts at a multiple of its width and the page holds it. The
+    # reference's chunk = ceil(N / S) is any number, so a split (and every load after its start) may
+    # straddle pages: then each key is gathered through the table on its own, as the reference does.
     lay = KVLayout(paged=True, block_k=ln.block_k, d=d, page=page, pages_per_seq=pps, num_pages=num_pages,
-                   gather=page < ln.block_k)
+                   gather=page < ln.block_k or chunk % ln.block_k != 0)
     geo = Geometry(rows=rows, rpp=ln.rpp, tq=tq, hkv=hkv, splits=splits, chunk=chunk, causal=causal, check=check)
     attend = functools.partial(ln.attend, causal=causal, scale=scale)
     o_part, lse_part = pl.pallas_call(
