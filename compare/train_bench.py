@@ -1,0 +1,156 @@
+"""Training attention: forward and forward + backward of ``pallas_attn.dot_product_attention`` against
+``jax.nn.dot_product_attention`` (cuDNN and XLA), on compare's kernel clock (``compare.timing``).
+
+A workload is one attention shape (BTNH, GQA by head count); an implementation is a way to compute
+``jax.nn.dot_product_attention``'s answer. Per (workload, implementation) two timed programs:
+
+* ``fwd``: the jitted forward;
+* ``fwd_bwd``: the jitted ``jax.value_and_grad`` of ``sum(out * w)`` with respect to q, k, v (what a
+  training step pays for attention: the forward that saves residuals, then the backward).
+
+Layer-1 roofline (docs/dropin.md): FLOPs ``4*B*Hq*N*N*D`` for the forward (half when causal) and 2.5 times
+that for the backward (5 of the 7 N x N x D products; the minimum, whatever an implementation recomputes),
+against the chip's dense 16-bit tensor-core peak. ``PREDICTIONS`` holds the fraction of that peak each
+implementation was predicted to reach, written before the GPU run; records carry the prediction and its
+error. Agreement: max |difference| of the output and of each gradient against the XLA implementation on
+the same inputs (same dtype; its softmax runs in float32), relative to the largest element.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["TrainWorkload", "WORKLOADS", "IMPLS", "PREDICTIONS", "flops", "predicted_us", "build", "agreement",
+           "time_one"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainWorkload:
+    name: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq: int
+    head_dim: int
+    dtype: str
+    causal: bool
+
+    def shapes(self):
+        q = (self.batch, self.seq, self.heads_q, self.head_dim)
+        kv = (self.batch, self.seq, self.heads_kv, self.head_dim)
+        return q, kv
+
+
+WORKLOADS: tuple[TrainWorkload, ...] = (
+    TrainWorkload("train_b4_h16_n4096_d128_fp16_c0", 4, 16, 16, 4096, 128, "float16", False),
+    TrainWorkload("train_b4_h16_n4096_d128_fp16_c1", 4, 16, 16, 4096, 128, "float16", True),
+    TrainWorkload("train_gqa_b4_hq32_hkv8_n4096_d128_bf16_c1", 4, 32, 8, 4096, 128, "bfloat16", True),
+)
+# for a CPU smoke run of the script (interpret mode): the same code path, tiny shapes
+SMOKE: tuple[TrainWorkload, ...] = (
+    TrainWorkload("smoke_b1_h2_n64_d64_fp32_c1", 1, 2, 2, 64, 64, "float32", True),
+    TrainWorkload("smoke_gqa_b1_hq4_hkv1_n48_d32_fp32_c0", 1, 4, 1, 48, 32, "float32", False),
+)
+
+IMPLS = ("pallas:fa_train", "jax:cudnn", "jax:xla")
+
+# Predicted fraction of the dense 16-bit tensor-core peak, (fwd, fwd_bwd) per implementation and causal,
+# written before the first GPU run (docs/dropin.md "Predictions" explains each number).
+PREDICTIONS: dict[tuple[str, bool], tuple[float, float]] = {
+    ("pallas:fa_train", False): (0.45, 0.30),
+    ("pallas:fa_train", True): (0.38, 0.25),
+    ("jax:cudnn", False): (0.80, 0.60),
+    ("jax:cudnn", True): (0.70, 0.50),
+    ("jax:xla", False): (0.10, 0.08),
+    ("jax:xla", True): (0.05, 0.04),
+}
+
+
+def flops(w: TrainWorkload, program: str) -> float:
+    """Useful FLOPs of ``program`` ("fwd" or "fwd_bwd"): 4*B*Hq*N^2*D forward (x0.5 causal), backward 2.5x."""
+    fwd = 4.0 * w.batch * w.heads_q * w.seq * w.seq * w.head_dim * (0.5 if w.causal else 1.0)
+    if program == "fwd":
+        return fwd
+    if program == "fwd_bwd":
+        return fwd * 3.5
+    raise ValueError(f"program must be 'fwd' or 'fwd_bwd'; got {program!r}")
+
+
+def predicted_us(w: TrainWorkload, impl: str, program: str, peak_flops: float) -> float | None:
+    frac = PREDICTIONS.get((impl, w.causal))
+    if frac is None:
+        return None
+    return flops(w, program) / (peak_flops * frac[0 if program == "fwd" else 1]) * 1e6
+
+
+def _attention(impl: str, causal: bool) -> Callable:
+    import jax
+
+    import pallas_attn
+
+    if impl == "pallas:fa_train":
+        return lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=causal, implementation="pallas")
+    if impl == "jax:cudnn":
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    if impl == "jax:xla":
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+    raise ValueError(f"unknown implementation {impl!r}; known: {IMPLS}")
+
+
+def inputs(w: TrainWorkload, seed: int = 0):
+    """``(q, k, v, w)`` on the default device: standard normal, in the workload's dtype."""
+    import jax
+
+    qs, kvs = w.shapes()
+    ks = jax.random.split(jax.random.key(seed), 4)
+    return tuple(jax.random.normal(kk, s, "float32").astype(w.dtype) for kk, s in zip(ks, (qs, kvs, kvs, qs)))
+
+
+def build(impl: str, w: TrainWorkload) -> dict[str, Callable]:
+    """The two jitted programs: ``fwd(q, k, v)`` and ``fwd_bwd(q, k, v, w) -> (loss, (dq, dk, dv))``."""
+    import jax
+    import jax.numpy as jnp
+
+    attn = _attention(impl, w.causal)
+
+    def loss(q, k, v, wt):
+        return jnp.sum(attn(q, k, v).astype(jnp.float32) * wt.astype(jnp.float32))
+
+    return {"fwd": jax.jit(attn), "fwd_bwd": jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))}
+
+
+def agreement(progs: dict[str, Callable], ref: dict[str, Callable], args: tuple) -> dict[str, float]:
+    """Max |ours - reference| / max |reference| for the output and each gradient."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    def rel(a, b):
+        a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+        b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+        return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+    q, k, v, wt = args
+    out = {"out": rel(progs["fwd"](q, k, v), ref["fwd"](q, k, v))}
+    _, g = progs["fwd_bwd"](q, k, v, wt)
+    _, rg = ref["fwd_bwd"](q, k, v, wt)
+    out.update({f"d{n}": rel(a, b) for n, a, b in zip("qkv", g, rg)})
+    return out
+
+
+def time_one(prog: Callable, args: tuple, *, reps: int, flush_bytes: int, clock: str, interpret: bool) -> Any:
+    """Warm the program, then time it on compare's kernel clock (CPU interpret: host wall, labelled)."""
+    import jax
+
+    from . import timing
+
+    jax.block_until_ready(prog(*args))
+    if interpret:
+        return timing.time_cpu(prog, args, reps=reps)
+    return timing.time_kernels(prog, args, framework="jax", reps=reps, flush_bytes=flush_bytes, clock=clock)
+
+
+def tflops(w: TrainWorkload, program: str, us: float) -> float:
+    return flops(w, program) / (us * 1e-6) / 1e12 if us > 0 and math.isfinite(us) else float("nan")
