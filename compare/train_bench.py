@@ -13,8 +13,8 @@ that for the backward (5 products of N x N x D: S recomputed, dP, dV, dK, dQ; th
 whatever an implementation recomputes beyond it: fa_train's two backward kernels run 7), against the
 practical 16-bit tensor-core ceiling ``PRACTICAL_PEAK_FP16``. ``PREDICTIONS`` holds the fraction of that
 ceiling each implementation was predicted to reach, written before the GPU run; records carry the
-prediction and its error. Agreement: max |difference| of the output and of each gradient against the XLA implementation on
-the same inputs (same dtype; its softmax runs in float32), relative to the largest element.
+prediction and its error. Agreement: max |difference| of the output and of each gradient against the XLA
+implementation on the same inputs (same dtype; its softmax runs in float32), relative to the largest element.
 """
 
 from __future__ import annotations
