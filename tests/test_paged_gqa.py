@@ -332,3 +332,23 @@ def test_plans_choose_splits_reference_and_device():
     assert p["num_sm"] == 132 and p["splits"] == 5 and p["partial"]["keys_per_update"] == 32  # ceil(264 / 64)
     p = v8_gqa_ss.KERNEL.plan(prob(8, 8, b=8, d=64), v8_gqa_ss.CONFIGS["reference_sm40"])
     assert p["num_sm"] == 40 and p["splits"] == 2 and p["partial"]["key_tile"] == 64
+
+
+@pytest.mark.parametrize(("gen", "config"), [
+    ("v8_gqa", v7_paged.PagedConfig(num_splits=2)),  # per key, one contiguous load per tile
+    ("v8_gqa", v7_paged.PagedConfig(num_splits=2, prefetch=True, stage_fp32=False)),
+    ("v8_gqa_ss", v7_paged.PagedConfig(num_splits=2, update_keys=32, stage_fp32=False)),
+    ("v8_gqa_tc", v8_gqa_tc.TcConfig(num_splits=2)),
+])
+def test_contiguous_page_path_lowers_for_cuda(gen, config):
+    """Page 256 with aligned splits: every load reads one page (the conformance lowering uses page 16, the
+    per-key gather). Lowered to Triton for CUDA on this CPU machine."""
+    b, hkv, d, pages = 2, 2, 128, 16
+    q = jax.ShapeDtypeStruct((b, 1, 8 * hkv, d), jnp.float16)
+    pool = jax.ShapeDtypeStruct((b * pages, 256, hkv, d), jnp.float16)
+    bt = jax.ShapeDtypeStruct((b, pages), jnp.int32)
+    lens = jax.ShapeDtypeStruct((b,), jnp.int32)
+    f = jax.jit(lambda q, p, bt, lens: pallas_attn.paged_attention(
+        q, p, p, bt, lens, causal=True, generation=gen, config=config, interpret=False, check_block_table=False))
+    text = f.trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") >= 2 and f"pallas_attn_{gen}_partial" in text
