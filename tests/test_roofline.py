@@ -85,8 +85,8 @@ def test_problem_for_takes_the_declared_facts():
 
 
 def test_problem_for_reads_the_pallas_contract():
-    """v2 at D=128 charges its declared 32x32 tiles, v5 its fp16 operands for fp32 input: from the kernel
-    contracts, through the same path as a run's records."""
+    """v2 at D=128 charges its declared 32x32 tiles, v5 its fp16 operands (fp32 input it refuses: no silent
+    host cast): from the kernel contracts, through the same path as a run's records."""
     from compare import impls
     from compare.workloads import Workload
 
@@ -95,7 +95,10 @@ def test_problem_for_reads_the_pallas_contract():
     v2 = roofline.problem_for(w, by["pallas:v2_tiled:faithful"].roofline(w))
     assert (v2.precision, v2.materialize_s, v2.tile) == ("fp32", True, (32, 32))
     assert round(estimate(v2, T4).ai, 1) == 6.4
-    assert roofline.problem_for(w, by["pallas:v5_wmma:faithful"].roofline(w)).precision == "fp16"
+    w16 = Workload("w16", "prefill", 1, 8, 8, 2048, 2048, 128, "float16")
+    assert roofline.problem_for(w16, by["pallas:v5_wmma:faithful"].roofline(w16)).precision == "fp16"
+    assert not by["pallas:v5_wmma:faithful"].supports(w, impls.Ctx(jax_gpu=False, torch_cuda=False, hopper=False,
+                                                                   interpret=True)).ok
 
 
 def test_hardware_table_has_sources_and_detects_names():
