@@ -114,6 +114,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="take precision, materialization and tile from this generation's declaration "
                         "(Pallas kernel contract; REFERENCE_STORAGE when not built)")
     p.add_argument("--config", default=None, help="with --generation: the Pallas config name")
+    p.add_argument("--framework", default="pallas", choices=("pallas", "cuda"),
+                   help="with --generation: layer 2 models this framework's kernel (default pallas)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                    help="with --generation: the input dtype (default float32 if the kernel takes it)")
     p.add_argument("--page-size", type=int, default=16, help="with --generation of a paged-only kernel")
@@ -201,9 +203,10 @@ def run(args: argparse.Namespace) -> int:
         )
         shape = f"B={b} Hq={h} Hkv={h // args.gqa_group} (G={args.gqa_group}) Nq={q_len} Nk={kv_len} d={d}"
     est = roofline.estimate(prob, hw)
+    l2 = _layer2(args, hw, b, h, q_len, kv_len, d) if args.generation is not None and not args.mla else None
     if args.json:
         print(json.dumps({"arch": hw.key, "generation": args.generation, "contract": contract,
-                          "problem": prob.__dict__, "estimate": est.as_dict()}, default=str))
+                          "problem": prob.__dict__, "estimate": est.as_dict(), "layer2": l2}, default=str))
         return 0
     side = "BELOW -> memory-bound" if est.ai < est.ridge else "ABOVE -> compute-bound"
     print(f"arch      : {hw.name} ({hw.sm}), {hw.num_sm} SMs, HBM {hw.hbm_bw / 1e12:.2f} TB/s, "
@@ -220,4 +223,27 @@ def run(args: argparse.Namespace) -> int:
     frac = roofline.tc_ceiling_fraction(est)
     print(f"ceiling   : at most {100 * frac:.2f}% of the {est.engine} "
           f"{'tensor-core' if est.engine != 'fp32' else 'CUDA-core'} peak can be used (t_mma / floor)")
+    if l2 is not None:
+        if "error" in l2:
+            print(f"LAYER 2   : not modelled: {l2['error']}")
+        else:
+            print(f"LAYER 2   : {l2['time_us']:.4g} us, limiter {l2['limiter']} (schedule-aware; docs/roofline.md)")
+            print(f"plan      : {json.dumps(l2['plan'], default=str)}")
+            for ln in l2["launches"]:
+                print(f"  {ln['name']}: {ln['programs']} programs x {ln['threads']} threads, {ln['resident']}/SM "
+                      f"({ln['occupancy_limit']}), {ln['waves']:.2f} waves -> {ln['time_us']:.4g} us ({ln['limiter']})")
     return 0
+
+
+def _layer2(args, hw, b: int, h: int, q_len: int, kv_len: int, d: int) -> dict:
+    """Layer 2 for ``--generation`` (docs/roofline.md): the launch plan it assumed and its time."""
+    from . import layer2
+
+    impl = f"{args.framework}:{args.generation}" + (f":{args.config}" if args.config and args.framework == "pallas"
+                                                     else "")
+    shape = layer2.Shape(b, h, h // args.gqa_group, q_len, kv_len, d, args.dtype or "float16", args.causal,
+                         max(0, kv_len - q_len))
+    try:
+        return layer2.predict(impl, shape, hw).as_dict()
+    except (NotImplementedError, KeyError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import records
+from . import records, scorecard
 from .workloads import UsageError, ensure_writable
 
 __all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
@@ -354,6 +354,12 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True) -
                 for reason, names in by_reason.items():
                     parts += [f"- {st}: {', '.join(names)} — {reason}"]
             parts += [""]
+        if gpu:  # layer 1 vs layer 2 against this run's measurements (docs/roofline.md)
+            try:
+                card = scorecard.render(run["results"])
+            except Exception as e:  # the scorecard failing must not lose the tables
+                card = f"_scorecard failed: {type(e).__name__}: {e}_"
+            parts += [f"### Roofline scorecard (run `{run_id}`)", "", card, ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts) + "\n")
     return [out, *written]

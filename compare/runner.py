@@ -31,7 +31,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from . import accuracy, ceilings, hardware, interop, records, roofline, timing
+from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, timing
 from .impls import all_impls
 from .schema import Ctx, Impl
 from .workloads import UsageError, Workload, ensure_writable, load_config
@@ -502,6 +502,8 @@ class _Run:
             rec["impl"]["plan"] = impl.plan(w, self.ctx)
         except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
             rec["impl"]["plan"] = {"error": _reason(e)}
+        if self.hw is not None and layer2.modelled(impl.name):  # layer 2, before anything runs
+            rec["prediction"]["layer2"] = layer2.predict_record(w, rec["impl"], rec["impl"]["plan"], self.hw)
         if self.over_run_budget():
             rec.update(status="skipped", reason=f"over time budget: run budget --max-run-s {self.opts.max_run_s:g} "
                                                  "s exhausted before this record")
@@ -630,6 +632,10 @@ class _Run:
     def fill_rates(self, rec: dict) -> None:
         m, pred = rec["metrics"], rec.get("prediction") or {}
         t = m["time_us_p50"] * 1e-6
+        if "layer2" in pred and "error" not in pred["layer2"]:  # both layers scored against the measurement
+            sc = layer2.score(rec, self.hw)
+            pred["score"] = {k: sc[k] for k in ("measured_us", "layer1_us", "layer1_err", "layer2_us", "layer2_err",
+                                                "layer1_limiter", "layer2_limiter")}
         basis = pred.get(pred.get("basis") or "", {})
         ds = pred.get("datasheet", {})
         m.update(tflops=None, gbps=None, roofline_fraction=None, hbm_fraction=None, tc_fraction=None,

@@ -248,9 +248,11 @@ def test_pallas_impls_follow_the_registry():
         assert [i.config for i in mine] == impls._config_order(registry.configs(row.generation))
         assert {i.lowering for i in mine} == {k.lowering}
     assert by["pallas:fa_decode:default"].lowering == "triton" and "pallas:fa_decode:faithful" not in by
-    assert by["pallas:v7_paged"].supports(_wl(family="paged_decode", q_len=1, page_size=16, q_offset=39),
-                                          CPU).status == "not_built"
-    assert by["pallas:v7_paged"].supports(_wl(), CPU).status == "n/a"
+    paged = _wl(family="paged_decode", q_len=1, page_size=16, q_offset=39, head_dim=64)
+    assert by["pallas:v7_paged:faithful"].supports(paged, CPU).ok  # built since issue 11
+    assert by["pallas:v7_paged:faithful"].supports(_wl(), CPU).status == "n/a"
+    mla = _wl(family="mla", heads_kv=1, head_dim=576, q_len=1, kv_lora_rank=512, rope_dim=64)
+    assert by["pallas:v11_mla"].supports(mla, CPU).status == "not_built"  # a row without a Pallas kernel says so
     s = by["pallas:v4_fused:faithful"].supports(_wl(dtype="float16"), CPU)
     assert (s.ok, s.status) == (False, "unsupported") and "float32" in s.reason  # the contract's own words
 
