@@ -27,7 +27,8 @@ import numpy as np
 
 from attn_core import oracle as reference
 
-__all__ = ["Subset", "choose_subset", "oracle", "errors", "twin_errors", "all_finite", "tolerance", "TOLERANCE"]
+__all__ = ["Subset", "choose_subset", "oracle", "quantization_error", "errors", "twin_errors", "all_finite",
+           "tolerance", "TOLERANCE"]
 
 # Verdict thresholds on rel_l2 by compute precision (the implementation's declared operand precision, as
 # recorded in prediction.precision).
@@ -103,13 +104,23 @@ def choose_subset(w, *, max_rows: int = 256, max_macs: float = 2e9, seed: int = 
     return Subset(batches, heads, _row_ranges(w.q_len, n_rows, rng))
 
 
-def oracle(w, inp, subset: Subset) -> np.ndarray:
+def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     """float64 reference output on ``subset``: ``[nb, nrows, nh, D]``.
 
     Dense: the keys of each sampled row range with ``q_offset`` shifted by the range start (so causal masks
     stay exact). Paged: keys gathered through the block table from the pools (so paging is checked too),
     ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says.
+
+    ``kv``: ``"storage"`` (default) is the cache the kernels read: for a quantized-KV workload (``kv_dtype``)
+    that is the quantized cache itself (``inp.k_quant`` or the quantized pools), dequantized exactly
+    (``pallas_attn.quant``, byte-identical to ``attn_core.formats``), so this is
+    ``attn_core.oracle.quantized_attention_reference`` on those rows: the kernel is judged on its arithmetic,
+    not on the format's error. ``"fp16"``: the values in the workload dtype the cache was quantized from (the
+    dense ``inp.k``/``inp.v``), for the quantization error (``quantization_error``).
     """
+    if kv not in ("storage", "fp16"):
+        raise ValueError(f"kv must be 'storage' or 'fp16'; got {kv!r}")
+    quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
         kv_heads = list(range(w.heads_kv))
@@ -119,30 +130,64 @@ def oracle(w, inp, subset: Subset) -> np.ndarray:
     outs = []
     for b in subset.batches:
         qb = reference.to_f64(q_all[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
-        if w.family == "paged_decode":
-            n = int(inp.kv_lens[b])
-            page = int(inp.k_pool.shape[1])
-            pages = np.asarray(inp.block_table)[b, : -(-n // page)]
-            # Pull only this sequence's pages (and the needed heads) off the device, then gather through
-            # the table on the host; the whole pool in float64 would not fit at real shapes.
-            idx, kh = jnp.asarray(pages), jnp.asarray(sorted(set(kv_heads)))
-            local = np.arange(len(pages))
-            hmap = [sorted(set(kv_heads)).index(h) for h in kv_heads]
-            kd = reference.gather_paged_kv(inp.k_pool[idx][:, :, kh], local, n)[None][:, :, hmap]
-            vd = reference.gather_paged_kv(inp.v_pool[idx][:, :, kh], local, n)[None][:, :, hmap]
-            base_offset = n - w.q_len
-        else:
-            if kv_heads == list(range(w.heads_kv)):  # every head: no gather
-                kd, vd = reference.to_f64(inp.k[b:b + 1]), reference.to_f64(inp.v[b:b + 1])
-            else:
-                kh = jnp.asarray(kv_heads)  # slice on the device: only the needed heads reach the host
-                kd = reference.to_f64(inp.k[b:b + 1][:, :, kh])
-                vd = reference.to_f64(inp.v[b:b + 1][:, :, kh])
-            base_offset = w.q_offset
+        kd, vd, base_offset = _kv_of_batch(w, inp, b, kv_heads, quant)
         parts = [_reference_rows(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale, q_offset=base_offset + r0)
                  for r0, r1 in subset.rows]
         outs.append(np.concatenate(parts, axis=1))
     return np.concatenate(outs, axis=0)
+
+
+def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """float64 ``K, V [1, Tk_b, len(kv_heads), D]`` of batch ``b`` and its base query offset. ``quant``: from the
+    quantized cache (dequantized on the device, only the needed pages and heads), else from the plain arrays."""
+    from . import interop
+
+    uniq = sorted(set(kv_heads))
+    every = kv_heads == list(range(w.heads_kv))
+    hmap = [uniq.index(h) for h in kv_heads]
+    kh = jnp.asarray(uniq)
+
+    def heads(x):  # slice the needed heads on the device: only they reach the host
+        if quant:
+            x = interop.take_quantized(x, (slice(None), slice(None), kh))
+            return interop.dequantized(x)
+        return x[:, :, kh]
+
+    if w.family == "paged_decode" and (quant or getattr(inp, "kv_dtype", None) is None):
+        n = int(inp.kv_lens[b])
+        page = int(inp.k_pool.shape[1])
+        pages = np.asarray(inp.block_table)[b, : -(-n // page)]
+        # Pull only this sequence's pages (and the needed heads) off the device, then gather through
+        # the table on the host; the whole pool in float64 would not fit at real shapes.
+        idx = jnp.asarray(pages)
+        local = np.arange(len(pages))
+
+        def rows(pool):
+            sel = interop.take_quantized(pool, idx) if quant else pool[idx]
+            return reference.gather_paged_kv(heads(sel), local, n)[None][:, :, hmap]
+
+        return rows(inp.k_pool), rows(inp.v_pool), n - w.q_len
+    if w.family == "paged_decode":  # the fp16 values a quantized paged cache was made from: the dense view
+        n = int(inp.kv_lens[b])
+        k, v = inp.k[b:b + 1, :n], inp.v[b:b + 1, :n]
+        return (reference.to_f64(k[:, :, kh])[:, :, hmap], reference.to_f64(v[:, :, kh])[:, :, hmap],
+                n - w.q_len)
+    if quant:
+        k, v = (interop.take_quantized(t, slice(b, b + 1)) for t in (inp.k_quant, inp.v_quant))
+    else:
+        k, v = inp.k[b:b + 1], inp.v[b:b + 1]
+    if every and not quant:  # every head: no gather
+        return reference.to_f64(k), reference.to_f64(v), w.q_offset
+    return reference.to_f64(heads(k))[:, :, hmap], reference.to_f64(heads(v))[:, :, hmap], w.q_offset
+
+
+def quantization_error(ref_quant: np.ndarray, ref_fp16: np.ndarray) -> dict[str, float]:
+    """The format's own error on a subset: the float64 oracle on the quantized cache against the oracle on the
+    values it was quantized from (``rmse`` = sqrt(mean(d²)), ``max_abs``), as docs/quantized_kv.md §4 reports it."""
+    d = np.asarray(ref_quant, np.float64) - np.asarray(ref_fp16, np.float64)
+    if d.size == 0:
+        return {"rmse": 0.0, "max_abs": 0.0}
+    return {"rmse": float(np.sqrt(np.mean(d * d))), "max_abs": float(np.max(np.abs(d)))}
 
 
 def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:

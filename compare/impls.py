@@ -15,6 +15,11 @@ No per-generation code. A generation applies to a workload iff the workload fami
 (``ENTRY_FAMILIES``: prefill and decode -> ``dense``, paged_decode -> ``paged``, mla -> ``mla``) is one of the
 generation's ``entries``; otherwise ``supports()`` answers ``status == "n/a"`` and no record is written.
 Every other refusal is a record with its reason.
+
+A workload with a quantized KV cache (``kv_dtype``, docs/quantized_kv.md) is the ``quantized`` entry
+(``pallas_attn.kernels.contract.Problem(entry="quantized", kv_dtype=...)``, dense or paged by its family). A
+generation serving it runs on the quantized operands; one that serves only the family's fp16 entry refuses with
+a record saying so (never a silent fp16 run); the CUDA twins refuse (no quantized CUDA kernel is wired yet).
 """
 
 from __future__ import annotations
@@ -27,27 +32,49 @@ from attn_core import generations as core
 
 from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
-__all__ = ["ENTRY_FAMILIES", "entry_for", "applies", "problem_of", "pallas_impls", "cuda_impls", "all_impls",
-           "cuda_table"]
+__all__ = ["ENTRY_FAMILIES", "entry_for", "base_entry", "kv_dtype_of", "quantized_refusal", "applies",
+           "problem_of", "pallas_impls", "cuda_impls", "all_impls", "cuda_table"]
 
-# Which workload families each public entry serves (attn_core.generations.ENTRIES). No workload family
-# feeds the quantized entry yet (compare builds no fp8 / NVFP4 pools), so v9/v10 apply to nothing.
+# Which workload families each public entry serves (attn_core.generations.ENTRIES). The quantized entry serves
+# the workloads of these families that set kv_dtype (``entry_for``), dense or paged by the family.
 ENTRY_FAMILIES: dict[str, tuple[str, ...]] = {
     "dense": ("prefill", "decode"),
     "paged": ("paged_decode",),
-    "quantized": (),
+    "quantized": ("prefill", "decode", "paged_decode"),
     "mla": ("mla",),
 }
-_FAMILY_ENTRY = {fam: entry for entry, fams in ENTRY_FAMILIES.items() for fam in fams}
+_FAMILY_ENTRY = {fam: entry for entry, fams in ENTRY_FAMILIES.items() if entry != "quantized" for fam in fams}
 
 
-def entry_for(w) -> str:
-    """The public entry that serves a workload's family."""
+def kv_dtype_of(w) -> str | None:
+    """The workload's quantized KV format (``"fp8_e4m3"`` | ``"nvfp4"``), None for KV in the workload dtype."""
+    return getattr(w, "kv_dtype", None)
+
+
+def base_entry(w) -> str:
+    """The entry serving the workload's family with KV in the workload dtype (dense | paged | mla)."""
     return _FAMILY_ENTRY[w.family]
 
 
+def entry_for(w) -> str:
+    """The public entry that serves a workload: ``quantized`` when it sets kv_dtype, else its family's."""
+    return "quantized" if kv_dtype_of(w) else base_entry(w)
+
+
 def applies(gen_id: str, w) -> bool:
-    return entry_for(w) in core.get(gen_id).entries
+    """A generation applies to a workload if it serves the workload's entry, or, for a quantized workload, the
+    family's fp16 entry (it then refuses with a reason: it cannot read the quantized cache)."""
+    entries = core.get(gen_id).entries
+    return entry_for(w) in entries or base_entry(w) in entries
+
+
+def quantized_refusal(gen_id: str, w) -> str | None:
+    """Why ``gen_id`` cannot run a quantized workload it would run with fp16 KV (None: no such refusal)."""
+    kvd = kv_dtype_of(w)
+    if kvd and "quantized" not in core.get(gen_id).entries:
+        return (f"{gen_id} serves the {sorted(core.get(gen_id).entries)} entries, not 'quantized': it reads KV in "
+                f"the workload dtype, not kv_dtype={kvd} (no silent fp16 run)")
+    return None
 
 
 def problem_of(w):
@@ -57,11 +84,12 @@ def problem_of(w):
 
     entry = entry_for(w)
     kv_len, page = w.kv_len, None
-    if entry == "paged":
+    if w.family == "paged_decode":
         page = w.page_size
         kv_len = -(-w.kv_len // page) * page
     return Problem(entry=entry, dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=kv_len, heads_q=w.heads_q,
-                   heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal), page_size=page)
+                   heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal), page_size=page,
+                   kv_dtype=kv_dtype_of(w))
 
 
 def _not_built_facts(gen_id: str, w) -> RooflineFacts:
@@ -87,6 +115,9 @@ def _pallas_supports(gen_id: str, config: str, w, ctx: Ctx) -> Support:
         return Support(False, "", "n/a")
     if w.family == "mla":
         return Support(False, "compare has no MLA input path yet", "unsupported")
+    why = quantized_refusal(gen_id, w)
+    if why:
+        return Support(False, why, "unsupported")
     try:
         _resolve(gen_id, config, w)
     except (NotImplementedError, ValueError) as e:
@@ -98,7 +129,7 @@ def _pallas_roofline(gen_id: str, config: str, w) -> RooflineFacts:
     kern, cfg, problem = _resolve(gen_id, config, w)
     ri = kern.roofline(problem, cfg)
     return RooflineFacts(ri.precision, bool(ri.materialize_s), tuple(ri.tile), bool(ri.tensor_cores),
-                         f"pallas contract ({kern.name})")
+                         f"pallas contract ({kern.name})", float(getattr(ri, "dequant_ops", 0.0)))
 
 
 def _pallas_plan(gen_id: str, config: str, w, ctx: Ctx) -> dict[str, Any]:
@@ -111,16 +142,22 @@ def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
 
     import pallas_attn
 
+    kvd = kv_dtype_of(w)
+    note = f"KV {kvd}: quantized on the device over the whole cache, untimed" if kvd else ""
     if w.family == "paged_decode":
         fn = jax.jit(functools.partial(
             pallas_attn.paged_attention, scale=inp.scale, causal=w.causal, generation=gen_id,
             interpret=ctx.interpret, config=config,
             # compare builds valid tables; the bounds check is validation cost, not attention
             check_block_table=False))
-        return Prepared(fn, (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH")
+        # for a quantized workload the pools are Fp8Tensor / Nvfp4Tensor pools (interop.make_inputs)
+        return Prepared(fn, (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH",
+                        notes=note)
     fn = jax.jit(functools.partial(
         pallas_attn.attention, causal=w.causal, scale=inp.scale, q_offset=w.q_offset, generation=gen_id,
         interpret=ctx.interpret, config=config))
+    if kvd:
+        return Prepared(fn, (inp.q, inp.k_quant, inp.v_quant), "jax", "BTNH", notes=note)
     return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH")
 
 
@@ -207,6 +244,10 @@ def _cuda_supports(gen_id: str, row, table_error: str | None, w, ctx: Ctx) -> Su
         return Support(False, table_error, "unavailable")
     if row is None:
         return Support(False, f"{gen_id} is not built in cuda_ref yet (no row in its generation table)", "not_built")
+    kvd = kv_dtype_of(w)
+    if kvd:
+        return Support(False, f"cuda_ref has no quantized-KV kernel wired into compare yet: cuda:{gen_id} reads KV in "
+                              f"the workload dtype, not kv_dtype={kvd} (no silent fp16 run)", "unsupported")
     entry = entry_for(w)
     if row.entry != "dense" or entry != row.entry:
         return Support(False, f"compare has no cuda_ref path for the {entry!r} entry yet (cuda_ref serves {gen_id} "

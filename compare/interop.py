@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Inputs", "make_inputs", "torch_cuda_available", "to_torch", "to_jax", "to_jax_btnh", "kv_lengths"]
+__all__ = ["Inputs", "make_inputs", "torch_cuda_available", "to_torch", "to_jax", "to_jax_btnh", "kv_lengths",
+           "dequantized", "take_quantized"]
 
 
 def torch_cuda_available() -> bool:
@@ -88,9 +89,14 @@ class Inputs:
     v: jax.Array
     scale: float
     kv_lens: np.ndarray | None = None  # int32 [B] (paged workloads)
-    k_pool: jax.Array | None = None  # [num_blocks, page, Hkv, D]
-    v_pool: jax.Array | None = None
+    k_pool: Any = None  # [num_blocks, page, Hkv, D] (an Fp8Tensor / Nvfp4Tensor pool for a quantized workload)
+    v_pool: Any = None
     block_table: jax.Array | None = None  # int32 [B, pages_per_seq]
+    # quantized workloads (kv_dtype): k and v quantized on the device, each over the whole dense cache
+    # (pallas_attn.quant.Fp8Tensor / Nvfp4Tensor); k / v stay the fp16 values they were quantized from
+    k_quant: Any = None
+    v_quant: Any = None
+    kv_dtype: str | None = None
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def cached(self, key: str, make):
@@ -125,7 +131,10 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
                for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
-    if w.family == "paged_decode":
+    kvd = getattr(w, "kv_dtype", None)
+    if kvd:
+        _quantize_inputs(w, inp, kvd)
+    elif w.family == "paged_decode":
         from attn_core import paging
 
         lens = kv_lengths(w)
@@ -138,3 +147,49 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
         inp.v_pool = jnp.asarray(v_pool, dtype=dt)
         inp.block_table = jnp.asarray(table, dtype=jnp.int32)
     return inp
+
+
+def _quantize_inputs(w, inp: Inputs, kvd: str) -> None:
+    """A quantized-KV workload's cache: K and V (the workload-dtype values every oracle sees) quantized on the
+    device with ``pallas_attn.quant``, each as one whole tensor (one per-tensor scale; NVFP4 micro-blocks along
+    the head dim), as docs/quantized_kv.md defines the formats; a paged workload then pages every field of the
+    quantized cache with one permutation (``quant.build_paged_quantized``: quantize first, then page)."""
+    from pallas_attn import quant
+
+    fn = {"fp8_e4m3": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}.get(kvd)
+    if fn is None:
+        raise ValueError(f"unknown kv_dtype {kvd!r}; known: fp8_e4m3, nvfp4")
+    inp.kv_dtype = kvd
+    inp.k_quant, inp.v_quant = fn(inp.k), fn(inp.v)
+    if w.family == "paged_decode":
+        lens = kv_lengths(w)
+        inp.kv_lens = lens
+        inp.k_pool, inp.v_pool, table = quant.build_paged_quantized(inp.k_quant, inp.v_quant, w.page_size,
+                                                                    seed=w.seed, kv_lens=lens)
+        inp.block_table = jnp.asarray(table, dtype=jnp.int32)
+        inp.k_quant = inp.v_quant = None  # the paged entry reads the pools only; the dense copy is not kept
+
+
+def dequantized(t) -> jax.Array:
+    """float32 values of a quantized tensor (or a slice of one: any leading shape), ``pallas_attn.quant``."""
+    from pallas_attn import quant
+
+    fmt = quant.kv_format(t)
+    if fmt == "fp8_e4m3":
+        return quant.dequantize_fp8_e4m3(t)
+    if fmt == "nvfp4":
+        return quant.dequantize_nvfp4(t)
+    raise ValueError(f"not a quantized tensor: {type(t).__name__}")
+
+
+def take_quantized(t, index) -> Any:
+    """The same quantized tensor type holding ``field[index]`` of every array field (scale unchanged): a slice of
+    batches, pages or heads of a quantized cache, still exactly the bytes the kernel reads."""
+    from pallas_attn import quant
+
+    fmt = quant.kv_format(t)
+    if fmt == "fp8_e4m3":
+        return quant.Fp8Tensor(data=t.data[index], scale=t.scale)
+    if fmt == "nvfp4":
+        return quant.Nvfp4Tensor(packed=t.packed[index], micro=t.micro[index], scale=t.scale)
+    raise ValueError(f"not a quantized tensor: {type(t).__name__}")

@@ -610,6 +610,9 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
 def predict(impl: str, workload: Any, hw: Hardware | str, plan: Mapping[str, Any] | None = None) -> Prediction:
     """Layer 2 for ``impl`` on ``workload`` (a Workload, a record's workload dict or a ``Shape``)."""
     hw = _hardware.get(hw) if isinstance(hw, str) else hw
+    kvd = workload.get("kv_dtype") if isinstance(workload, Mapping) else getattr(workload, "kv_dtype", None)
+    if kvd:  # its launch costs are fitted on fp16 KV: it would charge a quantized cache at fp16 bytes
+        raise NotImplementedError(f"layer 2 does not model quantized KV yet (kv_dtype={kvd}); layer 1 does")
     s = workload if isinstance(workload, Shape) else Shape.of(workload)
     lns, pl = launches_for(impl, s, hw, plan)
     times = tuple(time_launch(ln, hw) for ln in lns)

@@ -42,6 +42,9 @@ def _page(w) -> int:
 def _supports(merge: str, w, ctx: Ctx) -> Support:
     if w.family != "decode":
         return Support(False, "", "n/a")
+    if getattr(w, "kv_dtype", None):
+        return Support(False, f"context-parallel decode takes KV in the workload dtype, not kv_dtype={w.kv_dtype} "
+                              "(no silent fp16 run)", "unsupported")
     if w.kv_len % w.devices:
         return Support(False, f"kv_len {w.kv_len} does not split into {w.devices} equal slices", "unsupported")
     from pallas_attn import registry

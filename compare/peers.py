@@ -23,6 +23,7 @@ EFFICIENT and jax:xla only). Paged workloads give dense-KV peers the dense view 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -400,7 +401,23 @@ def _paged_prepare(w, inp, ctx: Ctx) -> Prepared:
                           f"pages_per_compute_block={ppcb}; pools transposed to [Hkv, pages, page, D] (untimed)")
 
 
+def _fp16_kv_only(supports, w, ctx: Ctx) -> Support:
+    """Every peer reads KV in the workload dtype: on a quantized-KV workload (``kv_dtype``) it refuses, with a
+    record, wherever it would otherwise apply (no silent fp16 run beside quantized kernels)."""
+    kvd = getattr(w, "kv_dtype", None)
+    sup = supports(w, ctx)
+    if not kvd or sup.status == "n/a":
+        return sup
+    return Support(False, f"reads KV in the workload dtype ({w.dtype}), not kv_dtype={kvd}: no quantized-KV path "
+                          "in this peer (no silent fp16 run)", "unsupported")
+
+
 def peer_impls() -> list[Impl]:
+    out = _peer_impls()
+    return [dataclasses.replace(i, supports_fn=functools.partial(_fp16_kv_only, i.supports_fn)) for i in out]
+
+
+def _peer_impls() -> list[Impl]:
     out = [Impl(f"torch:{b}", "torch", None, None, "peer", f"sdpa:{_SDPA[b]}",
                 f"torch SDPA, backend {_SDPA[b]} selected explicitly" + (" (FlashAttention-2)" if b == "flash" else ""),
                 functools.partial(_sdpa_supports, b), functools.partial(_sdpa_prepare, b))

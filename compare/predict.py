@@ -8,6 +8,14 @@ b300`` (``sm_XY`` spellings accepted), ``--q-len``, ``--causal``, ``--reference-
 declares instead of ``--precision/--materialize-s/--tile``: a generation built in Pallas from its kernel's
 contract (``Kernel.roofline`` for the input ``--dtype`` and ``--config``), an unbuilt one from
 ``REFERENCE_STORAGE`` below.
+
+``--kv-dtype fp8_e4m3|nvfp4``: a quantized KV cache (docs/quantized_kv.md): K and V charged at the storage
+precision, q and O at 2 bytes, + the two float32 tensor scales, and the dequant ALU bound from the generation's
+declared ``dequant_ops`` (``--generation``, the quantized entry) or ``--dequant-ops``.
+
+``--capacity``: the KV-cache capacity table instead of a prediction: bytes per token (one layer, K and V) and
+for B x N tokens, MHA (Hkv = H) and GQA (Hkv = H / --gqa-group, or 8 when --gqa-group is 1) x fp16 / fp8 /
+NVFP4 (default shape 1x32x65536x128: Llama-3-8B heads at a 64K context).
 """
 
 from __future__ import annotations
@@ -49,14 +57,18 @@ def _entry(gen) -> str:
 
 def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int,
                      head_dim: int, causal: bool, dtype: str | None, config: str | None,
-                     page_size: int = 16) -> tuple[RooflineFacts, str]:
-    """``(facts, what)``: the roofline facts ``gen_id`` declares for this problem and a line saying whence."""
+                     page_size: int = 16, kv_dtype: str | None = None) -> tuple[RooflineFacts, str]:
+    """``(facts, what)``: the roofline facts ``gen_id`` declares for this problem and a line saying whence.
+    ``kv_dtype``: the quantized entry (a quantized KV cache of that format)."""
     from pallas_attn import registry
 
     gen = registry.get(gen_id)
+    if kv_dtype is not None and "quantized" not in gen.entries:
+        raise UsageError(f"--kv-dtype: {gen_id} serves the {sorted(gen.entries)} entries, not 'quantized'")
     if not registry.built(gen_id):
-        if config is not None or dtype is not None:
-            raise SystemExit(f"--config/--dtype apply to a generation built in Pallas; {gen_id} is not built")
+        if config is not None or dtype is not None or kv_dtype is not None:
+            raise SystemExit(f"--config/--dtype/--kv-dtype apply to a generation built in Pallas; {gen_id} is not "
+                             "built")
         prec = reference_storage(gen_id)
         return (RooflineFacts(prec, source="reference storage convention (not built)"),
                 f"{gen_id} is not built in Pallas: the reference's storage precision {prec} (REFERENCE_STORAGE)")
@@ -66,20 +78,22 @@ def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_
     kern = registry.kernel(gen_id)
     if dtype is None:
         dtype = "float32" if "float32" in kern.dtypes else kern.dtypes[0]
-    entry = _entry(gen)
+    entry = "quantized" if kv_dtype else _entry(gen)
     page = page_size if entry == "paged" else None
     kv = -(-kv_len // page) * page if page else kv_len
     problem = Problem(entry=entry, dtype=dtype, batch=batch, q_len=q_len, kv_len=kv, heads_q=heads_q,
-                      heads_kv=heads_kv, head_dim=head_dim, causal=causal, page_size=page)
+                      heads_kv=heads_kv, head_dim=head_dim, causal=causal, page_size=page, kv_dtype=kv_dtype)
     try:
         kern, cfg = api.resolve(gen_id, problem, config)
     except (NotImplementedError, ValueError) as e:
         raise SystemExit(f"--generation {gen_id}: {e}") from None
     ri = kern.roofline(problem, cfg)
     facts = RooflineFacts(ri.precision, bool(ri.materialize_s), tuple(ri.tile), bool(ri.tensor_cores),
-                          f"pallas contract ({kern.name})")
+                          f"pallas contract ({kern.name})", float(getattr(ri, "dequant_ops", 0.0)))
     name = next((n for n, c in registry.configs(gen_id).items() if c == cfg), "from the kernel's heuristic")
-    what = (f"{gen_id} (Pallas kernel {kern.name}, config {name}, {dtype} input): {facts.precision} operands"
+    what = (f"{gen_id} (Pallas kernel {kern.name}, config {name}, {dtype} input"
+            + (f", {kv_dtype} KV, {facts.dequant_ops:g} dequant ops per KV element" if kv_dtype else "")
+            + f"): {facts.precision} operands"
             + (f", S materialized, tile {facts.tile[0]}x{facts.tile[1]}" if facts.materialize_s else ", fused"))
     return facts, what
 
@@ -106,7 +120,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="layer-1 roofline prediction for one problem (no GPU needed)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="t4", help="t4 | a100 | h100 | h200 | b200 | b300 (or sm_XY); default t4")
-    p.add_argument("--shape", type=_shape, default=(1, 8, 2048, 64), help="BxHxNxd, H = query heads")
+    p.add_argument("--shape", type=_shape, default=None,
+                   help="BxHxNxd, H = query heads; default 1x8x2048x64 (1x32x65536x128 with --capacity)")
     p.add_argument("--precision", default=None, choices=sorted(roofline.BYTES), help="storage precision; default fp32")
     p.add_argument("--materialize-s", action="store_true", help="v1/v2 model: S round-trips through HBM")
     p.add_argument("--tile", type=_tile, default=None, help="MxN tile reuse for --materialize-s; default 1x1")
@@ -131,6 +146,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mma-engine", default="fp16", choices=("fp16", "bf16", "fp8", "nvfp4"))
     p.add_argument("--reference-conventions", action="store_true",
                    help="reproduce the reference tool exactly (MLA Q/O at storage width, causal ignored)")
+    p.add_argument("--kv-dtype", default=None, choices=tuple(roofline.KV_PRECISION),
+                   help="quantized KV cache: K/V at its storage bytes, q/O at 2 B, + scales, and the dequant ALU bound")
+    p.add_argument("--dequant-ops", type=float, default=None,
+                   help="with --kv-dtype and no --generation: ALU instructions per KV element (default 0)")
+    p.add_argument("--capacity", action="store_true",
+                   help="print the KV-cache capacity table (bytes per token, MHA / GQA x fp16 / fp8 / NVFP4)")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=run)
 
@@ -155,11 +176,28 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "capacity", False):
+        return capacity(args)
+    args.shape = args.shape or (1, 8, 2048, 64)
     try:
         hw = hardware.get(args.arch)
     except ValueError as e:
         raise UsageError(f"--arch: {e}") from None
     _check_args(args)
+    kv_dtype = getattr(args, "kv_dtype", None)
+    dequant_ops = getattr(args, "dequant_ops", None)
+    if kv_dtype is None and dequant_ops is not None:
+        raise UsageError("--dequant-ops applies with --kv-dtype")
+    if kv_dtype is not None:
+        if args.mla or args.materialize_s:
+            raise UsageError("--kv-dtype models the fused GQA/MHA decode path (no --mla, no --materialize-s)")
+        if args.generation is not None and dequant_ops is not None:
+            raise UsageError("--generation declares its dequant ops: drop --dequant-ops")
+        if args.precision is not None and args.precision != roofline.KV_PRECISION[kv_dtype]:
+            raise UsageError(f"--kv-dtype {kv_dtype} stores KV as {roofline.KV_PRECISION[kv_dtype]}; got --precision "
+                             f"{args.precision}")
+        if dequant_ops is not None and dequant_ops < 0:
+            raise UsageError(f"--dequant-ops must be >= 0; got {dequant_ops:g}")
     b, h, n, d = args.shape
     q_len = args.q_len or n
     kv_len = args.kv_len or n
@@ -178,14 +216,21 @@ def run(args: argparse.Namespace) -> int:
             if h % args.gqa_group:
                 raise SystemExit(f"H ({h}) must be a multiple of --gqa-group ({args.gqa_group})")
             hq, hkv, dim = h, h // args.gqa_group, d
+        if kv_dtype is not None and args.dtype is None:
+            args.dtype = "float16"  # the q dtype a quantized cache is read with (docs/quantized_kv.md)
         facts, contract = generation_facts(args.generation, batch=b, heads_q=hq, heads_kv=hkv, q_len=q_len,
                                            kv_len=kv_len, head_dim=dim, causal=args.causal, dtype=args.dtype,
-                                           config=args.config, page_size=args.page_size)
+                                           config=args.config, page_size=args.page_size, kv_dtype=kv_dtype)
         args.precision, args.materialize_s, args.tile = facts.precision, facts.materialize_s, facts.tile
+        dequant_ops = facts.dequant_ops if kv_dtype is not None else None
     elif args.config is not None or args.dtype is not None:
         raise SystemExit("--config and --dtype only apply with --generation")
-    args.precision = args.precision or "fp32"
+    args.precision = args.precision or (roofline.KV_PRECISION[kv_dtype] if kv_dtype else "fp32")
     args.tile = args.tile or (1, 1)
+    quant = {}
+    if kv_dtype is not None:
+        quant = {"quantized_kv": True, "dequant_ops": float(dequant_ops or 0.0),
+                 "io_bytes": 4.0 if args.dtype == "float32" else 2.0}
     if args.mla:
         prob = roofline.Problem(
             batch=b, heads_q=args.h_q, q_len=q_len, kv_len=kv_len, head_dim=args.kv_lora_rank + args.rope_dim,
@@ -199,11 +244,13 @@ def run(args: argparse.Namespace) -> int:
             batch=b, heads_q=h, q_len=q_len, kv_len=kv_len, head_dim=d, precision=args.precision,
             group=args.gqa_group, materialize_s=args.materialize_s, tile=args.tile,
             use_tensor_core=not args.no_tensor_core, causal=args.causal, q_offset=max(0, kv_len - q_len),
-            mma_engine=args.mma_engine, reference_conventions=args.reference_conventions,
+            mma_engine=args.mma_engine, reference_conventions=args.reference_conventions, **quant,
         )
         shape = f"B={b} Hq={h} Hkv={h // args.gqa_group} (G={args.gqa_group}) Nq={q_len} Nk={kv_len} d={d}"
     est = roofline.estimate(prob, hw)
     l2 = _layer2(args, hw, b, h, q_len, kv_len, d) if args.generation is not None and not args.mla else None
+    if l2 is not None and kv_dtype is not None:
+        l2 = {"error": f"layer 2 does not model quantized KV yet (kv_dtype={kv_dtype}); layer 1 does"}
     if args.json:
         print(json.dumps({"arch": hw.key, "generation": args.generation, "contract": contract,
                           "problem": prob.__dict__, "estimate": est.as_dict(), "layer2": l2}, default=str))
@@ -215,6 +262,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"declared  : {contract}")
     print(f"shape     : {shape} {args.precision}{' causal' if args.causal else ''}"
           f"{' materialized-S tile ' + 'x'.join(map(str, args.tile)) if args.materialize_s else ''}")
+    if kv_dtype is not None:
+        print(f"KV        : {kv_dtype}, {roofline.BYTES[prob.precision]:g} B/element; q and O at {prob.io_bytes:g} B; "
+              f"+{roofline.SCALE_BYTES:g} B of tensor scales; dequant {prob.dequant_ops:g} ALU ops/element at "
+              f"{roofline.alu_rate(hw) / 1e12:.1f} T ops/s ({roofline.ALU_OPS_PER_CLK_SM}/clk/SM)")
     print(f"LIMITER   : {est.limiter} (predicted lower bound {est.floor_s * 1e3:.4g} ms)")
     for k, t in est.times.items():
         print(f"t_{k.lower():<8}: {t * 1e3:.4g} ms ({100 * t / est.floor_s:.1f}% of bound)")
@@ -247,3 +298,26 @@ def _layer2(args, hw, b: int, h: int, q_len: int, kv_len: int, d: int) -> dict:
         return layer2.predict(impl, shape, hw).as_dict()
     except (NotImplementedError, KeyError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
+
+
+def capacity(args: argparse.Namespace) -> int:
+    """``--capacity``: the KV-cache capacity table (``roofline.capacity_table``) for --shape's H, N x B, d."""
+    b, h, n, d = args.shape or (1, 32, 65536, 128)
+    tokens = b * (args.kv_len or n)
+    if args.gqa_group < 1 or h % args.gqa_group:
+        raise UsageError(f"H ({h}) must be a multiple of --gqa-group ({args.gqa_group})")
+    gqa = h // args.gqa_group if args.gqa_group > 1 else 8
+    try:
+        rows = roofline.capacity_table(heads_q=h, head_dim=d, tokens=tokens, gqa_heads_kv=gqa)
+    except ValueError as e:
+        raise UsageError(f"--capacity: {e}") from None
+    if args.json:
+        print(json.dumps({"heads_q": h, "head_dim": d, "tokens": tokens, "rows": rows}))
+        return 0
+    print(f"KV-cache capacity: Hq={h}, d={d}, {tokens} tokens (B={b} x N={tokens // b}), one layer, K and V; "
+          f"a quantized cache adds {roofline.SCALE_BYTES:g} B of tensor scales (docs/quantized_kv.md)")
+    print(f"{'layout':10s} {'Hkv':>4s} {'format':9s} {'B/token':>9s} {'total MB':>11s} {'vs fp16':>8s}")
+    for r in rows:
+        print(f"{r['layout']:10s} {r['heads_kv']:4d} {r['format']:9s} {r['bytes_per_token']:9.0f} "
+              f"{r['total_bytes'] / 1e6:11.2f} {r['vs_fp16']:8.3f}")
+    return 0

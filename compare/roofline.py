@@ -7,7 +7,13 @@ The model is the reference's (docs/reference.md §3.2) so its published figures 
   * decode: the fused path with Nq = 1, so AI ≈ 2G/b;
   * MLA: one shared latent of width L+R read once; FLOPs over L+R (scores) and L (values);
   * limiter = the largest of t_mma (FLOPs / the engine's peak), t_hbm (bytes / bandwidth) and t_mufu
-    (exps / exp rate); floor = that largest time.
+    (exps / exp rate); floor = that largest time;
+  * quantized KV (``kv_dtype``, docs/quantized_kv.md §3): K and V charged at the storage precision (``BYTES``:
+    fp8 1 B, NVFP4 0.5625 B per element with the micro-scales), Q and O at ``io_bytes`` (2 B: the kernels read q
+    and write the output in fp16), plus ``SCALE_BYTES`` (the two float32 tensor scales); and a fourth bound,
+    t_alu = 2·B·Hkv·N_k·D · dequant_ops / (SMs · ``ALU_OPS_PER_CLK_SM`` · clock), the integer/logic work of
+    decoding the KV elements, from the kernel's declared ``dequant_ops`` (0 for fp16 KV: the bound is then
+    absent, and every figure is what it was without it).
 
 What an implementation *is* to the model (operand precision, whether S makes the HBM round trip, the tile
 reuse) is what it declares: a Pallas kernel's contract (``Kernel.roofline``), cuda_ref's generation table,
@@ -31,11 +37,18 @@ import math
 
 from .hardware import Hardware
 
-__all__ = ["Problem", "Estimate", "estimate", "problem_for", "workload_precision", "BYTES", "visible_pairs",
-           "tc_ceiling_fraction"]
+__all__ = ["Problem", "Estimate", "estimate", "problem_for", "workload_precision", "kv_precision", "BYTES",
+           "KV_PRECISION", "SCALE_BYTES", "ALU_OPS_PER_CLK_SM", "alu_rate", "visible_pairs", "tc_ceiling_fraction",
+           "capacity_table"]
 
 BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "nvfp4": 0.5625, "int4": 0.5}
 _DTYPE_TO_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# a workload's quantized KV format (Workload.kv_dtype) -> the storage precision whose BYTES the roofline charges
+KV_PRECISION = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4"}
+SCALE_BYTES = 8.0  # a quantized cache's two float32 per-tensor scales (K and V), read once per call
+# integer / logic instructions (shift, LOP3, PRMT, integer add) issued per clock per SM on sm_80 / sm_90: the
+# pipe that decodes quantized KV (CUDA C++ Programming Guide, arithmetic instruction throughput table)
+ALU_OPS_PER_CLK_SM = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +72,10 @@ class Problem:
     mma_engine: str = "fp16"
     io_bytes: float = 2.0
     reference_conventions: bool = False
+    # quantized KV: only K and V are at ``precision``; Q and O at io_bytes, + SCALE_BYTES; dequant_ops ALU
+    # instructions per KV element (t_alu)
+    quantized_kv: bool = False
+    dequant_ops: float = 0.0
 
     def __post_init__(self) -> None:
         if self.precision not in BYTES:
@@ -67,6 +84,10 @@ class Problem:
             raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of group ({self.group})")
         if min(self.batch, self.heads_q, self.q_len, self.kv_len, self.head_dim, *self.tile) < 1:
             raise ValueError(f"every size must be >= 1: {self}")
+        if self.dequant_ops < 0 or (self.dequant_ops and not self.quantized_kv):
+            raise ValueError(f"dequant_ops ({self.dequant_ops}) must be >= 0, and only with quantized_kv")
+        if self.quantized_kv and (self.mla or self.materialize_s):
+            raise ValueError("quantized_kv models the fused GQA/MHA path (no MLA, no materialized S)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +105,14 @@ class Estimate:
     peak_flops: float
     bw: float
     engine: str
+    t_alu: float = 0.0  # quantized KV: decoding the KV elements on the integer/logic pipe (0: no such bound)
 
     @property
     def times(self) -> dict[str, float]:
-        return {"MMA": self.t_mma, "HBM": self.t_hbm, "MUFU": self.t_mufu}
+        t = {"MMA": self.t_mma, "HBM": self.t_hbm, "MUFU": self.t_mufu}
+        if self.t_alu:
+            t["ALU"] = self.t_alu
+        return t
 
     def as_dict(self) -> dict[str, float | str]:
         return dataclasses.asdict(self)
@@ -122,6 +147,7 @@ def _engine(p: Problem, hw: Hardware) -> str:
 
 def estimate(p: Problem, hw: Hardware) -> Estimate:
     b = BYTES[p.precision]
+    alu_ops = 0.0
     engine = _engine(p, hw)
     peak = hw.peak(engine)
     if p.mla:
@@ -151,24 +177,45 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
             nbytes = operand + s_trip + o_bytes
         else:
             tokens = p.kv_tokens if p.kv_tokens is not None else p.batch * p.kv_len
-            kv_bytes = 2.0 * (p.heads_q // p.group) * tokens * d * b
-            nbytes = kv_bytes + bh * p.q_len * d * b + o_bytes
+            kv_elems = 2.0 * (p.heads_q // p.group) * tokens * d
+            kv_bytes = kv_elems * b
+            if p.quantized_kv:  # only K and V are stored quantized: q is read and O written at io_bytes
+                o_bytes = bh * p.q_len * d * p.io_bytes
+                nbytes = kv_bytes + bh * p.q_len * d * p.io_bytes + o_bytes + SCALE_BYTES
+                alu_ops = kv_elems * p.dequant_ops
+            else:
+                nbytes = kv_bytes + bh * p.q_len * d * b + o_bytes
         exps = float(pairs)
     t_mma = flops / peak
     t_hbm = nbytes / hw.hbm_bw
     t_mufu = exps / hw.exp_rate
+    t_alu = alu_ops / alu_rate(hw) if alu_ops else 0.0
     times = {"MMA": t_mma, "HBM": t_hbm, "MUFU": t_mufu}
+    if t_alu:
+        times["ALU"] = t_alu
     limiter = max(times, key=times.__getitem__)
     return Estimate(
         flops=flops, bytes=nbytes, exps=exps, t_mma=t_mma, t_hbm=t_hbm, t_mufu=t_mufu, limiter=limiter,
         floor_s=times[limiter], ai=flops / nbytes, ridge=peak / hw.hbm_bw, peak_flops=peak, bw=hw.hbm_bw,
-        engine=engine,
+        engine=engine, t_alu=t_alu,
     )
 
 
+def alu_rate(hw: Hardware) -> float:
+    """Integer/logic instructions per second of the whole chip: SMs x ``ALU_OPS_PER_CLK_SM`` x the table's clock
+    (the datasheet boost clock; a chip that runs slower under load makes t_alu an underestimate)."""
+    return hw.num_sm * ALU_OPS_PER_CLK_SM * hw.clock_mhz * 1e6
+
+
 def workload_precision(workload) -> str:
-    """The roofline precision of a workload's own dtype (what a peer is modelled at)."""
+    """The roofline precision of a workload's own dtype (q and the output; KV too unless it sets kv_dtype)."""
     return _DTYPE_TO_PRECISION[workload.dtype]
+
+
+def kv_precision(workload) -> str:
+    """The roofline precision of a workload's KV cache: its kv_dtype's storage precision, else its dtype's."""
+    kvd = getattr(workload, "kv_dtype", None)
+    return KV_PRECISION[kvd] if kvd else workload_precision(workload)
 
 
 def problem_for(workload, facts=None, *, reference_conventions: bool = False) -> Problem:
@@ -179,7 +226,11 @@ def problem_for(workload, facts=None, *, reference_conventions: bool = False) ->
     the workload's own dtype on the fused path. Nothing here knows generation ids.
     """
     w = workload
-    precision = workload_precision(w) if facts is None else facts.precision
+    precision = kv_precision(w) if facts is None else facts.precision
+    # a quantized workload is modelled as such only at its storage precision (an implementation that declares
+    # another precision refuses the workload; its prediction is what it would cost it at its own precision)
+    kvd = getattr(w, "kv_dtype", None)
+    quantized = bool(kvd) and precision == KV_PRECISION.get(kvd)
     materialize = bool(facts is not None and facts.materialize_s)
     tile = tuple(facts.tile) if materialize else (1, 1)
     kv_tokens = getattr(w, "kv_tokens", None)
@@ -189,13 +240,39 @@ def problem_for(workload, facts=None, *, reference_conventions: bool = False) ->
             precision=precision, group=w.heads_q, mla=True, kv_lora_rank=w.kv_lora_rank, rope_dim=w.rope_dim,
             causal=w.causal, q_offset=w.q_offset, reference_conventions=reference_conventions,
         )
+    quant: dict = {}
+    if quantized:
+        quant = {"quantized_kv": True, "io_bytes": BYTES[workload_precision(w)],
+                 "dequant_ops": float(getattr(facts, "dequant_ops", 0.0) or 0.0)}
     return Problem(
         batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
         precision=precision, group=w.group, materialize_s=materialize, tile=tile, causal=w.causal,
-        q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions,
+        q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions, **quant,
     )
 
 
 def tc_ceiling_fraction(est: Estimate) -> float:
     """The most of the tensor-core (engine) peak a problem can use: t_mma / floor (e.g. ~0.3% at decode)."""
     return est.t_mma / est.floor_s if est.floor_s > 0 else math.nan
+
+
+def capacity_table(*, heads_q: int, head_dim: int, tokens: int = 1, gqa_heads_kv: int = 8) -> list[dict]:
+    """KV-cache bytes per token (one layer) and for ``tokens`` tokens: MHA (Hkv = Hq) and GQA (Hkv =
+    ``gqa_heads_kv``) x fp16 / fp8 / NVFP4. Per token: ``2·Hkv·D·BYTES[precision]`` (K and V; NVFP4's 0.5625 B
+    holds its E4M3 micro-scale per 16 elements); a quantized cache adds ``SCALE_BYTES`` once (its two float32
+    tensor scales), counted in ``total_bytes``."""
+    if min(heads_q, head_dim, tokens, gqa_heads_kv) < 1:
+        raise ValueError(f"sizes must be >= 1; got heads_q={heads_q}, head_dim={head_dim}, tokens={tokens}, "
+                         f"gqa_heads_kv={gqa_heads_kv}")
+    if heads_q % gqa_heads_kv:
+        raise ValueError(f"heads_q ({heads_q}) must be a multiple of the GQA KV heads ({gqa_heads_kv})")
+    rows = []
+    for layout, hkv in (("MHA", heads_q), (f"GQA-{gqa_heads_kv}", gqa_heads_kv)):
+        base = None
+        for fmt, prec in (("fp16", "fp16"), ("fp8_e4m3", "fp8"), ("nvfp4", "nvfp4")):
+            per_token = 2.0 * hkv * head_dim * BYTES[prec]
+            total = per_token * tokens + (SCALE_BYTES if prec != "fp16" else 0.0)
+            base = base or total
+            rows.append({"layout": layout, "heads_kv": hkv, "format": fmt, "bytes_per_token": per_token,
+                         "tokens": tokens, "total_bytes": total, "vs_fp16": total / base})
+    return rows

@@ -403,10 +403,15 @@ class _Run:
             prob = roofline.problem_for(wl, facts)
         except Exception as e:  # an undeclared precision or a shape the model refuses: a field, not a crash
             return {"error": f"{type(e).__name__}: {e}"}
+        peer_src = (f"workload KV format {w.kv_dtype} (no dequant work counted)" if getattr(w, "kv_dtype", None)
+                    else "workload dtype (peer)")
         out: dict[str, Any] = {"precision": prob.precision,
                                "roofline_inputs": facts.as_dict() if facts is not None else {
                                    "precision": prob.precision, "materialize_s": False, "tile": [1, 1],
-                                   "tensor_cores": None, "source": "workload dtype (peer)"}}
+                                   "tensor_cores": None, "source": peer_src}}
+        if prob.quantized_kv:  # K and V at the storage precision, q and O at io_bytes, + the tensor scales
+            out["quantized_kv"] = {"kv_dtype": w.kv_dtype, "kv_precision": prob.precision, "io_bytes": prob.io_bytes,
+                                   "scale_bytes": roofline.SCALE_BYTES, "dequant_ops": prob.dequant_ops}
         for label, hw in (("measured", self.hw if self.ceil else None), ("datasheet", self.hw_ds or self.hw_pred_only)):
             if hw is None:
                 continue
@@ -419,6 +424,8 @@ class _Run:
                           "t_mma_us": est.t_mma * 1e6, "t_hbm_us": est.t_hbm * 1e6, "t_mufu_us": est.t_mufu * 1e6,
                           "floor_us": est.floor_s * 1e6, "limiter": est.limiter, "ai": est.ai, "ridge": est.ridge,
                           "engine": est.engine, "peak_flops": est.peak_flops, "bw_Bps": est.bw}
+            if prob.quantized_kv:  # the fourth bound: decoding the KV elements (docs/quantized_kv.md §3)
+                out[label].update(t_alu_us=est.t_alu * 1e6, alu_ops_per_s=roofline.alu_rate(hw))
         out["basis"] = "measured" if "measured" in out else ("datasheet" if "datasheet" in out else None)
         if not self.gpu:
             by_arch = {}
@@ -531,6 +538,9 @@ class _Run:
                 state["inputs"] = interop.make_inputs(w)
                 state["subset"] = accuracy.choose_subset(w)
                 state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
+                if getattr(w, "kv_dtype", None):  # the format's own error; the reference of the fp16 cache
+                    state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
+                    state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
             except Exception as e:
                 state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
                 rec.update(status="oom" if _is_oom(e) else "failed", reason=state["inputs_error"])
@@ -553,14 +563,28 @@ class _Run:
 
         # agreement (NaN/Inf anywhere fails the record)
         precision = (pred or {}).get("precision") or roofline.workload_precision(w)
+        if getattr(w, "kv_dtype", None):
+            # the oracle reads the same quantized operands as the kernel (accuracy.oracle): what is left is the
+            # kernel's arithmetic, judged at the tolerance of the q dtype it computes in, not the format's
+            precision = roofline.workload_precision(w)
         tol = accuracy.tolerance(precision)
         ag = {"subset": subset.describe(), "tol_rel_l2": tol, "precision": precision}
+        if getattr(w, "kv_dtype", None):
+            ag["subset"]["oracle"] = (f"attn_core.oracle float64 (CPU) on the same {w.kv_dtype} operands the kernel "
+                                      "reads (dequantized exactly)")
+            ag["quantization"] = {**state["quant_error"], "kv_dtype": w.kv_dtype, "what": (
+                "the format's error on the subset: float64 oracle on the quantized cache vs on the "
+                f"{w.dtype} values it was quantized from")}
         rec["agreement"] = ag
         if not accuracy.all_finite(out_btnh):
             rec.update(status="failed", reason="non-finite output (NaN/Inf)")
             return rec
-        max_abs, rel = accuracy.errors(subset.take(out_btnh), ref)
+        got = subset.take(out_btnh)
+        max_abs, rel = accuracy.errors(got, ref)
         ag.update(max_abs_err=max_abs, rel_l2_err=rel)
+        if getattr(w, "kv_dtype", None):  # what a user of the quantized cache sees vs the fp16 one: kernel + format
+            qe = accuracy.quantization_error(got, state["oracle_fp16"])
+            ag["vs_fp16_kv"] = {**qe, "what": f"this output vs the float64 oracle on the {w.dtype} KV"}
         if not (math.isfinite(max_abs) and math.isfinite(rel)):
             rec.update(status="failed", reason="non-finite error against the oracle")
             return rec
@@ -754,7 +778,7 @@ class _Run:
                     not_run.append(self.not_run_line(w, recs))
             if not_run and not self.opts.quiet:
                 console.print(f"\n[bold]Not run on this machine[/] ({len(not_run)} workloads; predicted floor from the "
-                              "datasheet, fused model at the workload dtype):")
+                              "datasheet, fused model at the workload's KV storage precision):")
                 for line in not_run:
                     console.print(line, highlight=False, overflow="ellipsis", no_wrap=True)
         except KeyboardInterrupt:

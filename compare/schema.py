@@ -55,7 +55,9 @@ class RooflineFacts:
     S makes a round trip through HBM and with which (rows, keys) operand reuse; ``tensor_cores``: what the
     implementation declares about its engine (recorded; the layer-1 engine follows the reference's
     convention, see ``compare.roofline``); ``source``: where the facts come from (a Pallas kernel's
-    contract, cuda_ref's generation table, the reference's storage convention for an unbuilt generation).
+    contract, cuda_ref's generation table, the reference's storage convention for an unbuilt generation);
+    ``dequant_ops``: ALU instructions per KV element spent decoding a quantized KV cache (the roofline's t_alu;
+    0 for KV in the workload dtype).
     """
 
     precision: str
@@ -63,6 +65,7 @@ class RooflineFacts:
     tile: tuple[int, int] = (1, 1)
     tensor_cores: bool | None = None
     source: str = ""
+    dequant_ops: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -7,7 +7,9 @@ sweep is one entry, never code. ``include = ["other.toml"]`` at the top level pu
 Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | mla), batch, heads_q,
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
 causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged only),
-ragged (paged only: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_lora_rank / rope_dim (mla),
+ragged (paged only: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_dtype (the KV cache's storage
+format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output stay in ``dtype``;
+prefill, decode and paged_decode only; docs/quantized_kv.md), kv_lora_rank / rope_dim (mla),
 generations / peers (restrict the implementations; default all that support the workload), tags, seed,
 devices (default 1: GPUs of one host a decode's KV cache is split over; only multi-device implementations run
 on devices > 1).
@@ -27,6 +29,7 @@ __all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir",
 
 FAMILIES = ("prefill", "decode", "paged_decode", "mla")
 DTYPES = ("float32", "float16", "bfloat16")
+KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
 
 
@@ -65,6 +68,7 @@ class Workload:
     q_offset: int = 0
     page_size: int | None = None
     ragged: bool = False
+    kv_dtype: str | None = None  # KV storage format (KV_DTYPES); None: the workload dtype
     kv_lora_rank: int | None = None
     rope_dim: int | None = None
     generations: tuple[str, ...] | None = None
@@ -86,7 +90,7 @@ class Workload:
 
 _DEFAULTS: dict[str, Any] = {
     "heads_kv": None, "kv_len": None, "causal": False, "q_offset": None, "page_size": None, "ragged": False,
-    "kv_lora_rank": None, "rope_dim": None, "generations": None, "peers": None, "tags": (), "seed": 0,
+    "kv_dtype": None, "kv_lora_rank": None, "rope_dim": None, "generations": None, "peers": None, "tags": (), "seed": 0,
     "devices": 1,
 }
 _REQUIRED = ("name", "family", "batch", "heads_q", "q_len", "head_dim", "dtype")
@@ -167,6 +171,19 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
         raise ConfigError(f"{where}: family must be one of {FAMILIES}; got {e['family']!r}")
     if e["dtype"] not in DTYPES:
         raise ConfigError(f"{where}: dtype must be one of {DTYPES}; got {e['dtype']!r}")
+    if e["kv_dtype"] is not None:
+        if not isinstance(e["kv_dtype"], str) or e["kv_dtype"] not in (*KV_DTYPES, e["dtype"]):
+            raise ConfigError(f"{where}: kv_dtype must be one of {KV_DTYPES} (or absent: the workload dtype "
+                              f"{e['dtype']}); got {e['kv_dtype']!r}")
+        if e["kv_dtype"] == e["dtype"]:
+            e["kv_dtype"] = None  # the workload dtype spelt out: the same workload as leaving it absent
+    if e["kv_dtype"] is not None:
+        if e["family"] == "mla" or e["devices"] > 1:
+            raise ConfigError(f"{where}: kv_dtype {e['kv_dtype']!r} applies to families prefill, decode and "
+                              f"paged_decode on one device; got family {e['family']!r}, devices {e['devices']}")
+        if e["kv_dtype"] == "nvfp4" and e["head_dim"] % 16:
+            raise ConfigError(f"{where}: kv_dtype 'nvfp4' has one micro-scale per 16 elements of the head dim: "
+                              f"head_dim must be a multiple of 16; got {e['head_dim']}")
     if e["q_offset"] is None:
         e["q_offset"] = 0 if e["family"] == "prefill" else e["kv_len"] - e["q_len"]
     if not isinstance(e["q_offset"], int) or e["q_offset"] < 0:

@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/bench_quant_decode.py --out $OUT/quant_decode            # the GPU run
     PYTHONPATH=. python scripts/bench_quant_decode.py --smoke                            # CPU, tiny, interpret
 
-Shapes (Hq 32, Hkv 8, D 128, Tq 1, fp16 q, non-causal, the configs/pending/quant_decode.toml workloads): B32 S8192 and
+Shapes (Hq 32, Hkv 8, D 128, Tq 1, fp16 q, non-causal, the configs/quant_decode.toml workloads): B32 S8192 and
 B1 S131072, dense and paged (page 64). For each KV format and fa_decode config (``default``, ``quant_alt_decode``:
 the other decode of each quantized format, ``tuned``) one record with the kernel time on compare's clock
 (``compare.timing.time_kernels``: CUPTI, L2 flushed before every repetition, p10/p50/p90), the KV bytes read at
