@@ -180,6 +180,8 @@ def workload_table(name: str, recs: list[dict]):
 def _shape(w: dict) -> str:
     s = (f"B{w.get('batch')} Hq{w.get('heads_q')}/Hkv{w.get('heads_kv')} Tq{w.get('q_len')} Tk{w.get('kv_len')} "
          f"D{w.get('head_dim')} {w.get('dtype')}")
+    if w.get("kv_dtype"):
+        s += f" KV {w['kv_dtype']}"
     if w.get("page_size"):
         s += f" page{w['page_size']}" + (" ragged" if w.get("ragged") else "")
     return s + (" causal" if w.get("causal") else "")
