@@ -1,4 +1,4 @@
-"""Command line: ``python -m compare {predict,run,report}`` (console script ``pallas-attn-compare``).
+"""Command line: ``python -m compare {predict,run,tune,report}`` (console script ``pallas-attn-compare``).
 
 ``main`` is compare's entry point, so it owns the process-wide settings a library must not make at import:
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX is imported (torch and JAX share the GPU; preallocation
@@ -21,12 +21,13 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import predict, report, runner
+    from . import predict, report, runner, tune
 
     parser = argparse.ArgumentParser(prog="python -m compare", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     predict.add_parser(sub)
     runner.add_parser(sub)
+    tune.add_parser(sub)
     report.add_parser(sub)
     return parser
 

@@ -46,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run every implementation on a config's workloads; write JSONL records",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="default", help="config name (configs/<name>.toml) or path; default: default")
+    add_run_options(p)
+    p.set_defaults(func=run_cli)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of a run (selection, output, timing, budgets, clock), shared by ``run`` and ``tune``."""
     p.add_argument("--only", action="append", default=[], metavar="WORKLOAD[:IMPL]",
                    help="glob filter, repeatable (OR): 'ref_prefill_*', '*:torch:*', 'smoke_*:pallas:v4_fused:*'. "
                         "The part before the first ':' matches the workload name, the rest the impl name. "
@@ -83,7 +89,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="CPU interpret mode runs only workloads under this many FLOPs; default 1e8")
     p.add_argument("--no-ceilings", action="store_true", help="skip measuring ceilings (datasheet values only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or tables")
-    p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -263,12 +268,16 @@ def _slug(s: str) -> str:
 
 
 class _Run:
-    def __init__(self, opts: RunOptions):
+    command = "run"  # the subcommand a record's repro repeats
+
+    def __init__(self, opts: RunOptions, *, workloads: list[Workload] | None = None, impls: list[Impl] | None = None,
+                 header_extra: dict[str, Any] | None = None):
         self.opts = opts
         self.t_start = time.perf_counter()
+        self.header_extra = dict(header_extra or {})
         # what the user asked for is resolved first: a mistake is one UsageError line, before anything is written
-        self.workloads = load_config(opts.config)
-        self.impls = all_impls()
+        self.workloads = load_config(opts.config) if workloads is None else workloads
+        self.impls = all_impls() if impls is None else impls
         check_workload_lists(self.workloads, self.impls)
         self.plan = make_plan(self.workloads, self.impls, list(opts.only), list(opts.impl), str(opts.config))
         archs = []
@@ -326,7 +335,7 @@ class _Run:
 
     def repro(self, w: Workload, impl_name: str) -> str:
         flags = self.opts.repro_flags() if isinstance(self.opts, RunOptions) else []
-        return " ".join(["python -m compare run --config", shlex.quote(self.config_path), "--only",
+        return " ".join([f"python -m compare {self.command} --config", shlex.quote(self.config_path), "--only",
                          shlex.quote(f"{w.name}:{impl_name}"), *map(shlex.quote, flags)])
 
     # -- ceilings and clock check --------------------------------------------------------------
@@ -737,6 +746,7 @@ class _Run:
                        "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "generations": _generation_order(),
                        "clocks_requested": {fw: timing.expected_clock(self.opts.clock, fw) for fw in ("jax", "torch")}})
+        header.update(self.header_extra)
         self.write([header])
         self._inflight = ([], {})
         n_written = 0
@@ -811,6 +821,7 @@ class _Run:
                 console.print("No GPU here: Pallas kernels ran in interpret mode on the smallest shapes (agreement "
                               "only, no kernel times); on a GPU the same command times every implementation.",
                               highlight=False)
+            self.summarize(all_recs, console)
             console.print(f"render: python -m compare report {self.path}")
         if self.clock_fallbacks:
             print(f"clock fallback: {self.clock_fallbacks} records were timed by a clock other than the one requested "
@@ -820,6 +831,10 @@ class _Run:
             if not self.opts.allow_clock_fallback:
                 return 3
         return 0
+
+
+    def summarize(self, recs: list[dict], console) -> None:
+        """After the run, before the closing line: nothing for ``run`` (its tables are per workload)."""
 
 
 def run(opts: RunOptions) -> int:

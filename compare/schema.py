@@ -100,6 +100,8 @@ class Impl:
     plan_fn: Callable[[Any, Ctx], Mapping[str, Any] | None] = dataclasses.field(repr=False, compare=False,
                                                                               default=_none)
     multi_device: bool = False  # runs on workloads with devices > 1 (single-device impls never see those)
+    # a tuning point (``compare tune``): the config fields set on top of the named config ``config`` names
+    overrides: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     def supports(self, w, ctx: Ctx) -> Support:
         return self.supports_fn(w, ctx)
@@ -118,4 +120,4 @@ class Impl:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "framework": self.framework, "generation": self.generation,
                 "config": self.config, "kind": self.kind, "lowering": self.lowering, "notes": self.notes,
-                "multi_device": self.multi_device}
+                "multi_device": self.multi_device, **({"overrides": dict(self.overrides)} if self.overrides else {})}

@@ -31,6 +31,7 @@ FAMILIES = ("prefill", "decode", "paged_decode", "mla")
 DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
+TUNE_KEYS = frozenset({"grid", "baselines"})  # a tune config's own top-level keys (compare/tune.py checks them)
 
 
 class UsageError(ValueError):
@@ -222,9 +223,10 @@ def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) 
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    extra = set(data) - {"workload", "include", "description"}
+    extra = set(data) - {"workload", "include", "description"} - TUNE_KEYS
     if extra:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description "
+                          f"(and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by compare.tune)")
     out: list[Workload] = []
     for inc in data.get("include", []):
         out.extend(load_config(path.parent / inc, _seen | {path}))

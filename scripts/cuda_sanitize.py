@@ -7,7 +7,7 @@ uneven last split; causal with a q_offset), so every tail and guard path is exec
 generations (v7_paged, the v8 family) run on shuffled pools with spare blocks, ragged lengths (a single key, not a
 page multiple), unused table entries -1, N_q = 17 with per-sequence offsets, and once with a block-table entry past
 the pool outside debug mode: the kernels must load it as NaN (that sequence NaN, the other exact), never read it.
-Build the extension first (any cuda_ref call, e.g. scripts/time_cuda_ref.py) so that the sanitizer does
+Build the extension first (any cuda_ref call, e.g. scripts/build_cuda_ref.py) so that the sanitizer does
 not watch the compiler. Exits 1 if a result is wrong.
 """
 

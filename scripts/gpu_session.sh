@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call: build, GPU tests and measurements, stage by stage, each under its own time limit.
 # Usage (on the GPU machine, from the checkout): scripts/gpu_session.sh STAGE [STAGE ...]
-#   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune
+#   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune fa-tune-splits
 #           compare:<config>[:<only-glob>]
+# Timings and sweeps are compare's (one clock, one record schema): cuda-time / pallas-time run
+# configs/time_generations.toml, fa-tune / fa-tune-splits the grids of configs/tune_fa_decode*.toml.
 # Logs go to $OUT (or ./gpu_out); a summary table is printed last.
 set -u
 OUT=${OUT:-$PWD/gpu_out}
@@ -22,13 +24,18 @@ stage() {  # stage NAME LIMIT_S CMD...
 for s in "$@"; do
   case "$s" in
     pallas-tests)  stage pallas-tests ${PALLAS_TESTS_LIMIT:-240} python3 -m pytest -m gpu -q -rs tests/gpu/test_pallas_gpu.py ;;
-    cuda-build)    stage cuda-build 300 python3 scripts/time_cuda_ref.py --build-only ;;
+    cuda-build)    stage cuda-build 300 python3 scripts/build_cuda_ref.py ;;
     cuda-tests)    stage cuda-tests ${CUDA_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_cuda_ref_gpu.py ;;
     cuda-sanitize) stage cuda-sanitize 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/cuda_sanitize.py ;;
-    cuda-time)     stage cuda-time 200 python3 scripts/time_cuda_ref.py ;;
-    pallas-time)   stage pallas-time 200 python3 scripts/time_pallas_generations.py ;;
+    cuda-time)     stage cuda-time 200 python3 -m compare run --config time_generations --impl 'cuda:*' \
+                     --out "$OUT/cuda-time" ;;
+    pallas-time)   stage pallas-time 200 python3 -m compare run --config time_generations --impl 'pallas:*' \
+                     --out "$OUT/pallas-time" ;;
     fa-tests)      stage fa-tests ${FA_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_fa_decode_gpu.py ;;
-    fa-tune)       stage fa-tune 300 python3 scripts/tune_fa_decode.py ;;
+    fa-tune)       stage fa-tune 300 python3 -m compare tune --config tune_fa_decode --max-run-s 270 \
+                     --out "$OUT/fa-tune" ;;
+    fa-tune-splits) stage fa-tune-splits 300 python3 -m compare tune --config tune_fa_decode_paged_splits \
+                     --max-run-s 270 --out "$OUT/fa-tune-splits" ;;
     compare:*)     IFS=: read -r _ cfg only <<< "$s"
                    stage "compare-$cfg" 540 python3 -m compare run --config "$cfg" ${only:+--only "$only"} --out "$OUT/compare-$cfg" ;;
     *) echo "unknown stage $s"; exit 2 ;;
