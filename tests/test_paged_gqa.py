@@ -20,6 +20,8 @@ Shapes are small: interpret-mode compiles dominate the time, so each call covers
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,8 +125,14 @@ def test_v7_dense_equivalent_fp32_input(rng):
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((b, tq, h, d), (b, tk, h, d), (b, tk, h, d)))
     kp, vp, bt = build_paged_kv(k, v, page, shuffle=False)
     lens = jnp.full((b,), tk, jnp.int32)
-    out, lse = pallas_attn.paged_attention(jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), lens,
-                                           causal=True, generation="v7_paged", interpret=True, return_lse=True)
+    args = (jnp.asarray(q), jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), lens)
+    with pytest.raises(NotImplementedError, match="float32"):  # never a silent cast through the API
+        pallas_attn.paged_attention(*args, causal=True, generation="v7_paged", interpret=True)
+    kw = dict(causal=True, scale=1 / np.sqrt(d), q_offset=jnp.full((b,), tk - tq, jnp.int32), interpret=True)
+    with pytest.raises(NotImplementedError, match="host_cast=True"):
+        v7_paged.paged_forward(*args, **kw, config=v7_paged.CONFIGS["faithful"])
+    cfg = dataclasses.replace(v7_paged.CONFIGS["faithful"], host_cast=True)
+    out, lse = v7_paged.paged_forward(*args, **kw, return_lse=True, config=cfg)
     assert out.dtype == jnp.float32
     f16 = [np.asarray(x.astype(np.float16), np.float32) for x in (q, k, v)]
     ref, ref_lse = oracle.attention_reference(*f16, causal=True, q_offset=tk - tq)
@@ -289,7 +297,8 @@ def test_update_granularity_and_arithmetic_units():
     for gen in FAMILY:
         prec = registry.kernel(gen).precision_for("float16")
         assert prec.engine == ("tensor" if gen == "v8_gqa_tc" else "fp32") and prec.operand == "fp16"
-    assert "cast to fp16" in v7_paged.KERNEL.precision_for("float32").note
+    assert "host_cast=True" in v7_paged.KERNEL.precision_for("float16").note
+    assert v7_paged.KERNEL.dtypes == ("float16",)
     assert v8_gqa.KERNEL.dtypes == v8_gqa_tc.KERNEL.dtypes == v8_gqa_ss.KERNEL.dtypes == ("float16",)
 
 

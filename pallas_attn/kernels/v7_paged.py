@@ -92,6 +92,7 @@ class PagedConfig:
     min_chunk: int = split_plan.MIN_CHUNK
     merge_num_warps: int | None = None  # None: D/32 (the reference's D threads)
     fp32_stage_dtype: str = "float16"
+    host_cast: bool = False  # fp32 input: refused unless asked; then cast on the host as the reference does
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -405,6 +406,11 @@ def run(fam: Family, cfg, q, k_pool, v_pool, block_table, kv_lens, *, causal: bo
         interpret: bool, return_lse: bool, check_block_table: bool, gqa_ok: bool, dequant=None):
     """The family's ``paged`` entry: checks, eager table validation, ``choose_splits``, launch."""
     check_shapes(fam.gen, q, k_pool, v_pool, block_table, kv_lens, gqa_ok=gqa_ok)
+    if any(x.dtype == jnp.float32 for x in (q, k_pool, v_pool)) and not getattr(cfg, "host_cast", False):
+        raise NotImplementedError(
+            f"{fam.gen} stages 16-bit K/V tiles; got float32 input, refused (no silent cast). The reference host "
+            f"casts float32 to fp16 before the kernel: pass a config with host_cast=True (e.g. "
+            f"dataclasses.replace(config, host_cast=True)) to do that explicitly, or pass float16 arrays")
     b, tq, hq, _ = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     if check_block_table:
@@ -477,25 +483,35 @@ UPCAST = "16-bit staged K/V tiles; CUDA-core fp32 arithmetic (broadcast-multiply
 
 def cuda_core_precision() -> dict[str, Precision]:
     return {
-        "float32": Precision(operand="fp16", accumulate="fp32", engine="fp32",
-                             note="fp32 input (q and the pools) is cast to fp16 before the kernel, as the "
-                                  "reference host does; " + UPCAST),
         "float16": Precision(operand="fp16", accumulate="fp32", engine="fp32", note=UPCAST),
     }
 
 
-KERNEL = Kernel(
-    name=GEN,
-    lowering="triton",
-    passes=(f"pallas_attn_{GEN}_partial", f"pallas_attn_{GEN}_merge"),
-    config_cls=PagedConfig,
-    configs=CONFIGS,
-    entries={"paged"},
-    dtypes=("float32", "float16"),
-    precision=cuda_core_precision(),
-    head_dims=(64, 128),
-    gqa=False,
-    max_q_len=None,
-    paged=paged_forward,
-    plan=cuda_core_plan,
-)
+def family_kernel(gen: str, *, configs, paged, config_cls=None, dtypes=("float16",), precision=None, gqa=True,
+                  plan=None) -> Kernel:
+    """The declaration every paged-family kernel shares (two passes, partial + merge, on the paged entry, head
+    dims 64 / 128, any Tq); each generation names only what differs. fp16 only: fp32 input is refused by the
+    API; the reference host's cast is ``host_cast=True`` on the kernel module's config (v7_paged shows it)."""
+    return Kernel(
+        name=gen,
+        lowering="triton",
+        passes=(f"pallas_attn_{gen}_partial", f"pallas_attn_{gen}_merge"),
+        config_cls=config_cls or PagedConfig,
+        configs=configs,
+        entries={"paged"},
+        dtypes=tuple(dtypes),
+        precision=precision if precision is not None else {d: cuda_core_precision()[d] for d in dtypes},
+        head_dims=(64, 128),
+        gqa=gqa,
+        max_q_len=None,
+        paged=paged,
+        plan=plan or cuda_core_plan,
+    )
+
+
+KERNEL = family_kernel(
+    GEN, configs=CONFIGS, paged=paged_forward, gqa=False,
+    precision={"float16": dataclasses.replace(
+        cuda_core_precision()["float16"],
+        note="fp16 operands; float32 input is refused (no silent cast): a config with host_cast=True, called on "
+             "the kernel module, casts it to fp16 before the kernel as the reference host does; " + UPCAST)})

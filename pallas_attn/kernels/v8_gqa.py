@@ -33,15 +33,7 @@ SM count.
 
 from __future__ import annotations
 
-from .contract import Kernel
-from .v7_paged import (
-    Family,
-    PagedConfig,
-    cuda_core_launch,
-    cuda_core_plan,
-    cuda_core_precision,
-    run,
-)
+from .v7_paged import Family, PagedConfig, cuda_core_launch, family_kernel, run
 
 __all__ = ["CONFIGS", "KERNEL", "paged_forward"]
 
@@ -68,18 +60,4 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
                check_block_table=check_block_table, gqa_ok=True)
 
 
-KERNEL = Kernel(
-    name=GEN,
-    lowering="triton",
-    passes=(f"pallas_attn_{GEN}_partial", f"pallas_attn_{GEN}_merge"),
-    config_cls=PagedConfig,
-    configs=CONFIGS,
-    entries={"paged"},
-    dtypes=("float16",),  # fp32 input: v7_paged shows the reference host's cast; CI time keeps one dtype here
-    precision={"float16": cuda_core_precision()["float16"]},
-    head_dims=(64, 128),
-    gqa=True,
-    max_q_len=None,
-    paged=paged_forward,
-    plan=cuda_core_plan,
-)
+KERNEL = family_kernel(GEN, configs=CONFIGS, paged=paged_forward)

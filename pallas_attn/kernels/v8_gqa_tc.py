@@ -31,8 +31,8 @@ from attn_core import splits as split_plan
 from .. import _compat
 from . import common as c
 from . import softmax
-from .contract import Kernel, Precision, Problem
-from .v7_paged import Family, Launch, make_plan, run
+from .contract import Precision, Problem
+from .v7_paged import Family, Launch, family_kernel, make_plan, run
 
 __all__ = ["TcConfig", "CONFIGS", "KERNEL", "paged_forward", "attend_tensor_cores"]
 
@@ -146,18 +146,5 @@ def plan(problem: Problem, config: TcConfig) -> dict:
 _TC = ("16-bit operands on tensor cores (one MMA for QK^T, one for PV, P rounded to the operand dtype), "
        "fp32 accumulation")
 
-KERNEL = Kernel(
-    name=GEN,
-    lowering="triton",
-    passes=(f"pallas_attn_{GEN}_partial", f"pallas_attn_{GEN}_merge"),
-    config_cls=TcConfig,
-    configs=CONFIGS,
-    entries={"paged"},
-    dtypes=("float16",),  # fp32 input: v7_paged shows the reference host's cast; CI time keeps one dtype here
-    precision={"float16": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_TC)},
-    head_dims=(64, 128),
-    gqa=True,
-    max_q_len=None,
-    paged=paged_forward,
-    plan=plan,
-)
+KERNEL = family_kernel(GEN, configs=CONFIGS, paged=paged_forward, config_cls=TcConfig, plan=plan,
+                       precision={"float16": Precision(operand="fp16", accumulate="fp32", engine="tensor", note=_TC)})
