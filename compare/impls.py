@@ -8,7 +8,9 @@
     (``attn_core.generations``) without a row is one ``pallas:<gen>`` impl whose records say ``not_built``;
   * ``cuda:<gen>`` — every reference generation; built iff ``cuda_ref.table()`` has its row, whose columns
     give the operand precision, materialization, tile and split plan; support from ``cuda_ref.api.validate``
-    on meta tensors (the same answer on a CPU machine as on the GPU);
+    (dense) or ``cuda_ref.api.validate_paged`` (paged: v7_paged and the v8 family, ``cuda_ref.paged_attention``
+    on BHND q and the workload's own pools, table and lengths) on meta tensors (the same answer on a CPU
+    machine as on the GPU);
   * the peers (``compare.peers``).
 
 No per-generation code. A generation applies to a workload iff the workload family's entry
@@ -225,14 +227,31 @@ def cuda_table() -> tuple[Any, ...]:
     return tuple(table())
 
 
+def _paged_capacity(w) -> tuple[int, int]:
+    """``(pages_per_seq, n_k)`` of a paged workload's table: the capacity ``pages_per_seq x page_size`` that
+    ``attn_core.paging.build_paged_kv`` gives it and both twins plan their splits over."""
+    pages = max(1, -(-w.kv_len // w.page_size))
+    return pages, pages * w.page_size
+
+
 def _meta_validate(gen_id: str, w) -> None:
-    """cuda_ref's own argument checks on meta tensors (no GPU, no allocation)."""
+    """cuda_ref's own argument checks on meta tensors (no GPU, no allocation): ``validate`` for a dense workload,
+    ``validate_paged`` for a paged one (pools ``[B x pages_per_seq, page, H_kv, D]``, int32 table and lengths,
+    the default causal offset ``kv_len - N_q`` per sequence, as compare's oracle)."""
     import torch
 
     from cuda_ref import api as capi
 
     dt = getattr(torch, w.dtype)
     q = torch.empty((w.batch, w.heads_q, w.q_len, w.head_dim), dtype=dt, device="meta")
+    if base_entry(w) == "paged":
+        pages, _ = _paged_capacity(w)
+        pool = torch.empty((w.batch * pages, w.page_size, w.heads_kv, w.head_dim), dtype=dt, device="meta")
+        table = torch.empty((w.batch, pages), dtype=torch.int32, device="meta")
+        lens = torch.empty((w.batch,), dtype=torch.int32, device="meta")
+        capi.validate_paged(q, pool, pool, table, lens, generation=gen_id, causal=w.causal, scale=None,
+                            q_offset=None, return_lse=False)
+        return
     k = torch.empty((w.batch, w.heads_kv, w.kv_len, w.head_dim), dtype=dt, device="meta")
     capi.validate(q, k, k, causal=w.causal, scale=None, q_offset=w.q_offset, generation=gen_id)
 
@@ -249,7 +268,7 @@ def _cuda_supports(gen_id: str, row, table_error: str | None, w, ctx: Ctx) -> Su
         return Support(False, f"cuda_ref has no quantized-KV kernel wired into compare yet: cuda:{gen_id} reads KV in "
                               f"the workload dtype, not kv_dtype={kvd} (no silent fp16 run)", "unsupported")
     entry = entry_for(w)
-    if row.entry != "dense" or entry != row.entry:
+    if entry not in ("dense", "paged") or entry != row.entry:
         return Support(False, f"compare has no cuda_ref path for the {entry!r} entry yet (cuda_ref serves {gen_id} "
                               f"through {row.entry!r})", "unsupported")
     try:
@@ -269,33 +288,68 @@ def _cuda_roofline(row, w) -> RooflineFacts:
     return RooflineFacts(row.operand_precision(w.dtype), mat, tile, None, f"cuda_ref table ({row.id})")
 
 
+def _cuda_num_sm() -> int | None:
+    """The SM count cuda_ref plans with: ``$CUDA_REF_NUM_SM`` when set (as the twins read it), else None (the
+    device's)."""
+    env = os.environ.get("CUDA_REF_NUM_SM", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else None
+
+
 def _cuda_plan(row, w, ctx: Ctx) -> dict[str, Any]:
-    """What the table row says about the launch; for a split-KV row also the split plan, which needs the
-    device's SM count (``cuda_ref.choose_splits``), so on a machine without a CUDA GPU it stays null."""
+    """What the table row says about the launch; for a split-KV row also the split plan, which needs the SM
+    count (the device's, or ``$CUDA_REF_NUM_SM``), so on a machine without a CUDA GPU and without that variable
+    it stays null. Dense rows: ``cuda_ref.choose_splits`` over B x H. Paged rows: ``cuda_ref.api.split_plan``
+    (packed row tiles of G x N_q over B x H_kv) with ``n_k`` the table's capacity, as the launch does."""
     plan: dict[str, Any] = {
         "source": "cuda_ref generation table", "entry": row.entry, "operand": row.operand,
         "tile": list(row.tile(w.head_dim)), "materializes_s": bool(row.materializes_s),
         "workspace": row.workspace, "split_kv": bool(row.split_kv), "writes_lse": bool(row.writes_lse)}
     if row.split_kv:
         plan.update(splits=None, chunk=None)
-        if not ctx.torch_cuda:
-            plan["splits_note"] = "the split plan needs the device's SM count: a CUDA GPU"
+        num_sm = _cuda_num_sm()
+        if num_sm is None and not ctx.torch_cuda:
+            plan["splits_note"] = "the split plan needs the device's SM count: a CUDA GPU (or $CUDA_REF_NUM_SM)"
             return plan
-        env = os.environ.get("CUDA_REF_NUM_SM", "").strip()
-        num_sm = int(env) if env.isdigit() and int(env) > 0 else None
         try:
             import cuda_ref
 
-            s, chunk = cuda_ref.choose_splits(bh=w.batch * w.heads_q, n_q=w.q_len, n_k=w.kv_len, num_sm=num_sm)
+            if row.entry == "paged":
+                _, n_k = _paged_capacity(w)
+                s, chunk = cuda_ref.api.split_plan(row.id, batch=w.batch, h_q=w.heads_q, h_kv=w.heads_kv,
+                                                   n_q=w.q_len, n_k=n_k, head_dim=w.head_dim, num_sm=num_sm)
+                plan.update(n_k=n_k, rows_per_program=int(row.tile(w.head_dim)[0]))
+            else:
+                s, chunk = cuda_ref.choose_splits(bh=w.batch * w.heads_q, n_q=w.q_len, n_k=w.kv_len, num_sm=num_sm)
             plan.update(splits=int(s), chunk=int(chunk), num_sm=num_sm or "device")
         except Exception as e:  # the plan is a record field: its failure is written, the run goes on
             plan["splits_error"] = f"{type(e).__name__}: {e}"
     return plan
 
 
+def _torch_paged(w, inp) -> tuple[Any, ...]:
+    """The paged operands as torch CUDA tensors, made once per workload outside the timed region: q BHND
+    (one layout copy), the pools, table and lengths zero-copy (the same device buffers the Pallas rows read),
+    and the per-sequence causal offsets ``kv_len - N_q`` as an int32 tensor (the binding's default, computed
+    here so the timed call launches no subtraction kernel)."""
+    from . import interop
+
+    def make():
+        q = interop.to_torch(inp.q).transpose(1, 2).contiguous()
+        kp, vp, table = (interop.to_torch(x) for x in (inp.k_pool, inp.v_pool, inp.block_table))
+        lens = interop.to_torch(inp.kv_lens_jax())
+        return q, kp, vp, table, lens, (lens - w.q_len).contiguous()
+    return inp.cached("torch_paged", make)
+
+
 def _cuda_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
     import cuda_ref
 
+    if base_entry(w) == "paged":
+        q, kp, vp, table, lens, offs = _torch_paged(w, inp)
+        fn = functools.partial(cuda_ref.paged_attention, causal=w.causal, scale=inp.scale, q_offset=offs,
+                               generation=gen_id)
+        return Prepared(fn, (q, kp, vp, table, lens), "torch", "BHND",
+                        notes="fp32 output; q_offset = kv_len - N_q per sequence")
     q, k, v = inp.torch_bhnd()
     fn = functools.partial(cuda_ref.attention, causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
                            generation=gen_id)
