@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -193,4 +194,31 @@ def check_dense_shapes(owner: str, q, k, v) -> tuple[int, int, int, int, int]:
     if k.shape[2] != h:
         raise NotImplementedError(f"{owner} is MHA (Hq == Hkv); got Hq={h}, Hkv={k.shape[2]}")
     return b, tq, h, d, k.shape[1]
+
+
+def check_host_cast(x, config, *, gen: str, alternatives: str = "pass float16 or bfloat16 arrays") -> None:
+    """A 16-bit-operand kernel refuses FP32 input (no silent cast) unless ``config.host_cast`` asks for the
+    reference host's cast (v5_wmma, v6_splitkv and the paged family share this rule)."""
+    if x.dtype == jnp.float32 and not config.host_cast:
+        raise NotImplementedError(
+            f"{gen} takes 16-bit operands; got float32, refused (no silent cast). The reference host casts float32 "
+            f"to {config.fp32_stage_dtype} before the kernel: pass {type(config).__name__}(host_cast=True) (or "
+            f"dataclasses.replace(config, host_cast=True)) to do that explicitly, or {alternatives}")
+
+
+def host_stage(x, config, *, gen: str, alternatives: str = "pass float16 or bfloat16 arrays"):
+    """16-bit arrays stay as they are; FP32 is refused unless ``config.host_cast`` (``check_host_cast``), and then
+    cast to ``config.fp32_stage_dtype`` before the kernel, as the reference host does."""
+    check_host_cast(x, config, gen=gen, alternatives=alternatives)
+    return x.astype(config.fp32_stage_dtype) if x.dtype == jnp.float32 else x
+
+
+def validate_table_if_concrete(validate, block_table, kv_lens, *, num_pages: int, page_size: int) -> None:
+    """Eager block-table validation when the table and lengths are concrete; under tracing the kernel poisons the
+    sequence's output with NaN instead (``validate`` is ``fa_decode.validate_block_table``)."""
+    try:
+        bt_np, lens_np = np.asarray(block_table), np.asarray(kv_lens)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return
+    validate(bt_np, lens_np, num_pages=num_pages, page_size=page_size)
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import _compat, quant
 from .._compat import pl
+from . import common as c
 from . import gqa, planner, seqlen, softmax, splitkv
 from .contract import Kernel, Precision, Problem
 from .kv_source import DECODES, E4M3_FOLD, NVFP4_FOLD, KVLayout, KVSource, e4m3_tile, flat_dense, flat_pool, nvfp4_tile
@@ -365,12 +366,7 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
     if not _is_pow2(page):
         raise ValueError(f"page_size must be a power of two; got {page}")
     if check_block_table:
-        try:
-            bt_np, lens_np = np.asarray(block_table), np.asarray(kv_lens)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            pass  # traced: the kernel poisons the sequence's output with NaN instead
-        else:
-            validate_block_table(bt_np, lens_np, num_pages=num_pages, page_size=page)
+        c.validate_table_if_concrete(validate_block_table, block_table, kv_lens, num_pages=num_pages, page_size=page)
     return _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, causal=bool(causal), scale=scale,
                   interpret=interpret, config=config, return_lse=return_lse, check_block_table=check_block_table)
 

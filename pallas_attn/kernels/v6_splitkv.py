@@ -134,16 +134,8 @@ def _partial_kernel(off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, head
 
 
 def stage(x, config: SplitKVConfig):
-    """16-bit inputs stay as they are. FP32 input is refused (no silent cast) unless ``config.host_cast``:
-    then it is cast to ``config.fp32_stage_dtype`` before the kernel, as the reference host does."""
-    if x.dtype != jnp.float32:
-        return x
-    if not config.host_cast:
-        raise NotImplementedError(
-            f"{GEN} takes float16 or bfloat16 (its operands are 16-bit); got float32. The reference host casts "
-            f"float32 to {config.fp32_stage_dtype} before the kernel: pass SplitKVConfig(host_cast=True) to do that "
-            "explicitly, or use a float32 generation (v1-v4, fa_train)")
-    return x.astype(config.fp32_stage_dtype)
+    """16-bit inputs stay as they are; FP32 is refused unless ``config.host_cast`` (``common.host_stage``)."""
+    return c.host_stage(x, config, gen=GEN, alternatives="use a float32 generation (v1-v4, fa_train)")
 
 
 def _btnh_row(tq: int, heads: int):

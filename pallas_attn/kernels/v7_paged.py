@@ -45,7 +45,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attn_core import splits as split_plan
 
@@ -406,20 +405,12 @@ def run(fam: Family, cfg, q, k_pool, v_pool, block_table, kv_lens, *, causal: bo
         interpret: bool, return_lse: bool, check_block_table: bool, gqa_ok: bool, dequant=None):
     """The family's ``paged`` entry: checks, eager table validation, ``choose_splits``, launch."""
     check_shapes(fam.gen, q, k_pool, v_pool, block_table, kv_lens, gqa_ok=gqa_ok)
-    if any(x.dtype == jnp.float32 for x in (q, k_pool, v_pool)) and not getattr(cfg, "host_cast", False):
-        raise NotImplementedError(
-            f"{fam.gen} stages 16-bit K/V tiles; got float32 input, refused (no silent cast). The reference host "
-            f"casts float32 to fp16 before the kernel: pass a config with host_cast=True (e.g. "
-            f"dataclasses.replace(config, host_cast=True)) to do that explicitly, or pass float16 arrays")
+    for x in (q, k_pool, v_pool):  # the cast itself happens in _paged (stage), the output keeping q's dtype
+        c.check_host_cast(x, cfg, gen=fam.gen, alternatives="pass float16 arrays")
     b, tq, hq, _ = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     if check_block_table:
-        try:
-            bt_np, lens_np = np.asarray(block_table), np.asarray(kv_lens)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            pass  # traced: the kernel poisons the sequence's output with NaN instead
-        else:
-            validate_block_table(bt_np, lens_np, num_pages=num_pages, page_size=page)
+        c.validate_table_if_concrete(validate_block_table, block_table, kv_lens, num_pages=num_pages, page_size=page)
     splits, chunk = cfg.splits(bh=b * hkv, rows=(hq // hkv) * tq, n_k=block_table.shape[1] * page)
     off = seqlen.q_offsets(q_offset, b)
     return _paged(q, k_pool, v_pool, block_table, kv_lens, off, fam=fam, splits=splits, chunk=chunk,
