@@ -2,8 +2,10 @@
 
 The formats, the rounding and the handling of non-finite input are those of ``attn_core.formats`` (the numpy
 judge; docs/quantized_kv.md and docs/reference.md §1.4): these jnp versions are jit-able and produce the same
-bytes. They use only exact float32 steps (one division per element, as the judge, then power-of-two scalings and
-integer work), so the bytes do not depend on the backend's transcendental or fused-multiply choices.
+bytes. They use only exact steps: every division the format defines is an IEEE float32 division done in integer
+arithmetic (``_div_rn``: correctly rounded on every backend, which XLA's own float division is not on the GPU),
+the rest power-of-two scalings, exact products and integer work, so the bytes do not depend on the backend's
+division, transcendental, subnormal-flushing or fused-multiply choices.
 
 * ``quantize_fp8_e4m3(x) -> Fp8Tensor(data, scale)``: ``data`` uint8 E4M3 bytes of x's shape, ``scale`` float32
   scalar ``max(amax|x|, 1e-12) / 448`` over the whole tensor.
@@ -190,19 +192,87 @@ def e4m3_to_float(b) -> jax.Array:
     return jnp.asarray(_E4M3_TABLE)[b.astype(jnp.int32)]
 
 
-def _exact_div(a, b):
-    """``a / b`` as one IEEE float32 division per element. XLA's simplifier rewrites a division by a constant or
-    by a broadcast into a multiplication by a rounded reciprocal (other bits: 1e-12 / 448 differs in the last
-    place, and ties move), so the divisor is materialized at ``a``'s shape behind an optimization barrier, where
-    the simplifier cannot see what it is."""
-    b = jnp.broadcast_to(jnp.asarray(b, jnp.float32), jnp.shape(a))
-    a, b = lax.optimization_barrier((a, b))  # also keeps (a / b) / c from becoming a / (b * c)
-    return a / b
+with np.errstate(invalid="ignore"):
+    _DEFAULT_NAN = (np.float32(np.inf) / np.float32(np.inf)).view(np.uint32)  # the host's invalid-operation NaN
+
+
+def _div_rn(a, b):
+    """``a / b`` in float32, correctly rounded (nearest, ties to even), computed with integer arithmetic only.
+
+    Why not ``a / b``: the bytes of the judge (numpy, one IEEE float32 division) depend on the last bit of every
+    quotient (a tie of the E4M3 or NVFP4 rounding moves with it), and no backend promises that bit: XLA's
+    simplifier turns a division by a constant into a multiplication by a rounded reciprocal, XLA flushes float32
+    subnormals, and on the GPU the division is not correctly rounded (the H100 gave ``amax / 2688`` one ulp
+    high). Here no float operation touches the quotient, so every backend computes the same bits, those of an
+    IEEE division in round-to-nearest-even with subnormals kept (the numpy judge on x86-64):
+
+    * ``|a| = A·2^ea``, ``|b| = B·2^eb`` with the significands normalized to ``[2^23, 2^24)`` (subnormal
+      operands shifted by their leading zeros), ``A`` doubled when ``A < B`` so that ``A / B`` is in ``[1, 2)``;
+    * 25 quotient bits by restoring long division (the remainder stays below ``2^25``, int32), the last one the
+      round bit; the remainder's being non-zero is the sticky bit;
+    * the significand shifted right into the subnormal range when the exponent is below the normal one (the
+      bits shifted out join the round/sticky decision), rounded half to even; a carry runs into the exponent
+      field (up to infinity) by plain integer addition of the bit pattern;
+    * zeros, infinities and NaNs as the host CPU divides (the judge's numpy): a NaN operand gives that NaN
+      quieted (the dividend's first), ``0/0`` and ``inf/inf`` the host's default NaN (``0xFFC00000`` on x86-64:
+      its sign bit is the sign the judge's E4M3 byte of such a quotient carries), ``x/0`` a signed infinity,
+      ``0/x`` and ``x/inf`` a signed zero.
+
+    Roughly 150 integer operations per element, elementwise and jit-able (XLA fuses them into one loop).
+    """
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    ia = lax.bitcast_convert_type(a, jnp.uint32)
+    ib = lax.bitcast_convert_type(b, jnp.uint32)
+    sign = (ia ^ ib) & np.uint32(0x80000000)
+    ma = (ia & np.uint32(0x7FFFFFFF)).astype(jnp.int32)
+    mb = (ib & np.uint32(0x7FFFFFFF)).astype(jnp.int32)
+    inf_bits = 0x7F800000
+    a_nan, b_nan = ma > inf_bits, mb > inf_bits
+    a_inf, b_inf = ma == inf_bits, mb == inf_bits
+    a_zero, b_zero = ma == 0, mb == 0
+
+    def significand(m):
+        # m = |x| bits of a finite non-zero x: x = S * 2^(e - 150) with S in [2^23, 2^24) after normalizing
+        field = m >> 23
+        s = jnp.where(field > 0, (m & 0x7FFFFF) | 0x800000, m & 0x7FFFFF)
+        s = jnp.where(s == 0, 0x800000, s)  # zeros, infinities: any value, the result is selected below
+        e = jnp.maximum(field, 1)
+        shift = lax.clz(s) - 8  # > 0 only for a subnormal
+        return s << shift, e - shift
+
+    sa, ea = significand(ma)
+    sb, eb = significand(mb)
+    small = sa < sb
+    r = jnp.where(small, sa << 1, sa)  # r / sb in [1, 2)
+    e = ea - eb - small.astype(jnp.int32)  # the quotient is (r / sb) * 2^e
+    q = jnp.zeros_like(r)
+    for _ in range(25):  # 24 significand bits and the round bit
+        bit = r >= sb
+        q = (q << 1) | bit.astype(jnp.int32)
+        r = (jnp.where(bit, r - sb, r)) << 1
+    sticky = r != 0
+    # the value is q * 2^(e - 24) (q in [2^24, 2^25)); keep q >> n, n = 1 for a normal result, more below 2^-126
+    biased = e + 127
+    n = jnp.clip(2 - biased, 1, 26)  # q >> 26 is 0 and its bits all lie below the half
+    kept = q >> n
+    dropped = q & ((1 << n) - 1)
+    half = 1 << (n - 1)
+    round_up = (dropped > half) | ((dropped == half) & (sticky | ((kept & 1) == 1)))
+    # kept carries the leading bit, so the exponent field is biased - 1 (0 for a subnormal result)
+    mag = (jnp.maximum(biased - 1, 0) << 23) + kept + round_up.astype(jnp.int32)
+    mag = jnp.where(biased >= 255, inf_bits, mag)
+    mag = jnp.where(a_zero | b_inf, 0, mag)
+    mag = jnp.where(a_inf | b_zero, inf_bits, mag)
+    out = mag.astype(jnp.uint32) | sign
+    out = jnp.where((a_zero & b_zero) | (a_inf & b_inf), _DEFAULT_NAN, out)
+    out = jnp.where(b_nan, ib | np.uint32(0x00400000), out)
+    out = jnp.where(a_nan, ia | np.uint32(0x00400000), out)
+    return lax.bitcast_convert_type(out, jnp.float32)
 
 
 def _tensor_scale(x32, divisor: float):
     """``max(amax|x|, 1e-12) / divisor`` in float32 (NaN propagates through amax, as in the judge)."""
-    return _exact_div(jnp.maximum(jnp.max(jnp.abs(x32)), _AMAX_FLOOR), np.float32(divisor))
+    return _div_rn(jnp.maximum(jnp.max(jnp.abs(x32)), _AMAX_FLOOR), np.float32(divisor))
 
 
 @jax.jit
@@ -212,7 +282,7 @@ def quantize_fp8_e4m3(x) -> Fp8Tensor:
     if x32.size == 0:
         raise ValueError(f"x must be non-empty to have a scale; got shape {x32.shape}")
     scale = _tensor_scale(x32, E4M3_MAX)
-    return Fp8Tensor(data=float_to_e4m3(_exact_div(x32, scale)), scale=scale)
+    return Fp8Tensor(data=float_to_e4m3(_div_rn(x32, scale)), scale=scale)
 
 
 @jax.jit
@@ -230,44 +300,23 @@ def quantize_nvfp4(x) -> Nvfp4Tensor:
     scale = _tensor_scale(x32, 6.0 * E4M3_MAX)
     blocks = x32.reshape(*x32.shape[:-1], -1, NVFP4_BLOCK)
     block_amax = jnp.max(jnp.abs(blocks), axis=-1)
-    micro = float_to_e4m3(_exact_div(_exact_div(jnp.maximum(block_amax, _AMAX_FLOOR), np.float32(6.0)), scale))
+    micro = float_to_e4m3(_div_rn(_div_rn(jnp.maximum(block_amax, _AMAX_FLOOR), np.float32(6.0)), scale))
     eff = e4m3_to_float(micro) * scale
     eff = eff[..., None]
-    y = _exact_div(blocks, eff)
+    y = _div_rn(blocks, eff)
     index = sum((jnp.abs(y) > np.float32(m)).astype(jnp.int32) for m in _MIDPOINTS)
-    index, negative = _judge_edge_cases(blocks, eff, index)
+    negative = _is_negative(y)
     codes = (index | (negative.astype(jnp.int32) << 3)).reshape(x32.shape)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return Nvfp4Tensor(packed=packed.astype(jnp.uint8), micro=micro, scale=scale)
 
 
-def _judge_edge_cases(x, eff, index):
-    """The judge's code of ``y = x / eff`` where XLA's float32 flushing would change it.
-
-    XLA treats float32 subnormals as zero (inputs and results), numpy does not. Two cases matter: an underflowed
-    micro-scale (``eff == 0``: ``y`` is +-inf for any non-zero ``x``, code 7 with x's sign, NaN for 0, code 0),
-    and the sign bit ``y < 0`` of a tiny quotient (the judge's ``y`` is a negative subnormal, not -0.0, unless
-    ``|x| / eff`` rounds to zero, i.e. ``|x| <= eff * 2^-150``). Both are decided here from x's bits with exact
-    arithmetic: ``|x| = M * 2^(E - 150)`` (M < 2^24 an integer, E >= 1), so ``|x| > eff * 2^-150`` iff
-    ``M > eff * 2^-E``, a power-of-two scaling in three steps: exact while the threshold is >= 2^-126, and
-    below that any M >= 1 exceeds it whatever the flushing does.
-    """
-    bits = lax.bitcast_convert_type(x, jnp.uint32)
-    mag = bits & 0x7FFFFFFF
-    is_nan = mag > 0x7F800000
-    nonzero = (mag != 0) & ~is_nan
-    e = (mag >> 23).astype(jnp.int32)
-    m = (mag & 0x7FFFFF).astype(jnp.int32)
-    big_m = jnp.where(e > 0, m + (1 << 23), m).astype(jnp.float32)  # exact: < 2^24
-    k = -jnp.maximum(e, 1)  # in [-254, -1]
-    k1 = jnp.maximum(k, -126)
-    k2 = jnp.maximum(k - k1, -126)
-    threshold = eff * _pow2(k1) * _pow2(k2) * _pow2(k - k1 - k2)
-    survives = big_m > threshold  # fl(|x| / eff) != 0 (a tie at 2^-150 rounds to the even 0)
-    eff0 = eff == 0
-    index = jnp.where(eff0, jnp.where(nonzero, 7, 0), index)
-    negative = ((bits >> 31) == 1) & nonzero & (eff0 | survives)
-    return index, negative
+def _is_negative(y):
+    """The judge's ``y < 0`` read from the bits: the sign bit of a non-zero, non-NaN value. A float comparison
+    would not do: XLA treats a negative subnormal as -0.0 (not below zero), numpy does not."""
+    bits = lax.bitcast_convert_type(y, jnp.uint32)
+    mag = bits & np.uint32(0x7FFFFFFF)
+    return ((bits >> 31) == 1) & (mag != 0) & (mag <= np.uint32(0x7F800000))
 
 
 @jax.jit
