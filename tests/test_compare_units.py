@@ -248,7 +248,7 @@ def test_pallas_impls_follow_the_registry():
         assert [i.config for i in mine] == impls._config_order(registry.configs(row.generation))
         assert {i.lowering for i in mine} == {k.lowering}
     assert by["pallas:fa_decode:default"].lowering == "triton" and "pallas:fa_decode:faithful" not in by
-    paged = _wl(family="paged_decode", q_len=1, page_size=16, q_offset=39, head_dim=64)
+    paged = _wl(family="paged_decode", q_len=1, page_size=16, q_offset=39, head_dim=64, dtype="float16")
     assert by["pallas:v7_paged:faithful"].supports(paged, CPU).ok  # built since issue 11
     assert by["pallas:v7_paged:faithful"].supports(_wl(), CPU).status == "n/a"
     mla = _wl(family="mla", heads_kv=1, head_dim=576, q_len=1, kv_lora_rank=512, rope_dim=64)
