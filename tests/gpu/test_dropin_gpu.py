@@ -1,12 +1,29 @@
 """pallas_attn.dot_product_attention on the GPU (fa_train compiled through Triton) at realistic shapes.
 
 The checks of tests/test_dropin.py at training sizes: outputs and gradients against
-``jax.nn.dot_product_attention(implementation="xla")`` in float32 (XLA at HIGHEST precision so it does not
-use TF32; ours runs IEEE fp32 dots) to 1e-5 relative; fp16 / bf16 gradients at most twice XLA's own
-low-precision error against the float32 answer (plus 2 eps); NaN patterns as jax.nn; grad under jit,
-vmap and remat; per-sequence lengths, windows, GQA. Budget: about two to three minutes on an H100.
+``jax.nn.dot_product_attention(implementation="xla")``: fp16 / bf16 at most twice XLA's own error against the
+float32 answer (plus 2 eps) for the output and every gradient, including the ``d64`` config; NaN / Inf
+patterns as jax.nn's; vmap and remat of the grad; float32 (XLA at HIGHEST precision, so it does not use TF32;
+ours runs IEEE fp32 dots) to 1e-5 relative across head dims 64 / 128 / 256, causal / not, GQA 1 / 4 / 8,
+odd lengths, per-sequence lengths with empty rows, and windows.
+
+Budget: at most 90 s on an H100, spent almost all on compiling (every shape and static flag is a new
+program; the runs are milliseconds), so the file is built to compile little:
+
+* one jitted ``value_and_grad`` per (implementation, causal, window, precision), cached at module level and
+  reused by every check with those static arguments (sequence lengths are traced arguments);
+* the NaN / Inf checks reuse the compiled programs of the d64 accuracy check (same shapes, poisoned inputs);
+* XLA's GEMM autotuning is off for every program here (``xla_gpu_autotune_level=0``): it only picks the
+  fastest GEMM algorithm, the numerics stay those of the requested precision, and autotuning the float32
+  HIGHEST references' dots was the bulk of the earlier runs' time (4 float32 cases in ~110 s);
+* the float32 cases run last, D = 256 last of all: fp32 ``dot`` with IEEE precision lowers to unrolled FMA
+  loops, and Triton 3.6 takes about 2.6 / 5.6 / 21 s (fwd + dkdv + dq) to compile them at D = 64 / 128 /
+  256 for sm_90 (measured on a CPU host; the fp16 D = 128 kernels take ~1.7 s), so a cut run still reports
+  the 16-bit checks. Run with ``-v --durations=0`` to see each test's time.
 """
 
+import contextlib
+import functools
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -19,7 +36,19 @@ import pytest  # noqa: E402
 import pallas_attn  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-XLA = dict(implementation="xla")
+NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+
+# Shapes (module constants so that a CPU driver can shrink them to try the file in interpret mode).
+LOW_SHAPE = (2, 2048, 16, 128)  # B, N, Hq, D of the fp16 / bf16 check (Hkv per case)
+NAN_SHAPE = (1, 512, 4, 2, 64)  # B, N, Hq, Hkv, D: fp16, the d64 config
+VMAP_SHAPE = (2, 256, 8, 2, 128)  # bf16
+# (B, T, S, N, K, H, causal, window, q_lens, kv_lens), cheapest compile first
+FP32_CASES = [
+    pytest.param(2, 1000, 1333, 16, 4, 64, True, None, None, None, id="gqa4-d64-causal-odd"),
+    pytest.param(2, 1024, 1024, 8, 8, 128, False, None, None, None, id="mha-d128"),
+    pytest.param(1, 777, 2048, 16, 2, 128, True, (256, 0), [777], [1500], id="gqa8-d128-window-lengths"),
+    pytest.param(3, 513, 513, 4, 1, 256, False, 100, [513, 1, 300], [0, 513, 77], id="mqa-d256-empty-rows"),
+]
 
 
 def _arrays(seed, b, t, s, n, kh, h, dtype="float32"):
@@ -28,13 +57,26 @@ def _arrays(seed, b, t, s, n, kh, h, dtype="float32"):
                  for k, shape in zip(ks, ((b, t, n, h), (b, s, kh, h), (b, s, kh, h), (b, t, n, h))))
 
 
-def _loss_and_grads(fn, q, k, v, w, **kw):
-    def loss(q, k, v):
-        out = fn(q, k, v, **kw)
-        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+@functools.cache
+def _program(impl: str, causal: bool, window=None, highest: bool = False):
+    """``f(q, k, v, w, q_lens, kv_lens) -> (out, (dq, dk, dv))`` of ``sum(out * w)``, jitted once per static
+    configuration (shapes and dtypes compile on first use and are cached by jit)."""
+    attn = pallas_attn.dot_product_attention if impl == "pallas" else jax.nn.dot_product_attention
 
-    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
-    return out, grads
+    def loss(q, k, v, w, q_lens, kv_lens):
+        ctx = jax.default_matmul_precision("highest") if highest else contextlib.nullcontext()
+        with ctx:  # applies while tracing: every dot of the reference is HIGHEST (no TF32)
+            out = attn(q, k, v, is_causal=causal, local_window_size=window, query_seq_lengths=q_lens,
+                       key_value_seq_lengths=kv_lens, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+    def run(q, k, v, w, q_lens=None, kv_lens=None):
+        (_, out), grads = grad(q, k, v, w, q_lens, kv_lens)
+        return out, grads
+
+    return jax.jit(run, compiler_options=NO_AUTOTUNE)
 
 
 def _rel(a, b) -> float:
@@ -43,67 +85,106 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-# (B, T, S, N, K, H, causal, window, q_lens, kv_lens)
-CASES = [
-    pytest.param(2, 1024, 1024, 8, 8, 128, False, None, None, None, id="mha-1k-d128"),
-    pytest.param(2, 1000, 1333, 16, 4, 64, True, None, None, None, id="gqa4-causal-odd"),
-    pytest.param(1, 777, 2048, 16, 2, 128, True, (256, 0), [777], [1500], id="gqa8-window-lengths"),
-    pytest.param(3, 513, 513, 4, 1, 256, False, 100, [513, 1, 300], [0, 513, 77], id="mqa-d256-empty-rows"),
-]
-
-
-@pytest.mark.parametrize("b,t,s,n,kh,h,causal,window,q_lens,kv_lens", CASES)
-def test_float32_matches_xla(b, t, s, n, kh, h, causal, window, q_lens, kv_lens):
-    q, k, v, w = _arrays(0, b, t, s, n, kh, h)
-    kw = dict(is_causal=causal, local_window_size=window,
-              query_seq_lengths=None if q_lens is None else jnp.asarray(q_lens, jnp.int32),
-              key_value_seq_lengths=None if kv_lens is None else jnp.asarray(kv_lens, jnp.int32))
-    assert pallas_attn.which_implementation(q, k, v, **kw)[0] == "pallas:fa_train"
-    out, grads = _loss_and_grads(pallas_attn.dot_product_attention, q, k, v, w, implementation="pallas", **kw)
-    with jax.default_matmul_precision("highest"):
-        ref, ref_grads = _loss_and_grads(jax.nn.dot_product_attention, q, k, v, w, **XLA, **kw)
-    assert np.isfinite(np.asarray(out)).all()
-    assert _rel(out, ref) < 1e-5, _rel(out, ref)
-    for name, g, rg in zip("qkv", grads, ref_grads):
-        assert g.dtype == q.dtype and _rel(g, rg) < 1e-5, (name, _rel(g, rg))
+def _check_within_xla_error(q, k, v, w, causal):
+    """Ours in q's dtype vs the float32 answer: at most twice XLA's own error in that dtype, plus 2 eps."""
+    dtype = q.dtype
+    out, grads = _program("pallas", causal)(q, k, v, w)
+    lo, lo_grads = _program("xla", causal)(q, k, v, w)
+    ref, ref_grads = _program("xla", causal, highest=True)(*(x.astype(jnp.float32) for x in (q, k, v, w)))
+    eps = float(jnp.finfo(dtype).eps)
+    for name, ours, theirs, truth in zip(("out", "dq", "dk", "dv"), (out, *grads), (lo, *lo_grads),
+                                         (ref, *ref_grads)):
+        assert ours.dtype == dtype, name
+        assert np.isfinite(np.asarray(ours, np.float32)).all(), name
+        assert _rel(ours, truth) <= 2 * _rel(theirs, truth) + 2 * eps, (name, _rel(ours, truth), _rel(theirs, truth))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,kh", [(False, 16), (True, 4)])
 def test_low_precision_within_xla_error(dtype, causal, kh):
-    """B2 H16 N2048 D128: our error against the float32 answer is at most twice jax.nn's own (XLA in the same
-    dtype) plus 2 eps, for the output and every gradient."""
-    q, k, v, w = _arrays(1, 2, 2048, 2048, 16, kh, 128, dtype)
-    kw = dict(is_causal=causal)
-    out, grads = _loss_and_grads(pallas_attn.dot_product_attention, q, k, v, w, implementation="pallas", **kw)
-    lo, lo_grads = _loss_and_grads(jax.nn.dot_product_attention, q, k, v, w, **XLA, **kw)
-    with jax.default_matmul_precision("highest"):
-        f32 = [x.astype(jnp.float32) for x in (q, k, v, w)]
-        ref, ref_grads = _loss_and_grads(jax.nn.dot_product_attention, *f32, **XLA, **kw)
-    eps = float(jnp.finfo(dtype).eps)
-    for name, ours, theirs, truth in zip(("out", "dq", "dk", "dv"), (out, *grads), (lo, *lo_grads),
-                                         (ref, *ref_grads)):
-        assert ours.dtype == jnp.dtype(dtype), name
-        assert _rel(ours, truth) <= 2 * _rel(theirs, truth) + 2 * eps, (name, _rel(ours, truth), _rel(theirs, truth))
+    """B2 H16 N2048 D128 (the default config), MHA non-causal and GQA4 causal: output and dQ/dK/dV."""
+    b, n, hq, d = LOW_SHAPE
+    _check_within_xla_error(*_arrays(1, b, n, n, hq, hq if kh == 16 else kh, d, dtype), causal)
 
 
-def test_nan_inf_and_transforms():
-    """NaN in q, +Inf in k: jax.nn's NaN rows (output and gradients); vmap and remat of the grad."""
-    q, k, v, w = _arrays(2, 1, 512, 512, 4, 2, 64, "float16")
-    q = q.at[0, 100, 0, 3].set(jnp.nan)
-    k = k.at[0, 300, 1, 5].set(jnp.inf)
-    kw = dict(is_causal=True)
-    out, grads = _loss_and_grads(pallas_attn.dot_product_attention, q, k, v, w, implementation="pallas", **kw)
-    ref, ref_grads = _loss_and_grads(jax.nn.dot_product_attention, q, k, v, w, **XLA, **kw)
-    np.testing.assert_array_equal(np.isnan(np.asarray(out, np.float32)), np.isnan(np.asarray(ref, np.float32)))
-    for g, rg in zip(grads, ref_grads):
-        np.testing.assert_array_equal(np.isnan(np.asarray(g, np.float32)).any(-1),
-                                      np.isnan(np.asarray(rg, np.float32)).any(-1))
-    q, k, v, w = _arrays(3, 2, 256, 256, 8, 2, 128, "bfloat16")
+def _must_be_nan(q, hkv, bad_q, bad_k):
+    """Causal rows and keys whose value is NaN by the math, for q ``[B, T, Hq, H]`` with a NaN in query row
+    ``bad_q = (b, i, h)`` and +Inf at feature ``f`` of key ``bad_k = (b, j, kh, f)``: the NaN row; each row
+    of KV head ``kh``'s query heads at or after key ``j`` whose score with it is +Inf or NaN (``q[f] >= 0``:
+    +Inf - +Inf is NaN; a -Inf score only removes the key). Returns ``(rows [B, T, Hq], keys [B, S, Hkv])``: the
+    NaN rows of the output and of dQ, and the keys such a row sees (their dK and dV rows are NaN)."""
+    qf = np.asarray(q, np.float32)
+    b, t, hq, _ = qf.shape
+    g = hq // hkv
+    rows = np.zeros((b, t, hq), bool)
+    rows[bad_q] = True
+    kb, j, kh, f = bad_k
+    heads = slice(kh * g, (kh + 1) * g)
+    rows[kb, j:, heads] |= ~(qf[kb, j:, heads, f] < 0)
+    keys = np.zeros((b, t, hkv), bool)
+    for bb, i, h in np.argwhere(rows):
+        keys[bb, :i + 1, h // g] = True
+    return rows, keys
+
+
+def test_d64_and_nan_inf():
+    """fp16 D64 (the d64 config, GQA2, causal): accuracy as above; then NaN in q and +Inf in k through the same
+    compiled programs. The output's NaN rows are exactly jax.nn's (= the math's). Gradients: NaN wherever the
+    math has it, and never where jax.nn has none. Not equality: jax.nn's dense products multiply the zero
+    probability of a masked +Inf key (dQ = dS K) and a NaN row's masked entries (dK, dV) into every row; ours
+    skips blocks the causal bound excludes, so its extra NaN rows are confined to the +Inf key's tile."""
+    b, n, hq, hkv, d = NAN_SHAPE
+    q, k, v, w = _arrays(2, b, n, n, hq, hkv, d, "float16")
+    _check_within_xla_error(q, k, v, w, True)
+    bad_q, bad_k = (0, n // 5, 0), (0, (3 * n) // 5, hkv - 1, 5)
+    q = q.at[(*bad_q, 3)].set(jnp.nan)
+    k = k.at[bad_k].set(jnp.inf)
+    out, grads = _program("pallas", True)(q, k, v, w)
+    ref, ref_grads = _program("xla", True)(q, k, v, w)
+    rows, keys = _must_be_nan(q, hkv, bad_q, bad_k)
+    np.testing.assert_array_equal(np.isnan(np.asarray(ref, np.float32)).any(-1), rows)  # the premise
+    np.testing.assert_array_equal(np.isnan(np.asarray(out, np.float32)).any(-1), rows)
+    dq_nan = np.isnan(np.asarray(ref_grads[0], np.float32)).any(-1)
+    assert dq_nan.any() and not dq_nan.all()  # jax.nn's dQ pattern is partial: "NaN where jax.nn has none" can fail
+    for name, g, rg, must in zip(("dq", "dk", "dv"), grads, ref_grads, (rows, keys, keys)):
+        ours = np.isnan(np.asarray(g, np.float32)).any(-1)
+        theirs = np.isnan(np.asarray(rg, np.float32)).any(-1)
+        assert must.any() and not must.all(), name  # the first inclusion can fail (the second can for dQ)
+        assert (ours | ~must).all(), (name, "a row that must be NaN is not", np.argwhere(must & ~ours)[:5])
+        assert (theirs | ~ours).all(), (name, "NaN where jax.nn has none", np.argwhere(ours & ~theirs)[:5])
+
+
+def test_vmap_and_remat():
+    """bf16 causal GQA4: vmap of the forward over a stacked batch, and grad through jax.checkpoint."""
+    b, n, hq, hkv, d = VMAP_SHAPE
+    q, k, v, w = _arrays(3, b, n, n, hq, hkv, d, "bfloat16")
     f = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    r = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, **XLA)  # noqa: E731
+    r = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
     stack = [jnp.stack([x, x[::-1]]) for x in (q, k, v)]
-    assert _rel(jax.jit(jax.vmap(f))(*stack), jax.vmap(r)(*stack)) < 2e-2
-    g = jax.jit(jax.grad(jax.checkpoint(lambda k: jnp.sum(f(q, k, v).astype(jnp.float32) * w))))(k)
-    rg = jax.grad(lambda k: jnp.sum(r(q, k, v).astype(jnp.float32) * w))(k)
-    assert _rel(g, rg) < 2e-2
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == "pallas:fa_train"
+    out = jax.jit(jax.vmap(f), compiler_options=NO_AUTOTUNE)(*stack)
+    assert out.shape == stack[0].shape and out.dtype == jnp.bfloat16
+    assert _rel(out, jax.jit(jax.vmap(r), compiler_options=NO_AUTOTUNE)(*stack)) < 2e-2
+
+    def grad_k(attn, remat):
+        loss = lambda k: jnp.sum(attn(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))  # noqa: E731
+        return jax.jit(jax.grad(jax.checkpoint(loss) if remat else loss), compiler_options=NO_AUTOTUNE)(k)
+
+    g, rg = grad_k(f, True), grad_k(r, False)
+    assert g.dtype == jnp.bfloat16 and _rel(g, rg) < 2e-2
+
+
+@pytest.mark.parametrize("b,t,s,n,kh,h,causal,window,q_lens,kv_lens", FP32_CASES)
+def test_float32_matches_xla(b, t, s, n, kh, h, causal, window, q_lens, kv_lens):
+    q, k, v, w = _arrays(0, b, t, s, n, kh, h)
+    lens = (None if q_lens is None else jnp.asarray(q_lens, jnp.int32),
+            None if kv_lens is None else jnp.asarray(kv_lens, jnp.int32))
+    assert pallas_attn.which_implementation(q, k, v, is_causal=causal, local_window_size=window,
+                                            query_seq_lengths=lens[0], key_value_seq_lengths=lens[1],
+                                            implementation="pallas")[0] == "pallas:fa_train"
+    out, grads = _program("pallas", causal, window)(q, k, v, w, *lens)
+    ref, ref_grads = _program("xla", causal, window, highest=True)(q, k, v, w, *lens)
+    assert np.isfinite(np.asarray(out)).all()
+    assert _rel(out, ref) < 1e-5, _rel(out, ref)
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert g.dtype == q.dtype and _rel(g, rg) < 1e-5, (name, _rel(g, rg))
