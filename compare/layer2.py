@@ -85,47 +85,74 @@ class Cost:
     ``issue``: SM-cycles per work unit when the SM is throughput-bound (the unit is named by the launch
     builder: an FMA, a tensor-core FLOP, a warp-key step ...); ``lat``: cycles per serial step of one program
     (a dependent chain: load -> compute -> next tile); ``fixed``: cycles per program outside the loop
-    (prologue loads, epilogue stores)."""
+    (prologue loads, epilogue stores); ``key``: cycles per dependent one-key update (the per-key online
+    softmax of the paged family's faithful configs), priced on ``Launch.key_steps``."""
 
     issue: float
     lat: float
     fixed: float = 0.0
+    key: float = 0.0  # cycles per serial per-key update inside a step (a launch's ``key_steps``)
 
 
-# Fitted on the H200 reference run (scripts/fit_layer2.py); frozen. See docs/roofline.md for each one.
+# Fitted on the H200 reference run (scripts/fit_layer2.py, issue 16 refit: 19 cost fields + 2 globals, was 25 + 2;
+# the merge priced per serial step, not per float); frozen. See docs/roofline.md for what each one buys.
 GLOBAL: dict[str, float] = {
-    "l2_bytes_per_clk_sm": 35.54,  # L2 -> SM bandwidth per SM per cycle (~10.5 TB/s on 132 SMs at 1.98 GHz)
+    "l2_bytes_per_clk_sm": 35.34,  # L2 -> SM bandwidth per SM per cycle (~10.5 TB/s on 132 SMs at 1.98 GHz)
     "l2_resident_fraction": 0.75,  # a buffer up to this fraction of L2 is still there for the next launch
-    "launch_us": 2,  # fixed cost of one kernel on the CUPTI clock (ramp-up + drain)
+    "launch_us": 2.017,  # fixed cost of one kernel on the CUPTI clock (ramp-up + drain)
 }
 
 COSTS: dict[str, Cost] = {
     # --- Pallas (Triton) launches ----------------------------------------------------------------------
     "pallas_attn_v1_naive_qk": Cost(issue=0, lat=0),
     "pallas_attn_v1_naive_pv": Cost(issue=0, lat=0),
-    "pallas_attn_row_softmax": Cost(issue=0, lat=288.5),
+    "pallas_attn_row_softmax": Cost(issue=0, lat=0),
     "pallas_attn_v2_tiled_qk": Cost(issue=0.07348, lat=2.925e+04),
     "pallas_attn_v2_tiled_pv": Cost(issue=0, lat=1.183e+04),
-    "pallas_attn_v3_online_stats": Cost(issue=0.06051, lat=0),
-    "pallas_attn_v3_online_out": Cost(issue=0.05292, lat=3.155e+04),
-    "pallas_attn_rows_attend": Cost(issue=0.3396, lat=2738),
-    "pallas_attn_v5_wmma_fwd": Cost(issue=0.0006865, lat=2324),
+    "pallas_attn_v3_online_stats": Cost(issue=0, lat=0),
+    "pallas_attn_v3_online_out": Cost(issue=0.08278, lat=3.903e+04),
+    "pallas_attn_rows_attend": Cost(issue=0, lat=2738),
+    "pallas_attn_v5_wmma_fwd": Cost(issue=0.0006823, lat=2323),
     "pallas_attn_fa_decode_partial": Cost(issue=0, lat=0),
-    "pallas_attn_merge": Cost(issue=2.673, lat=0),
+    "pallas_attn_merge": Cost(issue=0, lat=5491),
     # --- cuda_ref launches -----------------------------------------------------------------------------
     "v1_qk_kernel": Cost(issue=0, lat=0),
-    "v1_softmax_kernel": Cost(issue=2.252, lat=0),
-    "v1_pv_kernel": Cost(issue=0.9091, lat=0),
-    "v2_qk_kernel": Cost(issue=0.06598, lat=0),
-    "v2_pv_kernel": Cost(issue=0.2615, lat=0),
-    "v3_stats_kernel": Cost(issue=0.1831, lat=0),
-    "v3_output_kernel": Cost(issue=1.298, lat=98.56),
-    "warp_rows": Cost(issue=15.39, lat=160.8),
+    "v1_softmax_kernel": Cost(issue=2.352, lat=0),
+    "v1_pv_kernel": Cost(issue=0.8934, lat=0),
+    "v2_qk_kernel": Cost(issue=0.3469, lat=0),
+    "v2_pv_kernel": Cost(issue=0, lat=0),
+    "v3_stats_kernel": Cost(issue=0, lat=0),
+    "v3_output_kernel": Cost(issue=1.388, lat=101.4),
+    "warp_rows": Cost(issue=14.02, lat=223.3),
     "v5_wmma_kernel": Cost(issue=0.02098, lat=1.827e+04),
-    "v6_merge_kernel": Cost(issue=0, lat=2293, fixed=2.198e+04),
+    "v6_merge_kernel": Cost(issue=0, lat=0, fixed=6.32e+04),
     # --- casts inside the timed call (XLA convert, torch .to(half)) ------------------------------------
     "cast": Cost(issue=0.0, lat=0.0),
 }
+
+# Dataflows with no record in the fit run, priced with the fitted cost of the dataflow they share (no new
+# constant; docs/roofline.md "The paged family"). Each field names (COSTS key, field); resolved at use, so a
+# refit moves them too.
+ALIASES: dict[str, dict[str, tuple[str, str]]] = {
+    # v7_paged / v8_gqa (+ db, occ, ilp knobs) / v8_gqa_ss on CUDA cores: a staged K/V tile, the program's
+    # rows' FP32 broadcast-multiply + sum (v4/v6's rows_attend: issue per row x key x dim, latency per
+    # load + update step); the per-key configs add one dependent update per key, priced as the CUDA twin's
+    # per-key warp chain (cuda v4/v6 ``warp_rows``: shuffle reduction + online-softmax update per key)
+    "pallas_attn_paged_cuda_cores": {"issue": ("pallas_attn_rows_attend", "issue"),
+                                     "lat": ("pallas_attn_rows_attend", "lat"),
+                                     "key": ("warp_rows", "lat")},
+    # v8_gqa_tc: per key block two 16-bit dots and one update (v5's Pallas block: MMA FLOP, latency per block)
+    "pallas_attn_paged_tc": {"issue": ("pallas_attn_v5_wmma_fwd", "issue"),
+                             "lat": ("pallas_attn_v5_wmma_fwd", "lat")},
+}
+
+
+def cost_of(name: str, costs: Mapping[str, Cost] | None = None) -> Cost:
+    """The ``Cost`` of dataflow ``name`` in ``costs`` (default ``COSTS``), resolving ``ALIASES``."""
+    costs = costs or COSTS
+    if name in ALIASES:
+        return Cost(**{f: getattr(costs[src], sf) for f, (src, sf) in ALIASES[name].items()})
+    return costs[name]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -191,6 +218,7 @@ class Launch:
     l2_bytes: float = 0.0
     unit: str = ""  # what a work unit is (for the report)
     note: str = ""
+    key_steps: float = 0.0  # serial one-key updates per program (priced by Cost.key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,14 +293,14 @@ def _l2_bw(hw: Hardware) -> float:
 def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = None,
                 glob: Mapping[str, float] | None = None) -> LaunchTime:
     """The predicted time of one launch: max(issue, latency, dram, l2) + the launch cost."""
-    cst = (costs or COSTS)[ln.cost]
+    cst = cost_of(ln.cost, costs)
     g = glob or GLOBAL
     clk = hw.clock_mhz * 1e6
     resident, limit = occupancy(ln.threads, ln.regs, ln.smem)
     per_sm = -(-ln.programs // hw.num_sm)  # programs on the busiest SM
     rounds = -(-per_sm // resident)
     t_issue = per_sm * ln.units * cst.issue / clk
-    t_lat = rounds * (ln.steps * cst.lat + cst.fixed) / clk
+    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + cst.fixed) / clk
     t_dram = ln.dram_bytes / hw.hbm_bw
     t_l2 = ln.l2_bytes / (g["l2_bytes_per_clk_sm"] * hw.num_sm * clk)
     t_launch = g["launch_us"] * 1e-6
@@ -326,6 +354,55 @@ def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> L
                   regs=64, smem=0, units=rows * s.kv_len, steps=2 * vis_steps + n_steps, dram_bytes=dram,
                   l2_bytes=l2, unit="S element",
                   note=f"{rows} rows x {cols} columns per step, one step in flight per program")
+
+
+def _merge_launch(name: str, rows: int, warps: int, splits: int, d: int, dram_bytes: float,
+                  block: int = 64) -> Launch:
+    """The shared split-state merge (``kernels.splitkv.merge``): one program per output row, ``sb =
+    min(block, next_pow2(S))`` splits per serial step (a ``[sb, D]`` FP32 load and one online-softmax step)."""
+    sb = min(block, 1 << max(0, (int(splits) - 1).bit_length()))
+    return Launch(name, "pallas_attn_merge", rows, 32 * warps, 32, 0, units=splits * (d + 1),
+                  steps=_cdiv(splits, sb), dram_bytes=dram_bytes, unit="float",
+                  note=f"LSE merge of {splits} split states, {sb} per step")
+
+
+def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
+    """The paged family (v7_paged, v8_gqa and its db / occ / ilp knobs, v8_gqa_ss, v8_gqa_tc), from the
+    plan ``kernels.v7_paged.make_plan`` writes: grid (row tiles, splits, B*Hkv), R packed rows per program,
+    key tiles of TN, ``keys_per_update`` keys per online-softmax update (1: per key; TN: per tile)."""
+    d, tk = s.head_dim, s.kv_len
+    pp = plan["partial"]
+    P, R, tn = pp["programs"], pp["rows_per_program"], pp["key_tile"]
+    grp = pp.get("keys_per_update") or tn
+    row_tiles = pp["grid"][0]
+    keys = max(1.0, min(plan["chunk"], tk) * s.vis_frac)  # the busiest program's keys
+    tiles = max(1, math.ceil(keys / tn))
+    kv = 2 * s.batch * s.heads_kv * tk * d * 2  # fp16 pools (fp32 input is cast before the kernel)
+    ws = s.batch * s.heads_kv * pp["packed_rows"] * plan["splits"] * (d + 1) * 4
+    dram = kv + s.bh * s.q_len * d * 2 + ws
+    l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
+    out = _cast_launches(s, "host")
+    if "padded_rows" in pp:  # v8_gqa_tc: one 16-row M tile per program, both products 16-bit MMAs
+        st = pp.get("num_stages", 1)
+        out.append(Launch(names[0], "pallas_attn_paged_tc", P, 32 * pp["num_warps"], 128,
+                          (R * d + 2 * tn * d * max(1, st - 1)) * 2, units=4 * R * tn * d * tiles, steps=tiles,
+                          dram_bytes=dram, l2_bytes=l2, unit="MMA FLOP",
+                          note=f"{R} padded rows x {tn}-key blocks, one update per block"))
+    else:
+        per_key = grp == 1
+        steps = tiles if per_key else tiles * max(1, tn // grp)
+        # per tile: R x TN x D scores and p.V; a per-key update also sweeps the [R, TN] tile twice (masked
+        # row-sum for key c's score, rescale of the weight vector)
+        units = R * tiles * tn * (d + (2 * tn if per_key else 0))
+        out.append(Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp["num_warps"], 128, 0,
+                          units=units, steps=steps, key_steps=tiles * tn if per_key else 0.0, dram_bytes=dram,
+                          l2_bytes=l2, unit="row x key x dim",
+                          note=(f"{R} rows vectorized, {tn}-key tiles, one update per "
+                                + ("key" if per_key else f"{grp} keys"))))
+    m = plan["merge"]
+    out.append(_merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], plan["splits"], d,
+                             ws + s.bh * s.q_len * d * s.in_bytes))
+    return out
 
 
 def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
@@ -400,9 +477,8 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                           note=f"{rows} rows, each a serial vector update per {bk}-key tile"))
         if kname == "v6_splitkv":
             m = plan["merge"]
-            out.append(Launch(names[1], "pallas_attn_merge", math.prod(m["grid"]), 32 * m["num_warps"], 32, 0,
-                              units=plan["splits"] * (d + 1), steps=1, dram_bytes=ws + bh * tq * d * s.in_bytes,
-                              unit="float", note="LSE merge of the split states"))
+            out.append(_merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], plan["splits"], d,
+                                     ws + bh * tq * d * s.in_bytes))
         return out
     if kname == "v5_wmma":
         bm, bn, warps, stages = plan["block_m"], plan["block_n"], plan["num_warps"], plan["num_stages"]
@@ -427,9 +503,11 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                           note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split"))
         if plan["splits"] > 1:
             rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
-            out.append(Launch(names[1], "pallas_attn_merge", rows_all, 128, 32, 0, units=plan["splits"] * (d + 1),
-                              steps=1, dram_bytes=ws + rows_all * d * 2, unit="float", note="LSE merge"))
+            out.append(_merge_launch(names[1], rows_all, plan.get("merge_num_warps", 4), plan["splits"], d,
+                                     ws + rows_all * d * 2, block=plan.get("merge_block", 64)))
         return out
+    if kname in ("v7_paged", "v8_gqa", "v8_gqa_ss", "v8_gqa_tc"):
+        return _paged_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
 
 
@@ -570,7 +648,8 @@ def _pallas_plan(gen: str, config: Any, s: Shape, entry: str = "dense") -> tuple
     if isinstance(config, str) and config not in cfgs:
         config = k.default_config_name()  # records of older runs name fa_decode's default 'faithful'
     prob = _pallas_problem(s, entry)
-    cfg = k.config(config, prob)
+    # a row's config names map to its kernel's (v8_gqa_db's 'faithful' is v8_gqa's 'double_buffered')
+    cfg = cfgs[config] if isinstance(config, str) else k.config(config, prob)
     pl = k.plan(prob, cfg)
     if hasattr(pl, "as_dict"):
         pl = pl.as_dict()
@@ -641,16 +720,17 @@ def hardware_of(record_env: Mapping[str, Any], ceilings: Mapping[str, Any] | Non
     return hw.with_measured(hbm_bw=bw) if bw else hw
 
 
-def score(record: Mapping[str, Any], hw: Hardware | None = None) -> dict[str, Any]:
+def score(record: Mapping[str, Any], hw: Hardware | None = None, recompute: bool = False) -> dict[str, Any]:
     """After the run: layer-1 and layer-2 predictions against ``metrics.time_us_p50`` (error = predicted /
-    measured - 1, so -0.5 is a prediction twice too fast). Recomputes layer 2 when the record lacks it."""
+    measured - 1, so -0.5 is a prediction twice too fast). Uses the layer 2 the record carries (made before
+    the run) unless it lacks one or ``recompute`` asks for the current model and constants."""
     m = record.get("metrics") or {}
     meas = m.get("time_us_p50")
     pred = record.get("prediction") or {}
     basis = pred.get(pred.get("basis") or "measured") or pred.get("datasheet") or {}
     l1 = basis.get("floor_us")
     l2 = pred.get("layer2")
-    if not l2 or "error" in l2:
+    if recompute or not l2 or "error" in l2:
         hw = hw or hardware_of(record.get("env") or {})
         l2 = predict_record(record["workload"], record["impl"], (record.get("impl") or {}).get("plan"), hw) \
             if hw else {"error": "unknown GPU"}

@@ -64,8 +64,9 @@ def _load(paths: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
-def rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One scored row per ok pallas/cuda result record."""
+def rows(records: Iterable[Mapping[str, Any]], recompute: bool = False) -> list[dict[str, Any]]:
+    """One scored row per ok pallas/cuda result record (``recompute``: layer 2 with the current constants,
+    not the prediction the record carries from before its run)."""
     recs = list(records)
     ceilings = {r.get("run_id"): r for r in recs if r.get("type") == "ceilings"}
     out = []
@@ -76,7 +77,7 @@ def rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not layer2.modelled(impl):
             continue
         hw = layer2.hardware_of(r.get("env") or {}, ceilings.get(r.get("run_id")))
-        sc = layer2.score(r, hw)
+        sc = layer2.score(r, hw, recompute=recompute)
         w = r["workload"]
         fam = f"{w['family']}/{(r.get('impl') or {}).get('framework', impl.split(':')[0])}"
         out.append({"gpu": (r.get("env") or {}).get("gpu", "?"), "family": fam, "workload": w["name"], "impl": impl,
@@ -89,9 +90,9 @@ def _stats(errs: list[float]) -> tuple[float, float]:
     return (statistics.median(a), max(a)) if a else (float("nan"), float("nan"))
 
 
-def scorecard(records: Iterable[Mapping[str, Any]], threshold: float = 0.3) -> dict[str, Any]:
+def scorecard(records: Iterable[Mapping[str, Any]], threshold: float = 0.3, recompute: bool = False) -> dict[str, Any]:
     """``{"groups": [...], "misses": [...], "overall": {...}}``; a group is (gpu, family) or (gpu, "all")."""
-    rs = rows(records)
+    rs = rows(records, recompute)
     groups = collections.defaultdict(list)
     for r in rs:
         groups[(r["gpu"], r["family"])].append(r)
@@ -114,9 +115,9 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.0f}%"
 
 
-def render(records: Iterable[Mapping[str, Any]], threshold: float = 0.3) -> str:
+def render(records: Iterable[Mapping[str, Any]], threshold: float = 0.3, recompute: bool = False) -> str:
     """The scorecard as Markdown (what ``compare report`` puts into its output)."""
-    sc = scorecard(records, threshold)
+    sc = scorecard(records, threshold, recompute)
     lines = ["| GPU | family | n | layer 1 median / worst abs error | layer 2 median / worst abs error | "
              "layer 1 limiters | layer 2 limiters |", "|---|---|---|---|---|---|---|"]
     for g in sc["groups"]:
@@ -140,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("records", nargs="+", help="records.jsonl files")
     ap.add_argument("--threshold", type=float, default=0.3, help="list layer-2 misses above this |error|")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--recompute", action="store_true",
+                    help="layer 2 with the current constants, not the prediction each record carries")
     a = ap.parse_args(argv)
     recs = _load(a.records)
     if a.json:
-        print(json.dumps(scorecard(recs, a.threshold), indent=1, default=str))
+        print(json.dumps(scorecard(recs, a.threshold, a.recompute), indent=1, default=str))
     else:
-        sys.stdout.write(render(recs, a.threshold))
+        sys.stdout.write(render(recs, a.threshold, a.recompute))
     return 0
 
 

@@ -1,24 +1,33 @@
 """Fit layer 2's constants (compare/layer2.py GLOBAL and COSTS) on ONE compare run, print them, and score.
 
-    PYTHONPATH=. python scripts/fit_layer2.py results/20261121T092505_nvidia-h200/records.jsonl
+    PYTHONPATH=. python scripts/fit_layer2.py results/20261121T092505_nvidia-h200/records.jsonl \\
+        [--seed COSTKEY.FIELD=VALUE ...] [--drop COSTKEY.FIELD ...] [--ablate]
 
 The fit minimises the sum of |log(predicted / measured)| over the run's pallas:* and cuda:* ok records (a
 median-seeking loss: one wild record does not drag the rest), in log space of the constants, with scipy's
-Powell method from the values in compare/layer2.py. It prints a ``COSTS``/``GLOBAL`` block to paste into
-compare/layer2.py; the constants are then frozen and every other run (the H100 first) is held out.
+Powell method from the values in compare/layer2.py. The free constants are the cost fields that are > 0 in
+``COSTS`` (plus ``--seed`` ones, started at the value given; minus ``--drop`` ones, held at 0) and the two
+fitted globals (L2 bandwidth per SM-cycle, launch cost). Aliased dataflows (``layer2.ALIASES``) follow their
+sources and add no constant. It prints a ``COSTS``/``GLOBAL`` block to paste into compare/layer2.py; the
+constants are then frozen and every other run (the H100 first) is held out: never pass a held-out run here.
+
+``--ablate``: after the fit, for each free cost field, hold it at 0, refit the rest and print what the
+in-sample loss, median and worst |error| become: what that constant buys (docs/roofline.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
-import sys
 
 import numpy as np
 from scipy.optimize import minimize
 
 from compare import layer2
+
+GKEYS = ["l2_bytes_per_clk_sm", "launch_us"]
 
 
 def load(paths):
@@ -33,52 +42,101 @@ def load(paths):
     return recs, ceil
 
 
-def main(argv):
-    recs, ceil = load(argv[1:])
+def _field(spec: str) -> tuple[str, str]:
+    name, _, field = spec.partition(".")
+    if name not in layer2.COSTS or field not in ("issue", "lat", "fixed", "key"):
+        raise SystemExit(f"{spec!r}: expected COSTKEY.FIELD with a key of layer2.COSTS and a Cost field")
+    return name, field
+
+
+class Fit:
+    """The records' launches and the loss as a function of the free constants (log space)."""
+
+    def __init__(self, rows, keys):
+        self.rows, self.keys = rows, list(keys)
+
+    def unpack(self, x, base_costs):
+        costs = dict(base_costs)
+        for (n, f), v in zip(self.keys, x[: len(self.keys)]):
+            costs[n] = dataclasses.replace(costs[n], **{f: float(math.exp(v))})
+        glob = dict(layer2.GLOBAL)
+        for g, v in zip(GKEYS, x[len(self.keys):]):
+            glob[g] = float(math.exp(v))
+        return costs, glob
+
+    def errs(self, x, base_costs):
+        costs, glob = self.unpack(x, base_costs)
+        out = []
+        for r, hw, lns in self.rows:
+            t = sum(layer2.time_launch(ln, hw, costs, glob).time_s for ln in lns) * 1e6
+            out.append(math.log(t / r["metrics"]["time_us_p50"]))
+        return np.array(out)
+
+    def run(self, x0, base_costs, rounds=3, verbose=True):
+        def loss(x):
+            return float(np.abs(self.errs(x, base_costs)).sum())
+
+        best, fun = x0, loss(x0)
+        for _ in range(rounds):
+            res = minimize(loss, best, method="Powell", options={"maxiter": 20000, "xtol": 1e-3, "ftol": 1e-6})
+            if res.fun >= fun - 1e-6 and _ > 0:
+                break
+            best, fun = res.x, res.fun
+            if verbose:
+                e = np.abs(np.expm1(self.errs(best, base_costs)))
+                print(f"loss {fun:.2f}; median |err| {np.median(e):.3f}; worst {e.max():.2f}")
+        return best, fun
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+")
+    ap.add_argument("--seed", action="append", default=[], help="COSTKEY.FIELD=VALUE: free a field at VALUE")
+    ap.add_argument("--drop", action="append", default=[], help="COSTKEY.FIELD: hold a field at 0")
+    ap.add_argument("--ablate", action="store_true", help="what each free cost field buys")
+    a = ap.parse_args(argv)
+    recs, ceil = load(a.records)
+    base = dict(layer2.COSTS)
+    for spec in a.seed:
+        k, _, v = spec.partition("=")
+        n, f = _field(k)
+        base[n] = dataclasses.replace(base[n], **{f: float(v)})
+    for spec in a.drop:
+        n, f = _field(spec)
+        base[n] = dataclasses.replace(base[n], **{f: 0.0})
     rows = []
     for r in recs:
         hw = layer2.hardware_of(r["env"], ceil.get(r["run_id"]))
         s = layer2.Shape.of(r["workload"])
         lns, _ = layer2.launches_for(r["impl"]["name"], s, hw, r["impl"].get("plan"))
         rows.append((r, hw, lns))
-    names = sorted({ln.cost for _, _, lns in rows for ln in lns} - {"cast"})
-    keys = [(n, f) for n in names for f in ("issue", "lat", "fixed") if getattr(layer2.COSTS[n], f) > 0]
-    gkeys = ["l2_bytes_per_clk_sm", "launch_us"]
-    x0 = np.log([getattr(layer2.COSTS[n], f) for n, f in keys] + [layer2.GLOBAL[g] for g in gkeys])
-
-    def unpack(x):
-        costs = dict(layer2.COSTS)
-        for (n, f), v in zip(keys, x[: len(keys)]):
-            costs[n] = dataclasses.replace(costs[n], **{f: float(math.exp(v))})
-        glob = dict(layer2.GLOBAL)
-        for g, v in zip(gkeys, x[len(keys):]):
-            glob[g] = float(math.exp(v))
-        return costs, glob
-
-    def errs(x):
-        costs, glob = unpack(x)
-        out = []
-        for r, hw, lns in rows:
-            t = sum(layer2.time_launch(ln, hw, costs, glob).time_s for ln in lns) * 1e6
-            out.append(math.log(t / r["metrics"]["time_us_p50"]))
-        return np.array(out)
-
-    def loss(x):
-        return float(np.abs(errs(x)).sum())
-
-    print(f"{len(rows)} records; start loss {loss(x0):.2f}; median |err| {np.median(np.abs(np.expm1(errs(x0)))):.3f}")
-    best = x0
-    for _ in range(3):
-        res = minimize(loss, best, method="Powell", options={"maxiter": 20000, "xtol": 1e-3, "ftol": 1e-6})
-        best = res.x
-        e = np.abs(np.expm1(errs(best)))
-        print(f"loss {res.fun:.2f}; median |err| {np.median(e):.3f}; worst {e.max():.2f}")
-    costs, glob = unpack(best)
+    names = sorted({ln.cost for _, _, lns in rows for ln in lns} - {"cast"} - set(layer2.ALIASES))
+    keys = [(n, f) for n in names for f in ("issue", "lat", "fixed", "key") if getattr(base[n], f) > 0]
+    fit = Fit(rows, keys)
+    x0 = np.log([getattr(base[n], f) for n, f in keys] + [layer2.GLOBAL[g] for g in GKEYS])
+    e0 = fit.errs(x0, base)
+    print(f"{len(rows)} records, {len(keys)} cost fields + {len(GKEYS)} globals free; start loss "
+          f"{np.abs(e0).sum():.2f}; median |err| {np.median(np.abs(np.expm1(e0))):.3f}")
+    best, fun = fit.run(x0, base)
+    costs, glob = fit.unpack(best, base)
     print("GLOBAL:", {k: round(v, 4) for k, v in glob.items()})
     for n in names:
         c = costs[n]
-        print(f'    "{n}": Cost(issue={c.issue:.4g}, lat={c.lat:.4g}, fixed={c.fixed:.4g}),')
+        print(f'    "{n}": Cost(issue={c.issue:.4g}, lat={c.lat:.4g}, fixed={c.fixed:.4g}, key={c.key:.4g}),')
+    if a.ablate:
+        e = np.abs(np.expm1(fit.errs(best, base)))
+        print(f"\nablation (hold one field at 0, refit the rest); full fit: loss {fun:.2f}, median "
+              f"{np.median(e):.3f}, worst {e.max():.2f}")
+        for i, (n, f) in enumerate(keys):
+            sub = Fit(rows, keys[:i] + keys[i + 1:])
+            b2 = dict(costs)
+            b2[n] = dataclasses.replace(b2[n], **{f: 0.0})
+            x = np.delete(best, i)
+            xb, fb = sub.run(x, b2, rounds=2, verbose=False)
+            eb = np.abs(np.expm1(sub.errs(xb, b2)))
+            print(f"  -{n}.{f}: loss {fb:.2f} ({fb - fun:+.2f}); median {np.median(eb):.3f}; worst {eb.max():.2f}",
+                  flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

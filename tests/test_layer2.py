@@ -172,3 +172,69 @@ def test_scorecard_renders_from_a_records_file(tmp_path, capsys):
     assert scorecard.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "| NVIDIA H200 | decode/cuda | 1 |" in out and "misses above 30% (1)" in out and "open" in out
+
+
+# --- issue 16: per-key steps, aliases, the merge's serial steps, the paged family ---------------------------
+
+
+def test_key_steps_add_to_the_latency_chain():
+    # 132 programs (1 round): 4 steps x 1000 + 64 one-key updates x 200 + 500 fixed cycles
+    ln = _ln(programs=132, units=0.0, steps=4.0, key_steps=64.0)
+    lt = time_launch(ln, H200, {"c": Cost(issue=0.0, lat=1000.0, fixed=500.0, key=200.0)}, GLOB)
+    assert lt.t_latency == pytest.approx((4 * 1000 + 64 * 200 + 500) / CLK)
+
+
+def test_aliases_follow_their_sources():
+    costs = dict(layer2.COSTS)
+    costs["pallas_attn_rows_attend"] = Cost(issue=0.5, lat=1234.0)
+    costs["warp_rows"] = Cost(issue=9.0, lat=77.0)
+    c = layer2.cost_of("pallas_attn_paged_cuda_cores", costs)
+    assert (c.issue, c.lat, c.key, c.fixed) == (0.5, 1234.0, 77.0, 0.0)
+    assert layer2.cost_of("pallas_attn_paged_tc") == Cost(issue=layer2.COSTS["pallas_attn_v5_wmma_fwd"].issue,
+                                                          lat=layer2.COSTS["pallas_attn_v5_wmma_fwd"].lat)
+
+
+@pytest.mark.parametrize("splits,steps", [(1, 1), (20, 1), (64, 1), (65, 2), (256, 4)])
+def test_merge_serial_steps(splits, steps):
+    # splitkv.merge: sb = min(64, next_pow2(S)) splits per step of one program per row
+    ln = layer2._merge_launch("m", rows=8, warps=4, splits=splits, d=128, dram_bytes=0.0)
+    assert (ln.steps, ln.units, ln.threads) == (steps, splits * 129, 128)
+
+
+PAGED = {"batch": 1, "heads_q": 8, "heads_kv": 1, "q_len": 1, "kv_len": 8192, "head_dim": 128,
+         "dtype": "float16", "page_size": 256, "q_offset": 8191}
+
+
+def test_paged_family_launches_from_the_plan():
+    # v8_gqa faithful: 40-SM choose_splits -> S 32, chunk 256; TN 32 at d128 -> 8 tiles, 256 one-key updates
+    p = layer2.predict("pallas:v8_gqa:faithful", PAGED, H200)
+    part, merge = (lt.launch for lt in p.launches)
+    assert (p.plan["splits"], p.plan["chunk"]) == (32, 256)
+    assert (part.cost, part.programs, part.steps, part.key_steps) == ("pallas_attn_paged_cuda_cores", 32, 8, 256)
+    assert part.units == 8 * 8 * 32 * (128 + 2 * 32)  # R x tiles x TN x (D + the per-key [R, TN] sweeps)
+    kv, q, ws = 2 * 8192 * 128 * 2, 8 * 128 * 2, 8 * 32 * 129 * 4
+    assert part.dram_bytes == kv + q + ws and part.l2_bytes == 0  # G = 8 rows: one row tile
+    assert (merge.programs, merge.steps) == (8, 1)
+    # v8_gqa_ss: one update per 32 keys, no per-key chain
+    ss = layer2.predict("pallas:v8_gqa_ss:faithful", PAGED, H200).launches[0].launch
+    assert (ss.steps, ss.key_steps, ss.units) == (8, 0.0, 8 * 8 * 32 * 128)
+    # v8_gqa_tc: 16-row MMA tiles, priced as v5's Pallas block
+    tc = layer2.predict("pallas:v8_gqa_tc:faithful", PAGED, H200).launches[0].launch
+    assert (tc.cost, tc.steps, tc.units) == ("pallas_attn_paged_tc", 8, 4 * 16 * 32 * 128 * 8)
+
+
+def test_registry_row_configs_resolve_to_the_kernels():
+    # v8_gqa_db's 'faithful' is v8_gqa's 'double_buffered' (prefetch), not v8_gqa's 'faithful'
+    db = layer2.predict("pallas:v8_gqa_db:faithful", PAGED, H200)
+    assert db.plan["partial"]["prefetch"] is True
+    assert layer2.predict("pallas:v8_gqa:faithful", PAGED, H200).plan["partial"]["prefetch"] is False
+
+
+def test_score_recompute_ignores_the_carried_prediction():
+    w = {"name": "x", "family": "decode", "batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048,
+         "head_dim": 64, "dtype": "float16", "env": None}
+    t = layer2.predict("cuda:v6_splitkv", w, H200).time_s * 1e6
+    rec = {"workload": w, "impl": {"name": "cuda:v6_splitkv"}, "metrics": {"time_us_p50": t},
+           "env": {"gpu": "NVIDIA H200"}, "prediction": {"layer2": {"time_us": 2 * t, "limiter": "dram"}}}
+    assert layer2.score(rec)["layer2_err"] == pytest.approx(1.0)  # the carried prediction
+    assert layer2.score(rec, recompute=True)["layer2_err"] == pytest.approx(0.0, abs=1e-9)
