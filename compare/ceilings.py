@@ -257,7 +257,8 @@ def _cuda_methods(read_gib: float, reps: int) -> dict[str, tuple[str, str, Calla
     }
 
 
-def _cleanup() -> None:
+def empty_torch_cache() -> None:
+    """Trim torch's CUDA cache when torch is loaded (best effort; the runner calls it between workloads)."""
     import sys
 
     if "torch" in sys.modules:
@@ -306,7 +307,7 @@ def measure(*, read_gib: float = 2.0, reps: int = 10,
         except Exception as e:  # one missing ceiling (e.g. no fp8 on this torch) must not lose the others
             out["errors"][key] = f"{type(e).__name__}: {str(e)[:200]}"
         finally:
-            _cleanup()
+            empty_torch_cache()
     reads = out["hbm_read_methods"]
     if reads:
         best = max(reads, key=lambda k: reads[k]["Bps"])

@@ -501,7 +501,7 @@ class _Run:
         outputs.clear()
         state.clear()
         gc.collect()
-        _empty_torch_cache()
+        ceilings.empty_torch_cache()
         return recs
 
     def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
@@ -900,14 +900,3 @@ def _reason(e: BaseException) -> str:
     full = f"{type(e).__name__}: {msg[:400]}"
     smem = _shared_memory_reason(msg)
     return f"{smem}; {full}" if smem else full
-
-
-def _empty_torch_cache() -> None:
-    if "torch" in sys.modules:
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:  # cache trimming is best effort
-            pass
