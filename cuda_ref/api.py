@@ -149,7 +149,9 @@ def _check_generation_type(generation: Any) -> None:
 def _resolve(generation: str, entry: str) -> _table.CudaGeneration:
     """The table row serving ``entry``. ValueError for an id nobody knows or a row of another entry,
     NotImplementedError for a generation attn_core knows that cuda_ref does not build."""
-    fn = "cuda_ref.attention" if entry == "dense" else "cuda_ref.paged_attention"
+    calls = {"dense": "cuda_ref.attention", "paged": "cuda_ref.paged_attention",
+             "quantized": "cuda_ref.paged_attention with cuda_ref.quant pools"}
+    fn = calls.get(entry, "cuda_ref.paged_attention")
     built_here = _table.ids(entry)
     try:
         row = _table.by_id(generation)
@@ -157,7 +159,7 @@ def _resolve(generation: str, entry: str) -> _table.CudaGeneration:
         row = None
     if row is not None:
         if row.entry != entry:
-            other = "cuda_ref.attention" if row.entry == "dense" else "cuda_ref.paged_attention"
+            other = calls.get(row.entry, f"the {row.entry} entry")
             raise ValueError(f"{generation} is a {row.entry} generation: call {other}; {fn} serves "
                              f"{', '.join(built_here) or 'none yet'}")
         return row
@@ -320,6 +322,7 @@ class PagedCall(NamedTuple):
     scale: float
     num_sm: int  # 0: the device's SM count
     q_offset: Any  # None (kv_len - N_q per sequence), an int, or the int32 [B] tensor given
+    kv_format: str | None = None  # None: float pools; "fp8" / "nvfp4": cuda_ref.quant pools (v9_fp8 / v10_nvfp4)
 
 
 def _is_pow2(n: int) -> bool:
@@ -333,12 +336,97 @@ def _checkable(x: Any) -> bool:
     return dev == "cpu" or (dev == "cuda" and _debug())
 
 
-def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str, causal: bool, scale,
+# --- quantized pools (cuda_ref.quant.Fp8Tensor / Nvfp4Tensor; v9_fp8, v10_nvfp4) -----------------------------
+
+_QUANT_GENERATION = {"fp8": "v9_fp8", "nvfp4": "v10_nvfp4"}
+
+
+def _kv_format(pool: Any) -> str | None:
+    """"fp8" / "nvfp4" for a cuda_ref.quant tensor, None for anything else."""
+    from . import quant
+
+    if isinstance(pool, quant.Fp8Tensor):
+        return "fp8"
+    if isinstance(pool, quant.Nvfp4Tensor):
+        return "nvfp4"
+    return None
+
+
+def _check_quant_pool(name: str, pool: Any, fmt: str, q) -> tuple[int, ...]:
+    """ValueError for a malformed quantized pool; returns its logical shape [num_blocks, page_size, H_kv, D]."""
+    fields = ("data",) if fmt == "fp8" else ("packed", "micro")
+    for f in fields:
+        x = getattr(pool, f)
+        if not _is_tensor(x):
+            raise ValueError(f"{name}.{f} must be a torch.Tensor; got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name}.{f} must be rank 4 [num_blocks, page_size, H_kv, ...]; got "
+                             f"{name}.{f}.shape={tuple(x.shape)}")
+        if _dtype_name(x) != "uint8":
+            raise ValueError(f"{name}.{f} must be uint8 (the format's bytes); got {name}.{f}.dtype={_dtype_name(x)}")
+        if _is_tensor(q) and x.device != q.device:
+            raise ValueError(f"{name}.{f} must be on q's device {q.device}; got {x.device}")
+    sc = pool.scale
+    if not _is_tensor(sc) or sc.dim() != 0 or _dtype_name(sc) != "float32":
+        raise ValueError(f"{name}.scale must be a 0-d float32 tensor (as cuda_ref.quant returns it); got "
+                         f"{getattr(sc, 'shape', type(sc).__name__)} {getattr(sc, 'dtype', '')}")
+    if fmt == "fp8":
+        return tuple(int(x) for x in pool.data.shape)
+    packed, micro = pool.packed, pool.micro
+    shape = (*(int(x) for x in packed.shape[:3]), 2 * int(packed.shape[3]))
+    if tuple(micro.shape) != (*shape[:3], shape[3] // 16) or shape[3] % 32:
+        raise ValueError(f"{name}: NVFP4 needs packed [num_blocks, page_size, H_kv, D/2] and micro [..., D/16] with "
+                         f"D a multiple of 32; got packed {tuple(packed.shape)}, micro {tuple(micro.shape)}")
+    return shape
+
+
+def _quant_stand_ins(q, k_pool, v_pool, generation):
+    """(kv_format, k stand-in, v stand-in, generation) for a call with cuda_ref.quant pools: the stand-ins are
+    zero-stride views with the pools' logical shape, q's dtype and device, so the float pools' checks apply
+    to the quantized ones word for word. (None, k_pool, v_pool, generation) for float pools."""
+    kf, vf = _kv_format(k_pool), _kv_format(v_pool)
+    if kf is None and vf is None:
+        if generation is None:
+            generation = "v7_paged"
+        _check_generation_type(generation)
+        row = _table.by_id(generation) if generation in _table.ids() else None
+        if row is not None and row.entry == "quantized":
+            fmt = next(f for f, g in _QUANT_GENERATION.items() if g == generation)
+            raise ValueError(f"{generation} reads quantized pools: pass cuda_ref.quant.quantize_{fmt}"
+                             f"{'_e4m3' if fmt == 'fp8' else ''}(pool) as k_pool and v_pool; got float pools")
+        return None, k_pool, v_pool, generation
+    if kf != vf:
+        raise ValueError(f"k_pool and v_pool must be in the same format; got {kf or type(k_pool).__name__} and "
+                         f"{vf or type(v_pool).__name__}")
+    if generation is None:
+        generation = _QUANT_GENERATION[kf]
+    _check_generation_type(generation)
+    if generation in _table.ids() and _table.by_id(generation).entry != "quantized":
+        raise ValueError(f"{generation} reads float pools; {kf} pools (cuda_ref.quant) are read by "
+                         f"{_QUANT_GENERATION[kf]}")
+    if generation in _QUANT_GENERATION.values() and generation != _QUANT_GENERATION[kf]:
+        raise ValueError(f"{generation} does not read {kf} pools; {kf} pools are read by {_QUANT_GENERATION[kf]}")
+    if not _is_tensor(q):
+        raise ValueError(f"q must be a torch.Tensor; got {type(q).__name__}")
+    shapes = [_check_quant_pool(n, x, kf, q) for n, x in (("k_pool", k_pool), ("v_pool", v_pool))]
+    import torch
+
+    dtype = q.dtype if _dtype_name(q) in _FLOAT_DTYPES else torch.float32
+    stand = [torch.empty((1, 1, 1, 1), dtype=dtype, device=q.device).expand(*s) for s in shapes]
+    return kf, stand[0], stand[1], generation
+
+
+def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str | None, causal: bool, scale,
                    q_offset, return_lse: bool, num_sm=None) -> PagedCall:
     """Every check of :func:`paged_attention` that needs no GPU, in this order: argument ValueErrors (all
     shapes, dtypes, devices; values too where they are readable, see ``_checkable``), then the generation
-    (ValueError unknown, NotImplementedError not built), then what the generation does not support."""
-    _check_generation_type(generation)
+    (ValueError unknown, NotImplementedError not built), then what the generation does not support.
+
+    Quantized pools (``cuda_ref.quant.Fp8Tensor`` / ``Nvfp4Tensor``, both pools the same format) select the
+    quantized entry: their fields are checked (uint8 data ``[num_blocks, page_size, H_kv, D]``, or packed
+    ``[..., D/2]`` + micro ``[..., D/16]``; 0-d float32 scales), then every float-pool check runs on their
+    logical shape. ``generation=None`` picks ``v7_paged`` (float pools), ``v9_fp8`` or ``v10_nvfp4``."""
+    kv_format, k_pool, v_pool, generation = _quant_stand_ins(q, k_pool, v_pool, generation)
     named = (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table), ("kv_lens", kv_lens))
     for name, x in named:
         if not _is_tensor(x):
@@ -404,11 +492,11 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str, 
     _check_paged_values(block_table, kv_lens, q_offset, n_q=n_q, page_size=page_size, num_blocks=num_blocks,
                         capacity=capacity, causal=causal)
 
-    row = _resolve(generation, "paged")
+    row = _resolve(generation, "paged" if kv_format is None else "quantized")
     _check_row_support(row, dtype=_dtype_name(q), d=d, hq=hq, hkv=hkv, return_lse=return_lse)
     if b * hq > _MAX_GRID_Y:
         raise NotImplementedError(f"B*H_q must be <= {_MAX_GRID_Y} (a CUDA grid dimension); got {b * hq}")
-    return PagedCall(row.number, s, _check_num_sm(num_sm, row), q_offset)
+    return PagedCall(row.number, s, _check_num_sm(num_sm, row), q_offset, kv_format)
 
 
 def _check_paged_values(block_table, kv_lens, q_offset, *, n_q: int, page_size: int, num_blocks: int,
@@ -443,7 +531,7 @@ def _check_paged_values(block_table, kv_lens, q_offset, *, n_q: int, page_size: 
                              f"kv_lens[{i}]={n} < N_q={n_q} (pass q_offset explicitly)")
 
 
-def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str = "v7_paged", causal: bool = False,
+def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str | None = None, causal: bool = False,
                     scale: float | None = None, q_offset=None, return_lse: bool = False, num_sm: int | None = None):
     """Attention over a paged KV cache: q ``[B, H_q, N_q, D]`` (torch BHND), pools
     ``[num_blocks, page_size, H_kv, D]``, ``block_table`` int32 ``[B, pages_per_seq]``, ``kv_lens`` int32
@@ -461,7 +549,15 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
     ``generation``: a paged row of :func:`cuda_ref.table` — ``v7_paged`` (MHA only, ``H_q == H_kv``) or the
     v8 family ``v8_gqa``, ``v8_gqa_tc``, ``v8_gqa_db``, ``v8_gqa_occ``, ``v8_gqa_ilp``, ``v8_gqa_ss`` (any
     ``G = H_q / H_kv``, any ``N_q``). Head dims 64 and 128; float32/float16/bfloat16 inputs, q and both pools
-    cast to float16 on the host inside the call (as the reference), the output float32.
+    cast to float16 on the host inside the call (as the reference), the output float32. ``None`` (default):
+    ``v7_paged`` for float pools, ``v9_fp8`` / ``v10_nvfp4`` for quantized ones.
+
+    Quantized KV (docs/reference.md §2.14, §2.15): ``k_pool`` and ``v_pool`` may instead both be
+    ``cuda_ref.quant.Fp8Tensor`` (``data`` uint8 ``[num_blocks, page_size, H_kv, D]``, read by ``v9_fp8``) or
+    both ``cuda_ref.quant.Nvfp4Tensor`` (``packed`` uint8 ``[..., D/2]``, ``micro`` ``[..., D/16]``, read by
+    ``v10_nvfp4``), each with its own 0-d float32 ``scale`` (quantize each pool as one tensor with
+    ``cuda_ref.quantize_fp8_e4m3`` / ``quantize_nvfp4``). The kernel dequantizes in the paged gather (fp32
+    value rounded into the fp16 tile), then computes as ``v8_gqa_ss``; q is cast to fp16 as above.
 
     Every argument is validated in pure Python first (shapes, dtypes, devices; the metadata's values too
     when they are on the CPU, or on the GPU under ``CUDA_REF_DEBUG=1``): ValueError naming the argument.
@@ -478,8 +574,12 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
     build.require_cuda()
     import torch
 
-    for name, x in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table),
-                    ("kv_lens", kv_lens)):
+    if call.kv_format is None:
+        pools = (("k_pool", k_pool), ("v_pool", v_pool))
+    else:
+        fields = ("data",) if call.kv_format == "fp8" else ("packed", "micro")
+        pools = tuple((f"{n}.{f}", getattr(x, f)) for n, x in (("k_pool", k_pool), ("v_pool", v_pool)) for f in fields)
+    for name, x in (("q", q), *pools, ("block_table", block_table), ("kv_lens", kv_lens)):
         if not x.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
     n_q = q.shape[2]
@@ -490,6 +590,16 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
     else:
         q_offsets = torch.full((q.shape[0],), int(call.q_offset), dtype=torch.int32, device=q.device)
     ext = build.load()
-    res = ext.forward_paged(call.gen_id, q, k_pool, v_pool, block_table, kv_lens, q_offsets, call.scale,
-                            bool(causal), call.num_sm, _debug(), bool(return_lse))
+    if call.kv_format is None:
+        res = ext.forward_paged(call.gen_id, q, k_pool, v_pool, block_table, kv_lens, q_offsets, call.scale,
+                                bool(causal), call.num_sm, _debug(), bool(return_lse))
+    else:
+        nvfp4 = call.kv_format == "nvfp4"
+        k_data, v_data = (k_pool.packed, v_pool.packed) if nvfp4 else (k_pool.data, v_pool.data)
+        none = torch.empty(0, dtype=torch.uint8, device=q.device)
+        k_micro, v_micro = (k_pool.micro, v_pool.micro) if nvfp4 else (none, none)
+        # The scales travel as floats (float32 values, exact in a double): one device sync when they live there.
+        res = ext.forward_paged_quant(call.gen_id, int(nvfp4), q, k_data, v_data, k_micro, v_micro,
+                                      float(k_pool.scale), float(v_pool.scale), block_table, kv_lens, q_offsets,
+                                      call.scale, bool(causal), call.num_sm, _debug(), bool(return_lse))
     return (res[0], res[1]) if return_lse else res[0]

@@ -84,6 +84,11 @@ EXPECTED_SMEM = {
     "v8_gqa_ilp_partial_kernel<128>": 32768,
     "v8_gqa_ss_partial_kernel<64>": 17536,
     "v8_gqa_ss_partial_kernel<128>": 18688,
+    # Quantized KV (§2.14, §2.15): v8_gqa_ss's fp16 tile unchanged, the gather dequantizes (common/paged_quant.cuh).
+    "v9_fp8_partial_kernel<64>": 17536,
+    "v9_fp8_partial_kernel<128>": 18688,
+    "v10_nvfp4_partial_kernel<64>": 17536,
+    "v10_nvfp4_partial_kernel<128>": 18688,
 }
 
 

@@ -1,8 +1,8 @@
 // The one torch-aware file of cuda_ref: turns tensors into an AttnParams, allocates the outputs and the
 // generation's workspace, dispatches by generation id and surfaces launch errors as Python exceptions.
 //
-// Two entries, one per kind of KV operand: forward (dense BHND k/v) and forward_paged (KV pools + block
-// table). What a generation accepts (entry, operand cast, head dims, GQA, LSE, split plan, workspace) comes
+// Three entries, one per kind of KV operand: forward (dense BHND k/v), forward_paged (KV pools + block
+// table) and forward_paged_quant (quantized pools: fp8 / NVFP4 bytes, scales, micro-scales). What a generation accepts (entry, operand cast, head dims, GQA, LSE, split plan, workspace) comes
 // from its row in generations.def (common/generations.cuh); nothing here names a generation.
 //
 // cuda_ref/api.py validates arguments first (with the same messages on a CPU machine); the checks here are
@@ -246,23 +246,36 @@ std::vector<torch::Tensor> forward(int64_t gen_id, torch::Tensor q, torch::Tenso
   return run(g, p, q, d, num_sm, debug, return_lse);
 }
 
+// Quantized pools (entry kQuantized, §2.14/§2.15): the format, the per-tensor scales and, for NVFP4, the
+// micro-scale pools [num_blocks, page_size, H_kv, D/16] (uint8, contiguous). Checked by forward_paged_quant.
+struct QuantKv {
+  KvDtype dtype;
+  float k_scale, v_scale;
+  torch::Tensor k_micro, v_micro;  // NVFP4 only (undefined for fp8)
+};
+
 // Paged entry: q [B, H_q, Nq, D]; pools [num_blocks, page_size, H_kv, D]; block_table int32 [B, pages_per_seq];
 // kv_lens int32 [B]; q_offsets int32 [B] (api.py turns None / an int into it). Key j of sequence b is row
-// j % page_size of block block_table[b][j / page_size]; keys at j >= kv_lens[b] are invisible.
-std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
-                                         torch::Tensor block_table, torch::Tensor kv_lens, torch::Tensor q_offsets,
-                                         double scale, bool causal, int64_t num_sm, bool debug, bool return_lse) {
-  const GenInfo& g = row_for(gen_id, Entry::kPaged);
+// j % page_size of block block_table[b][j / page_size]; keys at j >= kv_lens[b] are invisible. With `quant`
+// the pools are the format's uint8 data ([.., D] fp8, [.., D/2] NVFP4 packed), passed to the kernel uncast.
+std::vector<torch::Tensor> paged_impl(const GenInfo& g, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
+                                      torch::Tensor block_table, torch::Tensor kv_lens, torch::Tensor q_offsets,
+                                      double scale, bool causal, int64_t num_sm, bool debug, bool return_lse,
+                                      const QuantKv* quant) {
   check_float_operand(q, "q", q, "[B, H_q, N_q, D]");
-  check_float_operand(k_pool, "k_pool", q, "[num_blocks, page_size, H_kv, D]");
-  check_float_operand(v_pool, "v_pool", q, "[num_blocks, page_size, H_kv, D]");
+  if (quant == nullptr) {
+    check_float_operand(k_pool, "k_pool", q, "[num_blocks, page_size, H_kv, D]");
+    check_float_operand(v_pool, "v_pool", q, "[num_blocks, page_size, H_kv, D]");
+  }
   TORCH_CHECK_VALUE(k_pool.sizes() == v_pool.sizes(),
                     msg("k_pool and v_pool must have the same shape; got ", k_pool.sizes(), " and ", v_pool.sizes()));
   TORCH_CHECK_VALUE(q.numel() > 0 && k_pool.numel() > 0,
                     msg("q and the pools must be non-empty; got ", q.sizes(), ", ", k_pool.sizes()));
   const int64_t b = q.size(0), h_q = q.size(1), d = q.size(3);
   const int64_t num_blocks = k_pool.size(0), page_size = k_pool.size(1), h_kv = k_pool.size(2);
-  TORCH_CHECK_VALUE(k_pool.size(3) == d, msg("q and the pools must share D; got ", d, " and ", k_pool.size(3)));
+  const bool packed = quant != nullptr && quant->dtype == KvDtype::kNvfp4;  // NVFP4: two elements per byte
+  TORCH_CHECK_VALUE(k_pool.size(3) * (packed ? 2 : 1) == d,
+                    msg("q and the pools must share D; got ", d, " and ", k_pool.size(3) * (packed ? 2 : 1)));
   TORCH_CHECK_VALUE((page_size & (page_size - 1)) == 0, msg("page_size must be a power of two; got ", page_size));
   TORCH_CHECK_VALUE(h_q % h_kv == 0, msg("H_q must be a multiple of H_kv; got ", h_q, " and ", h_kv));
   TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
@@ -281,7 +294,9 @@ std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch:
                               msg("sequence lengths, pages and blocks must fit in int32"));
 
   const c10::cuda::CUDAGuard guard(q.device());
-  const torch::Tensor qc = prepare(q, g), kc = prepare(k_pool, g), vc = prepare(v_pool, g);
+  const torch::Tensor qc = prepare(q, g);
+  const torch::Tensor kc = quant ? k_pool.contiguous() : prepare(k_pool, g);
+  const torch::Tensor vc = quant ? v_pool.contiguous() : prepare(v_pool, g);
   const torch::Tensor bt = block_table.contiguous(), lens = kv_lens.contiguous(), offs = q_offsets.contiguous();
 
   AttnParams p;
@@ -292,6 +307,18 @@ std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch:
   p.k_strides = {kc.stride(0), kc.stride(2), kc.stride(1)};  // pool: block, head, token-in-page
   p.v_strides = {vc.stride(0), vc.stride(2), vc.stride(1)};
   p.kv_dtype = g.takes_fp16() ? KvDtype::kF16 : KvDtype::kF32;
+  torch::Tensor kmc, vmc;
+  if (quant != nullptr) {
+    p.kv_dtype = quant->dtype;
+    p.k_scale = quant->k_scale;
+    p.v_scale = quant->v_scale;
+    if (packed) {
+      kmc = quant->k_micro.contiguous();
+      vmc = quant->v_micro.contiguous();
+      p.k_micro_scales = kmc.data_ptr<uint8_t>();
+      p.v_micro_scales = vmc.data_ptr<uint8_t>();
+    }
+  }
   p.batch = static_cast<int>(b);
   p.h_q = static_cast<int>(h_q);
   p.h_kv = static_cast<int>(h_kv);
@@ -333,6 +360,58 @@ std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch:
   return res;
 }
 
+std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
+                                         torch::Tensor block_table, torch::Tensor kv_lens, torch::Tensor q_offsets,
+                                         double scale, bool causal, int64_t num_sm, bool debug, bool return_lse) {
+  const GenInfo& g = row_for(gen_id, Entry::kPaged);
+  return paged_impl(g, q, k_pool, v_pool, block_table, kv_lens, q_offsets, scale, causal, num_sm, debug, return_lse,
+                    nullptr);
+}
+
+void check_uint8_pool(const torch::Tensor& x, const char* name, const torch::Tensor& q, const char* shape) {
+  TORCH_CHECK_VALUE(x.dim() == 4, msg(name, " must be rank 4 ", shape, "; got ", x.sizes()));
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kByte, msg(name, " must be uint8; got ", x.scalar_type()));
+  TORCH_CHECK_VALUE(x.device() == q.device(), msg(name, " must be on q's device ", q.device(), "; got ", x.device()));
+}
+
+// Quantized paged entry (v9_fp8: kv_format 0, k/v data [num_blocks, page_size, H_kv, D]; v10_nvfp4: kv_format 1,
+// packed [.., D/2] + micro [.., D/16]; pass empty micro tensors for fp8). k_scale / v_scale: the per-tensor
+// float32 scales, taken as they are (a NaN or inf scale, from a pool holding NaN or inf, makes NaN out as in the
+// judge). The generation's row must match the format (v9 reads fp8, v10 NVFP4).
+std::vector<torch::Tensor> forward_paged_quant(int64_t gen_id, int64_t kv_format, torch::Tensor q, torch::Tensor k_data,
+                                               torch::Tensor v_data, torch::Tensor k_micro, torch::Tensor v_micro,
+                                               double k_scale, double v_scale, torch::Tensor block_table,
+                                               torch::Tensor kv_lens, torch::Tensor q_offsets, double scale,
+                                               bool causal, int64_t num_sm, bool debug, bool return_lse) {
+  const GenInfo& g = row_for(gen_id, Entry::kQuantized);
+  TORCH_CHECK_VALUE(kv_format == 0 || kv_format == 1, msg("kv_format must be 0 (fp8) or 1 (nvfp4); got ", kv_format));
+  const bool nvfp4 = kv_format == 1;
+  const Gen want = nvfp4 ? Gen::v10_nvfp4 : Gen::v9_fp8;
+  TORCH_CHECK_VALUE(g.gen == want, msg(g.name, " does not read ", nvfp4 ? "NVFP4" : "fp8", " pools; use ",
+                                       gen_info(want).name));
+  const char* shape = nvfp4 ? "[num_blocks, page_size, H_kv, D/2]" : "[num_blocks, page_size, H_kv, D]";
+  check_uint8_pool(k_data, "k_pool data", q, shape);
+  check_uint8_pool(v_data, "v_pool data", q, shape);
+  QuantKv quant{nvfp4 ? KvDtype::kNvfp4 : KvDtype::kFp8E4M3, static_cast<float>(k_scale),
+                static_cast<float>(v_scale), {}, {}};
+  if (nvfp4) {
+    TORCH_CHECK_VALUE(k_data.size(3) % 16 == 0, msg("NVFP4 needs D a multiple of 32; got D=", 2 * k_data.size(3)));
+    const auto check_micro = [&](const torch::Tensor& m, const char* name) {
+      check_uint8_pool(m, name, q, "[num_blocks, page_size, H_kv, D/16]");
+      TORCH_CHECK_VALUE(m.size(0) == k_data.size(0) && m.size(1) == k_data.size(1) && m.size(2) == k_data.size(2) &&
+                            m.size(3) * 8 == k_data.size(3),
+                        msg(name, " must be [num_blocks, page_size, H_kv, D/16] matching the packed pool ",
+                            k_data.sizes(), "; got ", m.sizes()));
+    };
+    check_micro(k_micro, "k_pool micro");
+    check_micro(v_micro, "v_pool micro");
+    quant.k_micro = k_micro;
+    quant.v_micro = v_micro;
+  }
+  return paged_impl(g, q, k_data, v_data, block_table, kv_lens, q_offsets, scale, causal, num_sm, debug, return_lse,
+                    &quant);
+}
+
 std::tuple<int64_t, int64_t> choose_splits_py(int64_t bh, int64_t n_q, int64_t n_k, int64_t num_sm) {
   TORCH_CHECK_VALUE(bh >= 1 && n_q >= 1 && n_k >= 1, msg("bh, n_q, n_k must be >= 1"));
   const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
@@ -372,6 +451,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_paged", &cuda_ref::forward_paged,
         "paged attention (BHND q, [num_blocks, page_size, H_kv, D] pools); returns [out] or [out, lse]",
         py::arg("gen_id"), py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("block_table"),
+        py::arg("kv_lens"), py::arg("q_offsets"), py::arg("scale"), py::arg("causal"), py::arg("num_sm"),
+        py::arg("debug"), py::arg("return_lse"));
+  m.def("forward_paged_quant", &cuda_ref::forward_paged_quant,
+        "paged attention over quantized pools (v9_fp8: kv_format 0; v10_nvfp4: kv_format 1, with micro pools)",
+        py::arg("gen_id"), py::arg("kv_format"), py::arg("q"), py::arg("k_data"), py::arg("v_data"),
+        py::arg("k_micro"), py::arg("v_micro"), py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"),
         py::arg("kv_lens"), py::arg("q_offsets"), py::arg("scale"), py::arg("causal"), py::arg("num_sm"),
         py::arg("debug"), py::arg("return_lse"));
   m.def("choose_splits", &cuda_ref::choose_splits_py, "split plan (num_splits, chunk); num_sm <= 0: device",

@@ -23,6 +23,7 @@
 #include <math_constants.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -100,44 +101,55 @@ inline QuantPagedArgs quant_paged_args(const AttnParams& p, KvDtype want, const 
   return a;
 }
 
-// --- device side: the decoders (exact; every result is a float32 the judge's table also holds) --------------
+// --- the decoders (exact; every result is a float32 the judge's table also holds) --------------------------
+// __host__ __device__ so tests/test_cuda_quant_cpu.py runs them on the CPU against attn_core.formats.
+
+__host__ __device__ __forceinline__ float quant_bits_to_float(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
 
 // E4M3 byte -> float: s eeee mmm, bias 7; e = 0 subnormal m * 2^-9; 0x7F / 0xFF NaN; no infinities.
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+__host__ __device__ __forceinline__ float e4m3_to_float(uint32_t b) {
   const uint32_t e = (b >> 3) & 15u, m = b & 7u;
   float mag;
   if (e == 0u) {
     mag = static_cast<float>(m) * 0.001953125f;  // m * 2^-9, exact
   } else if (e == 15u && m == 7u) {
-    mag = CUDART_NAN_F;
+    mag = quant_bits_to_float(0x7fc00000u);
   } else {
-    mag = __uint_as_float(((e + 120u) << 23) | (m << 20));  // 2^(e-7) * (1 + m/8): float exponent e - 7 + 127
+    mag = quant_bits_to_float(((e + 120u) << 23) | (m << 20));  // 2^(e-7) * (1 + m/8): float exponent e - 7 + 127
   }
   return (b & 0x80u) ? -mag : mag;
 }
 
 // E2M1 nibble (sign << 3 | code) -> ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}: code = e e m, e = 0 gives m * 0.5.
-__device__ __forceinline__ float e2m1_to_float(uint32_t nib) {
+__host__ __device__ __forceinline__ float e2m1_to_float(uint32_t nib) {
   const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
-  const float mag = e == 0u ? 0.5f * static_cast<float>(m) : __uint_as_float(((e + 126u) << 23) | (m << 22));
+  const float mag = e == 0u ? 0.5f * static_cast<float>(m) : quant_bits_to_float(((e + 126u) << 23) | (m << 22));
   return (nib & 8u) ? -mag : mag;
 }
 
 // Element t of the key/value row at `row` (data-pool offset; -1 = bad row -> NaN), dequantized, as fp16.
 struct Fp8Source {
   static constexpr KvDtype kDtype = KvDtype::kFp8E4M3;
-  __device__ static __forceinline__ __half load(const uint8_t* pool, const uint8_t*, float scale, int64_t row,
+  __host__ __device__ static __forceinline__ __half load(const uint8_t* pool, const uint8_t*, float scale, int64_t row,
                                                 int t) {
-    if (row < 0) return __float2half(paged_nan());
+    if (row < 0) return __float2half(quant_bits_to_float(0x7fc00000u));
     return __float2half(e4m3_to_float(pool[row + t]) * scale);
   }
 };
 
 struct Nvfp4Source {
   static constexpr KvDtype kDtype = KvDtype::kNvfp4;
-  __device__ static __forceinline__ __half load(const uint8_t* packed, const uint8_t* micro, float scale,
+  __host__ __device__ static __forceinline__ __half load(const uint8_t* packed, const uint8_t* micro, float scale,
                                                 int64_t row, int t) {
-    if (row < 0) return __float2half(paged_nan());
+    if (row < 0) return __float2half(quant_bits_to_float(0x7fc00000u));
     const uint32_t byte = packed[row + (t >> 1)];
     const uint32_t nib = (t & 1) ? byte >> 4 : byte & 15u;
     const float ms = e4m3_to_float(micro[(row >> 3) + (t / kNvfp4Block)]);  // row / 8: see quant_paged_args
