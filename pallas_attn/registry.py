@@ -60,6 +60,8 @@ ROWS: tuple[Row, ...] = (
     Row("v8_gqa_occ", "v8_gqa", configs={"faithful": "occupancy"}),
     Row("v8_gqa_ilp", "v8_gqa", configs={"faithful": "key_ilp"}),
     Row("v8_gqa_ss", "v8_gqa_ss"),
+    Row("v9_fp8", "v9_fp8"),  # quantized KV: deltas on v8_gqa_ss (docs/quantized_kv.md)
+    Row("v10_nvfp4", "v10_nvfp4"),
     Row("fa_decode", "fa_decode"),
     Row("fa_train", "fa_train"),
     Row("fa_prefill", "fa_prefill"),

@@ -247,6 +247,18 @@ def _lowering_cases():
 _LOWER_SHAPES = [(3, 40, 2, 2, 300, True), (3, 1, 8, 2, 4099, False), (1, 4, 8, 2, 1000, True)]
 
 
+def _quantized_struct(fmt: str, shape):
+    """A quantized pool of logical ``shape`` as ShapeDtypeStructs (pallas_attn.quant's pytrees)."""
+    from pallas_attn import quant
+
+    sc = jax.ShapeDtypeStruct((), jnp.float32)
+    if fmt == "fp8_e4m3":
+        return quant.Fp8Tensor(jax.ShapeDtypeStruct(shape, jnp.uint8), sc)
+    *lead, d = shape
+    return quant.Nvfp4Tensor(jax.ShapeDtypeStruct((*lead, d // 2), jnp.uint8),
+                             jax.ShapeDtypeStruct((*lead, d // quant.NVFP4_BLOCK), jnp.uint8), sc)
+
+
 @pytest.mark.parametrize(("gen", "config"), _lowering_cases())
 def test_lowers_for_cuda_as_declared(gen, config):
     """Lower every row and config to the CUDA platform on this CPU-only machine (no GPU needed): catches
@@ -272,6 +284,12 @@ def test_lowers_for_cuda_as_declared(gen, config):
                 calls.append(jax.jit(lambda q, pool, bt, lens, c=causal: pallas_attn.paged_attention(
                     q, pool, pool, bt, lens, causal=c, generation=gen, config=config, interpret=False,
                     check_block_table=False)).trace(q, pool, bt, off))
+            for fmt in (k.kv_precision if "quantized" in entries else ()):  # quantized pools, paged at 16
+                qpool = _quantized_struct(fmt, pool.shape)
+                if k.supports(api.problem_paged(q, qpool, bt, causal=causal))[0]:
+                    calls.append(jax.jit(lambda q, qp, bt, lens, c=causal: pallas_attn.paged_attention(
+                        q, qp, qp, bt, lens, causal=c, generation=gen, config=config, interpret=False,
+                        check_block_table=False)).trace(q, qpool, bt, off))
             for traced in calls:
                 text = traced.lower(lowering_platforms=("cuda",)).as_text()
                 names = set(re.findall(r"pallas_attn_\w+", text))

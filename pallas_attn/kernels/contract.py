@@ -169,6 +169,9 @@ class Kernel:
             return False, f"{self.name} takes KV in q's dtype; got kv_dtype={p.kv_dtype}"
         if p.entry == "quantized" and p.kv_dtype not in self.kv_precision:
             return False, f"{self.name} reads KV formats {sorted(self.kv_precision)}; got kv_dtype={p.kv_dtype}"
+        if p.entry == "quantized" and p.page_size is None and self.dense is None:
+            return False, (f"{self.name} reads quantized KV from paged pools only (page the cache with "
+                           "pallas_attn.quant.build_paged_quantized); got a dense quantized cache")
         if p.entry == "quantized" and p.dtype not in self.quantized_q_dtypes:
             return False, f"{self.name} takes q dtypes {self.quantized_q_dtypes} with a quantized KV; got {p.dtype}"
         if self.head_dims is not None and p.head_dim not in self.head_dims:

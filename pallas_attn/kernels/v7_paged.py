@@ -281,8 +281,11 @@ class Geometry:
     check: bool
 
 
-def _partial_kernel(q_ref, k_ref, v_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *, geo: Geometry,
-                    lay: KVLayout, attend: Callable, dequant: Callable | None):
+def _partial_kernel(q_ref, k_ref, v_ref, bt_ref, lens_ref, off_ref, *refs, geo: Geometry,
+                    lay: KVLayout, attend: Callable, dequant: Callable | None, n_quant: int = 0):
+    # refs: the quantized pools' operands (``n_quant``: micro pools when lay.micro, then the scales
+    # [scale_k, scale_v]), then the outputs o_ref, lse_ref
+    quant_refs, (o_ref, lse_ref) = refs[:n_quant], refs[n_quant:]
     rpp, d = geo.rpp, lay.d
     t, sp, bh = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     b, h = bh // geo.hkv, bh % geo.hkv
@@ -301,7 +304,14 @@ def _partial_kernel(q_ref, k_ref, v_ref, bt_ref, lens_ref, off_ref, o_ref, lse_r
         # no row of this program sees a key past its last query position (the reference: stop at j > i)
         last = jnp.max(jnp.where(row_ok, i_q, -1))
         hi = jnp.minimum(hi, last + q_off + 1)
-    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant)
+    km_ref, vm_ref = quant_refs[:2] if lay.micro else (None, None)
+    hook = dequant
+    if n_quant:  # a quantized pool: the hook also gets the two tensor scales
+        sk, sv = quant_refs[-1][0], quant_refs[-1][1]
+
+        def hook(k, v):
+            return dequant(k, v, sk, sv)
+    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=hook, k_micro_ref=km_ref, v_micro_ref=vm_ref)
     m, l, acc, bad = attend(q, src, lo=lo, hi=hi, i_q=i_q, q_off=q_off)
     o, lse = splitkv.partial(m, l, acc, base2=False)
     if geo.check:
@@ -340,14 +350,15 @@ def stage(x, dtype: str):
     return x.astype(dtype) if x.dtype == jnp.float32 else x
 
 
-def check_shapes(gen: str, q, k_pool, v_pool, block_table, kv_lens, *, gqa_ok: bool) -> None:
-    """What the wrapper relies on (the API validates the public path; compare may call a kernel directly)."""
+def check_shapes(gen: str, q, k_pool, v_pool, block_table, kv_lens, *, gqa_ok: bool, width: int | None = None) -> None:
+    """What the wrapper relies on (the API validates the public path; compare may call a kernel directly).
+    ``width``: the pools' storage columns per head when they are not D (NVFP4 packed nibbles: D/2)."""
     if q.ndim != 4 or k_pool.ndim != 4 or k_pool.shape != v_pool.shape:
         raise ValueError(f"{gen}: q [B, Tq, Hq, D] and pools [num_pages, page, Hkv, D] of equal shape; got "
                          f"{q.shape=}, {k_pool.shape=}, {v_pool.shape=}")
     b, _, hq, d = q.shape
     _, page, hkv, dk = k_pool.shape
-    if dk != d or hq % hkv:
+    if dk != (d if width is None else width) or hq % hkv:
         raise ValueError(f"{gen}: pools must share D with q and Hq must be a multiple of Hkv; got {q.shape=}, "
                          f"{k_pool.shape=}")
     if hq != hkv and not gqa_ok:
@@ -366,11 +377,11 @@ def check_shapes(gen: str, q, k_pool, v_pool, block_table, kv_lens, *, gqa_ok: b
 
 @functools.partial(jax.jit, static_argnames=("fam", "splits", "chunk", "causal", "scale", "interpret",
                                              "return_lse", "check", "dequant"))
-def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, fam: Family, splits: int, chunk: int,
+def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, quant=(), *, fam: Family, splits: int, chunk: int,
            causal: bool, scale: float, interpret: bool, return_lse: bool, check: bool, dequant=None):
     gen = fam.gen
     b, tq, hq, d = q.shape
-    num_pages, page, hkv, _ = k_pool.shape
+    num_pages, page, hkv, w = k_pool.shape
     out_dtype = q.dtype
     ln = fam.launch(fam.config, d)
     q, k_pool, v_pool = (stage(x, ln.stage_dtype) for x in (q, k_pool, v_pool))
@@ -380,12 +391,15 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, fam: Family, sp
     # A load lies in one page only if it starts at a multiple of its width and the page holds it. The
     # reference's chunk = ceil(N / S) is any number, so a split (and every load after its start) may
     # straddle pages: then each key is gathered through the table on its own, as the reference does.
+    # quant: () for 16-bit pools; (scales,) for fp8 bytes; (k_micro, v_micro, scales) for NVFP4 (pools [.., D/2])
+    micro = quant[0].shape[-1] if len(quant) == 3 else 0
     lay = KVLayout(paged=True, block_k=ln.block_k, d=d, page=page, pages_per_seq=pps, num_pages=num_pages,
-                   gather=page < ln.block_k or chunk % ln.block_k != 0)
+                   gather=page < ln.block_k or chunk % ln.block_k != 0, width=0 if w == d else w, micro=micro)
+    quant_args = tuple(flat_pool(x) for x in quant[:-1]) + tuple(quant[-1:])
     geo = Geometry(rows=rows, rpp=ln.rpp, tq=tq, hkv=hkv, splits=splits, chunk=chunk, causal=causal, check=check)
     attend = functools.partial(ln.attend, causal=causal, scale=scale)
     o_part, lse_part = pl.pallas_call(
-        functools.partial(_partial_kernel, geo=geo, lay=lay, attend=attend, dequant=dequant),
+        functools.partial(_partial_kernel, geo=geo, lay=lay, attend=attend, dequant=dequant, n_quant=len(quant)),
         out_shape=(jax.ShapeDtypeStruct((n_rows, splits, d), jnp.float32),
                    jax.ShapeDtypeStruct((n_rows, splits), jnp.float32)),
         grid=(c.cdiv(rows, ln.rpp), splits, b * hkv),
@@ -393,7 +407,7 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, fam: Family, sp
         interpret=interpret,
         name=f"pallas_attn_{gen}_partial",
     )(gqa.pack_q(q, hkv), flat_pool(k_pool), flat_pool(v_pool), block_table.reshape(-1), kv_lens,
-      q_offset.astype(jnp.int32))
+      q_offset.astype(jnp.int32), *quant_args)
     res = splitkv.merge(o_part, lse_part, out_dtype=out_dtype, interpret=interpret,
                         name=f"pallas_attn_{gen}_merge", num_warps=ln.merge_warps, return_lse=return_lse)
     o, lse = res if return_lse else (res, None)
@@ -402,9 +416,12 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, fam: Family, sp
 
 
 def run(fam: Family, cfg, q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
-        interpret: bool, return_lse: bool, check_block_table: bool, gqa_ok: bool, dequant=None):
-    """The family's ``paged`` entry: checks, eager table validation, ``choose_splits``, launch."""
-    check_shapes(fam.gen, q, k_pool, v_pool, block_table, kv_lens, gqa_ok=gqa_ok)
+        interpret: bool, return_lse: bool, check_block_table: bool, gqa_ok: bool, dequant=None, quant=(),
+        width: int | None = None):
+    """The family's ``paged`` entry: checks, eager table validation, ``choose_splits``, launch. A quantized
+    pool passes its storage pools as ``k_pool`` / ``v_pool`` (uint8, ``width`` columns per head), its other
+    operands as ``quant`` and a ``dequant(k, v, scale_k, scale_v)`` hook (v9_fp8 / v10_nvfp4)."""
+    check_shapes(fam.gen, q, k_pool, v_pool, block_table, kv_lens, gqa_ok=gqa_ok, width=width)
     for x in (q, k_pool, v_pool):  # the cast itself happens in _paged (stage), the output keeping q's dtype
         c.check_host_cast(x, cfg, gen=fam.gen, alternatives="pass float16 arrays")
     b, tq, hq, _ = q.shape
@@ -413,7 +430,7 @@ def run(fam: Family, cfg, q, k_pool, v_pool, block_table, kv_lens, *, causal: bo
         c.validate_table_if_concrete(validate_block_table, block_table, kv_lens, num_pages=num_pages, page_size=page)
     splits, chunk = cfg.splits(bh=b * hkv, rows=(hq // hkv) * tq, n_k=block_table.shape[1] * page)
     off = seqlen.q_offsets(q_offset, b)
-    return _paged(q, k_pool, v_pool, block_table, kv_lens, off, fam=fam, splits=splits, chunk=chunk,
+    return _paged(q, k_pool, v_pool, block_table, kv_lens, off, tuple(quant), fam=fam, splits=splits, chunk=chunk,
                   causal=bool(causal), scale=float(scale), interpret=bool(interpret), return_lse=bool(return_lse),
                   check=bool(check_block_table), dequant=dequant)
 

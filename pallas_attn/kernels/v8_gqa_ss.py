@@ -45,14 +45,17 @@ CONFIGS: dict[str, PagedConfig] = {
 
 def forward_with(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
                  interpret: bool, config: PagedConfig = CONFIGS["faithful"], return_lse: bool = False,
-                 check_block_table: bool = True, dequant: Callable | None = None, gen: str = GEN):
+                 check_block_table: bool = True, dequant: Callable | None = None, gen: str = GEN, quant=(),
+                 width: int | None = None):
     """The score-stationary kernel with an optional ``kv_source`` dequant hook (a module-level function,
-    so the jitted launch caches per hook) and the pass names of generation ``gen``."""
+    so the jitted launch caches per hook) and the pass names of generation ``gen``. A quantized pool: uint8
+    storage pools as ``k_pool`` / ``v_pool`` (``width`` columns per head), its micro pools and scales as
+    ``quant``, and the hook called ``dequant(k, v, scale_k, scale_v)`` (``v7_paged.run``)."""
     if config.update_keys != GROUP:
         raise ValueError(f"{gen} updates once per {GROUP} keys; got a config with update_keys={config.update_keys}")
     return run(Family(gen, config, cuda_core_launch), config, q, k_pool, v_pool, block_table, kv_lens,
                causal=causal, scale=scale, q_offset=q_offset, interpret=interpret, return_lse=return_lse,
-               check_block_table=check_block_table, gqa_ok=True, dequant=dequant)
+               check_block_table=check_block_table, gqa_ok=True, dequant=dequant, quant=quant, width=width)
 
 
 def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
