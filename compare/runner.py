@@ -33,6 +33,7 @@ from typing import Any
 
 from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, timing
 from .impls import all_impls
+from .record import PairPlan, Refusal, ResultRecord
 from .schema import Ctx, Impl
 from .workloads import UsageError, Workload, ensure_writable, load_config
 
@@ -469,30 +470,72 @@ class _Run:
                  for v in (pred.get("by_arch") or {}).values() if "floor_us" in v]
         return ("  predicted floor (datasheet, fused model): " + "; ".join(parts)) if parts else None
 
-    # -- one workload --------------------------------------------------------------------------
-    def record(self, w: Workload, impl: Impl, status: str, reason: str | None) -> dict[str, Any]:
-        rec = self.base("result")
-        rec.update({"workload": {**w.as_dict(), "config": self.config_path},
-                    "impl": impl.as_dict(), "status": status, "reason": reason,
-                    "metrics": {}, "agreement": {}, "repro": self.repro(w, impl.name)})
-        rec["impl"]["generation"] = impl.generation
-        rec["impl"]["config"] = impl.config
-        rec["impl"]["plan"] = None
+    # -- plan: one (workload, implementation) pair, before anything runs --------------------------
+    def record(self, w: Workload, impl: Impl, status: str = "ok", reason: str | None = None) -> ResultRecord:
+        rec = ResultRecord(head=self.base("result"), workload={**w.as_dict(), "config": self.config_path},
+                           impl=impl.as_dict(), repro=self.repro(w, impl.name), status=status, reason=reason)
+        rec.impl["generation"] = impl.generation
+        rec.impl["config"] = impl.config
+        rec.impl["plan"] = None
         return rec
 
+    def plan_pair(self, w: Workload, impl: Impl, flops: float) -> PairPlan | None:
+        """Everything about a pair that is decided before it runs: None when the implementation does not apply
+        (no record); else its record with the prediction, launch plan and layer 2, and its refusals."""
+        sup = impl.supports(w, self.ctx)
+        if sup.status == "n/a":
+            return None
+        rec = self.record(w, impl)
+        pred = self.predict(w, impl)
+        rec.set_prediction(pred)
+        if not sup.ok:
+            return PairPlan(w, impl, rec, refusal=Refusal(sup.status, sup.reason))
+        try:  # the launch plan the implementation declares, made before anything runs
+            rec.impl["plan"] = impl.plan(w, self.ctx)
+        except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
+            rec.impl["plan"] = {"error": _reason(e)}
+        if self.hw is not None and layer2.modelled(impl.name):  # layer 2, before anything runs
+            rec.prediction["layer2"] = layer2.predict_record(w, rec.impl, rec.impl["plan"], self.hw)
+        basis = (pred or {}).get((pred or {}).get("basis") or "", {})
+        pp = PairPlan(w, impl, rec, basis=basis)
+        n_calls = 1 + self.opts.warmup + self.opts.reps + self.opts.e2e_reps
+        if not self.gpu and flops > self.opts.cpu_max_flops:
+            pp.skip = Refusal("skipped", f"too large for CPU interpret mode ({flops:.2g} FLOPs > --cpu-max-flops "
+                                         f"{self.opts.cpu_max_flops:.2g}); run on a GPU")
+        elif self.gpu and basis.get("floor_us"):
+            predicted_s = basis["floor_us"] * 1e-6 * n_calls
+            if predicted_s > self.opts.budget_s:
+                pp.skip = Refusal("skipped", f"over time budget: predicted floor {basis['floor_us'] / 1e3:.1f} ms x "
+                                             f"{n_calls} calls = {predicted_s:.1f} s > --budget-s "
+                                             f"{self.opts.budget_s:g} s")
+        return pp
+
+    def plan_workload(self, w: Workload, impls: list[Impl]) -> dict[int, PairPlan | BaseException | None]:
+        """Every pair of a workload planned before any of them runs (keyed by ``id(impl)``); a planning error
+        is kept and becomes that pair's 'compare error' record when its turn comes, in order."""
+        plans: dict[int, PairPlan | BaseException | None] = {}
+        for impl in impls:
+            try:
+                plans[id(impl)] = self.plan_pair(w, impl, _cpu_gate_flops(w))
+            except Exception as e:  # noqa: BLE001 -- recorded by run_workload
+                plans[id(impl)] = e
+        return plans
+
+    # -- execute: one pair -> one record -----------------------------------------------------------
     def run_workload(self, w: Workload, impls: list[Impl], progress=None, task=None) -> list[dict[str, Any]]:
         recs: list[dict[str, Any]] = []
         state: dict[str, Any] = {}
         outputs: dict[str, Any] = {}  # impl name -> BTNH output, for twin agreement (freed per workload)
         self._inflight = (recs, outputs)  # what main flushes if the run is interrupted mid-workload
-        flops = 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim  # for the CPU size gate only
+        state["plans"] = self.plan_workload(w, impls)
+        flops = _cpu_gate_flops(w)
         for impl in impls:
             if progress is not None:
                 progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
             try:
                 rec = self.run_one(w, impl, state, outputs, flops)
             except Exception as e:  # last line of defence: a bug in compare itself is still a record
-                rec = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}")
+                rec = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}").to_json()
             if progress is not None:
                 progress.advance(task)
             if rec is not None:
@@ -505,59 +548,27 @@ class _Run:
         return recs
 
     def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
-        sup = impl.supports(w, self.ctx)
-        if sup.status == "n/a":
-            return None
-        rec = self.record(w, impl, "ok", None)
-        pred = self.predict(w, impl)
-        rec["prediction"] = pred
-        if not sup.ok:
-            rec.update(status=sup.status, reason=sup.reason)
-            return rec
-        try:  # the launch plan the implementation declares, made before anything runs
-            rec["impl"]["plan"] = impl.plan(w, self.ctx)
-        except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
-            rec["impl"]["plan"] = {"error": _reason(e)}
-        if self.hw is not None and layer2.modelled(impl.name):  # layer 2, before anything runs
-            rec["prediction"]["layer2"] = layer2.predict_record(w, rec["impl"], rec["impl"]["plan"], self.hw)
+        """One pair: its plan (made by ``plan_workload``, or now) executed; None when it does not apply."""
+        plans = state.get("plans") or {}
+        pp = plans[id(impl)] if id(impl) in plans else self.plan_pair(w, impl, flops)
+        if isinstance(pp, BaseException):
+            raise pp
+        return None if pp is None else self.execute(pp, state, outputs).to_json()
+
+    def execute(self, pp: PairPlan, state: dict, outputs: dict) -> ResultRecord:
+        w, impl, rec = pp.workload, pp.impl, pp.record
+        if pp.refusal is not None:
+            return rec.refuse(pp.refusal)
         if self.over_run_budget():
-            rec.update(status="skipped", reason=f"over time budget: run budget --max-run-s {self.opts.max_run_s:g} "
-                                                 "s exhausted before this record")
-            return rec
-        if not self.gpu and flops > self.opts.cpu_max_flops:
-            rec.update(status="skipped", reason=f"too large for CPU interpret mode ({flops:.2g} FLOPs > "
-                                                f"--cpu-max-flops {self.opts.cpu_max_flops:.2g}); run on a GPU")
-            return rec
-        n_calls = 1 + self.opts.warmup + self.opts.reps + self.opts.e2e_reps
-        basis = (pred or {}).get((pred or {}).get("basis") or "", {})
-        if self.gpu and basis.get("floor_us"):
-            predicted_s = basis["floor_us"] * 1e-6 * n_calls
-            if predicted_s > self.opts.budget_s:
-                rec.update(status="skipped", reason=(
-                    f"over time budget: predicted floor {basis['floor_us'] / 1e3:.1f} ms x {n_calls} calls = "
-                    f"{predicted_s:.1f} s > --budget-s {self.opts.budget_s:g} s"))
-                return rec
-
-        # inputs and oracle: once per workload, shared by every implementation
-        if "inputs_error" in state:
-            rec.update(status="failed", reason=state["inputs_error"])
-            return rec
-        if "inputs" not in state:
-            try:
-                state["inputs"] = interop.make_inputs(w)
-                state["subset"] = accuracy.choose_subset(w)
-                state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
-                if getattr(w, "kv_dtype", None):  # the format's own error; the reference of the fp16 cache
-                    state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
-                    state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
-            except Exception as e:
-                state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
-                rec.update(status="oom" if _is_oom(e) else "failed", reason=state["inputs_error"])
-                return rec
-        inp, subset, ref = state["inputs"], state["subset"], state["oracle"]
-
+            return rec.refuse(Refusal("skipped", f"over time budget: run budget --max-run-s "
+                                                 f"{self.opts.max_run_s:g} s exhausted before this record"))
+        if pp.skip is not None:
+            return rec.refuse(pp.skip)
+        err = self.workload_inputs(w, state)  # inputs and oracle: once per workload, shared by every impl
+        if err is not None:
+            return rec.refuse(err)
         try:
-            prep = impl.prepare(w, inp, self.ctx)
+            prep = impl.prepare(w, state["inputs"], self.ctx)
             sync = _sync_for(prep.framework)
             t0 = time.perf_counter()
             out = prep.fn(*prep.args)
@@ -565,13 +576,51 @@ class _Run:
             first_call_s = time.perf_counter() - t0
             out_btnh = interop.to_jax_btnh(out, prep.layout)
         except Exception as e:
-            rec.update(status="oom" if _is_oom(e) else _failure_status(e), reason=_reason(e))
+            return rec.fail("oom" if _is_oom(e) else _failure_status(e), _reason(e))
+        rec.impl["prepared_notes"] = prep.notes
+        rec.metrics["first_call_s"] = first_call_s
+        if not self.agree(rec, w, state, out_btnh):
             return rec
-        rec["impl"]["prepared_notes"] = prep.notes
-        rec["metrics"]["first_call_s"] = first_call_s
+        if impl.framework in ("pallas", "cuda") and impl.generation:
+            outputs[impl.name] = out_btnh
+        del out
+        try:
+            if self.gpu:
+                self.time_gpu(prep, rec, pp.basis)
+            else:
+                ct = timing.time_cpu(prep.fn, prep.args, reps=1)
+                rec.metrics.update(clock="cpu-interpret", cpu_interpret_us_p50=ct.stats["p50"], time_us_p50=None,
+                                   time_us_p10=None, time_us_p90=None, e2e_us_p50=None, tflops=None, gbps=None,
+                                   roofline_fraction=None, hbm_fraction=None, tc_fraction=None,
+                                   limiter=pp.basis.get("limiter"))
+        except Exception as e:
+            rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
+        return rec
 
-        # agreement (NaN/Inf anywhere fails the record)
-        precision = (pred or {}).get("precision") or roofline.workload_precision(w)
+    def workload_inputs(self, w: Workload, state: dict) -> Refusal | None:
+        """Inputs, oracle subset and float64 oracle (and the quantized-KV references) into ``state``, once
+        per workload; a failure is kept in ``state`` and refuses every later pair of the workload alike."""
+        if "inputs_error" in state:
+            return Refusal("failed", state["inputs_error"])
+        if "inputs" in state:
+            return None
+        try:
+            state["inputs"] = interop.make_inputs(w)
+            state["subset"] = accuracy.choose_subset(w)
+            state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
+            if getattr(w, "kv_dtype", None):  # the format's own error; the reference of the fp16 cache
+                state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
+                state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
+        except Exception as e:
+            state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
+            return Refusal("oom" if _is_oom(e) else "failed", state["inputs_error"])
+        return None
+
+    def agree(self, rec: ResultRecord, w: Workload, state: dict, out_btnh) -> bool:
+        """The output against the oracle on the subset into ``rec.agreement``; False when the record ends here
+        (non-finite output or error: 'failed'). Over the tolerance is 'wrong', and the record goes on to timing."""
+        subset, ref = state["subset"], state["oracle"]
+        precision = (rec.prediction or {}).get("precision") or roofline.workload_precision(w)
         if getattr(w, "kv_dtype", None):
             # the oracle reads the same quantized operands as the kernel (accuracy.oracle): what is left is the
             # kernel's arithmetic, judged at the tolerance of the q dtype it computes in, not the format's
@@ -584,10 +633,10 @@ class _Run:
             ag["quantization"] = {**state["quant_error"], "kv_dtype": w.kv_dtype, "what": (
                 "the format's error on the subset: float64 oracle on the quantized cache vs on the "
                 f"{w.dtype} values it was quantized from")}
-        rec["agreement"] = ag
+        rec.agreement = ag
         if not accuracy.all_finite(out_btnh):
-            rec.update(status="failed", reason="non-finite output (NaN/Inf)")
-            return rec
+            rec.fail("failed", "non-finite output (NaN/Inf)")
+            return False
         got = subset.take(out_btnh)
         max_abs, rel = accuracy.errors(got, ref)
         ag.update(max_abs_err=max_abs, rel_l2_err=rel)
@@ -595,32 +644,17 @@ class _Run:
             qe = accuracy.quantization_error(got, state["oracle_fp16"])
             ag["vs_fp16_kv"] = {**qe, "what": f"this output vs the float64 oracle on the {w.dtype} KV"}
         if not (math.isfinite(max_abs) and math.isfinite(rel)):
-            rec.update(status="failed", reason="non-finite error against the oracle")
-            return rec
+            rec.fail("failed", "non-finite error against the oracle")
+            return False
         if rel > tol:
-            rec.update(status="wrong", reason=f"rel_l2_err {rel:.3g} > {tol:g} (tolerance for {precision})")
-        if impl.framework in ("pallas", "cuda") and impl.generation:
-            outputs[impl.name] = out_btnh
-        del out
+            rec.fail("wrong", f"rel_l2_err {rel:.3g} > {tol:g} (tolerance for {precision})")
+        return True
 
-        # timing
-        m = rec["metrics"]
-        try:
-            if self.gpu:
-                self.time_gpu(prep, rec, basis)
-            else:
-                ct = timing.time_cpu(prep.fn, prep.args, reps=1)
-                m.update(clock="cpu-interpret", cpu_interpret_us_p50=ct.stats["p50"], time_us_p50=None,
-                         time_us_p10=None, time_us_p90=None, e2e_us_p50=None, tflops=None, gbps=None,
-                         roofline_fraction=None, hbm_fraction=None, tc_fraction=None,
-                         limiter=basis.get("limiter"))
-        except Exception as e:
-            rec.update(status="oom" if _is_oom(e) else "failed", reason="timing: " + _reason(e))
-        return rec
-
-    def time_gpu(self, prep, rec: dict, basis: dict) -> None:
+    def time_gpu(self, prep, rec: ResultRecord, basis: dict) -> None:
+        """Warm-up, then kernel timing (the requested clock, cold L2), end-to-end latency and pipelined
+        throughput into ``rec.metrics``, scaled down to ``--budget-s`` (or 'skipped'); then the rates."""
         o = self.opts
-        m = rec["metrics"]
+        m = rec.metrics
         sync = _sync_for(prep.framework)
         for _ in range(o.warmup):
             sync(prep.fn(*prep.args))
@@ -636,8 +670,8 @@ class _Run:
             e2e_reps = max(1, min(e2e_reps, reps // 2))
             if one * (reps + e2e_reps) > 2 * o.budget_s:
                 m.update(one_call_s=one)
-                rec.update(status="skipped", reason=f"over time budget: one call took {one:.2f} s; 3 reps "
-                                                    f"exceed --budget-s {o.budget_s:g} s (agreement kept)")
+                rec.fail("skipped", f"over time budget: one call took {one:.2f} s; 3 reps "
+                                    f"exceed --budget-s {o.budget_s:g} s (agreement kept)")
                 return
             m["reps_reduced_for_budget"] = True
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
@@ -662,11 +696,13 @@ class _Run:
             self.clock_fallbacks += 1
         self.fill_rates(rec)
 
-    def fill_rates(self, rec: dict) -> None:
-        m, pred = rec["metrics"], rec.get("prediction") or {}
+    def fill_rates(self, rec: ResultRecord) -> None:
+        """Rates and fractions of the measured time against the prediction's basis, the datasheet and the
+        measured ceilings (with a note above a ceiling); both layers' scores when layer 2 was predicted."""
+        m, pred = rec.metrics, rec.prediction or {}
         t = m["time_us_p50"] * 1e-6
         if "layer2" in pred and "error" not in pred["layer2"]:  # both layers scored against the measurement
-            sc = layer2.score(rec, self.hw)
+            sc = layer2.score(rec.to_json(), self.hw)
             pred["score"] = {k: sc[k] for k in ("measured_us", "layer1_us", "layer1_err", "layer2_us", "layer2_err",
                                                 "layer1_limiter", "layer2_limiter")}
         basis = pred.get(pred.get("basis") or "", {})
@@ -700,46 +736,12 @@ class _Run:
                 m["tc_fraction"] = basis["flops"] / t / peak
             m["tc_ceiling"] = f"measured {basis['engine']} matmul" if peak else f"no measured {basis['engine']} rate"
 
-    # -- per-workload summary ------------------------------------------------------------------
+    # -- summarize: per workload, then the run -------------------------------------------------------
     def finalize(self, recs: list[dict], outputs: dict) -> None:
-        def p50(r):
-            v = records.get(r, "metrics.time_us_p50")
-            return v if r["status"] == "ok" and isinstance(v, (int, float)) else None
+        summarize_workload(recs, outputs)
 
-        peers = [(p50(r), r["impl"]["name"]) for r in recs if r["impl"]["kind"] == "peer" and p50(r)]
-        best = min(peers) if peers else None
-        by_name = {r["impl"]["name"]: r for r in recs}
-        for r in recs:
-            mine = p50(r)
-            if best and mine:
-                r["metrics"]["speedup_vs_best_peer"] = best[0] / mine
-                r["metrics"]["best_peer"] = best[1]
-            gen, fw = r["impl"]["generation"], r["impl"]["framework"]
-            if fw not in ("pallas", "cuda") or not gen:
-                continue
-            twins = ([by_name.get(f"cuda:{gen}")] if fw == "pallas"
-                     else [x for x in recs if x["impl"]["framework"] == "pallas" and x["impl"]["generation"] == gen])
-            twins = [t for t in twins if t is not None]
-            if not twins:
-                continue
-            tw = twins[0] if fw == "pallas" else next(
-                (t for t in twins if t["impl"]["config"] == "faithful"), twins[0])
-            r["metrics"]["twin"] = tw["impl"]["name"]
-            if mine and p50(tw):
-                r["metrics"]["speedup_vs_twin"] = p50(tw) / mine
-            a, b = outputs.get(r["impl"]["name"]), outputs.get(tw["impl"]["name"])
-            if a is not None and b is not None:
-                try:
-                    mx, rel = accuracy.twin_errors(a, b)
-                    r["agreement"]["twin"] = {"name": tw["impl"]["name"], "max_abs_err": mx, "rel_l2_err": rel,
-                                              "subset": "full output"}
-                except Exception as e:  # shape mismatch etc.: recorded, not fatal
-                    r["agreement"]["twin"] = {"name": tw["impl"]["name"], "error": _reason(e)}
-
-    # -- main loop -----------------------------------------------------------------------------
-    def main(self) -> int:
-        from . import report
-
+    # -- the run: header, ceilings, clock check, then per workload plan -> execute -> summarize -----------
+    def header(self) -> dict[str, Any]:
         header = self.base("header")
         header.update({"config": self.config_path, "argv": self.opts.argv, "options": {
             k: v for k, v in vars(self.opts).items() if k != "argv"}, "ctx": dataclasses.asdict(self.ctx),
@@ -747,7 +749,12 @@ class _Run:
                        "generations": _generation_order(),
                        "clocks_requested": {fw: timing.expected_clock(self.opts.clock, fw) for fw in ("jax", "torch")}})
         header.update(self.header_extra)
-        self.write([header])
+        return header
+
+    def main(self) -> int:
+        from . import report
+
+        self.write([self.header()])
         self._inflight = ([], {})
         n_written = 0
         progress = None
@@ -760,7 +767,6 @@ class _Run:
             if not self.opts.quiet:
                 console.print(f"[bold]compare run[/] {self.run_id}: {len(plan)} workloads, {total} (workload, impl) "
                               f"pairs -> {self.path}")
-            if not self.opts.quiet:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
                 progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -775,17 +781,8 @@ class _Run:
                 self._inflight = ([], {})
                 n_written += len(recs)
                 all_recs += recs
-                if self.opts.quiet:
-                    continue
-                if self.gpu:
-                    console.print(report.workload_table(w.name, recs))
-                elif any(r["status"] in ("ok", "wrong", "failed", "oom") for r in recs):
-                    console.print(report.cpu_table(w.name, recs))
-                    line = self.prediction_line(w)
-                    if line:
-                        console.print(line, highlight=False)
-                else:
-                    not_run.append(self.not_run_line(w, recs))
+                if not self.opts.quiet:
+                    self.show_workload(console, w, recs, not_run)
             if not_run and not self.opts.quiet:
                 console.print(f"\n[bold]Not run on this machine[/] ({len(not_run)} workloads; predicted floor from the "
                               "datasheet, fused model at the workload's KV storage precision):")
@@ -795,28 +792,51 @@ class _Run:
             if progress is not None:
                 progress.stop()
                 progress = None
-            kept, outputs = self._inflight
-            try:  # speed-ups and twin agreement among the records that finished; best effort
-                self.finalize(kept, outputs)
-            except Exception:  # the records themselves matter more than their summary
-                pass
-            self.write(kept)
-            n_written += len(kept)
-            print(f"interrupted: {n_written} result records kept ({len(kept)} of the workload in progress) "
-                  f"in {self.path}", file=sys.stderr)
-            return 130
+            return self.interrupted(n_written)
         finally:
             if progress is not None:
                 progress.stop()
+        return self.close(n_written, all_recs, console)
+
+    def show_workload(self, console, w: Workload, recs: list[dict], not_run: list[str]) -> None:
+        """A workload's table once its records are written (GPU: timings; CPU: agreement and the predicted
+        floor), or, on a CPU run where nothing of it ran, one line for the list after the tables."""
+        from . import report
+
+        if self.gpu:
+            console.print(report.workload_table(w.name, recs))
+        elif any(r["status"] in ("ok", "wrong", "failed", "oom") for r in recs):
+            console.print(report.cpu_table(w.name, recs))
+            line = self.prediction_line(w)
+            if line:
+                console.print(line, highlight=False)
+        else:
+            not_run.append(self.not_run_line(w, recs))
+
+    def interrupted(self, n_written: int) -> int:
+        """Ctrl-C: the finished records of the workload in progress are summarized and written too; exit 130."""
+        kept, outputs = self._inflight
+        try:  # speed-ups and twin agreement among the records that finished; best effort
+            self.finalize(kept, outputs)
+        except Exception:  # the records themselves matter more than their summary
+            pass
+        self.write(kept)
+        n_written += len(kept)
+        print(f"interrupted: {n_written} result records kept ({len(kept)} of the workload in progress) "
+              f"in {self.path}", file=sys.stderr)
+        return 130
+
+    def close(self, n_written: int, all_recs: list[dict], console) -> int:
+        """The closing lines and the exit code: 1 when nothing ran, 3 on a clock fallback (unless accepted)."""
+        from . import report
+
         if n_written == 0:
             print(f"nothing ran: every selected (workload, implementation) pair is n/a (not applicable) on this "
                   f"machine; no result records in {self.path}", file=sys.stderr)
             return 1
         if not self.opts.quiet:
-            from . import report as _report
-
             console.print(f"{n_written} records in {time.perf_counter() - self.t_start:.0f} s -> {self.path}: "
-                          f"{_report.status_summary(all_recs)}", highlight=False)
+                          f"{report.status_summary(all_recs)}", highlight=False)
             if not self.gpu:
                 console.print("No GPU here: Pallas kernels ran in interpret mode on the smallest shapes (agreement "
                               "only, no kernel times); on a GPU the same command times every implementation.",
@@ -832,7 +852,6 @@ class _Run:
                 return 3
         return 0
 
-
     def summarize(self, recs: list[dict], console) -> None:
         """After the run, before the closing line: nothing for ``run`` (its tables are per workload)."""
 
@@ -842,6 +861,50 @@ def run(opts: RunOptions) -> int:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def summarize_workload(recs: list[dict], outputs: dict) -> None:
+    """Over one workload's finished records (in place): speed-up against the best timed peer, the twin (the
+    CUDA twin of a Pallas generation; the faithful Pallas config of a CUDA one), the speed-up against it and
+    twin-vs-twin agreement on the full outputs (``outputs``: impl name -> BTNH output)."""
+    def p50(r):
+        v = records.get(r, "metrics.time_us_p50")
+        return v if r["status"] == "ok" and isinstance(v, (int, float)) else None
+
+    peers = [(p50(r), r["impl"]["name"]) for r in recs if r["impl"]["kind"] == "peer" and p50(r)]
+    best = min(peers) if peers else None
+    by_name = {r["impl"]["name"]: r for r in recs}
+    for r in recs:
+        mine = p50(r)
+        if best and mine:
+            r["metrics"]["speedup_vs_best_peer"] = best[0] / mine
+            r["metrics"]["best_peer"] = best[1]
+        gen, fw = r["impl"]["generation"], r["impl"]["framework"]
+        if fw not in ("pallas", "cuda") or not gen:
+            continue
+        twins = ([by_name.get(f"cuda:{gen}")] if fw == "pallas"
+                 else [x for x in recs if x["impl"]["framework"] == "pallas" and x["impl"]["generation"] == gen])
+        twins = [t for t in twins if t is not None]
+        if not twins:
+            continue
+        tw = twins[0] if fw == "pallas" else next(
+            (t for t in twins if t["impl"]["config"] == "faithful"), twins[0])
+        r["metrics"]["twin"] = tw["impl"]["name"]
+        if mine and p50(tw):
+            r["metrics"]["speedup_vs_twin"] = p50(tw) / mine
+        a, b = outputs.get(r["impl"]["name"]), outputs.get(tw["impl"]["name"])
+        if a is not None and b is not None:
+            try:
+                mx, rel = accuracy.twin_errors(a, b)
+                r["agreement"]["twin"] = {"name": tw["impl"]["name"], "max_abs_err": mx, "rel_l2_err": rel,
+                                          "subset": "full output"}
+            except Exception as e:  # shape mismatch etc.: recorded, not fatal
+                r["agreement"]["twin"] = {"name": tw["impl"]["name"], "error": _reason(e)}
+
+
+def _cpu_gate_flops(w: Workload) -> float:
+    """The workload's dense FLOPs, for the CPU interpret-mode size gate (``--cpu-max-flops``) only."""
+    return 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim
 
 
 def _sync_for(framework: str):
