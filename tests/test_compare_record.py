@@ -1,0 +1,97 @@
+"""compare's runner split (docs/compare.md, "The runner's structure"): the typed record and the plan step.
+
+The plan of a workload is made before any of its pairs runs; its refusals never call ``prepare``; a planning
+error becomes that pair's 'compare error' record in its place; ``ResultRecord.to_json`` keeps the schema's
+key order."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from compare import records, runner
+from compare.record import PairPlan, Refusal, ResultRecord
+from compare.schema import YES, Impl, Prepared, Support
+from compare.workloads import Workload
+
+KEYS = ["schema", "type", "run_id", "env", "workload", "impl", "status", "reason", "metrics", "agreement", "repro"]
+
+
+def _wl(**kw) -> Workload:
+    base = dict(name="t", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16, head_dim=16,
+                dtype="float32", causal=False, q_offset=0, seed=3)
+    base.update(kw)
+    return Workload(**base)
+
+
+def test_result_record_json_keeps_the_schema_order_and_shares_its_parts():
+    head = {"schema": records.SCHEMA_VERSION, "type": "result", "run_id": "r", "env": {}}
+    rec = ResultRecord(head=head, workload={"name": "w"}, impl={"name": "i"}, repro="python -m compare run")
+    assert list(rec.to_json()) == KEYS  # no prediction key until one is set (a compare-error record has none)
+    rec.set_prediction(None)
+    assert list(rec.to_json()) == [*KEYS, "prediction"] and rec.to_json()["prediction"] is None
+    j = rec.refuse(Refusal("skipped", "why")).to_json()
+    assert (j["status"], j["reason"]) == ("skipped", "why")
+    j["metrics"]["x"] = 1  # the summary fills the JSON's parts after to_json: they are the record's own
+    assert rec.metrics == {"x": 1}
+
+
+@pytest.fixture
+def run(tmp_path):
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path), reps=1, warmup=0, e2e_reps=1,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e6,
+                             no_ceilings=True, quiet=True, argv=[])
+    return runner._Run(opts)
+
+
+def _impls(prepared: list[str]) -> list[Impl]:
+    def never(w, inp, ctx):
+        prepared.append("never")
+        raise AssertionError("a refused pair must not be prepared")
+
+    def xla(w, inp, ctx):
+        prepared.append("xla")
+        fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
+        return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH")
+
+    def boom(w, ctx):
+        raise RuntimeError("planning bug")
+
+    peer = dict(framework="jax", generation=None, config=None, kind="peer", lowering="xla", notes="")
+    return [Impl("jax:na", supports_fn=lambda w, c: Support(False, "", "n/a"), prepare_fn=never, **peer),
+            Impl("jax:uns", supports_fn=lambda w, c: Support(False, "needs a GPU", "unsupported"), prepare_fn=never,
+                 **peer),
+            Impl("jax:boom", supports_fn=boom, prepare_fn=never, **peer),
+            Impl("jax:xla", supports_fn=lambda w, c: YES, prepare_fn=xla, **peer)]
+
+
+def test_plan_decides_refusals_without_running(run):
+    prepared: list[str] = []
+    impls = _impls(prepared)
+    big = _wl(name="big", q_len=256, kv_len=256)  # 4*2*256*256*16 = 8.4e6 FLOPs > --cpu-max-flops 1e6
+    plans = run.plan_workload(big, impls)
+    na, uns, boom, xla = (plans[id(i)] for i in impls)
+    assert na is None
+    assert isinstance(uns, PairPlan) and uns.refusal == Refusal("unsupported", "needs a GPU") and uns.skip is None
+    assert isinstance(boom, RuntimeError)
+    assert isinstance(xla, PairPlan) and xla.refusal is None and xla.skip.status == "skipped"
+    assert "too large for CPU interpret mode" in xla.skip.reason
+    assert xla.record.has_prediction and xla.basis.get("floor_us", 0) > 0  # the prediction is made in the plan
+    recs = run.run_workload(big, impls)
+    assert prepared == []  # nothing of a refused or skipped pair ran
+    assert [(r["impl"]["name"], r["status"]) for r in recs] == [
+        ("jax:uns", "unsupported"), ("jax:boom", "failed"), ("jax:xla", "skipped")]
+    assert recs[1]["reason"] == "compare error: RuntimeError: planning bug" and "prediction" not in recs[1]
+    assert all(records.validate(r) == [] for r in recs)
+
+
+def test_execute_fills_agreement_and_cpu_timing_in_schema_order(run):
+    prepared: list[str] = []
+    recs = run.run_workload(_wl(), _impls(prepared)[1:])
+    assert prepared == ["xla"]
+    r = recs[-1]
+    assert r["status"] == "ok", r["reason"]
+    assert list(r) == [*KEYS, "prediction"]
+    assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"]
+    assert r["metrics"]["clock"] == "cpu-interpret" and r["metrics"]["time_us_p50"] is None
+    assert all(records.validate(x) == [] for x in recs)
