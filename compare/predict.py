@@ -78,8 +78,11 @@ def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_
     kern = registry.kernel(gen_id)
     if dtype is None:
         dtype = "float32" if "float32" in kern.dtypes else kern.dtypes[0]
+    if kv_dtype is None and gen.entries == {"quantized"} and len(kern.kv_precision) == 1:
+        kv_dtype = next(iter(kern.kv_precision))  # a one-format quantized generation (v9_fp8, v10_nvfp4)
     entry = "quantized" if kv_dtype else _entry(gen)
-    page = page_size if entry == "paged" else None
+    # a paged-only kernel reads a quantized cache from paged pools
+    page = page_size if entry == "paged" or (entry == "quantized" and kern.dense is None) else None
     kv = -(-kv_len // page) * page if page else kv_len
     problem = Problem(entry=entry, dtype=dtype, batch=batch, q_len=q_len, kv_len=kv, heads_q=heads_q,
                       heads_kv=heads_kv, head_dim=head_dim, causal=causal, page_size=page, kv_dtype=kv_dtype)

@@ -98,7 +98,13 @@ def test_quantized_entry_and_refusals(family):
     for name in (mirror, twin, "jax:xla", "jax:cudnn", "torch:flash"):
         s = by[name].supports(w, CPU)
         assert not s.ok and s.status == "unsupported" and "nvfp4" in s.reason and "fp16" in s.reason, (name, s)
-    assert by["pallas:v9_fp8"].supports(w, CPU).status == "not_built"
+    # the paged quantized generations (v9_fp8 / v10_nvfp4) read their own format, from paged pools only
+    v9, v10 = by["pallas:v9_fp8:faithful"].supports(w, CPU), by["pallas:v10_nvfp4:faithful"].supports(w, CPU)
+    assert v9.status == "unsupported" and "fp8_e4m3" in v9.reason, v9
+    if family == "paged_decode":
+        assert v10.ok, v10
+    else:
+        assert v10.status == "unsupported" and "paged pools only" in v10.reason, v10
     assert by["pallas:fa_decode_cp:psum"].supports(w, CPU).status in ("unsupported", "n/a")
     # the same workload with fp16 KV: the mirror generation and the CPU peer apply again
     plain = _w(family=family, kv_dtype=None, **kw)
@@ -260,4 +266,5 @@ def test_run_quant_decode_on_cpu(quant_run):
     assert fa["prediction"]["by_arch"]["h100"]["limiter"] == "ALU"
     for name in ("jax:cudnn", "torch:cudnn", "pallas:v6_splitkv:faithful", "cuda:v6_splitkv"):
         assert res[(big, name)]["status"] == "unsupported" and "nvfp4" in res[(big, name)]["reason"]
-    assert res[(big, "pallas:v10_nvfp4")]["status"] == "not_built"
+    v10 = res[(big, "pallas:v10_nvfp4:faithful")]  # a dense cache: v10_nvfp4 reads paged pools only
+    assert v10["status"] == "unsupported" and "paged pools only" in v10["reason"]

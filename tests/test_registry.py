@@ -68,6 +68,10 @@ def _trace(gen: str, k: Kernel):
         fn = lambda q, kv: api.attention(q, kv, kv, generation=gen, interpret=True)  # noqa: E731
         return _pallas_calls(jax.make_jaxpr(fn)(q, kv).jaxpr, [])
     pool = jnp.zeros((6, 16, hkv, d), dt)
+    if "paged" not in k.entries:  # a quantized-only kernel (v9_fp8, v10_nvfp4): a pool of its first format
+        from pallas_attn import quant
+
+        pool = {"fp8_e4m3": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}[next(iter(k.kv_precision))](pool)
     table = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
     lens = jnp.array([40, 33], jnp.int32)
     fn = lambda q, pool: api.paged_attention(q, pool, pool, table, lens, generation=gen, interpret=True)  # noqa: E731
