@@ -3,13 +3,14 @@
 Order of a run (docs/compare.md has the details):
   1. environment, then the device's ceilings measured in this process (``ceilings.py``), then a clock check
      per clock (a 1 GiB copy timed under CUPTI against the copy ceiling timed with CUDA events);
-  2. per workload: inputs once (``interop.make_inputs``), the float64 oracle once on a subset
-     (``accuracy``), then each implementation that supports the workload: its roofline prediction and
-     launch plan (``impl.plan``, from its declaration, before anything runs) -> prepare (layouts,
-     untimed) -> first call (compile) -> agreement -> warm-up -> kernel timing (CUPTI, cold L2) ->
-     end-to-end timing;
-  3. per workload: speed-ups against the best peer and the twin, twin-vs-twin agreement; records written,
-     the table printed.
+  2. per workload, plan: for each implementation that applies, its roofline prediction, launch plan
+     (``impl.plan``, from its declaration) and layer 2, and its refusals (unsupported, too large for CPU
+     interpret mode, predicted over --budget-s), all before anything of the workload runs;
+  3. per pair, execute: inputs once per workload (``interop.make_inputs``), the float64 oracle once on a
+     subset (``accuracy``), then prepare (layouts, untimed) -> first call (compile) -> agreement -> warm-up
+     -> kernel timing (CUPTI, cold L2) -> end-to-end timing;
+  4. per workload, summarize: speed-ups against the best peer and the twin, twin-vs-twin agreement; records
+     written, the table printed.
 A failure is a record (``failed``/``oom`` with the exception), never the end of the run. On a machine
 without a GPU the Pallas generations run in interpret mode at shapes small enough (``--cpu-max-flops``)
 and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` and never sit in
@@ -269,6 +270,11 @@ def _slug(s: str) -> str:
 
 
 class _Run:
+    """One ``compare run`` (``compare tune`` subclasses it): selection when built, then ``main``: header,
+    ceilings, clock check, and per workload plan (``plan_workload``) -> execute (``run_one``/``execute``, one
+    pair -> one record) -> summarize (``summarize_workload``, the table); docs/compare.md, "The runner's
+    structure"."""
+
     command = "run"  # the subcommand a record's repro repeats
 
     def __init__(self, opts: RunOptions, *, workloads: list[Workload] | None = None, impls: list[Impl] | None = None,
