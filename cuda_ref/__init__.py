@@ -1,7 +1,9 @@
-"""cuda_ref: our own CUDA C++ twins of the reference's kernel generations (v1_naive ... v6_splitkv so far).
+"""cuda_ref: our own CUDA C++ twins of the reference's kernel generations (v1_naive ... v10_nvfp4 so far;
+MLA rows not yet built: ``cuda_ref.table()`` says which).
 
 Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out, optionally the row log-sum-exp),
-``paged_attention`` (paged KV pools + block table; validated, no paged generation built yet),
+``paged_attention`` (paged KV pools + block table, BHND q: v7_paged and the v8 family on fp16 pools, v9_fp8 /
+v10_nvfp4 on ``cuda_ref.quant`` pools),
 ``table`` (the generation table, one ``CudaGeneration`` per row of ``csrc/generations.def``),
 ``generations`` (ids built), ``choose_splits`` (the split-KV heuristic of ``attn_core.splits``, which the C++
 mirrors), ``REFERENCE_NUM_SM`` and the KV quantizers ``quantize_fp8_e4m3`` / ``quantize_nvfp4`` (module
