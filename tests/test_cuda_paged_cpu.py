@@ -61,7 +61,8 @@ def test_kernel_geometry_constants():
         assert (m.group(2) == "true") == (gen == "v8_gqa_ilp"), gen
     tc = _kernel_source("v8_gqa_tc")
     assert "kTcThreads = 32;" in tc and "kTcRows = 16;" in tc  # one warp, one 16-row M tile (§2.9)
-    ss = _kernel_source("v8_gqa_ss")
+    assert '#include "common/ss_tile.cuh"' in _kernel_source("v8_gqa_ss")  # the tile lives in one header
+    ss = (build.CSRC / "common" / "ss_tile.cuh").read_text()
     assert "__half kt[D][SsTile<D>::TN + 1];" in ss  # K transposed with one element of padding (§2.13)
     assert "kSsThreads = 256;" in ss and "kSsGroup = 32;" in ss
 

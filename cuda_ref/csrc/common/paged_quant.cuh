@@ -29,31 +29,21 @@
 
 #include "online_softmax.cuh"
 #include "paged.cuh"
+#include "ss_tile.cuh"
 #include "params.cuh"
 #include "warp.cuh"
 
 namespace cuda_ref {
 
-constexpr int kQuantThreads = 256;
-constexpr int kQuantRows = kQuantThreads / 32;  // 8 packed rows per CTA, one per warp (v8_gqa_ss)
-constexpr int kQuantGroup = 32;                 // keys per softmax step, one per lane (v8_gqa_ss)
+// v8_gqa_ss's geometry and shared memory, unchanged (common/ss_tile.cuh): the tile stays fp16, dequantization
+// happens before the store.
+constexpr int kQuantThreads = kSsThreads;
+constexpr int kQuantRows = kSsRows;             // 8 packed rows per CTA, one per warp
 constexpr int kNvfp4Block = 16;                 // elements per micro-scale
-
 template <int D>
-struct QuantTile {
-  static constexpr int TN = D == 64 ? 64 : 32;
-  static constexpr int EPT = D / 32;
-  static constexpr int kGroups = TN / kQuantGroup;
-};
-
-// v8_gqa_ss's shared memory, unchanged: the tile stays fp16, dequantization happens before the store.
+using QuantTile = SsTile<D>;
 template <int D>
-struct QuantSmem {
-  __half q[kQuantRows][D];
-  __half kt[D][QuantTile<D>::TN + 1];
-  __half v[QuantTile<D>::TN][D];
-};
-static_assert(sizeof(QuantSmem<64>) == 17536 && sizeof(QuantSmem<128>) == 18688, "§2.14: v8_gqa_ss's smem");
+using QuantSmem = SsSmem<D>;
 
 // What the quantized partial kernels read. `base` is the paged block of every v8 kernel (q, table, lens,
 // offsets, partials, split plan); its k/v are null and its ks/vs are the element (= byte) strides of the K/V
@@ -201,46 +191,13 @@ __device__ __forceinline__ void quant_ss_partial(const QuantPagedArgs& qa, Quant
 
     // v8_gqa_ss from here: lane per key, full-D dot from registers, one online-softmax step per 32 keys.
     const int c_lim = min(T::TN, row_end - j0);
-#pragma unroll
-    for (int g = 0; g < T::kGroups; ++g) {
-      const int base = g * kQuantGroup;
-      if (base >= c_lim) break;
-      const int c = base + lane;
-      const bool valid = c < c_lim;
-      float s = -CUDART_INF_F;
-      if (valid) {
-        float dot = 0.f;
-#pragma unroll 16
-        for (int t = 0; t < D; ++t) dot += __half2float(sm.q[warp][t]) * __half2float(sm.kt[t][c]);
-        s = a.scale * dot;
-      }
-      const float m_tile = warp_allreduce_max(s);
-      const float m_new = fmaxf(m_run, m_tile);
-      const float p = valid ? __expf(s - m_new) : 0.f;
-      const float l_tile = warp_allreduce_sum(p);
-      const float alpha = __expf(m_run - m_new);
-      l_run = alpha * l_run + l_tile;
-      m_run = m_new;
-#pragma unroll
-      for (int e = 0; e < T::EPT; ++e) o[e] *= alpha;
-      const int n = min(kQuantGroup, c_lim - base);
-      for (int cc = 0; cc < n; ++cc) {
-        const float pc = __shfl_sync(kFullMask, p, cc);
-#pragma unroll
-        for (int e = 0; e < T::EPT; ++e) o[e] += pc * __half2float(sm.v[base + cc][lane + 32 * e]);
-      }
-    }
+    ss_tile_steps<D>(sm, warp, lane, c_lim, a.scale, m_run, l_run, o);
     __syncthreads();  // the tile is overwritten next round
   }
 
   if (!row.active) return;
   const int64_t slot = partial_slot(a, b, row.h_q, row.i_q, split);
-#pragma unroll
-  for (int e = 0; e < T::EPT; ++e) a.o_part[slot * D + lane + 32 * e] = o[e];
-  if (lane == 0) {
-    a.m_part[slot] = m_run;
-    a.l_part[slot] = l_run;
-  }
+  ss_store_partial<D>(a.o_part, a.m_part, a.l_part, slot, lane, o, m_run, l_run);
 }
 
 }  // namespace cuda_ref

@@ -20,30 +20,12 @@
 #include "common/launch.cuh"
 #include "common/online_softmax.cuh"
 #include "common/paged.cuh"
+#include "common/ss_tile.cuh"
 #include "common/warp.cuh"
 
 namespace cuda_ref {
 namespace {
 
-constexpr int kSsThreads = 256;
-constexpr int kSsRows = kSsThreads / 32;  // 8 packed rows per CTA, one per warp
-constexpr int kSsGroup = 32;              // keys per softmax step (one per lane)
-
-template <int D>
-struct SsTile {
-  static constexpr int TN = D == 64 ? 64 : 32;
-  static constexpr int EPT = D / 32;
-  static constexpr int kGroups = TN / kSsGroup;
-};
-
-template <int D>
-struct SsSmem {
-  __half q[kSsRows][D];
-  __half kt[D][SsTile<D>::TN + 1];
-  __half v[SsTile<D>::TN][D];
-};
-
-static_assert(sizeof(SsSmem<64>) == 17536 && sizeof(SsSmem<128>) == 18688, "v8_gqa_ss: §2.13's shared memory");
 static_assert(kSsRows == gen_info(Gen::v8_gqa_ss).tile_m_d64 && kSsRows == gen_info(Gen::v8_gqa_ss).tile_m_d128 &&
                   SsTile<64>::TN == gen_info(Gen::v8_gqa_ss).tile_n_d64 &&
                   SsTile<128>::TN == gen_info(Gen::v8_gqa_ss).tile_n_d128,
@@ -91,46 +73,13 @@ __global__ void __launch_bounds__(kSsThreads) v8_gqa_ss_partial_kernel(const Pag
     __syncthreads();
 
     const int c_lim = min(T::TN, row_end - j0);  // warp-uniform; the visible keys are a prefix
-#pragma unroll
-    for (int g = 0; g < T::kGroups; ++g) {
-      const int base = g * kSsGroup;
-      if (base >= c_lim) break;
-      const int c = base + lane;
-      const bool valid = c < c_lim;
-      float s = -CUDART_INF_F;
-      if (valid) {
-        float dot = 0.f;
-#pragma unroll 16
-        for (int t = 0; t < D; ++t) dot += __half2float(sm.q[warp][t]) * __half2float(sm.kt[t][c]);
-        s = a.scale * dot;
-      }
-      const float m_tile = warp_allreduce_max(s);
-      const float m_new = fmaxf(m_run, m_tile);
-      const float p = valid ? __expf(s - m_new) : 0.f;
-      const float l_tile = warp_allreduce_sum(p);
-      const float alpha = __expf(m_run - m_new);
-      l_run = alpha * l_run + l_tile;
-      m_run = m_new;
-#pragma unroll
-      for (int e = 0; e < T::EPT; ++e) o[e] *= alpha;
-      const int n = min(kSsGroup, c_lim - base);
-      for (int cc = 0; cc < n; ++cc) {
-        const float pc = __shfl_sync(kFullMask, p, cc);
-#pragma unroll
-        for (int e = 0; e < T::EPT; ++e) o[e] += pc * __half2float(sm.v[base + cc][lane + 32 * e]);
-      }
-    }
+    ss_tile_steps<D>(sm, warp, lane, c_lim, a.scale, m_run, l_run, o);
     __syncthreads();  // the tile is overwritten next round
   }
 
   if (!row.active) return;
   const int64_t slot = partial_slot(a, b, row.h_q, row.i_q, split);
-#pragma unroll
-  for (int e = 0; e < T::EPT; ++e) a.o_part[slot * D + lane + 32 * e] = o[e];
-  if (lane == 0) {
-    a.m_part[slot] = m_run;
-    a.l_part[slot] = l_run;
-  }
+  ss_store_partial<D>(a.o_part, a.m_part, a.l_part, slot, lane, o, m_run, l_run);
 }
 
 }  // namespace
