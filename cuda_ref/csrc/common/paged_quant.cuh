@@ -150,54 +150,11 @@ struct Nvfp4Source {
 // The partial kernel's body (every thread calls it): v8_gqa_ss with the gather of `Src`.
 template <int D, class Src>
 __device__ __forceinline__ void quant_ss_partial(const QuantPagedArgs& qa, QuantSmem<D>& sm) {
-  using T = QuantTile<D>;
-  const PagedArgs& a = qa.base;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int b = blockIdx.z / a.h_kv, h_kv = blockIdx.z % a.h_kv;
-  const int split = blockIdx.y;
-  const int m0 = blockIdx.x * kQuantRows;
-  const SeqView seq = seq_view(a, b);
-  const KeyRange kr = split_keys(a, seq, split);
-  const PackedRow row = packed_row(a, h_kv, m0 + warp);
-
-  if (row.active) {
-    const __half* qp = q_row(a, b, row.h_q, row.i_q);
-    for (int t = lane; t < D; t += 32) sm.q[warp][t] = qp[t];
-  }
-  __syncwarp();  // a warp reads only its own sQ row
-
-  float o[T::EPT];
-#pragma unroll
-  for (int e = 0; e < T::EPT; ++e) o[e] = 0.f;
-  float m_run = kInitMax, l_run = 0.f;
-  const int row_end = row.active ? visible_end(a, seq, kr, row.i_q) : kr.begin;
-  const int cta_end = visible_end(a, seq, kr, packed_max_iq(m0, kQuantRows, a.group * a.n_q, a.n_q));
-  const __half zero = __float2half(0.f);
-
-  for (int j0 = kr.begin; j0 < cta_end; j0 += T::TN) {
-    // The one change (§2.14/§2.15): the gather dequantizes; K still lands transposed, V row-major, in fp16.
-    for (int e = threadIdx.x; e < T::TN * D; e += kQuantThreads) {
-      const int c = e / D, t = e % D;
-      if (j0 + c < kr.end) {
-        const KvRow r = paged_kv_row(a, seq, h_kv, j0 + c);
-        sm.kt[t][c] = Src::load(qa.k, qa.k_micro, qa.k_scale, r.k, t);
-        sm.v[c][t] = Src::load(qa.v, qa.v_micro, qa.v_scale, r.v, t);
-      } else {
-        sm.kt[t][c] = zero;
-        sm.v[c][t] = zero;
-      }
-    }
-    __syncthreads();
-
-    // v8_gqa_ss from here: lane per key, full-D dot from registers, one online-softmax step per 32 keys.
-    const int c_lim = min(T::TN, row_end - j0);
-    ss_tile_steps<D>(sm, warp, lane, c_lim, a.scale, m_run, l_run, o);
-    __syncthreads();  // the tile is overwritten next round
-  }
-
-  if (!row.active) return;
-  const int64_t slot = partial_slot(a, b, row.h_q, row.i_q, split);
-  ss_store_partial<D>(a.o_part, a.m_part, a.l_part, slot, lane, o, m_run, l_run);
+  // The one change (§2.14/§2.15): the gather dequantizes; K still lands transposed, V row-major, in fp16.
+  ss_partial<D>(qa.base, sm, [&](const KvRow& r, int t, __half& k, __half& v) {
+    k = Src::load(qa.k, qa.k_micro, qa.k_scale, r.k, t);
+    v = Src::load(qa.v, qa.v_micro, qa.v_scale, r.v, t);
+  });
 }
 
 }  // namespace cuda_ref

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "online_softmax.cuh"
+#include "paged.cuh"
 #include "warp.cuh"
 
 namespace cuda_ref {
@@ -82,6 +83,57 @@ __device__ __forceinline__ void ss_store_partial(float* o_part, float* m_part, f
     m_part[slot] = m_run;
     l_part[slot] = l_run;
   }
+}
+
+// The whole partial kernel body (every thread of the CTA calls it): sQ, then per key tile the gather through the
+// block table (consecutive threads take consecutive t of one key: coalesced pool reads; K lands transposed) and
+// ss_tile_steps, then the partial store. `load(row, t, k, v)` writes element t of key row `row` as fp16: a plain
+// fp16 read for v8_gqa_ss, a dequantizing read for v9_fp8 / v10_nvfp4 (the only thing they change).
+template <int D, class Load>
+__device__ __forceinline__ void ss_partial(const PagedArgs& a, SsSmem<D>& sm, Load load) {
+  using T = SsTile<D>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.z / a.h_kv, h_kv = blockIdx.z % a.h_kv;
+  const int split = blockIdx.y;
+  const int m0 = blockIdx.x * kSsRows;
+  const SeqView seq = seq_view(a, b);
+  const KeyRange kr = split_keys(a, seq, split);
+  const PackedRow row = packed_row(a, h_kv, m0 + warp);
+
+  if (row.active) {
+    const __half* qp = q_row(a, b, row.h_q, row.i_q);
+    for (int t = lane; t < D; t += 32) sm.q[warp][t] = qp[t];
+  }
+  __syncwarp();  // a warp reads only its own sQ row
+
+  float o[T::EPT];
+#pragma unroll
+  for (int e = 0; e < T::EPT; ++e) o[e] = 0.f;
+  float m_run = kInitMax, l_run = 0.f;
+  const int row_end = row.active ? visible_end(a, seq, kr, row.i_q) : kr.begin;
+  const int cta_end = visible_end(a, seq, kr, packed_max_iq(m0, kSsRows, a.group * a.n_q, a.n_q));
+  const __half zero = __float2half(0.f);
+
+  for (int j0 = kr.begin; j0 < cta_end; j0 += T::TN) {
+    for (int e = threadIdx.x; e < T::TN * D; e += kSsThreads) {
+      const int c = e / D, t = e % D;
+      if (j0 + c < kr.end) {
+        load(paged_kv_row(a, seq, h_kv, j0 + c), t, sm.kt[t][c], sm.v[c][t]);
+      } else {
+        sm.kt[t][c] = zero;
+        sm.v[c][t] = zero;
+      }
+    }
+    __syncthreads();
+
+    const int c_lim = min(T::TN, row_end - j0);  // warp-uniform; the visible keys are a prefix
+    ss_tile_steps<D>(sm, warp, lane, c_lim, a.scale, m_run, l_run, o);
+    __syncthreads();  // the tile is overwritten next round
+  }
+
+  if (!row.active) return;
+  const int64_t slot = partial_slot(a, b, row.h_q, row.i_q, split);
+  ss_store_partial<D>(a.o_part, a.m_part, a.l_part, slot, lane, o, m_run, l_run);
 }
 
 }  // namespace cuda_ref
