@@ -1,0 +1,33 @@
+"""compare.annotate_ceilings: a recorded fraction above 100% of a one-method read ceiling gets its explanation,
+and nothing else in the record changes."""
+
+import json
+
+from compare.annotate_ceilings import annotate_lines
+
+
+def _lines(frac, ds, bytes_, methods=None):
+    meas = {"hbm_read_Bps": 4.0e12, **({"hbm_read_methods": methods} if methods else {})}
+    ceil = {"type": "ceilings", "measured": meas, "datasheet": {"l2_mb": 60}}
+    rec = {"type": "result", "metrics": {"hbm_fraction": frac, "hbm_fraction_datasheet": ds, "time_us_p50": 1.5},
+           "prediction": {"basis": "measured", "measured": {"bytes": bytes_, "limiter": "HBM"}}}
+    return [json.dumps(ceil) + "\n", json.dumps(rec) + "\n"]
+
+
+def test_low_one_method_ceiling_is_named_and_numbers_stay():
+    new, n = annotate_lines(_lines(1.13, 0.937, 4e9))
+    assert n == 1 and new[0] == _lines(1.13, 0.937, 4e9)[0]
+    m = json.loads(new[1])["metrics"]
+    assert "113.0% of the measured HBM read ceiling (93.7% of the datasheet)" in m["hbm_fraction_note"]
+    assert "torch x.sum() timed with CUDA events (4.00 TB/s)" in m["hbm_fraction_note"]
+    assert (m["hbm_fraction"], m["time_us_p50"]) == (1.13, 1.5)
+    assert annotate_lines(new) == (new, 0)  # idempotent
+
+
+def test_other_causes_keep_the_runners_note():
+    m = json.loads(annotate_lines(_lines(3.99, 3.5, 4e9))[0][1])["metrics"]  # above the datasheet: the model
+    assert "above the datasheet: the model counts more bytes" in m["hbm_fraction_note"]
+    m = json.loads(annotate_lines(_lines(1.2, 1.1, 8 * 2**20))[0][1])["metrics"]  # fits in L2
+    assert "smaller than the L2" in m["hbm_fraction_note"]
+    assert annotate_lines(_lines(0.95, 0.8, 4e9))[1] == 0  # nothing to explain
+    assert annotate_lines(_lines(1.1, 0.9, 4e9, methods={"jnp_sum": {}}))[1] == 1  # still a note, the runner's
