@@ -33,7 +33,7 @@ COLUMNS = ("id", "number", "entry", "operand", "head_dims", "gqa", "materialize_
 
 # C++ enumerator spellings -> the Python values.
 _ENTRIES = {"kDense": "dense", "kPaged": "paged", "kQuantized": "quantized", "kMla": "mla"}
-_OPERANDS = {"kF32": "fp32", "kF16": "fp16"}
+_OPERANDS = {"kF32": "fp32", "kF16": "fp16", "kNative": "native"}
 _HEAD_DIMS: dict[str, tuple[int, ...] | None] = {"kHeadDimsAny": None, "kHeadDims64_128": (64, 128)}
 _WORKSPACES = {"kWsNone": "none", "kWsScores": "scores", "kWsRowStats": "row_stats",
                "kWsSplitPartials": "split_partials"}
@@ -48,8 +48,9 @@ class CudaGeneration:
 
     id: str  # generation id, as in attn_core.generations ("v4_fused")
     number: int  # the stable integer the binding dispatches on (C++ enum Gen)
-    entry: str  # "dense" (cuda_ref.attention) | "paged" (cuda_ref.paged_attention)
-    operand: str  # what the kernel reads for q, k, v: "fp32" | "fp16" (fp16: host cast inside the call)
+    entry: str  # "dense" (cuda_ref.attention) | "paged" (cuda_ref.paged_attention) | "quantized" | "mla"
+    operand: str  # what the kernel reads for q, k, v: "fp32" | "fp16" (fp16: host cast inside the call) |
+    #               "native" (float16 / bfloat16 as given, no cast; v12_mla_tc's MMA type)
     head_dims: tuple[int, ...] | None  # supported head dims; None = any
     gqa: bool  # H_q may be a multiple of H_kv (False: MHA only)
     materializes_s: bool  # the score matrix S round-trips through HBM
@@ -64,13 +65,18 @@ class CudaGeneration:
 
         ``input_dtype``: a torch/numpy dtype or a name (``"bfloat16"``, ``"fp16"``). fp16-operand rows cast
         float32/float16/bfloat16 to fp16 (so ``"fp16"`` for all three); fp32-operand rows take float32 only
-        and raise NotImplementedError otherwise. A non-float dtype is a ValueError.
+        and raise NotImplementedError otherwise; native rows compute at float16 / bfloat16 as given
+        (``"fp16"`` / ``"bf16"``) and refuse float32. A non-float dtype is a ValueError.
         """
         name = dtype_name(input_dtype)
         if name not in _FLOAT_INPUTS:
             raise ValueError(f"input dtype must be one of {', '.join(_FLOAT_INPUTS)}; got {name}")
         if self.operand == "fp16":
             return "fp16"
+        if self.operand == "native":
+            if name == "float32":
+                raise NotImplementedError(f"{self.id} takes float16 or bfloat16 (its MMA type); got float32")
+            return "fp16" if name == "float16" else "bf16"
         if name != "float32":
             raise NotImplementedError(f"{self.id} takes float32 only (as the reference); got {name}")
         return "fp32"

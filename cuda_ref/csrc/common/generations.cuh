@@ -15,7 +15,7 @@ enum class Gen : int {
 
 // Column value sets. The spellings are the ones generations.def uses (cuda_ref/table.py maps them).
 enum class Entry : int { kDense, kPaged, kQuantized, kMla };
-enum class Operand : int { kF32, kF16 };
+enum class Operand : int { kF32, kF16, kNative };
 enum class HeadDims : int { kHeadDimsAny, kHeadDims64_128 };
 enum class Workspace : int { kWsNone, kWsScores, kWsRowStats, kWsSplitPartials };
 

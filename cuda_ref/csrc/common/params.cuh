@@ -82,6 +82,9 @@ struct AttnParams {
   int rope_dim = 0;      // decoupled rope width r (64): the remaining part of K
   int d_qk = 0;          // query/key width = kv_lora_rank + rope_dim (576)
   int d_v = 0;           // value/output width = kv_lora_rank (512)
+  KvDtype q_dtype = KvDtype::kF16;  // MLA: element type of q as the kernel reads it (v11: kF16 after the host
+                                    // cast; v12_mla_tc: kF16 or kBF16, also its MMA operand type). The binding
+                                    // sets head_dim = d_v for MLA (the partials' and the merge's width).
 
   // --- softmax and mask --------------------------------------------------------------------------------
   float scale = 0.f;  // applied to the fp32 dot, after it (§8)
