@@ -120,6 +120,8 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     """
     if kv not in ("storage", "fp16"):
         raise ValueError(f"kv must be 'storage' or 'fp16'; got {kv!r}")
+    if w.family == "mla":
+        return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
@@ -179,6 +181,37 @@ def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.n
     if every and not quant:  # every head: no gather
         return reference.to_f64(k), reference.to_f64(v), w.q_offset
     return reference.to_f64(heads(k))[:, :, hmap], reference.to_f64(heads(v))[:, :, hmap], w.q_offset
+
+
+def _mla_oracle(w, inp, subset: Subset, kv: str) -> np.ndarray:
+    """MLA (docs/mla.md): ``attn_core.oracle.mla_attention_reference`` on the subset, ``[nb, nrows, nh, L]``.
+    Keys are the whole latent, values its first ``kv_lora_rank`` columns, one latent head for every query head.
+    ``storage``: the latent gathered through the block table from the pool the kernels read (only this sequence's
+    pages leave the device), dequantized exactly for a quantized latent (the oracle on the dequantized latent);
+    ``fp16``: the dense workload-dtype latent it was quantized from. Causal uses ``q_offset = kv_len[b] - Tq``."""
+    from . import interop
+
+    quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
+    lora = int(inp.kv_lora_rank)
+    pool = inp.latent_pool
+    page = int(pool.shape[1])
+    heads = jnp.asarray(subset.heads)
+    outs = []
+    for b in subset.batches:
+        n = int(inp.kv_lens[b])
+        if kv == "storage":
+            pages = np.asarray(inp.block_table)[b, : -(-n // page)]
+            idx = jnp.asarray(pages)
+            sel = interop.dequantized(interop.take_quantized(pool, idx)) if quant else pool[idx]
+            lat = reference.gather_paged_kv(sel, np.arange(len(pages)), n)[None]  # [1, n, 1, DQK] float64
+        else:
+            lat = reference.to_f64(inp.k[b:b + 1, :n])
+        qb = reference.to_f64(inp.q[b:b + 1][:, :, heads])
+        base = n - w.q_len
+        parts = [_reference_rows(qb[:, r0:r1], lat, lat[..., :lora], causal=w.causal, scale=inp.scale,
+                                 q_offset=base + r0) for r0, r1 in subset.rows]
+        outs.append(np.concatenate(parts, axis=1))
+    return np.concatenate(outs, axis=0)
 
 
 def quantization_error(ref_quant: np.ndarray, ref_fp16: np.ndarray) -> dict[str, float]:

@@ -59,7 +59,10 @@ def base_entry(w) -> str:
 
 
 def entry_for(w) -> str:
-    """The public entry that serves a workload: ``quantized`` when it sets kv_dtype, else its family's."""
+    """The public entry that serves a workload: ``quantized`` when it sets kv_dtype, else its family's. An MLA
+    workload is always the ``mla`` entry: its quantized latent (kv_dtype) is an operand format of that entry."""
+    if w.family == "mla":
+        return "mla"
     return "quantized" if kv_dtype_of(w) else base_entry(w)
 
 
@@ -73,6 +76,8 @@ def applies(gen_id: str, w) -> bool:
 def quantized_refusal(gen_id: str, w) -> str | None:
     """Why ``gen_id`` cannot run a quantized workload it would run with fp16 KV (None: no such refusal)."""
     kvd = kv_dtype_of(w)
+    if w.family == "mla":  # the mla entry takes quantized latents; whether a kernel reads one is its supports()
+        return None
     if kvd and "quantized" not in core.get(gen_id).entries:
         return (f"{gen_id} serves the {sorted(core.get(gen_id).entries)} entries, not 'quantized': it reads KV in "
                 f"the workload dtype, not kv_dtype={kvd} (no silent fp16 run)")
@@ -82,16 +87,21 @@ def quantized_refusal(gen_id: str, w) -> str | None:
 def problem_of(w):
     """The kernel contract's ``Problem`` for a workload (paged: ``kv_len`` = pages_per_seq x page_size, the
     table width ``attn_core.paging.build_paged_kv`` gives it, as ``pallas_attn.api.problem_paged`` sees it)."""
+    import dataclasses
+
     from pallas_attn.kernels.contract import Problem
 
     entry = entry_for(w)
     kv_len, page = w.kv_len, None
-    if w.family == "paged_decode":
+    if w.family in ("paged_decode", "mla") and w.page_size:
         page = w.page_size
         kv_len = -(-w.kv_len // page) * page
+    extra = {}
+    if w.family == "mla" and "kv_lora_rank" in {f.name for f in dataclasses.fields(Problem)}:
+        extra["kv_lora_rank"] = w.kv_lora_rank  # where the contract's Problem carries it (DV of the MLA entry)
     return Problem(entry=entry, dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=kv_len, heads_q=w.heads_q,
                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal), page_size=page,
-                   kv_dtype=kv_dtype_of(w))
+                   kv_dtype=kv_dtype_of(w), **extra)
 
 
 def _not_built_facts(gen_id: str, w) -> RooflineFacts:
@@ -116,7 +126,10 @@ def _pallas_supports(gen_id: str, config: str, w, ctx: Ctx) -> Support:
     if not applies(gen_id, w):
         return Support(False, "", "n/a")
     if w.family == "mla":
-        return Support(False, "compare has no MLA input path yet", "unsupported")
+        import pallas_attn
+
+        if not callable(getattr(pallas_attn, "mla_attention", None)):
+            return Support(False, "pallas_attn exports no mla_attention entry yet", "not_built")
     why = quantized_refusal(gen_id, w)
     if why:
         return Support(False, why, "unsupported")
@@ -146,6 +159,8 @@ def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
 
     kvd = kv_dtype_of(w)
     note = f"KV {kvd}: quantized on the device over the whole cache, untimed" if kvd else ""
+    if w.family == "mla":
+        return _pallas_mla_prepare(gen_id, config, w, inp, ctx)
     if w.family == "paged_decode":
         fn = jax.jit(functools.partial(
             pallas_attn.paged_attention, scale=inp.scale, causal=w.causal, generation=gen_id,
@@ -161,6 +176,33 @@ def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
     if kvd:
         return Prepared(fn, (inp.q, inp.k_quant, inp.v_quant), "jax", "BTNH", notes=note)
     return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH")
+
+
+def _accepts(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _pallas_mla_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
+    """``pallas_attn.mla_attention`` on the workload's latent pool (bf16/fp16, or an Fp8Tensor / Nvfp4Tensor pool),
+    block table and lengths; causal offsets are the entry's default (``kv_len - Tq`` per sequence)."""
+    import jax
+
+    import pallas_attn
+
+    kw = dict(kv_lora_rank=inp.kv_lora_rank, scale=inp.scale, causal=w.causal, generation=gen_id, config=config)
+    if _accepts(pallas_attn.mla_attention, "interpret"):
+        kw["interpret"] = ctx.interpret
+    fn = jax.jit(functools.partial(pallas_attn.mla_attention, **kw))
+    kvd = kv_dtype_of(w)
+    note = (f"latent {kvd}: quantized on the device over the whole latent, then paged (untimed)" if kvd
+            else f"latent {w.dtype}, paged (page {inp.latent_pool.shape[1]})")
+    return Prepared(fn, (inp.q, inp.latent_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH", notes=note)
 
 
 def _config_order(names) -> list[str]:
@@ -263,6 +305,8 @@ def _cuda_supports(gen_id: str, row, table_error: str | None, w, ctx: Ctx) -> Su
         return Support(False, table_error, "unavailable")
     if row is None:
         return Support(False, f"{gen_id} is not built in cuda_ref yet (no row in its generation table)", "not_built")
+    if w.family == "mla":
+        return _cuda_mla_supports(gen_id, row, w, ctx)
     kvd = kv_dtype_of(w)
     if kvd:
         return Support(False, f"cuda_ref has no quantized-KV kernel wired into compare yet: cuda:{gen_id} reads KV in "
@@ -282,7 +326,81 @@ def _cuda_supports(gen_id: str, row, table_error: str | None, w, ctx: Ctx) -> Su
     return YES
 
 
+def _cuda_mla_supports(gen_id: str, row, w, ctx: Ctx) -> Support:
+    """An MLA row of cuda_ref's table: ``cuda_ref.mla_attention`` on BHND q and the workload's latent pool (a
+    cuda_ref.quant Fp8Tensor / Nvfp4Tensor pool for a quantized latent); cuda_ref's own argument checks on meta
+    tensors when it exposes them (``cuda_ref.api.validate_mla``), else the run's first call says."""
+    if row.entry != "mla":
+        return Support(False, f"cuda_ref serves {gen_id} through {row.entry!r}, not the MLA entry", "unsupported")
+    try:
+        import cuda_ref
+    except Exception as e:  # noqa: BLE001
+        return Support(False, f"cuda_ref not importable: {type(e).__name__}: {e}", "unavailable")
+    if not callable(getattr(cuda_ref, "mla_attention", None)):
+        return Support(False, "cuda_ref exports no mla_attention entry yet", "not_built")
+    validate = getattr(getattr(cuda_ref, "api", None), "validate_mla", None)
+    if callable(validate) and not kv_dtype_of(w):
+        try:
+            import torch
+
+            dt = getattr(torch, w.dtype)
+            pages, _ = _paged_capacity(w)
+            q = torch.empty((w.batch, w.heads_q, w.q_len, w.head_dim), dtype=dt, device="meta")
+            pool = torch.empty((w.batch * pages, w.page_size, 1, w.head_dim), dtype=dt, device="meta")
+            table = torch.empty((w.batch, pages), dtype=torch.int32, device="meta")
+            lens = torch.empty((w.batch,), dtype=torch.int32, device="meta")
+            validate(q, pool, table, lens, kv_lora_rank=w.kv_lora_rank, generation=gen_id, causal=w.causal,
+                     scale=None, q_offset=None)
+        except (NotImplementedError, ValueError) as e:
+            return Support(False, str(e), "unsupported")
+        except (ImportError, AttributeError, TypeError) as e:
+            return Support(False, f"cuda_ref or torch not usable here: {type(e).__name__}: {e}", "unavailable")
+    if not ctx.torch_cuda:
+        return Support(False, "needs a CUDA GPU (torch.cuda unavailable)", "unavailable")
+    return YES
+
+
+def _torch_latent_pool(inp) -> Any:
+    """The latent pool as torch tensors on the same device buffers (zero copy): a plain tensor, or a
+    cuda_ref.quant Fp8Tensor / Nvfp4Tensor whose fields are the pallas_attn.quant pool's."""
+    from pallas_attn import quant as jq
+
+    from . import interop
+
+    pool = inp.latent_pool
+    fmt = jq.kv_format(pool)
+    if fmt is None:
+        return interop.to_torch(pool)
+    from cuda_ref import quant as tq
+
+    if fmt == "fp8_e4m3":
+        return tq.Fp8Tensor(data=interop.to_torch(pool.data), scale=interop.to_torch(pool.scale))
+    return tq.Nvfp4Tensor(packed=interop.to_torch(pool.packed), micro=interop.to_torch(pool.micro),
+                          scale=interop.to_torch(pool.scale))
+
+
+def _cuda_mla_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
+    import cuda_ref
+
+    from . import interop
+
+    def make():
+        q = interop.to_torch(inp.q).transpose(1, 2).contiguous()
+        return (q, _torch_latent_pool(inp), interop.to_torch(inp.block_table), interop.to_torch(inp.kv_lens_jax()))
+    q, pool, table, lens = inp.cached("torch_mla", make)
+    fn = functools.partial(cuda_ref.mla_attention, kv_lora_rank=inp.kv_lora_rank, scale=inp.scale, causal=w.causal,
+                           generation=gen_id)
+    kvd = kv_dtype_of(w)
+    return Prepared(fn, (q, pool, table, lens), "torch", "BHND",
+                    notes="q BHND (one layout copy, untimed); latent pool, table and lengths zero-copy"
+                          + (f"; latent {kvd} (cuda_ref.quant fields of the same pool)" if kvd else ""))
+
+
 def _cuda_roofline(row, w) -> RooflineFacts:
+    if w.family == "mla":  # one latent read once (fused): charged at the latent's storage precision
+        from .roofline import kv_precision
+
+        return RooflineFacts(kv_precision(w), False, (1, 1), None, f"cuda_ref table ({row.id}; MLA latent format)")
     mat = bool(row.materializes_s)
     tile = tuple(row.tile(w.head_dim)) if mat else (1, 1)
     return RooflineFacts(row.operand_precision(w.dtype), mat, tile, None, f"cuda_ref table ({row.id})")
@@ -313,7 +431,7 @@ def _cuda_plan(row, w, ctx: Ctx) -> dict[str, Any]:
         try:
             import cuda_ref
 
-            if row.entry == "paged":
+            if row.entry in ("paged", "mla"):
                 _, n_k = _paged_capacity(w)
                 s, chunk = cuda_ref.api.split_plan(row.id, batch=w.batch, h_q=w.heads_q, h_kv=w.heads_kv,
                                                    n_q=w.q_len, n_k=n_k, head_dim=w.head_dim, num_sm=num_sm)
@@ -344,6 +462,8 @@ def _torch_paged(w, inp) -> tuple[Any, ...]:
 def _cuda_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
     import cuda_ref
 
+    if w.family == "mla":
+        return _cuda_mla_prepare(gen_id, w, inp, ctx)
     if base_entry(w) == "paged":
         q, kp, vp, table, lens, offs = _torch_paged(w, inp)
         fn = functools.partial(cuda_ref.paged_attention, causal=w.causal, scale=inp.scale, q_offset=offs,

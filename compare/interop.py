@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Inputs", "make_inputs", "torch_cuda_available", "to_torch", "to_jax", "to_jax_btnh", "kv_lengths",
+__all__ = ["Inputs", "make_inputs", "make_mla_inputs", "page_latent", "torch_cuda_available", "to_torch", "to_jax",
+           "to_jax_btnh", "kv_lengths",
            "dequantized", "take_quantized"]
 
 
@@ -70,7 +71,7 @@ def kv_lengths(w) -> np.ndarray | None:
     """Per-sequence key counts of a paged workload (None for dense ones), from their own seeded stream so
     the roofline can count ragged bytes before any input exists. Ragged: drawn in [kv_len/2, kv_len]
     (workloads.py), the longest exactly kv_len so the workload's kv_len is the real maximum."""
-    if w.family != "paged_decode":
+    if w.family not in ("paged_decode", "mla"):
         return None
     if not w.ragged:
         return np.full((w.batch,), w.kv_len, np.int32)
@@ -97,6 +98,12 @@ class Inputs:
     k_quant: Any = None
     v_quant: Any = None
     kv_dtype: str | None = None
+    # MLA workloads (make_mla_inputs): q [B, Tq, Hq, DQK]; k (and v, the same array) the dense latent
+    # [B, Tk, 1, DQK] in the workload dtype (values are its first kv_lora_rank columns); latent_pool its paged
+    # pool [num_blocks, page, 1, DQK] (an Fp8Tensor / Nvfp4Tensor pool when kv_dtype is set, with k_quant the
+    # quantized dense latent it was paged from); block_table / kv_lens as for paged workloads
+    latent_pool: Any = None
+    kv_lora_rank: int | None = None
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def cached(self, key: str, make):
@@ -120,7 +127,7 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
     (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
     if w.family == "mla":
-        raise NotImplementedError("compare has no MLA input path yet (needs the latent-cache builder)")
+        return make_mla_inputs(w, seed=seed)
     dt = jnp.dtype(w.dtype)
     # Drawn on the device (a 1e9-element KV cache takes seconds in numpy, microseconds on a GPU), seeded,
     # standard normal in float32, then cast once: every implementation and the oracle see these values.
@@ -193,3 +200,89 @@ def take_quantized(t, index) -> Any:
     if fmt == "nvfp4":
         return quant.Nvfp4Tensor(packed=t.packed[index], micro=t.micro[index], scale=t.scale)
     raise ValueError(f"not a quantized tensor: {type(t).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------- MLA
+
+
+def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax.Array]:
+    """Page a dense latent ``[B, Tk, 1, DQK]`` (a JAX array in any dtype, or a pallas_attn.quant Fp8Tensor /
+    Nvfp4Tensor of it) into ``(pool [num_blocks, page, 1, ...], block_table int32 [B, pages_per_seq])``.
+
+    The table and the page placement come from ``attn_core.paging.build_paged_latent`` (the shared builder;
+    ``build_paged_kv`` with the latent as K where it is absent), run on the host over *token indices* only
+    (int32: token ``t`` as ``-(t + 1)``, so the builder's zero padding stays 0 and any positive fill it puts in
+    spare blocks stays recognisable); every field of the latent is then gathered on the device with that one
+    index pool. So the pool holds the bytes the builder would have placed (same permutation, zeros where it pads,
+    and in its spare blocks, which no table entry points at, the builder's fill: the latent's largest magnitude,
+    for a quantized latent the largest finite code, which leaves the per-tensor scale unchanged) without copying a multi-GB latent through the host; a quantized latent is quantized first (one
+    per-tensor scale over the whole cache) and then paged, as ``pallas_attn.quant.build_paged_quantized`` does."""
+    from attn_core import paging
+    from pallas_attn import quant
+
+    fmt = quant.kv_format(latent)
+    shape = tuple(latent.shape)
+    if len(shape) != 4 or shape[2] != 1:
+        raise ValueError(f"latent must be [B, Tk, 1, DQK]; got shape {shape}")
+    b, tk = shape[0], shape[1]
+    idx = -(np.arange(b * tk, dtype=np.int32) + 1).reshape(b, tk, 1, 1)
+    builder = getattr(paging, "build_paged_latent", None)
+    if builder is not None:
+        idx_pool, table, _ = builder(idx, page_size, seed=seed, kv_lens=kv_lens)
+    else:  # the latent as K (and V): the same pool and table
+        idx_pool, _, table = paging.build_paged_kv(idx, idx, page_size, seed=seed, shuffle=True, kv_lens=kv_lens)
+    idx_pool = np.asarray(idx_pool)
+    lead = idx_pool.shape[:3]
+    gather = jnp.asarray(np.where(idx_pool < 0, -idx_pool, 0).reshape(-1))  # 0: the zero padding row
+    spare = idx_pool > 0  # the builder's spare blocks (its fill of a negative-index pool is positive)
+    spare_j = jnp.asarray(spare) if spare.any() else None
+
+    def page(field, fill):  # [B, Tk, 1, W] -> [num_blocks, page, 1, W]
+        flat = field.reshape(b * tk, field.shape[-1])
+        flat = jnp.concatenate([jnp.zeros((1, flat.shape[-1]), flat.dtype), flat])
+        out = flat[gather].reshape(*lead, field.shape[-1])
+        if spare_j is not None:
+            out = jnp.where(spare_j, jnp.asarray(fill).astype(field.dtype), out)
+        return out
+
+    if fmt == "fp8_e4m3":  # 0x7E: 448, the largest finite E4M3 code; NVFP4 0x77: level 6 twice
+        pool = quant.Fp8Tensor(data=page(latent.data, 0x7E), scale=latent.scale)
+    elif fmt == "nvfp4":
+        pool = quant.Nvfp4Tensor(packed=page(latent.packed, 0x77), micro=page(latent.micro, 0x7E), scale=latent.scale)
+    else:
+        lat = jnp.asarray(latent)
+        pool = page(lat, jnp.max(jnp.abs(lat)) if spare_j is not None else 0)
+    return pool, jnp.asarray(table, dtype=jnp.int32)
+
+
+def make_mla_inputs(w, *, seed: int | None = None) -> Inputs:
+    """An MLA workload's inputs (docs/mla.md): absorbed queries ``q [B, Tq, Hq, DQK]`` and one shared latent
+    ``[B, Tk, 1, DQK]`` (``DQK = kv_lora_rank + rope_dim``), seeded standard normal cast once to the workload
+    dtype, the latent paged into a shuffled pool of ``page_size`` (``page_latent``) with per-sequence lengths
+    (``kv_lengths``: ragged when the workload says so). A quantized workload (``kv_dtype``) quantizes the whole
+    dense latent on the device (pallas_attn.quant: one per-tensor scale; NVFP4 micro-blocks along DQK), then
+    pages every field; ``k`` keeps the workload-dtype values it was quantized from (the fp16 reference).
+    ``scale`` is 1/sqrt(DQK), the entries' default (a real model passes its own, 1/sqrt(Dn + R))."""
+    if w.family != "mla":
+        raise ValueError(f"make_mla_inputs takes an mla workload; got family {w.family!r}")
+    dt = jnp.dtype(w.dtype)
+    kq, kl = jax.random.split(jax.random.key(w.seed if seed is None else seed), 2)
+    q = jax.random.normal(kq, (w.batch, w.q_len, w.heads_q, w.head_dim), jnp.float32).astype(dt)
+    latent = jax.random.normal(kl, (w.batch, w.kv_len, 1, w.head_dim), jnp.float32).astype(dt)
+    lens = kv_lengths(w)
+    inp = Inputs(q=q, k=latent, v=latent, scale=1.0 / float(np.sqrt(w.head_dim)), kv_lens=lens,
+                 kv_lora_rank=int(w.kv_lora_rank))
+    kvd = getattr(w, "kv_dtype", None)
+    page = w.page_size or 64
+    if kvd:
+        from pallas_attn import quant
+
+        fn = {"fp8_e4m3": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}.get(kvd)
+        if fn is None:
+            raise ValueError(f"unknown kv_dtype {kvd!r}; known: fp8_e4m3, nvfp4")
+        inp.kv_dtype = kvd
+        inp.k_quant = fn(latent)
+        inp.latent_pool, inp.block_table = page_latent(inp.k_quant, page, seed=w.seed, kv_lens=lens)
+    else:
+        inp.latent_pool, inp.block_table = page_latent(latent, page, seed=w.seed, kv_lens=lens)
+    return inp

@@ -49,7 +49,7 @@ def causal_mode(w) -> str:
 
 def _dense_like(w) -> Support:
     if w.family == "mla":
-        return Support(False, "", "n/a")  # no MLA peer yet: the MLA generations' records say why
+        return Support(False, "", "n/a")  # the MLA workloads have their own peers (_mla_peer_impls)
     return YES
 
 
@@ -412,9 +412,124 @@ def _fp16_kv_only(supports, w, ctx: Ctx) -> Support:
                           "in this peer (no silent fp16 run)", "unsupported")
 
 
+# ------------------------------------------------------------------------------------------------ MLA
+# docs/mla.md "Peers". The MLA workloads' peers: an XLA implementation written here (einsum MQA over the latent),
+# and, with their reasons, JAX's own Pallas decode kernel and FlashInfer.
+
+
+def _mla_only(w) -> Support | None:
+    return None if w.family == "mla" else Support(False, "", "n/a")
+
+
+def _xla_mla_supports(w, ctx: Ctx) -> Support:
+    no = _mla_only(w)
+    if no is not None:
+        return no
+    if w.dtype not in ("float16", "bfloat16"):
+        return Support(False, f"the MLA entries take float16/bfloat16 queries; got {w.dtype}")
+    return YES
+
+
+def _xla_mla_prepare(w, inp, ctx: Ctx) -> Prepared:
+    """Absorbed MLA as plain XLA (our code): scores ``q . latent`` over all DQK columns on the dense latent, one
+    latent head broadcast to every query head (no per-head copy), masked by the sequence's length (and causal
+    offset), softmax in float32, then ``p . latent[:, :, :kv_lora_rank]`` with float32 accumulation; output in q's
+    dtype. The latent is the dense view of the pool the kernels read, made untimed (``interop.make_mla_inputs``:
+    the pages gathered = the dense latent, bit for bit); a quantized latent is dequantized inside the timed call
+    (XLA fuses it into the first product), so this peer reads the same bytes the kernels do."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import interop
+
+    lora, scale, causal, tq = int(inp.kv_lora_rank), float(inp.scale), bool(w.causal), w.q_len
+    kvd = getattr(inp, "kv_dtype", None)
+    lat = inp.k_quant if kvd else inp.k
+    # XLA's CPU backend has no bf16 x bf16 -> f32 (nor f16) dot: there the operands are widened to float32
+    # (exact) so CI checks this peer's semantics; on a GPU the products run in the workload dtype
+    wide = not ctx.jax_gpu
+
+    def fn(q, lat, lens):
+        out_dtype = q.dtype
+        t_scale = jnp.float32(1.0)
+        if kvd:  # the codes times their micro-scales, without the tensor scale: exact in bf16 and fp16 (an E4M3
+            # value, or an E2M1 level times an E4M3 micro-scale, has at most 6 significant bits and lies in
+            # [2^-10, 2688]); the float32 tensor scale multiplies the scores and the output instead
+            t_scale = lat.scale.astype(jnp.float32)
+            lat = interop.dequantized(dataclasses.replace(lat, scale=jnp.ones((), jnp.float32))).astype(q.dtype)
+        lat = lat[:, :, 0]  # [B, Tk, DQK]
+        if wide:
+            q, lat = q.astype(jnp.float32), lat.astype(jnp.float32)
+        s = jnp.einsum("bqhd,bkd->bhqk", q, lat, preferred_element_type=jnp.float32) * (scale * t_scale)
+        j = jnp.arange(lat.shape[1])[None, None, None, :]
+        vis = j < lens[:, None, None, None]
+        if causal:
+            i = jnp.arange(tq)[None, None, :, None]
+            vis &= j <= i + (lens - tq)[:, None, None, None]
+        s = jnp.where(vis, s, -jnp.inf)
+        m = jnp.max(s, axis=-1, keepdims=True)
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(s - m)
+        l = jnp.sum(p, axis=-1, keepdims=True)
+        o = jnp.einsum("bhqk,bkl->bqhl", p.astype(q.dtype), lat[..., :lora], preferred_element_type=jnp.float32)
+        o = o * (t_scale / jnp.where(l > 0, l, 1.0).transpose(0, 2, 1, 3))
+        return o.astype(out_dtype)
+
+    note = "jnp.einsum MQA over the dense latent (the pool's pages gathered once, untimed)"
+    if wide:
+        note += "; CPU backend: operands widened to float32 (exact), products and p in float32"
+    else:
+        note += f"; p cast to {w.dtype} for the PV product (fp32 accumulation)"
+    if kvd:
+        note += (f"; the {kvd} latent decoded inside the timed call to {w.dtype} without its tensor scale (exact), "
+                 "the scale applied to the float32 scores and output")
+    return Prepared(jax.jit(fn), (inp.q, lat, inp.kv_lens_jax()), "jax", "BTNH", notes=note)
+
+
+def _decode_mla_supports(w, ctx: Ctx) -> Support:
+    no = _mla_only(w)
+    if no is not None:
+        return no
+    dqk, dv = w.head_dim, w.kv_lora_rank
+    return Support(False, (
+        "jax.experimental.pallas.ops.gpu.decode_attention cannot express MLA: its kernel takes one head dim for q, "
+        f"K, V and the output (it reshapes v with q's head dim and writes o of q's shape), so V = the latent's first "
+        f"{dv} of {dqk} columns needs V = the whole latent (PV over {dqk} columns, the extra sliced off) read a "
+        f"second time as its own operand; and its Triton blocks span the whole head dim, which Triton needs a power "
+        f"of two ({dqk} is not: padding the latent to {1 << (dqk - 1).bit_length()} columns would read "
+        f"{(1 << (dqk - 1).bit_length()) / dqk:.2f}x the bytes). Not a like-for-like peer (docs/mla.md)"),
+        "unsupported")
+
+
+def _flashinfer_mla_supports(w, ctx: Ctx) -> Support:
+    no = _mla_only(w)
+    if no is not None:
+        return no
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        return Support(False, "flashinfer is not installed in this environment (docs/mla.md)", "unavailable")
+    return Support(False, "flashinfer is installed, but compare has no FlashInfer MLA path wired yet "
+                          "(its batched MLA paged-attention wrapper): not run", "unsupported")
+
+
+def _mla_peer_impls() -> list[Impl]:
+    return [
+        Impl("jax:xla_mla", "jax", None, None, "peer", "xla",
+             "absorbed MLA in XLA (jnp.einsum MQA over the dense latent, float32 softmax; written here)",
+             _xla_mla_supports, _xla_mla_prepare),
+        Impl("jax-pallas:decode_mla", "jax-pallas", None, None, "peer", "triton",
+             "jax.experimental.pallas.ops.gpu.decode_attention (mqa) asked to run MLA", _decode_mla_supports),
+        Impl("flashinfer:mla", "flashinfer", None, None, "peer", None, "FlashInfer's MLA paged decode",
+             _flashinfer_mla_supports),
+    ]
+
+
 def peer_impls() -> list[Impl]:
     out = _peer_impls()
-    return [dataclasses.replace(i, supports_fn=functools.partial(_fp16_kv_only, i.supports_fn)) for i in out]
+    # the MLA peers handle a quantized latent themselves (the XLA peer dequantizes it in its timed call)
+    return [dataclasses.replace(i, supports_fn=functools.partial(_fp16_kv_only, i.supports_fn)) for i in out] \
+        + _mla_peer_impls()
 
 
 def _peer_impls() -> list[Impl]:

@@ -15,7 +15,14 @@ declared ``dequant_ops`` (``--generation``, the quantized entry) or ``--dequant-
 
 ``--capacity``: the KV-cache capacity table instead of a prediction: bytes per token (one layer, K and V) and
 for B x N tokens, MHA (Hkv = H) and GQA (Hkv = H / --gqa-group, or 8 when --gqa-group is 1) x fp16 / fp8 /
-NVFP4 (default shape 1x32x65536x128: Llama-3-8B heads at a 64K context).
+NVFP4 (default shape 1x32x65536x128: Llama-3-8B heads at a 64K context). ``--capacity --mla``: the MLA capacity
+table instead (docs/mla.md): MHA and GQA-8 in fp16 against the MLA latent in bf16 / fp8 / NVFP4 (default shape
+1x128x65536x128 and latent 512 + 64, the reference's comparison: MHA 4294.97 MB, GQA-8 268.44 MB, NVFP4 latent
+21.23 MB).
+
+``--workloads CONFIG``: the layer-1 table of every workload of a config file (``configs/<name>.toml``) on each
+``--arch`` (comma-separated; default h100,h200) at the datasheet and at the measured ceilings
+(``MEASURED_CEILINGS``), as compare run predicts a peer (the workload's own dtype and KV / latent format, fused).
 """
 
 from __future__ import annotations
@@ -27,7 +34,25 @@ from . import hardware, roofline
 from .schema import RooflineFacts
 from .workloads import UsageError
 
-__all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "generation_facts"]
+__all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "generation_facts", "MEASURED_CEILINGS",
+           "measured_hardware", "workload_table"]
+
+# Ceilings measured on our device machines by compare's own ceilings pass (docs/compare.md, "Ceilings"), for
+# predictions made before a run (docs/mla.md). The run itself re-measures them and predicts with its own.
+#   h100: results/paged_gqa/20261122_h100 (HBM read: best of three methods, jnp.sum under CUPTI 3.18 TB/s;
+#         8192^3 matmuls: fp16 745, bf16 771, fp8 e4m3 1393 TFLOP/s; 4096^3 fp32 with TF32 off 50.7);
+#   h200: HBM read: jnp.sum under CUPTI 4.59-4.67 TB/s (docs/compare.md), the middle 4.63; matmuls: the median of
+#         the five H200 runs under results/20261121T09*_nvidia-h200 (fp16 756, bf16 786, fp8 1439, fp32 50.6).
+MEASURED_CEILINGS: dict[str, dict[str, float]] = {
+    "h100": {"hbm_bw": 3.18e12, "fp16": 745e12, "bf16": 771e12, "fp8": 1393e12, "fp32": 50.7e12},
+    "h200": {"hbm_bw": 4.63e12, "fp16": 756e12, "bf16": 786e12, "fp8": 1439e12, "fp32": 50.6e12},
+}
+
+
+def measured_hardware(key: str) -> hardware.Hardware:
+    """The table row of ``key`` with ``MEASURED_CEILINGS`` in place of the datasheet (KeyError: none measured)."""
+    c = MEASURED_CEILINGS[key]
+    return hardware.get(key).with_measured(hbm_bw=c["hbm_bw"], flops={k: v for k, v in c.items() if k != "hbm_bw"})
 
 # The reference's harness convention, not a declaration of any kernel here: the storage precision at which
 # the reference's benchmark feeds (and its roofline tool charges) each generation that Pallas does not
@@ -155,6 +180,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --kv-dtype and no --generation: ALU instructions per KV element (default 0)")
     p.add_argument("--capacity", action="store_true",
                    help="print the KV-cache capacity table (bytes per token, MHA / GQA x fp16 / fp8 / NVFP4)")
+    p.add_argument("--workloads", default=None, metavar="CONFIG",
+                   help="layer-1 table of every workload of a config (e.g. mla) on --arch (default h100,h200), "
+                        "datasheet and measured ceilings")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=run)
 
@@ -179,8 +207,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "workloads", None):
+        return workloads_cli(args)
     if getattr(args, "capacity", False):
-        return capacity(args)
+        return mla_capacity(args) if args.mla else capacity(args)
     args.shape = args.shape or (1, 8, 2048, 64)
     try:
         hw = hardware.get(args.arch)
@@ -323,4 +353,85 @@ def capacity(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['layout']:10s} {r['heads_kv']:4d} {r['format']:9s} {r['bytes_per_token']:9.0f} "
               f"{r['total_bytes'] / 1e6:11.2f} {r['vs_fp16']:8.3f}")
+    return 0
+
+
+def mla_capacity(args: argparse.Namespace) -> int:
+    """``--capacity --mla``: ``roofline.mla_capacity_table`` for --shape's H (query heads), N (tokens) x B and d
+    (the MHA / GQA head dim), the latent --kv-lora-rank + --rope-dim, GQA-(H / --gqa-group, or 8)."""
+    b, h, n, d = args.shape or (1, 128, 65536, 128)
+    tokens = b * (args.kv_len or n)
+    if args.gqa_group < 1 or h % args.gqa_group:
+        raise UsageError(f"H ({h}) must be a multiple of --gqa-group ({args.gqa_group})")
+    gqa = h // args.gqa_group if args.gqa_group > 1 else 8
+    try:
+        rows = roofline.mla_capacity_table(heads_q=h, head_dim=d, kv_lora_rank=args.kv_lora_rank,
+                                           rope_dim=args.rope_dim, tokens=tokens, gqa_heads_kv=gqa)
+    except ValueError as e:
+        raise UsageError(f"--capacity --mla: {e}") from None
+    if args.json:
+        print(json.dumps({"heads_q": h, "head_dim": d, "kv_lora_rank": args.kv_lora_rank, "rope_dim": args.rope_dim,
+                          "tokens": tokens, "rows": rows}))
+        return 0
+    print(f"cache capacity, one layer, {tokens} tokens: MHA / GQA K and V ({h} query heads, d={d}) vs the MLA latent "
+          f"({args.kv_lora_rank} + {args.rope_dim}, K and V at once; a quantized latent adds "
+          f"{roofline.LATENT_SCALE_BYTES:g} B of tensor scale) [docs/mla.md]")
+    print(f"{'layout':11s} {'format':9s} {'Hkv':>4s} {'width':>5s} {'B/token':>9s} {'total MB':>11s} "
+          f"{'vs MHA':>8s} {'vs GQA':>8s}")
+    for r in rows:
+        print(f"{r['layout']:11s} {r['format']:9s} {r['heads_kv']:4d} {r['width']:5d} {r['bytes_per_token']:9.0f} "
+              f"{r['total_bytes'] / 1e6:11.2f} {r['vs_mha']:7.1f}x {r['vs_gqa']:7.2f}x")
+    return 0
+
+
+def workload_table(config: str, archs: list[str], *, tensor_cores: bool = True) -> list[dict]:
+    """Layer 1 of every workload of ``config`` on each arch, datasheet and (where ``MEASURED_CEILINGS`` has the
+    arch) measured: a peer's prediction as compare run makes it (``roofline.problem_for`` with no declaration:
+    the workload's dtype and KV / latent format, fused; ragged batches count their real keys).
+    ``tensor_cores=False``: the products on the fp32 CUDA cores (a CUDA-core kernel such as v11_mla)."""
+    import dataclasses
+    import types
+
+    from . import interop
+    from .workloads import load_config
+
+    rows = []
+    for w in load_config(config):
+        lens = interop.kv_lengths(w)
+        wl = types.SimpleNamespace(**{**w.as_dict(), "kv_tokens": int(lens.sum())}) if (
+            lens is not None and w.ragged) else w
+        prob = roofline.problem_for(wl)
+        if not tensor_cores:
+            prob = dataclasses.replace(prob, use_tensor_core=False)
+        for key in archs:
+            for basis in ("datasheet", "measured"):
+                if basis == "measured" and key not in MEASURED_CEILINGS:
+                    continue
+                hw = measured_hardware(key) if basis == "measured" else hardware.get(key)
+                est = roofline.estimate(prob, hw)
+                rows.append({"workload": w.name, "arch": hw.key, "basis": basis, "precision": prob.precision,
+                             "engine": est.engine, "flops": est.flops, "bytes": est.bytes, "ai": est.ai,
+                             "ridge": est.ridge, "t_mma_us": est.t_mma * 1e6, "t_hbm_us": est.t_hbm * 1e6,
+                             "t_mufu_us": est.t_mufu * 1e6, "floor_us": est.floor_s * 1e6, "limiter": est.limiter})
+    return rows
+
+
+def workloads_cli(args: argparse.Namespace) -> int:
+    """``--workloads CONFIG``: ``workload_table`` printed (or as JSON)."""
+    archs = [a.strip() for a in (args.arch if args.arch != "t4" else "h100,h200").split(",") if a.strip()]
+    try:
+        archs = [hardware.get(a).key for a in archs]
+        rows = workload_table(args.workloads, archs, tensor_cores=not args.no_tensor_core)
+    except ValueError as e:
+        raise UsageError(f"--workloads: {e}") from None
+    if args.json:
+        print(json.dumps({"config": args.workloads, "rows": rows}))
+        return 0
+    print(f"layer 1 (docs/roofline.md) per workload of {args.workloads}: floor = max(t_mma, t_hbm, t_mufu); "
+          "measured = MEASURED_CEILINGS (compare/predict.py)")
+    print(f"{'workload':30s} {'arch':5s} {'basis':9s} {'prec':5s} {'AI':>7s} {'ridge':>7s} {'t_mma us':>9s} "
+          f"{'t_hbm us':>9s} {'floor us':>9s} limiter")
+    for r in rows:
+        print(f"{r['workload']:30.30s} {r['arch']:5s} {r['basis']:9s} {r['precision']:5s} {r['ai']:7.1f} "
+              f"{r['ridge']:7.1f} {r['t_mma_us']:9.2f} {r['t_hbm_us']:9.2f} {r['floor_us']:9.2f} {r['limiter']}")
     return 0

@@ -39,13 +39,14 @@ from .hardware import Hardware
 
 __all__ = ["Problem", "Estimate", "estimate", "problem_for", "workload_precision", "kv_precision", "BYTES",
            "KV_PRECISION", "SCALE_BYTES", "ALU_OPS_PER_CLK_SM", "alu_rate", "visible_pairs", "tc_ceiling_fraction",
-           "capacity_table"]
+           "capacity_table", "mla_capacity_table", "LATENT_SCALE_BYTES"]
 
 BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "nvfp4": 0.5625, "int4": 0.5}
 _DTYPE_TO_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # a workload's quantized KV format (Workload.kv_dtype) -> the storage precision whose BYTES the roofline charges
 KV_PRECISION = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4"}
 SCALE_BYTES = 8.0  # a quantized cache's two float32 per-tensor scales (K and V), read once per call
+LATENT_SCALE_BYTES = 4.0  # a quantized MLA latent's one float32 per-tensor scale (the latent is K and V)
 # integer / logic instructions (shift, LOP3, PRMT, integer add) issued per clock per SM on sm_80 / sm_90: the
 # pipe that decodes quantized KV (CUDA C++ Programming Guide, arithmetic instruction throughput table)
 ALU_OPS_PER_CLK_SM = 64
@@ -152,10 +153,11 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
     peak = hw.peak(engine)
     if p.mla:
         L, R = p.kv_lora_rank, p.rope_dim
-        pairs = p.batch * p.heads_q * p.q_len * p.kv_len
+        tokens = p.kv_tokens if p.kv_tokens is not None else p.batch * p.kv_len  # ragged: the real keys
+        pairs = p.heads_q * p.q_len * tokens
         flops = 2.0 * pairs * (L + R) + 2.0 * pairs * L
         qo_b = b if p.reference_conventions else p.io_bytes
-        nbytes = p.batch * p.kv_len * (L + R) * b + p.batch * p.heads_q * p.q_len * ((L + R) + L) * qo_b
+        nbytes = tokens * (L + R) * b + p.batch * p.heads_q * p.q_len * ((L + R) + L) * qo_b
         exps = float(pairs)
     else:
         bh = p.batch * p.heads_q
@@ -235,10 +237,17 @@ def problem_for(workload, facts=None, *, reference_conventions: bool = False) ->
     tile = tuple(facts.tile) if materialize else (1, 1)
     kv_tokens = getattr(w, "kv_tokens", None)
     if w.family == "mla":
+        # the latent at its storage precision (bf16 / fp16, or the kv_dtype format); q and O at the workload
+        # dtype's width; the MMA at the workload dtype's tensor-core rate (a quantized latent is dequantized to
+        # it before the MMA: docs/mla.md); ragged batches count their real keys
+        io = workload_precision(w)
+        engine = {"bf16": "bf16", "fp16": "fp16"}.get(io, "fp16")
         return Problem(
             batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
             precision=precision, group=w.heads_q, mla=True, kv_lora_rank=w.kv_lora_rank, rope_dim=w.rope_dim,
             causal=w.causal, q_offset=w.q_offset, reference_conventions=reference_conventions,
+            kv_tokens=kv_tokens, io_bytes=BYTES[io],
+            mma_engine="fp16" if reference_conventions else engine,
         )
     quant: dict = {}
     if quantized:
@@ -275,4 +284,38 @@ def capacity_table(*, heads_q: int, head_dim: int, tokens: int = 1, gqa_heads_kv
             base = base or total
             rows.append({"layout": layout, "heads_kv": hkv, "format": fmt, "bytes_per_token": per_token,
                          "tokens": tokens, "total_bytes": total, "vs_fp16": total / base})
+    return rows
+
+
+def mla_capacity_table(*, heads_q: int = 128, head_dim: int = 128, kv_lora_rank: int = 512, rope_dim: int = 64,
+                       tokens: int = 65536, gqa_heads_kv: int = 8) -> list[dict]:
+    """Cache bytes (one layer) of the same attention stored three ways, the reference's capacity comparison
+    (docs/reference.md §2.16, docs/mla.md): MHA (``heads_q`` K and V heads of ``head_dim``) and GQA
+    (``gqa_heads_kv`` heads) in fp16, ``2·Hkv·D·2`` B per token; the MLA latent (one vector of
+    ``kv_lora_rank + rope_dim`` per token, K and V at once) in bf16, fp8 and NVFP4, ``(L + R)·BYTES`` per token
+    plus ``LATENT_SCALE_BYTES`` once for a quantized latent. Each row has ``vs_mha`` and ``vs_gqa`` (how many
+    times less than those, > 1 = smaller). At the defaults: MHA 4294.97 MB, GQA-8 268.44 MB, NVFP4 latent
+    21.23 MB at 65536 tokens."""
+    if min(heads_q, head_dim, kv_lora_rank, tokens, gqa_heads_kv) < 1 or rope_dim < 0:
+        raise ValueError(f"sizes must be >= 1 (rope_dim >= 0); got heads_q={heads_q}, head_dim={head_dim}, "
+                         f"kv_lora_rank={kv_lora_rank}, rope_dim={rope_dim}, tokens={tokens}, "
+                         f"gqa_heads_kv={gqa_heads_kv}")
+    if heads_q % gqa_heads_kv:
+        raise ValueError(f"heads_q ({heads_q}) must be a multiple of the GQA KV heads ({gqa_heads_kv})")
+    dqk = kv_lora_rank + rope_dim
+    rows = [{"layout": "MHA", "format": "fp16", "heads_kv": heads_q, "width": head_dim,
+             "bytes_per_token": 2.0 * heads_q * head_dim * BYTES["fp16"]},
+            {"layout": f"GQA-{gqa_heads_kv}", "format": "fp16", "heads_kv": gqa_heads_kv, "width": head_dim,
+             "bytes_per_token": 2.0 * gqa_heads_kv * head_dim * BYTES["fp16"]}]
+    for fmt, prec in (("bf16", "bf16"), ("fp8_e4m3", "fp8"), ("nvfp4", "nvfp4")):
+        rows.append({"layout": "MLA latent", "format": fmt, "heads_kv": 1, "width": dqk,
+                     "bytes_per_token": dqk * BYTES[prec]})
+    for r in rows:
+        quantized = r["layout"] == "MLA latent" and r["format"] != "bf16"
+        r["tokens"] = tokens
+        r["total_bytes"] = r["bytes_per_token"] * tokens + (LATENT_SCALE_BYTES if quantized else 0.0)
+    mha, gqa = rows[0]["total_bytes"], rows[1]["total_bytes"]
+    for r in rows:
+        r["vs_mha"] = mha / r["total_bytes"]
+        r["vs_gqa"] = gqa / r["total_bytes"]
     return rows

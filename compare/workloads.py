@@ -6,10 +6,11 @@ sweep is one entry, never code. ``include = ["other.toml"]`` at the top level pu
 
 Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | mla), batch, heads_q,
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
-causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged only),
-ragged (paged only: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_dtype (the KV cache's storage
-format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output stay in ``dtype``;
-prefill, decode and paged_decode only; docs/quantized_kv.md), kv_lora_rank / rope_dim (mla),
+causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged_decode and
+mla: required), ragged (paged_decode and mla: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_dtype (the
+KV cache's storage format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output
+stay in ``dtype``; docs/quantized_kv.md; for mla the format of the latent pool, docs/mla.md), kv_lora_rank /
+rope_dim (mla: head_dim = kv_lora_rank + rope_dim, heads_kv 1, the latent pool [num_blocks, page, 1, head_dim]),
 generations / peers (restrict the implementations; default all that support the workload), tags, seed,
 devices (default 1: GPUs of one host a decode's KV cache is split over; only multi-device implementations run
 on devices > 1).
@@ -28,6 +29,7 @@ from typing import Any
 __all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir", "resolve_config"]
 
 FAMILIES = ("prefill", "decode", "paged_decode", "mla")
+PAGED_FAMILIES = ("paged_decode", "mla")  # KV read from pools through a block table (page_size, ragged)
 DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
@@ -179,9 +181,9 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
         if e["kv_dtype"] == e["dtype"]:
             e["kv_dtype"] = None  # the workload dtype spelt out: the same workload as leaving it absent
     if e["kv_dtype"] is not None:
-        if e["family"] == "mla" or e["devices"] > 1:
-            raise ConfigError(f"{where}: kv_dtype {e['kv_dtype']!r} applies to families prefill, decode and "
-                              f"paged_decode on one device; got family {e['family']!r}, devices {e['devices']}")
+        if e["devices"] > 1:
+            raise ConfigError(f"{where}: kv_dtype {e['kv_dtype']!r} applies on one device; got devices "
+                              f"{e['devices']}")
         if e["kv_dtype"] == "nvfp4" and e["head_dim"] % 16:
             raise ConfigError(f"{where}: kv_dtype 'nvfp4' has one micro-scale per 16 elements of the head dim: "
                               f"head_dim must be a multiple of 16; got {e['head_dim']}")
@@ -189,12 +191,12 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
         e["q_offset"] = 0 if e["family"] == "prefill" else e["kv_len"] - e["q_len"]
     if not isinstance(e["q_offset"], int) or e["q_offset"] < 0:
         raise ConfigError(f"{where}: q_offset must be a non-negative int; got {e['q_offset']!r}")
-    if e["family"] == "paged_decode":
+    if e["family"] in PAGED_FAMILIES:
         ps = e["page_size"]
         if not isinstance(ps, int) or ps < 1 or ps & (ps - 1):
-            raise ConfigError(f"{where}: paged_decode needs page_size, a power of two; got {ps!r}")
+            raise ConfigError(f"{where}: {e['family']} needs page_size, a power of two; got {ps!r}")
     elif e["page_size"] is not None or e["ragged"]:
-        raise ConfigError(f"{where}: page_size/ragged only apply to family 'paged_decode'")
+        raise ConfigError(f"{where}: page_size/ragged only apply to families {PAGED_FAMILIES}")
     if e["devices"] > 1 and (e["family"] != "decode" or e["kv_len"] % e["devices"]):
         raise ConfigError(f"{where}: devices > 1 (context-parallel) takes family 'decode' with kv_len a multiple of "
                           f"devices; got family {e['family']!r}, kv_len {e['kv_len']}, devices {e['devices']}")
