@@ -1,8 +1,9 @@
 // The one torch-aware file of cuda_ref: turns tensors into an AttnParams, allocates the outputs and the
 // generation's workspace, dispatches by generation id and surfaces launch errors as Python exceptions.
 //
-// Three entries, one per kind of KV operand: forward (dense BHND k/v), forward_paged (KV pools + block
-// table) and forward_paged_quant (quantized pools: fp8 / NVFP4 bytes, scales, micro-scales). What a generation accepts (entry, operand cast, head dims, GQA, LSE, split plan, workspace) comes
+// Four entries, one per kind of KV operand: forward (dense BHND k/v), forward_paged (KV pools + block
+// table), forward_paged_quant (quantized pools: fp8 / NVFP4 bytes, scales, micro-scales) and forward_mla (one
+// latent pool serving K and V: fp16 / bf16, fp8 or NVFP4). What a generation accepts (entry, operand cast, head dims, GQA, LSE, split plan, workspace) comes
 // from its row in generations.def (common/generations.cuh); nothing here names a generation.
 //
 // cuda_ref/api.py validates arguments first (with the same messages on a CPU machine); the checks here are
@@ -254,6 +255,25 @@ struct QuantKv {
   torch::Tensor k_micro, v_micro;  // NVFP4 only (undefined for fp8)
 };
 
+// Debug mode: raise ValueError for what a paged kernel reported in AttnParams::paged_error (common/paged.cuh).
+void report_paged_error(const GenInfo& g, const torch::Tensor& err, const torch::Tensor& bt, const torch::Tensor& lens,
+                        int64_t capacity, int64_t num_blocks) {
+  const torch::Tensor e = err.cpu();
+  const int32_t bad_entry = e[0].item<int32_t>(), bad_len = e[1].item<int32_t>();
+  if (bad_len > 0) {
+    const int64_t seq = bad_len - 1;
+    TORCH_CHECK_VALUE(false, msg(g.name, ": kv_lens[", seq, "] = ", lens[seq].item<int64_t>(),
+                                 " is outside [0, pages_per_seq * page_size = ", capacity, "]"));
+  }
+  if (bad_entry > 0) {
+    const int64_t flat = bad_entry - 1, pages = bt.size(1);
+    const int64_t seq = flat / pages, page = flat % pages;
+    TORCH_CHECK_VALUE(false, msg(g.name, ": block_table[", seq, "][", page, "] = ", bt[seq][page].item<int64_t>(),
+                                 " is outside [0, num_blocks = ", num_blocks, ") and page ", page,
+                                 " holds keys of sequence ", seq));
+  }
+}
+
 // Paged entry: q [B, H_q, Nq, D]; pools [num_blocks, page_size, H_kv, D]; block_table int32 [B, pages_per_seq];
 // kv_lens int32 [B]; q_offsets int32 [B] (api.py turns None / an int into it). Key j of sequence b is row
 // j % page_size of block block_table[b][j / page_size]; keys at j >= kv_lens[b] are invisible. With `quant`
@@ -341,22 +361,7 @@ std::vector<torch::Tensor> paged_impl(const GenInfo& g, torch::Tensor q, torch::
     p.paged_error = err.data_ptr<int32_t>();
   }
   std::vector<torch::Tensor> res = run(g, p, q, d, num_sm, debug, return_lse);
-  if (debug) {
-    const torch::Tensor e = err.cpu();
-    const int32_t bad_entry = e[0].item<int32_t>(), bad_len = e[1].item<int32_t>();
-    if (bad_len > 0) {
-      const int64_t seq = bad_len - 1;
-      TORCH_CHECK_VALUE(false, msg(g.name, ": kv_lens[", seq, "] = ", lens[seq].item<int64_t>(),
-                                   " is outside [0, pages_per_seq * page_size = ", capacity, "]"));
-    }
-    if (bad_entry > 0) {
-      const int64_t flat = bad_entry - 1, pages = bt.size(1);
-      const int64_t seq = flat / pages, page = flat % pages;
-      TORCH_CHECK_VALUE(false, msg(g.name, ": block_table[", seq, "][", page, "] = ", bt[seq][page].item<int64_t>(),
-                                   " is outside [0, num_blocks = ", num_blocks, ") and page ", page,
-                                   " holds keys of sequence ", seq));
-    }
-  }
+  if (debug) report_paged_error(g, err, bt, lens, capacity, num_blocks);
   return res;
 }
 
@@ -412,6 +417,131 @@ std::vector<torch::Tensor> forward_paged_quant(int64_t gen_id, int64_t kv_format
                     &quant);
 }
 
+// MLA entry (entry kMla, docs/reference.md §2.16-§2.17): q [B, H_q, N_q, DQK] fp16/bf16; ONE latent pool
+// [num_blocks, page_size, 1, W] serving K (all DQK columns) and V (the first kv_lora_rank = DV): kv_format 0 float
+// (fp16 / bf16 elements, W = DQK), 1 fp8 (uint8, W = DQK, lat_scale), 2 NVFP4 (packed uint8 W = DQK/2 + micro
+// [.., DQK/16], lat_scale). Out float32 [B, H_q, N_q, DV]. The row's operand column says how q is read (v11_mla
+// kF16: cast to fp16 here; v12_mla_tc kNative: as given). Which latent formats and (DQK, DV) templates a
+// generation reads is checked by its launcher too; api.py checks all of it first with the same words.
+std::vector<torch::Tensor> forward_mla(int64_t gen_id, int64_t kv_format, torch::Tensor q, torch::Tensor lat,
+                                       torch::Tensor lat_micro, double lat_scale, torch::Tensor block_table,
+                                       torch::Tensor kv_lens, torch::Tensor q_offsets, int64_t kv_lora_rank,
+                                       double scale, bool causal, int64_t num_sm, bool debug, bool return_lse) {
+  const GenInfo& g = row_for(gen_id, Entry::kMla);
+  TORCH_CHECK_VALUE(kv_format >= 0 && kv_format <= 2,
+                    msg("kv_format must be 0 (float), 1 (fp8) or 2 (nvfp4); got ", kv_format));
+  TORCH_CHECK_VALUE(q.dim() == 4, msg("q must be rank 4 [B, H_q, N_q, DQK]; got ", q.sizes()));
+  TORCH_CHECK_VALUE(q.is_cuda(), msg("q must be a CUDA tensor; got device ", q.device()));
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                    msg("q must be float16 or bfloat16; got ", q.scalar_type()));
+  TORCH_CHECK_VALUE(lat.dim() == 4, msg("latent_pool must be rank 4 [num_blocks, page_size, 1, W]; got ", lat.sizes()));
+  TORCH_CHECK_VALUE(lat.device() == q.device(), msg("latent_pool must be on q's device ", q.device()));
+  TORCH_CHECK_VALUE(q.numel() > 0 && lat.numel() > 0, msg("q and latent_pool must be non-empty"));
+  const bool is_float = kv_format == 0, nvfp4 = kv_format == 2;
+  if (is_float) {
+    TORCH_CHECK_VALUE(lat.scalar_type() == q.scalar_type(),
+                      msg("a float latent_pool must have q's dtype ", q.scalar_type(), "; got ", lat.scalar_type()));
+  } else {
+    TORCH_CHECK_VALUE(lat.scalar_type() == at::kByte, msg("a quantized latent pool must be uint8; got ", lat.scalar_type()));
+  }
+  const int64_t b = q.size(0), h_q = q.size(1), n_q = q.size(2), d_qk = q.size(3);
+  const int64_t num_blocks = lat.size(0), page_size = lat.size(1);
+  TORCH_CHECK_VALUE(lat.size(2) == 1, msg("latent_pool has one latent head (dim 2 must be 1); got ", lat.sizes()));
+  TORCH_CHECK_VALUE(lat.size(3) * (nvfp4 ? 2 : 1) == d_qk,
+                    msg("q and latent_pool must share DQK; got ", d_qk, " and ", lat.size(3) * (nvfp4 ? 2 : 1)));
+  TORCH_CHECK_VALUE((page_size & (page_size - 1)) == 0, msg("page_size must be a power of two; got ", page_size));
+  TORCH_CHECK_VALUE(kv_lora_rank >= 1 && kv_lora_rank <= d_qk,
+                    msg("kv_lora_rank must lie in [1, DQK = ", d_qk, "]; got ", kv_lora_rank));
+  torch::Tensor micro;
+  if (nvfp4) {
+    TORCH_CHECK_VALUE(lat_micro.dim() == 4 && lat_micro.scalar_type() == at::kByte && lat_micro.size(0) == num_blocks &&
+                          lat_micro.size(1) == page_size && lat_micro.size(2) == 1 && lat_micro.size(3) * 16 == d_qk &&
+                          d_qk % 32 == 0,
+                      msg("NVFP4 latent micro-scales must be uint8 [num_blocks, page_size, 1, DQK/16] with DQK a "
+                          "multiple of 32; got ", lat_micro.sizes()));
+    TORCH_CHECK_VALUE(lat_micro.device() == q.device(), msg("latent micro-scales must be on q's device ", q.device()));
+    micro = lat_micro.contiguous();
+  }
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
+                    msg("block_table must be int32 [B, pages_per_seq] with B=", b, "; got ", block_table.sizes()));
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt,
+                    msg("block_table must be int32; got ", block_table.scalar_type()));
+  TORCH_CHECK_VALUE(block_table.device() == q.device(), msg("block_table must be on q's device ", q.device()));
+  check_int32_vector(kv_lens, "kv_lens", q, b);
+  check_int32_vector(q_offsets, "q_offsets", q, b);
+  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+  const bool template_ok = (d_qk == 96 && kv_lora_rank == 64) || (d_qk == 160 && kv_lora_rank == 128) ||
+                           (d_qk == 576 && kv_lora_rank == 512);
+  TORCH_CHECK_NOT_IMPLEMENTED(template_ok, msg(g.name, " instantiates (DQK, kv_lora_rank) = (96, 64), (160, 128) and "
+                                               "(576, 512) only; got (", d_qk, ", ", kv_lora_rank, ")"));
+  const bool v12 = g.operand == Operand::kNative;
+  TORCH_CHECK_NOT_IMPLEMENTED(!(v12 && nvfp4) && !(!v12 && kv_format == 1),
+                              msg(g.name, v12 ? " reads fp16, bf16 or fp8 latents (NVFP4: v11_mla)"
+                                              : " reads fp16, bf16 or NVFP4 latents (fp8: v12_mla_tc)"));
+  TORCH_CHECK_NOT_IMPLEMENTED(b * h_q <= kMaxGridY && b <= kMaxGridY,
+                              msg(g.name, ": B*H_q must be <= 65535 (a grid dimension); got ", b * h_q));
+  const int64_t capacity = block_table.size(1) * page_size;
+  TORCH_CHECK_NOT_IMPLEMENTED(n_q <= kInt32Max && capacity <= kInt32Max && num_blocks <= kInt32Max,
+                              msg("sequence lengths, pages and blocks must fit in int32"));
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  // cp.async (v12) needs 16-B aligned rows: contiguous tensors whose storage starts 16-B aligned (a copy otherwise).
+  const auto aligned = [](torch::Tensor x) {
+    x = x.contiguous();
+    if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+    return x;
+  };
+  const torch::Tensor qc = aligned(g.takes_fp16() ? q.to(at::kHalf) : q);
+  const torch::Tensor lc = aligned(lat);
+  const torch::Tensor bt = block_table.contiguous(), lens = kv_lens.contiguous(), offs = q_offsets.contiguous();
+
+  AttnParams p;
+  p.q = qc.data_ptr();
+  p.k = lc.data_ptr();
+  p.v = lc.data_ptr();
+  p.q_strides = strides_of(qc);
+  p.k_strides = {lc.stride(0), lc.stride(2), lc.stride(1)};  // pool: block, head, token-in-page
+  p.v_strides = p.k_strides;
+  p.q_dtype = qc.scalar_type() == at::kBFloat16 ? KvDtype::kBF16 : KvDtype::kF16;
+  if (is_float) {
+    p.kv_dtype = lat.scalar_type() == at::kBFloat16 ? KvDtype::kBF16 : KvDtype::kF16;
+  } else {
+    p.kv_dtype = nvfp4 ? KvDtype::kNvfp4 : KvDtype::kFp8E4M3;
+    p.k_scale = static_cast<float>(lat_scale);
+    p.v_scale = p.k_scale;
+    if (nvfp4) {
+      p.k_micro_scales = micro.data_ptr<uint8_t>();
+      p.v_micro_scales = p.k_micro_scales;
+    }
+  }
+  p.batch = static_cast<int>(b);
+  p.h_q = static_cast<int>(h_q);
+  p.h_kv = 1;
+  p.n_q = static_cast<int>(n_q);
+  p.n_k = static_cast<int>(capacity);
+  p.kv_lora_rank = static_cast<int>(kv_lora_rank);
+  p.d_qk = static_cast<int>(d_qk);
+  p.d_v = static_cast<int>(kv_lora_rank);
+  p.rope_dim = static_cast<int>(d_qk - kv_lora_rank);
+  p.head_dim = p.d_v;  // the partials' and the merge's width (params.cuh)
+  p.block_table = bt.data_ptr<int32_t>();
+  p.pages_per_seq = static_cast<int>(bt.size(1));
+  p.page_size = static_cast<int>(page_size);
+  p.num_blocks = static_cast<int>(num_blocks);
+  p.kv_lens = lens.data_ptr<int32_t>();
+  p.q_offsets = offs.data_ptr<int32_t>();
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  torch::Tensor err;
+  if (debug) {
+    err = torch::zeros({2}, q.options().dtype(at::kInt));
+    p.paged_error = err.data_ptr<int32_t>();
+  }
+  std::vector<torch::Tensor> res = run(g, p, q, kv_lora_rank, num_sm, debug, return_lse);
+  if (debug) report_paged_error(g, err, bt, lens, capacity, num_blocks);
+  return res;
+}
+
 std::tuple<int64_t, int64_t> choose_splits_py(int64_t bh, int64_t n_q, int64_t n_k, int64_t num_sm) {
   TORCH_CHECK_VALUE(bh >= 1 && n_q >= 1 && n_k >= 1, msg("bh, n_q, n_k must be >= 1"));
   const int sms = num_sm > 0 ? static_cast<int>(num_sm) : device_sm_count();
@@ -459,6 +589,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("k_micro"), py::arg("v_micro"), py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"),
         py::arg("kv_lens"), py::arg("q_offsets"), py::arg("scale"), py::arg("causal"), py::arg("num_sm"),
         py::arg("debug"), py::arg("return_lse"));
+  m.def("forward_mla", &cuda_ref::forward_mla,
+        "MLA latent decode (BHND q, one latent pool [num_blocks, page_size, 1, W]); kv_format 0 float, 1 fp8, "
+        "2 nvfp4 (with micro); returns [out] or [out, lse]",
+        py::arg("gen_id"), py::arg("kv_format"), py::arg("q"), py::arg("lat"), py::arg("lat_micro"),
+        py::arg("lat_scale"), py::arg("block_table"), py::arg("kv_lens"), py::arg("q_offsets"),
+        py::arg("kv_lora_rank"), py::arg("scale"), py::arg("causal"), py::arg("num_sm"), py::arg("debug"),
+        py::arg("return_lse"));
   m.def("choose_splits", &cuda_ref::choose_splits_py, "split plan (num_splits, chunk); num_sm <= 0: device",
         py::arg("bh"), py::arg("n_q"), py::arg("n_k"), py::arg("num_sm"));
   m.def("split_plan", &cuda_ref::split_plan_py,
