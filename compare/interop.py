@@ -215,8 +215,9 @@ def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax
     spare blocks stays recognisable); every field of the latent is then gathered on the device with that one
     index pool. So the pool holds the bytes the builder would have placed (same permutation, zeros where it pads,
     and in its spare blocks, which no table entry points at, the builder's fill: the latent's largest magnitude,
-    for a quantized latent the largest finite code, which leaves the per-tensor scale unchanged) without copying a multi-GB latent through the host; a quantized latent is quantized first (one
-    per-tensor scale over the whole cache) and then paged, as ``pallas_attn.quant.build_paged_quantized`` does."""
+    for a quantized latent the largest finite code, which leaves the per-tensor scale unchanged)
+    without copying a multi-GB latent through the host; a quantized latent is quantized first (one per-tensor
+    scale over the whole cache) and then paged, as ``pallas_attn.quant.build_paged_quantized`` does."""
     from attn_core import paging
     from pallas_attn import quant
 
