@@ -224,7 +224,9 @@ def test_matches_pallas_twin(gen):
     q, k, v = _qkv(1, 2, 256, 256, 64, seed=29)
     for causal in (False, True):
         ours = cuda_ref.attention(q, k, v, causal=causal, generation=gen).cpu().numpy()
-        to_jax = [jax.numpy.asarray(x.cpu().numpy().transpose(0, 2, 1, 3)) for x in (q, k, v)]
+        # fp16-operand generations: the CUDA twin casts fp32 on the host; the Pallas twin refuses fp32 (no silent
+        # cast), so it is handed the same fp16 operands.
+        to_jax = [jax.numpy.asarray(x.cpu().numpy().transpose(0, 2, 1, 3)) for x in _kernel_operands(gen, q, k, v)]
         theirs = np.asarray(pallas_attn.attention(*to_jax, causal=causal, generation=gen), dtype=np.float32)
         theirs = theirs.transpose(0, 2, 1, 3)
         assert np.isfinite(theirs).all()
