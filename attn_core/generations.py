@@ -91,6 +91,9 @@ GENERATIONS: tuple[Generation, ...] = (
                "Hopper forward in Mosaic GPU: TMA K/V ring, wgmma, producer + two consumer warpgroups, "
                "software-pipelined softmax; GQA, causal with offset, any length, LSE; fp16 / bf16",
                "docs/fa_prefill.md", _D, frontier=True),
+    Generation("fa_mla", "mla", "v12_mla_tc",
+               "MLA decode at the DeepSeek-V3 shape (h_q 128, 512 + 64, page 64): v12_mla_tc's Mosaic GPU kernel "
+               "(TMA latent ring, wgmma QK over 576 and PV over 512, split-KV)", "docs/mla.md", _M, frontier=True),
 )
 
 _BY_ID = {g.id: g for g in GENERATIONS}

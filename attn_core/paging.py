@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["build_paged_kv"]
+__all__ = ["build_paged_kv", "build_paged_latent"]
 
 
 def _as_numpy(x: Any, name: str) -> np.ndarray:
@@ -76,3 +76,34 @@ def build_paged_kv(
         v_pool[slots] = vp[bi, lp]
         table[bi, lp] = slots
     return k_pool, v_pool, table
+
+
+def build_paged_latent(
+    latent: Any,
+    page_size: int,
+    *,
+    seed: int = 0,
+    kv_lens: Any = None,
+    spare: int = 2,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Page an MLA latent cache ``[B, Tk, 1, DQK]`` (one latent head; keys and values both read it).
+
+    Returns ``(pool [num_blocks, page_size, 1, DQK], block_table int32 [B, pages_per_seq], kv_lens int32 [B])``.
+    The pages are shuffled (``seed``) as in :func:`build_paged_kv`, which does the paging, and ``spare`` extra
+    blocks filled with the cache's largest magnitude are appended (finite, and leaving a per-tensor
+    quantization scale of the pool unchanged): no sequence's table points at them, so a kernel
+    that reads outside its table shows it. ``kv_lens`` default: ``Tk`` for every sequence.
+    """
+    lat = _as_numpy(latent, "latent")
+    if lat.shape[2] != 1:
+        raise ValueError(f"latent must be [B, Tk, 1, DQK] (one latent head); got latent.shape={lat.shape}")
+    if not isinstance(spare, (int, np.integer)) or spare < 0:
+        raise ValueError(f"spare must be a non-negative int; got {spare=!r}")
+    b, tk = lat.shape[:2]
+    lens = np.full((b,), tk, np.int64) if kv_lens is None else np.asarray(kv_lens).astype(np.int64).reshape(-1)
+    pool, _, table = build_paged_kv(lat, lat, page_size, seed=seed, kv_lens=lens)
+    if spare:
+        amax = np.abs(pool.astype(np.float64)).max() if pool.size else 0.0
+        extra = np.full((spare, *pool.shape[1:]), amax if np.isfinite(amax) else 0.0, dtype=pool.dtype)
+        pool = np.concatenate([pool, extra])
+    return pool, table, lens.astype(np.int32)

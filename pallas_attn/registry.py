@@ -62,9 +62,12 @@ ROWS: tuple[Row, ...] = (
     Row("v8_gqa_ss", "v8_gqa_ss"),
     Row("v9_fp8", "v9_fp8"),  # quantized KV: deltas on v8_gqa_ss (docs/quantized_kv.md)
     Row("v10_nvfp4", "v10_nvfp4"),
+    Row("v11_mla", "v11_mla"),  # MLA (docs/mla.md): the latent decode, CUDA cores and tensor cores
+    Row("v12_mla_tc", "v12_mla_tc"),
     Row("fa_decode", "fa_decode"),
     Row("fa_train", "fa_train"),
     Row("fa_prefill", "fa_prefill"),
+    Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}
 

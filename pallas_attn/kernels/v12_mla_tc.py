@@ -1,0 +1,535 @@
+"""v12_mla_tc: MLA latent decode on tensor cores; Hopper through Mosaic GPU (docs/reference.md §2.17, docs/mla.md).
+
+The reference planned this generation and never built it (its v12 is a scaffold that raises; the numbers it shows
+are CUTLASS example 77's on a B300). Delta from v11_mla: the query heads are the MMA's M dimension. The packed rows
+of a sequence (``r = h * Tq + t``, head-major; ``Hq * Tq`` rows, padded to 64) form 64-row tiles, and one CTA runs
+``S[64, TN] = Q[64, DQK] . L[TN, DQK]^T`` and ``O[64, DV] += P[64, TN] . L[TN, :DV]`` as wgmma on one latent
+tile that serves both products, with fp32 accumulators, a base-2 online softmax (scale * log2 e folded into one
+multiply before ``exp2``, the running max kept on raw scores) and split-KV (grid ``(row tiles, splits, B)``) whose
+fp32 partial states (normalized O, natural-log LSE) go through the shared merge (``splitkv.merge_jnp``).
+
+The Mosaic GPU kernel (config ``faithful``; ``fa_mla``'s ``default`` is this config at the DeepSeek-V3 shape,
+h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
+
+* warpgroup 2, the producer, drops to a small register budget and issues TMA copies of latent tiles (TN keys x
+  DQK) into a ``stages``-deep shared-memory ring. The block table decides which page each copy reads: one copy
+  per tile when a page holds it (page >= TN), else TN / page copies of one page each into the slot, all on the
+  slot's "loaded" barrier (which then expects that many arrivals). Page indices are clamped into the pool.
+* warpgroups 0 and 1, the consumers, split DV: consumer ``w`` owns output columns ``[w DV/2, (w+1) DV/2)``, so its
+  fp32 O accumulator is 64 x 256 (128 registers per thread at DV 512) instead of the 256 a single warpgroup would
+  need. Both wait for the same Q tile (64 x DQK, loaded once by TMA and kept in shared memory for the whole
+  split) and both compute the full ``S = Q L^T`` (K = DQK = 576) and the same softmax on it, then each runs its
+  own ``P V`` half (N = 256) with P from registers. Recomputing S in both warpgroups costs QK flops
+  (~1.5x the MMA work of the shared-P design) but needs no consumer-to-consumer handoff: the simple, obviously
+  correct first version. Each arrives on the slot's "free" barrier (two arrivals) when done with it.
+* Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
+  every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
+* Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
+  (four TMA stores per half), consumer 0 also the LSE. Shared memory at the default (TN 32, 3 stages, bf16):
+  Q 72 KiB + ring 108 KiB + staging 32 KiB = 212 KiB of the H100's 227 (TN 64 with two stages would need 248).
+  TN 32 is P V's contraction, and wgmma takes K in whole swizzle groups, so the Q tile and the ring use the
+  64-byte swizzle (32 elements) rather than 128; a page of 64 is two tiles.
+
+Latent formats on this kernel: bf16 / fp16 (q of the same dtype). An fp8 latent runs on the ``triton`` config.
+
+The Triton twin (config ``triton``, also what interpret mode runs for every config on the CPU): the same tiles
+(64 rows, TN keys, the same splits and per-split recurrence) in a plain ``pallas_call``, with ``pl.dot`` on the
+64-row tiles (wgmma on sm_90 through Triton) in 64-column chunks of the latent (Triton tensors are powers of two),
+the latent read through the block table and decoded at the gather: an ``Fp8Tensor`` latent's bytes times its
+tensor scale become the bf16 / fp16 tile the dots consume (``mla_common.LatentSource``). It is the fallback on a
+GPU where the Mosaic kernel fails, and the fp8 path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _compat
+from .._compat import pl
+from . import common as c
+from . import gqa, splitkv
+from .contract import Precision
+from .mla_common import (
+    LatentLayout,
+    LatentSource,
+    MlaKernel,
+    MlaProblem,
+    latent_storage,
+    table_poison,
+    validate_table_eagerly,
+    visible,
+)
+
+__all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes"]
+
+GEN = "v12_mla_tc"
+PASS_TWIN = f"pallas_attn_{GEN}_partial"
+PASS_MOSAIC = f"pallas_attn_{GEN}_mosaic"
+PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu")
+TEMPLATES = ((576, 512), (320, 256), (192, 128))  # (DQK, DV): rope 64, DV split in two halves of >= 64 columns
+BLOCK_M = 64  # rows per CTA: one wgmma M tile
+_LOG2E = math.log2(math.e)
+_SMEM_LIMIT = 227 * 1024
+_STAGE_COLS = 64  # fp32 output columns staged per TMA store
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaTcConfig:
+    """engine: ``mosaic`` (the Hopper kernel) or ``triton`` (the tensor-core twin; also fp8 latents). block_kv:
+    keys per latent tile (TN). stages: depth of the Mosaic kernel's latent ring. num_sm: SMs the split count
+    fills (None: this device). num_splits forces S. consumer_regs / producer_regs: Mosaic register budgets.
+    num_warps / num_stages: the Triton twin's launch knobs."""
+
+    engine: str = "mosaic"
+    block_kv: int = 32
+    stages: int = 3
+    num_sm: int | None = None
+    num_splits: int | None = None
+    consumer_regs: int = 232
+    producer_regs: int = 40
+    num_warps: int = 8
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if self.engine not in ("mosaic", "triton"):
+            raise ValueError(f"{owner}.engine must be 'mosaic' or 'triton'; got {self.engine!r}")
+        if self.block_kv not in (16, 32, 64):
+            raise ValueError(f"{owner}.block_kv must be 16, 32 or 64; got {self.block_kv}")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"{owner}.stages must be 2, 3 or 4; got {self.stages}")
+        for name in ("consumer_regs", "producer_regs"):
+            r = getattr(self, name)
+            if not (24 <= r <= 256 and r % 8 == 0):
+                raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
+        c.check_pow2(owner, "num_warps", self.num_warps)
+        c.check_positive(owner, "num_stages", self.num_stages)
+        for name in ("num_sm", "num_splits"):
+            if getattr(self, name) is not None:
+                c.check_positive(owner, name, getattr(self, name))
+
+    def splits(self, *, batch: int, rows: int, n_k: int) -> tuple[int, int]:
+        """``(S, chunk)``: enough splits that ``B x row tiles x S`` CTAs fill the SMs once (one CTA per SM: the
+        kernel holds ~212 KiB of shared memory), never more than one tile per split; chunk a multiple of TN."""
+        tn = self.block_kv
+        n_tiles = max(1, c.cdiv(max(int(n_k), 1), tn))
+        if self.num_splits is not None:
+            s = min(self.num_splits, n_tiles)
+        else:
+            base = batch * c.cdiv(rows, BLOCK_M)
+            s = max(1, min(n_tiles, c.cdiv(self.num_sm or _compat.device_sm_count(), base)))
+        chunk = c.cdiv(n_tiles, s) * tn
+        return c.cdiv(n_tiles * tn, chunk), chunk
+
+
+# "faithful": the reference's plan (QK and PV as MMAs over v11's paged latent, split-KV, the shared merge) on
+# Hopper's machinery; fa_mla's "default" is this config. "triton": the twin on the GPU (fallback, fp8 latents).
+CONFIGS = {
+    "faithful": MlaTcConfig(),
+    "triton": MlaTcConfig(engine="triton", block_kv=64),
+}
+
+
+def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
+    """Shared memory of one Mosaic CTA: the Q tile, the latent ring, the fp32 output staging, LSE and barriers."""
+    del dv
+    return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
+        + BLOCK_M * 4 + 2700
+
+
+def _heuristic(p: MlaProblem) -> MlaTcConfig:
+    if p.kv_dtype not in (None, p.dtype):  # a quantized latent: the twin decodes it at the gather
+        return CONFIGS["triton"]
+    return CONFIGS["faithful"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The Mosaic GPU kernel
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _smem_tile(shape, dtype, swizzle: int = 128):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    elems = swizzle // jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle)))
+
+
+def _swizzle(tn: int, itemsize: int) -> int:
+    """The operand swizzle: the P V product's K is the tile's TN keys, and wgmma wants K in whole swizzle
+    groups (swizzle / itemsize elements), so TN 32 at 16 bits takes the 64-byte swizzle, TN 64 the 128-byte one."""
+    return min(128, tn * itemsize)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
+                  dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    dtype = jnp.dtype(dtype_name)
+    bm, tn, ns = BLOCK_M, cfg.block_kv, cfg.stages
+    dvh = dv // 2
+    sub = min(page, tn)  # rows per TMA copy: a copy never crosses a page
+    copies = tn // sub
+    cap = pps * page
+    n_row_tiles = rows_pad // bm
+    cl = float(scale) * _LOG2E
+    f32 = jnp.float32
+    per_row_mask = causal and tq > 1
+    swz = _swizzle(tn, dtype.itemsize)
+
+    def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref,
+             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free):
+        ti = lax.axis_index("t")
+        sp = lax.axis_index("s")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        r0 = ti * bm
+        kv_len = jnp.clip(lens_ref[bi], 0, cap)
+        lo = sp * chunk
+        hi = jnp.minimum(kv_len, lo + chunk)
+        off = jnp.int32(0)
+        if causal:
+            off = jnp.clip(off_ref[bi], -tq, cap)
+            hi = jnp.minimum(hi, off + tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
+        n = lax.div(jnp.maximum(hi - lo, 0) + (tn - 1), tn)
+
+        def consumer(w: int):
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            if w == 0:
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
+            plgpu.barrier_wait(q_bar.at[0])
+            col0 = w * dvh
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            m0 = plgpu.layout_cast(jnp.full((bm,), -jnp.inf, f32), row_layout)
+            l0 = plgpu.layout_cast(jnp.full((bm,), 0.0, f32), row_layout)
+            acc0 = plgpu.layout_cast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
+
+            def mask(sc, s):
+                cols = plgpu.broadcasted_iota(jnp.int32, (bm, tn), 1, layout=plgpu.Layout.WGMMA)
+                kpos = lo + s * tn + cols
+                ok = kpos < hi
+                if per_row_mask:
+                    rws = plgpu.broadcasted_iota(jnp.int32, (bm, tn), 0, layout=plgpu.Layout.WGMMA)
+                    ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
+                return jnp.where(ok, sc, -jnp.inf)
+
+            def step(s, carry, *, masked: bool):
+                acc, m_i, l_i = carry
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(l_bar.at[slot])
+
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
+
+                sc = pl.run_state(qk)(plgpu.ACC.init(plgpu.layout_cast(jnp.zeros((bm, tn), f32),
+                                                                       plgpu.Layout.WGMMA)))
+                if masked:
+                    sc = mask(sc, s)
+                m_new = jnp.maximum(m_i, sc.max(axis=1))
+                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl  # no -inf - -inf for an all-masked row
+                alpha = jnp.exp2(m_i * cl - m_use)
+                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+                l_new = l_i * alpha + p.sum(axis=1)
+                acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
+
+                def pv(o_acc):
+                    plgpu.wgmma(o_acc, p.astype(dtype), lat_smem.at[slot, :, pl.ds(col0, dvh)])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(l_free.at[slot])
+                return acc, m_new, l_new
+
+            carry = (acc0, m0, l0)
+            if per_row_mask:
+                acc, m_i, l_i = lax.fori_loop(0, n, functools.partial(step, masked=True), carry)
+            else:
+                n_plain = jnp.maximum(n - 1, 0)
+                carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
+                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step, masked=True), carry)
+
+            empty = l_i == 0.0
+            inv = 1.0 / jnp.where(empty, 1.0, l_i)
+            out = acc * lax.broadcast_in_dim(inv, (bm, dvh), (0,))
+            for k in range(dvh // _STAGE_COLS):
+                o_stage.at[w][...] = out[:, k * _STAGE_COLS:(k + 1) * _STAGE_COLS]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_stage.at[w],
+                                        o_ref.at[bi, pl.ds(r0, bm), sp, pl.ds(col0 + k * _STAGE_COLS, _STAGE_COLS)])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            if w == 0:
+                lse_stage[...] = jnp.where(empty, -jnp.inf,
+                                           (m_i * cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 0)
+        def _c0():
+            consumer(0)
+
+        @pl.when(wg == 1)
+        def _c1():
+            consumer(1)
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n)
+            def _load(s):
+                slot = lax.rem(s, ns)
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(l_free.at[slot])
+
+                j0 = lo + s * tn
+                for i in range(copies):
+                    jj = j0 + i * sub
+                    lp = jnp.minimum(lax.div(jj, page), pps - 1)
+                    pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
+                    row = pg * page + lax.rem(jj, page)
+                    plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
+                                            l_bar.at[slot])
+
+    out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
+                jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
+    scratch = [
+        _smem_tile((bm, dqk), dtype, swz),
+        _smem_tile((ns, tn, dqk), dtype, swz),
+        _smem_tile((2, bm, _STAGE_COLS), f32),
+        plgpu.SMEM((bm,), f32),
+        plgpu.Barrier(num_arrivals=1, num_barriers=1),
+        plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=(n_row_tiles, splits, b),
+        grid_names=("t", "s", "b"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_MOSAIC,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The twin: same tiles, pl.dot on 64-row tiles (Triton on a GPU, interpret mode on the CPU)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def attend_tc(q_chunks, q_rope, src, *, lo, hi, pos, q_off, causal: bool, scale: float, tn: int,
+              base2: bool = True):
+    """Online softmax (base 2, raw running max) of 64 rows over keys ``[lo, hi)`` in tiles of ``tn`` keys;
+    scores and ``P V`` as dots with fp32 accumulation, P rounded to the tile dtype. Returns ``(m * scale *
+    log2 e, l, accs)`` (the log2-unit max ``splitkv.partial(..., base2=True)`` expects)."""
+    del base2
+    f32 = jnp.float32
+    cl = float(scale) * _LOG2E
+    rows = q_rope.shape[0]
+    n_tiles = c.cdiv(jnp.maximum(hi - lo, 0), tn)
+
+    def body(t, carry):
+        m_i, l_i, accs = carry
+        j0 = lo + t * tn
+        j = j0 + jnp.arange(tn, dtype=jnp.int32)
+        chunks, rope = src.tile(j0, j < hi)
+        sc = c.dot_nt(q_rope, rope)
+        for qx, kx in zip(q_chunks, chunks):
+            sc = sc + c.dot_nt(qx, kx)
+        sc = jnp.where(visible(j, hi, pos, q_off, causal=causal), sc, -jnp.inf)
+        m_new = jnp.maximum(m_i, jnp.max(sc, axis=1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+        alpha = jnp.exp2(m_i * cl - m_use)
+        p = jnp.exp2(sc * cl - m_use[:, None])
+        l_new = l_i * alpha + jnp.sum(p, axis=1)
+        pt = p.astype(rope.dtype)
+        accs = tuple(a * alpha[:, None] + c.dot_nn(pt, kx) for a, kx in zip(accs, chunks))
+        return m_new, l_new, accs
+
+    init = (jnp.full((rows,), -jnp.inf, f32), jnp.zeros((rows,), f32),
+            tuple(jnp.zeros((rows, x.shape[1]), f32) for x in q_chunks))
+    m_i, l_i, accs = lax.fori_loop(0, n_tiles, body, init)
+    return m_i * cl, l_i, accs
+
+
+@functools.cache
+def _attend(causal: bool, scale: float, tn: int):
+    return functools.partial(attend_tc, causal=causal, scale=scale, tn=tn, base2=True)
+
+
+def _twin_kernel(q_ref, lat_ref, bt_ref, lens_ref, off_ref, *refs, rows: int, tq: int, chunk: int, causal: bool,
+                 lay: LatentLayout, attend, n_quant: int):
+    quant_refs, (o_ref, lse_ref) = refs[:n_quant], refs[n_quant:]
+    scale_l = quant_refs[-1][0] if n_quant else None
+    t, sp, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    kv_len = jnp.clip(lens_ref[b], 0, lay.capacity)
+    r = t * BLOCK_M + jnp.arange(BLOCK_M, dtype=jnp.int32)
+    row_ok = r < rows
+    row0 = b * rows + t * BLOCK_M
+
+    def q_piece(c0: int, w: int):
+        return _compat.load(q_ref.at[pl.ds(row0, BLOCK_M), pl.ds(c0, w)],
+                            mask=jnp.broadcast_to(row_ok[:, None], (BLOCK_M, w)), other=0.0)
+
+    q_chunks = [q_piece(i * lay.cw, lay.cw) for i in range(lay.chunks)]
+    q_rope = q_piece(lay.dv, lay.rope)
+    pos = r % tq
+    lo = sp * chunk
+    hi = jnp.minimum(kv_len, lo + chunk)
+    q_off = None
+    if causal:
+        q_off = jnp.clip(off_ref[b], -tq, lay.capacity)
+        hi = jnp.minimum(hi, q_off + tq)
+    src = LatentSource(lay, lat_ref, bt_ref, b=b, scale=scale_l)
+    m, l, accs = attend(q_chunks, q_rope, src, lo=lo, hi=hi, pos=pos, q_off=q_off)
+    for i, acc in enumerate(accs):
+        o, lse = splitkv.partial(m, l, acc, base2=True)
+        _compat.store(o_ref.at[pl.ds(row0, BLOCK_M), sp, pl.ds(i * lay.cw, lay.cw)], o,
+                      mask=jnp.broadcast_to(row_ok[:, None], (BLOCK_M, lay.cw)))
+    _compat.store(lse_ref.at[pl.ds(row0, BLOCK_M), sp], lse, mask=row_ok)
+
+
+def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
+          cfg: MlaTcConfig, interpret: bool):
+    b, tq, hq, dqk = q.shape
+    num_pages, page = data.shape[:2]
+    fmt = "fp8_e4m3" if quant_ops else None
+    tn = cfg.block_kv
+    lay = LatentLayout(dqk=dqk, dv=dv, tn=tn, page=page, pages_per_seq=bt.shape[1], num_pages=num_pages, fmt=fmt,
+                       tile_dtype=jnp.dtype(q.dtype).name, gather=page < tn or chunk % tn != 0)
+    rows = hq * tq
+    params = None if interpret else _compat.triton_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return pl.pallas_call(
+        functools.partial(_twin_kernel, rows=rows, tq=tq, chunk=chunk, causal=causal, lay=lay,
+                          attend=_attend(causal, scale, tn), n_quant=len(quant_ops)),
+        out_shape=(jax.ShapeDtypeStruct((b * rows, splits, dv), jnp.float32),
+                   jax.ShapeDtypeStruct((b * rows, splits), jnp.float32)),
+        grid=(c.cdiv(rows, BLOCK_M), splits, b),
+        compiler_params=params,
+        interpret=interpret,
+        name=PASS_TWIN,
+    )(gqa.pack_q(q, 1), data.reshape(num_pages * page, data.shape[-1]), bt.reshape(-1), lens, off, *quant_ops)
+
+
+def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
+            cfg: MlaTcConfig):
+    b, tq, hq, dqk = q.shape
+    num_pages, page = data.shape[:2]
+    rows = hq * tq
+    rows_pad = c.cdiv(rows, BLOCK_M) * BLOCK_M
+    qp = gqa.pack_q(q, 1).reshape(b, rows, dqk)
+    if rows_pad != rows:
+        qp = jnp.pad(qp, ((0, 0), (0, rows_pad - rows), (0, 0)))
+    call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
+                         chunk, bool(causal), float(scale), cfg)
+    o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
+    o = o[:, :rows].reshape(b * rows, splits, dv)
+    lse = lse.transpose(0, 2, 1)[:, :rows].reshape(b * rows, splits)
+    return o, lse
+
+
+@functools.partial(jax.jit, static_argnames=("dv", "splits", "chunk", "causal", "scale", "cfg", "interpret",
+                                             "return_lse", "check"))
+def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
+             cfg: MlaTcConfig, interpret: bool, return_lse: bool, check: bool):
+    b, tq, hq, _ = q.shape
+    if cfg.engine == "mosaic" and not interpret:
+        o_part, lse_part = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
+                                   scale=scale, cfg=cfg)
+    else:
+        o_part, lse_part = _twin(q, data, bt, lens, off, quant_ops, dv=dv, splits=splits, chunk=chunk,
+                                 causal=causal, scale=scale, cfg=cfg, interpret=interpret)
+    o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
+    out = gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1)
+    if check:
+        poison = table_poison(bt, lens, num_pages=data.shape[0], page=data.shape[1])
+        out = jnp.where(poison[:, None, None, None], jnp.asarray(jnp.nan, out.dtype), out)
+    if not return_lse:
+        return out
+    lse = gqa.unpack_lse(lse, b, tq, hq)
+    if check:
+        lse = jnp.where(poison[:, None, None], jnp.float32(jnp.nan), lse)
+    return out, lse
+
+
+def mla_forward(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, causal: bool, scale: float, q_offset,
+                interpret: bool, config: MlaTcConfig = CONFIGS["faithful"], return_lse: bool = False,
+                check_block_table: bool = True):
+    """v12_mla_tc on validated inputs (``pallas_attn.mla_attention``)."""
+    if not isinstance(config, MlaTcConfig):
+        raise ValueError(f"{GEN}: config must be an MlaTcConfig; got {config!r}")
+    b, tq, hq, dqk = q.shape
+    if (dqk, kv_lora_rank) not in TEMPLATES:
+        raise NotImplementedError(f"{GEN} takes (DQK, kv_lora_rank) in {list(TEMPLATES)}; got ({dqk}, {kv_lora_rank})")
+    fmt, data, _, scale_l = latent_storage(latent_pool)
+    if fmt not in (None, "fp8_e4m3"):
+        raise NotImplementedError(f"{GEN} reads bf16 / fp16 or fp8_e4m3 latents; got {fmt} (NVFP4: v11_mla)")
+    if fmt is not None and config.engine == "mosaic":
+        raise NotImplementedError(f"{GEN}: the Mosaic GPU kernel reads bf16 / fp16 latents; an fp8 latent runs on "
+                                  "config='triton' (or config=None, which picks it)")
+    num_pages, page = data.shape[:2]
+    if config.engine == "mosaic" and not interpret:
+        if page < 8:
+            raise NotImplementedError(f"{GEN}: the Mosaic kernel copies whole pages of >= 8 rows; got page {page} "
+                                      "(config='triton' takes any page)")
+        need = smem_bytes(dqk, kv_lora_rank, jnp.dtype(q.dtype).itemsize, config)
+        if need > _SMEM_LIMIT:
+            raise ValueError(f"{GEN}: config {config} needs {need} bytes of shared memory (limit {_SMEM_LIMIT})")
+    if check_block_table:
+        validate_table_eagerly(block_table, kv_lens, num_pages=num_pages, page=page)
+    s, chunk = config.splits(batch=b, rows=hq * tq, n_k=block_table.shape[1] * page)
+    quant_ops = () if fmt is None else (scale_l[None],)
+    return _forward(q, data, block_table, kv_lens, q_offset.astype(jnp.int32), quant_ops, dv=int(kv_lora_rank),
+                    splits=s, chunk=chunk, causal=bool(causal), scale=float(scale), cfg=config,
+                    interpret=bool(interpret), return_lse=bool(return_lse), check=bool(check_block_table))
+
+
+def _plan(p: MlaProblem, cfg: MlaTcConfig) -> dict:
+    rows = p.heads_q * p.q_len
+    s, chunk = cfg.splits(batch=p.batch, rows=rows, n_k=p.kv_len)
+    dv = p.kv_lora_rank or dict(TEMPLATES).get(p.head_dim, 0)
+    out = {"engine": cfg.engine, "splits": s, "chunk": chunk, "block_m": BLOCK_M, "block_kv": cfg.block_kv,
+           "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch, "merge": "splitkv.merge_jnp"}
+    if cfg.engine == "mosaic":
+        out.update(stages=cfg.stages, warpgroups=3, smem_bytes=smem_bytes(p.head_dim, dv, 2, cfg))
+    return out
+
+
+_TC = ("wgmma (Mosaic GPU) on 16-bit Q and latent tiles from shared memory, P from registers, fp32 accumulation; "
+       "the latent tile serves QK (all DQK columns) and PV (its first DV columns)")
+_FP8 = ("fp8 E4M3 latent decoded at the gather (byte -> fp16 exact, times the tensor scale in fp32, rounded to q's "
+        "16-bit dtype), then tensor-core dots with fp32 accumulation (the triton config)")
+
+KERNEL = MlaKernel(
+    name=GEN,
+    lowering="mosaic-gpu",
+    passes=PASS_NAMES,
+    config_cls=MlaTcConfig,
+    configs=CONFIGS,
+    entries=frozenset({"mla"}),
+    dtypes=("float16", "bfloat16"),
+    precision={"float16": Precision("fp16", "fp32", "tensor", _TC),
+               "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
+    head_dims=tuple(d for d, _ in TEMPLATES),
+    gqa=True,
+    max_q_len=None,
+    mla=mla_forward,
+    heuristic=_heuristic,
+    plan=_plan,
+    templates=TEMPLATES,
+    latent_precision={"fp8_e4m3": Precision("fp8", "fp32", "tensor", _FP8)},
+    latent_q_dtypes={"fp8_e4m3": ("float16", "bfloat16")},
+    kv_dequant_ops={"fp8_e4m3": 3.0},
+    min_page=1,
+)
