@@ -297,4 +297,38 @@ def test_lowers_for_cuda_as_declared(gen, config):
                 if k.lowering == "triton":
                     assert text.count("xla.gpu.triton") >= len(names)
                 lowered += 1
+    if "mla" in entries:
+        lowered += _lower_mla(k, gen, config)
     assert lowered, f"{gen}:{config} lowered no shape"
+
+
+def _lower_mla(k, gen: str, config: str) -> int:
+    """An MLA kernel lowered for CUDA: every template at a decode shape (page 16), the first also causal with
+    Tq = 3 at page 64, each latent format the config reads (a Mosaic config reads 16-bit latents only)."""
+    from pallas_attn import quant
+    from pallas_attn.mla import mla_attention
+
+    dt = jnp.dtype(k.dtypes[-1])
+    mosaic = getattr(registry.configs(gen)[config], "engine", None) == "mosaic"
+    n = 0
+    for i, (dqk, dv) in enumerate(k.templates):
+        for b, tq, hq, page, causal in [(2, 1, 16, 16, False)] + ([(2, 3, 8, 64, True)] if i == 0 else []):
+            q = jax.ShapeDtypeStruct((b, tq, hq, dqk), dt)
+            shape, bt = (b * 4, page, 1, dqk), jax.ShapeDtypeStruct((b, 4), jnp.int32)
+            lens = jax.ShapeDtypeStruct((b,), jnp.int32)
+            pools = [jax.ShapeDtypeStruct(shape, dt)]
+            for fmt in k.latent_precision if not mosaic else ():
+                pools.append(_quantized_struct(fmt, shape))
+            for pool in pools:
+                qq = q if quant.kv_format(pool) is None else jax.ShapeDtypeStruct(q.shape, k.latent_q_dtypes[
+                    quant.kv_format(pool)][0])
+                traced = jax.jit(lambda q, p, bt, lens, c=causal, dv=dv: mla_attention(
+                    q, p, bt, lens, kv_lora_rank=dv, causal=c, generation=gen, config=config, interpret=False,
+                    check_block_table=False)).trace(qq, pool, bt, lens)
+                text = traced.lower(lowering_platforms=("cuda",)).as_text()
+                names = set(re.findall(r"pallas_attn_\w+", text))
+                assert names and names <= set(k.passes), (names, k.passes)
+                if k.lowering == "triton" or not mosaic:
+                    assert text.count("xla.gpu.triton") >= 1
+                n += 1
+    return n
