@@ -1,9 +1,10 @@
-"""cuda_ref: our own CUDA C++ twins of the reference's kernel generations (v1_naive ... v10_nvfp4 so far;
-MLA rows not yet built: ``cuda_ref.table()`` says which).
+"""cuda_ref: our own CUDA C++ twins of the reference's kernel generations (v1_naive ... v12_mla_tc;
+``cuda_ref.table()`` lists them).
 
 Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out, optionally the row log-sum-exp),
 ``paged_attention`` (paged KV pools + block table, BHND q: v7_paged and the v8 family on fp16 pools, v9_fp8 /
-v10_nvfp4 on ``cuda_ref.quant`` pools),
+v10_nvfp4 on ``cuda_ref.quant`` pools), ``mla_attention`` (absorbed MLA decode over one paged latent pool:
+v11_mla on CUDA cores, v12_mla_tc on tensor cores),
 ``table`` (the generation table, one ``CudaGeneration`` per row of ``csrc/generations.def``),
 ``generations`` (ids built), ``choose_splits`` (the split-KV heuristic of ``attn_core.splits``, which the C++
 mirrors), ``REFERENCE_NUM_SM`` and the KV quantizers ``quantize_fp8_e4m3`` / ``quantize_nvfp4`` (module
@@ -11,9 +12,9 @@ mirrors), ``REFERENCE_NUM_SM`` and the KV quantizers ``quantize_fp8_e4m3`` / ``q
 neither torch nor JAX; the first kernel call builds one JIT extension (``cuda_ref.build``) and needs a CUDA GPU.
 """
 
-from .api import REFERENCE_NUM_SM, attention, choose_splits, generations, paged_attention
+from .api import REFERENCE_NUM_SM, attention, choose_splits, generations, mla_attention, paged_attention
 from .quant import quantize_fp8_e4m3, quantize_nvfp4
 from .table import CudaGeneration, table
 
-__all__ = ["attention", "paged_attention", "table", "CudaGeneration", "generations", "choose_splits",
+__all__ = ["attention", "paged_attention", "mla_attention", "table", "CudaGeneration", "generations", "choose_splits",
            "REFERENCE_NUM_SM", "quant", "quantize_fp8_e4m3", "quantize_nvfp4"]

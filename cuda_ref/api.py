@@ -41,6 +41,10 @@ __all__ = [
     "validate",
     "validate_paged",
     "PagedCall",
+    "mla_attention",
+    "validate_mla",
+    "MlaCall",
+    "MLA_TEMPLATES",
     "REFERENCE_NUM_SM",
 ]
 
@@ -150,7 +154,7 @@ def _resolve(generation: str, entry: str) -> _table.CudaGeneration:
     """The table row serving ``entry``. ValueError for an id nobody knows or a row of another entry,
     NotImplementedError for a generation attn_core knows that cuda_ref does not build."""
     calls = {"dense": "cuda_ref.attention", "paged": "cuda_ref.paged_attention",
-             "quantized": "cuda_ref.paged_attention with cuda_ref.quant pools"}
+             "quantized": "cuda_ref.paged_attention with cuda_ref.quant pools", "mla": "cuda_ref.mla_attention"}
     fn = calls.get(entry, "cuda_ref.paged_attention")
     built_here = _table.ids(entry)
     try:
@@ -602,4 +606,182 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
         res = ext.forward_paged_quant(call.gen_id, int(nvfp4), q, k_data, v_data, k_micro, v_micro,
                                       float(k_pool.scale), float(v_pool.scale), block_table, kv_lens, q_offsets,
                                       call.scale, bool(causal), call.num_sm, _debug(), bool(return_lse))
+    return (res[0], res[1]) if return_lse else res[0]
+
+
+# --- MLA entry (cuda_ref.mla_attention; v11_mla, v12_mla_tc) -------------------------------------------------------
+
+# (DQK, kv_lora_rank = DV) the MLA kernels are instantiated for (docs/reference.md §2.16), and the latent formats each
+# MLA row reads (the launchers and the binding check the same).
+MLA_TEMPLATES: tuple[tuple[int, int], ...] = ((96, 64), (160, 128), (576, 512))
+_MLA_FORMATS = {"v11_mla": ("float16", "bfloat16", "nvfp4"), "v12_mla_tc": ("float16", "bfloat16", "fp8")}
+_MLA_Q_DTYPES = ("float16", "bfloat16")
+
+
+class MlaCall(NamedTuple):
+    """What :func:`validate_mla` resolved: the binding's arguments that are not the tensors."""
+
+    gen_id: int
+    scale: float
+    num_sm: int  # 0: the device's SM count
+    q_offset: Any  # None (kv_len - N_q per sequence), an int, or the int32 [B] tensor given
+    kv_format: str  # "float16" / "bfloat16" (a float pool), "fp8" or "nvfp4" (a cuda_ref.quant tensor)
+
+
+def _latent_fields(latent_pool: Any, q: Any) -> tuple[str, tuple[int, ...], tuple[tuple[str, Any], ...]]:
+    """(format, logical shape [num_blocks, page_size, H, DQK], named data tensors) of a latent pool, or ValueError."""
+    fmt = _kv_format(latent_pool)
+    if fmt is None:
+        if not _is_tensor(latent_pool):
+            raise ValueError(f"latent_pool must be a torch.Tensor or a cuda_ref.quant Fp8Tensor / Nvfp4Tensor; got "
+                             f"{type(latent_pool).__name__}")
+        if latent_pool.dim() != 4:
+            raise ValueError(f"latent_pool must be rank 4 [num_blocks, page_size, 1, DQK]; got "
+                             f"latent_pool.shape={tuple(latent_pool.shape)}")
+        name = _dtype_name(latent_pool)
+        if name not in ("float16", "bfloat16"):
+            raise ValueError(f"latent_pool must be float16 or bfloat16 (or a cuda_ref.quant Fp8Tensor / Nvfp4Tensor); "
+                             f"got latent_pool.dtype={name}")
+        return name, tuple(int(x) for x in latent_pool.shape), (("latent_pool", latent_pool),)
+    shape = _check_quant_pool("latent_pool", latent_pool, fmt, q)
+    fields = ("data",) if fmt == "fp8" else ("packed", "micro")
+    return fmt, shape, tuple((f"latent_pool.{f}", getattr(latent_pool, f)) for f in fields)
+
+
+def validate_mla(q, latent_pool, block_table, kv_lens, *, kv_lora_rank, generation: str = "v11_mla",
+                 causal: bool = False, scale=None, q_offset=None, return_lse: bool = False, num_sm=None) -> MlaCall:
+    """Every check of :func:`mla_attention` that needs no GPU, in this order: argument ValueErrors (shapes, dtypes,
+    devices, the latent pool's fields; the metadata's values where readable, as :func:`validate_paged`), then the
+    generation (ValueError unknown or not an MLA row, NotImplementedError not built), then what it does not
+    support (NotImplementedError: the (DQK, kv_lora_rank) template, the latent format)."""
+    if not _is_tensor(q):
+        raise ValueError(f"q must be a torch.Tensor; got {type(q).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be rank 4 [B, H_q, N_q, DQK] (BHND); got q.shape={tuple(q.shape)}")
+    if _dtype_name(q) not in _MLA_Q_DTYPES:
+        raise ValueError(f"q must be float16 or bfloat16; got q.dtype={_dtype_name(q)}")
+    fmt, lshape, data = _latent_fields(latent_pool, q)
+    if fmt in _MLA_Q_DTYPES and fmt != _dtype_name(q):
+        raise ValueError(f"a float latent_pool must have q's dtype; got q {_dtype_name(q)}, latent_pool {fmt}")
+    for name, x in (("block_table", block_table), ("kv_lens", kv_lens)):
+        if not _is_tensor(x):
+            raise ValueError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
+    if min(q.shape) < 1:
+        raise ValueError(f"every dimension of q must be >= 1; got q.shape={tuple(q.shape)}")
+    if min(lshape) < 1:
+        raise ValueError(f"every dimension of latent_pool must be >= 1; got {lshape}")
+    b, hq, n_q, d_qk = (int(x) for x in q.shape)
+    num_blocks, page_size, heads, d_lat = lshape
+    if heads != 1:
+        raise ValueError(f"latent_pool holds one latent head: [num_blocks, page_size, 1, DQK]; got {lshape}")
+    if d_lat != d_qk:
+        raise ValueError(f"q and latent_pool must share DQK; got q DQK={d_qk}, latent_pool DQK={d_lat}")
+    if not _is_pow2(page_size):
+        raise ValueError(f"page_size (latent_pool.shape[1]) must be a power of two; got page_size={page_size}")
+    if not _is_int(kv_lora_rank) or not 1 <= kv_lora_rank <= d_qk:
+        raise ValueError(f"kv_lora_rank must be an int in [1, DQK={d_qk}]; got {kv_lora_rank=!r}")
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B={b}; got "
+                         f"block_table.shape={tuple(block_table.shape)}")
+    if _dtype_name(block_table) != "int32":
+        raise ValueError(f"block_table must be int32; got block_table.dtype={_dtype_name(block_table)}")
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != b:
+        raise ValueError(f"kv_lens must be int32 [B] with B={b}; got kv_lens.shape={tuple(kv_lens.shape)}")
+    if _dtype_name(kv_lens) != "int32":
+        raise ValueError(f"kv_lens must be int32; got kv_lens.dtype={_dtype_name(kv_lens)}")
+    q_offset_tensor = None
+    if q_offset is None:
+        pass
+    elif _is_tensor(q_offset):
+        if q_offset.dim() != 1 or q_offset.shape[0] != b or _dtype_name(q_offset) != "int32":
+            raise ValueError(f"q_offset as a tensor must be int32 [B] with B={b}; got shape "
+                             f"{tuple(q_offset.shape)}, dtype {_dtype_name(q_offset)}")
+        q_offset_tensor = q_offset
+    elif not _is_int(q_offset) or q_offset < 0:
+        raise ValueError(f"q_offset must be None, a non-negative int or an int32 [B] tensor; got {q_offset=!r}")
+    elif q_offset > _INT32_MAX:
+        raise ValueError(f"q_offset must fit in int32; got {q_offset=}")
+    for name, x in (*data, ("block_table", block_table), ("kv_lens", kv_lens), ("q_offset", q_offset_tensor)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}; got {x.device}")
+    _check_bool("causal", causal)
+    _check_bool("return_lse", return_lse)
+    s = _check_scale(scale, d_qk)
+    capacity = int(block_table.shape[1]) * page_size
+    if max(n_q, capacity, num_blocks) > _INT32_MAX:
+        raise ValueError("N_q, pages_per_seq * page_size and num_blocks must fit in int32")
+    _check_paged_values(block_table, kv_lens, q_offset, n_q=n_q, page_size=page_size, num_blocks=num_blocks,
+                        capacity=capacity, causal=causal)
+
+    _check_generation_type(generation)
+    row = _resolve(generation, "mla")
+    if (d_qk, kv_lora_rank) not in MLA_TEMPLATES:
+        raise NotImplementedError(f"{row.id} instantiates (DQK, kv_lora_rank) in {list(MLA_TEMPLATES)} only "
+                                  f"(docs/reference.md §2.16); got ({d_qk}, {kv_lora_rank})")
+    reads = _MLA_FORMATS[row.id]
+    if fmt not in reads:
+        others = [g for g, f in _MLA_FORMATS.items() if fmt in f]
+        raise NotImplementedError(f"{row.id} reads {', '.join(reads)} latents; a {fmt} latent is read by "
+                                  f"{', '.join(others) or 'no generation'}")
+    if return_lse and not row.writes_lse:
+        raise NotImplementedError(f"{row.id} does not write the log-sum-exp")
+    if b * hq > _MAX_GRID_Y:
+        raise NotImplementedError(f"B*H_q must be <= {_MAX_GRID_Y} (a CUDA grid dimension); got {b * hq}")
+    return MlaCall(row.number, s, _check_num_sm(num_sm, row), q_offset, fmt)
+
+
+def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, scale: float | None = None,
+                  causal: bool = False, q_offset=None, generation: str = "v11_mla", num_sm: int | None = None,
+                  return_lse: bool = False):
+    """Absorbed MLA decode over a paged latent cache (docs/reference.md §2.16-§2.17): MQA of every query head over
+    ONE latent head that is both K (all ``DQK`` columns) and V (its first ``kv_lora_rank`` columns).
+
+    q ``[B, H_q, N_q, DQK]`` (torch BHND, float16 or bfloat16; absorbed: content part ``q_nope · W_UK``, then
+    ``q_rope``), ``latent_pool`` ``[num_blocks, page_size, 1, DQK]`` in q's dtype, or a ``cuda_ref.quant``
+    ``Fp8Tensor`` / ``Nvfp4Tensor`` of it (quantize the pool as one tensor, one scale), ``block_table`` int32
+    ``[B, pages_per_seq]``, ``kv_lens`` int32 ``[B]`` -> float32 ``[B, H_q, N_q, kv_lora_rank]`` (the caller applies
+    ``W_UV``), and with ``return_lse=True`` also the float32 natural-log lse ``[B, H_q, N_q]``.
+
+    ``scale`` defaults to ``1/sqrt(DQK)`` as the reference; real models pass theirs (the scale of the materialized
+    attention, ``1/sqrt(Dn + R)``). Causal is top-left with an offset: key ``j`` is visible to query ``i`` iff
+    ``j <= i + q_offset``; ``q_offset=None`` is ``kv_len - N_q`` per sequence (an int or an int32 ``[B]`` tensor
+    otherwise), as :func:`paged_attention`.
+
+    ``generation``: ``v11_mla`` (default; CUDA cores, §2.16: reads fp16 / bf16 latents and NVFP4 as the
+    reference; q is cast to fp16 on the host and every latent element is rounded to fp16 in the tile) or
+    ``v12_mla_tc`` (tensor cores, mma.sync at q's dtype with fp32 accumulators; reads fp16 / bf16 latents and fp8
+    E4M3, dequantized to q's dtype in shared memory). Both take ``(DQK, kv_lora_rank)`` in :data:`MLA_TEMPLATES`.
+
+    Validation as :func:`paged_attention` (pure Python first: ValueError naming the argument; NotImplementedError
+    for what the generation does not do; bounds-checked block table: a bad entry loads NaN, and under
+    ``CUDA_REF_DEBUG=1`` the binding raises ValueError naming it). ``num_sm``: the split heuristic's SM count.
+    """
+    call = validate_mla(q, latent_pool, block_table, kv_lens, kv_lora_rank=kv_lora_rank, generation=generation,
+                        causal=causal, scale=scale, q_offset=q_offset, return_lse=return_lse, num_sm=num_sm)
+    from . import build
+
+    build.require_cuda()
+    import torch
+
+    _, _, data = _latent_fields(latent_pool, q)
+    for name, x in (("q", q), *data, ("block_table", block_table), ("kv_lens", kv_lens)):
+        if not x.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
+    n_q = q.shape[2]
+    if call.q_offset is None:
+        q_offsets = (kv_lens - n_q).to(torch.int32)
+    elif _is_tensor(call.q_offset):
+        q_offsets = call.q_offset
+    else:
+        q_offsets = torch.full((q.shape[0],), int(call.q_offset), dtype=torch.int32, device=q.device)
+    none = torch.empty(0, dtype=torch.uint8, device=q.device)
+    if call.kv_format == "fp8":
+        kv_format, lat, micro, lat_scale = 1, latent_pool.data, none, float(latent_pool.scale)
+    elif call.kv_format == "nvfp4":
+        kv_format, lat, micro, lat_scale = 2, latent_pool.packed, latent_pool.micro, float(latent_pool.scale)
+    else:
+        kv_format, lat, micro, lat_scale = 0, latent_pool, none, 1.0
+    ext = build.load()
+    res = ext.forward_mla(call.gen_id, kv_format, q, lat, micro, lat_scale, block_table, kv_lens, q_offsets,
+                          int(kv_lora_rank), call.scale, bool(causal), call.num_sm, _debug(), bool(return_lse))
     return (res[0], res[1]) if return_lse else res[0]

@@ -49,8 +49,10 @@ struct V11Smem {
 static_assert(sizeof(V11Smem<96>) == 7872 && sizeof(V11Smem<160>) == 13120 && sizeof(V11Smem<576>) == 47232,
               "v11_mla: §2.16's shared memory");
 
-template <int DQK, int DV, LatentFormat F>
+// The latent format rides as an int (LatentFormat's value) so the kernel's name reads v11_mla_partial_kernel<576, 512, 3>.
+template <int DQK, int DV, int kFormat>
 __global__ void __launch_bounds__(kV11Threads) v11_mla_partial_kernel(const MlaArgs m) {
+  constexpr LatentFormat F = static_cast<LatentFormat>(kFormat);
   static_assert(DV % 32 == 0 && DV <= DQK && DQK % 16 == 0, "v11_mla template");
   constexpr int EPT = DV / 32;
   __shared__ V11Smem<DQK> sm;
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(kV11Threads) v11_mla_partial_kernel(const MlaA
 
 template <int DQK, int DV, LatentFormat F>
 void launch_v11(const MlaArgs& m, const AttnParams& p, cudaStream_t stream) {
-  v11_mla_partial_kernel<DQK, DV, F><<<paged_grid(p, kV11Rows), kV11Threads, 0, stream>>>(m);
+  v11_mla_partial_kernel<DQK, DV, static_cast<int>(F)><<<paged_grid(p, kV11Rows), kV11Threads, 0, stream>>>(m);
   check_launch("v11_mla partial");
 }
 

@@ -150,8 +150,10 @@ static_assert(V12Layout<576, __half, false>::kBytes == 193024 && V12Layout<576, 
 
 // --- the partial kernel ----------------------------------------------------------------------------------------
 
-template <int DQK, int DV, class T, LatentFormat F>
+// The latent format rides as an int (LatentFormat's value): the kernel's name reads <576, 512, __half, 0>.
+template <int DQK, int DV, class T, int kFormat>
 __global__ void __launch_bounds__(kV12Threads, 1) v12_mla_tc_partial_kernel(const MlaArgs m) {
+  constexpr LatentFormat F = static_cast<LatentFormat>(kFormat);
   constexpr bool kFp8 = F == LatentFormat::kFp8;
   using L = V12Layout<DQK, T, kFp8>;
   constexpr int kKSteps = DQK / 16;      // QK k-steps
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(kV12Threads, 1) v12_mla_tc_partial_kernel(cons
 template <int DQK, int DV, class T, LatentFormat F>
 void launch_v12(const MlaArgs& m, const AttnParams& p, cudaStream_t stream) {
   constexpr int bytes = V12Layout<DQK, T, F == LatentFormat::kFp8>::kBytes;
-  auto kernel = v12_mla_tc_partial_kernel<DQK, DV, T, F>;
+  auto kernel = v12_mla_tc_partial_kernel<DQK, DV, T, static_cast<int>(F)>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
     check_launch("v12_mla_tc partial (shared-memory attribute)");
   }
