@@ -82,12 +82,19 @@ def _entry(gen) -> str:
 
 def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_len: int, kv_len: int,
                      head_dim: int, causal: bool, dtype: str | None, config: str | None,
-                     page_size: int = 16, kv_dtype: str | None = None) -> tuple[RooflineFacts, str]:
+                     page_size: int = 16, kv_dtype: str | None = None,
+                     kv_lora_rank: int | None = None) -> tuple[RooflineFacts, str]:
     """``(facts, what)``: the roofline facts ``gen_id`` declares for this problem and a line saying whence.
     ``kv_dtype``: the quantized entry (a quantized KV cache of that format)."""
     from pallas_attn import registry
 
     gen = registry.get(gen_id)
+    mla = "mla" in gen.entries
+    if mla and registry.built(gen_id):
+        return _mla_generation_facts(gen_id, batch=batch, heads_q=heads_q, q_len=q_len, kv_len=kv_len,
+                                     head_dim=head_dim, causal=causal, dtype=dtype, config=config,
+                                     page_size=page_size, kv_dtype=kv_dtype,
+                                     kv_lora_rank=kv_lora_rank or head_dim - 64)
     if kv_dtype is not None and "quantized" not in gen.entries:
         raise UsageError(f"--kv-dtype: {gen_id} serves the {sorted(gen.entries)} entries, not 'quantized'")
     if not registry.built(gen_id):
@@ -124,6 +131,49 @@ def generation_facts(gen_id: str, *, batch: int, heads_q: int, heads_kv: int, q_
             + f"): {facts.precision} operands"
             + (f", S materialized, tile {facts.tile[0]}x{facts.tile[1]}" if facts.materialize_s else ", fused"))
     return facts, what
+
+
+_LATENT_FORMAT = {"nvfp4": "nvfp4", "fp8": "fp8_e4m3"}  # REFERENCE_STORAGE precision -> kv_dtype
+
+
+def _mla_generation_facts(gen_id: str, *, batch: int, heads_q: int, q_len: int, kv_len: int, head_dim: int,
+                          causal: bool, dtype: str | None, config: str | None, page_size: int,
+                          kv_dtype: str | None, kv_lora_rank: int) -> tuple[RooflineFacts, str]:
+    """A built MLA generation's declared facts (docs/mla.md): the latent paged at ``page_size`` in ``kv_dtype``
+    (None: the q dtype). With neither --dtype nor --kv-dtype, the reference's input where the kernel takes it (fp16
+    q and an NVFP4 latent for v11_mla: REFERENCE_STORAGE), else the kernel's own default dtype."""
+    import dataclasses
+
+    from pallas_attn import api, registry
+    from pallas_attn.kernels.contract import Problem
+
+    kern = registry.kernel(gen_id)
+    tries = [(dtype, kv_dtype)]
+    if dtype is None and kv_dtype is None:
+        ref = _LATENT_FORMAT.get(REFERENCE_STORAGE.get(gen_id, ""))
+        tries = ([("float16", ref)] if ref else []) + [(kern.dtypes[0], None)]
+    elif dtype is None:
+        tries = [(d, kv_dtype) for d in kern.dtypes]
+    kv = -(-kv_len // page_size) * page_size
+    extra = {}
+    if "kv_lora_rank" in {f.name for f in dataclasses.fields(Problem)}:
+        extra["kv_lora_rank"] = kv_lora_rank
+    err = None
+    for dt, kvd in tries:
+        problem = Problem(entry="mla", dtype=dt, batch=batch, q_len=q_len, kv_len=kv, heads_q=heads_q, heads_kv=1,
+                          head_dim=head_dim, causal=causal, page_size=page_size, kv_dtype=kvd, **extra)
+        try:
+            kern, cfg = api.resolve(gen_id, problem, config)
+        except (NotImplementedError, ValueError) as e:
+            err = e
+            continue
+        ri = kern.roofline(problem, cfg)
+        facts = RooflineFacts(ri.precision, False, (1, 1), bool(ri.tensor_cores), f"pallas contract ({kern.name})")
+        name = next((n for n, c in registry.configs(gen_id).items() if c == cfg), "from the kernel's heuristic")
+        what = (f"{gen_id} (Pallas kernel {kern.name}, config {name}, {dt} q, latent {kvd or dt} paged at "
+                f"{page_size}): {facts.precision} latent, fused")
+        return facts, what
+    raise SystemExit(f"--generation {gen_id}: {err}")
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
@@ -221,9 +271,19 @@ def run(args: argparse.Namespace) -> int:
     dequant_ops = getattr(args, "dequant_ops", None)
     if kv_dtype is None and dequant_ops is not None:
         raise UsageError("--dequant-ops applies with --kv-dtype")
-    if kv_dtype is not None:
+    mla_gen = False
+    if args.generation is not None:
+        from pallas_attn import registry
+
+        mla_gen = "mla" in registry.get(args.generation).entries
+    if kv_dtype is not None and mla_gen:
+        if dequant_ops is not None or args.precision is not None:
+            raise UsageError("--kv-dtype with an MLA --generation is its latent's format: drop --dequant-ops / "
+                             "--precision")
+    elif kv_dtype is not None:
         if args.mla or args.materialize_s:
-            raise UsageError("--kv-dtype models the fused GQA/MHA decode path (no --mla, no --materialize-s)")
+            raise UsageError("--kv-dtype models the fused GQA/MHA decode path (no --mla, no --materialize-s); "
+                             "with an MLA --generation it is the latent's format")
         if args.generation is not None and dequant_ops is not None:
             raise UsageError("--generation declares its dequant ops: drop --dequant-ops")
         if args.precision is not None and args.precision != roofline.KV_PRECISION[kv_dtype]:
@@ -253,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
             args.dtype = "float16"  # the q dtype a quantized cache is read with (docs/quantized_kv.md)
         facts, contract = generation_facts(args.generation, batch=b, heads_q=hq, heads_kv=hkv, q_len=q_len,
                                            kv_len=kv_len, head_dim=dim, causal=args.causal, dtype=args.dtype,
-                                           config=args.config, page_size=args.page_size, kv_dtype=kv_dtype)
+                                           config=args.config, page_size=args.page_size, kv_dtype=kv_dtype,
+                                           kv_lora_rank=args.kv_lora_rank if mla else None)
         args.precision, args.materialize_s, args.tile = facts.precision, facts.materialize_s, facts.tile
         dequant_ops = facts.dequant_ops if kv_dtype is not None else None
     elif args.config is not None or args.dtype is not None:

@@ -6,9 +6,9 @@ sweep is one entry, never code. ``include = ["other.toml"]`` at the top level pu
 
 Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | mla), batch, heads_q,
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
-causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged_decode and
-mla: required), ragged (paged_decode and mla: per-sequence lengths drawn in [kv_len/2, kv_len]), kv_dtype (the
-KV cache's storage format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output
+causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged_decode:
+required; mla: default 64), ragged (paged_decode and mla: per-sequence lengths drawn in [kv_len/2, kv_len]),
+kv_dtype (the KV cache's storage format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output
 stay in ``dtype``; docs/quantized_kv.md; for mla the format of the latent pool, docs/mla.md), kv_lora_rank /
 rope_dim (mla: head_dim = kv_lora_rank + rope_dim, heads_kv 1, the latent pool [num_blocks, page, 1, head_dim]),
 generations / peers (restrict the implementations; default all that support the workload), tags, seed,
@@ -30,6 +30,7 @@ __all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir",
 
 FAMILIES = ("prefill", "decode", "paged_decode", "mla")
 PAGED_FAMILIES = ("paged_decode", "mla")  # KV read from pools through a block table (page_size, ragged)
+MLA_PAGE_SIZE = 64  # an mla workload's page_size when absent (DeepSeek-V3's serving page; docs/mla.md)
 DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
@@ -191,6 +192,8 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
         e["q_offset"] = 0 if e["family"] == "prefill" else e["kv_len"] - e["q_len"]
     if not isinstance(e["q_offset"], int) or e["q_offset"] < 0:
         raise ConfigError(f"{where}: q_offset must be a non-negative int; got {e['q_offset']!r}")
+    if e["family"] == "mla" and e["page_size"] is None:
+        e["page_size"] = MLA_PAGE_SIZE
     if e["family"] in PAGED_FAMILIES:
         ps = e["page_size"]
         if not isinstance(ps, int) or ps < 1 or ps & (ps - 1):

@@ -41,7 +41,7 @@ def test_mla_config_ships_the_issue_and_reference_workloads():
 
 
 @pytest.mark.parametrize("extra,msg", [
-    ({"page_size": None}, "mla needs page_size"),
+    ({"page_size": 48}, "mla needs page_size, a power of two"),
     ({"heads_kv": 2, "heads_q": 16}, "heads_kv must be 1"),
     ({"head_dim": 100}, "kv_lora_rank \\+ rope_dim"),
     ({"kv_dtype": "nvfp4", "head_dim": 72, "kv_lora_rank": 64, "rope_dim": 8}, "multiple of 16"),
@@ -57,6 +57,11 @@ def test_mla_workload_errors_name_the_entry(tmp_path, extra, msg):
 
 
 # ------------------------------------------------------------------------------------------ capacity
+
+
+def test_mla_page_size_defaults_to_64():
+    w = next(w for w in load_config("models") if w.family == "mla")
+    assert w.page_size == 64 and interop.kv_lengths(w).tolist() == [w.kv_len] * w.batch
 
 
 def test_mla_capacity_table_reproduces_the_reference_exactly(capsys):
