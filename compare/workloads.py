@@ -8,8 +8,8 @@ Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | ml
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
 causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged_decode:
 required; mla: default 64), ragged (paged_decode and mla: per-sequence lengths drawn in [kv_len/2, kv_len]),
-kv_dtype (the KV cache's storage format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and the output
-stay in ``dtype``; docs/quantized_kv.md; for mla the format of the latent pool, docs/mla.md), kv_lora_rank /
+kv_dtype (the KV cache's storage format, ``KV_DTYPES``: "fp8_e4m3" | "nvfp4"; absent = the workload dtype; q and
+the output stay in ``dtype``; docs/quantized_kv.md; for mla the format of the latent pool, docs/mla.md), kv_lora_rank /
 rope_dim (mla: head_dim = kv_lora_rank + rope_dim, heads_kv 1, the latent pool [num_blocks, page, 1, head_dim]),
 generations / peers (restrict the implementations; default all that support the workload), tags, seed,
 devices (default 1: GPUs of one host a decode's KV cache is split over; only multi-device implementations run
