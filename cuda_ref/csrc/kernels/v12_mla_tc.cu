@@ -147,6 +147,7 @@ struct V12Layout {
 static_assert(V12Layout<576, __half, false>::kBytes == 193024 && V12Layout<576, __half, true>::kBytes == 173568 &&
                   V12Layout<160, __half, false>::kBytes == 59904 && V12Layout<96, __half, false>::kBytes == 39424,
               "v12_mla_tc: the shared-memory plan in the file comment");
+static_assert(V12Layout<576, __half, false>::kBytes <= 227 * 1024, "v12_mla_tc: sm_90's opt-in shared memory per CTA");
 
 // --- the partial kernel ----------------------------------------------------------------------------------------
 
