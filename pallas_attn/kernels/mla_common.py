@@ -12,8 +12,9 @@ columns and the values are the latent's first DV columns. So one latent tile ser
   (one table read and a contiguous slice when a page holds the tile, else one table read per key), in column
   chunks of ``cw`` (64) columns for the DV part and one chunk of R columns for the rope part (Triton tensors are
   powers of two; 576 is not), and decoded at the gather: fp8 E4M3 bytes and NVFP4 nibbles + micro-scales times
-  the tensor scale become 16-bit tiles in the kernel's operand dtype. Page indices are clamped into the pool (no
-  out-of-bounds read, ever).
+  the tensor scale become 16-bit tiles in the kernel's operand dtype (``fold``: fp8 tiles keep the exact E4M3
+  values and the kernel multiplies the scores and the output by the tensor scale instead). Page indices are
+  clamped into the pool (no out-of-bounds read, ever).
 * ``run``: the partial skeleton every Triton-lowered MLA kernel uses (grid ``(row tiles, splits, B)``, head-major
   packed rows ``r = h * Tq + t``, the shared split state and merge) around a kernel's ``attend``.
 * ``table_poison``: the block-table / length check, in jnp: a sequence whose table points outside the pool (or
@@ -145,6 +146,7 @@ class LatentLayout:
     fmt: str | None  # None (plain), "fp8_e4m3", "nvfp4"
     tile_dtype: str  # the 16-bit dtype the products consume
     gather: bool  # a tile may straddle pages: one table read per key
+    fold: bool = False  # fp8: tiles hold the exact E4M3 values; the kernel applies the tensor scale to S and O
 
     @property
     def rope(self) -> int:
@@ -204,6 +206,8 @@ class LatentSource:
             return self._load(self.data_ref, rows, kmask, c0, w)
         if lay.fmt == "fp8_e4m3":
             x = e4m3_tile(self._load(self.data_ref, rows, kmask, c0, w), "cast")  # exact fp16
+            if lay.fold:  # every E4M3 value is exact in fp16 and in bf16: no rounding at all
+                return x.astype(dt)
             return (x.astype(jnp.float32) * self.scale).astype(dt)
         packed = self._load(self.data_ref, rows, kmask, c0 // 2, w // 2)
         micro = self._load(self.micro_ref, rows, kmask, c0 // 16, w // 16)

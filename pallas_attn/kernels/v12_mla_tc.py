@@ -35,8 +35,9 @@ Latent formats on this kernel: bf16 / fp16 (q of the same dtype). An fp8 latent 
 The Triton twin (config ``triton``, also what interpret mode runs for every config on the CPU): the same tiles
 (64 rows, TN keys, the same splits and per-split recurrence) in a plain ``pallas_call``, with ``pl.dot`` on the
 64-row tiles (wgmma on sm_90 through Triton) in 64-column chunks of the latent (Triton tensors are powers of two),
-the latent read through the block table and decoded at the gather: an ``Fp8Tensor`` latent's bytes times its
-tensor scale become the bf16 / fp16 tile the dots consume (``mla_common.LatentSource``). It is the fallback on a
+the latent read through the block table and decoded at the gather: an ``Fp8Tensor`` latent's bytes become the
+exact E4M3 values in a bf16 / fp16 tile (no rounding: every E4M3 value is representable), and the tensor scale
+multiplies the fp32 scores and the output instead (``mla_common.LatentSource``, ``fold``). It is the fallback on a
 GPU where the Mosaic kernel fails, and the fp8 path.
 """
 
@@ -115,15 +116,15 @@ class MlaTcConfig:
                 c.check_positive(owner, name, getattr(self, name))
 
     def splits(self, *, batch: int, rows: int, n_k: int) -> tuple[int, int]:
-        """``(S, chunk)``: enough splits that ``B x row tiles x S`` CTAs fill the SMs once (one CTA per SM: the
-        kernel holds ~212 KiB of shared memory), never more than one tile per split; chunk a multiple of TN."""
+        """``(S, chunk)``: as many splits as fit ``B x row tiles x S`` CTAs in one wave (one CTA per SM: the kernel
+        holds ~212 KiB of shared memory; at least one split, at least one tile per split); chunk a multiple of TN."""
         tn = self.block_kv
         n_tiles = max(1, c.cdiv(max(int(n_k), 1), tn))
         if self.num_splits is not None:
             s = min(self.num_splits, n_tiles)
         else:
             base = batch * c.cdiv(rows, BLOCK_M)
-            s = max(1, min(n_tiles, c.cdiv(self.num_sm or _compat.device_sm_count(), base)))
+            s = max(1, min(n_tiles, (self.num_sm or _compat.device_sm_count()) // base))
         chunk = c.cdiv(n_tiles, s) * tn
         return c.cdiv(n_tiles * tn, chunk), chunk
 
@@ -347,6 +348,8 @@ def attend_tc(q_chunks, q_rope, src, *, lo, hi, pos, q_off, causal: bool, scale:
         sc = c.dot_nt(q_rope, rope)
         for qx, kx in zip(q_chunks, chunks):
             sc = sc + c.dot_nt(qx, kx)
+        if src.lay.fold:
+            sc = sc * src.scale
         sc = jnp.where(visible(j, hi, pos, q_off, causal=causal), sc, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(sc, axis=1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
@@ -360,6 +363,8 @@ def attend_tc(q_chunks, q_rope, src, *, lo, hi, pos, q_off, causal: bool, scale:
     init = (jnp.full((rows,), -jnp.inf, f32), jnp.zeros((rows,), f32),
             tuple(jnp.zeros((rows, x.shape[1]), f32) for x in q_chunks))
     m_i, l_i, accs = lax.fori_loop(0, n_tiles, body, init)
+    if src.lay.fold:
+        accs = tuple(a * src.scale for a in accs)
     return m_i * cl, l_i, accs
 
 
@@ -407,7 +412,7 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
     fmt = "fp8_e4m3" if quant_ops else None
     tn = cfg.block_kv
     lay = LatentLayout(dqk=dqk, dv=dv, tn=tn, page=page, pages_per_seq=bt.shape[1], num_pages=num_pages, fmt=fmt,
-                       tile_dtype=jnp.dtype(q.dtype).name, gather=page < tn or chunk % tn != 0)
+                       tile_dtype=jnp.dtype(q.dtype).name, gather=page < tn or chunk % tn != 0, fold=fmt is not None)
     rows = hq * tq
     params = None if interpret else _compat.triton_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return pl.pallas_call(
@@ -508,8 +513,9 @@ def _plan(p: MlaProblem, cfg: MlaTcConfig) -> dict:
 
 _TC = ("wgmma (Mosaic GPU) on 16-bit Q and latent tiles from shared memory, P from registers, fp32 accumulation; "
        "the latent tile serves QK (all DQK columns) and PV (its first DV columns)")
-_FP8 = ("fp8 E4M3 latent decoded at the gather (byte -> fp16 exact, times the tensor scale in fp32, rounded to q's "
-        "16-bit dtype), then tensor-core dots with fp32 accumulation (the triton config)")
+_FP8 = ("fp8 E4M3 latent decoded at the gather to q's 16-bit dtype (exact: every E4M3 value is an fp16 and a bf16 "
+        "value), tensor-core dots with fp32 accumulation, the tensor scale applied to S and O in fp32 (the triton "
+        "config)")
 
 KERNEL = MlaKernel(
     name=GEN,
