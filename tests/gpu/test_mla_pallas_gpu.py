@@ -1,0 +1,203 @@
+"""MLA on the GPU (issue 13): v11_mla, v12_mla_tc (the Mosaic GPU kernel and its Triton twin) and fa_mla, compiled
+(``interpret=False``), against a float64 oracle, at real sizes: the DeepSeek-V3 shape (h_q 128, 512 + 64, page 64,
+S 8192, B 1 and 4), ragged lengths, causal multi-query with offsets, page 16, forced splits, the smaller templates,
+fp8 (v12 / fa_mla) and NVFP4 (v11) latents judged on the dequantized latent, NaN in -> NaN out. One timing
+line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes the records).
+
+The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
+it to attn_core.oracle.mla_attention_reference. Budget: about two minutes (``-m gpu``), most of it compiling.
+"""
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import pallas_attn  # noqa: E402
+from attn_core import formats, oracle, paging  # noqa: E402
+from pallas_attn import quant  # noqa: E402
+from pallas_attn.kernels import v12_mla_tc  # noqa: E402
+
+REL = {"float16": 2e-3, "bfloat16": 1e-2}  # relative RMS error against the float64 oracle
+MAXABS = {"float16": 4e-3, "bfloat16": 3e-2}
+
+
+def _values(pool) -> np.ndarray:
+    if isinstance(pool, quant.Fp8Tensor):
+        return formats.dequantize_fp8_e4m3(formats.Fp8Array(np.asarray(pool.data), np.float32(pool.scale)))
+    if isinstance(pool, quant.Nvfp4Tensor):
+        return formats.dequantize_nvfp4(formats.Nvfp4Array(np.asarray(pool.packed), np.asarray(pool.micro),
+                                                           np.float32(pool.scale)))
+    return np.asarray(jnp.asarray(pool).astype(jnp.float32))
+
+
+def _mqa_ref(q, pool, bt, lens, *, dv, causal=False, q_offset=None, scale=None):
+    """float64 absorbed MLA: scores over all DQK columns of the one latent head, values its first DV."""
+    qv = np.asarray(jnp.asarray(q).astype(jnp.float32), np.float64)
+    lat = np.asarray(_values(pool), np.float64)
+    b, tq, hq, dqk = qv.shape
+    scale = 1.0 / np.sqrt(dqk) if scale is None else scale
+    out, lse = np.zeros((b, tq, hq, dv)), np.full((b, hq, tq), -np.inf)
+    for i in range(b):
+        n = int(lens[i])
+        off = n - tq if q_offset is None else int(q_offset[i])
+        kv = oracle.gather_paged_kv(lat, bt[i], n)[:, 0]  # [n, DQK]
+        s = np.einsum("thd,kd->htk", qv[i], kv) * scale
+        vis = np.ones((tq, n), bool) if not causal else np.arange(n)[None, :] <= np.arange(tq)[:, None] + off
+        s = np.where(vis[None], s, -np.inf)
+        m = s.max(axis=-1, keepdims=True, initial=-np.inf)
+        ms = np.where(np.isfinite(m), m, 0.0)
+        p = np.exp(s - ms)
+        lsum = p.sum(-1, keepdims=True)
+        out[i] = np.einsum("htk,kd->thd", p / np.where(lsum > 0, lsum, 1.0), kv[:, :dv])
+        with np.errstate(divide="ignore"):
+            lse[i] = np.where(lsum[..., 0] > 0, ms[..., 0] + np.log(np.where(lsum[..., 0] > 0, lsum[..., 0], 1)),
+                              -np.inf)
+    return out, lse
+
+
+def _case(seed, *, b, tq, hq, dqk, lens, page, dtype, cap=None):
+    key = jax.random.PRNGKey(seed)
+    tk = cap or max(lens)
+    kq, kl = jax.random.split(key)
+    q = jax.random.normal(kq, (b, tq, hq, dqk), jnp.float32).astype(dtype)
+    lat = np.asarray(jax.random.normal(kl, (b, tk, 1, dqk), jnp.float32).astype(dtype).astype(jnp.float32))
+    pool, bt, kvl = paging.build_paged_latent(lat, page, seed=seed, kv_lens=lens)
+    return q, jnp.asarray(pool, dtype), jnp.asarray(bt), jnp.asarray(kvl)
+
+
+def _check(out, lse, ref, dtype, what=""):
+    ro, rl = ref
+    got = np.asarray(jnp.asarray(out).astype(jnp.float32), np.float64)
+    assert got.shape == ro.shape, what
+    rel = np.sqrt(np.mean((got - ro) ** 2)) / max(np.sqrt(np.mean(ro ** 2)), 1e-30)
+    mx = np.max(np.abs(got - ro))
+    print(f"{what}: rel RMS {rel:.2e}, max abs {mx:.2e}")
+    assert rel < REL[dtype] and mx < MAXABS[dtype], (what, rel, mx)
+    if lse is not None:
+        fin = np.isfinite(rl)
+        assert np.array_equal(np.isfinite(np.asarray(lse)), fin), what
+        np.testing.assert_allclose(np.asarray(lse)[fin], rl[fin], atol=2e-3, rtol=1e-4, err_msg=what)
+
+
+def test_oracle_is_the_core_mla_oracle():
+    """CPU only: the float64 MQA oracle here equals attn_core.oracle.mla_attention_reference (small shapes)."""
+    q, pool, bt, kl = _case(0, b=2, tq=2, hq=4, dqk=96, lens=[30, 17], page=16, dtype="float16")
+    mine = _mqa_ref(q, pool, bt, kl, dv=64, causal=True)
+    for i, n in enumerate([30, 17]):
+        lat = oracle.gather_paged_kv(_values(pool), np.asarray(bt)[i], n)[None]
+        o, lse = oracle.mla_attention_reference(np.asarray(q[i:i + 1], np.float64), lat, kv_lora_rank=64, causal=True,
+                                                q_offset=n - 2)
+        np.testing.assert_allclose(mine[0][i:i + 1], o, atol=1e-12)
+        np.testing.assert_allclose(mine[1][i:i + 1], lse, atol=1e-12)
+
+
+pytestmark_gpu = pytest.mark.gpu
+
+# (generation, config, dtype of q / plain latent)
+_DEEPSEEK = [("fa_mla", "default", "bfloat16"), ("v12_mla_tc", "faithful", "float16"),
+             ("fa_mla", "triton", "bfloat16"), ("v11_mla", "faithful", "float16")]
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize(("gen", "config", "dtype"), _DEEPSEEK)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_deepseek_shape(gen, config, dtype, batch):
+    lens = [8192] if batch == 1 else [8192, 5000, 8191, 1]
+    q, pool, bt, kl = _case(batch, b=batch, tq=1, hq=128, dqk=576, lens=lens, page=64, dtype=dtype, cap=8192)
+    out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, generation=gen, config=config,
+                                         return_lse=True, interpret=False)
+    _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512), dtype, f"{gen}:{config} B{batch} S8192")
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize("config", ["default", "triton"])
+def test_causal_multi_query_offsets_page16_and_splits(config):
+    lens = [2048, 1000]
+    q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
+    off = np.array([2045, 400])
+    out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, causal=True, config=config,
+                                         q_offset=jnp.asarray(off, jnp.int32), return_lse=True, interpret=False)
+    _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512, causal=True, q_offset=off), "bfloat16",
+           f"fa_mla:{config} causal Tq3 page16")
+    base = pallas_attn.registry.configs("fa_mla")[config]
+    cfg = v12_mla_tc.MlaTcConfig(**{**base.__dict__, "num_splits": 7})
+    out = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, config=cfg, interpret=False)
+    _check(out, None, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512), "bfloat16", f"fa_mla:{config} 7 splits")
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize(("dqk", "dv"), [(192, 128), (320, 256)])
+def test_v12_small_templates_few_heads(dqk, dv):
+    lens = [700, 129, 0]
+    q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
+    for config in ("faithful", "triton"):
+        out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
+                                             config=config, return_lse=True, interpret=False)
+        _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
+
+
+@pytestmark_gpu
+def test_fp8_latent_fa_mla():
+    lens = [8192, 3000, 17, 8000]
+    q, pool, bt, kl = _case(13, b=4, tq=1, hq=128, dqk=576, lens=lens, page=64, dtype="bfloat16", cap=8192)
+    qpool = quant.quantize_fp8_e4m3(pool)
+    out, lse = pallas_attn.mla_attention(q, qpool, bt, kl, kv_lora_rank=512, return_lse=True, interpret=False)
+    ref = _mqa_ref(q, qpool, bt, np.asarray(kl), dv=512)
+    _check(out, lse, ref, "bfloat16", "fa_mla fp8 latent (triton config) vs dequantized oracle")
+    exact = _mqa_ref(q, pool, bt, np.asarray(kl), dv=512)[0]
+    print(f"fp8 latent quantization: rel RMS {np.sqrt(np.mean((ref[0] - exact) ** 2) / np.mean(exact ** 2)):.2e}")
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize(("dqk", "dv", "hq", "s"), [(96, 64, 16, 1000), (160, 128, 16, 1000), (576, 512, 128, 8192)])
+def test_v11_nvfp4_templates(dqk, dv, hq, s):
+    lens = [s, s // 3]
+    q, pool, bt, kl = _case(14, b=2, tq=1, hq=hq, dqk=dqk, lens=lens, page=16, dtype="float16")
+    qpool = quant.quantize_nvfp4(pool)
+    out, lse = pallas_attn.mla_attention(q, qpool, bt, kl, kv_lora_rank=dv, generation="v11_mla", return_lse=True,
+                                         interpret=False)
+    _check(out, lse, _mqa_ref(q, qpool, bt, np.asarray(kl), dv=dv), "float16", f"v11 NVFP4 {dqk}/{dv}")
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize("config", ["default", "triton"])
+def test_nan_in_nan_out(config):
+    q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
+    q = q.at[0, 0, 5, 9].set(jnp.nan)
+    pool = pool.at[int(bt[1, 0]), 3, 0, 100].set(jnp.nan)
+    out = np.asarray(pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, config=config, interpret=False),
+                     np.float32)
+    assert np.all(np.isnan(out[0, 0, 5])) and np.all(np.isfinite(np.delete(out[0, 0], 5, axis=0)))
+    assert np.all(np.isnan(out[1]))
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "triton"), ("v11_mla", "faithful")])
+def test_timing_b64_s8192(gen, config):
+    """mla_b64_s8192 (bf16; v11: fp16): one timing line, and two sequences checked against the oracle."""
+    dtype = "float16" if gen == "v11_mla" else "bfloat16"
+    b, s = 64, 8192
+    q, pool, bt, kl = _case(16, b=b, tq=1, hq=128, dqk=576, lens=[s] * b, page=64, dtype=dtype)
+    f = jax.jit(lambda q, pool, bt, kl: pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, generation=gen,
+                                                                  config=config, interpret=False,
+                                                                  check_block_table=False))
+    out = f(q, pool, bt, kl).block_until_ready()
+    reps = 3 if gen == "v11_mla" else 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = f(q, pool, bt, kl)
+    out.block_until_ready()
+    us = (time.perf_counter() - t0) / reps * 1e6
+    nbytes = b * s * 576 * 2 + 2 * b * 128 * (576 + 512)
+    flops = 2 * b * 128 * s * (576 + 512)
+    print(f"TIMING {gen}:{config} mla_b64_s8192: {us:.1f} us, {nbytes / us / 1e6:.2f} TB/s, "
+          f"{flops / us / 1e6:.1f} TFLOP/s (wall clock incl. launch, L2 not flushed)")
+    ref = _mqa_ref(q[:2], pool, np.asarray(bt)[:2], np.asarray(kl)[:2], dv=512)
+    _check(out[:2], None, ref, dtype, f"{gen}:{config} B64 (first two sequences)")
