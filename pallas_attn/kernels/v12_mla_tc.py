@@ -22,6 +22,10 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   own ``P V`` half (N = 256) with P from registers. Recomputing S in both warpgroups costs QK flops
   (~1.5x the MMA work of the shared-P design) but needs no consumer-to-consumer handoff: the simple, obviously
   correct first version. Each arrives on the slot's "free" barrier (two arrivals) when done with it.
+  Config ``split_qk`` (fa_mla's ``split_qk``) removes the redundancy: consumer ``w`` contracts only its half of
+  DQK (288 columns), writes its fp32 S half to a double-buffered shared-memory slot, arrives on a barrier, waits
+  for the other half and adds it (``a + b == b + a`` bit for bit, so both consumers run the same softmax on the
+  same S). Two latent stages (the exchange takes the third's shared memory). Not the default until measured.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
@@ -85,7 +89,8 @@ class MlaTcConfig:
     """engine: ``mosaic`` (the Hopper kernel) or ``triton`` (the tensor-core twin; also fp8 latents). block_kv:
     keys per latent tile (TN). stages: depth of the Mosaic kernel's latent ring. num_sm: SMs the split count
     fills (None: this device). num_splits forces S. consumer_regs / producer_regs: Mosaic register budgets.
-    num_warps / num_stages: the Triton twin's launch knobs."""
+    num_warps / num_stages: the Triton twin's launch knobs. split_qk (Mosaic): each consumer computes S over
+    half of DQK and the halves are exchanged through shared memory (no redundant QK; see the module docstring)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -96,6 +101,7 @@ class MlaTcConfig:
     producer_regs: int = 40
     num_warps: int = 8
     num_stages: int = 2
+    split_qk: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -110,6 +116,8 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
+        if not isinstance(self.split_qk, bool):
+            raise ValueError(f"{owner}.split_qk must be a bool; got {self.split_qk!r}")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -134,14 +142,16 @@ class MlaTcConfig:
 CONFIGS = {
     "faithful": MlaTcConfig(),
     "triton": MlaTcConfig(engine="triton", block_kv=64),
+    "split_qk": MlaTcConfig(split_qk=True, stages=2),
 }
 
 
 def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
     """Shared memory of one Mosaic CTA: the Q tile, the latent ring, the fp32 output staging, LSE and barriers."""
     del dv
+    exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
-        + BLOCK_M * 4 + 2700
+        + BLOCK_M * 4 + exchange + 2700
 
 
 def _heuristic(p: MlaProblem) -> MlaTcConfig:
@@ -185,8 +195,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     per_row_mask = causal and tq > 1
     swz = _swizzle(tn, dtype.itemsize)
 
+    kh = dqk // 2  # split_qk: the K half each consumer contracts
+
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref,
-             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free):
+             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange):
         ti = lax.axis_index("t")
         sp = lax.axis_index("s")
         bi = lax.axis_index("b")
@@ -227,10 +239,25 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.barrier_wait(l_bar.at[slot])
 
                 def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
+                    if cfg.split_qk:  # this consumer's half of the contraction
+                        plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(w * kh, kh)],
+                                    lat_smem.at[slot, :, pl.ds(w * kh, kh)].transpose((1, 0)))
+                    else:
+                        plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
 
                 sc = pl.run_state(qk)(plgpu.ACC.init(plgpu.layout_cast(jnp.zeros((bm, tn), f32),
                                                                        plgpu.Layout.WGMMA)))
+                if cfg.split_qk:
+                    # hand the half to the other consumer and take its half (double-buffered by step parity: the
+                    # other consumer read buffer k of step s before it could write its half of step s + 1, which
+                    # this consumer waits for before it overwrites buffer k at step s + 2)
+                    sx, x_ready = exchange
+                    k = lax.rem(s, 2)
+                    sx.at[w, k][...] = sc
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(x_ready.at[w * 2 + k])
+                    plgpu.barrier_wait(x_ready.at[(1 - w) * 2 + k])
+                    sc = sc + plgpu.load(sx.at[1 - w, k], (), layout=plgpu.Layout.WGMMA)  # a + b == b + a
                 if masked:
                     sc = mask(sc, s)
                 m_new = jnp.maximum(m_i, sc.max(axis=1))
@@ -311,6 +338,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
     ]
+    if cfg.split_qk:
+        scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
     return plgpu.kernel(
         body,
         out_type=out_type,
