@@ -532,7 +532,7 @@ def mla_forward(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, caus
 def _plan(p: MlaProblem, cfg: MlaTcConfig) -> dict:
     rows = p.heads_q * p.q_len
     s, chunk = cfg.splits(batch=p.batch, rows=rows, n_k=p.kv_len)
-    dv = p.kv_lora_rank or dict(TEMPLATES).get(p.head_dim, 0)
+    dv = getattr(p, "kv_lora_rank", None) or dict(TEMPLATES).get(p.head_dim, 0)
     out = {"engine": cfg.engine, "splits": s, "chunk": chunk, "block_m": BLOCK_M, "block_kv": cfg.block_kv,
            "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch, "merge": "splitkv.merge_jnp"}
     if cfg.engine == "mosaic":
