@@ -252,7 +252,8 @@ def test_pallas_impls_follow_the_registry():
     assert by["pallas:v7_paged:faithful"].supports(paged, CPU).ok  # built since issue 11
     assert by["pallas:v7_paged:faithful"].supports(_wl(), CPU).status == "n/a"
     mla = _wl(family="mla", heads_kv=1, head_dim=576, q_len=1, kv_lora_rank=512, rope_dim=64)
-    assert by["pallas:v11_mla"].supports(mla, CPU).status == "not_built"  # a row without a Pallas kernel says so
+    assert "pallas:fa_mla:default" in by  # MLA rows built since issue 13
+    assert by["pallas:v11_mla:faithful"].supports(mla, CPU).status != "not_built"
     s = by["pallas:v4_fused:faithful"].supports(_wl(dtype="float16"), CPU)
     assert (s.ok, s.status) == (False, "unsupported") and "float32" in s.reason  # the contract's own words
 
