@@ -158,6 +158,25 @@ def test_absorption_identity_through_the_kernel():
     np.testing.assert_allclose(np.asarray(lse), ref_lse, atol=5e-3)
 
 
+# --- the Mosaic GPU kernel itself, on jax's GPU interpreter ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("config", "dqk", "dv", "b", "tq", "hq", "page", "causal", "splits", "lens"), [
+    ("faithful", 192, 128, 2, 3, 24, 16, True, 2, [150, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile
+    ("split_qk", 576, 512, 2, 1, 16, 64, False, 3, [200, 37]),  # the S exchange, DeepSeek template
+])
+def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
+    """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
+    exchange, the staged fp32 epilogue) run by jax's GPU interpreter with race detection; products as jnp dots."""
+    q, pool, bt, kl = _case(10, b=b, tq=tq, hq=hq, dqk=dqk, lens=lens, page=page, dtype="bfloat16")
+    pool = pool.astype(jnp.bfloat16)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": splits})
+    out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, kl - tq, kv_lora_rank=dv, causal=causal,
+                                                scale=1.0 / np.sqrt(dqk), config=cfg)
+    assert not races
+    _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=causal), "bfloat16")
+
+
 # --- NaN, refusals, bad inputs --------------------------------------------------------------------------------
 
 

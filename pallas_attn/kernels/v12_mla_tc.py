@@ -71,7 +71,7 @@ from .mla_common import (
     visible,
 )
 
-__all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes"]
+__all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes", "emulate_mosaic"]
 
 GEN = "v12_mla_tc"
 PASS_TWIN = f"pallas_attn_{GEN}_partial"
@@ -180,7 +180,11 @@ def _swizzle(tn: int, itemsize: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
-                  dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig):
+                  dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig,
+                  emulate: bool = False):
+    """The Mosaic kernel. ``emulate``: the same kernel for jax's GPU interpreter (CPU), which has no layouts, no
+    ``run_state`` and no transposed wgmma operand: there the two products are ``jnp`` dots on the same shared-memory
+    tiles (everything else, TMA through the table, barriers, masks, the S exchange, the epilogue, is the kernel's)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     dtype = jnp.dtype(dtype_name)
@@ -196,6 +200,28 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     swz = _swizzle(tn, dtype.itemsize)
 
     kh = dqk // 2  # split_qk: the K half each consumer contracts
+
+    def lcast(x, layout):  # the interpreter has no layouts
+        return x if emulate else plgpu.layout_cast(x, layout)
+
+    def iota(shape, dim):
+        if emulate:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+    def mma(a, b, shape, acc=None, *, b_t: bool = False):
+        """``acc + a @ b`` (``b_t``: ``a @ b^T``; ``acc`` None: zeros) as a wgmma with an fp32 accumulator, waited
+        for (``run_state`` waits). ``a``: a shared-memory ref or a register array; ``b``: a shared-memory ref."""
+        if emulate:
+            av = a[...] if hasattr(a, "at") else a
+            out = lax.dot_general(av, b[...], (((1,), (1 if b_t else 0,)), ((), ())), preferred_element_type=f32)
+            return out if acc is None else acc + out
+        init = lcast(jnp.zeros(shape, f32), plgpu.Layout.WGMMA) if acc is None else acc
+
+        def issue(acc_ref):
+            plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if b_t else b)
+
+        return pl.run_state(issue)(plgpu.ACC.init(init))
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref,
              q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange):
@@ -220,16 +246,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             plgpu.barrier_wait(q_bar.at[0])
             col0 = w * dvh
             row_layout = plgpu.Layout.WGMMA.reduce(1)
-            m0 = plgpu.layout_cast(jnp.full((bm,), -jnp.inf, f32), row_layout)
-            l0 = plgpu.layout_cast(jnp.full((bm,), 0.0, f32), row_layout)
-            acc0 = plgpu.layout_cast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
+            m0 = lcast(jnp.full((bm,), -jnp.inf, f32), row_layout)
+            l0 = lcast(jnp.full((bm,), 0.0, f32), row_layout)
+            acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
 
             def mask(sc, s):
-                cols = plgpu.broadcasted_iota(jnp.int32, (bm, tn), 1, layout=plgpu.Layout.WGMMA)
+                cols = iota((bm, tn), 1)
                 kpos = lo + s * tn + cols
                 ok = kpos < hi
                 if per_row_mask:
-                    rws = plgpu.broadcasted_iota(jnp.int32, (bm, tn), 0, layout=plgpu.Layout.WGMMA)
+                    rws = iota((bm, tn), 0)
                     ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
                 return jnp.where(ok, sc, -jnp.inf)
 
@@ -238,15 +264,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 slot = lax.rem(s, ns)
                 plgpu.barrier_wait(l_bar.at[slot])
 
-                def qk(s_ref):
-                    if cfg.split_qk:  # this consumer's half of the contraction
-                        plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(w * kh, kh)],
-                                    lat_smem.at[slot, :, pl.ds(w * kh, kh)].transpose((1, 0)))
-                    else:
-                        plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
-
-                sc = pl.run_state(qk)(plgpu.ACC.init(plgpu.layout_cast(jnp.zeros((bm, tn), f32),
-                                                                       plgpu.Layout.WGMMA)))
+                if cfg.split_qk:  # this consumer's half of the contraction
+                    sc = mma(q_smem.at[:, pl.ds(w * kh, kh)], lat_smem.at[slot, :, pl.ds(w * kh, kh)], (bm, tn),
+                             b_t=True)
+                else:
+                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
                 if cfg.split_qk:
                     # hand the half to the other consumer and take its half (double-buffered by step parity: the
                     # other consumer read buffer k of step s before it could write its half of step s + 1, which
@@ -257,7 +279,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(x_ready.at[w * 2 + k])
                     plgpu.barrier_wait(x_ready.at[(1 - w) * 2 + k])
-                    sc = sc + plgpu.load(sx.at[1 - w, k], (), layout=plgpu.Layout.WGMMA)  # a + b == b + a
+                    other = sx.at[1 - w, k][...] if emulate else plgpu.load(sx.at[1 - w, k], (),
+                                                                             layout=plgpu.Layout.WGMMA)
+                    sc = sc + other  # a + b == b + a, bit for bit: both consumers see the same S
                 if masked:
                     sc = mask(sc, s)
                 m_new = jnp.maximum(m_i, sc.max(axis=1))
@@ -267,10 +291,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 l_new = l_i * alpha + p.sum(axis=1)
                 acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
 
-                def pv(o_acc):
-                    plgpu.wgmma(o_acc, p.astype(dtype), lat_smem.at[slot, :, pl.ds(col0, dvh)])
-
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                acc = mma(p.astype(dtype), lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
                 plgpu.barrier_arrive(l_free.at[slot])
                 return acc, m_new, l_new
 
@@ -326,6 +347,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     row = pg * page + lax.rem(jj, page)
                     plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
                                             l_bar.at[slot])
+
+            # observe the last frees too (every phase of a barrier it waits on: what jax's GPU interpreter checks;
+            # on the GPU the producer is idle here anyway)
+            @pl.loop(jnp.maximum(n - ns, 0), n)
+            def _drain(s):
+                plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
@@ -457,7 +484,7 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
 
 
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
-            cfg: MlaTcConfig):
+            cfg: MlaTcConfig, emulate: bool = False):
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
@@ -466,11 +493,37 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
     if rows_pad != rows:
         qp = jnp.pad(qp, ((0, 0), (0, rows_pad - rows), (0, 0)))
     call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
-                         chunk, bool(causal), float(scale), cfg)
+                         chunk, bool(causal), float(scale), cfg, emulate)
     o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
     o = o[:, :rows].reshape(b * rows, splits, dv)
     lse = lse.transpose(0, 2, 1)[:, :rows].reshape(b * rows, splits)
     return o, lse
+
+
+def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_rank: int, causal: bool, scale: float,
+                   config: MlaTcConfig, detect_races: bool = True):
+    """The Mosaic kernel (``emulate=True``) on jax's GPU interpreter (CPU; threads, barriers, TMA and shared
+    memory simulated, uninitialised shared memory NaN), merged as ``mla_forward`` does. Returns ``(out, lse,
+    races_found)``. For tests: it checks the kernel's synchronisation, table addressing, masks and epilogue where
+    no GPU is present (the products are jnp dots there, see ``_build_mosaic``)."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
+    except ImportError as e:  # pragma: no cover - a jax without the GPU interpreter
+        raise NotImplementedError(f"this jax ({jax.__version__}) has no Mosaic GPU interpret mode: {e}") from e
+    b, tq, hq, _ = q.shape
+    page = latent_pool.shape[1]
+    s, chunk = config.splits(batch=b, rows=hq * tq, n_k=block_table.shape[1] * page)
+    try:
+        with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
+            o_part, lse_part = jax.block_until_ready(_mosaic(
+                q, latent_pool, block_table, kv_lens, jnp.asarray(q_offset, jnp.int32), dv=kv_lora_rank, splits=s,
+                chunk=chunk, causal=causal, scale=float(scale), cfg=config, emulate=True))
+        races = bool(detect_races and gpu_callbacks.get_races().races_found)
+    finally:
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
+    return gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1), gqa.unpack_lse(lse, b, tq, hq), races
 
 
 @functools.partial(jax.jit, static_argnames=("dv", "splits", "chunk", "causal", "scale", "cfg", "interpret",
