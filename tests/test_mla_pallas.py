@@ -162,7 +162,8 @@ def test_absorption_identity_through_the_kernel():
 
 
 @pytest.mark.parametrize(("config", "dqk", "dv", "b", "tq", "hq", "page", "causal", "splits", "lens"), [
-    ("faithful", 192, 128, 2, 3, 24, 16, True, 2, [150, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile
+    ("faithful", 192, 128, 2, 3, 24, 16, True, 1, [230, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile,
+    # 8 tiles through the 3-slot ring
     ("split_qk", 576, 512, 2, 1, 16, 64, False, 3, [200, 37]),  # the S exchange, DeepSeek template
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
