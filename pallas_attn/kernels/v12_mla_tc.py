@@ -34,7 +34,17 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   TN 32 is P V's contraction, and wgmma takes K in whole swizzle groups, so the Q tile and the ring use the
   64-byte swizzle (32 elements) rather than 128; a page of 64 is two tiles.
 
-Latent formats on this kernel: bf16 / fp16 (q of the same dtype). An fp8 latent runs on the ``triton`` config.
+Latent formats on this kernel: bf16 / fp16 (q of the same dtype). An fp8 latent runs on the ``triton`` config
+(the config=None heuristic picks it): converting the E4M3 ring to a 16-bit tile in shared memory needs a register
+layout for a 32-row tile that Mosaic's tiled shared-memory loads do not offer at TN 32, and TN 64 does not fit.
+
+What was checked without a GPU: every config lowers for CUDA on the CPU (tests/test_conformance.py), and the
+kernel's own code runs on jax's GPU interpreter (``emulate_mosaic``: warpgroups as threads, TMA, barriers and
+shared memory simulated, uninitialised shared memory NaN, race detection on; the two products become jnp dots
+there because the interpreter has no ``run_state`` and no transposed wgmma operand): table addressing, the ring's
+barrier protocol (removing the producer's free-wait fails the test), masks, splits, the split_qk exchange and the
+staged epilogue agree with the float64 oracle (tests/test_mla_pallas.py). Not checked: wgmma operand layouts and
+swizzles, register budgets, timing: tests/gpu/test_mla_pallas_gpu.py on an H100.
 
 The Triton twin (config ``triton``, also what interpret mode runs for every config on the CPU): the same tiles
 (64 rows, TN keys, the same splits and per-split recurrence) in a plain ``pallas_call``, with ``pl.dot`` on the
