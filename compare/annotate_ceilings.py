@@ -1,4 +1,4 @@
-"""Explain recorded fractions above 100% of a measured read ceiling: ``python -m compare.annotate_ceilings FILE...``.
+"""Explain recorded fractions above 100% of a measured ceiling: ``python -m compare.annotate_ceilings FILE...``.
 
 Why it exists: until compare measured the HBM read ceiling three ways (``ceilings.py``: torch ``x.sum()`` with
 CUDA events, ``jnp.sum`` under CUPTI, our own streaming Pallas kernel; the best is quoted), a run measured it one
@@ -8,7 +8,8 @@ under CUPTI reads 3.18-3.20; 3.97-4.22 on an H200 where it reads 4.59-4.67), so 
 ``result`` record whose ``metrics.hbm_fraction`` or ``metrics.roofline_fraction`` (HBM-limited) is above 1 and
 has no note yet, the note the runner writes today (``ceilings.over_ceiling_note``) followed by that cause, and
 touches nothing else: measured numbers and fractions stay as recorded (re-basing them would need a ceiling the run
-did not measure). ``--check`` only reports (exit status 1 when a record lacks its note).
+did not measure). Compute-limited fractions above 1 get ``ceilings.over_compute_note`` (an fp32 peer on TF32 tensor
+cores, priced at the fp32 FMA rate). ``--check`` only reports (exit status 1 when a record lacks its note).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from .ceilings import over_ceiling_note
+from .ceilings import over_ceiling_note, over_compute_note
 
 __all__ = ["annotate_lines", "main"]
 
@@ -48,6 +49,16 @@ def annotate_lines(lines: list[str]) -> tuple[list[str], int]:
         fields = [k for k in ("hbm_fraction", "roofline_fraction")
                   if isinstance(m.get(k), (int, float)) and m[k] > 1.0 and not m.get(f"{k}_note")
                   and (k == "hbm_fraction" or basis.get("limiter") == "HBM")]
+        mma = (isinstance(m.get("roofline_fraction"), (int, float)) and m["roofline_fraction"] > 1.0
+               and not m.get("roofline_fraction_note") and basis.get("limiter") == "MMA")
+        if rec is not None and rec.get("type") == "result" and mma:  # compute side: its own cause (TF32 peers)
+            m["roofline_fraction_note"] = over_compute_note(m["roofline_fraction"], engine=basis.get("engine"),
+                                                            impl=rec.get("impl"))
+            n += 1
+            if not fields:
+                out.append(json.dumps(rec, allow_nan=True) + ("\n" if line.endswith("\n") else ""))
+                continue
+            n -= 1  # counted once below
         if rec is None or rec.get("type") != "result" or not fields:
             out.append(line)
             continue

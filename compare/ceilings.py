@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["measure", "copy_bytes_per_s", "stream_read_sum", "StreamConfig", "STREAM_CONFIGS", "READ_METHODS",
-           "over_ceiling_note"]
+           "over_ceiling_note", "over_compute_note"]
 
 READ_METHODS = ("torch_sum", "jnp_sum", "pallas_stream")  # keys of hbm_read_methods, in the order measured
 
@@ -332,3 +332,20 @@ def over_ceiling_note(fraction: float | None, *, what: str, bytes_: float | None
                 "faster than every ceiling method measured here")
     return (f"{pct} and above the datasheet: the model counts more bytes than the implementation moves "
             "(see prediction.roofline_inputs), or the time misses part of its work")
+
+
+def over_compute_note(fraction: float | None, *, engine: str | None, impl: dict | None) -> str | None:
+    """Why a compute-limited fraction is above 1 (None when it is not). The known case: an fp32 floor is priced
+    at the fp32 FMA rate, but a peer that does not ask for IEEE fp32 dots (XLA's default precision, Triton's
+    default ``tf32`` input precision in JAX's Pallas ops) runs them on TF32 tensor cores on sm_80+."""
+    if fraction is None or fraction <= 1.0:
+        return None
+    pct = f"{100 * fraction:.1f}% of the compute floor ({engine} engine)"
+    kind = (impl or {}).get("kind")
+    if engine == "fp32" and kind == "peer":
+        return (f"{pct}: this peer's fp32 dots run at its framework's default precision, TF32 on the tensor cores "
+                "(XLA's default for float32 on sm_80+; Triton's default input precision in JAX's Pallas ops), while "
+                "the floor prices fp32 at the FMA rate; our fp32 generations compute IEEE fp32. The fraction is "
+                "against another engine, not a kernel beyond the hardware")
+    return (f"{pct}: the model counts more FLOPs than the implementation performs, or it runs on a faster engine "
+            "than the one the floor prices (see prediction.roofline_inputs)")

@@ -737,6 +737,9 @@ class _Run:
                     m["roofline_fraction_note"] = ceilings.over_ceiling_note(
                         m["roofline_fraction"], what="roofline floor (HBM)", bytes_=basis["bytes"], l2_bytes=l2,
                         datasheet_fraction=m.get("roofline_fraction_datasheet"))
+            if (m.get("roofline_fraction") or 0) > 1.0 and basis.get("limiter") == "MMA":
+                m["roofline_fraction_note"] = ceilings.over_compute_note(
+                    m["roofline_fraction"], engine=basis.get("engine"), impl=rec.impl)
             peak = self.ceil.get("flops", {}).get(basis["engine"])
             if peak:
                 m["tc_fraction"] = basis["flops"] / t / peak

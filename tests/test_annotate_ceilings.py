@@ -31,3 +31,19 @@ def test_other_causes_keep_the_runners_note():
     assert "smaller than the L2" in m["hbm_fraction_note"]
     assert annotate_lines(_lines(0.95, 0.8, 4e9))[1] == 0  # nothing to explain
     assert annotate_lines(_lines(1.1, 0.9, 4e9, methods={"jnp_sum": {}}))[1] == 1  # still a note, the runner's
+
+
+def test_fp32_peer_above_the_compute_floor_is_explained_as_tf32():
+    ceil = {"type": "ceilings", "measured": {"hbm_read_Bps": 4.0e12, "hbm_read_methods": {"jnp_sum": {}}}}
+    rec = {"type": "result", "impl": {"name": "jax:xla", "kind": "peer"},
+           "metrics": {"roofline_fraction": 1.7, "time_us_p50": 9.0},
+           "prediction": {"basis": "measured", "measured": {"bytes": 4e9, "limiter": "MMA", "engine": "fp32"}}}
+    lines = [json.dumps(ceil) + "\n", json.dumps(rec) + "\n"]
+    new, n = annotate_lines(lines)
+    m = json.loads(new[1])["metrics"]
+    assert n == 1 and "170.0% of the compute floor (fp32 engine)" in m["roofline_fraction_note"]
+    assert "TF32" in m["roofline_fraction_note"] and (m["roofline_fraction"], m["time_us_p50"]) == (1.7, 9.0)
+    assert annotate_lines(new) == (new, 0)
+    rec["impl"] = {"name": "pallas:v4_fused:faithful", "kind": "generation"}  # ours: not the TF32 story
+    m = json.loads(annotate_lines([lines[0], json.dumps(rec) + "\n"])[0][1])["metrics"]
+    assert "TF32" not in m["roofline_fraction_note"] and "more FLOPs" in m["roofline_fraction_note"]
