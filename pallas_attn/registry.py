@@ -67,7 +67,8 @@ ROWS: tuple[Row, ...] = (
     Row("fa_decode", "fa_decode"),
     Row("fa_train", "fa_train"),
     Row("fa_prefill", "fa_prefill"),
-    Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "split_qk": "split_qk", "triton": "triton"}),
+    Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "split_qk": "split_qk", "pipelined": "pipelined",
+                                         "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}
 

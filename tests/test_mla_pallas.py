@@ -165,6 +165,7 @@ def test_absorption_identity_through_the_kernel():
     ("faithful", 192, 128, 2, 3, 24, 16, True, 1, [230, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile,
     # 8 tiles through the 3-slot ring
     ("split_qk", 576, 512, 2, 1, 16, 64, False, 3, [200, 37]),  # the S exchange, DeepSeek template
+    ("pipelined", 192, 128, 2, 3, 24, 16, True, 2, [230, 0]),  # QK(s) with PV(s-1); empty splits still load block 0
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
@@ -247,7 +248,7 @@ def test_contract_and_deepseek_plan():
     info = {g.id: g for g in pallas_attn.generations()}
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
-    assert set(info["fa_mla"].configs) == {"default", "split_qk", "triton"}
+    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

@@ -26,6 +26,10 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   DQK (288 columns), writes its fp32 S half to a double-buffered shared-memory slot, arrives on a barrier, waits
   for the other half and adds it (``a + b == b + a`` bit for bit, so both consumers run the same softmax on the
   same S). Two latent stages (the exchange takes the third's shared memory). Not the default until measured.
+  Config ``pipelined`` (fa_mla's ``pipelined``): FlashAttention-3's intra-warpgroup pipelining, as fa_prefill's
+  ``overlap``: step s issues ``S_s = Q L_s^T`` and ``O += P_{s-1} L_{s-1}`` together, waits for S only, and runs
+  the softmax of s while the P V wgmma runs; block 0 is the prologue (always loaded, an empty split is fully
+  masked there), the last P V the epilogue. Not the default until measured either.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
@@ -70,6 +74,7 @@ from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
 from .contract import Precision
+from .fa_prefill import _acc_load
 from .mla_common import (
     LatentLayout,
     LatentSource,
@@ -100,7 +105,9 @@ class MlaTcConfig:
     keys per latent tile (TN). stages: depth of the Mosaic kernel's latent ring. num_sm: SMs the split count
     fills (None: this device). num_splits forces S. consumer_regs / producer_regs: Mosaic register budgets.
     num_warps / num_stages: the Triton twin's launch knobs. split_qk (Mosaic): each consumer computes S over
-    half of DQK and the halves are exchanged through shared memory (no redundant QK; see the module docstring)."""
+    half of DQK and the halves are exchanged through shared memory (no redundant QK; see the module docstring).
+    overlap (Mosaic): each consumer issues S_{s+1} = Q L^T and O += P_s V_s together and runs the softmax of s + 1
+    while the P V wgmma runs (FlashAttention-3's intra-warpgroup pipelining, as fa_prefill's ``overlap``)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -112,6 +119,7 @@ class MlaTcConfig:
     num_warps: int = 8
     num_stages: int = 2
     split_qk: bool = False
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -126,8 +134,11 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        if not isinstance(self.split_qk, bool):
-            raise ValueError(f"{owner}.split_qk must be a bool; got {self.split_qk!r}")
+        for name in ("split_qk", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
+        if self.split_qk and self.overlap:
+            raise ValueError(f"{owner}: split_qk and overlap are separate variants (not combined yet)")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -153,6 +164,7 @@ CONFIGS = {
     "faithful": MlaTcConfig(),
     "triton": MlaTcConfig(engine="triton", block_kv=64),
     "split_qk": MlaTcConfig(split_qk=True, stages=2),
+    "pipelined": MlaTcConfig(overlap=True),
 }
 
 
@@ -305,8 +317,54 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.barrier_arrive(l_free.at[slot])
                 return acc, m_new, l_new
 
+            def softmax(sc, m_i, l_i):
+                m_new = jnp.maximum(m_i, sc.max(axis=1))
+                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+                alpha = jnp.exp2(m_i * cl - m_use)
+                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+                return p.astype(dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
+
+            def pstep(s, carry, *, masked: bool):
+                # step s: S_s = Q L_s^T and O += P_{s-1} L_{s-1}[:, half] issued together; the softmax of S_s runs
+                # while the P V wgmma does; the carry is (alpha_s O_{s-1}, m_s, l_s, P_s)
+                acc, m_i, l_i, p_prev = carry
+                slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
+                plgpu.barrier_wait(l_bar.at[slot])
+                if emulate:
+                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+                    acc = mma(p_prev, lat_smem.at[prev, :, pl.ds(col0, dvh)], (bm, dvh), acc)
+                    p, m_new, l_new, alpha = softmax(mask(sc, s) if masked else sc, m_i, l_i)
+                else:
+                    def both(refs):
+                        s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
+                        plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
+                        plgpu.wgmma(o_ref, p_ref[...], lat_smem.at[prev, :, pl.ds(col0, dvh)])
+                        sc = _acc_load(s_ref, wait_n=1)  # S_s is done; the P V wgmma may still run
+                        p, m_new, l_new, alpha = softmax(mask(sc, s) if masked else sc, m_ref[...], l_ref[...])
+                        p_ref[...] = p
+                        m_ref[...] = m_new
+                        l_ref[...] = l_new
+                        a_ref[...] = alpha
+
+                    _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
+                        (plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)), plgpu.ACC.init(acc),
+                         p_prev, m_i, l_i, m_i))
+                plgpu.barrier_arrive(l_free.at[prev])  # run_state waited for the P V wgmma: slot s - 1 is done
+                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), m_new, l_new, p
+
             carry = (acc0, m0, l0)
-            if per_row_mask:
+            if cfg.overlap:
+                # block 0 always runs (the producer loads it even for an empty split, fully masked then)
+                nn = jnp.maximum(n, 1)
+                plgpu.barrier_wait(l_bar.at[0])
+                p0, m_i, l_i, _ = softmax(mask(mma(q_smem, lat_smem.at[0], (bm, tn), b_t=True), 0), m0, l0)
+                first_masked = 1 if per_row_mask else jnp.maximum(nn - 1, 1)
+                carry = lax.fori_loop(1, first_masked, functools.partial(pstep, masked=False), (acc0, m_i, l_i, p0))
+                acc, m_i, l_i, p_last = lax.fori_loop(first_masked, nn, functools.partial(pstep, masked=True), carry)
+                last = lax.rem(nn - 1, ns)
+                acc = mma(p_last, lat_smem.at[last, :, pl.ds(col0, dvh)], (bm, dvh), acc)
+                plgpu.barrier_arrive(l_free.at[last])
+            elif per_row_mask:
                 acc, m_i, l_i = lax.fori_loop(0, n, functools.partial(step, masked=True), carry)
             else:
                 n_plain = jnp.maximum(n - 1, 0)
@@ -341,7 +399,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n)
+            n_load = jnp.maximum(n, 1) if cfg.overlap else n
+
+            @pl.loop(0, n_load)
             def _load(s):
                 slot = lax.rem(s, ns)
 
@@ -360,7 +420,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             # observe the last frees too (every phase of a barrier it waits on: what jax's GPU interpreter checks;
             # on the GPU the producer is idle here anyway)
-            @pl.loop(jnp.maximum(n - ns, 0), n)
+            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
             def _drain(s):
                 plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
 

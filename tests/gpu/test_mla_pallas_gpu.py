@@ -105,6 +105,7 @@ pytestmark_gpu = pytest.mark.gpu
 # (generation, config, dtype of q / plain latent, batch)
 _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat16", 4),
              ("v12_mla_tc", "faithful", "float16", 1), ("fa_mla", "split_qk", "bfloat16", 4),
+             ("fa_mla", "pipelined", "bfloat16", 4),
              ("fa_mla", "triton", "bfloat16", 4), ("v11_mla", "faithful", "float16", 1),
              ("v11_mla", "faithful", "float16", 4)]
 
@@ -120,7 +121,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "triton"])
+@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -140,7 +141,7 @@ def test_causal_multi_query_offsets_page16_and_splits(config):
 def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
-    for config in ("faithful", "split_qk", "triton"):
+    for config in ("faithful", "split_qk", "pipelined", "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -170,7 +171,7 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "triton"])
+@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
@@ -187,7 +188,8 @@ def _b64_case():
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "split_qk"), ("fa_mla", "triton")])
+@pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "split_qk"), ("fa_mla", "pipelined"),
+                                             ("fa_mla", "triton")])
 def test_timing_b64_s8192(gen, config):
     """mla_b64_s8192_bf16: one timing line, and two sequences checked against the oracle."""
     dtype = "bfloat16"
