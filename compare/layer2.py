@@ -92,6 +92,7 @@ class Cost:
     lat: float
     fixed: float = 0.0
     key: float = 0.0  # cycles per serial per-key update inside a step (a launch's ``key_steps``)
+    spill: float = 0.0  # extra SM-cycles per spilled work unit (a launch's ``spill_units``, issue side)
 
 
 # Fitted on the H200 reference run (scripts/fit_layer2.py, issue 16 refit: 19 cost fields + 2 globals, was 25 + 2;
@@ -100,6 +101,10 @@ GLOBAL: dict[str, float] = {
     "l2_bytes_per_clk_sm": 35.34,  # L2 -> SM bandwidth per SM per cycle (~10.5 TB/s on 132 SMs at 1.98 GHz)
     "l2_resident_fraction": 0.75,  # a buffer up to this fraction of L2 is still there for the next launch
     "launch_us": 2.017,  # fixed cost of one kernel on the CUPTI clock (ramp-up + drain)
+    # issue 16, the paged family: one serial gather step = a block-table read, then the K/V pool reads it
+    # addresses (two dependent memory round trips); fitted on the H200 paged run 20261122T174922 (the cuda_ref
+    # paged twins), frozen, held out on the H100
+    "gather_lat": 1476.0,
 }
 
 COSTS: dict[str, Cost] = {
@@ -115,6 +120,11 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_v5_wmma_fwd": Cost(issue=0.0006823, lat=2323),
     "pallas_attn_fa_decode_partial": Cost(issue=0, lat=0),
     "pallas_attn_merge": Cost(issue=0, lat=5491),
+    # issue 16: the paged family's CUDA-core partial (v7_paged, v8_gqa + db/occ/ilp, v8_gqa_ss): issue-bound,
+    # SM-cycles per row x key x dim unit (incl. the per-key [R, TN] sweeps); ``spill`` per unit of a plan whose
+    # live [R, width, D] product exceeds PAGED_LIVE_VALUES per thread. Fitted on the H200 paged run
+    # 20261122T174922 (scripts/fit_layer2.py --only), frozen, held out on the H100
+    "pallas_attn_paged_cuda_cores": Cost(issue=0.5698, lat=0, spill=2.273),
     # --- cuda_ref launches -----------------------------------------------------------------------------
     "v1_qk_kernel": Cost(issue=0, lat=0),
     "v1_softmax_kernel": Cost(issue=2.352, lat=0),
@@ -126,6 +136,13 @@ COSTS: dict[str, Cost] = {
     "warp_rows": Cost(issue=14.02, lat=223.3),
     "v5_wmma_kernel": Cost(issue=0.02098, lat=1.827e+04),
     "v6_merge_kernel": Cost(issue=0, lat=0, fixed=6.32e+04),
+    # issue 16: cuda v8_gqa_ss's score-stationary group (lane per key): cycles per lane step, D + 32 steps per
+    # 32-key group (the D-long dot from shared memory, then 32 broadcast p x V steps); fitted on the H200 paged run
+    "v8_gqa_ss_group": Cost(issue=0, lat=84.05),
+    # issue 16: the paged twins' merge (kernels/v7_paged.cu), priced by two dependent memory round trips
+    # (GLOBAL gather_lat) + the launch; no constant of its own. v6_merge_kernel's fitted 6.3e4 cycles per CTA
+    # (~32 us) is what the dense fit needed, not this kernel's physics (docs/roofline.md)
+    "paged_merge": Cost(issue=0.0, lat=0.0),
     # --- casts inside the timed call (XLA convert, torch .to(half)) ------------------------------------
     "cast": Cost(issue=0.0, lat=0.0),
 }
@@ -134,17 +151,20 @@ COSTS: dict[str, Cost] = {
 # constant; docs/roofline.md "The paged family"). Each field names (COSTS key, field); resolved at use, so a
 # refit moves them too.
 ALIASES: dict[str, dict[str, tuple[str, str]]] = {
-    # v7_paged / v8_gqa (+ db, occ, ilp knobs) / v8_gqa_ss on CUDA cores: a staged K/V tile, the program's
-    # rows' FP32 broadcast-multiply + sum (v4/v6's rows_attend: issue per row x key x dim, latency per
-    # load + update step); the per-key configs add one dependent update per key, priced as the CUDA twin's
-    # per-key warp chain (cuda v4/v6 ``warp_rows``: shuffle reduction + online-softmax update per key)
-    "pallas_attn_paged_cuda_cores": {"issue": ("pallas_attn_rows_attend", "issue"),
-                                     "lat": ("pallas_attn_rows_attend", "lat"),
-                                     "key": ("warp_rows", "lat")},
-    # v8_gqa_tc: per key block two 16-bit dots and one update (v5's Pallas block: MMA FLOP, latency per block)
+    # v8_gqa_tc (Pallas): per key block two 16-bit dots and one update (v5's Pallas block: MMA FLOP, latency per
+    # block); no tensor-core paged record on the fit GPU, so no constant of its own
     "pallas_attn_paged_tc": {"issue": ("pallas_attn_v5_wmma_fwd", "issue"),
                              "lat": ("pallas_attn_v5_wmma_fwd", "lat")},
+    # cuda_ref's paged warp-per-row twins (v7_paged, v8_gqa, _db, _occ, _ilp): v4/v6's per-key warp chain
+    "paged_warp_rows": {"issue": ("warp_rows", "issue"), "lat": ("warp_rows", "lat")},
+    # cuda v8_gqa_tc: v5's WMMA block (one warp, softmax and running O in shared memory)
+    "paged_wmma": {"issue": ("v5_wmma_kernel", "issue"), "lat": ("v5_wmma_kernel", "lat")},
 }
+
+# A Triton CUDA-core paged program holds its [R, width, D] FP32 product (width = keys per load) in registers;
+# beyond this many values per thread the recorded plans pay a spill price (chosen, not fitted: every 8-warp plan
+# on record holds <= 128 and shows no penalty; the 4-warp `tuned` plans hold 256). docs/roofline.md.
+PAGED_LIVE_VALUES = 128
 
 
 def cost_of(name: str, costs: Mapping[str, Cost] | None = None) -> Cost:
@@ -219,6 +239,8 @@ class Launch:
     unit: str = ""  # what a work unit is (for the report)
     note: str = ""
     key_steps: float = 0.0  # serial one-key updates per program (priced by Cost.key)
+    gather_steps: float = 0.0  # serial block-table -> pool gather steps per program (priced by GLOBAL gather_lat)
+    spill_units: float = 0.0  # work units whose operands spill (priced by Cost.spill on the issue side)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,8 +321,9 @@ def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = Non
     resident, limit = occupancy(ln.threads, ln.regs, ln.smem)
     per_sm = -(-ln.programs // hw.num_sm)  # programs on the busiest SM
     rounds = -(-per_sm // resident)
-    t_issue = per_sm * ln.units * cst.issue / clk
-    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + cst.fixed) / clk
+    t_issue = per_sm * (ln.units * cst.issue + ln.spill_units * cst.spill) / clk
+    gather = ln.gather_steps * g.get("gather_lat", GLOBAL["gather_lat"]) if ln.gather_steps else 0.0
+    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + gather + cst.fixed) / clk
     t_dram = ln.dram_bytes / hw.hbm_bw
     t_l2 = ln.l2_bytes / (g["l2_bytes_per_clk_sm"] * hw.num_sm * clk)
     t_launch = g["launch_us"] * 1e-6
@@ -382,23 +405,30 @@ def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list
     dram = kv + s.bh * s.q_len * d * 2 + ws
     l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
     out = _cast_launches(s, "host")
+    st = pp.get("num_stages", 1)
     if "padded_rows" in pp:  # v8_gqa_tc: one 16-row M tile per program, both products 16-bit MMAs
-        st = pp.get("num_stages", 1)
+        # unpipelined (num_stages 1): each block's K/V load waits on its block-table read, one exposed gather
         out.append(Launch(names[0], "pallas_attn_paged_tc", P, 32 * pp["num_warps"], 128,
                           (R * d + 2 * tn * d * max(1, st - 1)) * 2, units=4 * R * tn * d * tiles, steps=tiles,
-                          dram_bytes=dram, l2_bytes=l2, unit="MMA FLOP",
+                          gather_steps=tiles if st <= 1 else 0.0, dram_bytes=dram, l2_bytes=l2, unit="MMA FLOP",
                           note=f"{R} padded rows x {tn}-key blocks, one update per block"))
     else:
         per_key = grp == 1
         steps = tiles if per_key else tiles * max(1, tn // grp)
         # per tile: R x TN x D scores and p.V; a per-key update also sweeps the [R, TN] tile twice (masked
-        # row-sum for key c's score, rescale of the weight vector)
+        # row-sum for key c's score, rescale of the weight vector). Issue-bound on the SM (the co-resident
+        # programs of the busiest SM share it); the live [R, width, D] FP32 product beyond PAGED_LIVE_VALUES per
+        # thread spills, that share of the units pays Cost.spill on top
         units = R * tiles * tn * (d + (2 * tn if per_key else 0))
+        width = tn if per_key else grp
+        live = R * width * d / (32 * pp["num_warps"])
+        spill = units * max(0.0, 1.0 - PAGED_LIVE_VALUES / live)
         out.append(Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp["num_warps"], 128, 0,
-                          units=units, steps=steps, key_steps=tiles * tn if per_key else 0.0, dram_bytes=dram,
+                          units=units, steps=steps, spill_units=spill, dram_bytes=dram,
                           l2_bytes=l2, unit="row x key x dim",
                           note=(f"{R} rows vectorized, {tn}-key tiles, one update per "
-                                + ("key" if per_key else f"{grp} keys"))))
+                                + ("key" if per_key else f"{grp} keys")
+                                + f"; {live:.0f} live product values per thread")))
     m = plan["merge"]
     out.append(_merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], plan["splits"], d,
                              ws + s.bh * s.q_len * d * s.in_bytes))
@@ -520,6 +550,9 @@ CUDA_LAUNCHES: dict[str, tuple[str, ...]] = {
     "v4_fused": ("v4_fused_kernel<D>",),
     "v5_wmma": ("v5_wmma_kernel<D>",),
     "v6_splitkv": ("v6_partial_kernel<D>", "v6_merge_kernel"),
+    # the paged twins (issue 16): one partial kernel each, then the shared paged merge (kernels/v7_paged.cu)
+    **{g: (f"{g}_partial_kernel<D>", "paged_merge_kernel")
+       for g in ("v7_paged", "v8_gqa", "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss", "v8_gqa_tc")},
 }
 
 
@@ -628,6 +661,54 @@ def _cuda_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Ha
     return out
 
 
+def _cuda_paged_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
+    """cuda_ref's paged twins (common/paged_warp_rows.cuh, common/ss_tile.cuh, kernels/v8_gqa_tc.cu): grid
+    ``(ceil(G*Tq / rows), S, B*Hkv)``; every key tile is first gathered through the block table by the whole CTA,
+    ``TN*D / threads`` strided iterations, each a table read then the K/V pool reads it addresses (a serial
+    chain: ordinary loads, then a shared-memory store), then computed; then the shared paged merge."""
+    d, tk = s.head_dim, s.kv_len
+    rows_tile, tn = row.tile(d)
+    packed = (s.heads_q // s.heads_kv) * s.q_len
+    row_tiles = _cdiv(packed, rows_tile)
+    splits, chunk = plan["splits"], plan["chunk"]
+    P = row_tiles * splits * s.batch * s.heads_kv
+    keys = max(1.0, min(chunk, tk) * s.vis_frac)  # the busiest program's keys
+    tiles = max(1, math.ceil(keys / tn))
+    kname = CUDA_LAUNCHES[gen][0]
+    regs, smem = _cuda_res(kname, d)
+    threads = 32 if gen == "v8_gqa_tc" else 256
+    gather = tiles * _cdiv(tn * d, threads)
+    kv = 2 * s.batch * s.heads_kv * tk * d * 2
+    ws = s.bh * s.q_len * splits * (d + 2) * 4
+    dram = kv + s.bh * s.q_len * d * 2 + ws
+    l2 = (row_tiles - 1) * kv
+    out = _cast_launches(s, "host") if row.operand == "fp16" else []
+    common = dict(dram_bytes=dram, l2_bytes=l2, gather_steps=gather)
+    if gen == "v8_gqa_ss":
+        groups = tiles * max(1, tn // 32)
+        out.append(Launch(kname.replace("<D>", f"<{d}>"), "v8_gqa_ss_group", P, threads, regs, smem, units=0.0,
+                          steps=groups * (d + 32), unit="-", note=f"lane per key: {groups} groups of 32 keys, "
+                          f"D + 32 dependent lane steps each; {tiles} gathered {tn}-key tiles", **common))
+    elif gen == "v8_gqa_tc":
+        out.append(Launch(kname.replace("<D>", f"<{d}>"), "paged_wmma", P, threads, regs, smem,
+                          units=4 * rows_tile * tn * d * tiles, steps=tiles, unit="MMA FLOP",
+                          note=f"one warp, WMMA 16x16x16 on a 16-row tile, {tn}-key blocks gathered by 32 lanes",
+                          **common))
+    else:
+        active = min(rows_tile, packed)
+        out.append(Launch(kname.replace("<D>", f"<{d}>"), "paged_warp_rows", P, threads, regs, smem,
+                          units=active * keys, steps=keys, unit="warp x key",
+                          note=f"warp per packed row, per key a shuffle all-reduce + update; {tiles} gathered "
+                          f"{tn}-key tiles", **common))
+    m_regs, m_smem = _cuda_res("paged_merge_kernel", d)
+    # lse_merge: a max pass over the S split maxima, then a weighted pass over (m, l, o); the loads of a pass
+    # are independent (unrolled), so the chain is two dependent memory round trips = one gather step
+    out.append(Launch("paged_merge_kernel", "paged_merge", s.bh * s.q_len, d, m_regs, m_smem, units=splits,
+                      steps=0.0, gather_steps=1.0, dram_bytes=ws + s.bh * s.q_len * d * 4, unit="split",
+                      note="thread per output dim: two dependent passes over the splits"))
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------------------
@@ -675,6 +756,17 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
         if row is None:
             raise NotImplementedError(f"cuda_ref has no row {gen!r}")
         pl = dict(plan or {})
+        if row.entry == "paged":
+            if not (pl.get("splits") and pl.get("chunk")):
+                from attn_core.splits import choose_splits
+
+                sms = pl.get("num_sm") if isinstance(pl.get("num_sm"), int) else hw.num_sm
+                sp, ch = choose_splits(bh=s.batch * s.heads_kv, n_q=(s.heads_q // s.heads_kv) * s.q_len,
+                                       n_k=s.kv_len, num_sm=sms, rows_per_program=row.tile(s.head_dim)[0])
+                pl.update(splits=sp, chunk=ch, num_sm=sms)
+            pl.setdefault("tile", list(row.tile(s.head_dim)))
+            pl["launches"] = list(CUDA_LAUNCHES[gen])
+            return _cuda_paged_launches(gen, row, s, pl, hw), pl
         if row.split_kv and not pl.get("splits"):
             from attn_core.splits import choose_splits
 
@@ -723,14 +815,15 @@ def hardware_of(record_env: Mapping[str, Any], ceilings: Mapping[str, Any] | Non
 def score(record: Mapping[str, Any], hw: Hardware | None = None, recompute: bool = False) -> dict[str, Any]:
     """After the run: layer-1 and layer-2 predictions against ``metrics.time_us_p50`` (error = predicted /
     measured - 1, so -0.5 is a prediction twice too fast). Uses the layer 2 the record carries (made before
-    the run) unless it lacks one or ``recompute`` asks for the current model and constants."""
+    the run) unless it carries none (a record from before layer 2) or ``recompute`` asks for the current model
+    and constants; a carried ``{"error": ...}`` stays an error (the model of that run could not price it)."""
     m = record.get("metrics") or {}
     meas = m.get("time_us_p50")
     pred = record.get("prediction") or {}
     basis = pred.get(pred.get("basis") or "measured") or pred.get("datasheet") or {}
     l1 = basis.get("floor_us")
     l2 = pred.get("layer2")
-    if recompute or not l2 or "error" in l2:
+    if recompute or not l2:
         hw = hw or hardware_of(record.get("env") or {})
         l2 = predict_record(record["workload"], record["impl"], (record.get("impl") or {}).get("plan"), hw) \
             if hw else {"error": "unknown GPU"}

@@ -199,6 +199,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "'--out docs/results.md' regenerates the committed docs")
     p.add_argument("--img-dir", default=None, help="plot directory; default <out dir>/img")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--rescore", action="store_true",
+                   help="the roofline scorecard recomputes layer 2 with today's model and constants (labelled with "
+                        "its git sha) instead of the prediction each record carries from before its run; records "
+                        "are never rewritten")
     p.set_defaults(func=_cli)
 
 
@@ -223,7 +227,7 @@ def _cli(args: argparse.Namespace) -> int:
     if not runs:
         raise UsageError(f"no records in {', '.join(map(str, paths))}")
     ensure_writable(out, f"--out {out}")
-    written = render(paths, out, img, plots=not args.no_plots)
+    written = render(paths, out, img, plots=not args.no_plots, rescore=args.rescore)
     for p in written:
         print(p)
     return 0
@@ -314,7 +318,7 @@ def _env_md(run: dict) -> str:
     return "\n".join(lines)
 
 
-def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True) -> list[Path]:
+def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, rescore: bool = False) -> list[Path]:
     runs = load_runs(paths)
     if not runs:
         raise ValueError(f"no records in {[str(p) for p in paths]}")
@@ -357,11 +361,13 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True) -
                     parts += [f"- {st}: {', '.join(names)} — {reason}"]
             parts += [""]
         if gpu:  # layer 1 vs layer 2 against this run's measurements (docs/roofline.md)
+            label = f", re-scored with the model of {scorecard.model_sha()}" if rescore else ""
             try:
-                card = scorecard.render(run["results"])
+                card = scorecard.render(run["results"] + ([run["ceilings"]] if run["ceilings"] else []),
+                                        recompute=rescore)
             except Exception as e:  # the scorecard failing must not lose the tables
                 card = f"_scorecard failed: {type(e).__name__}: {e}_"
-            parts += [f"### Roofline scorecard (run `{run_id}`)", "", card, ""]
+            parts += [f"### Roofline scorecard (run `{run_id}`{label})", "", card, ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts) + "\n")
     return [out, *written]

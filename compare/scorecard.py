@@ -1,10 +1,17 @@
 """The roofline scorecard: layer 1 and layer 2 against the measured time, per family and per GPU.
 
     python -m compare.scorecard results/<run>/records.jsonl [more.jsonl ...] [--threshold 0.3] [--json]
+        [--recompute]
 
 Reads result records, keeps the ``ok`` records of our own kernels (``pallas:*`` and ``cuda:*``; the peers
-are excluded), recomputes layer 2 for each (``compare.layer2``, with the run's measured HBM bandwidth when
-its ``ceilings`` record has it), and renders: per GPU and family (the workload family x framework), the
+are excluded) and scores the layer-2 prediction each record carries from before its run (``--recompute``:
+layer 2 recomputed with today's model and constants, the table labelled "re-scored with the model of <git
+sha>"; the records are never rewritten). Also reads ``scripts/time_cuda_paged.py`` lines (``paged_times.jsonl``:
+the cuda_ref paged twins timed outside compare, same CUPTI sum of partial + merge), turned into records with no
+carried prediction (``paged_times_records``), so layer 2 is always today's for them.
+
+Layer 2 is ``compare.layer2`` with the run's measured HBM bandwidth when its ``ceilings`` record has it. It
+renders: per GPU and family (the workload family x framework), the
 count, the median and worst |error| of layer 1 and of layer 2, the limiters each named, and every layer-2
 miss above the threshold with its stated cause (``CAUSES``) or "open". ``render(records)`` is what
 ``compare report`` calls; ``scorecard(records)`` returns the numbers.
@@ -17,14 +24,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import statistics
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import layer2
 
-__all__ = ["CAUSES", "rows", "scorecard", "render", "main"]
+__all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha"]
 
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
@@ -46,6 +55,22 @@ CAUSES: tuple[tuple[str, str, str], ...] = (
     ("pallas:v3_online", "", "d128 (TM=32 tiles): a different Triton dot shape, priced with the d64 constant"),
     ("cuda:v4_fused", "ref_prefill_n512_d128", "small grid (512 CTAs, under 1 round): tail effects"),
     ("cuda:v6_splitkv", "ref_decode_", "latency per key differs between d64 (2 elements per lane) and d128 (4)"),
+    # issue 16, the paged family (held out on the H100; docs/roofline.md "The paged family")
+    ("cuda:v8_gqa_ss", "", "open: at the identical shape (past_l2 B 32, N 32768) the ss twin measures 2139 us on "
+     "the H200 fit run and 1637 us on the H100 while v8_gqa measures 1773 / 1732; a GPU or build difference one "
+     "set of SM constants cannot carry (its lane-step cost was fitted on the H200's d128 rows only)"),
+    ("cuda:v8_gqa_tc", "", "gather-bound (one warp walks the table for 128 strided elements per lane per tile); "
+     "gather_lat fitted on the H200's twins, every gather-bound twin runs 14-30% faster on the H100: open "
+     "(dependent-load latency per GPU not measured)"),
+    ("cuda:v6_splitkv", "v7_vs_v6", "dense v6 twin: priced by the frozen dense fit (v6_merge_kernel's fixed 32 us "
+     "per CTA), not refitted here"),
+    ("pallas:v8_gqa_ilp", "", "KU = 4 takes four keys' scores before their updates: fewer serial per-key sweeps "
+     "than the issue units count (faster than priced at 300 keys); open"),
+    ("pallas:v8_gqa:tuned", "pg_reclaim_b8", "4-warp programs, 2 per SM on the busiest SM: the issue term "
+     "serialises them, the measurement says they partly overlap"),
+    ("pallas:fa_decode", "pg_smoke", "smoke size (4-8 programs, 300 keys): a per-program fixed latency no fitted "
+     "cost has; open"),
+    ("pallas:fa_decode", "pg_reclaim_b1", "B 1 with 128 splits: merge priced per serial step, 31%: open"),
 )
 
 
@@ -56,12 +81,57 @@ def _cause(impl: str, workload: str) -> str:
     return "open"
 
 
-def _load(paths: Iterable[str]) -> list[dict[str, Any]]:
+def paged_times_records(lines: Iterable[Mapping[str, Any]], source: str = "paged_times") -> list[dict[str, Any]]:
+    """``scripts/time_cuda_paged.py`` lines -> result records (family ``paged_decode``; v6_splitkv's dense
+    comparison rows ``decode``) with the split plan they ran, their read ceiling as a ``ceilings`` record and no
+    carried prediction (so layer 1 is absent and layer 2 is always recomputed)."""
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for x in lines:
+        run_id = f"{source}:{x['device']}"
+        if run_id not in seen and x.get("read_ceiling_GBps"):
+            seen.add(run_id)
+            out.append({"type": "ceilings", "run_id": run_id,
+                        "measured": {"hbm_read_Bps": float(x["read_ceiling_GBps"]) * 1e9}})
+        paged = x["gen"] != "v6_splitkv"
+        n_k = int(x["N_k"])
+        w = {"name": f"{x['sweep']}_b{x['B']}_hq{x['H_q']}_hkv{x['H_kv']}_n{n_k}_d{x['D']}_sm{x['num_sm']}",
+             "family": "paged_decode" if paged else "decode", "batch": int(x["B"]), "heads_q": int(x["H_q"]),
+             "heads_kv": int(x["H_kv"]), "q_len": 1, "kv_len": n_k, "head_dim": int(x["D"]), "dtype": "float16",
+             "causal": False, "q_offset": n_k - 1, "page_size": int(x["page"]) if paged else None}
+        plan = {"splits": int(x["splits"]), "chunk": math.ceil(n_k / int(x["splits"])), "num_sm": int(x["num_sm"])}
+        out.append({"type": "result", "status": "ok", "run_id": run_id, "env": {"gpu": x["device"]}, "workload": w,
+                    "impl": {"name": f"cuda:{x['gen']}", "framework": "cuda", "plan": plan},
+                    "metrics": {"time_us_p50": float(x["kernel_us"])}, "prediction": {}})
+    return out
+
+
+def load(paths: Iterable[str]) -> list[dict[str, Any]]:
+    """Records from compare's ``records.jsonl`` files and ``paged_times.jsonl`` lines (converted)."""
     out = []
     for p in paths:
         with open(p) as f:
-            out += [json.loads(line) for line in f if line.strip()]
+            lines = [json.loads(line) for line in f if line.strip()]
+        timed = [x for x in lines if "sweep" in x and "kernel_us" in x]
+        out += [x for x in lines if not ("sweep" in x and "kernel_us" in x)]
+        out += paged_times_records(timed, source=str(p))
     return out
+
+
+_load = load
+
+
+def model_sha() -> str:
+    """The git sha of today's layer-2 model (``-dirty`` when compare/layer2.py has uncommitted changes)."""
+    root = layer2.ROOT
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "compare/layer2.py"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return sha + ("-dirty" if dirty else "")
 
 
 def rows(records: Iterable[Mapping[str, Any]], recompute: bool = False) -> list[dict[str, Any]]:
@@ -118,7 +188,9 @@ def _pct(x: float) -> str:
 def render(records: Iterable[Mapping[str, Any]], threshold: float = 0.3, recompute: bool = False) -> str:
     """The scorecard as Markdown (what ``compare report`` puts into its output)."""
     sc = scorecard(records, threshold, recompute)
-    lines = ["| GPU | family | n | layer 1 median / worst abs error | layer 2 median / worst abs error | "
+    lines = ([f"Layer 2 re-scored with the model of {model_sha()} (today's constants, not the predictions the "
+              "records carry from before their runs).", ""] if recompute else [])
+    lines += ["| GPU | family | n | layer 1 median / worst abs error | layer 2 median / worst abs error | "
              "layer 1 limiters | layer 2 limiters |", "|---|---|---|---|---|---|---|"]
     for g in sc["groups"]:
         lim = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
@@ -142,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.3, help="list layer-2 misses above this |error|")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
     ap.add_argument("--recompute", action="store_true",
-                    help="layer 2 with the current constants, not the prediction each record carries")
+                    help="layer 2 with the current model and constants (labelled with its git sha), not the "
+                         "prediction each record carries; records are never rewritten")
     a = ap.parse_args(argv)
     recs = _load(a.records)
     if a.json:

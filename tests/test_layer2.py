@@ -186,10 +186,9 @@ def test_key_steps_add_to_the_latency_chain():
 
 def test_aliases_follow_their_sources():
     costs = dict(layer2.COSTS)
-    costs["pallas_attn_rows_attend"] = Cost(issue=0.5, lat=1234.0)
     costs["warp_rows"] = Cost(issue=9.0, lat=77.0)
-    c = layer2.cost_of("pallas_attn_paged_cuda_cores", costs)
-    assert (c.issue, c.lat, c.key, c.fixed) == (0.5, 1234.0, 77.0, 0.0)
+    c = layer2.cost_of("paged_warp_rows", costs)
+    assert (c.issue, c.lat, c.key, c.fixed) == (9.0, 77.0, 0.0, 0.0)
     assert layer2.cost_of("pallas_attn_paged_tc") == Cost(issue=layer2.COSTS["pallas_attn_v5_wmma_fwd"].issue,
                                                           lat=layer2.COSTS["pallas_attn_v5_wmma_fwd"].lat)
 
@@ -210,17 +209,17 @@ def test_paged_family_launches_from_the_plan():
     p = layer2.predict("pallas:v8_gqa:faithful", PAGED, H200)
     part, merge = (lt.launch for lt in p.launches)
     assert (p.plan["splits"], p.plan["chunk"]) == (32, 256)
-    assert (part.cost, part.programs, part.steps, part.key_steps) == ("pallas_attn_paged_cuda_cores", 32, 8, 256)
+    assert (part.cost, part.programs, part.steps, part.spill_units) == ("pallas_attn_paged_cuda_cores", 32, 8, 0)
     assert part.units == 8 * 8 * 32 * (128 + 2 * 32)  # R x tiles x TN x (D + the per-key [R, TN] sweeps)
     kv, q, ws = 2 * 8192 * 128 * 2, 8 * 128 * 2, 8 * 32 * 129 * 4
     assert part.dram_bytes == kv + q + ws and part.l2_bytes == 0  # G = 8 rows: one row tile
     assert (merge.programs, merge.steps) == (8, 1)
     # v8_gqa_ss: one update per 32 keys, no per-key chain
     ss = layer2.predict("pallas:v8_gqa_ss:faithful", PAGED, H200).launches[0].launch
-    assert (ss.steps, ss.key_steps, ss.units) == (8, 0.0, 8 * 8 * 32 * 128)
+    assert (ss.steps, ss.spill_units, ss.units) == (8, 0.0, 8 * 8 * 32 * 128)
     # v8_gqa_tc: 16-row MMA tiles, priced as v5's Pallas block
     tc = layer2.predict("pallas:v8_gqa_tc:faithful", PAGED, H200).launches[0].launch
-    assert (tc.cost, tc.steps, tc.units) == ("pallas_attn_paged_tc", 8, 4 * 16 * 32 * 128 * 8)
+    assert (tc.cost, tc.steps, tc.units, tc.gather_steps) == ("pallas_attn_paged_tc", 8, 4 * 16 * 32 * 128 * 8, 8)
 
 
 def test_registry_row_configs_resolve_to_the_kernels():
