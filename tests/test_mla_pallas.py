@@ -162,10 +162,10 @@ def test_absorption_identity_through_the_kernel():
 
 
 @pytest.mark.parametrize(("config", "dqk", "dv", "b", "tq", "hq", "page", "causal", "splits", "lens"), [
-    ("faithful", 192, 128, 2, 3, 24, 16, True, 1, [230, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile,
-    # 8 tiles through the 3-slot ring
-    ("split_qk", 576, 512, 2, 1, 16, 64, False, 3, [200, 37]),  # the S exchange, DeepSeek template
-    ("pipelined", 192, 128, 2, 3, 24, 16, True, 2, [230, 0]),  # QK(s) with PV(s-1); empty splits still load block 0
+    ("faithful", 192, 128, 2, 3, 24, 16, True, 1, [140, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile,
+    # 5 tiles through the 3-slot ring
+    ("split_qk", 320, 256, 2, 1, 16, 64, False, 2, [150, 37]),  # the S exchange
+    ("pipelined", 192, 128, 2, 2, 8, 16, True, 2, [230, 0]),  # QK(s) with PV(s-1); empty splits still load block 0
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
