@@ -5,7 +5,7 @@ fp8 (v12 / fa_mla) and NVFP4 (v11) latents judged on the dequantized latent, NaN
 line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes the records).
 
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
-it to attn_core.oracle.mla_attention_reference. Budget: about two minutes (``-m gpu``), most of it compiling.
+it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it compiling (~40 kernels).
 """
 
 import os
@@ -141,7 +141,7 @@ def test_causal_multi_query_offsets_page16_and_splits(config):
 def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
-    for config in ("faithful", "split_qk", "pipelined", "triton"):
+    for config in ("faithful", "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -171,7 +171,7 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "triton"])
+@pytest.mark.parametrize("config", ["default", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
