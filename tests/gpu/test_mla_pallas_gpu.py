@@ -5,7 +5,8 @@ fp8 (v12 / fa_mla) and NVFP4 (v11) latents judged on the dequantized latent, NaN
 line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes the records).
 
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
-it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it compiling (~40 kernels).
+it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
+compiling (~40 kernels).
 """
 
 import os
