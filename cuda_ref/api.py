@@ -420,6 +420,32 @@ def _quant_stand_ins(q, k_pool, v_pool, generation):
     return kf, stand[0], stand[1], generation
 
 
+def _check_table_lens_offset(block_table, kv_lens, q_offset, b: int):
+    """Shapes and dtypes of the paged entries' block table, lengths and offset (values are checked later, on the
+    host or in debug mode); returns q_offset when it is a tensor (its device is checked with the others)."""
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B={b}; got "
+                         f"block_table.shape={tuple(block_table.shape)}")
+    if _dtype_name(block_table) != "int32":
+        raise ValueError(f"block_table must be int32; got block_table.dtype={_dtype_name(block_table)}")
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != b:
+        raise ValueError(f"kv_lens must be int32 [B] with B={b}; got kv_lens.shape={tuple(kv_lens.shape)}")
+    if _dtype_name(kv_lens) != "int32":
+        raise ValueError(f"kv_lens must be int32; got kv_lens.dtype={_dtype_name(kv_lens)}")
+    if q_offset is None:
+        return None
+    if _is_tensor(q_offset):
+        if q_offset.dim() != 1 or q_offset.shape[0] != b or _dtype_name(q_offset) != "int32":
+            raise ValueError(f"q_offset as a tensor must be int32 [B] with B={b}; got shape "
+                             f"{tuple(q_offset.shape)}, dtype {_dtype_name(q_offset)}")
+        return q_offset
+    if not _is_int(q_offset) or q_offset < 0:
+        raise ValueError(f"q_offset must be None, a non-negative int or an int32 [B] tensor; got {q_offset=!r}")
+    if q_offset > _INT32_MAX:
+        raise ValueError(f"q_offset must fit in int32; got {q_offset=}")
+    return None
+
+
 def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str | None, causal: bool, scale,
                    q_offset, return_lse: bool, num_sm=None) -> PagedCall:
     """Every check of :func:`paged_attention` that needs no GPU, in this order: argument ValueErrors (all
@@ -461,27 +487,7 @@ def validate_paged(q, k_pool, v_pool, block_table, kv_lens, *, generation: str |
         raise ValueError(f"page_size (k_pool.shape[1]) must be a power of two; got page_size={page_size}")
     if hq % hkv:
         raise ValueError(f"H_q must be a multiple of H_kv (k_pool.shape[2]); got H_q={hq}, H_kv={hkv}")
-    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
-        raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B={b}; got "
-                         f"block_table.shape={tuple(block_table.shape)}")
-    if _dtype_name(block_table) != "int32":
-        raise ValueError(f"block_table must be int32; got block_table.dtype={_dtype_name(block_table)}")
-    if kv_lens.dim() != 1 or kv_lens.shape[0] != b:
-        raise ValueError(f"kv_lens must be int32 [B] with B={b}; got kv_lens.shape={tuple(kv_lens.shape)}")
-    if _dtype_name(kv_lens) != "int32":
-        raise ValueError(f"kv_lens must be int32; got kv_lens.dtype={_dtype_name(kv_lens)}")
-    q_offset_tensor = None
-    if q_offset is None:
-        pass
-    elif _is_tensor(q_offset):
-        if q_offset.dim() != 1 or q_offset.shape[0] != b or _dtype_name(q_offset) != "int32":
-            raise ValueError(f"q_offset as a tensor must be int32 [B] with B={b}; got shape "
-                             f"{tuple(q_offset.shape)}, dtype {_dtype_name(q_offset)}")
-        q_offset_tensor = q_offset
-    elif not _is_int(q_offset) or q_offset < 0:
-        raise ValueError(f"q_offset must be None, a non-negative int or an int32 [B] tensor; got {q_offset=!r}")
-    elif q_offset > _INT32_MAX:
-        raise ValueError(f"q_offset must fit in int32; got {q_offset=}")
+    q_offset_tensor = _check_table_lens_offset(block_table, kv_lens, q_offset, b)
     for name, x in (("k_pool", k_pool), ("v_pool", v_pool), ("block_table", block_table), ("kv_lens", kv_lens),
                     ("q_offset", q_offset_tensor)):
         if x is not None and x.device != q.device:
@@ -680,27 +686,7 @@ def validate_mla(q, latent_pool, block_table, kv_lens, *, kv_lora_rank, generati
         raise ValueError(f"page_size (latent_pool.shape[1]) must be a power of two; got page_size={page_size}")
     if not _is_int(kv_lora_rank) or not 1 <= kv_lora_rank <= d_qk:
         raise ValueError(f"kv_lora_rank must be an int in [1, DQK={d_qk}]; got {kv_lora_rank=!r}")
-    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
-        raise ValueError(f"block_table must be int32 [B, pages_per_seq] with B={b}; got "
-                         f"block_table.shape={tuple(block_table.shape)}")
-    if _dtype_name(block_table) != "int32":
-        raise ValueError(f"block_table must be int32; got block_table.dtype={_dtype_name(block_table)}")
-    if kv_lens.dim() != 1 or kv_lens.shape[0] != b:
-        raise ValueError(f"kv_lens must be int32 [B] with B={b}; got kv_lens.shape={tuple(kv_lens.shape)}")
-    if _dtype_name(kv_lens) != "int32":
-        raise ValueError(f"kv_lens must be int32; got kv_lens.dtype={_dtype_name(kv_lens)}")
-    q_offset_tensor = None
-    if q_offset is None:
-        pass
-    elif _is_tensor(q_offset):
-        if q_offset.dim() != 1 or q_offset.shape[0] != b or _dtype_name(q_offset) != "int32":
-            raise ValueError(f"q_offset as a tensor must be int32 [B] with B={b}; got shape "
-                             f"{tuple(q_offset.shape)}, dtype {_dtype_name(q_offset)}")
-        q_offset_tensor = q_offset
-    elif not _is_int(q_offset) or q_offset < 0:
-        raise ValueError(f"q_offset must be None, a non-negative int or an int32 [B] tensor; got {q_offset=!r}")
-    elif q_offset > _INT32_MAX:
-        raise ValueError(f"q_offset must fit in int32; got {q_offset=}")
+    q_offset_tensor = _check_table_lens_offset(block_table, kv_lens, q_offset, b)
     for name, x in (*data, ("block_table", block_table), ("kv_lens", kv_lens), ("q_offset", q_offset_tensor)):
         if x is not None and x.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}; got {x.device}")
