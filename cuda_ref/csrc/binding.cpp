@@ -278,6 +278,44 @@ void report_paged_error(const GenInfo& g, const torch::Tensor& err, const torch:
 // kv_lens int32 [B]; q_offsets int32 [B] (api.py turns None / an int into it). Key j of sequence b is row
 // j % page_size of block block_table[b][j / page_size]; keys at j >= kv_lens[b] are invisible. With `quant`
 // the pools are the format's uint8 data ([.., D] fp8, [.., D/2] NVFP4 packed), passed to the kernel uncast.
+// The paged entries' (paged, quantized, MLA) shape, dtype and device checks of the table, lengths, offsets, scale.
+void check_table_args(const torch::Tensor& block_table, const torch::Tensor& kv_lens, const torch::Tensor& q_offsets,
+                      const torch::Tensor& q, int64_t b, double scale) {
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
+                    msg("block_table must be int32 [B, pages_per_seq] with B=", b, "; got ", block_table.sizes()));
+  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt,
+                    msg("block_table must be int32; got ", block_table.scalar_type()));
+  TORCH_CHECK_VALUE(block_table.device() == q.device(), msg("block_table must be on q's device ", q.device()));
+  check_int32_vector(kv_lens, "kv_lens", q, b);
+  check_int32_vector(q_offsets, "q_offsets", q, b);
+  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+}
+
+// The paged entries' table fields, then the launch. Debug mode: the kernels report a used block-table entry
+// outside [0, num_blocks) or a kv_len outside [0, capacity] (they load such keys as NaN either way, never outside
+// the pool; common/paged.cuh), and this raises naming it.
+std::vector<torch::Tensor> run_paged(const GenInfo& g, AttnParams& p, const torch::Tensor& q, const torch::Tensor& bt,
+                                     const torch::Tensor& lens, const torch::Tensor& offs, int64_t page_size,
+                                     int64_t num_blocks, double scale, bool causal, int64_t d_out, int64_t num_sm,
+                                     bool debug, bool return_lse) {
+  p.block_table = bt.data_ptr<int32_t>();
+  p.pages_per_seq = static_cast<int>(bt.size(1));
+  p.page_size = static_cast<int>(page_size);
+  p.num_blocks = static_cast<int>(num_blocks);
+  p.kv_lens = lens.data_ptr<int32_t>();
+  p.q_offsets = offs.data_ptr<int32_t>();
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  torch::Tensor err;
+  if (debug) {
+    err = torch::zeros({2}, q.options().dtype(at::kInt));
+    p.paged_error = err.data_ptr<int32_t>();
+  }
+  std::vector<torch::Tensor> res = run(g, p, q, d_out, num_sm, debug, return_lse);
+  if (debug) report_paged_error(g, err, bt, lens, bt.size(1) * page_size, num_blocks);
+  return res;
+}
+
 std::vector<torch::Tensor> paged_impl(const GenInfo& g, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
                                       torch::Tensor block_table, torch::Tensor kv_lens, torch::Tensor q_offsets,
                                       double scale, bool causal, int64_t num_sm, bool debug, bool return_lse,
@@ -298,14 +336,7 @@ std::vector<torch::Tensor> paged_impl(const GenInfo& g, torch::Tensor q, torch::
                     msg("q and the pools must share D; got ", d, " and ", k_pool.size(3) * (packed ? 2 : 1)));
   TORCH_CHECK_VALUE((page_size & (page_size - 1)) == 0, msg("page_size must be a power of two; got ", page_size));
   TORCH_CHECK_VALUE(h_q % h_kv == 0, msg("H_q must be a multiple of H_kv; got ", h_q, " and ", h_kv));
-  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
-                    msg("block_table must be int32 [B, pages_per_seq] with B=", b, "; got ", block_table.sizes()));
-  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt,
-                    msg("block_table must be int32; got ", block_table.scalar_type()));
-  TORCH_CHECK_VALUE(block_table.device() == q.device(), msg("block_table must be on q's device ", q.device()));
-  check_int32_vector(kv_lens, "kv_lens", q, b);
-  check_int32_vector(q_offsets, "q_offsets", q, b);
-  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+  check_table_args(block_table, kv_lens, q_offsets, q, b, scale);
   check_row_support(g, q, k_pool, h_q, h_kv, d, return_lse);
   TORCH_CHECK_NOT_IMPLEMENTED(b * h_q <= kMaxGridY,
                               msg(g.name, ": B*H_q must be <= 65535 (a grid dimension); got ", b * h_q));
@@ -345,24 +376,7 @@ std::vector<torch::Tensor> paged_impl(const GenInfo& g, torch::Tensor q, torch::
   p.n_q = static_cast<int>(q.size(2));
   p.n_k = static_cast<int>(capacity);
   p.head_dim = static_cast<int>(d);
-  p.block_table = bt.data_ptr<int32_t>();
-  p.pages_per_seq = static_cast<int>(bt.size(1));
-  p.page_size = static_cast<int>(page_size);
-  p.num_blocks = static_cast<int>(num_blocks);
-  p.kv_lens = lens.data_ptr<int32_t>();
-  p.q_offsets = offs.data_ptr<int32_t>();
-  p.scale = static_cast<float>(scale);
-  p.causal = causal;
-  // Debug mode: the kernels report a used block-table entry outside [0, num_blocks) or a kv_len outside
-  // [0, capacity] here (they load such keys as NaN either way, never outside the pool; common/paged.cuh).
-  torch::Tensor err;
-  if (debug) {
-    err = torch::zeros({2}, q.options().dtype(at::kInt));
-    p.paged_error = err.data_ptr<int32_t>();
-  }
-  std::vector<torch::Tensor> res = run(g, p, q, d, num_sm, debug, return_lse);
-  if (debug) report_paged_error(g, err, bt, lens, capacity, num_blocks);
-  return res;
+  return run_paged(g, p, q, bt, lens, offs, page_size, num_blocks, scale, causal, d, num_sm, debug, return_lse);
 }
 
 std::vector<torch::Tensor> forward_paged(int64_t gen_id, torch::Tensor q, torch::Tensor k_pool, torch::Tensor v_pool,
@@ -462,14 +476,7 @@ std::vector<torch::Tensor> forward_mla(int64_t gen_id, int64_t kv_format, torch:
     TORCH_CHECK_VALUE(lat_micro.device() == q.device(), msg("latent micro-scales must be on q's device ", q.device()));
     micro = lat_micro.contiguous();
   }
-  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == b && block_table.size(1) >= 1,
-                    msg("block_table must be int32 [B, pages_per_seq] with B=", b, "; got ", block_table.sizes()));
-  TORCH_CHECK_VALUE(block_table.scalar_type() == at::kInt,
-                    msg("block_table must be int32; got ", block_table.scalar_type()));
-  TORCH_CHECK_VALUE(block_table.device() == q.device(), msg("block_table must be on q's device ", q.device()));
-  check_int32_vector(kv_lens, "kv_lens", q, b);
-  check_int32_vector(q_offsets, "q_offsets", q, b);
-  TORCH_CHECK_VALUE(std::isfinite(scale), msg("scale must be finite; got ", scale));
+  check_table_args(block_table, kv_lens, q_offsets, q, b, scale);
   const bool template_ok = (d_qk == 96 && kv_lora_rank == 64) || (d_qk == 160 && kv_lora_rank == 128) ||
                            (d_qk == 576 && kv_lora_rank == 512);
   TORCH_CHECK_NOT_IMPLEMENTED(template_ok, msg(g.name, " instantiates (DQK, kv_lora_rank) = (96, 64), (160, 128) and "
@@ -524,22 +531,8 @@ std::vector<torch::Tensor> forward_mla(int64_t gen_id, int64_t kv_format, torch:
   p.d_v = static_cast<int>(kv_lora_rank);
   p.rope_dim = static_cast<int>(d_qk - kv_lora_rank);
   p.head_dim = p.d_v;  // the partials' and the merge's width (params.cuh)
-  p.block_table = bt.data_ptr<int32_t>();
-  p.pages_per_seq = static_cast<int>(bt.size(1));
-  p.page_size = static_cast<int>(page_size);
-  p.num_blocks = static_cast<int>(num_blocks);
-  p.kv_lens = lens.data_ptr<int32_t>();
-  p.q_offsets = offs.data_ptr<int32_t>();
-  p.scale = static_cast<float>(scale);
-  p.causal = causal;
-  torch::Tensor err;
-  if (debug) {
-    err = torch::zeros({2}, q.options().dtype(at::kInt));
-    p.paged_error = err.data_ptr<int32_t>();
-  }
-  std::vector<torch::Tensor> res = run(g, p, q, kv_lora_rank, num_sm, debug, return_lse);
-  if (debug) report_paged_error(g, err, bt, lens, capacity, num_blocks);
-  return res;
+  return run_paged(g, p, q, bt, lens, offs, page_size, num_blocks, scale, causal, kv_lora_rank, num_sm, debug,
+                   return_lse);
 }
 
 std::tuple<int64_t, int64_t> choose_splits_py(int64_t bh, int64_t n_q, int64_t n_k, int64_t num_sm) {
