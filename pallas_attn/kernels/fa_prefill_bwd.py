@@ -1,0 +1,515 @@
+"""fa_prefill backward: dQ, dK, dV of dense attention on Hopper (sm_90) through Mosaic GPU; deterministic.
+
+What it is. The backward of ``fa_prefill`` (docs/fa_prefill.md, "Backward"): given Q, K, V, the forward's
+output O and natural-log LSE ``[B, Hq, Tq]`` (``fa_prefill.forward(..., return_lse=True)``) and the output
+cotangent dO, it returns dQ, dK, dV with the semantics of ``fa_train``'s backward (same recurrences, same
+masking rules: top-left causal with a per-sequence offset, key ``j`` visible to query ``i`` iff
+``j <= i + q_offset[b]``; a row that sees no key contributes nothing). Three steps, no atomics:
+
+* **Preprocess** (XLA, fused): ``delta = rowsum(dO * O)`` in fp32, and ``lse2 = LSE * log2 e`` with ``-inf``
+  (a row that sees no key) turned into ``+inf`` so that every ``P`` of that row is ``exp2(x - inf) = 0``
+  (never ``-inf - -inf``); NaN stays NaN (NaN in, NaN out).
+* **dK/dV kernel** (``pallas_attn_fa_prefill_bwd_dkdv``), grid ``(Tk / 64, Hkv, B)``: one program owns 64 keys
+  of one KV head (K and V tiles loaded once by TMA, kept in shared memory) and loops over the G query heads
+  of its group (GQA: the sum over the group is a loop inside the program, so it is deterministic and needs no
+  reduction afterwards) and over the 64-row query blocks that see its keys. Per block, with the keys as the
+  wgmma M dimension: ``S^T = K Q^T`` and ``dP^T = V dO^T`` (two wgmmas, fp32 accumulators), ``P^T =
+  exp2(S^T * scale * log2 e - lse2)``, ``dS^T = P^T * (dP^T - delta)``, then ``dV += P^T dO`` and
+  ``dK += dS^T Q`` (two wgmmas with the 16-bit ``P^T`` / ``dS^T`` from registers). LSE and delta are column
+  vectors here (one per query), loaded in the wgmma layout reduced over rows.
+* **dQ kernel** (``pallas_attn_fa_prefill_bwd_dq``), grid ``(Tq / 64, Hq, B)``: the forward's loop order; one
+  program owns 64 query rows (Q, dO, lse2, delta loaded once), loops over the visible key blocks: ``S = Q K^T``,
+  ``dP = dO V^T``, ``P``, ``dS`` as above (row vectors now), ``dQ += dS K``.
+
+Each kernel is two warpgroups: warpgroup 1, the producer, lowers its register budget and streams the looped
+operands by TMA into a ``stages``-deep shared-memory ring (per slot a "loaded" barrier with one arrival per
+copy and a "free" barrier the consumer arrives on); warpgroup 0, the consumer, runs the wgmmas and the
+elementwise math, waiting for each pair of wgmmas before using their results (no intra-warpgroup overlap yet:
+the simple first version). Causal: key blocks past a query block's diagonal (and query blocks before a key
+block's diagonal) are never loaded; only blocks that straddle the diagonal, or hold the ragged end of the keys,
+run the masked step. Lengths: Q/dO are padded to 64 rows and K/V to 64 keys only when needed (padded query
+rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64 and 128; D 256 is refused (the
+dK/dV consumer would hold two 64 x 256 fp32 accumulators, 256 registers per thread, before S and dP).
+
+CPU. ``emulate_backward`` runs the same two kernels on jax's Mosaic GPU interpreter (warpgroups as threads;
+TMA, barriers and shared memory simulated, uninitialised shared memory NaN, race detection on), with the
+wgmma products replaced by ``jnp`` dots on the same shared-memory tiles (the interpreter has no ``run_state``,
+no layouts and no transposed wgmma operands). So the CPU checks the ring protocol, the block bounds, the
+masks, the GQA loop, the epilogues and the math; it does not check wgmma operand layouts, swizzles,
+register budgets or speed (tests/gpu/test_fa_prefill_bwd_gpu.py does, on an H100).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .._compat import pl
+from .fa_prefill import _block_bounds, _pad, _smem_tile
+
+__all__ = ["BwdConfig", "CONFIGS", "backward", "emulate_backward", "smem_bytes", "PASS_NAMES"]
+
+GEN = "fa_prefill"
+PASS_DKDV = f"pallas_attn_{GEN}_bwd_dkdv"
+PASS_DQ = f"pallas_attn_{GEN}_bwd_dq"
+PASS_NAMES = (PASS_DKDV, PASS_DQ, f"{PASS_DKDV}_mosaic_gpu", f"{PASS_DQ}_mosaic_gpu")
+BLOCK = 64  # query rows and keys per tile: one wgmma M tile on either side
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+_LOG2E = math.log2(math.e)
+_SMEM_LIMIT = 227 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConfig:
+    """stages: depth of the shared-memory ring of each kernel's looped operands (Q/dO/lse/delta tiles in the
+    dK/dV kernel, K/V tiles in the dQ kernel). consumer_regs / producer_regs: per-thread register budgets after
+    ``set_max_registers`` (multiples of 8 in [24, 256]; their sum at most 256: two warpgroups in the budget of
+    two 128-register warpgroups)."""
+
+    stages: int = 2
+    consumer_regs: int = 232
+    producer_regs: int = 24
+
+    def __post_init__(self) -> None:
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"BwdConfig.stages must be 2, 3 or 4; got {self.stages}")
+        for name in ("consumer_regs", "producer_regs"):
+            r = getattr(self, name)
+            if not (isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0):
+                raise ValueError(f"BwdConfig.{name} must be a multiple of 8 in [24, 256]; got {r!r}")
+        if self.consumer_regs + self.producer_regs > 256:
+            raise ValueError(f"BwdConfig: consumer_regs + producer_regs must be <= 256; got "
+                             f"{self.consumer_regs} + {self.producer_regs}")
+
+
+CONFIGS = {"default": BwdConfig()}
+
+
+def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
+    """Shared memory of the larger of the two kernels' CTAs (they hold the same tiles, roles swapped): two
+    resident 64 x D tiles, ``stages`` slots of two 64 x D tiles, the fp32 lse/delta vectors, barriers, scratch."""
+    tiles = (2 * BLOCK * d + cfg.stages * 2 * BLOCK * d) * itemsize
+    vecs = 2 * BLOCK * 4 * max(cfg.stages, 1)
+    return tiles + vecs + 2700
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Shared pieces of the two Mosaic kernels (``emulate``: jax's GPU interpreter, see the module docstring)
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _Ops:
+    """wgmma products, layouts and vector loads, or their interpreter stand-ins."""
+
+    def __init__(self, emulate: bool):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        self.plgpu = plgpu
+        self.emulate = emulate
+
+    def cast(self, x, layout):
+        return x if self.emulate else self.plgpu.layout_cast(x, layout)
+
+    def zeros(self, shape):
+        return self.cast(jnp.zeros(shape, jnp.float32), self.plgpu.Layout.WGMMA)
+
+    def iota(self, shape, dim):
+        if self.emulate:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return self.plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.plgpu.Layout.WGMMA)
+
+    def vec(self, ref, axis: int):
+        """A length-64 fp32 vector from shared memory in the wgmma layout reduced over ``axis`` (1: one value
+        per row of a 64 x N tile; 0: one per column of an N x 64 tile)."""
+        if self.emulate:
+            return ref[...]
+        return self.plgpu.load(ref, (), layout=self.plgpu.Layout.WGMMA.reduce(axis))
+
+    def bcast(self, x, shape, axis: int):
+        """Broadcast a vector of ``vec(.., axis)`` over the other dimension of ``shape``."""
+        y = lax.broadcast_in_dim(x, shape, (1 - axis,))
+        return self.cast(y, self.plgpu.Layout.WGMMA)
+
+    @staticmethod
+    def _dot(a, b, b_t: bool):
+        a = a[...] if hasattr(a, "at") else a
+        return lax.dot_general(a, b[...], (((1,), (1 if b_t else 0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+    def mma2(self, acc1, a1, b1, acc2, a2, b2, *, b_t: bool):
+        """``(acc1 + a1 @ op(b1), acc2 + a2 @ op(b2))``, op the transpose when ``b_t``: two wgmmas issued back
+        to back, fp32 accumulators, waited for together (``run_state`` waits). ``a``: a shared-memory ref or a
+        16-bit register array; ``b``: a shared-memory ref."""
+        if self.emulate:
+            return acc1 + self._dot(a1, b1, b_t), acc2 + self._dot(a2, b2, b_t)
+        plgpu = self.plgpu
+
+        def issue(refs):
+            r1, r2 = refs
+            plgpu.wgmma(r1, a1, b1.transpose((1, 0)) if b_t else b1)
+            plgpu.wgmma(r2, a2, b2.transpose((1, 0)) if b_t else b2)
+
+        return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
+
+    def mma(self, acc, a, b):
+        """``acc + a @ b`` as one wgmma, waited for."""
+        if self.emulate:
+            return acc + self._dot(a, b, False)
+        plgpu = self.plgpu
+
+        def issue(r):
+            plgpu.wgmma(r, a, b)
+
+        return pl.run_state(issue)(plgpu.ACC.init(acc))
+
+
+def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
+    """(lo, full): query blocks of 64 rows that see keys ``[j0, j0 + 64)``: ``[lo, nq)``; of these ``[lo, full)``
+    need the mask (they straddle the diagonal, or the key block holds the ragged end ``tk``), ``[full, nq)`` not."""
+    ragged = j0 + BLOCK > tk
+    if not causal:
+        return jnp.int32(0), jnp.where(ragged, nq, 0).astype(jnp.int32)
+    # row i sees key j iff j <= i + off: the first row that sees key j0 is j0 - off; every key of the block
+    # (up to j0 + 63) is visible to every row of a block starting at i0 >= j0 + 63 - off
+    lo = jnp.clip(lax.div(jnp.maximum(j0 - off, 0), BLOCK), 0, nq)
+    full = jnp.clip(lax.div(jnp.maximum(j0 + BLOCK - 1 - off, 0) + BLOCK - 1, BLOCK), lo, nq)
+    full = jnp.where(ragged, nq, full)
+    return lo.astype(jnp.int32), full.astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
+                causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    ops = _Ops(emulate)
+    dtype = jnp.dtype(dtype_name)
+    bq = bk = BLOCK
+    ns = cfg.stages
+    group = hq // hkv
+    nq = tq_pad // bq
+    c = float(scale) * _LOG2E
+    f32 = jnp.float32
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
+             k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free):
+        ji = lax.axis_index("k")
+        hk = lax.axis_index("h")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        j0 = ji * bk
+        off = off_ref[bi] if causal else jnp.int32(0)
+        lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
+        per_head = nq - lo  # query blocks per query head of the group
+        n_steps = group * per_head
+
+        @pl.when(wg == 0)
+        def _consumer():
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_smem, kv_bar.at[0])
+            plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_smem, kv_bar.at[0])
+            plgpu.barrier_wait(kv_bar.at[0])
+
+            def mask(x, qb):
+                kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
+                qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
+                ok = kpos < tk
+                if causal:
+                    ok = ok & (kpos <= qpos + off)
+                return jnp.where(ok, x, -jnp.inf)
+
+            def step(qb, carry, *, g, masked: bool):
+                dk, dv = carry
+                s = g * per_head + (qb - lo)
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(q_bar.at[slot])
+                qs, dos = q_smem.at[slot], do_smem.at[slot]
+                st, dpt = ops.mma2(ops.zeros((bk, bq)), k_smem, qs, ops.zeros((bk, bq)), v_smem, dos, b_t=True)
+                lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
+                delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
+                x = st * c
+                if masked:
+                    x = mask(x, qb)
+                pt = jnp.exp2(x - lse2)  # P^T; 0 where masked and in rows that see no key (lse2 = +inf)
+                dst = pt * (dpt - delta)
+                dv, dk = ops.mma2(dv, pt.astype(dtype), dos, dk, dst.astype(dtype), qs, b_t=False)
+                plgpu.barrier_arrive(q_free.at[slot])
+                return dk, dv
+
+            def head(g, carry):
+                carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
+                return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
+
+            dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, d)), ops.zeros((bk, d))))
+            # epilogue: K and V were last read by the waited wgmmas above; their tiles stage the outputs
+            k_smem[...] = (dk * scale).astype(dtype)
+            v_smem[...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[bi, pl.ds(j0, bk), hk])
+            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[bi, pl.ds(j0, bk), hk])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 1)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n_steps)
+            def _load(s):
+                slot = lax.rem(s, ns)
+                g = lax.div(s, jnp.maximum(per_head, 1))
+                qb = lo + lax.rem(s, jnp.maximum(per_head, 1))
+                h = hk * group + g
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(q_free.at[slot])
+
+                rows = pl.ds(qb * bq, bq)
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem.at[slot], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem.at[slot], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
+
+            # observe the last frees too (every phase of a barrier it waits on; idle time on the GPU anyway)
+            @pl.loop(jnp.maximum(n_steps - ns, 0), n_steps)
+            def _drain(s):
+                plgpu.barrier_wait(q_free.at[lax.rem(s, ns)])
+
+    out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
+    scratch = [
+        _smem_tile((bk, d), dtype),
+        _smem_tile((bk, d), dtype),
+        _smem_tile((ns, bq, d), dtype),
+        _smem_tile((ns, bq, d), dtype),
+        plgpu.SMEM((ns, bq), f32),
+        plgpu.SMEM((ns, bq), f32),
+        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+        plgpu.Barrier(num_arrivals=4, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=(tk_pad // bk, hkv, b),
+        grid_names=("k", "h", "b"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_DKDV,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
+              causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    ops = _Ops(emulate)
+    dtype = jnp.dtype(dtype_name)
+    bq = bk = BLOCK
+    ns = cfg.stages
+    group = hq // hkv
+    c = float(scale) * _LOG2E
+    f32 = jnp.float32
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
+             q_smem, do_smem, lse_smem, dl_smem, k_smem, v_smem, qd_bar, kv_bar, kv_free):
+        qi = lax.axis_index("q")
+        h = lax.axis_index("h")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        hk = lax.div(h, group)
+        r0 = qi * bq
+        off = off_ref[bi] if causal else jnp.int32(0)
+        n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+
+        @pl.when(wg == 0)
+        def _consumer():
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            rows = pl.ds(r0, bq)
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem, qd_bar.at[0])
+            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem, qd_bar.at[0])
+            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem, qd_bar.at[0])
+            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem, qd_bar.at[0])
+            plgpu.barrier_wait(qd_bar.at[0])
+            lse2 = ops.bcast(ops.vec(lse_smem, 1), (bq, bk), 1)
+            delta = ops.bcast(ops.vec(dl_smem, 1), (bq, bk), 1)
+
+            def mask(x, s):
+                qpos = r0 + ops.iota((bq, bk), 0)
+                kpos = s * bk + ops.iota((bq, bk), 1)
+                ok = kpos < tk
+                if causal:
+                    ok = ok & (kpos <= qpos + off)
+                return jnp.where(ok, x, -jnp.inf)
+
+            def step(s, dq, *, masked: bool):
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(kv_bar.at[slot])
+                ks, vs = k_smem.at[slot], v_smem.at[slot]
+                sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, ks, ops.zeros((bq, bk)), do_smem, vs, b_t=True)
+                x = sc * c
+                if masked:
+                    x = mask(x, s)
+                p = jnp.exp2(x - lse2)
+                ds = p * (dp - delta)
+                dq = ops.mma(dq, ds.astype(dtype), ks)
+                plgpu.barrier_arrive(kv_free.at[slot])
+                return dq
+
+            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
+            dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+            # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
+            q_smem[...] = (dq * scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[bi, rows, h])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 1)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n_total)
+            def _load(s):
+                slot = lax.rem(s, ns)
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(kv_free.at[slot])
+
+                keys = pl.ds(s * bk, bk)
+                plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk], k_smem.at[slot], kv_bar.at[slot])
+                plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk], v_smem.at[slot], kv_bar.at[slot])
+
+            @pl.loop(jnp.maximum(n_total - ns, 0), n_total)
+            def _drain(s):
+                plgpu.barrier_wait(kv_free.at[lax.rem(s, ns)])
+
+    scratch = [
+        _smem_tile((bq, d), dtype),
+        _smem_tile((bq, d), dtype),
+        plgpu.SMEM((bq,), f32),
+        plgpu.SMEM((bq,), f32),
+        _smem_tile((ns, bk, d), dtype),
+        _smem_tile((ns, bk, d), dtype),
+        plgpu.Barrier(num_arrivals=4, num_barriers=1),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
+        scratch_types=scratch,
+        grid=(tq_pad // bq, hq, b),
+        grid_names=("q", "h", "b"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_DQ,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Entry
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _check(q, k, v, o, lse, do) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"{GEN} backward: expected q [B, Tq, Hq, D] and k, v [B, Tk, Hkv, D]; got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if o.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"{GEN} backward: o and do must have q's shape {q.shape}; got {o.shape}, {do.shape}")
+    b, tq, hq, d = q.shape
+    if lse.shape != (b, hq, tq) or lse.dtype != jnp.float32:
+        raise ValueError(f"{GEN} backward: lse must be float32 [B, Hq, Tq] = {(b, hq, tq)}; got {lse.dtype} "
+                         f"{lse.shape}")
+    if not (q.dtype == k.dtype == v.dtype == o.dtype == do.dtype) or q.dtype.name not in DTYPES:
+        raise ValueError(f"{GEN} backward: q, k, v, o, do must share one dtype in {DTYPES}; got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}, {o.dtype}, {do.dtype}")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"{GEN} backward: k must share q's batch and head dim; got {q.shape}, {k.shape}")
+    if d not in HEAD_DIMS:
+        raise NotImplementedError(
+            f"{GEN} backward: head dim {d} not supported (D in {HEAD_DIMS}); at D=256 the dK/dV consumer "
+            f"would hold two 64 x 256 fp32 accumulators (256 registers per thread) before S and dP: use "
+            f"fa_train's backward")
+    if hq % k.shape[2]:
+        raise ValueError(f"{GEN} backward: Hq must be a multiple of Hkv; got {hq}, {k.shape[2]}")
+    if k.shape[1] < 1 or tq < 1:
+        raise ValueError(f"{GEN} backward: needs Tq >= 1 and Tk >= 1; got {tq}, {k.shape[1]}")
+
+
+def _prepare(q, k, v, o, lse, do, q_offset):
+    """Pad to whole 64-row / 64-key tiles; delta and lse2 (fp32 [B, Hq, Tq_pad])."""
+    b, tq = q.shape[:2]
+    f32 = jnp.float32
+    delta = jnp.einsum("bthd,bthd->bht", do.astype(f32), o.astype(f32), precision=lax.Precision.HIGHEST)
+    lse2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E)  # no visible key: P = exp2(x - inf) = 0
+    extra = -tq % BLOCK
+    if extra:
+        lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, extra)), constant_values=jnp.inf)
+        delta = jnp.pad(delta, ((0, 0), (0, 0), (0, extra)))
+    off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
+    return (_pad(q, 1, BLOCK), _pad(k, 1, BLOCK), _pad(v, 1, BLOCK), _pad(do, 1, BLOCK), lse2, delta, off)
+
+
+def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool):
+    _check(q, k, v, o, lse, do)
+    b, tq, hq, d = q.shape
+    tk, hkv = k.shape[1], k.shape[2]
+    qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset)
+    args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
+    dk, dv = _build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
+    dq = _build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
+    return dq[:, :tq], dk[:, :tk], dv[:, :tk]
+
+
+def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
+             interpret: bool = False):
+    """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
+    natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). Deterministic: no
+    atomics; GQA's dK/dV summed over the group in a fixed order. ``interpret``: run the same kernels on jax's
+    Mosaic GPU interpreter (CPU; wgmma products as jnp dots; slow, small shapes only)."""
+    cfg = CONFIGS["default"] if config is None else config
+    if not isinstance(cfg, BwdConfig):
+        raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
+    if q_offset is None:
+        q_offset = jnp.zeros((q.shape[0],), jnp.int32)
+    if not interpret:
+        need = smem_bytes(q.shape[-1], jnp.dtype(q.dtype).itemsize, cfg)
+        if need > _SMEM_LIMIT:
+            raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
+                             f"{_SMEM_LIMIT}); use fewer stages")
+        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False)
+    dq, dk, dv, _ = emulate_backward(q, k, v, o, lse, do, causal=causal, scale=scale, q_offset=q_offset,
+                                     config=cfg, detect_races=False)
+    return dq, dk, dv
+
+
+def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
+                     config: BwdConfig | None = None, detect_races: bool = True):
+    """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+        from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
+    except ImportError as e:  # pragma: no cover - a jax without the GPU interpreter
+        raise NotImplementedError(f"this jax ({jax.__version__}) has no Mosaic GPU interpret mode: {e}") from e
+    cfg = CONFIGS["default"] if config is None else config
+    if q_offset is None:
+        q_offset = jnp.zeros((q.shape[0],), jnp.int32)
+    try:
+        with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
+            dq, dk, dv = jax.block_until_ready(_run(q, k, v, o, lse, do, q_offset, causal=causal,
+                                                    scale=float(scale), cfg=cfg, emulate=True))
+        races = bool(detect_races and gpu_callbacks.get_races().races_found)
+    finally:
+        gpu_callbacks.reset_gpu_interpret_mode_state()
+    return dq, dk, dv, races
