@@ -1,0 +1,131 @@
+"""fa_prefill's backward on the CPU: the two Mosaic GPU kernels' own code on jax's GPU interpreter (race
+detection on; the wgmma products become jnp dots on the same shared-memory tiles) against ``jax.vjp`` of a
+float32 reference, their lowering for CUDA, and the refusals. The kernels themselves run on an H100 in
+tests/gpu/test_fa_prefill_bwd_gpu.py. Budget: ~40 s (the interpreter is slow: small shapes, few programs)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_attn.kernels import fa_prefill_bwd as fb
+
+
+def reference(q, k, v, off, *, causal: bool, scale: float):
+    """float32 attention at HIGHEST precision, BTNH, GQA by repetition, top-left causal with per-sequence
+    offsets; a row that sees no key outputs 0 with LSE -inf. Returns ``(out, lse [B, Hq, Tq])``."""
+    g = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * scale
+    tq, tk = q.shape[1], k.shape[1]
+    vis = jnp.ones((q.shape[0], 1, tq, tk), bool)
+    if causal:
+        vis = jnp.arange(tk)[None, None, None, :] <= jnp.arange(tq)[None, None, :, None] + off[:, None, None, None]
+    m = jnp.max(jnp.where(vis, s, -jnp.inf), axis=-1, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    p = jnp.where(vis, jnp.exp(jnp.where(vis, s, 0.0) - m), 0.0)
+    l_ = p.sum(-1, keepdims=True)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p / jnp.where(l_ == 0, 1.0, l_), v, precision="highest")
+    l0 = l_[..., 0]
+    lse = jnp.where(l0 == 0, -jnp.inf, jnp.log(jnp.where(l0 == 0, 1.0, l0)) + m[..., 0])
+    return out, lse
+
+
+def _inputs(rng, b, tq, tk, hq, hkv, d, dtype):
+    def mk(shape):
+        return jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype)
+
+    return mk((b, tq, hq, d)), mk((b, tk, hkv, d)), mk((b, tk, hkv, d)), mk((b, tq, hq, d))
+
+
+def _rel(a, b) -> float:
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# b, tq, tk, hq, hkv, d, causal, offsets, dtype. Every case has odd lengths (neither a multiple of 64);
+# the first: GQA G 2, Tq < Tk with an offset (bottom-right-like causal), 3 key blocks; the second: non-causal,
+# Tq > Tk, D 128; the third: negative and per-sequence offsets (rows that see no key), query blocks before
+# a key block's diagonal skipped.
+_CASES = [
+    (1, 70, 150, 2, 1, 64, True, (80,), "bfloat16"),
+    (1, 100, 40, 1, 1, 128, False, (0,), "float16"),
+    (2, 90, 70, 1, 1, 64, True, (-5, 3), "float16"),
+]
+_TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}  # relative norm error; measured ~3e-4 (fp16), ~2.5e-3 (bf16)
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mosaic_kernels_on_the_gpu_interpreter(rng, case):
+    """dQ, dK, dV of both kernels' own code (TMA rings and barriers, block bounds, masks, the GQA loop, the
+    epilogues) against jax.vjp of the float32 reference, with no race reported."""
+    b, tq, tk, hq, hkv, d, causal, offs, dt = case
+    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
+    off = jnp.asarray(offs, jnp.int32)
+    scale = 1.0 / np.sqrt(d)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
+    ref = vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
+    dq, dk, dv, races = fb.emulate_backward(q, k, v, out.astype(dt), lse, do, causal=causal, scale=scale,
+                                            q_offset=off)
+    assert not races
+    for name, ours, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, (q, k, v)):
+        assert ours.dtype == x.dtype and ours.shape == x.shape, name
+        assert np.isfinite(np.asarray(ours, np.float32)).all(), name
+        assert _rel(ours, r) < _TOL[dt], (name, _rel(ours, r))
+    if not np.isfinite(np.asarray(lse)).all():  # rows that see no key: zero dQ
+        empty = ~np.isfinite(np.asarray(lse)).transpose(0, 2, 1)
+        assert np.all(np.asarray(dq, np.float32)[empty] == 0.0)
+
+
+@pytest.mark.parametrize("causal,d,dtype", [(True, 64, jnp.bfloat16), (False, 128, jnp.float16)])
+def test_mosaic_kernels_lower_for_cuda(causal, d, dtype):
+    """The real kernels (wgmma, layouts, TMA, register budgets) lower for CUDA on this CPU machine: GQA,
+    ragged Tq != Tk, offsets."""
+    sds = jax.ShapeDtypeStruct
+    q, k = sds((2, 200, 4, d), dtype), sds((2, 333, 2, d), dtype)
+    lse, off = sds((2, 4, 200), jnp.float32), sds((2,), jnp.int32)
+
+    def f(q, k, v, o, lse, do, off):
+        return fb.backward(q, k, v, o, lse, do, causal=causal, scale=0.125, q_offset=off)
+
+    text = jax.jit(f).trace(q, k, k, q, lse, q, off).lower(lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
+    assert "wgmma" in text
+
+
+def test_refusals_name_the_problem():
+    z = jnp.zeros
+    q, k = z((1, 64, 2, 64), jnp.float16), z((1, 64, 1, 64), jnp.float16)
+    lse = z((1, 2, 64), jnp.float32)
+
+    def call(q=q, k=k, v=k, o=q, lse=lse, do=q, **kw):
+        return fb.backward(q, k, v, o, lse, do, causal=False, scale=1.0, **kw)
+
+    q256 = z((1, 64, 2, 256), jnp.float16)
+    with pytest.raises(NotImplementedError, match="head dim 256"):
+        call(q=q256, k=z((1, 64, 1, 256), jnp.float16), v=z((1, 64, 1, 256), jnp.float16), o=q256, do=q256)
+    with pytest.raises(ValueError, match="lse must be float32"):
+        call(lse=lse.astype(jnp.float16))
+    with pytest.raises(ValueError, match="lse must be float32"):
+        call(lse=lse[:, :, :10])
+    with pytest.raises(ValueError, match="share one dtype"):
+        call(do=q.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match="share one dtype"):
+        call(q=q.astype(jnp.float32), o=q.astype(jnp.float32), do=q.astype(jnp.float32))
+    with pytest.raises(ValueError, match="multiple of Hkv"):
+        call(q=z((1, 64, 3, 64), jnp.float16), o=z((1, 64, 3, 64), jnp.float16),
+             do=z((1, 64, 3, 64), jnp.float16), lse=z((1, 3, 64), jnp.float32), k=z((1, 64, 2, 64), jnp.float16),
+             v=z((1, 64, 2, 64), jnp.float16))
+    with pytest.raises(ValueError, match="q's shape"):
+        call(o=q[:, :32])
+    with pytest.raises(ValueError, match="BwdConfig"):
+        fb.BwdConfig(stages=1)
+    with pytest.raises(ValueError, match="BwdConfig"):
+        fb.BwdConfig(consumer_regs=240, producer_regs=40)
