@@ -166,10 +166,14 @@ def test_absorption_identity_through_the_kernel():
     # 5 tiles through the 3-slot ring
     ("split_qk", 320, 256, 2, 1, 16, 64, False, 2, [150, 37]),  # the S exchange
     ("pipelined", 192, 128, 2, 2, 8, 16, True, 2, [230, 0]),  # QK(s) with PV(s-1); empty splits still load block 0
+    ("kv64", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # 64-key tiles (4 page copies each), P and alpha handed
+    # from consumer 0 to consumer 1, the staging aliasing the ring; an empty split and an empty sequence
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
-    exchange, the staged fp32 epilogue) run by jax's GPU interpreter with race detection; products as jnp dots."""
+    exchange, kv64's P handoff, the staged fp32 epilogue) run by jax's GPU interpreter with race detection; products
+    as jnp dots. Without kv64's ``done`` wait before the aliased staging the race detector fires; without its p_free
+    wait the interpreter's barrier check raises (and the run then hangs)."""
     q, pool, bt, kl = _case(10, b=b, tq=tq, hq=hq, dqk=dqk, lens=lens, page=page, dtype="bfloat16")
     pool = pool.astype(jnp.bfloat16)
     cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": splits})
@@ -248,7 +252,7 @@ def test_contract_and_deepseek_plan():
     info = {g.id: g for g in pallas_attn.generations()}
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
-    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "triton"}
+    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

@@ -107,7 +107,10 @@ class MlaTcConfig:
     num_warps / num_stages: the Triton twin's launch knobs. split_qk (Mosaic): each consumer computes S over
     half of DQK and the halves are exchanged through shared memory (no redundant QK; see the module docstring).
     overlap (Mosaic): each consumer issues S_{s+1} = Q L^T and O += P_s V_s together and runs the softmax of s + 1
-    while the P V wgmma runs (FlashAttention-3's intra-warpgroup pipelining, as fa_prefill's ``overlap``)."""
+    while the P V wgmma runs (FlashAttention-3's intra-warpgroup pipelining, as fa_prefill's ``overlap``).
+    share_p (Mosaic): consumer 0 alone computes S over all of DQK and the softmax and hands P (16-bit) and the
+    rescale factor to consumer 1 through shared memory; the fp32 output staging aliases the latent ring (config
+    ``kv64``: 64-key tiles, see the module docstring's budget)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -120,6 +123,7 @@ class MlaTcConfig:
     num_stages: int = 2
     split_qk: bool = False
     overlap: bool = False
+    share_p: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -134,11 +138,14 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap"):
+        for name in ("split_qk", "overlap", "share_p"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
-        if self.split_qk and self.overlap:
-            raise ValueError(f"{owner}: split_qk and overlap are separate variants (not combined yet)")
+        if self.split_qk + self.overlap + self.share_p > 1:
+            raise ValueError(f"{owner}: split_qk, overlap and share_p are separate variants (not combined)")
+        if self.share_p and self.stages != 2:
+            raise ValueError(f"{owner}: share_p runs a 2-slot ring (each consumer stages its output in one slot); "
+                             f"got stages={self.stages}")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -165,15 +172,25 @@ CONFIGS = {
     "triton": MlaTcConfig(engine="triton", block_kv=64),
     "split_qk": MlaTcConfig(split_qk=True, stages=2),
     "pipelined": MlaTcConfig(overlap=True),
+    "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
 }
 
 
 def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
     """Shared memory of one Mosaic CTA: the Q tile, the latent ring, the fp32 output staging, LSE and barriers."""
     del dv
+    if cfg.share_p:  # exact (Mosaic aligns each buffer to 1 KiB): Q, the ring aliased by the staging, P, the
+        # alpha / l and LSE vectors, 8 barriers, no reduction scratch
+        ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
+        return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(BLOCK_M * cfg.block_kv * itemsize) \
+            + 2 * 1024 + 8 * 8
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
+
+
+def _align(nbytes: int, to: int = 1024) -> int:
+    return -(-nbytes // to) * to
 
 
 def _heuristic(p: MlaProblem) -> MlaTcConfig:
@@ -245,8 +262,13 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
         return pl.run_state(issue)(plgpu.ACC.init(init))
 
-    def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref,
-             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange):
+    aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
+
+    def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
+        if aliased:
+            q_smem, (lat_smem, o_stage), lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
+        else:
+            q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
         ti = lax.axis_index("t")
         sp = lax.axis_index("s")
         bi = lax.axis_index("b")
@@ -374,6 +396,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
                 acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step, masked=True), carry)
 
+            epilogue(w, acc, m_i, l_i)
+
+        def epilogue(w: int, acc, m_i, l_i):
+            """Normalize this consumer's DV half and write it (fp32, staged by 64 columns) and, consumer 0, the LSE."""
+            col0 = w * dvh
             empty = l_i == 0.0
             inv = 1.0 / jnp.where(empty, 1.0, l_i)
             out = acc * lax.broadcast_in_dim(inv, (bm, dvh), (0,))
@@ -390,13 +417,106 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
             plgpu.wait_smem_to_gmem(0)
 
+        def consumer_shared(w: int):
+            """share_p: consumer 0 computes S over all of DQK, the mask and the softmax, hands P (q's dtype) and
+            alpha to consumer 1 through shared memory (one buffer: p_ready / p_free), and both run their P V half
+            (consumer 1 with P as a shared-memory wgmma operand). After both loops (the ``done`` barrier, which also
+            publishes consumer 0's final l in the alpha buffer) the ring is idle and each consumer stages its output
+            in ring bytes."""
+            p_smem, alpha_smem, p_ready, p_free, done = exchange
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
+
+            def load_row(ref):
+                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
+
+            def mask(sc, s):
+                cols = iota((bm, tn), 1)
+                kpos = lo + s * tn + cols
+                ok = kpos < hi
+                if per_row_mask:
+                    rws = iota((bm, tn), 0)
+                    ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
+                return jnp.where(ok, sc, -jnp.inf)
+
+            if w == 0:
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
+                plgpu.barrier_wait(q_bar.at[0])
+
+                def step0(s, carry, *, masked: bool):
+                    acc, m_i, l_i = carry
+                    slot = lax.rem(s, ns)
+                    plgpu.barrier_wait(l_bar.at[slot])
+                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+                    if masked:
+                        sc = mask(sc, s)
+                    m_new = jnp.maximum(m_i, sc.max(axis=1))
+                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+                    alpha = jnp.exp2(m_i * cl - m_use)
+                    p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+                    l_new = l_i * alpha + p.sum(axis=1)
+                    pt = p.astype(dtype)
+
+                    @pl.when(s > 0)
+                    def _():  # consumer 1 is done with P_{s-1} and alpha_{s-1}
+                        plgpu.barrier_wait(p_free.at[0])
+
+                    p_smem[...] = pt
+                    alpha_smem[...] = alpha
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(p_ready.at[0])
+                    acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
+                    acc = mma(pt, lat_smem.at[slot, :, pl.ds(0, dvh)], (bm, dvh), acc)
+                    plgpu.barrier_arrive(l_free.at[slot])
+                    return acc, m_new, l_new
+
+                carry = (acc0, lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
+                         lcast(jnp.full((bm,), 0.0, f32), row_layout))
+                n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
+                carry = lax.fori_loop(0, n_plain, functools.partial(step0, masked=False), carry)
+                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step0, masked=True), carry)
+
+                @pl.when(n > 0)
+                def _():  # the last handoff consumed (every phase of p_free observed)
+                    plgpu.barrier_wait(p_free.at[0])
+
+                alpha_smem[...] = l_i  # consumer 1 has read its last alpha: the buffer now carries the final l
+                plgpu.barrier_arrive(done.at[0])
+            else:
+                def step1(s, acc):
+                    slot = lax.rem(s, ns)
+                    plgpu.barrier_wait(l_bar.at[slot])
+                    plgpu.barrier_wait(p_ready.at[0])
+                    alpha = load_row(alpha_smem)
+                    acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
+                    acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(dvh, dvh)], (bm, dvh), acc)
+                    plgpu.barrier_arrive(p_free.at[0])
+                    plgpu.barrier_arrive(l_free.at[slot])
+                    return acc
+
+                acc = lax.fori_loop(0, n, step1, acc0)
+                m_i = None
+                plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            if w == 1:
+                l_i = load_row(alpha_smem)
+            if emulate:
+                # the GPU's staging aliases the ring (RefUnion): write this consumer's slots here so that the race
+                # detector sees the alias hazard (a TMA load or the other consumer's read still in flight)
+                for k in range(w, ns, 2):
+                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
+            epilogue(w, acc, m_i, l_i)
+
+        run_consumer = consumer_shared if cfg.share_p else consumer
+
         @pl.when(wg == 0)
         def _c0():
-            consumer(0)
+            run_consumer(0)
 
         @pl.when(wg == 1)
         def _c1():
-            consumer(1)
+            run_consumer(1)
 
         @pl.when(wg == 2)
         def _producer():
@@ -429,10 +549,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
+    ring, stage = _smem_tile((ns, tn, dqk), dtype, swz), _smem_tile((2, bm, _STAGE_COLS), f32)
     scratch = [
         _smem_tile((bm, dqk), dtype, swz),
-        _smem_tile((ns, tn, dqk), dtype, swz),
-        _smem_tile((2, bm, _STAGE_COLS), f32),
+        *([plgpu.RefUnion(ring, stage)] if aliased else [ring, stage]),
         plgpu.SMEM((bm,), f32),
         plgpu.Barrier(num_arrivals=1, num_barriers=1),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
@@ -440,6 +560,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     ]
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
+    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free, done
+        scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((bm,), f32),
+                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=1, num_barriers=1),
+                    plgpu.Barrier(num_arrivals=2, num_barriers=1)]
     return plgpu.kernel(
         body,
         out_type=out_type,
@@ -448,7 +572,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         grid_names=("t", "s", "b"),
         num_threads=3,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        # share_p: every reduction is along a WGMMA row (within a warp: no cross-warp scratch), and the 2 KiB the
+        # default reserves for one would push the CTA past 227 KiB (module docstring)
+        compiler_params=plgpu.CompilerParams(approx_math=True,
+                                             **({"reduction_scratch_bytes": 0} if cfg.share_p else {})),
         kernel_name=PASS_MOSAIC,
     )
 
