@@ -30,6 +30,14 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   ``overlap``: step s issues ``S_s = Q L_s^T`` and ``O += P_{s-1} L_{s-1}`` together, waits for S only, and runs
   the softmax of s while the P V wgmma runs; block 0 is the prologue (always loaded, an empty split is fully
   masked there), the last P V the epilogue. Not the default until measured either.
+  Config ``kv64`` (fa_mla's ``kv64``): 64-key tiles (TN 64, the 128-byte swizzle) in a 2-slot ring. Consumer 0
+  alone computes ``S = Q L^T`` over all 576 columns, masks, runs the softmax, and hands P (q's dtype, 64 x 64) and
+  the rescale factor alpha to consumer 1 through one shared-memory buffer (``p_ready`` / ``p_free`` barriers);
+  both then run their ``P V`` half (consumer 0 with P from registers, consumer 1 with P as a shared-memory wgmma
+  operand). The MMA work is the minimum (no recomputed S, no fp32 S exchange) and the per-tile fixed costs
+  (barriers, TMA issue, waits) are paid every 64 keys instead of 32. The final l reaches consumer 1 in the alpha
+  buffer, over a ``done`` barrier both consumers pass after their loops; after it the ring is idle, and the fp32
+  output staging aliases the ring's bytes (``plgpu.RefUnion``). See "Shared memory and registers" below.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
@@ -37,6 +45,30 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   Q 72 KiB + ring 108 KiB + staging 32 KiB = 212 KiB of the H100's 227 (TN 64 with two stages would need 248).
   TN 32 is P V's contraction, and wgmma takes K in whole swizzle groups, so the Q tile and the ring use the
   64-byte swizzle (32 elements) rather than 128; a page of 64 is two tiles.
+
+Shared memory and registers (bf16, DQK 576, DV 512; the H100 / H200 opt-in limit is 227 KiB = 232,448 B per CTA,
+the register file 65,536 x 32-bit per SM, at most 255 per thread; Mosaic aligns every buffer to 1 KiB and by default
+reserves 2 KiB for cross-warp reductions):
+
+* **One CTA owning all 128 heads of a (batch, split) does not fit.** Its fp32 output is 128 x 512 x 4 B = 256 KiB =
+  65,536 registers, the whole register file, before Q fragments, S, P, addresses or the producer; two consumers
+  of 64 rows x 512 columns would each need 256 accumulator registers per thread (limit 255). Parking half of O in
+  shared memory does not fit either: the 128-row Q tile is 128 x 576 x 2 B = 144 KiB, half of O 128 KiB, already
+  272 KiB without a latent tile. Four consumer warpgroups (2 row halves x 2 DV halves, 128 accumulator registers
+  each) need 4 x 128 x 128 = 65,536 accumulator registers: the whole file again. Two passes over DV (one half per
+  pass) read the latent twice, which is what the 64-row tiles do today. Reading each latent tile once for all 128
+  heads therefore needs two CTAs on two SMs sharing one read: a 2-CTA cluster with TMA multicast and a
+  cluster-wide "free" barrier. Not built: jax's GPU interpreter supports no cluster barriers (and does not model a
+  multicast), so the protocol could not be checked on a CPU machine, and a wrong cluster barrier hangs or corrupts
+  silently.
+* **kv64 (built)**: Q 64 x 576 x 2 = 73,728 B; ring 2 x 64 x 576 x 2 = 147,456 B, aliased by the fp32 staging
+  (2 x 64 x 64 x 4 = 32,768 B); P 64 x 64 x 2 = 8,192 B; alpha / l and LSE vectors 256 B each, 1,024 B aligned;
+  8 barriers 64 B; reduction scratch 0 (every reduction here is along a WGMMA row, inside a warp): 231,488 B, 960 B
+  under the limit (``smem_bytes`` computes it; the CUDA lowering's own count agrees). Without the alias the staging
+  alone would overshoot by 31,808 B; with Mosaic's default 2 KiB reduction scratch by 1,088 B. Registers:
+  ``setmaxnreg`` 232 per consumer and 40 for the producer, (2 x 232 + 40) x 128 = 64,512 <= 65,536; consumer 0
+  holds O (64 x 256 fp32: 128 registers), S (64 x 64 fp32: 32), P (16-bit: 16) and row vectors, consumer 1 only O.
+  A third 64-key stage does not fit (Q and three slots: 294,912 B).
 
 Latent formats on this kernel: bf16 / fp16 (q of the same dtype). An fp8 latent runs on the ``triton`` config
 (the config=None heuristic picks it): converting the E4M3 ring to a 16-bit tile in shared memory needs a register
@@ -46,8 +78,9 @@ What was checked without a GPU: every config lowers for CUDA on the CPU (tests/t
 kernel's own code runs on jax's GPU interpreter (``emulate_mosaic``: warpgroups as threads, TMA, barriers and
 shared memory simulated, uninitialised shared memory NaN, race detection on; the two products become jnp dots
 there because the interpreter has no ``run_state`` and no transposed wgmma operand): table addressing, the ring's
-barrier protocol (removing the producer's free-wait fails the test), masks, splits, the split_qk exchange and the
-staged epilogue agree with the float64 oracle (tests/test_mla_pallas.py). Not checked: wgmma operand layouts and
+barrier protocol (removing the producer's free-wait fails the test), masks, splits, the split_qk exchange, kv64's
+P handoff and its staging in ring bytes (modelled there as writes to the ring: no RefUnion in the interpreter) and
+the staged epilogue agree with the float64 oracle (tests/test_mla_pallas.py). Not checked: wgmma operand layouts and
 swizzles, register budgets, timing: tests/gpu/test_mla_pallas_gpu.py on an H100.
 
 The Triton twin (config ``triton``, also what interpret mode runs for every config on the CPU): the same tiles
