@@ -6,7 +6,7 @@ line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes t
 
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
 it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
-compiling (~40 kernels).
+compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"`` runs them).
 """
 
 import os
@@ -106,9 +106,9 @@ pytestmark_gpu = pytest.mark.gpu
 # (generation, config, dtype of q / plain latent, batch)
 _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat16", 4),
              ("v12_mla_tc", "faithful", "float16", 1), ("fa_mla", "split_qk", "bfloat16", 4),
-             ("fa_mla", "pipelined", "bfloat16", 4),
-             ("fa_mla", "triton", "bfloat16", 4), ("v11_mla", "faithful", "float16", 1),
-             ("v11_mla", "faithful", "float16", 4)]
+             ("fa_mla", "pipelined", "bfloat16", 4), ("fa_mla", "kv64", "bfloat16", 4),
+             ("v12_mla_tc", "kv64", "float16", 1), ("fa_mla", "triton", "bfloat16", 4),
+             ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
 
 @pytestmark_gpu
@@ -122,7 +122,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "triton"])
+@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -142,7 +142,7 @@ def test_causal_multi_query_offsets_page16_and_splits(config):
 def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
-    for config in ("faithful", "triton"):
+    for config in ("faithful", "kv64", "triton"):  # kv64 at page 32: two TMA copies per 64-key tile
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -172,7 +172,7 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "triton"])
+@pytest.mark.parametrize("config", ["default", "kv64", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
@@ -190,7 +190,7 @@ def _b64_case():
 
 @pytestmark_gpu
 @pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "split_qk"), ("fa_mla", "pipelined"),
-                                             ("fa_mla", "triton")])
+                                             ("fa_mla", "kv64"), ("fa_mla", "triton")])
 def test_timing_b64_s8192(gen, config):
     """mla_b64_s8192_bf16: one timing line, and two sequences checked against the oracle."""
     dtype = "bfloat16"
