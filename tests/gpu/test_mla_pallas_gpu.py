@@ -6,7 +6,8 @@ line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes t
 
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
 it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
-compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"`` runs them).
+compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"``
+runs them).
 """
 
 import os
