@@ -541,6 +541,21 @@ def _check_paged_values(block_table, kv_lens, q_offset, *, n_q: int, page_size: 
                              f"kv_lens[{i}]={n} < N_q={n_q} (pass q_offset explicitly)")
 
 
+def _cuda_operands_and_offsets(q, named_tensors, block_table, kv_lens, q_offset):
+    """Every operand of a paged entry on a CUDA device (ValueError naming the first that is not), then the
+    per-sequence offsets as an int32 [B] tensor: ``kv_len - N_q`` by default, the tensor given, or the int."""
+    import torch
+
+    for name, x in (("q", q), *named_tensors, ("block_table", block_table), ("kv_lens", kv_lens)):
+        if not x.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
+    if q_offset is None:
+        return (kv_lens - q.shape[2]).to(torch.int32)
+    if _is_tensor(q_offset):
+        return q_offset
+    return torch.full((q.shape[0],), int(q_offset), dtype=torch.int32, device=q.device)
+
+
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str | None = None, causal: bool = False,
                     scale: float | None = None, q_offset=None, return_lse: bool = False, num_sm: int | None = None):
     """Attention over a paged KV cache: q ``[B, H_q, N_q, D]`` (torch BHND), pools
@@ -589,16 +604,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
     else:
         fields = ("data",) if call.kv_format == "fp8" else ("packed", "micro")
         pools = tuple((f"{n}.{f}", getattr(x, f)) for n, x in (("k_pool", k_pool), ("v_pool", v_pool)) for f in fields)
-    for name, x in (("q", q), *pools, ("block_table", block_table), ("kv_lens", kv_lens)):
-        if not x.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
-    n_q = q.shape[2]
-    if call.q_offset is None:
-        q_offsets = (kv_lens - n_q).to(torch.int32)
-    elif _is_tensor(call.q_offset):
-        q_offsets = call.q_offset
-    else:
-        q_offsets = torch.full((q.shape[0],), int(call.q_offset), dtype=torch.int32, device=q.device)
+    q_offsets = _cuda_operands_and_offsets(q, pools, block_table, kv_lens, call.q_offset)
     ext = build.load()
     if call.kv_format is None:
         res = ext.forward_paged(call.gen_id, q, k_pool, v_pool, block_table, kv_lens, q_offsets, call.scale,
@@ -750,16 +756,7 @@ def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, sc
     import torch
 
     _, _, data = _latent_fields(latent_pool, q)
-    for name, x in (("q", q), *data, ("block_table", block_table), ("kv_lens", kv_lens)):
-        if not x.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor; got device {x.device}")
-    n_q = q.shape[2]
-    if call.q_offset is None:
-        q_offsets = (kv_lens - n_q).to(torch.int32)
-    elif _is_tensor(call.q_offset):
-        q_offsets = call.q_offset
-    else:
-        q_offsets = torch.full((q.shape[0],), int(call.q_offset), dtype=torch.int32, device=q.device)
+    q_offsets = _cuda_operands_and_offsets(q, data, block_table, kv_lens, call.q_offset)
     none = torch.empty(0, dtype=torch.uint8, device=q.device)
     if call.kv_format == "fp8":
         kv_format, lat, micro, lat_scale = 1, latent_pool.data, none, float(latent_pool.scale)
