@@ -316,6 +316,15 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             hi = jnp.minimum(hi, off + tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
         n = lax.div(jnp.maximum(hi - lo, 0) + (tn - 1), tn)
 
+        def mask(sc, s):  # key tile s of this split: keys past the split or kv_len (and, causal, past the row's offset)
+            cols = iota((bm, tn), 1)
+            kpos = lo + s * tn + cols
+            ok = kpos < hi
+            if per_row_mask:
+                rws = iota((bm, tn), 0)
+                ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
+            return jnp.where(ok, sc, -jnp.inf)
+
         def consumer(w: int):
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
             if w == 0:
@@ -326,15 +335,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             m0 = lcast(jnp.full((bm,), -jnp.inf, f32), row_layout)
             l0 = lcast(jnp.full((bm,), 0.0, f32), row_layout)
             acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
-
-            def mask(sc, s):
-                cols = iota((bm, tn), 1)
-                kpos = lo + s * tn + cols
-                ok = kpos < hi
-                if per_row_mask:
-                    rws = iota((bm, tn), 0)
-                    ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
-                return jnp.where(ok, sc, -jnp.inf)
 
             def step(s, carry, *, masked: bool):
                 acc, m_i, l_i = carry
@@ -463,15 +463,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             def load_row(ref):
                 return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
-
-            def mask(sc, s):
-                cols = iota((bm, tn), 1)
-                kpos = lo + s * tn + cols
-                ok = kpos < hi
-                if per_row_mask:
-                    rws = iota((bm, tn), 0)
-                    ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
-                return jnp.where(ok, sc, -jnp.inf)
 
             if w == 0:
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
