@@ -93,6 +93,7 @@ class Cost:
     fixed: float = 0.0
     key: float = 0.0  # cycles per serial per-key update inside a step (a launch's ``key_steps``)
     spill: float = 0.0  # extra SM-cycles per spilled work unit (a launch's ``spill_units``, issue side)
+    dequant: float = 0.0  # SM-cycles per KV element decoded from a quantized format (a launch's ``dequant_elems``)
 
 
 # Fitted on the H200 reference run (scripts/fit_layer2.py, issue 16 refit: 19 cost fields + 2 globals, was 25 + 2;
@@ -145,6 +146,28 @@ COSTS: dict[str, Cost] = {
     "paged_merge": Cost(issue=0.0, lat=0.0),
     # --- casts inside the timed call (XLA convert, torch .to(half)) ------------------------------------
     "cast": Cost(issue=0.0, lat=0.0),
+    # --- issue 16, every built generation (docs/roofline.md "Quantized KV, MLA, Mosaic prefill") ----------
+    # XLA kernels inside the timed call (the MLA kernels' jnp merge, unpack and NaN select): bytes + launch
+    "xla_glue": Cost(issue=0.0, lat=0.0),
+    # fa_decode on quantized KV: SM-cycles per K/V element decoded, per (format, decode)
+    "pallas_attn_fa_decode_fp8_e4m3_cast": Cost(issue=0.0, lat=0.0, dequant=0.05),
+    "pallas_attn_fa_decode_fp8_e4m3_bits": Cost(issue=0.0, lat=0.0, dequant=0.1),
+    "pallas_attn_fa_decode_nvfp4_bits": Cost(issue=0.0, lat=0.0, dequant=0.1),
+    "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0.0, lat=0.0, dequant=0.1),
+    # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
+    # its pipelined config, the Triton twin (+ fp8 latent decode per element)
+    "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1523, fixed=2.727e+04),
+    "pallas_attn_v12_mla_mosaic_pipelined": Cost(issue=0, lat=2449),
+    "pallas_attn_v12_mla_triton": Cost(issue=0, lat=7864, fixed=2.254e+04, dequant=0.09652),
+    # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA (shared by alias)
+    "pallas_attn_fa_prefill_overlap": Cost(issue=0.0, lat=1000.0, fixed=1.0e4),
+    "pallas_attn_fa_prefill_serial": Cost(issue=0.0, lat=1500.0),
+    "pallas_attn_fa_prefill_pingpong": Cost(issue=0.0, lat=1000.0),
+    # fa_train's forward (Triton): per key block on top of the MMA
+    "pallas_attn_fa_train_fwd": Cost(issue=0.0, lat=1000.0),
+    # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
+    "v11_mla_group": Cost(issue=0, lat=97.45),
+    "v12_mla_tc_mma": Cost(issue=0, lat=8117, dequant=0.4106),
 }
 
 # Dataflows with no record in the fit run, priced with the fitted cost of the dataflow they share (no new
@@ -159,6 +182,13 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
     "paged_warp_rows": {"issue": ("warp_rows", "issue"), "lat": ("warp_rows", "lat")},
     # cuda v8_gqa_tc: v5's WMMA block (one warp, softmax and running O in shared memory)
     "paged_wmma": {"issue": ("v5_wmma_kernel", "issue"), "lat": ("v5_wmma_kernel", "lat")},
+    # issue 16: the Mosaic configs share their CTA's prologue / epilogue (Q load, output stores) with the default
+    "pallas_attn_fa_prefill_serial": {"lat": ("pallas_attn_fa_prefill_serial", "lat"),
+                                      "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
+    "pallas_attn_fa_prefill_pingpong": {"lat": ("pallas_attn_fa_prefill_pingpong", "lat"),
+                                        "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
+    "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
+                                             "fixed": ("pallas_attn_v12_mla_mosaic", "fixed")},
 }
 
 # A Triton CUDA-core paged program holds its [R, width, D] FP32 product (width = keys per load) in registers;
@@ -166,12 +196,17 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
 # on record holds <= 128 and shows no penalty; the 4-warp `tuned` plans hold 256). docs/roofline.md.
 PAGED_LIVE_VALUES = 128
 
+# Storage bytes per K/V element of the quantized formats (docs/quantized_kv.md): fp8 E4M3 one byte; NVFP4 half a byte
+# of packed E2M1 codes plus one E4M3 micro-scale byte per 16 elements (the per-tensor scale is 4 bytes in all)
+KV_STORAGE_BYTES: dict[str, float] = {"fp8_e4m3": 1.0, "nvfp4": 0.5 + 1.0 / 16}
+
 
 def cost_of(name: str, costs: Mapping[str, Cost] | None = None) -> Cost:
     """The ``Cost`` of dataflow ``name`` in ``costs`` (default ``COSTS``), resolving ``ALIASES``."""
     costs = costs or COSTS
     if name in ALIASES:
-        return Cost(**{f: getattr(costs[src], sf) for f, (src, sf) in ALIASES[name].items()})
+        return Cost(**{"issue": 0.0, "lat": 0.0,
+                       **{f: getattr(costs[src], sf) for f, (src, sf) in ALIASES[name].items()}})
     return costs[name]
 
 
@@ -194,6 +229,9 @@ class Shape:
     causal: bool = False
     q_offset: int = 0
     page_size: int | None = None
+    family: str = ""
+    kv_dtype: str | None = None  # quantized KV / latent storage format (None: the workload dtype)
+    kv_lora_rank: int | None = None  # MLA: DV, the latent columns that serve as V
 
     @property
     def bh(self) -> int:
@@ -202,6 +240,11 @@ class Shape:
     @property
     def in_bytes(self) -> int:
         return 4 if self.dtype == "float32" else 2
+
+    @property
+    def kv_bytes(self) -> float:
+        """Storage bytes per K/V element: fp8 1, NVFP4 one nibble + one E4M3 micro-scale per 16, else the dtype."""
+        return KV_STORAGE_BYTES.get(self.kv_dtype or "", float(self.in_bytes))
 
     @property
     def vis_frac(self) -> float:
@@ -219,7 +262,8 @@ class Shape:
         return cls(batch=int(g("batch")), heads_q=hq, heads_kv=int(g("heads_kv") or hq), q_len=int(g("q_len")),
                    kv_len=int(g("kv_len")), head_dim=int(g("head_dim")), dtype=str(g("dtype")),
                    causal=bool(g("causal", False)), q_offset=int(g("q_offset", 0) or 0),
-                   page_size=g("page_size"))
+                   page_size=g("page_size"), family=str(g("family", "") or ""), kv_dtype=g("kv_dtype"),
+                   kv_lora_rank=g("kv_lora_rank"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +285,8 @@ class Launch:
     key_steps: float = 0.0  # serial one-key updates per program (priced by Cost.key)
     gather_steps: float = 0.0  # serial block-table -> pool gather steps per program (priced by GLOBAL gather_lat)
     spill_units: float = 0.0  # work units whose operands spill (priced by Cost.spill on the issue side)
+    mma: float = 0.0  # 16-bit tensor-core FLOPs per program, priced at the SM's datasheet MMA rate (not fitted)
+    dequant_elems: float = 0.0  # quantized K/V elements a program decodes (priced by Cost.dequant, issue side)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +354,11 @@ def occupancy(threads: int, regs: int, smem: int, lim: SMLimits = SM90) -> tuple
     return by[limit], limit
 
 
+def mma_per_clk_sm(hw: Hardware) -> float:
+    """16-bit dense tensor-core FLOPs per SM-cycle from the datasheet (3786 on the H100 / H200 SXM at 1.98 GHz)."""
+    return hw.peak("bf16") / (hw.num_sm * hw.clock_mhz * 1e6)
+
+
 def _l2_bw(hw: Hardware) -> float:
     return GLOBAL["l2_bytes_per_clk_sm"] * hw.num_sm * hw.clock_mhz * 1e6
 
@@ -321,9 +372,14 @@ def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = Non
     resident, limit = occupancy(ln.threads, ln.regs, ln.smem)
     per_sm = -(-ln.programs // hw.num_sm)  # programs on the busiest SM
     rounds = -(-per_sm // resident)
-    t_issue = per_sm * (ln.units * cst.issue + ln.spill_units * cst.spill) / clk
+    # tensor-core work at the datasheet 16-bit MMA rate of one SM (FLOPs per SM-cycle): a physical price, not a
+    # fitted one; it is both issue (co-resident programs share the tensor cores) and on each program's serial chain
+    # and so is a quantized tile's decode (the program's own threads do it between its loads and its dots)
+    mma = ln.mma / mma_per_clk_sm(hw) if ln.mma else 0.0
+    deq = ln.dequant_elems * cst.dequant
+    t_issue = per_sm * (ln.units * cst.issue + ln.spill_units * cst.spill + deq + mma) / clk
     gather = ln.gather_steps * g.get("gather_lat", GLOBAL["gather_lat"]) if ln.gather_steps else 0.0
-    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + gather + cst.fixed) / clk
+    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + gather + cst.fixed + mma + deq) / clk
     t_dram = ln.dram_bytes / hw.hbm_bw
     t_l2 = ln.l2_bytes / (g["l2_bytes_per_clk_sm"] * hw.num_sm * clk)
     t_launch = g["launch_us"] * 1e-6
@@ -350,6 +406,11 @@ def _resident_cap(hw: Hardware) -> float:
 def _split_dram_l2(nbytes: float, buffer_bytes: float, hw: Hardware) -> tuple[float, float]:
     """Re-reads of a buffer an earlier launch wrote: from L2 when it fits, else from HBM."""
     return (0.0, nbytes) if buffer_bytes <= _resident_cap(hw) else (nbytes, 0.0)
+
+
+def _kvb(s: Shape) -> float:
+    """Bytes per K/V element a 16-bit kernel reads: the quantized storage format's, else 2."""
+    return KV_STORAGE_BYTES[s.kv_dtype] if s.kv_dtype else 2.0
 
 
 def _cast_launches(s: Shape, what: str, to_bytes: int = 2) -> list[Launch]:
@@ -400,7 +461,9 @@ def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list
     row_tiles = pp["grid"][0]
     keys = max(1.0, min(plan["chunk"], tk) * s.vis_frac)  # the busiest program's keys
     tiles = max(1, math.ceil(keys / tn))
-    kv = 2 * s.batch * s.heads_kv * tk * d * 2  # fp16 pools (fp32 input is cast before the kernel)
+    # fp16 pools (fp32 input is cast before the kernel); v9_fp8 / v10_nvfp4 read their storage bytes and decode
+    # in the gather (a few ALU ops per element against R x D FMA units per key: under 1% here, not priced)
+    kv = 2 * s.batch * s.heads_kv * tk * d * _kvb(s)
     ws = s.batch * s.heads_kv * pp["packed_rows"] * plan["splits"] * (d + 1) * 4
     dram = kv + s.bh * s.q_len * d * 2 + ws
     l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
@@ -435,7 +498,137 @@ def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list
     return out
 
 
-def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
+MLA_TEMPLATES = {96: 64, 160: 128, 576: 512}  # DQK -> DV (kv_lora_rank) of the MLA templates (docs/mla.md)
+
+
+def _mla_dims(s: Shape) -> tuple[int, int]:
+    dqk = s.head_dim
+    dv = s.kv_lora_rank or MLA_TEMPLATES.get(dqk)
+    if not dv:
+        raise ValueError(f"MLA head_dim {dqk} has no template DV (kv_lora_rank)")
+    return dqk, int(dv)
+
+
+def _xla_glue(name: str, s: Shape, read: float, write: float, note: str) -> Launch:
+    """An XLA kernel inside the timed call (a jnp merge, the unpack / poison select): DRAM bytes and a launch."""
+    return Launch(name, "xla_glue", programs=max(1, _cdiv(write / 2, 1024)), threads=256, regs=32, smem=0, units=0.0,
+                  steps=0.0, dram_bytes=read + write, unit="-", note=note)
+
+
+def _mla_cuda_core_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
+    """v11_mla (Pallas, Triton): v8_gqa_ss's CUDA-core program on ONE latent head (H_kv = 1, G = h_q): grid (row
+    tiles, S, B), R packed rows, TN-key tiles, one update per tile. The same issue-bound dataflow as the paged
+    partial (``pallas_attn_paged_cuda_cores``, no new constant): per key a row does DQK score FMAs and DV output
+    FMAs, i.e. (DQK + DV) / 2 of the paged family's row x key x dim units (each one QK and one PV FMA)."""
+    dqk, dv = _mla_dims(s)
+    pp = plan["partial"]
+    P, R, tn = math.prod(pp["grid"]), pp["rows_per_program"], pp["key_tile"]
+    row_tiles, splits = pp["grid"][0], plan["splits"]
+    keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
+    tiles = max(1, math.ceil(keys / tn))
+    latent = s.batch * s.kv_len * dqk * _kvb(s)
+    rows = s.heads_q * s.q_len
+    ws = s.batch * rows * splits * (dv + 1) * 4
+    units = R * tiles * tn * (dqk + dv) / 2
+    # the live [R, TN, 64-column chunk] fp32 product per thread (8 x 32 x 64 / 256 = 64): under PAGED_LIVE_VALUES
+    live = R * tn * 64 / (32 * pp.get("num_warps", 8))
+    out = [Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp.get("num_warps", 8), 128, 0, units=units,
+                  steps=tiles, spill_units=units * max(0.0, 1.0 - PAGED_LIVE_VALUES / live),
+                  dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
+                  unit="row x key x dim", note=f"{R} heads x {tn}-key latent tiles (DQK {dqk}, DV {dv}), one update "
+                  f"per tile; {s.kv_dtype or 'fp16/bf16'} latent")]
+    out.append(_merge_launch(names[1], math.prod(plan["merge"]["grid"]), 4, splits, dv,
+                             ws + s.batch * rows * dv * s.in_bytes))
+    out.append(_xla_glue("mla_unpack_poison", s, s.batch * rows * dv * s.in_bytes, s.batch * rows * dv * s.in_bytes,
+                         "unpack [B*Hq*Tq, DV] -> [B, Tq, Hq, DV] and the bad-table NaN select (XLA)"))
+    return out
+
+
+def _mla_tc_launches(s: Shape, plan: Mapping[str, Any], names: list[str], cfg: Any, hw: Hardware) -> list[Launch]:
+    """v12_mla_tc / fa_mla: 64 packed heads x TN latent keys per tile on tensor cores, grid (row tiles, S, B).
+
+    Mosaic (``engine`` mosaic): one CTA = producer + two consumer warpgroups, 1 CTA per SM (shared memory). Per
+    tile the serial chain is the MMA work on the tensor cores (priced at the datasheet rate, ``Launch.mma``) plus a
+    fitted per-tile latency (barriers, TMA wait, softmax). MMA per tile: ``faithful`` / ``pipelined`` compute S in
+    both consumers (2 x 2 x 64 x TN x DQK) + P V (2 x 64 x TN x DV); ``split_qk`` and ``kv64`` compute S once.
+    Triton twin (``triton``): the same tiles through ``pl.dot``; an fp8 latent is decoded at the gather
+    (``Cost.dequant`` per element). Then the jnp merge (XLA) and the unpack / poison select."""
+    dqk, dv = _mla_dims(s)
+    engine = plan.get("engine", "mosaic")
+    tn, bm, splits = plan["block_kv"], plan.get("block_m", 64), plan["splits"]
+    rows = s.heads_q * s.q_len
+    row_tiles = _cdiv(rows, bm)
+    P = plan.get("ctas") or row_tiles * splits * s.batch
+    keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
+    tiles = max(1, math.ceil(keys / tn))
+    latent = s.batch * s.kv_len * dqk * _kvb(s)
+    ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
+    split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
+    qk = 2 * bm * tn * dqk * (1 if (split_qk or engine != "mosaic") else 2)
+    mma = tiles * (qk + 2 * bm * tn * dv)
+    common = dict(dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
+                  mma=mma, unit="-")
+    if engine == "mosaic":
+        cost = "pallas_attn_v12_mla_mosaic"
+        if getattr(cfg, "overlap", False):
+            cost = "pallas_attn_v12_mla_mosaic_pipelined"
+        out = [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 220 * 1024), units=0.0,
+                      steps=tiles, note=f"64 heads x {tn}-key latent tiles, {tiles} per CTA, wgmma (3 warpgroups)"
+                      + (", S once" if split_qk else ", S in both consumers"), **common)]
+    else:
+        deq = tiles * tn * dqk if s.kv_dtype else 0.0
+        out = [Launch(names[0], "pallas_attn_v12_mla_triton", P, 32 * getattr(cfg, "num_warps", 4), 255,
+                      (bm * dqk + tn * dqk * max(1, getattr(cfg, "num_stages", 2) - 1)) * 2, units=0.0, steps=tiles,
+                      dequant_elems=deq, note=f"64 heads x {tn}-key latent tiles, pl.dot in 64-column chunks"
+                      + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
+    o = s.batch * rows * dv * s.in_bytes
+    out.append(_xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
+    out.append(_xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
+    return out
+
+
+def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
+    """fa_prefill (Mosaic GPU): one CTA = producer + two consumer warpgroups of ``block_q`` query rows each, K/V
+    tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x 2 block_q x block_kv x D) at the
+    datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` / ``pingpong``)."""
+    bq, bk = plan["block_q"], plan["block_kv"]
+    rows = 2 * bq
+    P = plan.get("ctas") or s.bh * _cdiv(s.q_len, rows)
+    d = s.head_dim
+    # the busiest CTA: causal, the last query block sees all keys up to its rows (top-left with the offset)
+    last = min(s.kv_len, s.q_len + s.q_offset) if s.causal else s.kv_len
+    tiles = max(1, _cdiv(max(1, last), bk))
+    mean_tiles = max(1.0, _cdiv(s.kv_len, bk) * s.vis_frac)
+    cost = "pallas_attn_fa_prefill_" + ("pingpong" if plan.get("pingpong") else
+                                        "overlap" if plan.get("overlap") else "serial")
+    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * 2
+    q_rows = s.bh * s.q_len
+    return [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 0), units=0.0, steps=tiles,
+                   mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
+                   l2_bytes=P * tiles * 2 * bk * d * 2, unit="-",
+                   note=f"{rows} rows x {bk}-key tiles, {tiles} on the busiest CTA, wgmma")]
+
+
+def _fa_train_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
+    """fa_train's forward (Triton; the timed call is the forward): grid (query blocks, B*Hq), ``block_n``-key
+    blocks, two tensor-core dots per block; the MMA work at the datasheet rate and a fitted latency per block.
+    fp32 inputs run the fp32 dot (not modelled apart: see docs/roofline.md)."""
+    f = plan["fwd"]
+    bm, bn = f["block_m"], f["block_n"]
+    P = math.prod(f["grid"])
+    d = s.head_dim
+    tiles = max(1.0, _cdiv(s.kv_len, bn) * (s.vis_frac if s.q_len > bm else 1.0))
+    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * s.in_bytes
+    pad_m = max(bm, 16)
+    return [Launch(names[0], "pallas_attn_fa_train_fwd", P, 32 * f["num_warps"], 128,
+                   (bm * d + 2 * bn * d * max(1, f["num_stages"] - 1)) * s.in_bytes, units=0.0, steps=tiles,
+                   mma=4 * pad_m * bn * d * tiles, dram_bytes=kv + s.bh * s.q_len * d * s.in_bytes * 2,
+                   l2_bytes=P * tiles * 2 * bn * d * s.in_bytes, unit="-",
+                   note=f"{bm} rows x {bn}-key blocks, {tiles:.0f} per program")]
+
+
+def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware,
+                     cfg: Any = None) -> list[Launch]:
     d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
     s_bytes = bh * tq * tk * 4
     qkv_f32 = bh * (tq + 2 * tk) * d * 4
@@ -525,19 +718,33 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
         bm, bk, cb = plan["block_m"], plan["block_k"], plan["chunk_blocks"]
         P = plan["programs"]
         warps, stages = plan["num_warps"], plan["num_stages"]
-        kv = 2 * s.batch * s.heads_kv * tk * d * 2
+        kv = 2 * s.batch * s.heads_kv * tk * d * _kvb(s)
         ws = s.batch * s.heads_kv * plan["row_tiles"] * bm * plan["splits"] * (d + 1) * 4 if plan["splits"] > 1 else 0
-        out.append(Launch(names[0], "pallas_attn_fa_decode_partial", P, 32 * warps, 128,
+        cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
+        if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
+            how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or \
+                ("cast" if s.kv_dtype == "fp8_e4m3" else "bits")
+            cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
+            note = f"; {s.kv_dtype} KV decoded ({how}) per element"
+        out.append(Launch(names[0], cost, P, 32 * warps, 128,
                           (bm * d + 2 * bk * d * max(1, stages - 1)) * 2, units=4 * bm * bk * d * cb, steps=cb,
-                          dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP",
-                          note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split"))
+                          dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
+                          note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
         if plan["splits"] > 1:
             rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
             out.append(_merge_launch(names[1], rows_all, plan.get("merge_num_warps", 4), plan["splits"], d,
                                      ws + rows_all * d * 2, block=plan.get("merge_block", 64)))
         return out
-    if kname in ("v7_paged", "v8_gqa", "v8_gqa_ss", "v8_gqa_tc"):
+    if kname in ("v7_paged", "v8_gqa", "v8_gqa_ss", "v8_gqa_tc", "v9_fp8", "v10_nvfp4"):
         return _paged_launches(s, plan, names)
+    if kname == "v11_mla":
+        return _mla_cuda_core_launches(s, plan, names)
+    if kname == "v12_mla_tc":
+        return _mla_tc_launches(s, plan, names, cfg, hw)
+    if kname == "fa_prefill":
+        return _fa_prefill_launches(s, plan, names)
+    if kname == "fa_train":
+        return _fa_train_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
 
 
@@ -553,7 +760,14 @@ CUDA_LAUNCHES: dict[str, tuple[str, ...]] = {
     # the paged twins (issue 16): one partial kernel each, then the shared paged merge (kernels/v7_paged.cu)
     **{g: (f"{g}_partial_kernel<D>", "paged_merge_kernel")
        for g in ("v7_paged", "v8_gqa", "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss", "v8_gqa_tc")},
+    # the MLA twins (issue 16; kernels/v11_mla.cu, v12_mla_tc.cu): template <DQK, DV[, T], latent format>, then v7's
+    # paged merge with DV threads
+    "v11_mla": ("v11_mla_partial_kernel<DQK, DV, F>", "paged_merge_kernel"),
+    "v12_mla_tc": ("v12_mla_tc_partial_kernel<DQK, DV, T, F>", "paged_merge_kernel"),
 }
+
+
+_PTXAS_LINE = re.compile(r"^(\S+\.cu)\s+(\S+(?:<[^>]*>)?)\s+(\d+)\s+\d+\s+\d+\s+\d+\s+(\d+)\s+\d+\s*$")
 
 
 @lru_cache(maxsize=1)
@@ -563,9 +777,9 @@ def ptxas_resources() -> dict[str, tuple[int, int]]:
     for line in PTXAS_REPORT.read_text().splitlines():
         if line.startswith("#") or not line.strip():
             continue
-        f = line.split()
-        if len(f) >= 7 and f[0].endswith(".cu") and f[2].isdigit():
-            out[f[1]] = (int(f[2]), int(f[6]))
+        m = _PTXAS_LINE.match(line)  # a template name may hold spaces: <576, 512, __half, 0>
+        if m:
+            out[m.group(2)] = (int(m.group(3)), int(m.group(4)))
     return out
 
 
@@ -709,6 +923,55 @@ def _cuda_paged_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], 
     return out
 
 
+def _cuda_mla_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
+    """cuda_ref's MLA twins (common/mla.cuh): grid ``(ceil(h_q Tq / rows), S, B)``, the latent tile staged by the
+    whole CTA through the block table, then v7's paged merge (DV threads per row).
+
+    * v11_mla (256 threads, 8 heads, ``v11_mla_group``): lane per key, a DQK-long dot from shared memory, then 32
+      broadcast steps of DV / 32 FMAs each: ``DQK + DV`` dependent lane steps per 32-key tile, and the staging of
+      ``TN x DQK / 256`` elements per tile (global loads, coalesced, one table read per key: not the paged twins'
+      serial table walk; priced inside the lane-step constant).
+    * v12_mla_tc (256 threads, 64 heads, mma.sync, 224 registers, ~190 KB dynamic shared memory: 1 CTA per SM,
+      ``v12_mla_tc_mma``): a fitted latency per 32-key tile (cp.async ring, mma.sync QK over DQK and PV over DV,
+      two shared-memory reductions); an fp8 latent adds an in-shared-memory convert of ``TN x DQK`` elements per
+      tile (``Cost.dequant`` per element, on the chain)."""
+    dqk, dv = _mla_dims(s)
+    rows_tile, tn = row.tile(dqk)
+    rows = s.heads_q * s.q_len
+    row_tiles = _cdiv(rows, rows_tile)
+    splits, chunk = plan["splits"], plan["chunk"]
+    P = row_tiles * splits * s.batch
+    keys = max(1.0, min(chunk, s.kv_len) * s.vis_frac)
+    tiles = max(1, math.ceil(keys / tn))
+    fmt = {"nvfp4": 3, "fp8_e4m3": 2}.get(s.kv_dtype or "", 1 if s.dtype == "bfloat16" else 0)
+    tname = "__nv_bfloat16" if s.dtype == "bfloat16" else "__half"
+    kname = CUDA_LAUNCHES[gen][0].replace("DQK", str(dqk)).replace("DV", str(dv)).replace("T,", f"{tname},")
+    kname = kname.replace("F>", f"{fmt}>")
+    regs, smem = _cuda_res(kname, dqk)
+    latent = s.batch * s.kv_len * dqk * _kvb(s)
+    ws = s.batch * rows * splits * (dv + 2) * 4
+    common = dict(dram_bytes=latent + s.batch * rows * dqk * 2 + ws, l2_bytes=(row_tiles - 1) * latent)
+    out = _cast_launches(s, "host") if s.dtype == "float32" else []
+    if gen == "v11_mla":
+        out.append(Launch(kname, "v11_mla_group", P, 256, regs, smem, units=0.0, steps=tiles * (dqk + dv), unit="-",
+                          note=f"lane per key: {tiles} tiles of {tn} keys, DQK + DV = {dqk + dv} lane steps each",
+                          **common))
+    else:
+        pad = 8
+        if s.kv_dtype == "fp8_e4m3":
+            smem = 64 * (dqk + pad) * 2 + 3 * tn * dqk + tn * (dqk + pad) * 2 + 64 * (tn + pad) * 2 + 4 * 64 * 4
+        else:
+            smem = 64 * (dqk + pad) * 2 + 3 * tn * (dqk + pad) * 2 + 64 * (tn + pad) * 2 + 4 * 64 * 4
+        out.append(Launch(kname, "v12_mla_tc_mma", P, 256, regs, smem, units=0.0, steps=tiles,
+                          dequant_elems=tiles * tn * dqk if s.kv_dtype else 0.0, unit="-",
+                          note=f"64 heads x {tn}-key tiles, mma.sync m16n8k16, {tiles} per CTA", **common))
+    m_regs, m_smem = _cuda_res("paged_merge_kernel", dqk)
+    out.append(Launch("paged_merge_kernel", "paged_merge", s.batch * rows, dv, m_regs, m_smem, units=splits,
+                      steps=0.0, gather_steps=1.0, dram_bytes=ws + s.batch * rows * dv * 4, unit="split",
+                      note="thread per output dim: two dependent passes over the splits"))
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------------------
@@ -717,8 +980,23 @@ def _cuda_paged_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], 
 def _pallas_problem(s: Shape, entry: str):
     from pallas_attn.kernels.contract import Problem
 
+    if entry == "mla":
+        from pallas_attn.kernels.mla_common import MlaProblem
+
+        return MlaProblem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
+                          s.page_size, kv_dtype=s.kv_dtype, kv_lora_rank=s.kv_lora_rank)
     return Problem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
-                   s.page_size)
+                   s.page_size, kv_dtype=s.kv_dtype)
+
+
+def _pallas_config(gen: str, config: Any, s: Shape, entry: str) -> Any:
+    """The config object a record's ``pallas:<gen>:<config>`` ran (a row's names map to its kernel's)."""
+    from pallas_attn import registry
+
+    k, cfgs = registry.kernel(gen), registry.configs(gen)
+    if isinstance(config, str) and config not in cfgs:
+        config = k.default_config_name()
+    return cfgs[config] if isinstance(config, str) else k.config(config, _pallas_problem(s, entry))
 
 
 def _pallas_plan(gen: str, config: Any, s: Shape, entry: str = "dense") -> tuple[Any, dict[str, Any]]:
@@ -743,11 +1021,11 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
     fw = parts[0]
     if fw == "pallas":
         gen, config = parts[1], (parts[2] if len(parts) > 2 else None)
-        entry = "paged" if s.page_size else "dense"
+        entry = "mla" if s.family == "mla" else "quantized" if s.kv_dtype else "paged" if s.page_size else "dense"
         k, pl = _pallas_plan(gen, config, s, entry)
         if plan and "error" not in plan and plan.keys() >= pl.keys():
             pl = dict(plan)
-        return _pallas_launches(gen, k, s, pl, hw), pl
+        return _pallas_launches(gen, k, s, pl, hw, _pallas_config(gen, config, s, entry)), pl
     if fw == "cuda":
         import cuda_ref
 
@@ -756,6 +1034,16 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
         if row is None:
             raise NotImplementedError(f"cuda_ref has no row {gen!r}")
         pl = dict(plan or {})
+        if row.entry == "mla":
+            if not (isinstance(pl.get("splits"), int) and pl.get("chunk")):
+                from attn_core.splits import choose_splits
+
+                sms = pl.get("num_sm") if isinstance(pl.get("num_sm"), int) else hw.num_sm
+                sp, ch = choose_splits(bh=s.batch, n_q=s.heads_q * s.q_len, n_k=s.kv_len, num_sm=sms,
+                                       rows_per_program=row.tile(s.head_dim)[0])
+                pl.update(splits=sp, chunk=ch)
+            pl["launches"] = list(CUDA_LAUNCHES[gen])
+            return _cuda_mla_launches(gen, row, s, pl, hw), pl
         if row.entry == "paged":
             if not (pl.get("splits") and pl.get("chunk")):
                 from attn_core.splits import choose_splits
@@ -778,13 +1066,18 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
     raise NotImplementedError(f"layer 2 models pallas:* and cuda:* implementations, not {impl!r} (peers excluded)")
 
 
+# the implementations whose builders read ``Shape.kv_dtype`` (storage bytes, decode work)
+QUANT_READERS = re.compile(r"^(pallas:(fa_decode|v9_fp8|v10_nvfp4|v11_mla|v12_mla_tc|fa_mla)"
+                           r"|cuda:(v11_mla|v12_mla_tc))(:|$)")
+
+
 def predict(impl: str, workload: Any, hw: Hardware | str, plan: Mapping[str, Any] | None = None) -> Prediction:
     """Layer 2 for ``impl`` on ``workload`` (a Workload, a record's workload dict or a ``Shape``)."""
     hw = _hardware.get(hw) if isinstance(hw, str) else hw
-    kvd = workload.get("kv_dtype") if isinstance(workload, Mapping) else getattr(workload, "kv_dtype", None)
-    if kvd:  # its launch costs are fitted on fp16 KV: it would charge a quantized cache at fp16 bytes
-        raise NotImplementedError(f"layer 2 does not model quantized KV yet (kv_dtype={kvd}); layer 1 does")
     s = workload if isinstance(workload, Shape) else Shape.of(workload)
+    if s.kv_dtype and not QUANT_READERS.match(impl):  # it would charge a quantized cache at 16-bit bytes
+        raise NotImplementedError(f"layer 2 models quantized KV (kv_dtype={s.kv_dtype}) for the kernels that read it "
+                                  f"(fa_decode, v9_fp8, v10_nvfp4, the MLA latents), not {impl!r}")
     lns, pl = launches_for(impl, s, hw, plan)
     times = tuple(time_launch(ln, hw) for ln in lns)
     total = sum(t.time_s for t in times)
