@@ -150,10 +150,10 @@ COSTS: dict[str, Cost] = {
     # XLA kernels inside the timed call (the MLA kernels' jnp merge, unpack and NaN select): bytes + launch
     "xla_glue": Cost(issue=0.0, lat=0.0),
     # fa_decode on quantized KV: SM-cycles per K/V element decoded, per (format, decode)
-    "pallas_attn_fa_decode_fp8_e4m3_cast": Cost(issue=0.0, lat=0.0, dequant=0.05),
-    "pallas_attn_fa_decode_fp8_e4m3_bits": Cost(issue=0.0, lat=0.0, dequant=0.1),
-    "pallas_attn_fa_decode_nvfp4_bits": Cost(issue=0.0, lat=0.0, dequant=0.1),
-    "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0.0, lat=0.0, dequant=0.1),
+    "pallas_attn_fa_decode_fp8_e4m3_cast": Cost(issue=0, lat=1812, dequant=0.04881),
+    "pallas_attn_fa_decode_fp8_e4m3_bits": Cost(issue=0, lat=0, dequant=0.1418),
+    "pallas_attn_fa_decode_nvfp4_bits": Cost(issue=0, lat=0, dequant=0.1507),
+    "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0, lat=0, dequant=0.1372),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
     # its pipelined config, the Triton twin (+ fp8 latent decode per element)
     "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1523, fixed=2.727e+04),
@@ -187,6 +187,11 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
                                       "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
     "pallas_attn_fa_prefill_pingpong": {"lat": ("pallas_attn_fa_prefill_pingpong", "lat"),
                                         "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
+    # fa_decode on quantized KV: one per-tile latency (the decode, the [rows, block_k] softmax step and the dots of
+    # one tile in order; hidden under the HBM time at 16-bit KV) shared by the four (format, decode) dataflows
+    **{f"pallas_attn_fa_decode_{f}": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
+                                      "dequant": (f"pallas_attn_fa_decode_{f}", "dequant")}
+       for f in ("fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast")},
     "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
                                              "fixed": ("pallas_attn_v12_mla_mosaic", "fixed")},
 }
@@ -726,8 +731,10 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                 ("cast" if s.kv_dtype == "fp8_e4m3" else "bits")
             cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
             note = f"; {s.kv_dtype} KV decoded ({how}) per element"
+        # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
         out.append(Launch(names[0], cost, P, 32 * warps, 128,
-                          (bm * d + 2 * bk * d * max(1, stages - 1)) * 2, units=4 * bm * bk * d * cb, steps=cb,
+                          int(bm * d * 2 + 2 * bk * d * max(1, stages - 1) * _kvb(s)),
+                          units=4 * bm * bk * d * cb, steps=cb,
                           dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
                           note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
         if plan["splits"] > 1:
