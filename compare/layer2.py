@@ -160,11 +160,11 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_v12_mla_mosaic_pipelined": Cost(issue=0, lat=2449),
     "pallas_attn_v12_mla_triton": Cost(issue=0, lat=7864, fixed=2.254e+04, dequant=0.09652),
     # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA (shared by alias)
-    "pallas_attn_fa_prefill_overlap": Cost(issue=0.0, lat=1000.0, fixed=1.0e4),
-    "pallas_attn_fa_prefill_serial": Cost(issue=0.0, lat=1500.0),
-    "pallas_attn_fa_prefill_pingpong": Cost(issue=0.0, lat=1000.0),
+    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=533.7, fixed=1.77e+04),
+    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1044),
+    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=558.2),
     # fa_train's forward (Triton): per key block on top of the MMA
-    "pallas_attn_fa_train_fwd": Cost(issue=0.0, lat=1000.0),
+    "pallas_attn_fa_train_fwd": Cost(issue=0, lat=2754),
     # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
     "v11_mla_group": Cost(issue=0, lat=97.45),
     "v12_mla_tc_mma": Cost(issue=0, lat=8117, dequant=0.4106),

@@ -1,0 +1,149 @@
+"""Issue 16: layer 2 covers every built generation. The new launch builders (quantized KV, MLA on both
+frameworks, the Mosaic prefill, fa_train's forward) pinned on hand-computed cases: the arithmetic of the launch
+(programs, units, MMA FLOPs, bytes, shared memory) and of its time, not the fitted values."""
+
+from __future__ import annotations
+
+import pytest
+
+from compare import hardware, layer2
+from compare.layer2 import Cost, Launch, Shape, time_launch
+
+H100 = hardware.get("h100")
+CLK = H100.clock_mhz * 1e6  # 1.98 GHz
+GLOB = {"l2_bytes_per_clk_sm": 40.0, "l2_resident_fraction": 0.75, "launch_us": 2.0, "gather_lat": 1000.0}
+MLA = Shape(batch=64, heads_q=128, heads_kv=1, q_len=1, kv_len=8192, head_dim=576, dtype="bfloat16",
+            page_size=64, family="mla", kv_lora_rank=512)
+
+
+def test_mma_is_priced_at_the_datasheet_rate_on_issue_and_on_the_chain():
+    rate = 989.4e12 / (132 * CLK)  # bf16 dense FLOPs per SM-cycle
+    assert layer2.mma_per_clk_sm(H100) == pytest.approx(rate)
+    # 264 programs of 384 threads with 200 KB of shared memory: 1 resident, 2 on the busiest SM -> 2 rounds
+    ln = Launch("k", "c", 264, 384, 168, 200 * 1024, units=0.0, steps=10.0, dram_bytes=0.0, mma=1e6,
+                dequant_elems=1000.0)
+    lt = time_launch(ln, H100, {"c": Cost(issue=0.0, lat=100.0, fixed=500.0, dequant=0.5)}, GLOB)
+    assert lt.resident == 1 and lt.rounds == 2
+    assert lt.t_issue == pytest.approx(2 * (1e6 / rate + 1000 * 0.5) / CLK)
+    assert lt.t_latency == pytest.approx(2 * (10 * 100 + 500 + 1e6 / rate + 1000 * 0.5) / CLK)
+    assert lt.limiter == "latency"
+
+
+def test_quantized_storage_bytes():
+    fp16 = Shape(2, 8, 2, 1, 256, 64)
+    assert fp16.kv_bytes == 2.0
+    assert Shape(2, 8, 2, 1, 256, 64, kv_dtype="fp8_e4m3").kv_bytes == 1.0
+    assert Shape(2, 8, 2, 1, 256, 64, kv_dtype="nvfp4").kv_bytes == 0.5 + 1 / 16  # nibble + micro-scale byte
+
+
+def test_fa_decode_quantized_bytes_decode_work_and_stages():
+    plan = {"block_m": 16, "row_tiles": 1, "block_k": 64, "chunk_blocks": 128, "splits": 1, "num_warps": 4,
+            "num_stages": 3, "programs": 256}
+    s16 = Shape(32, 32, 8, 1, 8192, 128)
+    s8 = Shape(32, 32, 8, 1, 8192, 128, kv_dtype="fp8_e4m3")
+    names = ["partial", "merge"]
+    from pallas_attn.kernels.fa_decode import CONFIGS
+
+    k = type("K", (), {"passes": names, "name": "fa_decode"})()
+    (a,) = layer2._pallas_launches("fa_decode", k, s16, plan, H100, CONFIGS["default"])
+    (b,) = layer2._pallas_launches("fa_decode", k, s8, plan, H100, CONFIGS["default"])
+    kv16 = 2 * 32 * 8 * 8192 * 128 * 2
+    assert a.dram_bytes == kv16 + 32 * 32 * 128 * 2 and a.dequant_elems == 0
+    assert b.dram_bytes == kv16 / 2 + 32 * 32 * 128 * 2
+    assert b.cost == "pallas_attn_fa_decode_fp8_e4m3_cast"
+    assert b.dequant_elems == 2 * 128 * 64 * 128  # K and V: chunk_blocks x block_k x D each
+    assert a.smem == 16 * 128 * 2 + 2 * 64 * 128 * 2 * 2 and b.smem == 16 * 128 * 2 + 2 * 64 * 128 * 2 * 1
+    # quant_alt_decode decodes fp8 by bit placement: its own dataflow
+    (c,) = layer2._pallas_launches("fa_decode", k, s8, plan, H100, CONFIGS["quant_alt_decode"])
+    assert c.cost == "pallas_attn_fa_decode_fp8_e4m3_bits"
+
+
+def test_mla_mosaic_tile_mma_per_config():
+    from pallas_attn.kernels.v12_mla_tc import CONFIGS
+
+    plan = {"engine": "mosaic", "splits": 1, "chunk": 8192, "block_m": 64, "block_kv": 32, "ctas": 128,
+            "smem_bytes": 220044}
+    names = ["twin", "mosaic", "mosaic_gpu"]
+    f = layer2._mla_tc_launches(MLA, plan, names, CONFIGS["faithful"], H100)
+    q = layer2._mla_tc_launches(MLA, plan, names, CONFIGS["split_qk"], H100)
+    tiles = 8192 // 32
+    qk, pv = 2 * 64 * 32 * 576, 2 * 64 * 32 * 512
+    assert f[0].steps == tiles and f[0].programs == 128 and f[0].threads == 384
+    assert f[0].mma == tiles * (2 * qk + pv)  # S in both consumers
+    assert q[0].mma == tiles * (qk + pv)  # S once
+    latent = 64 * 8192 * 576 * 2
+    assert f[0].dram_bytes == latent + 64 * 128 * 576 * 2 + 64 * 2 * 64 * 1 * 513 * 4
+    assert f[0].l2_bytes == latent  # the second 64-head row tile re-reads the latent
+    assert [ln.cost for ln in f[1:]] == ["xla_glue", "xla_glue"]  # jnp merge, unpack + poison select
+    # kv64: 64-key tiles, S once
+    k64 = layer2._mla_tc_launches(MLA, dict(plan, block_kv=64), names, CONFIGS["kv64"], H100)
+    assert k64[0].steps == 128 and k64[0].mma == 128 * (2 * 64 * 64 * 576 + 2 * 64 * 64 * 512)
+    # the fitted chain: one round of steps x lat + fixed + MMA at the datasheet rate
+    lt = time_launch(f[0], H100)
+    c = layer2.COSTS["pallas_attn_v12_mla_mosaic"]
+    assert lt.t_latency == pytest.approx((tiles * c.lat + c.fixed + f[0].mma / layer2.mma_per_clk_sm(H100)) / CLK)
+
+
+def test_v11_mla_pallas_units_are_the_paged_partials():
+    plan = {"splits": 16, "chunk": 512, "partial": {"grid": [16, 16, 1], "rows_per_program": 8, "key_tile": 32,
+                                                    "keys_per_update": 32, "num_warps": 8},
+            "merge": {"grid": [128]}}
+    s = Shape(1, 128, 1, 1, 8192, 576, dtype="bfloat16", page_size=64, family="mla", kv_lora_rank=512)
+    part, merge, glue = layer2._mla_cuda_core_launches(s, plan, ["p", "m"])
+    assert part.cost == "pallas_attn_paged_cuda_cores" and part.programs == 256
+    assert part.units == 8 * 16 * 32 * (576 + 512) / 2 and part.spill_units == 0  # 16 tiles of 32 keys
+    assert merge.cost == "pallas_attn_merge" and merge.programs == 128 and glue.cost == "xla_glue"
+    # 256 programs: 2 on the busiest SM, issue-bound
+    lt = time_launch(part, H100)
+    assert lt.t_issue == pytest.approx(2 * part.units * layer2.COSTS["pallas_attn_paged_cuda_cores"].issue / CLK)
+
+
+def test_cuda_mla_twins_launches():
+    import cuda_ref
+
+    row = next(r for r in cuda_ref.table() if r.id == "v12_mla_tc")
+    lns = layer2._cuda_mla_launches("v12_mla_tc", row, MLA, {"splits": 3, "chunk": 2731}, H100)
+    part, merge = lns
+    assert part.name == "v12_mla_tc_partial_kernel<576, 512, __nv_bfloat16, 1>"
+    assert part.regs == 224 and part.programs == 2 * 3 * 64
+    # dynamic shared memory: sQ 64 x 584 + ring 3 x 32 x 584 (16-bit) + sP 64 x 40 + sRed 4 x 64 fp32
+    assert part.smem == 193_024 and part.steps == 86  # ceil(2731 / 32) tiles
+    assert merge.name == "paged_merge_kernel" and merge.threads == 512 and merge.gather_steps == 1.0
+    fp8 = layer2._cuda_mla_launches("v12_mla_tc", row, Shape(**{**MLA.__dict__, "kv_dtype": "fp8_e4m3"}),
+                                    {"splits": 3, "chunk": 2731}, H100)[0]
+    assert fp8.smem == 173_568 and fp8.dequant_elems == 86 * 32 * 576 and fp8.name.endswith(", 2>")
+    row11 = next(r for r in cuda_ref.table() if r.id == "v11_mla")
+    s11 = Shape(1, 128, 1, 1, 8192, 96, dtype="float16", page_size=64, family="mla", kv_dtype="nvfp4")
+    p11 = layer2._cuda_mla_launches("v11_mla", row11, s11, {"splits": 17, "chunk": 482}, H100)[0]
+    assert p11.name == "v11_mla_partial_kernel<96, 64, 3>" and p11.smem == 7872
+    assert p11.steps == 16 * (96 + 64) and p11.programs == 16 * 17  # lane steps: DQK dot + DV broadcast FMAs
+    assert p11.dram_bytes == 8192 * 96 * (0.5 + 1 / 16) + 128 * 96 * 2 + 128 * 17 * 66 * 4
+
+
+def test_fa_prefill_tiles_and_mma():
+    plan = {"block_q": 64, "block_kv": 128, "stages": 2, "pingpong": False, "overlap": True, "ctas": 256,
+            "warpgroups": 3, "smem_bytes": 85132}
+    s = Shape(1, 8, 8, 2048, 2048, 64)
+    (ln,) = layer2._fa_prefill_launches(s, plan, ["fwd"])
+    assert ln.cost == "pallas_attn_fa_prefill_overlap" and ln.steps == 16
+    assert ln.mma == 4 * 128 * 128 * 64 * 16
+    serial = layer2._fa_prefill_launches(s, {**plan, "overlap": False}, ["fwd"])[0]
+    assert serial.cost == "pallas_attn_fa_prefill_serial"
+    assert layer2.cost_of("pallas_attn_fa_prefill_serial").fixed == layer2.COSTS["pallas_attn_fa_prefill_overlap"].fixed
+    # causal, no offset: the busiest CTA (the last query block) sees every key tile; the MMA is the mean
+    c = layer2._fa_prefill_launches(Shape(1, 8, 8, 2048, 2048, 64, causal=True), plan, ["fwd"])[0]
+    assert c.steps == 16 and c.mma < ln.mma
+
+
+def test_ptxas_template_names_with_spaces():
+    res = layer2.ptxas_resources()
+    assert res["v11_mla_partial_kernel<576, 512, 0>"] == (63, 47232)
+    assert res["v5_wmma_kernel<64>"][0] > 0  # the single-argument names still parse
+
+
+def test_quantized_kv_is_refused_where_no_builder_reads_it():
+    w = {"name": "w", "family": "paged_decode", "batch": 2, "heads_q": 8, "heads_kv": 2, "q_len": 1,
+         "kv_len": 256, "head_dim": 64, "dtype": "float16", "page_size": 16, "kv_dtype": "fp8_e4m3"}
+    with pytest.raises(NotImplementedError, match="quantized KV"):
+        layer2.predict("pallas:v8_gqa:faithful", w, H100)
+    assert "error" in layer2.predict_record(w, "cuda:v9_fp8", None, H100)
