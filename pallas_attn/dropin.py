@@ -2,15 +2,24 @@
 
 Same signature and semantics as ``jax.nn.dot_product_attention`` (BTNH or TNH arrays, GQA by head count,
 ``bias`` / ``mask`` / ``is_causal`` / sequence lengths / ``local_window_size`` combined as jax.nn combines
-them, ``return_residual``), computed by the ``fa_train`` Pallas kernels (forward saving the LSE, dK/dV and
-dQ backward kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md).
+them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE, dK/dV and dQ backward
+kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
+
+* ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
+  the call: fp16 / bf16, head dim 64 or 128, no ``local_window_size`` and no sequence lengths (its contract
+  has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with
+  its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
+* ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
 
 ``implementation``:
 
-* ``None``: the Pallas kernel when it supports the call, else jax.nn's XLA implementation.
-  ``which_implementation(...)`` (same arguments) says which and why.
-* ``"pallas"``: the Pallas kernel or ``NotImplementedError`` naming what it does not support; never a
-  fallback.
+* ``None``: a Pallas kernel when one supports the call (fa_prefill first on sm_90), else jax.nn's XLA
+  implementation. ``which_implementation(...)`` (same arguments) says which and why.
+* ``"pallas"``: the same choice among the Pallas kernels, or ``NotImplementedError`` naming what neither
+  supports; never a fallback.
+* ``"pallas:fa_train"`` / ``"pallas:fa_prefill"``: that kernel pair or ``NotImplementedError`` (fa_prefill
+  off sm_90 on a GPU; without a GPU it runs in interpret mode: its forward's Pallas twin and its backward's
+  kernels on JAX's Mosaic GPU interpreter, for tests).
 * ``"xla"`` / ``"cudnn"``: passed to ``jax.nn.dot_product_attention`` unchanged.
 
 Semantics kept from jax.nn's XLA path, including its corner cases: a query row with no visible key (causal
@@ -21,12 +30,13 @@ past ``query_seq_lengths`` return 0 and get no gradient; NaN or Inf that reaches
 What runs on the GPU: no GPU -> interpret mode (``pallas_attn._compat.default_interpret``). jvp (forward-mode
 autodiff) of the Pallas path is not defined (``jax.custom_vjp``): ``jax.jvp`` raises JAX's TypeError.
 
-Not supported by the kernel (``None`` falls back to XLA, ``"pallas"`` raises): ``bias``, ``mask``, head dims
+Not supported by either kernel pair (``None`` falls back to XLA, ``"pallas"`` raises): ``bias``, ``mask``, head dims
 outside (16, 32, 64, 128, 256), dtypes other than float16 / bfloat16 / float32, q/k/v of different dtypes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -34,13 +44,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _compat
-from .kernels import fa_train
+from .kernels import fa_prefill, fa_prefill_bwd, fa_train
 from .kernels.contract import Problem
 
 __all__ = ["dot_product_attention", "which_implementation", "IMPLEMENTATIONS"]
 
-IMPLEMENTATIONS = (None, "pallas", "xla", "cudnn")
+IMPLEMENTATIONS = (None, "pallas", "pallas:fa_train", "pallas:fa_prefill", "xla", "cudnn")
 _PALLAS = "pallas:fa_train"
+_PREFILL = "pallas:fa_prefill"
+
+
+@functools.cache
+def _is_sm90() -> bool:
+    """True when the GPU jax computes on is a Hopper (compute capability 9.0: wgmma and TMA, what fa_prefill's
+    Mosaic GPU kernels are written for). False without a GPU and on other GPUs (sm_80 has no wgmma; sm_100's
+    tensor-core instructions differ)."""
+    if not _compat.has_gpu():
+        return False
+    dev = next(d for d in jax.devices() if d.platform == "gpu")
+    return str(getattr(dev, "compute_capability", "") or "") == "9.0"
 
 
 def _ensure_4d(x):
@@ -103,26 +125,67 @@ def _unsupported(q, k, bias, mask) -> str:
     return "" if ok else why
 
 
+def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
+    """Why fa_prefill's forward + backward cannot take this call ("" when they can), hardware aside."""
+    if bias is not None or mask is not None:
+        return "bias / mask are not supported by pallas:fa_prefill"
+    if not isinstance(is_causal, (bool, np.bool_)):
+        return f"is_causal must be a bool; got {is_causal!r}"
+    if window is not None:
+        return "local_window_size is not supported by pallas:fa_prefill (its contract has only the causal mask)"
+    if q_lens is not None or kv_lens is not None:
+        return "sequence lengths are not supported by pallas:fa_prefill (its contract has only the causal mask)"
+    b, t, n, h = q.shape
+    dt = jnp.dtype(q.dtype).name
+    if dt not in fa_prefill_bwd.DTYPES:
+        return f"pallas:fa_prefill takes float16 / bfloat16; got {dt}"
+    if h not in fa_prefill_bwd.HEAD_DIMS:
+        return f"pallas:fa_prefill's backward takes head dims {fa_prefill_bwd.HEAD_DIMS}; got {h}"
+    problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
+                      heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
+    ok, why = fa_prefill.KERNEL.supports(problem)
+    return "" if ok else why
+
+
 def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                          query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                          implementation=None, return_residual=False) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
-    ``impl`` is ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says why (for ``None``: the
-    unsupported argument that made it fall back, or that the kernel supports the call; "interpret mode"
-    when no GPU is present). ``implementation="pallas"`` on an unsupported call raises NotImplementedError.
+    ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says
+    why (for ``None``: the unsupported argument that made it fall back, or which kernel pair supports the
+    call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
+    ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
     """
-    del scale, is_causal, local_window_size, return_residual
+    del scale, return_residual
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
     if implementation in ("xla", "cudnn"):
         return implementation, f"implementation={implementation!r} passes through to jax.nn"
+    interpret = _compat.default_interpret(None)
+    why_prefill = _prefill_unsupported(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
+                                       q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths)
+    sm90 = _is_sm90()
+    if implementation == _PREFILL:
+        if why_prefill:
+            raise NotImplementedError(f"implementation={_PREFILL!r}: {why_prefill}")
+        if not (sm90 or interpret):
+            raise NotImplementedError(f"implementation={_PREFILL!r}: its Mosaic GPU kernels (wgmma, TMA) need a "
+                                      f"Hopper GPU (compute capability 9.0)")
+        mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
+        return _PREFILL, f"forced: fa_prefill's forward and backward support the call ({mode})"
+    if implementation in (None, "pallas") and sm90 and not why_prefill:
+        return _PREFILL, "fa_prefill's forward and backward support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
     if why:
-        if implementation == "pallas":
-            raise NotImplementedError(f"implementation='pallas': {why}")
+        if implementation is not None:
+            raise NotImplementedError(f"implementation={implementation!r}: {why}")
         return "xla", f"fallback: {why}"
-    mode = "interpret mode: no GPU" if _compat.default_interpret(None) else "Triton on the GPU"
-    return _PALLAS, f"the kernel supports the call ({mode})"
+    mode = "interpret mode: no GPU" if interpret else "Triton on the GPU"
+    if implementation == _PALLAS:
+        return _PALLAS, f"forced: the kernel supports the call ({mode})"
+    not_prefill = (f"; not pallas:fa_prefill: {why_prefill}" if why_prefill else
+                   "; not pallas:fa_prefill: no Hopper GPU (compute capability 9.0)")
+    return _PALLAS, f"the kernel supports the call ({mode}){not_prefill}"
 
 
 _LARGE_NEG = -0.7 * float(np.finfo(np.float32).max)  # jax.nn's masked logit (float32 logits)
@@ -142,15 +205,20 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
     return hi <= lo
 
 
-def _pallas(q, k, v, *, scale, is_causal, q_lens, kv_lens, window, return_residual):
+def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
-    with _compat.quiet_triton():
-        out, lse = fa_train.attention_lse(
-            q, k, v, causal=bool(is_causal), scale=scale, q_lens=q_lens, kv_lens=kv_lens,
-            window=window, interpret=_compat.default_interpret(None), config=fa_train.heuristic(problem))
+    if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
+        out, lse = fa_prefill_bwd.attention_lse(
+            q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
+            interpret=_compat.default_interpret(None))
+    else:
+        with _compat.quiet_triton():
+            out, lse = fa_train.attention_lse(
+                q, k, v, causal=bool(is_causal), scale=scale, q_lens=q_lens, kv_lens=kv_lens,
+                window=window, interpret=_compat.default_interpret(None), config=fa_train.heuristic(problem))
     # jax.nn's corner cases, outside the kernel (cheap [B, T] work; autodiff sees plain jnp):
     empty = None
     if window is not None or kv_lens is not None:
@@ -186,11 +254,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     (top-left); ``local_window_size`` ``(left, right)`` (or an int for both) keeps ``i - left <= j <= i +
     right``; ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 ``[B]``. ``implementation``: None
     (Pallas when supported, else XLA: ``which_implementation`` says which), ``"pallas"`` (never falls back),
-    ``"xla"`` / ``"cudnn"`` (jax.nn's). ``return_residual=True`` also returns jax.nn's logsumexp residual.
+    ``"pallas:fa_train"`` / ``"pallas:fa_prefill"`` (that kernel pair), ``"xla"`` / ``"cudnn"`` (jax.nn's).
+    ``return_residual=True`` also returns jax.nn's logsumexp residual.
     """
-    impl, _ = which_implementation(query, key, value, bias, mask, query_seq_lengths=query_seq_lengths,
-                                   key_value_seq_lengths=key_value_seq_lengths, implementation=implementation)
-    if impl != _PALLAS:
+    impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
+                                   query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+                                   local_window_size=local_window_size, implementation=implementation)
+    if impl not in (_PALLAS, _PREFILL):
         return jax.nn.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
             key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
@@ -204,7 +274,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         sc = float(sc)
     except (TypeError, jax.errors.ConcretizationTypeError) as e:
         raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") from e
-    res = _pallas(q, k, v, scale=sc, is_causal=bool(is_causal),
+    res = _pallas(q, k, v, kernel=impl, scale=sc, is_causal=bool(is_causal),
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
                   window=_window(local_window_size), return_residual=bool(return_residual))

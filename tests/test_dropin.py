@@ -271,4 +271,71 @@ def test_shard_map_over_batch_and_heads():
 
 def test_dropin_module_exports():
     assert pallas_attn.dot_product_attention is dropin.dot_product_attention
-    assert dropin.IMPLEMENTATIONS == (None, "pallas", "xla", "cudnn")
+    assert dropin.IMPLEMENTATIONS == (None, "pallas", "pallas:fa_train", "pallas:fa_prefill", "xla", "cudnn")
+
+
+def test_dispatch_on_a_faked_sm90(monkeypatch):
+    """With the device query faked to a Hopper (nothing runs on it): fp16 / bf16 at D 64 / 128 without window
+    or lengths pick fa_prefill; everything fa_prefill's contract lacks stays on fa_train, and the reason names
+    it; bias / mask fall back to XLA. Then, with interpret mode off too, the drop-in's value_and_grad lowers for
+    CUDA to exactly fa_prefill's forward and its two backward kernels (the custom_vjp wiring, no fa_train)."""
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    q, kv = jnp.zeros((2, 300, 8, 128), jnp.float16), jnp.zeros((2, 280, 2, 128), jnp.float16)
+    impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=True)
+    assert impl == "pallas:fa_prefill" and "sm_90" in why
+    assert pallas_attn.which_implementation(q, kv, kv, implementation="pallas")[0] == "pallas:fa_prefill"
+    assert pallas_attn.which_implementation(q, kv, kv, implementation="pallas:fa_train")[0] == "pallas:fa_train"
+    b64 = jnp.zeros((1, 64, 2, 64), jnp.bfloat16)
+    assert pallas_attn.which_implementation(b64, b64, b64)[0] == "pallas:fa_prefill"
+    lens = jnp.asarray([100, 280], jnp.int32)
+    for args, kw, word in (((q, kv, kv), dict(local_window_size=8), "local_window_size"),
+                           ((q, kv, kv), dict(key_value_seq_lengths=lens), "sequence lengths"),
+                           ((q.astype(jnp.float32),) + (kv.astype(jnp.float32),) * 2, {}, "float32"),
+                           ((jnp.zeros((1, 30, 2, 256), jnp.float16),) + (jnp.zeros((1, 28, 2, 256), jnp.float16),) * 2,
+                            {}, "head dims")):
+        impl, why = pallas_attn.which_implementation(*args, **kw)
+        assert impl == "pallas:fa_train" and word in why, (impl, why)
+        with pytest.raises(NotImplementedError, match=word):
+            pallas_attn.which_implementation(*args, implementation="pallas:fa_prefill", **kw)
+    mask = jnp.ones((1, 1, 300, 280), bool)
+    assert pallas_attn.which_implementation(q, kv, kv, mask=mask)[0] == "xla"
+
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+
+    def loss(q, k, v):
+        return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True).astype(jnp.float32))
+
+    sds = jax.ShapeDtypeStruct
+    q, kv = sds(q.shape, q.dtype), sds(kv.shape, kv.dtype)
+    text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+        lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_prefill_bwd_dkdv", "pallas_attn_fa_prefill_bwd_dq"} <= \
+        names, names
+    assert not any("fa_train" in n for n in names), names
+
+
+def test_forced_fa_prefill_in_interpret_mode(rng):
+    """implementation="pallas:fa_prefill" on the CPU: fa_prefill's forward twin and its backward's Mosaic kernels
+    on JAX's GPU interpreter, through the drop-in's custom_vjp (GQA 2, causal, T < S, odd lengths, fp16): the
+    output, jax.nn's residual and dQ/dK/dV against the float32 XLA answer (output: twice jax.nn's own fp16
+    error plus one ulp; gradients within 2 eps of the largest element, as the fa_train fp16 check above)."""
+    q, k, v, w = _arrays(rng, 1, 70, 90, 4, 2, 64, "float16")
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True, implementation="pallas:fa_prefill")[0] == \
+        "pallas:fa_prefill"
+    out, grads = _loss_and_grads(pallas_attn.dot_product_attention, q, k, v, w, is_causal=True,
+                                 implementation="pallas:fa_prefill")
+    f32 = [x.astype(jnp.float32) for x in (q, k, v, w)]
+    ref, ref_grads = _loss_and_grads(jax.nn.dot_product_attention, *f32, is_causal=True, **XLA)
+    theirs = jax.nn.dot_product_attention(q, k, v, is_causal=True, **XLA)
+    eps = float(jnp.finfo(jnp.float16).eps)
+    assert out.dtype == jnp.float16 and _rel(out, ref) <= 2 * _rel(theirs, ref) + eps, (_rel(out, ref),
+                                                                                      _rel(theirs, ref))
+    for name, g, rg in zip("qkv", grads, ref_grads):
+        assert g.dtype == jnp.float16 and g.shape == rg.shape, name
+        assert _rel(g, rg) <= 2 * eps, (name, _rel(g, rg) / eps)
+    _, res = pallas_attn.dot_product_attention(q, k, v, is_causal=True, implementation="pallas:fa_prefill",
+                                               return_residual=True)
+    _, rres = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True, **XLA)
+    assert res.shape == rres.shape and res.dtype == rres.dtype
+    np.testing.assert_allclose(np.asarray(res, np.float32), np.asarray(rres, np.float32), rtol=2e-3)

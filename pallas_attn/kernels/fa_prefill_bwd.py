@@ -47,12 +47,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._compat import pl
 from .fa_prefill import _block_bounds, _pad, _smem_tile
 
-__all__ = ["BwdConfig", "CONFIGS", "backward", "emulate_backward", "smem_bytes", "PASS_NAMES"]
+__all__ = ["BwdConfig", "CONFIGS", "backward", "emulate_backward", "attention_lse", "smem_bytes", "PASS_NAMES"]
 
 GEN = "fa_prefill"
 PASS_DKDV = f"pallas_attn_{GEN}_bwd_dkdv"
@@ -447,11 +448,14 @@ def _check(q, k, v, o, lse, do) -> None:
         raise ValueError(f"{GEN} backward: needs Tq >= 1 and Tk >= 1; got {tq}, {k.shape[1]}")
 
 
-def _prepare(q, k, v, o, lse, do, q_offset):
-    """Pad to whole 64-row / 64-key tiles; delta and lse2 (fp32 [B, Hq, Tq_pad])."""
+def _prepare(q, k, v, o, lse, do, q_offset, dlse=None):
+    """Pad to whole 64-row / 64-key tiles; delta and lse2 (fp32 [B, Hq, Tq_pad]). ``dlse`` (the LSE's
+    cotangent, fp32 [B, Hq, Tq] or None) folds into delta: ``dS = P (dP - delta)`` then covers both outputs."""
     b, tq = q.shape[:2]
     f32 = jnp.float32
     delta = jnp.einsum("bthd,bthd->bht", do.astype(f32), o.astype(f32), precision=lax.Precision.HIGHEST)
+    if dlse is not None:
+        delta = delta - dlse.astype(f32)
     lse2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E)  # no visible key: P = exp2(x - inf) = 0
     extra = -tq % BLOCK
     if extra:
@@ -461,11 +465,14 @@ def _prepare(q, k, v, o, lse, do, q_offset):
     return (_pad(q, 1, BLOCK), _pad(k, 1, BLOCK), _pad(v, 1, BLOCK), _pad(do, 1, BLOCK), lse2, delta, off)
 
 
-def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool):
+def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None):
     _check(q, k, v, o, lse, do)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
-    qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset)
+    if dlse is not None and (dlse.shape != lse.shape or not jnp.issubdtype(dlse.dtype, jnp.floating)):
+        raise ValueError(f"{GEN} backward: dlse must be a float array of lse's shape {lse.shape}; got {dlse.dtype} "
+                         f"{dlse.shape}")
+    qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
     dk, dv = _build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
     dq = _build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
@@ -473,11 +480,12 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
-             interpret: bool = False):
+             interpret: bool = False, dlse=None):
     """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
-    natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). Deterministic: no
-    atomics; GQA's dK/dV summed over the group in a fixed order. ``interpret``: run the same kernels on jax's
-    Mosaic GPU interpreter (CPU; wgmma products as jnp dots; slow, small shapes only)."""
+    natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). ``dlse``: the
+    cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
+    summed over the group in a fixed order. ``interpret``: run the same kernels on jax's Mosaic GPU interpreter
+    (CPU; wgmma products as jnp dots; slow, small shapes only)."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
@@ -488,28 +496,106 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
         if need > _SMEM_LIMIT:
             raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
                              f"{_SMEM_LIMIT}); use fewer stages")
-        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False)
-    dq, dk, dv, _ = emulate_backward(q, k, v, o, lse, do, causal=causal, scale=scale, q_offset=q_offset,
-                                     config=cfg, detect_races=False)
-    return dq, dk, dv
+        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False, dlse=dlse)
+    # the same kernels on the GPU interpreter, traced under its mode (so this composes with jit / grad /
+    # vmap; emulate_backward is the eager variant that also reports races)
+    gpu_interpret, _ = _interpreter()
+    with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=False)):
+        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=float(scale), cfg=cfg, emulate=True,
+                    dlse=dlse)
 
 
-def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
-                     config: BwdConfig | None = None, detect_races: bool = True):
-    """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``."""
+def _interpreter():
     try:
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
         from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
     except ImportError as e:  # pragma: no cover - a jax without the GPU interpreter
         raise NotImplementedError(f"this jax ({jax.__version__}) has no Mosaic GPU interpret mode: {e}") from e
+    return gpu_interpret, gpu_callbacks
+
+
+def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
+                     config: BwdConfig | None = None, detect_races: bool = True, dlse=None):
+    """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``."""
+    gpu_interpret, gpu_callbacks = _interpreter()
     cfg = CONFIGS["default"] if config is None else config
     if q_offset is None:
         q_offset = jnp.zeros((q.shape[0],), jnp.int32)
     try:
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             dq, dk, dv = jax.block_until_ready(_run(q, k, v, o, lse, do, q_offset, causal=causal,
-                                                    scale=float(scale), cfg=cfg, emulate=True))
+                                                    scale=float(scale), cfg=cfg, emulate=True, dlse=dlse))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()
     return dq, dk, dv, races
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Differentiable attention: fa_prefill's forward (with LSE) and this backward under one jax.custom_vjp
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    causal: bool
+    scale: float
+    fwd_config: object  # fa_prefill.PrefillConfig (hashable)
+    bwd_config: BwdConfig
+    interpret: bool
+
+
+def _fwd_call(q, k, v, off, st: _Static):
+    from . import fa_prefill
+
+    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=off, interpret=st.interpret,
+                              config=st.fwd_config, return_lse=True)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attn(q, k, v, off, st: _Static):
+    return _fwd_call(q, k, v, off, st)
+
+
+def _attn_fwd(q, k, v, off, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, st)
+    return (out, lse), (q, k, v, off, out, lse)
+
+
+def _attn_bwd(st: _Static, res, cts):
+    q, k, v, off, out, lse = res
+    dout, dlse = cts
+    dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
+                          config=st.bwd_config, interpret=st.interpret, dlse=dlse)
+    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0)
+
+
+_attn.defvjp(_attn_fwd, _attn_bwd)
+
+
+def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=None,
+                  bwd_config: BwdConfig | None = None, interpret: bool = False):
+    """``(out, lse)`` of fa_prefill's forward (natural-log LSE, fp32 ``[B, Hq, Tq]``), differentiable in q, k, v
+    (and through the LSE) by this module's backward: the pair ``pallas_attn.dot_product_attention`` uses on
+    Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic); ``bwd_config``: a
+    ``BwdConfig`` (None: ``CONFIGS["default"]``); ``interpret``: the forward's Pallas twin and the backward's
+    kernels on the GPU interpreter (CPU, small shapes only)."""
+    from . import fa_prefill
+    from .contract import Problem
+
+    fa_prefill._check(q, k, v)  # shapes, one dtype in fp16 / bf16, GQA divisibility, Tk >= 1
+    if q.shape[3] not in HEAD_DIMS:
+        raise NotImplementedError(f"{GEN} attention_lse: the backward supports head dims {HEAD_DIMS}; got "
+                                  f"D={q.shape[3]}")
+    b = q.shape[0]
+    if config is None:
+        config = fa_prefill.KERNEL.heuristic(Problem(
+            entry="dense", dtype=q.dtype.name, batch=b, q_len=q.shape[1], kv_len=k.shape[1], heads_q=q.shape[2],
+            heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal)))
+    bwd = CONFIGS["default"] if bwd_config is None else bwd_config
+    if not isinstance(bwd, BwdConfig):
+        raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
+    off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
+    st = _Static(causal=bool(causal), scale=float(scale), fwd_config=config, bwd_config=bwd,
+                 interpret=bool(interpret))
+    return _attn(q, k, v, off, st)

@@ -1,4 +1,7 @@
-"""pallas_attn.dot_product_attention on the GPU (fa_train compiled through Triton) at realistic shapes.
+"""pallas_attn.dot_product_attention on the GPU at realistic shapes: fa_train (Triton) everywhere, and on a
+Hopper (sm_90) fa_prefill's Mosaic GPU forward + backward for the fp16 / bf16, D 64 / 128 calls without window
+or lengths (the drop-in's own choice, ``implementation=None`` / ``"pallas"``; fa_train is also forced with
+``"pallas:fa_train"`` so both pairs are checked at 16 bits).
 
 The checks of tests/test_dropin.py at training sizes: outputs and gradients against
 ``jax.nn.dot_product_attention(implementation="xla")``: fp16 / bf16 at most twice XLA's own error against the
@@ -34,6 +37,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import pallas_attn  # noqa: E402
+from pallas_attn import dropin  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -56,6 +60,7 @@ def _no_autotune() -> dict:
 LOW_SHAPE = (2, 2048, 16, 128)  # B, N, Hq, D of the fp16 / bf16 check (Hkv per case)
 NAN_SHAPE = (1, 512, 4, 2, 64)  # B, N, Hq, Hkv, D: fp16, the d64 config
 VMAP_SHAPE = (2, 256, 8, 2, 128)  # bf16
+ODD_SHAPE = (2, 1000, 1333, 8, 4, 64)  # B, T, S, Hq, Hkv, D: fp16, causal, fa_prefill on sm_90
 # (B, T, S, N, K, H, causal, window, q_lens, kv_lens), cheapest compile first
 FP32_CASES = [
     pytest.param(2, 1000, 1333, 16, 4, 64, True, None, None, None, id="gqa4-d64-causal-odd"),
@@ -75,7 +80,7 @@ def _arrays(seed, b, t, s, n, kh, h, dtype="float32"):
 def _program(impl: str, causal: bool, window=None, highest: bool = False):
     """``f(q, k, v, w, q_lens, kv_lens) -> (out, (dq, dk, dv))`` of ``sum(out * w)``, jitted once per static
     configuration (shapes and dtypes compile on first use and are cached by jit)."""
-    attn = pallas_attn.dot_product_attention if impl == "pallas" else jax.nn.dot_product_attention
+    attn = pallas_attn.dot_product_attention if impl.startswith("pallas") else jax.nn.dot_product_attention
 
     def loss(q, k, v, w, q_lens, kv_lens):
         ctx = jax.default_matmul_precision("highest") if highest else contextlib.nullcontext()
@@ -99,10 +104,10 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def _check_within_xla_error(q, k, v, w, causal):
+def _check_within_xla_error(q, k, v, w, causal, impl="pallas"):
     """Ours in q's dtype vs the float32 answer: at most twice XLA's own error in that dtype, plus 2 eps."""
     dtype = q.dtype
-    out, grads = _program("pallas", causal)(q, k, v, w)
+    out, grads = _program(impl, causal)(q, k, v, w)
     lo, lo_grads = _program("xla", causal)(q, k, v, w)
     ref, ref_grads = _program("xla", causal, highest=True)(*(x.astype(jnp.float32) for x in (q, k, v, w)))
     eps = float(jnp.finfo(dtype).eps)
@@ -113,12 +118,62 @@ def _check_within_xla_error(q, k, v, w, causal):
         assert _rel(ours, truth) <= 2 * _rel(theirs, truth) + 2 * eps, (name, _rel(ours, truth), _rel(theirs, truth))
 
 
+@pytest.mark.parametrize("impl", ["pallas", "pallas:fa_train"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal,kh", [(False, 16), (True, 4)])
-def test_low_precision_within_xla_error(dtype, causal, kh):
-    """B2 H16 N2048 D128 (the default config), MHA non-causal and GQA4 causal: output and dQ/dK/dV."""
+def test_low_precision_within_xla_error(dtype, causal, kh, impl):
+    """B2 H16 N2048 D128, MHA non-causal and GQA4 causal: output and dQ/dK/dV, through the drop-in's own
+    choice (fa_prefill on sm_90, else fa_train's default config) and through fa_train forced."""
     b, n, hq, d = LOW_SHAPE
-    _check_within_xla_error(*_arrays(1, b, n, n, hq, hq if kh == 16 else kh, d, dtype), causal)
+    q, k, v, w = _arrays(1, b, n, n, hq, hq if kh == 16 else kh, d, dtype)
+    want = "pallas:fa_prefill" if dropin._is_sm90() and impl == "pallas" else "pallas:fa_train"
+    assert pallas_attn.which_implementation(q, k, v, is_causal=causal, implementation=impl)[0] == want
+    _check_within_xla_error(q, k, v, w, causal, impl)
+
+
+@pytest.mark.parametrize("dtype,causal,kh", [("float16", True, 4), ("bfloat16", False, 16)])
+def test_sm90_fa_prefill_as_close_as_cudnn(dtype, causal, kh):
+    """On a Hopper the drop-in runs fa_prefill (the implementation string says so, and why); its output and
+    dQ/dK/dV are as close to the float32 answer as jax.nn's cuDNN path is (at most twice cuDNN's error plus 2
+    eps) and agree with cuDNN's own to 2x XLA's distance from cuDNN plus 2 eps. B2 N2048 Hq16 D128."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU: the drop-in keeps fa_train here")
+    b, n, hq, d = LOW_SHAPE
+    q, k, v, w = _arrays(4, b, n, n, hq, kh, d, dtype)
+    impl, why = pallas_attn.which_implementation(q, k, v, is_causal=causal)
+    assert impl == "pallas:fa_prefill" and "sm_90" in why, (impl, why)
+    ours = _program("pallas", causal)(q, k, v, w)
+    cud = _program("cudnn", causal)(q, k, v, w)
+    lo = _program("xla", causal)(q, k, v, w)
+    ref = _program("xla", causal, highest=True)(*(x.astype(jnp.float32) for x in (q, k, v, w)))
+    flat = [jax.tree.leaves(x) for x in (ours, cud, lo, ref)]
+    eps = float(jnp.finfo(dtype).eps)
+    for name, o, c, x, t in zip(("out", "dq", "dk", "dv"), *flat):
+        assert o.dtype == jnp.dtype(dtype) and np.isfinite(np.asarray(o, np.float32)).all(), name
+        assert _rel(o, t) <= 2 * _rel(c, t) + 2 * eps, (name, _rel(o, t), _rel(c, t))
+        assert _rel(o, c) <= 2 * _rel(x, c) + 2 * eps, (name, _rel(o, c), _rel(x, c))
+
+
+def test_sm90_fa_prefill_odd_lengths_residual_deterministic():
+    """fa_prefill through the drop-in at odd lengths (T 1000 < S 1333, neither a multiple of 64; causal
+    top-left, GQA 2, fp16 D 64): output and gradients within XLA's error as above, jax.nn's residual (the
+    logsumexp, BTN) to fp16 rounding, and bit-identical gradients run to run (no atomics)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU: the drop-in keeps fa_train here")
+    b, t, s, hq, hkv, d = ODD_SHAPE
+    q, k, v, w = _arrays(6, b, t, s, hq, hkv, d, "float16")
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == "pallas:fa_prefill"
+    _check_within_xla_error(q, k, v, w, True)
+    first, second = _program("pallas", True)(q, k, v, w), _program("pallas", True)(q, k, v, w)
+    for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(second)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    res_fn = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True,
+                                                                       return_residual=True)[1])
+    ref_fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla",
+                                                                  return_residual=True)[1])
+    res, rres = res_fn(q, k, v), ref_fn(*(x.astype(jnp.float32) for x in (q, k, v)))
+    assert res.shape == (b, t, hq) and res.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(res, np.float32), np.asarray(rres, np.float32), rtol=2e-3, atol=2e-3)
 
 
 def _must_be_nan(q, hkv, bad_q, bad_k):
@@ -142,11 +197,12 @@ def _must_be_nan(q, hkv, bad_q, bad_k):
 
 
 def test_d64_and_nan_inf():
-    """fp16 D64 (the d64 config, GQA2, causal): accuracy as above; then NaN in q and +Inf in k through the same
-    compiled programs. The output's NaN rows are exactly jax.nn's (= the math's). Gradients: NaN wherever the
-    math has it, and never where jax.nn has none. Not equality: jax.nn's dense products multiply the zero
-    probability of a masked +Inf key (dQ = dS K) and a NaN row's masked entries (dK, dV) into every row; ours
-    skips blocks the causal bound excludes, so its extra NaN rows are confined to the +Inf key's tile."""
+    """fp16 D64 (GQA2, causal; fa_train's d64 config, or fa_prefill on sm_90): accuracy as above; then NaN in q
+    and +Inf in k through the same compiled programs. The output's NaN rows are exactly jax.nn's (= the math's).
+    Gradients: NaN wherever the math has it, and never where jax.nn has none. Not equality: jax.nn's dense
+    products multiply the zero probability of a masked +Inf key (dQ = dS K) and a NaN row's masked entries (dK,
+    dV) into every row; ours skips blocks the causal bound excludes, so its extra NaN rows are confined to the
+    +Inf key's tile."""
     b, n, hq, hkv, d = NAN_SHAPE
     q, k, v, w = _arrays(2, b, n, n, hq, hkv, d, "float16")
     _check_within_xla_error(q, k, v, w, True)
@@ -175,7 +231,8 @@ def test_vmap_and_remat():
     f = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     r = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
     stack = [jnp.stack([x, x[::-1]]) for x in (q, k, v)]
-    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == "pallas:fa_train"
+    want = "pallas:fa_prefill" if dropin._is_sm90() else "pallas:fa_train"
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == want
     out = jax.jit(jax.vmap(f), compiler_options=_no_autotune())(*stack)
     assert out.shape == stack[0].shape and out.dtype == jnp.bfloat16
     assert _rel(out, jax.jit(jax.vmap(r), compiler_options=_no_autotune())(*stack)) < 2e-2
