@@ -8,6 +8,17 @@ A workload is one attention shape (BTNH, GQA by head count); an implementation i
 * ``fwd_bwd``: the jitted ``jax.value_and_grad`` of ``sum(out * w)`` with respect to q, k, v (what a
   training step pays for attention: the forward that saves residuals, then the backward).
 
+Implementations (``IMPLS``): the drop-in forced onto each of its kernel pairs, ``pallas:fa_train`` (Triton)
+and ``pallas:fa_prefill`` (Mosaic GPU forward + backward, sm_90 only; what ``implementation=None`` runs
+there for these workloads); jax.nn's ``jax:cudnn`` and ``jax:xla``; and torch SDPA with one backend selected
+(``torch:sdpa_cudnn``, ``torch:sdpa_flash``: FlashAttention-2), a peer outside JAX. The torch programs take
+the same device buffers through DLPack as BHND views of the BTNH arrays (``transpose(1, 2)``, no copy; the
+last dimension stays contiguous, which is all SDPA's fused backends need), made once outside the timed
+region; ``fwd_bwd`` is ``torch.autograd.grad`` of the same ``sum(out * w)`` (fp32 product and sum, as the
+JAX programs), so both frameworks time the same work on the same kernel clock. GQA passes ``enable_gqa``
+(a backend that refuses it is an error record, not a gap). They need a CUDA GPU, as ``jax:cudnn`` does; a
+CPU smoke run takes ``--impls pallas:fa_train,jax:xla`` (fa_prefill refuses the smoke's float32 too).
+
 Layer-1 roofline (docs/dropin.md): FLOPs ``4*B*Hq*N*N*D`` for the forward (half when causal) and 2.5 times
 that for the backward (5 products of N x N x D: S recomputed, dP, dV, dK, dQ; the FlashAttention-2 count,
 whatever an implementation recomputes beyond it: fa_train's two backward kernels run 7), against the
@@ -25,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TrainWorkload", "WORKLOADS", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops", "predicted_us",
-           "build", "agreement", "time_one"]
+           "build", "agreement", "time_one", "TorchProgram"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +67,8 @@ SMOKE: tuple[TrainWorkload, ...] = (
     TrainWorkload("smoke_gqa_b1_hq4_hkv1_n48_d32_fp32_c0", 1, 4, 1, 48, 32, "float32", False),
 )
 
-IMPLS = ("pallas:fa_train", "jax:cudnn", "jax:xla")
+IMPLS = ("pallas:fa_train", "pallas:fa_prefill", "jax:cudnn", "jax:xla", "torch:sdpa_cudnn", "torch:sdpa_flash")
+_TORCH_BACKENDS = {"torch:sdpa_cudnn": "CUDNN_ATTENTION", "torch:sdpa_flash": "FLASH_ATTENTION"}
 
 # The roofline's compute ceiling for 16-bit attention on an H100 / H200 (same GH100 compute): the ~660 TFLOP/s
 # dense fp16 that cuDNN's fused attention and GEMMs reach in practice, not the 989 TFLOP/s datasheet figure
@@ -64,8 +76,15 @@ IMPLS = ("pallas:fa_train", "jax:cudnn", "jax:xla")
 PRACTICAL_PEAK_FP16 = 660e12
 
 # Predicted fraction of PRACTICAL_PEAK_FP16, (fwd, fwd_bwd) per implementation and causal,
-# written before the first GPU run (docs/dropin.md "Predictions" explains each number).
+# written before the first GPU run of each (docs/dropin.md "Predictions" explains each number; the
+# fa_prefill and torch rows were added with the fa_prefill path, before it was timed through the drop-in).
 PREDICTIONS: dict[tuple[str, bool], tuple[float, float]] = {
+    ("pallas:fa_prefill", False): (0.88, 0.55),
+    ("pallas:fa_prefill", True): (0.76, 0.46),
+    ("torch:sdpa_cudnn", False): (0.97, 0.78),
+    ("torch:sdpa_cudnn", True): (0.84, 0.70),
+    ("torch:sdpa_flash", False): (0.55, 0.46),
+    ("torch:sdpa_flash", True): (0.45, 0.38),
     ("pallas:fa_train", False): (0.45, 0.30),
     ("pallas:fa_train", True): (0.38, 0.25),
     ("jax:cudnn", False): (0.80, 0.60),
@@ -97,8 +116,8 @@ def _attention(impl: str, causal: bool) -> Callable:
 
     import pallas_attn
 
-    if impl == "pallas:fa_train":
-        return lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=causal, implementation="pallas")
+    if impl in ("pallas:fa_train", "pallas:fa_prefill"):  # the drop-in, forced onto one kernel pair
+        return lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
     if impl == "jax:cudnn":
         return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
     if impl == "jax:xla":
@@ -115,11 +134,62 @@ def inputs(w: TrainWorkload, seed: int = 0):
     return tuple(jax.random.normal(kk, s, "float32").astype(w.dtype) for kk, s in zip(ks, (qs, kvs, kvs, qs)))
 
 
+class TorchProgram:
+    """A torch SDPA program on JAX inputs: ``prepare(args)`` makes the BHND torch views once (untimed),
+    ``run(*views)`` is what the clock times, and calling it with JAX arrays (the agreement check) returns JAX
+    arrays in BTNH, as the JAX programs do. ``framework = "torch"`` tells ``time_one`` which clock to use."""
+
+    framework = "torch"
+
+    def __init__(self, backend: str, causal: bool, gqa: bool, with_grad: bool):
+        self.backend, self.causal, self.gqa, self.with_grad = backend, causal, gqa, with_grad
+
+    def prepare(self, args: tuple) -> tuple:
+        from .interop import to_torch
+
+        views = [to_torch(x) for x in args]
+        views[:3] = [t.transpose(1, 2).detach().requires_grad_(self.with_grad) for t in views[:3]]  # BHND
+        if len(views) == 4:
+            views[3] = views[3].transpose(1, 2)
+        return tuple(views)
+
+    def run(self, q, k, v, wt=None):
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kw = {"is_causal": self.causal, **({"enable_gqa": True} if self.gqa else {})}
+        with sdpa_kernel([getattr(SDPBackend, self.backend)]):
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+        if not self.with_grad:
+            return out
+        loss = torch.sum(out.float() * wt.float())
+        return loss, torch.autograd.grad(loss, (q, k, v))
+
+    def __call__(self, *args):
+        from .interop import to_jax
+
+        res = self.run(*self.prepare(args))
+        if not self.with_grad:
+            return to_jax(res.detach().transpose(1, 2))
+        loss, grads = res
+        return to_jax(loss.detach()), tuple(to_jax(g.transpose(1, 2)) for g in grads)
+
+
 def build(impl: str, w: TrainWorkload) -> dict[str, Callable]:
-    """The two jitted programs: ``fwd(q, k, v)`` and ``fwd_bwd(q, k, v, w) -> (loss, (dq, dk, dv))``."""
+    """The two programs: ``fwd(q, k, v)`` and ``fwd_bwd(q, k, v, w) -> (loss, (dq, dk, dv))``, jitted JAX
+    functions, or ``TorchProgram`` for the torch implementations (same call signature on JAX arrays)."""
     import jax
     import jax.numpy as jnp
 
+    if impl in _TORCH_BACKENDS:
+        from .interop import torch_cuda_available
+
+        if not torch_cuda_available():
+            raise RuntimeError(f"{impl} needs torch with a CUDA GPU")
+        gqa = w.heads_q != w.heads_kv
+        return {"fwd": TorchProgram(_TORCH_BACKENDS[impl], w.causal, gqa, False),
+                "fwd_bwd": TorchProgram(_TORCH_BACKENDS[impl], w.causal, gqa, True)}
     attn = _attention(impl, w.causal)
 
     def loss(q, k, v, wt):
@@ -147,11 +217,17 @@ def agreement(progs: dict[str, Callable], ref: dict[str, Callable], args: tuple)
 
 
 def time_one(prog: Callable, args: tuple, *, reps: int, flush_bytes: int, clock: str, interpret: bool) -> Any:
-    """Warm the program, then time it on compare's kernel clock (CPU interpret: host wall, labelled)."""
+    """Warm the program, then time it on compare's kernel clock (CPU interpret: host wall, labelled). A
+    ``TorchProgram`` is timed on its torch views (made here, untimed) with the torch clock chain."""
     import jax
 
     from . import timing
 
+    if getattr(prog, "framework", "jax") == "torch":
+        views = prog.prepare(args)
+        prog.run(*views)  # warm (cuDNN plan / autotuning)
+        return timing.time_kernels(prog.run, views, framework="torch", reps=reps, flush_bytes=flush_bytes,
+                                   clock=clock)
     jax.block_until_ready(prog(*args))
     if interpret:
         return timing.time_cpu(prog, args, reps=reps)
