@@ -112,12 +112,19 @@ def test_quantized_entry_and_refusals(family):
     assert impls.problem_of(plain).entry == ("paged" if kw else "dense")
 
 
-def test_layer2_refuses_quantized_kv_instead_of_charging_fp16():
-    w = _w(batch=32, heads_q=32, heads_kv=8, kv_len=8192, head_dim=128, q_offset=8191)
-    with pytest.raises(NotImplementedError, match="quantized KV"):
-        layer2.predict("pallas:fa_decode:default", w, "h100")
-    rec = layer2.predict_record(w.as_dict(), "pallas:fa_decode:default", None, hardware.get("h100"))
-    assert "quantized KV" in rec["error"]
+def test_layer2_charges_quantized_kv_at_storage_bytes_not_fp16():
+    """Layer 2 prices a quantized-KV fa_decode by its storage bytes plus decode work, never as fp16 KV."""
+    shape = dict(batch=32, heads_q=32, heads_kv=8, kv_len=8192, head_dim=128, q_offset=8191)
+    kv_elems = 2 * 32 * 8 * 8192 * 128
+    quant = layer2.predict("pallas:fa_decode:default", _w(**shape), "h100")
+    plain = layer2.predict("pallas:fa_decode:default", _w(kv_dtype=None, **shape), "h100")
+    q_bytes = sum(lt.launch.dram_bytes for lt in quant.launches)
+    p_bytes = sum(lt.launch.dram_bytes for lt in plain.launches)
+    assert p_bytes >= kv_elems * 2 and q_bytes < p_bytes - kv_elems * 0.9  # 1 B per fp8 element, not 2
+    assert sum(lt.launch.dequant_elems * lt.launch.programs for lt in quant.launches) >= kv_elems
+    assert all(lt.launch.dequant_elems == 0 for lt in plain.launches)
+    rec = layer2.predict_record(_w(**shape).as_dict(), "pallas:fa_decode:default", None, hardware.get("h100"))
+    assert "error" not in rec and rec["time_us"] > 0
 
 
 # ---------------------------------------------------------------------------------------------- roofline
