@@ -237,3 +237,12 @@ def test_score_recompute_ignores_the_carried_prediction():
            "env": {"gpu": "NVIDIA H200"}, "prediction": {"layer2": {"time_us": 2 * t, "limiter": "dram"}}}
     assert layer2.score(rec)["layer2_err"] == pytest.approx(1.0)  # the carried prediction
     assert layer2.score(rec, recompute=True)["layer2_err"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_scoring_run_workloads_take_the_reference_shapes_causes():
+    from compare import scorecard
+
+    ref = scorecard._cause("cuda:v5_wmma", "ref_prefill_causal_n8192_d64_f16")
+    assert ref.startswith("causal imbalance")
+    assert scorecard._cause("cuda:v5_wmma", "score_a_prefill_causal_n8192_d64_f16") == ref
+    assert scorecard._cause("pallas:fa_train:d64", "score_a_train_n2048_d64_f16") == "open"
