@@ -168,6 +168,8 @@ def test_absorption_identity_through_the_kernel():
     ("pipelined", 192, 128, 2, 2, 8, 16, True, 2, [230, 0]),  # QK(s) with PV(s-1); empty splits still load block 0
     ("kv64", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # 64-key tiles (4 page copies each), P and alpha handed
     # from consumer 0 to consumer 1, the staging aliasing the ring; an empty split and an empty sequence
+    ("kv64_lazy", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # kv64 with the lazy running max (the flag handed
+    # over with alpha; causal rows see their first key late, so the max moves after tile 0 too)
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
@@ -181,6 +183,26 @@ def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, 
                                                 scale=1.0 / np.sqrt(dqk), config=cfg)
     assert not races
     _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=causal), "bfloat16")
+
+
+def test_kv64_lazy_moves_the_max_after_the_first_tile():
+    """kv64_lazy keeps the running max until a row's tile max passes it by more than LAZY_LOG2 (base 2). Keys from
+    64 on (tiles 2 and 3) score 3x larger, so the max moves on later tiles: both consumers must then rescale their
+    O halves (consumer 1 on the flag consumer 0 hands over; skipping either rescale fails this test), and rows
+    that stay under the threshold keep P > 1 against the old reference."""
+    rng = np.random.default_rng(12)
+    b, hq, dqk, dv, lens = 2, 16, 192, 128, [200, 150]
+    lat = rng.standard_normal((b, max(lens), 1, dqk)).astype(np.float32)
+    lat[:, 64:] *= 3.0
+    q = jnp.asarray(rng.standard_normal((b, 1, hq, dqk)), jnp.bfloat16)
+    pool, bt, kl = (jnp.asarray(x) for x in paging.build_paged_latent(lat, 16, seed=12, kv_lens=lens))
+    pool = pool.astype(jnp.bfloat16)
+    scale = 2.0 / np.sqrt(dqk)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_lazy"].__dict__, "num_splits": 1})
+    out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, kl - 1, kv_lora_rank=dv, causal=False,
+                                                scale=scale, config=cfg)
+    assert not races
+    _check(out, lse, _ref(q, pool, bt, lens, dv=dv, scale=scale), "bfloat16")
 
 
 # --- NaN, refusals, bad inputs --------------------------------------------------------------------------------
@@ -252,7 +274,7 @@ def test_contract_and_deepseek_plan():
     info = {g.id: g for g in pallas_attn.generations()}
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
-    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "triton"}
+    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

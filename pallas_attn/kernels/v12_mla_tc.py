@@ -130,6 +130,8 @@ BLOCK_M = 64  # rows per CTA: one wgmma M tile
 _LOG2E = math.log2(math.e)
 _SMEM_LIMIT = 227 * 1024
 _STAGE_COLS = 64  # fp32 output columns staged per TMA store
+LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
+_LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +145,10 @@ class MlaTcConfig:
     while the P V wgmma runs (FlashAttention-3's intra-warpgroup pipelining, as fa_prefill's ``overlap``).
     share_p (Mosaic): consumer 0 alone computes S over all of DQK and the softmax and hands P (16-bit) and the
     rescale factor to consumer 1 through shared memory; the fp32 output staging aliases the latent ring (config
-    ``kv64``: 64-key tiles, see the module docstring's budget)."""
+    ``kv64``: 64-key tiles, see the module docstring's budget). lazy_rescale (with share_p): the running max, and
+    with it both consumers' O rescale, moves only when some row's tile max exceeds it by more than
+    ``LAZY_LOG2`` (base 2), one warpgroup-uniform decision per tile; the row sum after the P handoff (config
+    ``kv64_lazy``, module docstring)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -157,6 +162,7 @@ class MlaTcConfig:
     split_qk: bool = False
     overlap: bool = False
     share_p: bool = False
+    lazy_rescale: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -171,7 +177,7 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -179,6 +185,8 @@ class MlaTcConfig:
         if self.share_p and self.stages != 2:
             raise ValueError(f"{owner}: share_p runs a 2-slot ring (each consumer stages its output in one slot); "
                              f"got stages={self.stages}")
+        if self.lazy_rescale and not self.share_p:
+            raise ValueError(f"{owner}: lazy_rescale is a variant of share_p (kv64); got share_p=False")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -206,6 +214,7 @@ CONFIGS = {
     "split_qk": MlaTcConfig(split_qk=True, stages=2),
     "pipelined": MlaTcConfig(overlap=True),
     "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
+    "kv64_lazy": MlaTcConfig(block_kv=64, stages=2, share_p=True, lazy_rescale=True),
 }
 
 
@@ -213,7 +222,8 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
     """Shared memory of one Mosaic CTA: the Q tile, the latent ring, the fp32 output staging, LSE and barriers."""
     del dv
     if cfg.share_p:  # exact (Mosaic aligns each buffer to 1 KiB): Q, the ring aliased by the staging, P, the
-        # alpha / l and LSE vectors, 8 barriers, no reduction scratch
+        # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
+        # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
         return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(BLOCK_M * cfg.block_kv * itemsize) \
             + 2 * 1024 + 8 * 8
@@ -296,9 +306,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         return pl.run_state(issue)(plgpu.ACC.init(init))
 
     aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
+    lazy = cfg.lazy_rescale
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
-        if aliased:
+        if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
+            q_smem, (lat_smem, (o_stage, lse_stage)), q_bar, l_bar, l_free, *exchange = scratch_refs
+        elif aliased:
             q_smem, (lat_smem, o_stage), lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
         else:
             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
@@ -464,6 +477,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             def load_row(ref):
                 return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
 
+            # lazy_rescale: alpha_smem holds alpha (rows [0, bm)) and the tile's rescale flag (element bm)
+            alpha_rows = alpha_smem.at[pl.ds(0, bm)] if lazy else alpha_smem
+
+            def scale_rows(acc, alpha):
+                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
+
             if w == 0:
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
@@ -495,25 +514,76 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     plgpu.barrier_arrive(l_free.at[slot])
                     return acc, m_new, l_new
 
+                def step0_lazy(s, carry, *, masked: bool):
+                    """step0 with a lazy running max: one warpgroup-uniform decision per tile (does any row's
+                    tile max exceed its reference by more than LAZY_LOG2?); if not, m, l and both O halves keep
+                    their scale (alpha = 1, no multiply) and P = exp2(s cl - m cl) <= 2^LAZY_LOG2. The row sum
+                    runs after P is handed over, off consumer 1's path."""
+                    acc, m_i, l_i = carry
+                    slot = lax.rem(s, ns)
+                    plgpu.barrier_wait(l_bar.at[slot])
+                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+                    if masked:
+                        sc = mask(sc, s)
+                    mx = sc.max(axis=1)
+                    # m_i = -inf (nothing seen yet): -inf + LAZY_LOG2 = -inf, so any finite max moves it; a NaN
+                    # max compares False (the row's P is NaN anyway: NaN in, NaN out)
+                    grow = jnp.where(mx * cl > m_i * cl + LAZY_LOG2, 1.0, 0.0)
+                    need = grow.max()  # scalar, uniform over the warpgroup (cross-warp: the reduction scratch)
+                    move = need > 0.0
+
+                    def rescaled(m_i, mx):
+                        m_new = jnp.maximum(m_i, mx)
+                        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+                        return m_new, jnp.exp2(m_i * cl - m_use)
+
+                    def kept(m_i, mx):
+                        del mx
+                        return m_i, lcast(jnp.full((bm,), 1.0, f32), row_layout)
+
+                    m_new, alpha = lax.cond(move, rescaled, kept, m_i, mx)
+                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+                    p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+                    pt = p.astype(dtype)
+
+                    @pl.when(s > 0)
+                    def _():  # consumer 1 is done with P_{s-1}, alpha_{s-1} and its flag
+                        plgpu.barrier_wait(p_free.at[0])
+
+                    p_smem[...] = pt
+                    alpha_rows[...] = alpha
+                    alpha_smem[bm] = need
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(p_ready.at[0])
+                    l_new = l_i * alpha + p.sum(axis=1)
+                    acc = lax.cond(move, scale_rows, lambda a, _: a, acc, alpha)
+                    acc = mma(pt, lat_smem.at[slot, :, pl.ds(0, dvh)], (bm, dvh), acc)
+                    plgpu.barrier_arrive(l_free.at[slot])
+                    return acc, m_new, l_new
+
+                body0 = step0_lazy if lazy else step0
                 carry = (acc0, lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
                          lcast(jnp.full((bm,), 0.0, f32), row_layout))
                 n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
-                carry = lax.fori_loop(0, n_plain, functools.partial(step0, masked=False), carry)
-                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step0, masked=True), carry)
+                carry = lax.fori_loop(0, n_plain, functools.partial(body0, masked=False), carry)
+                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(body0, masked=True), carry)
 
                 @pl.when(n > 0)
                 def _():  # the last handoff consumed (every phase of p_free observed)
                     plgpu.barrier_wait(p_free.at[0])
 
-                alpha_smem[...] = l_i  # consumer 1 has read its last alpha: the buffer now carries the final l
+                alpha_rows[...] = l_i  # consumer 1 has read its last alpha: the buffer now carries the final l
                 plgpu.barrier_arrive(done.at[0])
             else:
                 def step1(s, acc):
                     slot = lax.rem(s, ns)
                     plgpu.barrier_wait(l_bar.at[slot])
                     plgpu.barrier_wait(p_ready.at[0])
-                    alpha = load_row(alpha_smem)
-                    acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
+                    alpha = load_row(alpha_rows)
+                    if lazy:  # consumer 0's uniform decision for this tile
+                        acc = lax.cond(alpha_smem[bm] > 0.0, scale_rows, lambda a, _: a, acc, alpha)
+                    else:
+                        acc = scale_rows(acc, alpha)
                     acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(dvh, dvh)], (bm, dvh), acc)
                     plgpu.barrier_arrive(p_free.at[0])
                     plgpu.barrier_arrive(l_free.at[slot])
@@ -524,7 +594,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.barrier_arrive(done.at[0])
             plgpu.barrier_wait(done.at[0])
             if w == 1:
-                l_i = load_row(alpha_smem)
+                l_i = load_row(alpha_rows)
             if emulate:
                 # the GPU's staging aliases the ring (RefUnion): write this consumer's slots here so that the race
                 # detector sees the alias hazard (a TMA load or the other consumer's read still in flight)
@@ -574,10 +644,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
     ring, stage = _smem_tile((ns, tn, dqk), dtype, swz), _smem_tile((2, bm, _STAGE_COLS), f32)
+    lse_tile = plgpu.SMEM((bm,), f32)
+    if aliased and lazy:
+        staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
+    elif aliased:
+        staging = [plgpu.RefUnion(ring, stage), lse_tile]
+    else:
+        staging = [ring, stage, lse_tile]
     scratch = [
         _smem_tile((bm, dqk), dtype, swz),
-        *([plgpu.RefUnion(ring, stage)] if aliased else [ring, stage]),
-        plgpu.SMEM((bm,), f32),
+        *staging,
         plgpu.Barrier(num_arrivals=1, num_barriers=1),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
@@ -585,7 +661,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
     if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free, done
-        scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((bm,), f32),
+        scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32),
                     plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=1, num_barriers=1),
                     plgpu.Barrier(num_arrivals=2, num_barriers=1)]
     return plgpu.kernel(
@@ -598,8 +674,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         thread_name="wg",
         # share_p: every reduction is along a WGMMA row (within a warp: no cross-warp scratch), and the 2 KiB the
         # default reserves for one would push the CTA past 227 KiB (module docstring)
-        compiler_params=plgpu.CompilerParams(approx_math=True,
-                                             **({"reduction_scratch_bytes": 0} if cfg.share_p else {})),
+        # (lazy_rescale: 1 KiB, paid for by aliasing the LSE staging into the ring)
+        compiler_params=plgpu.CompilerParams(
+            approx_math=True,
+            **({"reduction_scratch_bytes": _LAZY_SCRATCH if lazy else 0} if cfg.share_p else {})),
         kernel_name=PASS_MOSAIC,
     )
 
