@@ -7,7 +7,7 @@ line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes t
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
 it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
 compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"``
-runs them).
+runs them; kv64_lazy adds 8 more and a late-moving-max check, ``-k "kv64_lazy or small_templates"``).
 """
 
 import os
@@ -108,7 +108,8 @@ pytestmark_gpu = pytest.mark.gpu
 _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat16", 4),
              ("v12_mla_tc", "faithful", "float16", 1), ("fa_mla", "split_qk", "bfloat16", 4),
              ("fa_mla", "pipelined", "bfloat16", 4), ("fa_mla", "kv64", "bfloat16", 4),
-             ("v12_mla_tc", "kv64", "float16", 1), ("fa_mla", "triton", "bfloat16", 4),
+             ("v12_mla_tc", "kv64", "float16", 1), ("fa_mla", "kv64_lazy", "bfloat16", 4),
+             ("v12_mla_tc", "kv64_lazy", "float16", 1), ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
 
@@ -123,7 +124,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "triton"])
+@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -143,7 +144,7 @@ def test_causal_multi_query_offsets_page16_and_splits(config):
 def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
-    for config in ("faithful", "kv64", "triton"):  # kv64 at page 32: two TMA copies per 64-key tile
+    for config in ("faithful", "kv64", "kv64_lazy", "triton"):  # kv64 at page 32: two TMA copies per 64-key tile
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -173,7 +174,7 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "kv64", "triton"])
+@pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
@@ -184,6 +185,25 @@ def test_nan_in_nan_out(config):
     assert np.all(np.isnan(out[1]))
 
 
+@pytestmark_gpu
+def test_kv64_lazy_max_moves_late():
+    """kv64_lazy at the DeepSeek shape where the running max must move after the first tiles: keys from 1000 on
+    score 3x larger (scale 2 / sqrt(576)), so both consumers rescale on late tiles; kv64 on the same inputs beside it."""
+    rng = np.random.default_rng(17)
+    lens = [4096, 3000]
+    lat = rng.standard_normal((2, 4096, 1, 576)).astype(np.float32)
+    lat[:, 1000:] *= 3.0
+    q = jnp.asarray(rng.standard_normal((2, 1, 128, 576)), jnp.bfloat16)
+    pool, bt, kl = paging.build_paged_latent(lat, 64, seed=17, kv_lens=lens)
+    pool, bt, kl = jnp.asarray(pool, jnp.bfloat16), jnp.asarray(bt), jnp.asarray(kl)
+    scale = 2.0 / np.sqrt(576)
+    ref = _mqa_ref(q, pool, bt, np.asarray(kl), dv=512, scale=scale)
+    for config in ("kv64_lazy", "kv64"):
+        out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, scale=scale, config=config,
+                                             return_lse=True, interpret=False)
+        _check(out, lse, ref, "bfloat16", f"fa_mla:{config} late-moving max")
+
+
 @functools.cache
 def _b64_case():
     return _case(16, b=64, tq=1, hq=128, dqk=576, lens=[8192] * 64, page=64, dtype="bfloat16")
@@ -191,7 +211,7 @@ def _b64_case():
 
 @pytestmark_gpu
 @pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "split_qk"), ("fa_mla", "pipelined"),
-                                             ("fa_mla", "kv64"), ("fa_mla", "triton")])
+                                             ("fa_mla", "kv64"), ("fa_mla", "kv64_lazy"), ("fa_mla", "triton")])
 def test_timing_b64_s8192(gen, config):
     """mla_b64_s8192_bf16: one timing line, and two sequences checked against the oracle."""
     dtype = "bfloat16"
