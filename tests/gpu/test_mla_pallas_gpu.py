@@ -188,7 +188,7 @@ def test_nan_in_nan_out(config):
 @pytestmark_gpu
 def test_kv64_lazy_max_moves_late():
     """kv64_lazy at the DeepSeek shape where the running max must move after the first tiles: keys from 1000 on
-    score 3x larger (scale 2 / sqrt(576)), so both consumers rescale on late tiles; kv64 on the same inputs beside it."""
+    score 3x larger (scale 2 / sqrt(576)), so both consumers rescale on late tiles; kv64 beside it."""
     rng = np.random.default_rng(17)
     lens = [4096, 3000]
     lat = rng.standard_normal((2, 4096, 1, 576)).astype(np.float32)
