@@ -60,10 +60,18 @@ _CASES = [
 _TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}  # relative norm error; measured ~3e-4 (fp16), ~2.5e-3 (bf16)
 
 
-@pytest.mark.parametrize("case", _CASES, ids=lambda c: "-".join(map(str, c)))
-def test_mosaic_kernels_on_the_gpu_interpreter(rng, case):
+# config "wide" (two consumer warpgroups sharing each streamed tile): the first case (GQA 2) has a dK/dV CTA whose
+# second consumer skips a query block its keys cannot see, inside the group loop; the second (negative offset,
+# Tq > Tk) also a dQ CTA whose first consumer skips a key block loaded for the second one's rows only.
+_WIDE_CASES = [_CASES[0], (1, 150, 70, 1, 1, 64, True, (-30,), "float16")]
+
+
+@pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES],
+                         ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
+def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
     """dQ, dK, dV of both kernels' own code (TMA rings and barriers, block bounds, masks, the GQA loop, the
-    epilogues) against jax.vjp of the float32 reference, with no race reported."""
+    epilogues; wide: two consumers per ring slot and the skipped blocks) against jax.vjp of the float32
+    reference, with no race reported."""
     b, tq, tk, hq, hkv, d, causal, offs, dt = case
     q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
     off = jnp.asarray(offs, jnp.int32)
@@ -72,7 +80,7 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, case):
     (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
     ref = vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
     dq, dk, dv, races = fb.emulate_backward(q, k, v, out.astype(dt), lse, do, causal=causal, scale=scale,
-                                            q_offset=off)
+                                            q_offset=off, config=fb.CONFIGS[config])
     assert not races
     for name, ours, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, (q, k, v)):
         assert ours.dtype == x.dtype and ours.shape == x.shape, name
@@ -83,21 +91,23 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, case):
         assert np.all(np.asarray(dq, np.float32)[empty] == 0.0)
 
 
+@pytest.mark.parametrize("config", ["default", "wide", "wide_s3"])
 @pytest.mark.parametrize("causal,d,dtype", [(True, 64, jnp.bfloat16), (False, 128, jnp.float16)])
-def test_mosaic_kernels_lower_for_cuda(causal, d, dtype):
-    """The real kernels (wgmma, layouts, TMA, register budgets) lower for CUDA on this CPU machine: GQA,
-    ragged Tq != Tk, offsets."""
+def test_mosaic_kernels_lower_for_cuda(causal, d, dtype, config):
+    """The real kernels (wgmma, layouts, TMA, register budgets) of every config lower for CUDA on this CPU
+    machine: GQA, ragged Tq != Tk, offsets; the wide configs fit the 227 KiB of shared memory at D 128."""
     sds = jax.ShapeDtypeStruct
     q, k = sds((2, 200, 4, d), dtype), sds((2, 333, 2, d), dtype)
     lse, off = sds((2, 4, 200), jnp.float32), sds((2,), jnp.int32)
 
     def f(q, k, v, o, lse, do, off):
-        return fb.backward(q, k, v, o, lse, do, causal=causal, scale=0.125, q_offset=off)
+        return fb.backward(q, k, v, o, lse, do, causal=causal, scale=0.125, q_offset=off, config=fb.CONFIGS[config])
 
     text = jax.jit(f).trace(q, k, k, q, lse, q, off).lower(lowering_platforms=("cuda",)).as_text()
     names = set(re.findall(r"pallas_attn_\w+", text))
     assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
     assert "wgmma" in text
+    assert fb.smem_bytes(128, 2, fb.CONFIGS[config]) <= 227 * 1024
 
 
 def test_refusals_name_the_problem():
@@ -129,3 +139,30 @@ def test_refusals_name_the_problem():
         fb.BwdConfig(stages=1)
     with pytest.raises(ValueError, match="BwdConfig"):
         fb.BwdConfig(consumer_regs=240, producer_regs=40)
+    with pytest.raises(ValueError, match="504"):
+        fb.BwdConfig(wide=True, consumer_regs=248, producer_regs=24)
+    assert fb.BwdConfig(wide=True, consumer_regs=240, producer_regs=24).consumers == 2
+
+
+def test_attention_lse_custom_vjp_interpret(rng):
+    """fa_prefill_bwd.attention_lse (the drop-in's pair on sm_90) in interpret mode under jit + grad: the
+    forward's Pallas twin and the backward's kernels on the GPU interpreter, config wide; a loss on the output
+    AND on the LSE (its cotangent folds into delta), against jax.vjp of the float32 reference."""
+    q, k, v, w = _inputs(rng, 1, 70, 90, 2, 1, 64, "float16")
+    off = jnp.asarray([5], jnp.int32)
+    wl = jnp.asarray(rng.standard_normal((1, 2, 70)), jnp.float32)
+
+    def loss(f):
+        def run(q, k, v):
+            o, lse = f(q, k, v)
+            return jnp.sum(o.astype(jnp.float32) * w.astype(jnp.float32)) + jnp.sum(lse * wl)
+        return run
+
+    ours = jax.jit(jax.grad(loss(lambda q, k, v: fb.attention_lse(
+        q, k, v, causal=True, scale=0.125, q_offset=off, bwd_config=fb.CONFIGS["wide"], interpret=True)),
+        argnums=(0, 1, 2)))(q, k, v)
+    ref = jax.grad(loss(lambda q, k, v: reference(q, k, v, off, causal=True, scale=0.125)), argnums=(0, 1, 2))(
+        *(x.astype(jnp.float32) for x in (q, k, v)))
+    for name, g, r, x in zip(("dq", "dk", "dv"), ours, ref, (q, k, v)):
+        assert g.dtype == x.dtype and g.shape == x.shape, name
+        assert _rel(g, r) < _TOL["float16"], (name, _rel(g, r))

@@ -69,34 +69,51 @@ _SMEM_LIMIT = 227 * 1024
 @dataclasses.dataclass(frozen=True)
 class BwdConfig:
     """stages: depth of the shared-memory ring of each kernel's looped operands (Q/dO/lse/delta tiles in the
-    dK/dV kernel, K/V tiles in the dQ kernel). consumer_regs / producer_regs: per-thread register budgets after
-    ``set_max_registers`` (multiples of 8 in [24, 256]; their sum at most 256: two warpgroups in the budget of
-    two 128-register warpgroups)."""
+    dK/dV kernel, K/V tiles in the dQ kernel). wide: two consumer warpgroups per CTA instead of one (dK/dV: 128
+    keys per CTA, 64 per consumer; dQ: 128 query rows, 64 per consumer), both reading each streamed tile of the
+    ring, so the L2 -> shared-memory traffic per FLOP halves. consumer_regs / producer_regs: per-thread register
+    budgets after ``set_max_registers`` (multiples of 8 in [24, 256]); the warpgroups share 504 registers per
+    thread slot with three warpgroups (wide: 2 consumer_regs + producer_regs <= 504), 256 with two."""
 
     stages: int = 2
     consumer_regs: int = 232
     producer_regs: int = 24
+    wide: bool = False
 
     def __post_init__(self) -> None:
         if self.stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.stages must be 2, 3 or 4; got {self.stages}")
+        if not isinstance(self.wide, bool):
+            raise ValueError(f"BwdConfig.wide must be a bool; got {self.wide!r}")
         for name in ("consumer_regs", "producer_regs"):
             r = getattr(self, name)
             if not (isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"BwdConfig.{name} must be a multiple of 8 in [24, 256]; got {r!r}")
-        if self.consumer_regs + self.producer_regs > 256:
+        if self.wide and 2 * self.consumer_regs + self.producer_regs > 504:
+            raise ValueError(f"BwdConfig(wide=True): 2 * consumer_regs + producer_regs must be <= 504 (three "
+                             f"warpgroups); got 2 * {self.consumer_regs} + {self.producer_regs}")
+        if not self.wide and self.consumer_regs + self.producer_regs > 256:
             raise ValueError(f"BwdConfig: consumer_regs + producer_regs must be <= 256; got "
                              f"{self.consumer_regs} + {self.producer_regs}")
 
+    @property
+    def consumers(self) -> int:
+        return 2 if self.wide else 1
 
-CONFIGS = {"default": BwdConfig()}
+
+CONFIGS = {
+    "default": BwdConfig(),
+    "wide": BwdConfig(wide=True, consumer_regs=240, producer_regs=24),
+    "wide_s3": BwdConfig(wide=True, stages=3, consumer_regs=240, producer_regs=24),
+}
 
 
 def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
-    """Shared memory of the larger of the two kernels' CTAs (they hold the same tiles, roles swapped): two
-    resident 64 x D tiles, ``stages`` slots of two 64 x D tiles, the fp32 lse/delta vectors, barriers, scratch."""
-    tiles = (2 * BLOCK * d + cfg.stages * 2 * BLOCK * d) * itemsize
-    vecs = 2 * BLOCK * 4 * max(cfg.stages, 1)
+    """Shared memory of the larger of the two kernels' CTAs (they hold the same tiles, roles swapped): the
+    resident tiles (two 64 x D tiles per consumer), ``stages`` slots of two 64 x D tiles, the fp32 lse/delta
+    vectors, barriers, scratch."""
+    tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d) * itemsize
+    vecs = 2 * BLOCK * 4 * (max(cfg.stages, 1) + cfg.consumers)
     return tiles + vecs + 2700
 
 
@@ -193,6 +210,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.stages
+    nc = cfg.consumers  # consumer warpgroups, 64 keys each; warpgroup nc is the producer
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E
@@ -204,18 +222,24 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         hk = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
-        j0 = ji * bk
         off = off_ref[bi] if causal else jnp.int32(0)
-        lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
-        per_head = nq - lo  # query blocks per query head of the group
+        # the producer streams the query blocks that see the CTA's first 64 keys: a superset of what the
+        # later consumers' keys need (their first visible block is at or after this one)
+        lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
+        per_head = nq - lo0  # query blocks per query head of the group
         n_steps = group * per_head
 
-        @pl.when(wg == 0)
+        @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_smem, kv_bar.at[0])
-            plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_smem, kv_bar.at[0])
-            plgpu.barrier_wait(kv_bar.at[0])
+            j0 = ji * (nc * bk) + (wg * bk if nc > 1 else 0)  # this consumer's 64 keys
+            k_mine = k_smem.at[wg] if nc > 1 else k_smem
+            v_mine = v_smem.at[wg] if nc > 1 else v_smem
+            bar = kv_bar.at[wg] if nc > 1 else kv_bar.at[0]
+            plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_mine, bar)
+            plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_mine, bar)
+            plgpu.barrier_wait(bar)
+            lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
 
             def mask(x, qb):
                 kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
@@ -225,13 +249,21 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                     ok = ok & (kpos <= qpos + off)
                 return jnp.where(ok, x, -jnp.inf)
 
+            def skip(qb, carry, *, g):
+                # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
+                # phase of the barrier, in order) and hand the slot back
+                slot = lax.rem(g * per_head + (qb - lo0), ns)
+                plgpu.barrier_wait(q_bar.at[slot])
+                plgpu.barrier_arrive(q_free.at[slot])
+                return carry
+
             def step(qb, carry, *, g, masked: bool):
                 dk, dv = carry
-                s = g * per_head + (qb - lo)
+                s = g * per_head + (qb - lo0)
                 slot = lax.rem(s, ns)
                 plgpu.barrier_wait(q_bar.at[slot])
                 qs, dos = q_smem.at[slot], do_smem.at[slot]
-                st, dpt = ops.mma2(ops.zeros((bk, bq)), k_smem, qs, ops.zeros((bk, bq)), v_smem, dos, b_t=True)
+                st, dpt = ops.mma2(ops.zeros((bk, bq)), k_mine, qs, ops.zeros((bk, bq)), v_mine, dos, b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
                 x = st * c
@@ -244,19 +276,21 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 return dk, dv
 
             def head(g, carry):
+                if nc > 1:
+                    carry = lax.fori_loop(lo0, lo, functools.partial(skip, g=g), carry)
                 carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
                 return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
 
             dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, d)), ops.zeros((bk, d))))
             # epilogue: K and V were last read by the waited wgmmas above; their tiles stage the outputs
-            k_smem[...] = (dk * scale).astype(dtype)
-            v_smem[...] = dv.astype(dtype)
+            k_mine[...] = (dk * scale).astype(dtype)
+            v_mine[...] = dv.astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[bi, pl.ds(j0, bk), hk])
-            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[bi, pl.ds(j0, bk), hk])
+            plgpu.copy_smem_to_gmem(k_mine, dk_ref.at[bi, pl.ds(j0, bk), hk])
+            plgpu.copy_smem_to_gmem(v_mine, dv_ref.at[bi, pl.ds(j0, bk), hk])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == 1)
+        @pl.when(wg == nc)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
@@ -264,7 +298,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
             def _load(s):
                 slot = lax.rem(s, ns)
                 g = lax.div(s, jnp.maximum(per_head, 1))
-                qb = lo + lax.rem(s, jnp.maximum(per_head, 1))
+                qb = lo0 + lax.rem(s, jnp.maximum(per_head, 1))
                 h = hk * group + g
 
                 @pl.when(s >= ns)
@@ -283,24 +317,25 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 plgpu.barrier_wait(q_free.at[lax.rem(s, ns)])
 
     out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
+    resident = (bk, d) if nc == 1 else (nc, bk, d)
     scratch = [
-        _smem_tile((bk, d), dtype),
-        _smem_tile((bk, d), dtype),
+        _smem_tile(resident, dtype),
+        _smem_tile(resident, dtype),
         _smem_tile((ns, bq, d), dtype),
         _smem_tile((ns, bq, d), dtype),
         plgpu.SMEM((ns, bq), f32),
         plgpu.SMEM((ns, bq), f32),
-        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+        plgpu.Barrier(num_arrivals=2, num_barriers=nc),
         plgpu.Barrier(num_arrivals=4, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
     ]
     return plgpu.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(tk_pad // bk, hkv, b),
+        grid=(tk_pad // (nc * bk), hkv, b),
         grid_names=("k", "h", "b"),
-        num_threads=2,
+        num_threads=nc + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name=PASS_DKDV,
@@ -316,30 +351,36 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.stages
+    nc = cfg.consumers  # consumer warpgroups, 64 query rows each; warpgroup nc is the producer
     group = hq // hkv
     c = float(scale) * _LOG2E
     f32 = jnp.float32
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
-             q_smem, do_smem, lse_smem, dl_smem, k_smem, v_smem, qd_bar, kv_bar, kv_free):
+             q_all, do_all, lse_all, dl_all, k_smem, v_smem, qd_bar, kv_bar, kv_free):
         qi = lax.axis_index("q")
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
         hk = lax.div(h, group)
-        r0 = qi * bq
         off = off_ref[bi] if causal else jnp.int32(0)
-        n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+        # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
+        _, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk, causal=causal)
 
-        @pl.when(wg == 0)
+        @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            r0 = qi * (nc * bq) + (wg * bq if nc > 1 else 0)  # this consumer's 64 rows
+            n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+            q_smem, do_smem = (q_all.at[wg], do_all.at[wg]) if nc > 1 else (q_all, do_all)
+            lse_smem, dl_smem = (lse_all.at[wg], dl_all.at[wg]) if nc > 1 else (lse_all, dl_all)
+            bar = qd_bar.at[wg] if nc > 1 else qd_bar.at[0]
             rows = pl.ds(r0, bq)
-            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem, qd_bar.at[0])
-            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem, qd_bar.at[0])
-            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem, qd_bar.at[0])
-            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem, qd_bar.at[0])
-            plgpu.barrier_wait(qd_bar.at[0])
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem, bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem, bar)
+            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem, bar)
+            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem, bar)
+            plgpu.barrier_wait(bar)
             lse2 = ops.bcast(ops.vec(lse_smem, 1), (bq, bk), 1)
             delta = ops.bcast(ops.vec(dl_smem, 1), (bq, bk), 1)
 
@@ -367,17 +408,25 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
             dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
             dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+            if nc > 1:  # key blocks loaded for a later consumer's rows only: wait for each load, hand it back
+
+                @pl.loop(n_total, n_load)
+                def _skip(s):
+                    slot = lax.rem(s, ns)
+                    plgpu.barrier_wait(kv_bar.at[slot])
+                    plgpu.barrier_arrive(kv_free.at[slot])
+
             # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
             q_smem[...] = (dq * scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[bi, rows, h])
             plgpu.wait_smem_to_gmem(0)
 
-        @pl.when(wg == 1)
+        @pl.when(wg == nc)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_total)
+            @pl.loop(0, n_load)
             def _load(s):
                 slot = lax.rem(s, ns)
 
@@ -389,28 +438,30 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk], k_smem.at[slot], kv_bar.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk], v_smem.at[slot], kv_bar.at[slot])
 
-            @pl.loop(jnp.maximum(n_total - ns, 0), n_total)
+            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
             def _drain(s):
                 plgpu.barrier_wait(kv_free.at[lax.rem(s, ns)])
 
+    mine = (bq, d) if nc == 1 else (nc, bq, d)
+    vec = (bq,) if nc == 1 else (nc, bq)
     scratch = [
-        _smem_tile((bq, d), dtype),
-        _smem_tile((bq, d), dtype),
-        plgpu.SMEM((bq,), f32),
-        plgpu.SMEM((bq,), f32),
+        _smem_tile(mine, dtype),
+        _smem_tile(mine, dtype),
+        plgpu.SMEM(vec, f32),
+        plgpu.SMEM(vec, f32),
         _smem_tile((ns, bk, d), dtype),
         _smem_tile((ns, bk, d), dtype),
-        plgpu.Barrier(num_arrivals=4, num_barriers=1),
+        plgpu.Barrier(num_arrivals=4, num_barriers=nc),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
     ]
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
         scratch_types=scratch,
-        grid=(tq_pad // bq, hq, b),
+        grid=(tq_pad // (nc * bq), hq, b),
         grid_names=("q", "h", "b"),
-        num_threads=2,
+        num_threads=nc + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name=PASS_DQ,
@@ -448,7 +499,7 @@ def _check(q, k, v, o, lse, do) -> None:
         raise ValueError(f"{GEN} backward: needs Tq >= 1 and Tk >= 1; got {tq}, {k.shape[1]}")
 
 
-def _prepare(q, k, v, o, lse, do, q_offset, dlse=None):
+def _prepare(q, k, v, o, lse, do, q_offset, dlse=None, *, rows: int = BLOCK, keys: int = BLOCK):
     """Pad to whole 64-row / 64-key tiles; delta and lse2 (fp32 [B, Hq, Tq_pad]). ``dlse`` (the LSE's
     cotangent, fp32 [B, Hq, Tq] or None) folds into delta: ``dS = P (dP - delta)`` then covers both outputs."""
     b, tq = q.shape[:2]
@@ -457,12 +508,12 @@ def _prepare(q, k, v, o, lse, do, q_offset, dlse=None):
     if dlse is not None:
         delta = delta - dlse.astype(f32)
     lse2 = jnp.where(lse == -jnp.inf, jnp.inf, lse * _LOG2E)  # no visible key: P = exp2(x - inf) = 0
-    extra = -tq % BLOCK
+    extra = -tq % rows
     if extra:
         lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, extra)), constant_values=jnp.inf)
         delta = jnp.pad(delta, ((0, 0), (0, 0), (0, extra)))
     off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
-    return (_pad(q, 1, BLOCK), _pad(k, 1, BLOCK), _pad(v, 1, BLOCK), _pad(do, 1, BLOCK), lse2, delta, off)
+    return (_pad(q, 1, rows), _pad(k, 1, keys), _pad(v, 1, keys), _pad(do, 1, rows), lse2, delta, off)
 
 
 def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None):
@@ -472,7 +523,10 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     if dlse is not None and (dlse.shape != lse.shape or not jnp.issubdtype(dlse.dtype, jnp.floating)):
         raise ValueError(f"{GEN} backward: dlse must be a float array of lse's shape {lse.shape}; got {dlse.dtype} "
                          f"{dlse.shape}")
-    qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse)
+    # wide: the dK/dV CTA owns 128 keys, the dQ CTA 128 query rows (padded keys are masked; padded rows have
+    # lse2 = +inf, so P = 0 there)
+    tile = BLOCK * cfg.consumers
+    qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse, rows=tile, keys=tile)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
     dk, dv = _build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
     dq = _build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)

@@ -5,9 +5,11 @@ HIGHEST matmul precision. Ours (fa_prefill's forward for O and LSE, then ``fa_pr
 bf16 must be within twice XLA's own error in that dtype (XLA run on the 16-bit inputs) plus 2 eps, for dQ, dK
 and dV (the criterion of tests/gpu/test_dropin_gpu.py). Cases: fp16 / bf16 x D 64 / 128 x (MHA, square,
 non-causal; GQA 2, odd Tq != Tk with per-sequence causal offsets; the same non-causal). Causal offsets go to
-jax.nn as an explicit mask (it has no q_offset). Also: bit-identical gradients run to run (no atomics), NaN in
-a query row reaches exactly the gradients it should, and a timing print against jax.nn cuDNN's backward at
-B4 H16 N4096 D128 (``-s`` to see it). Budget: 2-4 minutes on an H100, mostly compiling (~40 programs).
+jax.nn as an explicit mask (it has no q_offset). Every case runs for the configs ``default`` (one consumer
+warpgroup, 64-key / 64-row CTAs) and ``wide`` (two consumers, 128-key / 128-row CTAs). Also: bit-identical
+gradients run to run (no atomics), NaN in a query row reaches exactly the gradients it should, and a timing
+print of default / wide / wide_s3 against jax.nn cuDNN's backward at B4 H16 N4096 D128 (``-s`` to see it).
+Budget: 3-5 minutes on an H100, mostly compiling (~70 programs).
 """
 
 import os
@@ -61,11 +63,11 @@ def _xla_grad(highest: bool):
 
 
 @functools.cache
-def _ours(causal: bool, scale: float):
+def _ours(causal: bool, scale: float, config: str = "default"):
     def run(q, k, v, w, off):
         o, lse = pallas_attn.attention(q, k, v, causal=causal, q_offset=off, generation="fa_prefill",
                                        interpret=False, return_lse=True)
-        return fb.backward(q, k, v, o, lse, w, causal=causal, scale=scale, q_offset=off)
+        return fb.backward(q, k, v, o, lse, w, causal=causal, scale=scale, q_offset=off, config=fb.CONFIGS[config])
 
     return jax.jit(run)
 
@@ -76,15 +78,16 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+@pytest.mark.parametrize("config", ["default", "wide"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_grads_within_xla_error(dtype, d, shape):
+def test_grads_within_xla_error(dtype, d, shape, config):
     b, tq, tk, hq, hkv, causal, offs = SHAPES[shape]
     q, k, v, w = _arrays(d + len(shape), b, tq, tk, hq, hkv, d, dtype)
     mask = _mask(b, tq, tk, causal, offs)
     off = jnp.asarray(offs, jnp.int32)
-    ours = _ours(causal, 1.0 / float(np.sqrt(d)))(q, k, v, w, off)
+    ours = _ours(causal, 1.0 / float(np.sqrt(d)), config)(q, k, v, w, off)
     lo = _xla_grad(False)(q, k, v, w, mask)
     truth = _xla_grad(True)(*(x.astype(jnp.float32) for x in (q, k, v, w)), mask)
     eps = float(jnp.finfo(dtype).eps)
@@ -94,11 +97,12 @@ def test_grads_within_xla_error(dtype, d, shape):
         assert _rel(o, t) <= 2 * _rel(l_, t) + 2 * eps, (name, _rel(o, t), _rel(l_, t))
 
 
-def test_deterministic_and_nan_rows():
+@pytest.mark.parametrize("config", ["default", "wide"])
+def test_deterministic_and_nan_rows(config):
     b, tq, tk, hq, hkv, d = 2, 512, 700, 4, 2, 128
     q, k, v, w = _arrays(7, b, tq, tk, hq, hkv, d, "float16")
     off = jnp.zeros((b,), jnp.int32)
-    run = _ours(False, 1.0 / float(np.sqrt(d)))
+    run = _ours(False, 1.0 / float(np.sqrt(d)), config)
     first, second = run(q, k, v, w, off), run(q, k, v, w, off)
     for x, y in zip(first, second):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -131,8 +135,12 @@ def test_timing_vs_cudnn(causal):
     off = jnp.zeros((b,), jnp.int32)
     scale = 1.0 / float(np.sqrt(d))
     o, lse = pallas_attn.attention(q, k, v, causal=causal, generation="fa_prefill", interpret=False, return_lse=True)
-    bwd = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale))
-    ours = _time(lambda *a: bwd(*a, q_offset=off), q, k, v, o, lse, w)
+    times = {}
+    for name in ("default", "wide", "wide_s3"):
+        fn = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS[name]))
+        times[name] = _time(lambda *a, fn=fn: fn(*a, q_offset=off), q, k, v, o, lse, w)
+    bwd = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS["wide"]))
+    ours = times["wide"]
 
     def cudnn_fwd(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
@@ -146,8 +154,9 @@ def test_timing_vs_cudnn(causal):
     flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
     g_ours, g_ref = bwd(q, k, v, o, lse, w, q_offset=off), jax.jit(jax.grad(cudnn_loss, argnums=(0, 1, 2)))(q, k, v, w)
     agree = {nm: _rel(a, r) for nm, a, r in zip(("dq", "dk", "dv"), g_ours, g_ref)}
-    print(f"\nfa_prefill_bwd B{b} H{h} N{n} D{d} fp16 causal={causal}: ours {ours:.0f} us "
-          f"({flops / ours / 1e6:.0f} TFLOP/s at 2.5x fwd), cuDNN bwd {t_cudnn:.0f} us (fwd+bwd {t_fb:.0f}, fwd "
-          f"{t_fwd:.0f}; {flops / t_cudnn / 1e6:.0f} TFLOP/s), ours/cuDNN speed {t_cudnn / ours:.2f}x; "
-          f"max rel diff vs cuDNN grads {agree}", flush=True)
+    each = ", ".join(f"{nm} {t:.0f} us ({flops / t / 1e6:.0f} TFLOP/s, {t_cudnn / t:.2f}x cuDNN)"
+                     for nm, t in times.items())
+    print(f"\nfa_prefill_bwd B{b} H{h} N{n} D{d} fp16 causal={causal}: {each}; cuDNN bwd {t_cudnn:.0f} us "
+          f"(fwd+bwd {t_fb:.0f}, fwd {t_fwd:.0f}; {flops / t_cudnn / 1e6:.0f} TFLOP/s at 2.5x fwd); "
+          f"wide vs cuDNN speed {t_cudnn / ours:.2f}x; max rel diff of wide's grads vs cuDNN's {agree}", flush=True)
     assert all(v < 2e-2 for v in agree.values()), agree
