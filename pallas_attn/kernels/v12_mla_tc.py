@@ -38,6 +38,10 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   (barriers, TMA issue, waits) are paid every 64 keys instead of 32. The final l reaches consumer 1 in the alpha
   buffer, over a ``done`` barrier both consumers pass after their loops; after it the ring is idle, and the fp32
   output staging aliases the ring's bytes (``plgpu.RefUnion``). See "Shared memory and registers" below.
+  Config ``kv64_lazy`` (fa_mla's ``kv64_lazy``): kv64 with a lazy running max: the reference max moves only when
+  some row's tile max passes it by more than ``LAZY_LOG2`` (base 2; one warpgroup-uniform flag per tile through a
+  1 KiB reduction scratch, the LSE staging joining the ring's alias to pay for it), else alpha is 1 and neither
+  consumer rescales its O half (consumer 1 reads the flag beside alpha); the row sum runs after the P handoff.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
