@@ -25,7 +25,15 @@ Each kernel is two warpgroups: warpgroup 1, the producer, lowers its register bu
 operands by TMA into a ``stages``-deep shared-memory ring (per slot a "loaded" barrier with one arrival per
 copy and a "free" barrier the consumer arrives on); warpgroup 0, the consumer, runs the wgmmas and the
 elementwise math, waiting for each pair of wgmmas before using their results (no intra-warpgroup overlap yet:
-the simple first version). Causal: key blocks past a query block's diagonal (and query blocks before a key
+the simple first version). Config ``wide`` (``BwdConfig(wide=True)``): three warpgroups, two consumers of 64
+keys (dK/dV) or 64 rows (dQ) each, sharing every streamed tile of the ring (its "free" barrier takes two
+arrivals), so a CTA owns 128 keys / rows and the L2 traffic per FLOP halves; a consumer that cannot see a
+streamed block (causal) waits for its load and hands the slot back.
+
+``attention_lse`` joins ``fa_prefill.forward(..., return_lse=True)`` and ``backward`` in a ``jax.custom_vjp``
+(the LSE's cotangent folds into delta): what ``pallas_attn.dot_product_attention`` runs on sm_90.
+
+Causal: key blocks past a query block's diagonal (and query blocks before a key
 block's diagonal) are never loaded; only blocks that straddle the diagonal, or hold the ragged end of the keys,
 run the masked step. Lengths: Q/dO are padded to 64 rows and K/V to 64 keys only when needed (padded query
 rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64 and 128; D 256 is refused (the
