@@ -205,6 +205,11 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
     return hi <= lo
 
 
+# fa_prefill's backward config in the drop-in: ``wide`` (two consumer warpgroups share each streamed tile) measured
+# 1.31x / 1.38x faster than ``default`` on an H200 (B4 H16 N4096 D128 fp16, non-causal / causal; docs/fa_prefill.md)
+DROPIN_BWD_CONFIG = "wide"
+
+
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
@@ -213,7 +218,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
         out, lse = fa_prefill_bwd.attention_lse(
             q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
-            interpret=_compat.default_interpret(None))
+            bwd_config=fa_prefill_bwd.CONFIGS[DROPIN_BWD_CONFIG], interpret=_compat.default_interpret(None))
     else:
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(
