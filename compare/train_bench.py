@@ -226,6 +226,12 @@ def time_one(prog: Callable, args: tuple, *, reps: int, flush_bytes: int, clock:
     if getattr(prog, "framework", "jax") == "torch":
         views = prog.prepare(args)
         prog.run(*views)  # warm (cuDNN plan / autotuning)
+        if prog.with_grad and clock == "cupti":
+            # torch runs a CUDA backward on the autograd engine's device thread; the Mosaic CUPTI collector missed
+            # those kernels (H100, 2026-11-22: sdpa_cudnn fwd_bwd 1239.5 us against fwd 831.7 us, i.e. a 408 us
+            # "backward"), and kineto cannot be used without costing JAX the Mosaic collector (compare.timing).
+            # CUDA events on the stream bracket the whole call, whichever thread enqueued its kernels.
+            clock = "events"
         return timing.time_kernels(prog.run, views, framework="torch", reps=reps, flush_bytes=flush_bytes,
                                    clock=clock)
     jax.block_until_ready(prog(*args))

@@ -354,3 +354,24 @@ def test_train_bench_torch_program_layout():
     assert all(v < 1e-5 for v in agree.values()), agree
     _, grads = progs["fwd_bwd"](*xs)
     assert [g.shape for g in grads] == [xs[0].shape, xs[1].shape, xs[2].shape]
+
+
+def test_train_bench_times_torch_backward_on_cuda_events(monkeypatch):
+    """A torch fwd_bwd program is timed with CUDA events, not the Mosaic CUPTI collector, which does not see the
+    kernels torch's autograd thread launches; the forward keeps the requested clock."""
+    from compare import timing, train_bench
+
+    seen = []
+    monkeypatch.setattr(timing, "time_kernels", lambda fn, args, **kw: seen.append(kw["clock"]) or kw["clock"])
+
+    class Fake(train_bench.TorchProgram):
+        def prepare(self, args):
+            return args
+
+        def run(self, *a):
+            return None
+
+    for with_grad in (False, True):
+        train_bench.time_one(Fake("MATH", False, False, with_grad), (), reps=1, flush_bytes=0, clock="cupti",
+                             interpret=False)
+    assert seen == ["cupti", "events"]
