@@ -491,13 +491,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
 
-                def step0(s, carry, *, masked: bool):
-                    acc, m_i, l_i = carry
+                def tile_scores(s, masked: bool):
+                    """Wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked."""
                     slot = lax.rem(s, ns)
                     plgpu.barrier_wait(l_bar.at[slot])
                     sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-                    if masked:
-                        sc = mask(sc, s)
+                    return slot, (mask(sc, s) if masked else sc)
+
+                def step0(s, carry, *, masked: bool):
+                    acc, m_i, l_i = carry
+                    slot, sc = tile_scores(s, masked)
                     m_new = jnp.maximum(m_i, sc.max(axis=1))
                     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
                     alpha = jnp.exp2(m_i * cl - m_use)
@@ -524,11 +527,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     their scale (alpha = 1, no multiply) and P = exp2(s cl - m cl) <= 2^LAZY_LOG2. The row sum
                     runs after P is handed over, off consumer 1's path."""
                     acc, m_i, l_i = carry
-                    slot = lax.rem(s, ns)
-                    plgpu.barrier_wait(l_bar.at[slot])
-                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-                    if masked:
-                        sc = mask(sc, s)
+                    slot, sc = tile_scores(s, masked)
                     mx = sc.max(axis=1)
                     # m_i = -inf (nothing seen yet): -inf + LAZY_LOG2 = -inf, so any finite max moves it; a NaN
                     # max compares False (the row's P is NaN anyway: NaN in, NaN out)
