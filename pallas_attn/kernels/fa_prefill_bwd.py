@@ -81,18 +81,27 @@ class BwdConfig:
     keys per CTA, 64 per consumer; dQ: 128 query rows, 64 per consumer), both reading each streamed tile of the
     ring, so the L2 -> shared-memory traffic per FLOP halves. consumer_regs / producer_regs: per-thread register
     budgets after ``set_max_registers`` (multiples of 8 in [24, 256]); the warpgroups share 504 registers per
-    thread slot with three warpgroups (wide: 2 consumer_regs + producer_regs <= 504), 256 with two."""
+    thread slot with three warpgroups (wide: 2 consumer_regs + producer_regs <= 504), 256 with two.
+    dq_overlap: software-pipeline the dQ consumer (step s issues S_s = Q K_s^T, dP_s = dO V_s^T and then
+    dQ += dS_{s-1} K_{s-1}, waits for S_s and dP_s only, and forms P_s, dS_s while the dQ wgmma runs); a K/V
+    slot is then held for two steps, so a 3-deep dQ ring (dq_stages) keeps one load in flight ahead of the
+    consumer. dq_stages: depth of the dQ kernel's ring (None: ``stages``); the dK/dV kernel keeps ``stages``."""
 
     stages: int = 2
     consumer_regs: int = 232
     producer_regs: int = 24
     wide: bool = False
+    dq_overlap: bool = False
+    dq_stages: int | None = None
 
     def __post_init__(self) -> None:
         if self.stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.stages must be 2, 3 or 4; got {self.stages}")
-        if not isinstance(self.wide, bool):
-            raise ValueError(f"BwdConfig.wide must be a bool; got {self.wide!r}")
+        if self.dq_stages is not None and self.dq_stages not in (2, 3, 4):
+            raise ValueError(f"BwdConfig.dq_stages must be None, 2, 3 or 4; got {self.dq_stages!r}")
+        for name in ("wide", "dq_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"BwdConfig.{name} must be a bool; got {getattr(self, name)!r}")
         for name in ("consumer_regs", "producer_regs"):
             r = getattr(self, name)
             if not (isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0):
@@ -108,11 +117,20 @@ class BwdConfig:
     def consumers(self) -> int:
         return 2 if self.wide else 1
 
+    @property
+    def dq_ring(self) -> int:
+        """Depth of the dQ kernel's K/V ring (``dq_stages``, else ``stages``)."""
+        return self.stages if self.dq_stages is None else self.dq_stages
+
 
 CONFIGS = {
     "default": BwdConfig(),
     "wide": BwdConfig(wide=True, consumer_regs=240, producer_regs=24),
     "wide_s3": BwdConfig(wide=True, stages=3, consumer_regs=240, producer_regs=24),
+    # wide + the software-pipelined dQ consumer (docs/fa_prefill.md, "Config `wide_ovl`"); the dK/dV kernel is
+    # wide's. _s2: the same with a 2-deep dQ ring (the next load can only start once a step ends).
+    "wide_ovl": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dq_overlap=True, dq_stages=3),
+    "wide_ovl_s2": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dq_overlap=True),
 }
 
 
@@ -120,8 +138,9 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     """Shared memory of the larger of the two kernels' CTAs (they hold the same tiles, roles swapped): the
     resident tiles (two 64 x D tiles per consumer), ``stages`` slots of two 64 x D tiles, the fp32 lse/delta
     vectors, barriers, scratch."""
-    tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d) * itemsize
-    vecs = 2 * BLOCK * 4 * (max(cfg.stages, 1) + cfg.consumers)
+    ring = max(cfg.stages, cfg.dq_ring)
+    tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
+    vecs = 2 * BLOCK * 4 * (ring + cfg.consumers)
     return tiles + vecs + 2700
 
 
@@ -182,6 +201,32 @@ class _Ops:
             plgpu.wgmma(r2, a2, b2.transpose((1, 0)) if b_t else b2)
 
         return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
+
+    def mma2_under(self, acc, a, b, a1, b1, a2, b2, fn):
+        """One software-pipelined step: issue ``x1 = a1 @ b1^T`` and ``x2 = a2 @ b2^T`` (fresh fp32
+        accumulators), then ``acc += a @ b`` (three wgmmas, one commit group each, in that order); wait for the
+        first two only, compute ``fn(x1, x2)`` while the third still runs, then wait for it. ``a``: a 16-bit
+        register array of ``fn``'s output shape and dtype (its registers are read by the in-flight wgmma;
+        ``fn``'s result is a new value). Returns ``(acc + a @ b, fn(x1, x2))``."""
+        shape = (a1.shape[0], b1.shape[0])
+        if self.emulate:
+            x1, x2 = self._dot(a1, b1, True), self._dot(a2, b2, True)
+            return acc + self._dot(a, b, False), fn(x1, x2)
+        plgpu = self.plgpu
+        from .fa_prefill import _acc_load
+
+        def issue(refs):
+            r1, r2, r_acc, a_ref = refs
+            plgpu.wgmma(r1, a1, b1.transpose((1, 0)))
+            plgpu.wgmma(r2, a2, b2.transpose((1, 0)))
+            plgpu.wgmma(r_acc, a_ref[...], b)
+            x1 = _acc_load(r1, wait_n=1)  # <= 1 group in flight: x1 and x2 are done, acc += a b may run
+            x2 = _acc_load(r2, wait_n=1)
+            a_ref[...] = fn(x1, x2)
+
+        _, _, acc, out = pl.run_state(issue)(
+            (plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(acc), a))
+        return acc, out  # run_state waited for every wgmma
 
     def mma(self, acc, a, b):
         """``acc + a @ b`` as one wgmma, waited for."""
@@ -358,7 +403,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     ops = _Ops(emulate)
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
-    ns = cfg.stages
+    ns = cfg.dq_ring
     nc = cfg.consumers  # consumer warpgroups, 64 query rows each; warpgroup nc is the producer
     group = hq // hkv
     c = float(scale) * _LOG2E
@@ -414,8 +459,52 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq
 
-            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
-            dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+            def ds_of(s, *, masked: bool):
+                def f(sc, dp):
+                    x = sc * c
+                    if masked:
+                        x = mask(x, s)
+                    p = jnp.exp2(x - lse2)
+                    return (p * (dp - delta)).astype(dtype)
+
+                return f
+
+            def ostep(s, carry, *, masked: bool):
+                # pipelined: S_s, dP_s and dQ += dS_{s-1} K_{s-1} issued together; dS_s formed under the last
+                dq, ds_prev = carry
+                slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
+                plgpu.barrier_wait(kv_bar.at[slot])
+                dq, ds = ops.mma2_under(dq, ds_prev, k_smem.at[prev], q_smem, k_smem.at[slot], do_smem,
+                                        v_smem.at[slot], ds_of(s, masked=masked))
+                plgpu.barrier_arrive(kv_free.at[prev])  # K_{s-1} was read by the waited dQ wgmma
+                return dq, ds
+
+            if not cfg.dq_overlap:
+                dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
+                dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+            else:
+                dq = None  # staged in the Q tile inside the pipelined branch
+
+                @pl.when(n_total > 0)
+                def _pipelined():
+                    # prologue: block 0 (always masked: the mask is exact for any block), its slot kept for
+                    # dQ += dS_0 K_0 in the next step; epilogue: the last dS K alone
+                    plgpu.barrier_wait(kv_bar.at[0])
+                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[0], ops.zeros((bq, bk)), do_smem,
+                                      v_smem.at[0], b_t=True)
+                    ds0 = ds_of(0, masked=True)(sc, dp)
+                    lo = jnp.clip(n_full, 1, n_total)
+                    carry = lax.fori_loop(1, lo, functools.partial(ostep, masked=False), (ops.zeros((bq, d)), ds0))
+                    dq, ds_last = lax.fori_loop(lo, n_total, functools.partial(ostep, masked=True), carry)
+                    last = lax.rem(n_total - 1, ns)
+                    dq = ops.mma(dq, ds_last, k_smem.at[last])
+                    plgpu.barrier_arrive(kv_free.at[last])
+                    q_smem[...] = (dq * scale).astype(dtype)  # Q was last read by the waited wgmmas
+
+                @pl.when(n_total == 0)
+                def _no_key():  # rows that see no key (causal, negative offset): dQ = 0
+                    q_smem[...] = ops.zeros((bq, d)).astype(dtype)
+
             if nc > 1:  # key blocks loaded for a later consumer's rows only: wait for each load, hand it back
 
                 @pl.loop(n_total, n_load)
@@ -424,8 +513,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     plgpu.barrier_wait(kv_bar.at[slot])
                     plgpu.barrier_arrive(kv_free.at[slot])
 
-            # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
-            q_smem[...] = (dq * scale).astype(dtype)
+            if dq is not None:  # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
+                q_smem[...] = (dq * scale).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[bi, rows, h])
             plgpu.wait_smem_to_gmem(0)
