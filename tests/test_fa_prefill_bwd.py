@@ -1,7 +1,7 @@
 """fa_prefill's backward on the CPU: the two Mosaic GPU kernels' own code on jax's GPU interpreter (race
 detection on; the wgmma products become jnp dots on the same shared-memory tiles) against ``jax.vjp`` of a
 float32 reference, their lowering for CUDA, and the refusals. The kernels themselves run on an H100 in
-tests/gpu/test_fa_prefill_bwd_gpu.py. Budget: ~40 s (the interpreter is slow: small shapes, few programs)."""
+tests/gpu/test_fa_prefill_bwd_gpu.py. Budget: ~60 s (the interpreter is slow: small shapes, few programs)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,16 @@ _TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}  # relative norm error; measured ~3
 # Tq > Tk) also a dQ CTA whose first consumer skips a key block loaded for the second one's rows only.
 _WIDE_CASES = [_CASES[0], (1, 150, 70, 1, 1, 64, True, (-30,), "float16")]
 
+# config "wide_ovl" (wide + the software-pipelined dQ consumer, 3-deep dQ ring; its dK/dV kernel is wide's): an
+# offset of -70 so that the first dQ consumer's 64 rows see no key at all (the pipeline's no-key branch) while
+# the second's start seeing keys at row 70; non-causal D 128 with four key blocks (prologue, the unmasked
+# pipelined steps, a masked ragged last step, the epilogue; ring slots reused). Releasing K_{s-1}'s slot
+# before the dQ wgmma that reads it makes the interpreter report races (checked by hand when it was built).
+_OVL_CASES = [(1, 150, 70, 1, 1, 64, True, (-70,), "float16"), (1, 70, 200, 1, 1, 128, False, (0,), "float16")]
 
-@pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES],
+
+@pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES]
+                         + [("wide_ovl", c) for c in _OVL_CASES],
                          ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
 def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
     """dQ, dK, dV of both kernels' own code (TMA rings and barriers, block bounds, masks, the GQA loop, the
@@ -91,7 +99,7 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
         assert np.all(np.asarray(dq, np.float32)[empty] == 0.0)
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_s3"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2"])
 @pytest.mark.parametrize("causal,d,dtype", [(True, 64, jnp.bfloat16), (False, 128, jnp.float16)])
 def test_mosaic_kernels_lower_for_cuda(causal, d, dtype, config):
     """The real kernels (wgmma, layouts, TMA, register budgets) of every config lower for CUDA on this CPU
@@ -142,6 +150,12 @@ def test_refusals_name_the_problem():
     with pytest.raises(ValueError, match="504"):
         fb.BwdConfig(wide=True, consumer_regs=248, producer_regs=24)
     assert fb.BwdConfig(wide=True, consumer_regs=240, producer_regs=24).consumers == 2
+    with pytest.raises(ValueError, match="dq_stages"):
+        fb.BwdConfig(dq_stages=5)
+    with pytest.raises(ValueError, match="dq_overlap must be a bool"):
+        fb.BwdConfig(dq_overlap=1)
+    assert fb.CONFIGS["wide_ovl"].dq_ring == 3 and fb.CONFIGS["wide_ovl"].stages == 2
+    assert fb.CONFIGS["wide_ovl_s2"].dq_ring == 2
 
 
 def test_attention_lse_custom_vjp_interpret(rng):
