@@ -6,10 +6,12 @@ bf16 must be within twice XLA's own error in that dtype (XLA run on the 16-bit i
 and dV (the criterion of tests/gpu/test_dropin_gpu.py). Cases: fp16 / bf16 x D 64 / 128 x (MHA, square,
 non-causal; GQA 2, odd Tq != Tk with per-sequence causal offsets; the same non-causal). Causal offsets go to
 jax.nn as an explicit mask (it has no q_offset). Every case runs for the configs ``default`` (one consumer
-warpgroup, 64-key / 64-row CTAs) and ``wide`` (two consumers, 128-key / 128-row CTAs). Also: bit-identical
-gradients run to run (no atomics), NaN in a query row reaches exactly the gradients it should, and a timing
-print of default / wide / wide_s3 against jax.nn cuDNN's backward at B4 H16 N4096 D128 (``-s`` to see it).
-Budget: 3-5 minutes on an H100, mostly compiling (~70 programs).
+warpgroup, 64-key / 64-row CTAs), ``wide`` (two consumers, 128-key / 128-row CTAs) and ``wide_ovl`` (wide with
+the software-pipelined dQ consumer). Also: bit-identical gradients run to run (no atomics), NaN in a query row
+reaches exactly the gradients it should, and a timing print of default / wide / wide_s3 / wide_ovl /
+wide_ovl_s2 against jax.nn cuDNN's backward at B4 H16 N4096 D128, with the dQ kernel alone for wide and the
+wide_ovl pair (``-s`` to see it). Budget: 4-6 minutes on an H100, mostly compiling (~100 programs);
+``-k "wide_ovl or timing"``: ~2-3 minutes.
 """
 
 import os
@@ -78,7 +80,7 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-@pytest.mark.parametrize("config", ["default", "wide"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -97,7 +99,7 @@ def test_grads_within_xla_error(dtype, d, shape, config):
         assert _rel(o, t) <= 2 * _rel(l_, t) + 2 * eps, (name, _rel(o, t), _rel(l_, t))
 
 
-@pytest.mark.parametrize("config", ["default", "wide"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
 def test_deterministic_and_nan_rows(config):
     b, tq, tk, hq, hkv, d = 2, 512, 700, 4, 2, 128
     q, k, v, w = _arrays(7, b, tq, tk, hq, hkv, d, "float16")
@@ -136,10 +138,17 @@ def test_timing_vs_cudnn(causal):
     scale = 1.0 / float(np.sqrt(d))
     o, lse = pallas_attn.attention(q, k, v, causal=causal, generation="fa_prefill", interpret=False, return_lse=True)
     times = {}
-    for name in ("default", "wide", "wide_s3"):
+    for name in ("default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2"):
         fn = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS[name]))
         times[name] = _time(lambda *a, fn=fn: fn(*a, q_offset=off), q, k, v, o, lse, w)
+    # the dQ kernel alone (inputs prepared once): the part wide_ovl changes (docs/fa_prefill.md, wide_ovl)
+    prep = fb._prepare(q, k, v, o, lse, w, off, rows=128, keys=128)
+    dq_alone = {}
+    for name in ("wide", "wide_ovl", "wide_ovl_s2"):
+        dq_fn = jax.jit(fb._build_dq(b, n, n, n, h, h, d, "float16", causal, scale, fb.CONFIGS[name]))
+        dq_alone[name] = _time(dq_fn, *prep)
     bwd = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS["wide"]))
+    ovl = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS["wide_ovl"]))
     ours = times["wide"]
 
     def cudnn_fwd(q, k, v):
@@ -154,9 +163,13 @@ def test_timing_vs_cudnn(causal):
     flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
     g_ours, g_ref = bwd(q, k, v, o, lse, w, q_offset=off), jax.jit(jax.grad(cudnn_loss, argnums=(0, 1, 2)))(q, k, v, w)
     agree = {nm: _rel(a, r) for nm, a, r in zip(("dq", "dk", "dv"), g_ours, g_ref)}
+    agree_ovl = {nm: _rel(a, r) for nm, a, r in zip(("dq", "dk", "dv"), ovl(q, k, v, o, lse, w, q_offset=off), g_ref)}
     each = ", ".join(f"{nm} {t:.0f} us ({flops / t / 1e6:.0f} TFLOP/s, {t_cudnn / t:.2f}x cuDNN)"
                      for nm, t in times.items())
     print(f"\nfa_prefill_bwd B{b} H{h} N{n} D{d} fp16 causal={causal}: {each}; cuDNN bwd {t_cudnn:.0f} us "
           f"(fwd+bwd {t_fb:.0f}, fwd {t_fwd:.0f}; {flops / t_cudnn / 1e6:.0f} TFLOP/s at 2.5x fwd); "
-          f"wide vs cuDNN speed {t_cudnn / ours:.2f}x; max rel diff of wide's grads vs cuDNN's {agree}", flush=True)
+          f"wide vs cuDNN speed {t_cudnn / ours:.2f}x, wide_ovl {t_cudnn / times['wide_ovl']:.2f}x; dQ kernel "
+          f"alone: " + ", ".join(f"{nm} {t:.0f} us" for nm, t in dq_alone.items()) + f"; max rel diff vs cuDNN's "
+          f"grads: wide {agree}, wide_ovl {agree_ovl}", flush=True)
     assert all(v < 2e-2 for v in agree.values()), agree
+    assert all(v < 2e-2 for v in agree_ovl.values()), agree_ovl
