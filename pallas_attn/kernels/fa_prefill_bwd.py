@@ -28,7 +28,9 @@ elementwise math, waiting for each pair of wgmmas before using their results (no
 the simple first version). Config ``wide`` (``BwdConfig(wide=True)``): three warpgroups, two consumers of 64
 keys (dK/dV) or 64 rows (dQ) each, sharing every streamed tile of the ring (its "free" barrier takes two
 arrivals), so a CTA owns 128 keys / rows and the L2 traffic per FLOP halves; a consumer that cannot see a
-streamed block (causal) waits for its load and hands the slot back.
+streamed block (causal) waits for its load and hands the slot back. Config ``wide_ovl`` (``dq_overlap``):
+``wide`` with a software-pipelined dQ consumer (step s issues S_s, dP_s and dQ += dS_{s-1} K_{s-1}, forms dS_s
+under the last wgmma) and a 3-deep dQ ring; docs/fa_prefill.md, "Config `wide_ovl`".
 
 ``attention_lse`` joins ``fa_prefill.forward(..., return_lse=True)`` and ``backward`` in a ``jax.custom_vjp``
 (the LSE's cotangent folds into delta): what ``pallas_attn.dot_product_attention`` runs on sm_90.
