@@ -48,7 +48,7 @@ from jax import lax
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
 
-__all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes"]
+__all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes", "fit"]
 
 GEN = "fa_prefill"
 PASS_FWD = f"pallas_attn_{GEN}_fwd"
@@ -109,13 +109,23 @@ def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True)
     return tiles + (2 * cfg.block_q * 4 if with_lse else 0) + 2700
 
 
+def fit(cfg: PrefillConfig, d: int, itemsize: int = 2, with_lse: bool = True) -> PrefillConfig:
+    """The config that runs at head dim ``d`` for a **named** config (an object of ``CONFIGS``, as ``config=
+    "default"`` resolves to, and what compare runs): itself when its tiles fit shared memory, else the same schedule
+    with 64-key tiles and two stages (D=256: the 128-key K/V ring alone is 2 x 2 x 128 x 256 x 2 B). A
+    ``PrefillConfig`` the caller built is returned as is (``forward`` refuses it if it does not fit: refused, not
+    truncated). The heuristic, ``forward`` and the plan compare records all go through here, so the plan says what
+    ran."""
+    named = any(cfg is c for c in CONFIGS.values())
+    if named and smem_bytes(d, itemsize, cfg, with_lse) > _SMEM_LIMIT and (cfg.block_kv, cfg.stages) != (64, 2):
+        return dataclasses.replace(cfg, block_kv=64, stages=2)
+    return cfg
+
+
 def _heuristic(p: Problem) -> PrefillConfig:
     # measured on an H100 (docs/fa_prefill.md): the pipelined consumers win without a mask (580 vs 448
     # TFLOP/s at B4 H16 N4096 D128), the serial ones with the causal mask (504 vs 464)
-    cfg = CONFIGS["serial"] if p.causal else CONFIGS["default"]
-    if smem_bytes(p.head_dim, 2, cfg) > _SMEM_LIMIT:  # D=256: 64-key tiles, two stages
-        cfg = dataclasses.replace(cfg, block_kv=64, stages=2)
-    return cfg
+    return fit(CONFIGS["serial"] if p.causal else CONFIGS["default"], p.head_dim)
 
 
 def _supports(p: Problem, base) -> tuple[bool, str]:
@@ -529,7 +539,7 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     _check(q, k, v)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
-    cfg = config
+    cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
     if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
         raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
                          f"bytes of shared memory at D={d} (limit {_SMEM_LIMIT}); use fewer stages or a smaller "
@@ -552,6 +562,7 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
 
 
 def _plan(p: Problem, cfg: PrefillConfig):
+    cfg = fit(cfg, p.head_dim)
     rows = 2 * cfg.block_q
     ctas = p.batch * p.heads_q * (-(-p.q_len // rows))
     return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
