@@ -241,13 +241,7 @@ def detect_ctx() -> Ctx:
     from pallas_attn import _compat
 
     jax_gpu = _compat.has_gpu()
-    hopper = False
-    if jax_gpu:
-        import jax
-
-        dev = next(d for d in jax.devices() if d.platform == "gpu")
-        cc = str(getattr(dev, "compute_capability", "") or "")
-        hopper = cc.split(".")[0] == "9"
+    hopper = _compat.gpu_compute_capability().split(".")[0] == "9"
     return Ctx(jax_gpu=jax_gpu, torch_cuda=interop.torch_cuda_available(), hopper=hopper, interpret=not jax_gpu)
 
 

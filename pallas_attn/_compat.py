@@ -68,6 +68,14 @@ def has_gpu() -> bool:
         return False
 
 
+def gpu_compute_capability() -> str:
+    """The compute capability of the GPU jax computes on, e.g. "9.0" (Hopper); "" without a GPU."""
+    if not has_gpu():
+        return ""
+    dev = next(d for d in jax.devices() if d.platform == "gpu")
+    return str(getattr(dev, "compute_capability", "") or "")
+
+
 def default_interpret(interpret: bool | None) -> bool:
     return (not has_gpu()) if interpret is None else bool(interpret)
 

@@ -59,10 +59,7 @@ def _is_sm90() -> bool:
     """True when the GPU jax computes on is a Hopper (compute capability 9.0: wgmma and TMA, what fa_prefill's
     Mosaic GPU kernels are written for). False without a GPU and on other GPUs (sm_80 has no wgmma; sm_100's
     tensor-core instructions differ)."""
-    if not _compat.has_gpu():
-        return False
-    dev = next(d for d in jax.devices() if d.platform == "gpu")
-    return str(getattr(dev, "compute_capability", "") or "") == "9.0"
+    return _compat.gpu_compute_capability() == "9.0"
 
 
 def _ensure_4d(x):
