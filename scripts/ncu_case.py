@@ -36,7 +36,8 @@ def _prefill_call(a):
                                                                  implementation="cudnn"))
     else:
         cfg = fp.CONFIGS[a.config]
-        f = jax.jit(lambda q, k, v: fp.forward(q, k, v, causal=a.causal, scale=d ** -0.5, q_offset=0,
+        f = jax.jit(lambda q, k, v: fp.forward(q, k, v, causal=a.causal, scale=d ** -0.5,
+                                                q_offset=jnp.zeros((b,), jnp.int32),
                                                 interpret=False, config=cfg))
     return lambda: f(q, k, v)
 
