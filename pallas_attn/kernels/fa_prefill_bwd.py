@@ -491,9 +491,12 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 def _pipelined():
                     # prologue: block 0 (always masked: the mask is exact for any block), its slot kept for
                     # dQ += dS_0 K_0 in the next step; epilogue: the last dS K alone
-                    plgpu.barrier_wait(kv_bar.at[0])
-                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[0], ops.zeros((bq, bk)), do_smem,
-                                      v_smem.at[0], b_t=True)
+                    # slot 0 as a traced index: inside this pl.when a Python int in the ref transform reaches
+                    # Mosaic GPU's run_state lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
+                    slot0 = n_total - n_total
+                    plgpu.barrier_wait(kv_bar.at[slot0])
+                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
+                                      v_smem.at[slot0], b_t=True)
                     ds0 = ds_of(0, masked=True)(sc, dp)
                     lo = jnp.clip(n_full, 1, n_total)
                     carry = lax.fori_loop(1, lo, functools.partial(ostep, masked=False), (ops.zeros((bq, d)), ds0))
