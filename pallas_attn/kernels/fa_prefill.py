@@ -200,7 +200,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
         else:
             (qo_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn), lse_smem = scratch, None
-        # heavy (late, causal) row tiles first: the grid's first axis is launched first
+        # heavy (late, causal) row tiles of a head first: q is the launch's fastest-varying axis (see the grid)
         qi = n_qblocks - 1 - lax.axis_index("q")
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
@@ -425,8 +425,11 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         body,
         out_type=tuple(out_type) if with_lse else out_type[0],
         scratch_types=scratch,
-        grid=(n_qblocks, hq, b),
-        grid_names=("q", "h", "b"),
+        # Mosaic GPU launches the grid reversed (its last axis is CUDA's x, the fastest-varying): q last, so the
+        # CTAs that run together are the row tiles of a few heads and their K/V stays in L2 (with q first, a
+        # wave spanned 64 (batch, head) pairs whose 128 MB of K/V streamed from HBM again in every wave)
+        grid=(b, hq, n_qblocks),
+        grid_names=("b", "h", "q"),
         num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),

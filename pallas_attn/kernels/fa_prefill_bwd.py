@@ -388,8 +388,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(tk_pad // (nc * bk), hkv, b),
-        grid_names=("k", "h", "b"),
+        grid=(b, hkv, tk_pad // (nc * bk)),  # reversed at launch: k is CUDA's x, so a wave shares its heads' Q/dO in L2
+        grid_names=("b", "h", "k"),
         num_threads=nc + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -561,8 +561,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         body,
         out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
         scratch_types=scratch,
-        grid=(tq_pad // (nc * bq), hq, b),
-        grid_names=("q", "h", "b"),
+        grid=(b, hq, tq_pad // (nc * bq)),  # reversed at launch: q is CUDA's x, so a wave shares its heads' K/V in L2
+        grid_names=("b", "h", "q"),
         num_threads=nc + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
