@@ -68,7 +68,8 @@ ROWS: tuple[Row, ...] = (
     Row("fa_train", "fa_train"),
     Row("fa_prefill", "fa_prefill"),
     Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "split_qk": "split_qk", "pipelined": "pipelined",
-                                         "kv64": "kv64", "kv64_lazy": "kv64_lazy", "triton": "triton"}),
+                                         "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
+                                         "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}
 

@@ -205,6 +205,102 @@ def test_kv64_lazy_moves_the_max_after_the_first_tile():
     _check(out, lse, _ref(q, pool, bt, lens, dv=dv, scale=scale), "bfloat16")
 
 
+# --- kv64_mc: kv64 in 2-CTA clusters with a TMA multicast of each latent tile --------------------------------------
+
+
+def test_kv64_mc_pairs_row_tiles_on_the_gpu_interpreter():
+    """kv64_mc's kernel on the GPU interpreter with its real grid and cluster shape: 4 row tiles (56 heads x Tq 4 =
+    224 packed rows, padded) in two 2-CTA clusters, the tile index 2 * pair + rank (pairing them wrongly fails this
+    test), causal per-row masks, a 3-tile split through the 2-slot ring and an empty second split (q_offset 180:
+    both CTAs of a cluster see n = 0 there). The interpreter has no multicast and no cluster barrier, so the copy
+    is a plain one and the free barrier CTA-local here: the cluster protocol itself is checked only on a GPU
+    (tests/gpu/test_mla_pallas_gpu.py, ``-k kv64_mc``)."""
+    tq, hq, dqk, dv, lens, off = 4, 56, 192, 128, [330], np.array([180])
+    q, pool, bt, kl = _case(18, b=1, tq=tq, hq=hq, dqk=dqk, lens=lens, page=16, dtype="bfloat16")
+    pool = pool.astype(jnp.bfloat16)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc"].__dict__, "num_splits": 2})
+    p = MlaProblem(entry="mla", dtype="bfloat16", batch=1, q_len=tq, kv_len=bt.shape[1] * 16, heads_q=hq, heads_kv=1,
+                   head_dim=dqk, page_size=16, kv_lora_rank=dv)
+    plan = registry.kernel("fa_mla").plan(p, cfg)
+    assert (plan["cluster"], plan["splits"], plan["chunk"], plan["ctas"]) == (2, 2, 192, 8)
+    out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, jnp.asarray(off, jnp.int32), kv_lora_rank=dv,
+                                                causal=True, scale=1.0 / np.sqrt(dqk), config=cfg)
+    assert not races
+    _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=True, q_offset=off), "bfloat16")
+
+
+def _mosaic_launch_facts(monkeypatch):
+    """Record what Mosaic GPU's CUDA lowering launches: (grid, cluster, shared-memory bytes) per kernel and, per
+    TMA copy, (source type, destination type, the cluster dimensions it multicasts along)."""
+    core = pytest.importorskip("jax.experimental.mosaic.gpu.core")
+    lctx = pytest.importorskip("jax.experimental.mosaic.gpu.launch_context")
+    if not (hasattr(core, "_launch") and hasattr(core, "_smem_tree_size") and hasattr(lctx.LaunchContext,
+                                                                                       "async_copy")):
+        pytest.skip(f"this jax ({jax.__version__}) lays out Mosaic GPU's launch differently")
+    launches, loads = [], []
+    launch, copy = core._launch, lctx.LaunchContext.async_copy
+
+    def spy_launch(token, grid, cluster, block, smem, *args, **kw):
+        launches.append((tuple(grid), tuple(cluster), core._smem_tree_size(smem)))
+        return launch(token, grid, cluster, block, smem, *args, **kw)
+
+    def spy_copy(self, **kw):
+        coll = kw.get("collective") or ()
+        loads.append((str(kw["src_ref"].type), str(kw["dst_ref"].type),
+                      (coll,) if not isinstance(coll, (tuple, list)) else tuple(coll)))
+        return copy(self, **kw)
+
+    monkeypatch.setattr(core, "_launch", spy_launch)
+    monkeypatch.setattr(lctx.LaunchContext, "async_copy", spy_copy)
+    return launches, loads
+
+
+@pytest.mark.parametrize("page", [64, 16])
+def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, page):
+    """kv64_mc at the DeepSeek-V3 template (h_q 128: two row tiles, one cluster per (batch, split)) lowered for CUDA
+    on the CPU, page 64 (one TMA copy per 64-key tile) and page 16 (four): the launch is B x S clusters of 2 CTAs,
+    every latent copy multicasts along the cluster dimension while the Q copy does not, and the shared memory
+    Mosaic allocates is kv64's 231,488 B, what smem_bytes says (the cluster barrier takes a plain barrier's 8 B)."""
+    from pallas_attn.mla import mla_attention
+
+    launches, loads = _mosaic_launch_facts(monkeypatch)
+    b, pps, dqk, dv = 2, 256 // page, 576, 512  # 256 keys: two splits of two 64-key tiles
+    q = jax.ShapeDtypeStruct((b, 1, 128, dqk), jnp.bfloat16)
+    pool = jax.ShapeDtypeStruct((b * pps, page, 1, dqk), jnp.bfloat16)
+    bt, lens = jax.ShapeDtypeStruct((b, pps), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc"].__dict__, "num_splits": 2})
+    jax.jit(lambda q, p, bt, lens: mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg,
+                                                 interpret=False, check_block_table=False)
+            ).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",))
+    # the CUDA grid (x, y, z) = (2 B, S, row tiles / 2); a cluster of two along x
+    assert launches == [((2 * b, 2, 1), (2, 1, 1), v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))]
+    assert launches[0][2] == 231_488
+    q_copies = [c for src, _, c in loads if src.startswith(f"memref<{b}x128x{dqk}x")]
+    ring = [(dst, c) for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x")]
+    assert q_copies == [()], loads
+    assert len(ring) == 64 // page, loads  # one copy per page of a tile, each into its rows of the slot
+    for dst, coll in ring:
+        assert dst.startswith(f"memref<{page // 8}x9x8x64xbf16") and len(coll) == 1 and coll[0].name == "x", loads
+
+
+def test_kv64_mc_refusals_and_fallback_are_explicit():
+    """kv64_mc refuses page 8 (a copy of 8 rows has no whole 8-row group per CTA) and records in its plan when an
+    odd number of row tiles runs it without the cluster (as kv64); multicast is a variant of share_p only."""
+    q, pool, bt, kl = _case(19, b=1, tq=1, hq=128, dqk=192, lens=[40], page=8, dtype="bfloat16")
+    with pytest.raises(NotImplementedError, match="page >= 16; got page 8"):
+        pallas_attn.mla_attention(q, pool.astype(jnp.bfloat16), bt, kl, kv_lora_rank=128, config="kv64_mc",
+                                  interpret=False)
+    k, cfg = registry.kernel("fa_mla"), registry.configs("fa_mla")["kv64_mc"]
+    p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=64, heads_kv=1,
+                   head_dim=576, page_size=64, kv_lora_rank=512)
+    plan = k.plan(p, cfg)
+    assert plan["cluster"] == 1 and plan["multicast"].startswith("off: 1 row tile(s) (64 packed rows)")
+    assert k.plan(p.__class__(**{**p.__dict__, "heads_q": 128}), cfg)["cluster"] == 2
+    assert "cluster" not in k.plan(p, registry.configs("fa_mla")["kv64"])
+    with pytest.raises(ValueError, match="multicast is a variant of share_p"):
+        v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, multicast=True)
+
+
 # --- NaN, refusals, bad inputs --------------------------------------------------------------------------------
 
 
@@ -274,7 +370,8 @@ def test_contract_and_deepseek_plan():
     info = {g.id: g for g in pallas_attn.generations()}
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
-    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "triton"}
+    assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
+                                           "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

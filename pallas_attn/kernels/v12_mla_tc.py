@@ -152,7 +152,10 @@ class MlaTcConfig:
     ``kv64``: 64-key tiles, see the module docstring's budget). lazy_rescale (with share_p): the running max, and
     with it both consumers' O rescale, moves only when some row's tile max exceeds it by more than
     ``LAZY_LOG2`` (base 2), one warpgroup-uniform decision per tile; the row sum after the P handoff (config
-    ``kv64_lazy``, module docstring)."""
+    ``kv64_lazy``, module docstring). multicast (with share_p): the row tiles of a (batch, split) pair up into
+    2-CTA clusters and each latent tile is read from L2 once per pair by a TMA multicast, the slot's free barrier
+    cluster-wide (config ``kv64_mc``, module docstring; an odd number of row tiles runs without the cluster and
+    the plan says so)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -167,6 +170,7 @@ class MlaTcConfig:
     overlap: bool = False
     share_p: bool = False
     lazy_rescale: bool = False
+    multicast: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -181,7 +185,7 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -191,6 +195,8 @@ class MlaTcConfig:
                              f"got stages={self.stages}")
         if self.lazy_rescale and not self.share_p:
             raise ValueError(f"{owner}: lazy_rescale is a variant of share_p (kv64); got share_p=False")
+        if self.multicast and not self.share_p:
+            raise ValueError(f"{owner}: multicast is a variant of share_p (kv64); got share_p=False")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -219,6 +225,7 @@ CONFIGS = {
     "pipelined": MlaTcConfig(overlap=True),
     "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
     "kv64_lazy": MlaTcConfig(block_kv=64, stages=2, share_p=True, lazy_rescale=True),
+    "kv64_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True),
 }
 
 
@@ -311,6 +318,19 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
     lazy = cfg.lazy_rescale
+    # multicast (kv64_mc): row tiles 2k and 2k + 1 of one (batch, split) form a 2-CTA cluster (cluster axis "t",
+    # grid axis "tp" = k). Each producer issues every page copy of a tile with collective_axes: Mosaic splits the
+    # copy in two along its 8-row groups, each CTA fetches one half from L2 and multicasts it into both CTAs'
+    # shared memory, and each CTA's "loaded" barrier expects the whole tile (its arrive_expect_tx counts the full
+    # copy, whoever issued the half). The slot's "free" barrier is a cluster barrier: every consumer's arrival
+    # lands in both CTAs (2 consumers x 2 CTAs), so neither producer overwrites a slot, in either CTA, before the
+    # consumers of both released it. An odd number of row tiles has no partner: kv64 without the cluster (_plan
+    # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
+    # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
+    # one (what is checked on the CPU is everything but the cluster protocol itself).
+    paired = cfg.multicast and n_row_tiles % 2 == 0
+    cluster = paired and not emulate
+    mc_copy = {"collective_axes": "t"} if cluster else {}
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
         if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
@@ -320,6 +340,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         else:
             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
         ti = lax.axis_index("t")
+        if paired:  # "t" is the CTA's rank in its cluster
+            ti = 2 * lax.axis_index("tp") + ti
         sp = lax.axis_index("s")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
@@ -331,6 +353,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         if causal:
             off = jnp.clip(off_ref[bi], -tq, cap)
             hi = jnp.minimum(hi, off + tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
+        # n depends on (batch, split) only, never on the row tile: the two CTAs of a kv64_mc cluster load, wait
+        # for and free the same number of tiles (an empty split or sequence is n = 0 in both: no multicast is
+        # issued that the partner would wait for, and no remote arrival is made)
         n = lax.div(jnp.maximum(hi - lo, 0) + (tn - 1), tn)
 
         def mask(sc, s):  # key tile s of this split: keys past the split or kv_len (and, causal, past the row's offset)
@@ -636,10 +661,13 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
                     row = pg * page + lax.rem(jj, page)
                     plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
-                                            l_bar.at[slot])
+                                            l_bar.at[slot], **mc_copy)
 
             # observe the last frees too (every phase of a barrier it waits on: what jax's GPU interpreter checks;
-            # on the GPU the producer is idle here anyway)
+            # on the GPU the producer is idle here anyway). kv64_mc: the partner's consumers arrive on this CTA's
+            # free barriers remotely; waiting for every phase keeps this CTA (and its shared memory) alive until the
+            # last of those arrivals has landed. The partner's multicast writes into this CTA's ring all completed
+            # before this CTA's consumers passed their last "loaded" wait, so the staging alias stays safe.
             @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
             def _drain(s):
                 plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
@@ -659,7 +687,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         *staging,
         plgpu.Barrier(num_arrivals=1, num_barriers=1),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if cluster
+         else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
     ]
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
@@ -667,12 +696,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32),
                     plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=1, num_barriers=1),
                     plgpu.Barrier(num_arrivals=2, num_barriers=1)]
+    if paired:  # 2-CTA clusters along "t": the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1)
+        grid = dict(grid=(n_row_tiles // 2, splits, b), grid_names=("tp", "s", "b"), cluster=(2,),
+                    cluster_names=("t",))
+    else:
+        grid = dict(grid=(n_row_tiles, splits, b), grid_names=("t", "s", "b"))
     return plgpu.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(n_row_tiles, splits, b),
-        grid_names=("t", "s", "b"),
+        **grid,
         num_threads=3,
         thread_name="wg",
         # share_p: every reduction is along a WGMMA row (within a warp: no cross-warp scratch), and the 2 KiB the
@@ -875,6 +908,10 @@ def mla_forward(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, caus
         if page < 8:
             raise NotImplementedError(f"{GEN}: the Mosaic kernel copies whole pages of >= 8 rows; got page {page} "
                                       "(config='triton' takes any page)")
+        if config.multicast and page < 2 * 8:
+            raise NotImplementedError(
+                f"{GEN}: multicast (kv64_mc) splits each page copy into two halves of whole 8-row groups, one per "
+                f"CTA of the cluster: it needs page >= 16; got page {page} (config='kv64' takes page 8)")
         need = smem_bytes(dqk, kv_lora_rank, jnp.dtype(q.dtype).itemsize, config)
         if need > _SMEM_LIMIT:
             raise ValueError(f"{GEN}: config {config} needs {need} bytes of shared memory (limit {_SMEM_LIMIT})")
@@ -895,6 +932,14 @@ def _plan(p: MlaProblem, cfg: MlaTcConfig) -> dict:
            "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch, "merge": "splitkv.merge_jnp"}
     if cfg.engine == "mosaic":
         out.update(stages=cfg.stages, warpgroups=3, smem_bytes=smem_bytes(p.head_dim, dv, 2, cfg))
+    if cfg.multicast:
+        tiles = c.cdiv(rows, BLOCK_M)
+        if tiles % 2 == 0:
+            out.update(cluster=2, multicast="each latent tile read from L2 once per 2-CTA cluster (row tiles "
+                       "2k, 2k+1), multicast into both")
+        else:
+            out.update(cluster=1, multicast=f"off: {tiles} row tile(s) ({rows} packed rows) do not pair into 2-CTA "
+                       "clusters; runs as kv64")
     return out
 
 
