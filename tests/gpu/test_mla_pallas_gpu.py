@@ -7,7 +7,9 @@ line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes t
 The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
 it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
 compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"``
-runs them; kv64_lazy adds 8 more and a late-moving-max check, ``-k "kv64_lazy or small_templates"``).
+runs them; kv64_lazy adds 8 more and a late-moving-max check, ``-k "kv64_lazy or small_templates"``; kv64_mc, the
+2-CTA cluster with TMA multicast, adds 13 and a bit-for-bit comparison with kv64 at three templates and page sizes,
+``-k kv64_mc``: a wrong cluster protocol hangs, so run it under ``timeout``).
 """
 
 import os
@@ -109,7 +111,8 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("v12_mla_tc", "faithful", "float16", 1), ("fa_mla", "split_qk", "bfloat16", 4),
              ("fa_mla", "pipelined", "bfloat16", 4), ("fa_mla", "kv64", "bfloat16", 4),
              ("v12_mla_tc", "kv64", "float16", 1), ("fa_mla", "kv64_lazy", "bfloat16", 4),
-             ("v12_mla_tc", "kv64_lazy", "float16", 1), ("fa_mla", "triton", "bfloat16", 4),
+             ("v12_mla_tc", "kv64_lazy", "float16", 1), ("fa_mla", "kv64_mc", "bfloat16", 4),
+             ("v12_mla_tc", "kv64_mc", "float16", 1), ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
 
@@ -124,7 +127,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "triton"])
+@pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -144,7 +147,8 @@ def test_causal_multi_query_offsets_page16_and_splits(config):
 def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
-    for config in ("faithful", "kv64", "kv64_lazy", "triton"):  # kv64 at page 32: two TMA copies per 64-key tile
+    # kv64 at page 32: two TMA copies per 64-key tile; kv64_mc at 16 heads (one row tile) runs as kv64, no cluster
+    for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -174,7 +178,30 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "triton"])
+@pytest.mark.parametrize(("dqk", "dv", "page"), [(576, 512, 32), (320, 256, 64), (192, 128, 16)])
+def test_kv64_mc_equals_kv64_bit_for_bit(dqk, dv, page):
+    """kv64_mc changes only how a latent tile reaches shared memory (one L2 read per 2-CTA cluster, multicast into
+    both; a cluster-wide free barrier), not one operation of the arithmetic: its output and LSE must equal kv64's
+    bit for bit, and the oracle. h_q 128 (two row tiles: one cluster per (batch, split)), every template, page 32
+    (two copies per tile), 64 (one) and 16 (four); 5 forced splits over ragged lengths with an empty sequence, so
+    some clusters have no tile at all (n = 0 in both CTAs) and others a partial last tile. A broken cluster
+    protocol shows here as a hang (run under ``timeout``), a wrong tile (stale or the partner's slot) as a mismatch."""
+    lens = [3000, 0, 700]
+    q, pool, bt, kl = _case(18, b=3, tq=1, hq=128, dqk=dqk, lens=lens, page=page, dtype="bfloat16")
+    got = {}
+    for config in ("kv64", "kv64_mc"):
+        base = pallas_attn.registry.configs("v12_mla_tc")[config]
+        cfg = v12_mla_tc.MlaTcConfig(**{**base.__dict__, "num_splits": 5})
+        got[config] = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc", config=cfg,
+                                                return_lse=True, interpret=False)
+    out, lse = got["kv64_mc"]
+    _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "bfloat16", f"v12:kv64_mc {dqk}/{dv} page {page}")
+    for a, b in zip(got["kv64_mc"], got["kv64"]):
+        assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)), equal_nan=True)
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "kv64_mc", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
@@ -214,7 +241,8 @@ def _b64_case():
 
 @pytestmark_gpu
 @pytest.mark.parametrize(("gen", "config"), [("fa_mla", "default"), ("fa_mla", "split_qk"), ("fa_mla", "pipelined"),
-                                             ("fa_mla", "kv64"), ("fa_mla", "kv64_lazy"), ("fa_mla", "triton")])
+                                             ("fa_mla", "kv64"), ("fa_mla", "kv64_lazy"), ("fa_mla", "kv64_mc"),
+                                             ("fa_mla", "triton")])
 def test_timing_b64_s8192(gen, config):
     """mla_b64_s8192_bf16: one timing line, and two sequences checked against the oracle."""
     dtype = "bfloat16"
