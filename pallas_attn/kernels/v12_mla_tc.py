@@ -42,6 +42,15 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   some row's tile max passes it by more than ``LAZY_LOG2`` (base 2; one warpgroup-uniform flag per tile through a
   1 KiB reduction scratch, the LSE staging joining the ring's alias to pay for it), else alpha is 1 and neither
   consumer rescales its O half (consumer 1 reads the flag beside alpha); the row sum runs after the P handoff.
+  Config ``kv64_mc`` (fa_mla's ``kv64_mc``): kv64 with the row tiles of a (batch, split) paired into 2-CTA clusters
+  (tiles 2k and 2k + 1; h_q 128 at Tq 1 is one cluster per (batch, split)). Both producers issue every page copy of
+  a tile as a TMA multicast (``collective_axes``): each CTA fetches half of the copy's 8-row groups from L2 and
+  writes it into both CTAs' shared memory, so a latent tile crosses L2 -> SM once per cluster instead of once per
+  CTA; each CTA's "loaded" barrier still expects the whole tile. The slot's "free" barrier is a cluster barrier
+  (each consumer's arrival lands in both CTAs: 4 per phase), so no producer overwrites a slot that a consumer of
+  either CTA still reads. Both CTAs share (batch, split), hence the same tile count (an empty split is empty in
+  both). Page >= 16 (each CTA's half of a copy is whole 8-row groups); an odd number of row tiles runs as kv64
+  (no partner; the plan records it). Shared memory is kv64's: a cluster barrier is a plain 8-byte mbarrier.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
@@ -62,9 +71,8 @@ reserves 2 KiB for cross-warp reductions):
   each) need 4 x 128 x 128 = 65,536 accumulator registers: the whole file again. Two passes over DV (one half per
   pass) read the latent twice, which is what the 64-row tiles do today. Reading each latent tile once for all 128
   heads therefore needs two CTAs on two SMs sharing one read: a 2-CTA cluster with TMA multicast and a
-  cluster-wide "free" barrier. Not built: jax's GPU interpreter supports no cluster barriers (and does not model a
-  multicast), so the protocol could not be checked on a CPU machine, and a wrong cluster barrier hangs or corrupts
-  silently.
+  cluster-wide "free" barrier: config ``kv64_mc``. jax's GPU interpreter supports no cluster barriers and does not
+  model a multicast, so on a CPU only the rest of it is checked (below); the protocol itself only on a GPU.
 * **kv64 (built)**: Q 64 x 576 x 2 = 73,728 B; ring 2 x 64 x 576 x 2 = 147,456 B, aliased by the fp32 staging
   (2 x 64 x 64 x 4 = 32,768 B); P 64 x 64 x 2 = 8,192 B; alpha / l and LSE vectors 256 B each, 1,024 B aligned;
   8 barriers 64 B; reduction scratch 0 (every reduction here is along a WGMMA row, inside a warp): 231,488 B, 960 B
@@ -84,8 +92,11 @@ shared memory simulated, uninitialised shared memory NaN, race detection on; the
 there because the interpreter has no ``run_state`` and no transposed wgmma operand): table addressing, the ring's
 barrier protocol (removing the producer's free-wait fails the test), masks, splits, the split_qk exchange, kv64's
 P handoff and its staging in ring bytes (modelled there as writes to the ring: no RefUnion in the interpreter) and
-the staged epilogue agree with the float64 oracle (tests/test_mla_pallas.py). Not checked: wgmma operand layouts and
-swizzles, register budgets, timing: tests/gpu/test_mla_pallas_gpu.py on an H100.
+the staged epilogue agree with the float64 oracle (tests/test_mla_pallas.py). kv64_mc runs there with its real grid
+and cluster shape (the tile index from the cluster rank), its multicast degraded to a plain copy and its free barrier
+to a CTA-local one; its CUDA lowering is checked for the cluster launch, multicast copies and shared-memory size.
+Not checked: wgmma operand layouts and swizzles, register budgets, the cluster protocol, timing:
+tests/gpu/test_mla_pallas_gpu.py on an H100.
 
 The Triton twin (config ``triton``, also what interpret mode runs for every config on the CPU): the same tiles
 (64 rows, TN keys, the same splits and per-split recurrence) in a plain ``pallas_call``, with ``pl.dot`` on the
