@@ -20,6 +20,7 @@ import json
 import sys
 import time
 import traceback
+import types
 from pathlib import Path
 
 import jax
@@ -48,6 +49,8 @@ def _oracle_check(fp, cfg, dtype, rng) -> list[str]:
             v = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), dtype)
             off = jnp.asarray(offs, jnp.int32)
             c = cfg
+            if c is None:  # "auto": the entry's heuristic for this case
+                c = fp._heuristic(types.SimpleNamespace(causal=causal, head_dim=d))
             if fp.smem_bytes(d, 2, c) > fp._SMEM_LIMIT:  # D=256: the heuristic's tiles, same schedule knobs
                 c = dataclasses.replace(c, block_kv=64, stages=2)
             o, lse = fp.forward(q, k, v, causal=causal, scale=d ** -0.5, q_offset=off, interpret=False,

@@ -1,5 +1,5 @@
-"""configs/prefill_frontier.toml (issue 14): the workloads expand as intended, the two calls ``--only 'pf_a_*'`` and
-``--only 'pf_b_*'`` split them, and compare's fa_prefill rows accept every one (supports() on CPU metadata: no
+"""configs/prefill_frontier.toml (issue 14): the workloads expand as intended, the three calls ``--only 'pf_m_*'``,
+``--only 'pf_a_*'`` and ``--only 'pf_b_*'`` split them, and compare's fa_prefill rows accept every one (supports() on CPU metadata: no
 kernel runs, no GPU)."""
 
 import fnmatch
@@ -30,7 +30,11 @@ def test_expansion_covers_the_issue(ws):
     names = [w.name for w in ws]
     a = [w for w in ws if fnmatch.fnmatchcase(w.name, "pf_a_*")]
     b = [w for w in ws if fnmatch.fnmatchcase(w.name, "pf_b_*")]
-    assert len(a) == 16 and len(b) == 11 and len(a) + len(b) == len(ws) == len(set(names))
+    m = [w for w in ws if fnmatch.fnmatchcase(w.name, "pf_m_*")]
+    assert len(a) == 16 and len(b) == 11 and len(m) == 4 and len(a) + len(b) + len(m) == len(ws) == len(set(names))
+    # call M: the issue's bar shape, both dtypes, causal and not
+    assert {(w.batch, w.heads_q, w.heads_kv, w.q_len, w.kv_len, w.head_dim) for w in m} == {(4, 16, 16, 4096, 4096, 128)}
+    assert {(w.dtype, w.causal) for w in m} == {(t, c) for t in ("float16", "bfloat16") for c in (False, True)}
     assert all(w.family == "prefill" for w in ws)
     # call A: D 64 and 256 at B4 H16 N4096 in both dtypes, causal and not; the N sweep at D 128, 16384 tokens
     d_sweep = {(w.head_dim, w.dtype, w.causal) for w in a if w.q_len == 4096}
@@ -53,7 +57,7 @@ def test_expansion_covers_the_issue(ws):
 def test_two_calls_split_the_plan(ws, all_impls):
     runner.check_workload_lists(ws, all_impls)  # every generations / peers entry names something compare knows
     seen = set()
-    for glob in ("pf_a_*", "pf_b_*"):
+    for glob in ("pf_m_*", "pf_a_*", "pf_b_*"):
         plan = runner.make_plan(ws, all_impls, [glob], [], "prefill_frontier")
         for w, lst in plan:
             got = {i.name for i in lst}
