@@ -1,6 +1,6 @@
 """configs/prefill_frontier.toml (issue 14): the workloads expand as intended, the three calls ``--only 'pf_m_*'``,
-``--only 'pf_a_*'`` and ``--only 'pf_b_*'`` split them, and compare's fa_prefill rows accept every one (supports() on CPU metadata: no
-kernel runs, no GPU)."""
+``--only 'pf_a_*'`` and ``--only 'pf_b_*'`` split them, and compare's fa_prefill rows accept every one (supports() on
+CPU metadata: no kernel runs, no GPU)."""
 
 import fnmatch
 
@@ -33,7 +33,8 @@ def test_expansion_covers_the_issue(ws):
     m = [w for w in ws if fnmatch.fnmatchcase(w.name, "pf_m_*")]
     assert len(a) == 16 and len(b) == 11 and len(m) == 4 and len(a) + len(b) + len(m) == len(ws) == len(set(names))
     # call M: the issue's bar shape, both dtypes, causal and not
-    assert {(w.batch, w.heads_q, w.heads_kv, w.q_len, w.kv_len, w.head_dim) for w in m} == {(4, 16, 16, 4096, 4096, 128)}
+    shapes = {(w.batch, w.heads_q, w.heads_kv, w.q_len, w.kv_len, w.head_dim) for w in m}
+    assert shapes == {(4, 16, 16, 4096, 4096, 128)}
     assert {(w.dtype, w.causal) for w in m} == {(t, c) for t in ("float16", "bfloat16") for c in (False, True)}
     assert all(w.family == "prefill" for w in ws)
     # call A: D 64 and 256 at B4 H16 N4096 in both dtypes, causal and not; the N sweep at D 128, 16384 tokens
