@@ -267,33 +267,34 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             def zeros_s():
                 return plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
 
+            # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every block
+            # with it; the pipelined one its masked blocks (below)
+            def step(s, carry, *, masked: bool):
+                acc, m_i, l_i = carry
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(k_bar.at[slot])
+                turn_wait()
+
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                    turn_pass()
+
+                sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
+                plgpu.barrier_arrive(k_free.at[slot])
+                if masked:
+                    sc = mask(sc, s)
+                p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
+                acc = rescale(acc, alpha)
+                plgpu.barrier_wait(v_bar.at[slot])
+
+                def pv(o_ref):
+                    plgpu.wgmma(o_ref, p, v_smem.at[slot])
+
+                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                plgpu.barrier_arrive(v_free.at[slot])
+                return acc, m_new, l_new
+
             if not cfg.overlap:
-                # each step: S = Q K^T, wait, softmax, O = alpha O + P V, wait
-                def step(s, carry, *, masked: bool):
-                    acc, m_i, l_i = carry
-                    slot = lax.rem(s, ns)
-                    plgpu.barrier_wait(k_bar.at[slot])
-                    turn_wait()
-
-                    def qk(s_ref):
-                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
-                        turn_pass()
-
-                    sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
-                    plgpu.barrier_arrive(k_free.at[slot])
-                    if masked:
-                        sc = mask(sc, s)
-                    p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
-                    acc = rescale(acc, alpha)
-                    plgpu.barrier_wait(v_bar.at[slot])
-
-                    def pv(o_ref):
-                        plgpu.wgmma(o_ref, p, v_smem.at[slot])
-
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                    plgpu.barrier_arrive(v_free.at[slot])
-                    return acc, m_new, l_new
-
                 carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc0, m0, l0))
                 acc, m_i, l_i = lax.fori_loop(n_full, n_mine, functools.partial(step, masked=True), carry)
                 n_done = n_mine
@@ -301,8 +302,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
                 # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
                 # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                # Block 0 is the prologue (always masked: with no visible block at all the mask hides
-                # every key and the row ends with l = 0), the last P V the epilogue.
+                # Block 0 is the prologue (always masked, with no wgmma in flight: with no visible block at all
+                # the mask hides every key and the row ends with l = 0).
                 plgpu.barrier_wait(k_bar.at[0])
                 turn_wait()
 
@@ -314,7 +315,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 plgpu.barrier_arrive(k_free.at[0])
                 p0, m_i, l_i, _ = softmax(mask(sc, 0), m0, l0)
 
-                def step(s, carry, *, masked: bool):
+                def ostep(s, carry):  # an unmasked block
                     acc, m_i, l_i, p_prev = carry
                     slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
                     plgpu.barrier_wait(k_bar.at[slot])
@@ -328,8 +329,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                         turn_pass()
                         sc = _acc_load(s_ref, wait_n=1)  # S_s is done; P_{s-1} V_{s-1} may still run
                         plgpu.barrier_arrive(k_free.at[slot])
-                        if masked:
-                            sc = mask(sc, s)
                         p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
                         p_ref[...] = p
                         m_ref[...] = m_new
@@ -341,11 +340,14 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
                     return rescale(acc, alpha), m_new, l_new, p
 
+                # the pipeline runs the unmasked blocks [1, lo); its last P V drains it; the masked blocks [lo, n_done)
+                # (the causal diagonal, a ragged last key block) then run as serial steps. Masking inside the
+                # pipelined step, while a P V wgmma is in flight, made ptxas serialize every wgmma of the kernel
+                # (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal pipeline")
                 n_done = jnp.maximum(n_mine, 1)
                 lo = jnp.clip(n_full, 1, n_done)
-                carry = lax.fori_loop(1, lo, functools.partial(step, masked=False), (acc0, m_i, l_i, p0))
-                acc, m_i, l_i, p_last = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), carry)
-                last = lax.rem(n_done - 1, ns)
+                acc, m_i, l_i, p_last = lax.fori_loop(1, lo, ostep, (acc0, m_i, l_i, p0))
+                last = lax.rem(lo - 1, ns)
                 plgpu.barrier_wait(v_bar.at[last])
                 turn_wait()
 
@@ -355,6 +357,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
                 plgpu.barrier_arrive(v_free.at[last])
+                acc, m_i, l_i = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), (acc, m_i, l_i))
 
             # blocks the producer loaded for the other consumer only: release them (never early: each
             # arrival waits for its load, so no slot's phase can complete before the other consumer's turn)

@@ -471,13 +471,14 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
                 return f
 
-            def ostep(s, carry, *, masked: bool):
-                # pipelined: S_s, dP_s and dQ += dS_{s-1} K_{s-1} issued together; dS_s formed under the last
+            def ostep(s, carry):
+                # pipelined (an unmasked block): S_s, dP_s and dQ += dS_{s-1} K_{s-1} issued together; dS_s formed
+                # under the last
                 dq, ds_prev = carry
                 slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
                 plgpu.barrier_wait(kv_bar.at[slot])
                 dq, ds = ops.mma2_under(dq, ds_prev, k_smem.at[prev], q_smem, k_smem.at[slot], do_smem,
-                                        v_smem.at[slot], ds_of(s, masked=masked))
+                                        v_smem.at[slot], ds_of(s, masked=False))
                 plgpu.barrier_arrive(kv_free.at[prev])  # K_{s-1} was read by the waited dQ wgmma
                 return dq, ds
 
@@ -498,12 +499,15 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
                                       v_smem.at[slot0], b_t=True)
                     ds0 = ds_of(0, masked=True)(sc, dp)
+                    # the pipeline runs the unmasked blocks [1, lo) and drains with the last dS K; the masked blocks
+                    # [lo, n_total) then run as serial steps (masking under an in-flight wgmma made ptxas serialize
+                    # the forward's wgmmas: docs/fa_prefill.md "The causal pipeline")
                     lo = jnp.clip(n_full, 1, n_total)
-                    carry = lax.fori_loop(1, lo, functools.partial(ostep, masked=False), (ops.zeros((bq, d)), ds0))
-                    dq, ds_last = lax.fori_loop(lo, n_total, functools.partial(ostep, masked=True), carry)
-                    last = lax.rem(n_total - 1, ns)
+                    dq, ds_last = lax.fori_loop(1, lo, ostep, (ops.zeros((bq, d)), ds0))
+                    last = lax.rem(lo - 1, ns)
                     dq = ops.mma(dq, ds_last, k_smem.at[last])
                     plgpu.barrier_arrive(kv_free.at[last])
+                    dq = lax.fori_loop(lo, n_total, functools.partial(step, masked=True), dq)
                     q_smem[...] = (dq * scale).astype(dtype)  # Q was last read by the waited wgmmas
 
                 @pl.when(n_total == 0)
