@@ -35,8 +35,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TrainWorkload", "WORKLOADS", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops", "predicted_us",
-           "build", "agreement", "time_one", "TorchProgram"]
+__all__ = ["TrainWorkload", "WORKLOADS", "SWEEP", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops",
+           "predicted_us", "build", "agreement", "time_one", "TorchProgram"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,16 @@ WORKLOADS: tuple[TrainWorkload, ...] = (
     TrainWorkload("train_b4_h16_n4096_d128_fp16_c0", 4, 16, 16, 4096, 128, "float16", False),
     TrainWorkload("train_b4_h16_n4096_d128_fp16_c1", 4, 16, 16, 4096, 128, "float16", True),
     TrainWorkload("train_gqa_b4_hq32_hkv8_n4096_d128_bf16_c1", 4, 32, 8, 4096, 128, "bfloat16", True),
+)
+# the forward's other shapes for the backward (issue 14: "on the same shapes"): D 64, N 1024 and 16384 (16384 tokens
+# per call), GQA without the mask, bf16; D 256 is refused by fa_prefill's backward (a record with the reason)
+SWEEP: tuple[TrainWorkload, ...] = (
+    TrainWorkload("train_b4_h16_n4096_d64_fp16_c0", 4, 16, 16, 4096, 64, "float16", False),
+    TrainWorkload("train_b4_h16_n4096_d64_fp16_c1", 4, 16, 16, 4096, 64, "float16", True),
+    TrainWorkload("train_b16_h16_n1024_d128_fp16_c1", 16, 16, 16, 1024, 128, "float16", True),
+    TrainWorkload("train_b1_h16_n16384_d128_fp16_c1", 1, 16, 16, 16384, 128, "float16", True),
+    TrainWorkload("train_gqa_b4_hq32_hkv8_n4096_d128_bf16_c0", 4, 32, 8, 4096, 128, "bfloat16", False),
+    TrainWorkload("train_b4_h16_n4096_d128_bf16_c0", 4, 16, 16, 4096, 128, "bfloat16", False),
 )
 # for a CPU smoke run of the script (interpret mode): the same code path, tiny shapes
 SMOKE: tuple[TrainWorkload, ...] = (

@@ -202,9 +202,11 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
     return hi <= lo
 
 
-# fa_prefill's backward config in the drop-in: ``wide`` (two consumer warpgroups share each streamed tile) measured
-# 1.31x / 1.38x faster than ``default`` on an H200 (B4 H16 N4096 D128 fp16, non-causal / causal; docs/fa_prefill.md)
-DROPIN_BWD_CONFIG = "wide"
+# fa_prefill's backward config in the drop-in, by causal: ``wide`` (two consumer warpgroups share each streamed tile)
+# and ``wide_ovl`` (wide with the software-pipelined dQ consumer). One H100 run (B4 H16 N4096 D128 fp16,
+# docs/fa_prefill.md "Backward"): non-causal wide_ovl 0.92x cuDNN's backward vs wide 0.86x; causal wide 0.90x vs
+# wide_ovl 0.88x
+DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
 
 
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual):
@@ -215,7 +217,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
         out, lse = fa_prefill_bwd.attention_lse(
             q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
-            bwd_config=fa_prefill_bwd.CONFIGS[DROPIN_BWD_CONFIG], interpret=_compat.default_interpret(None))
+            bwd_config=fa_prefill_bwd.CONFIGS[DROPIN_BWD_CONFIG[bool(is_causal)]],
+            interpret=_compat.default_interpret(None))
     else:
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(

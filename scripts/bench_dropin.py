@@ -4,7 +4,8 @@
     PYTHONPATH=. python scripts/bench_dropin.py --smoke --out /tmp/dropin     # CPU: tiny shapes, interpret mode
 
 Workloads (``compare.train_bench.WORKLOADS``): B4 H16 N4096 D128 fp16, causal and not, and a GQA training
-shape B4 Hq32 Hkv8 N4096 D128 bf16 causal. Implementations: ``pallas:fa_train`` (ours),
+shape B4 Hq32 Hkv8 N4096 D128 bf16 causal; ``--set sweep``: ``train_bench.SWEEP`` (D 64, N 1024 / 16384, GQA
+non-causal, bf16). Implementations: ``pallas:fa_train`` (ours),
 ``jax:cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``) and ``jax:xla``. Per (workload,
 implementation, program in {fwd, fwd_bwd}) one JSONL record in ``--out/records.jsonl``: the timing
 percentiles on compare's kernel clock (CUPTI, L2 flushed; the clock that ran and any fallback are
@@ -39,6 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", default="cupti", choices=("cupti", "kineto", "events"))
     ap.add_argument("--impls", default=",".join(train_bench.IMPLS))
     ap.add_argument("--no-agreement", action="store_true", help="skip the XLA agreement check")
+    ap.add_argument("--set", default="bar", choices=("bar", "sweep"),
+                    help="workloads: bar = WORKLOADS (the issue's shapes), sweep = SWEEP (D 64, N 1024 / 16384, GQA "
+                         "non-causal, bf16)")
     args = ap.parse_args(argv)
     _compat.silence_triton_deprecation()
 
@@ -58,7 +62,9 @@ def main(argv=None) -> int:
         return 2
     if interpret:
         impls = [i for i in impls if i != "jax:cudnn"]
-    workloads = train_bench.SMOKE if args.smoke else train_bench.WORKLOADS
+    workloads = train_bench.SWEEP if args.set == "sweep" else train_bench.WORKLOADS
+    if args.smoke:
+        workloads = train_bench.SMOKE
 
     env = records.collect_env()
     dev = jax.devices()[0]

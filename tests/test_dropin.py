@@ -315,6 +315,25 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
     assert not any("fa_train" in n for n in names), names
 
 
+def test_fa_prefill_backward_config_by_causal(monkeypatch):
+    """The drop-in passes fa_prefill's backward the config measured best for the mask (docs/fa_prefill.md):
+    wide_ovl without the causal mask, wide with it (traced only: jax.eval_shape, nothing runs)."""
+    from pallas_attn.kernels import fa_prefill_bwd
+
+    seen, real = [], fa_prefill_bwd.attention_lse
+
+    def spy(*a, bwd_config, **kw):
+        seen.append(bwd_config)
+        return real(*a, bwd_config=bwd_config, **kw)
+
+    monkeypatch.setattr(fa_prefill_bwd, "attention_lse", spy)
+    q = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.float16)
+    for causal in (False, True):
+        jax.eval_shape(lambda q, k, v, c=causal: pallas_attn.dot_product_attention(
+            q, k, v, is_causal=c, implementation="pallas:fa_prefill"), q, q, q)
+    assert seen == [fa_prefill_bwd.CONFIGS["wide_ovl"], fa_prefill_bwd.CONFIGS["wide"]], seen
+
+
 def test_forced_fa_prefill_in_interpret_mode(rng):
     """implementation="pallas:fa_prefill" on the CPU: fa_prefill's forward twin and its backward's Mosaic kernels
     on JAX's GPU interpreter, through the drop-in's custom_vjp (GQA 2, causal, T < S, odd lengths, fp16): the
