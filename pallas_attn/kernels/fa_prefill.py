@@ -302,8 +302,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
                 # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
                 # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                # Block 0 is the prologue (always masked, with no wgmma in flight: with no visible block at all
-                # the mask hides every key and the row ends with l = 0).
+                # Block 0 is the prologue (masked when n_full == 0, with no wgmma in flight: with no visible
+                # block at all the mask hides every key and the row ends with l = 0).
                 plgpu.barrier_wait(k_bar.at[0])
                 turn_wait()
 
@@ -313,7 +313,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 sc = pl.run_state(qk0)(plgpu.ACC.init(zeros_s()))
                 plgpu.barrier_arrive(k_free.at[0])
-                p0, m_i, l_i, _ = softmax(mask(sc, 0), m0, l0)
+                # mask block 0 only when it needs it (the first row tile under the causal mask, a short Tk)
+                sc = lax.cond(n_full == 0, lambda x: mask(x, 0), lambda x: x, sc)
+                p0, m_i, l_i, _ = softmax(sc, m0, l0)
 
                 def ostep(s, carry):  # an unmasked block
                     acc, m_i, l_i, p_prev = carry
