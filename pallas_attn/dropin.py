@@ -6,7 +6,7 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64 or 128, no ``local_window_size`` and no sequence lengths (its contract
+  the call: fp16 / bf16, head dim 64, 128 or 256, no ``local_window_size`` and no sequence lengths (its contract
   has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with
   its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).

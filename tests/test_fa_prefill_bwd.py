@@ -72,9 +72,16 @@ _WIDE_CASES = [_CASES[0], (1, 150, 70, 1, 1, 64, True, (-30,), "float16")]
 # before the dQ wgmma that reads it makes the interpreter report races (checked by hand when it was built).
 _OVL_CASES = [(1, 150, 70, 1, 1, 64, True, (-70,), "float16"), (1, 70, 200, 1, 1, 128, False, (0,), "float16")]
 
+# D 256 (the head-dim split, config d256: two consumers on one CTA's 64 keys / rows, each a D half): GQA 2 with an
+# offset, a straddling and a ragged key block; and per-sequence offsets with a negative one (rows that see no
+# key); the second asks for wide_ovl, which D 256 maps to d256 (config_for). Removing the consumers' "done"
+# barrier before the epilogue makes the interpreter report races (checked by hand when it was built).
+_D256_CASES = [("d256", (1, 70, 100, 2, 1, 256, True, (30,), "bfloat16")),
+               ("wide_ovl", (2, 60, 70, 1, 1, 256, True, (-5, 3), "float16"))]
+
 
 @pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES]
-                         + [("wide_ovl", c) for c in _OVL_CASES],
+                         + [("wide_ovl", c) for c in _OVL_CASES] + _D256_CASES,
                          ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
 def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
     """dQ, dK, dV of both kernels' own code (TMA rings and barriers, block bounds, masks, the GQA loop, the
@@ -99,11 +106,14 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
         assert np.all(np.asarray(dq, np.float32)[empty] == 0.0)
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2"])
-@pytest.mark.parametrize("causal,d,dtype", [(True, 64, jnp.bfloat16), (False, 128, jnp.float16)])
+@pytest.mark.parametrize("config,causal,d,dtype", [
+    (cfg, *c) for cfg in ("default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2")
+    for c in ((True, 64, jnp.bfloat16), (False, 128, jnp.float16))] + [
+    ("d256", True, 256, jnp.bfloat16), ("wide_ovl", False, 256, jnp.float16)])  # D 256: d256's split kernels
 def test_mosaic_kernels_lower_for_cuda(causal, d, dtype, config):
     """The real kernels (wgmma, layouts, TMA, register budgets) of every config lower for CUDA on this CPU
-    machine: GQA, ragged Tq != Tk, offsets; the wide configs fit the 227 KiB of shared memory at D 128."""
+    machine: GQA, ragged Tq != Tk, offsets; the wide configs fit the 227 KiB of shared memory at D 128, d256
+    (what every config runs at D 256) at D 256."""
     sds = jax.ShapeDtypeStruct
     q, k = sds((2, 200, 4, d), dtype), sds((2, 333, 2, d), dtype)
     lse, off = sds((2, 4, 200), jnp.float32), sds((2,), jnp.int32)
@@ -115,7 +125,7 @@ def test_mosaic_kernels_lower_for_cuda(causal, d, dtype, config):
     names = set(re.findall(r"pallas_attn_\w+", text))
     assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
     assert "wgmma" in text
-    assert fb.smem_bytes(128, 2, fb.CONFIGS[config]) <= 227 * 1024
+    assert fb.smem_bytes(max(d, 128), 2, fb.config_for(d, fb.CONFIGS[config])) <= 227 * 1024
 
 
 def test_refusals_name_the_problem():
@@ -126,9 +136,18 @@ def test_refusals_name_the_problem():
     def call(q=q, k=k, v=k, o=q, lse=lse, do=q, **kw):
         return fb.backward(q, k, v, o, lse, do, causal=False, scale=1.0, **kw)
 
-    q256 = z((1, 64, 2, 256), jnp.float16)
-    with pytest.raises(NotImplementedError, match="head dim 256"):
-        call(q=q256, k=z((1, 64, 1, 256), jnp.float16), v=z((1, 64, 1, 256), jnp.float16), o=q256, do=q256)
+    q32 = z((1, 64, 2, 32), jnp.float16)
+    with pytest.raises(NotImplementedError, match="head dim 32"):
+        call(q=q32, k=z((1, 64, 1, 32), jnp.float16), v=z((1, 64, 1, 32), jnp.float16), o=q32, do=q32)
+    with pytest.raises(ValueError, match="dsplit config needs D a multiple of 128"):
+        call(config=fb.CONFIGS["d256"])  # D 64: halves of 32 columns
+    with pytest.raises(ValueError, match="dsplit"):
+        fb.BwdConfig(dsplit=True)  # the split needs the two consumers of wide
+    with pytest.raises(ValueError, match="dsplit"):
+        fb.BwdConfig(wide=True, dsplit=True, dq_overlap=True, consumer_regs=240)
+    for name, cfg in fb.CONFIGS.items():  # D 256 runs d256 whatever was asked; other head dims what was asked
+        assert fb.config_for(256, cfg) == fb.CONFIGS["d256"] and fb.config_for(128, cfg) == cfg, name
+    assert fb.smem_bytes(256, 2, fb.CONFIGS["d256"]) <= 227 * 1024 < fb.smem_bytes(256, 2, fb.CONFIGS["wide"])
     with pytest.raises(ValueError, match="lse must be float32"):
         call(lse=lse.astype(jnp.float16))
     with pytest.raises(ValueError, match="lse must be float32"):

@@ -38,8 +38,11 @@ under the last wgmma) and a 3-deep dQ ring; docs/fa_prefill.md, "Config `wide_ov
 Causal: key blocks past a query block's diagonal (and query blocks before a key
 block's diagonal) are never loaded; only blocks that straddle the diagonal, or hold the ragged end of the keys,
 run the masked step. Lengths: Q/dO are padded to 64 rows and K/V to 64 keys only when needed (padded query
-rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64 and 128; D 256 is refused (the
-dK/dV consumer would hold two 64 x 256 fp32 accumulators, 256 registers per thread, before S and dP).
+rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64, 128 and 256. At D 256 (config
+``d256``, chosen by ``config_for`` whatever config was asked) a consumer owning 64 keys would hold two 64 x 256 fp32
+accumulators (256 registers per thread): there the two consumers of a CTA own the same 64 keys / rows and split D
+(each holds half of dK and dV, or of dQ, and recomputes the full S and dP); every tile is stored as two 64 x 128
+column halves (``_build_dkdv_split``, ``_build_dq_split``; docs/fa_prefill.md, "Backward at D 256").
 
 CPU. ``emulate_backward`` runs the same two kernels on jax's Mosaic GPU interpreter (warpgroups as threads;
 TMA, barriers and shared memory simulated, uninitialised shared memory NaN, race detection on), with the
@@ -63,14 +66,15 @@ from jax import lax
 from .._compat import pl
 from .fa_prefill import _block_bounds, _pad, _smem_tile
 
-__all__ = ["BwdConfig", "CONFIGS", "backward", "emulate_backward", "attention_lse", "smem_bytes", "PASS_NAMES"]
+__all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward", "attention_lse", "smem_bytes",
+           "PASS_NAMES"]
 
 GEN = "fa_prefill"
 PASS_DKDV = f"pallas_attn_{GEN}_bwd_dkdv"
 PASS_DQ = f"pallas_attn_{GEN}_bwd_dq"
 PASS_NAMES = (PASS_DKDV, PASS_DQ, f"{PASS_DKDV}_mosaic_gpu", f"{PASS_DQ}_mosaic_gpu")
 BLOCK = 64  # query rows and keys per tile: one wgmma M tile on either side
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
 _LOG2E = math.log2(math.e)
 _SMEM_LIMIT = 227 * 1024
@@ -87,7 +91,10 @@ class BwdConfig:
     dq_overlap: software-pipeline the dQ consumer (step s issues S_s = Q K_s^T, dP_s = dO V_s^T and then
     dQ += dS_{s-1} K_{s-1}, waits for S_s and dP_s only, and forms P_s, dS_s while the dQ wgmma runs); a K/V
     slot is then held for two steps, so a 3-deep dQ ring (dq_stages) keeps one load in flight ahead of the
-    consumer. dq_stages: depth of the dQ kernel's ring (None: ``stages``); the dK/dV kernel keeps ``stages``."""
+    consumer. dq_stages: depth of the dQ kernel's ring (None: ``stages``); the dK/dV kernel keeps ``stages``.
+    dsplit: the head-dim split (D 256; needs ``wide``): the two consumers own the SAME 64 keys (dK/dV) or 64 rows
+    (dQ) and split D, consumer w holding the accumulator columns [w D/2, (w + 1) D/2); every tile is stored as
+    two column halves (docs/fa_prefill.md, "Backward at D 256")."""
 
     stages: int = 2
     consumer_regs: int = 232
@@ -95,13 +102,14 @@ class BwdConfig:
     wide: bool = False
     dq_overlap: bool = False
     dq_stages: int | None = None
+    dsplit: bool = False
 
     def __post_init__(self) -> None:
         if self.stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.stages must be 2, 3 or 4; got {self.stages}")
         if self.dq_stages is not None and self.dq_stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.dq_stages must be None, 2, 3 or 4; got {self.dq_stages!r}")
-        for name in ("wide", "dq_overlap"):
+        for name in ("wide", "dq_overlap", "dsplit"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"BwdConfig.{name} must be a bool; got {getattr(self, name)!r}")
         for name in ("consumer_regs", "producer_regs"):
@@ -111,6 +119,9 @@ class BwdConfig:
         if self.wide and 2 * self.consumer_regs + self.producer_regs > 504:
             raise ValueError(f"BwdConfig(wide=True): 2 * consumer_regs + producer_regs must be <= 504 (three "
                              f"warpgroups); got 2 * {self.consumer_regs} + {self.producer_regs}")
+        if self.dsplit and (not self.wide or self.dq_overlap):
+            raise ValueError("BwdConfig(dsplit=True) needs wide=True (its two consumers split D) and "
+                             "dq_overlap=False")
         if not self.wide and self.consumer_regs + self.producer_regs > 256:
             raise ValueError(f"BwdConfig: consumer_regs + producer_regs must be <= 256; got "
                              f"{self.consumer_regs} + {self.producer_regs}")
@@ -133,14 +144,28 @@ CONFIGS = {
     # wide's. _s2: the same with a 2-deep dQ ring (the next load can only start once a step ends).
     "wide_ovl": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dq_overlap=True, dq_stages=3),
     "wide_ovl_s2": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dq_overlap=True),
+    # D 256 (chosen automatically there, see ``config_for``): two consumers splitting D over one CTA's 64 keys / rows
+    "d256": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dsplit=True),
 }
+
+
+def config_for(d: int, cfg: BwdConfig) -> BwdConfig:
+    """The config the kernels run at head dim ``d``: at D 256 a config without ``dsplit`` becomes ``"d256"`` (one
+    64 x 256 fp32 accumulator pair per consumer would not fit its registers), like ``fa_prefill.fit`` does for
+    the forward; other head dims run ``cfg`` as given."""
+    if d == 256 and not cfg.dsplit:
+        return CONFIGS["d256"]
+    return cfg
 
 
 def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     """Shared memory of the larger of the two kernels' CTAs (they hold the same tiles, roles swapped): the
     resident tiles (two 64 x D tiles per consumer), ``stages`` slots of two 64 x D tiles, the fp32 lse/delta
-    vectors, barriers, scratch."""
+    vectors, barriers, scratch. dsplit: one pair of resident 64 x D tiles per CTA (both consumers read them), one
+    copy of the vectors per consumer."""
     ring = max(cfg.stages, cfg.dq_ring)
+    if cfg.dsplit:
+        return (2 * BLOCK * d + ring * 2 * BLOCK * d) * itemsize + 2 * BLOCK * 4 * (ring + 2) + 2700
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
     vecs = 2 * BLOCK * 4 * (ring + cfg.consumers)
     return tiles + vecs + 2700
@@ -201,6 +226,26 @@ class _Ops:
             r1, r2 = refs
             plgpu.wgmma(r1, a1, b1.transpose((1, 0)) if b_t else b1)
             plgpu.wgmma(r2, a2, b2.transpose((1, 0)) if b_t else b2)
+
+        return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
+
+    def mma2_sum(self, acc1, terms1, acc2, terms2, *, b_t: bool):
+        """``(acc1 + sum a @ op(b) over terms1, acc2 + the same over terms2)``: ``mma2`` with each product split
+        along the contraction into several (a, b) pairs of shared-memory refs (the column halves of the
+        dsplit tiles), all wgmmas issued back to back and waited for together."""
+        if self.emulate:
+            for a, b in terms1:
+                acc1 = acc1 + self._dot(a, b, b_t)
+            for a, b in terms2:
+                acc2 = acc2 + self._dot(a, b, b_t)
+            return acc1, acc2
+        plgpu = self.plgpu
+
+        def issue(refs):
+            r1, r2 = refs
+            for r, terms in ((r1, terms1), (r2, terms2)):
+                for a, b in terms:
+                    plgpu.wgmma(r, a, b.transpose((1, 0)) if b_t else b)
 
         return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
 
@@ -575,6 +620,271 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
 
 # ------------------------------------------------------------------------------------------------------------
+# D 256: the head-dim split (config dsplit; docs/fa_prefill.md, "Backward at D 256")
+# ------------------------------------------------------------------------------------------------------------
+# Both kernels: warpgroups 0 and 1 are consumers that own the SAME 64 keys (dK/dV) or 64 query rows (dQ); consumer
+# w holds the accumulator columns [w D/2, (w + 1) D/2) (dK and dV: 2 x 64 x 128 fp32, 128 registers per thread at
+# D 256; dQ: 64). Each computes the full S and dP (contraction over all of D: the two consumers repeat that work),
+# then its half of the output products. Every 64 x D tile lives in shared memory as two 64 x D/2 column halves
+# (TMA boxes of the gmem array's minor dim), so each wgmma operand is a whole tile of the D 128 kernels' shape:
+# the S / dP products are two wgmmas each (one per half of the contraction). Each consumer loads its half of the
+# resident tiles, waits for both halves, and stages its half of the output in its half of a resident tile once
+# both consumers are done reading (the "done" barrier).
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
+                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    ops = _Ops(emulate)
+    dtype = jnp.dtype(dtype_name)
+    bq = bk = BLOCK
+    ns = cfg.stages
+    dh = d // 2
+    group = hq // hkv
+    nq = tq_pad // bq
+    c = float(scale) * _LOG2E
+    f32 = jnp.float32
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
+             k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, done):
+        ji = lax.axis_index("k")
+        hk = lax.axis_index("h")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        off = off_ref[bi] if causal else jnp.int32(0)
+        j0 = ji * bk
+        keys = pl.ds(j0, bk)
+        lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
+        per_head = nq - lo  # query blocks per query head of the group (both consumers see the same ones)
+        n_steps = group * per_head
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            half = pl.ds(wg * dh, dh)
+            plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, half], k_smem.at[wg], kv_bar.at[wg])
+            plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, half], v_smem.at[wg], kv_bar.at[wg])
+            plgpu.barrier_wait(kv_bar.at[0])
+            plgpu.barrier_wait(kv_bar.at[1])
+
+            def mask(x, qb):
+                kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
+                qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
+                ok = kpos < tk
+                if causal:
+                    ok = ok & (kpos <= qpos + off)
+                return jnp.where(ok, x, -jnp.inf)
+
+            def step(qb, carry, *, g, masked: bool):
+                dk, dv = carry
+                slot = lax.rem(g * per_head + (qb - lo), ns)
+                plgpu.barrier_wait(q_bar.at[slot])
+                qs, dos = q_smem.at[slot], do_smem.at[slot]
+                st, dpt = ops.mma2_sum(ops.zeros((bk, bq)), [(k_smem.at[i], qs.at[i]) for i in range(2)],
+                                       ops.zeros((bk, bq)), [(v_smem.at[i], dos.at[i]) for i in range(2)], b_t=True)
+                lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
+                delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
+                x = st * c
+                if masked:
+                    x = mask(x, qb)
+                pt = jnp.exp2(x - lse2)  # P^T; 0 where masked and in rows that see no key (lse2 = +inf)
+                dst = pt * (dpt - delta)
+                dv, dk = ops.mma2(dv, pt.astype(dtype), dos.at[wg], dk, dst.astype(dtype), qs.at[wg], b_t=False)
+                plgpu.barrier_arrive(q_free.at[slot])
+                return dk, dv
+
+            def head(g, carry):
+                carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
+                return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
+
+            dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, dh)), ops.zeros((bk, dh))))
+            # the other consumer reads both halves of K and V until its last (waited) wgmma: wait for it, then
+            # stage this consumer's halves of dK, dV in its halves of K, V
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            k_smem.at[wg][...] = (dk * scale).astype(dtype)
+            v_smem.at[wg][...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[bi, keys, hk, half])
+            plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[bi, keys, hk, half])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n_steps)
+            def _load(s):
+                slot = lax.rem(s, ns)
+                g = lax.div(s, jnp.maximum(per_head, 1))
+                qb = lo + lax.rem(s, jnp.maximum(per_head, 1))
+                h = hk * group + g
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(q_free.at[slot])
+
+                rows = pl.ds(qb * bq, bq)
+                for i in range(2):
+                    cols = pl.ds(i * dh, dh)
+                    plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h, cols], q_smem.at[slot, i], q_bar.at[slot])
+                    plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h, cols], do_smem.at[slot, i], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
+
+            @pl.loop(jnp.maximum(n_steps - ns, 0), n_steps)
+            def _drain(s):
+                plgpu.barrier_wait(q_free.at[lax.rem(s, ns)])
+
+    out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
+    scratch = [
+        _smem_tile((2, bk, dh), dtype),
+        _smem_tile((2, bk, dh), dtype),
+        _smem_tile((ns, 2, bq, dh), dtype),
+        _smem_tile((ns, 2, bq, dh), dtype),
+        plgpu.SMEM((ns, bq), f32),
+        plgpu.SMEM((ns, bq), f32),
+        plgpu.Barrier(num_arrivals=2, num_barriers=2),
+        plgpu.Barrier(num_arrivals=6, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=(b, hkv, tk_pad // bk),
+        grid_names=("b", "h", "k"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_DKDV,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
+                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    ops = _Ops(emulate)
+    dtype = jnp.dtype(dtype_name)
+    bq = bk = BLOCK
+    ns = cfg.dq_ring
+    dh = d // 2
+    group = hq // hkv
+    c = float(scale) * _LOG2E
+    f32 = jnp.float32
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
+             q_smem, do_smem, lse_smem, dl_smem, k_smem, v_smem, qd_bar, kv_bar, kv_free, done):
+        qi = lax.axis_index("q")
+        h = lax.axis_index("h")
+        bi = lax.axis_index("b")
+        wg = lax.axis_index("wg")
+        hk = lax.div(h, group)
+        off = off_ref[bi] if causal else jnp.int32(0)
+        r0 = qi * bq
+        rows = pl.ds(r0, bq)
+        n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            half = pl.ds(wg * dh, dh)
+            bar = qd_bar.at[wg]
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h, half], q_smem.at[wg], bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h, half], do_smem.at[wg], bar)
+            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[wg], bar)  # a copy per consumer
+            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[wg], bar)
+            plgpu.barrier_wait(qd_bar.at[0])
+            plgpu.barrier_wait(qd_bar.at[1])
+            lse2 = ops.bcast(ops.vec(lse_smem.at[wg], 1), (bq, bk), 1)
+            delta = ops.bcast(ops.vec(dl_smem.at[wg], 1), (bq, bk), 1)
+
+            def mask(x, s):
+                qpos = r0 + ops.iota((bq, bk), 0)
+                kpos = s * bk + ops.iota((bq, bk), 1)
+                ok = kpos < tk
+                if causal:
+                    ok = ok & (kpos <= qpos + off)
+                return jnp.where(ok, x, -jnp.inf)
+
+            def step(s, dq, *, masked: bool):
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(kv_bar.at[slot])
+                ks, vs = k_smem.at[slot], v_smem.at[slot]
+                sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in range(2)],
+                                      ops.zeros((bq, bk)), [(do_smem.at[i], vs.at[i]) for i in range(2)], b_t=True)
+                x = sc * c
+                if masked:
+                    x = mask(x, s)
+                p = jnp.exp2(x - lse2)
+                ds = p * (dp - delta)
+                dq = ops.mma(dq, ds.astype(dtype), ks.at[wg])
+                plgpu.barrier_arrive(kv_free.at[slot])
+                return dq
+
+            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, dh)))
+            dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+            # the other consumer reads both halves of Q and dO until its last (waited) wgmma
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            q_smem.at[wg][...] = (dq * scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[bi, rows, h, half])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
+
+            @pl.loop(0, n_total)
+            def _load(s):
+                slot = lax.rem(s, ns)
+
+                @pl.when(s >= ns)
+                def _():
+                    plgpu.barrier_wait(kv_free.at[slot])
+
+                keys = pl.ds(s * bk, bk)
+                for i in range(2):
+                    cols = pl.ds(i * dh, dh)
+                    plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, cols], k_smem.at[slot, i], kv_bar.at[slot])
+                    plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, cols], v_smem.at[slot, i], kv_bar.at[slot])
+
+            @pl.loop(jnp.maximum(n_total - ns, 0), n_total)
+            def _drain(s):
+                plgpu.barrier_wait(kv_free.at[lax.rem(s, ns)])
+
+    scratch = [
+        _smem_tile((2, bq, dh), dtype),
+        _smem_tile((2, bq, dh), dtype),
+        plgpu.SMEM((2, bq), f32),
+        plgpu.SMEM((2, bq), f32),
+        _smem_tile((ns, 2, bk, dh), dtype),
+        _smem_tile((ns, 2, bk, dh), dtype),
+        plgpu.Barrier(num_arrivals=4, num_barriers=2),
+        plgpu.Barrier(num_arrivals=4, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2, num_barriers=1),
+    ]
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
+        scratch_types=scratch,
+        grid=(b, hq, tq_pad // bq),
+        grid_names=("b", "h", "q"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name=PASS_DQ,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Entry
 # ------------------------------------------------------------------------------------------------------------
 
@@ -595,10 +905,8 @@ def _check(q, k, v, o, lse, do) -> None:
     if k.shape[0] != b or k.shape[3] != d:
         raise ValueError(f"{GEN} backward: k must share q's batch and head dim; got {q.shape}, {k.shape}")
     if d not in HEAD_DIMS:
-        raise NotImplementedError(
-            f"{GEN} backward: head dim {d} not supported (D in {HEAD_DIMS}); at D=256 the dK/dV consumer "
-            f"would hold two 64 x 256 fp32 accumulators (256 registers per thread) before S and dP: use "
-            f"fa_train's backward")
+        raise NotImplementedError(f"{GEN} backward: head dim {d} not supported (D in {HEAD_DIMS}): use fa_train's "
+                                  f"backward")
     if hq % k.shape[2]:
         raise ValueError(f"{GEN} backward: Hq must be a multiple of Hkv; got {hq}, {k.shape[2]}")
     if k.shape[1] < 1 or tq < 1:
@@ -626,16 +934,21 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     _check(q, k, v, o, lse, do)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
+    cfg = config_for(d, cfg)
+    if cfg.dsplit and d % 128:
+        raise ValueError(f"{GEN} backward: a dsplit config needs D a multiple of 128 (halves of 64 columns or "
+                         f"more); got D={d}")
     if dlse is not None and (dlse.shape != lse.shape or not jnp.issubdtype(dlse.dtype, jnp.floating)):
         raise ValueError(f"{GEN} backward: dlse must be a float array of lse's shape {lse.shape}; got {dlse.dtype} "
                          f"{dlse.shape}")
     # wide: the dK/dV CTA owns 128 keys, the dQ CTA 128 query rows (padded keys are masked; padded rows have
     # lse2 = +inf, so P = 0 there)
-    tile = BLOCK * cfg.consumers
+    tile = BLOCK if cfg.dsplit else BLOCK * cfg.consumers  # dsplit: both consumers own the same 64 keys / rows
     qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse, rows=tile, keys=tile)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
-    dk, dv = _build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
-    dq = _build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
+    build_dkdv, build_dq = (_build_dkdv_split, _build_dq_split) if cfg.dsplit else (_build_dkdv, _build_dq)
+    dk, dv = build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
+    dq = build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
 
 
@@ -652,7 +965,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
     if q_offset is None:
         q_offset = jnp.zeros((q.shape[0],), jnp.int32)
     if not interpret:
-        need = smem_bytes(q.shape[-1], jnp.dtype(q.dtype).itemsize, cfg)
+        need = smem_bytes(q.shape[-1], jnp.dtype(q.dtype).itemsize, config_for(q.shape[-1], cfg))
         if need > _SMEM_LIMIT:
             raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
                              f"{_SMEM_LIMIT}); use fewer stages")

@@ -11,7 +11,8 @@ the software-pipelined dQ consumer). Also: bit-identical gradients run to run (n
 reaches exactly the gradients it should, and a timing print of default / wide / wide_s3 / wide_ovl /
 wide_ovl_s2 against jax.nn cuDNN's backward at B4 H16 N4096 D128, with the dQ kernel alone for wide and the
 wide_ovl pair (``-s`` to see it). Budget: 4-6 minutes on an H100, mostly compiling (~100 programs);
-``-k "wide_ovl or timing"``: ~2-3 minutes.
+``-k "wide_ovl or timing"``: ~2-3 minutes. D 256 (config ``d256``, the head-dim split): the grads cases at both
+dtypes, the determinism / NaN test and a timing print at B4 H16 N4096 D256 against cuDNN: ``-k d256``, ~2 minutes.
 """
 
 import os
@@ -80,11 +81,14 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+# D 64 / 128 run every config; D 256 runs d256 (the head-dim split; what any config becomes there)
+_D_CONFIGS = [(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl")] + [(256, "d256")]
+
+
+@pytest.mark.parametrize("d,config", _D_CONFIGS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_grads_within_xla_error(dtype, d, shape, config):
+def test_grads_within_xla_error(dtype, shape, d, config):
     b, tq, tk, hq, hkv, causal, offs = SHAPES[shape]
     q, k, v, w = _arrays(d + len(shape), b, tq, tk, hq, hkv, d, dtype)
     mask = _mask(b, tq, tk, causal, offs)
@@ -99,9 +103,9 @@ def test_grads_within_xla_error(dtype, d, shape, config):
         assert _rel(o, t) <= 2 * _rel(l_, t) + 2 * eps, (name, _rel(o, t), _rel(l_, t))
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl", "d256"])
 def test_deterministic_and_nan_rows(config):
-    b, tq, tk, hq, hkv, d = 2, 512, 700, 4, 2, 128
+    b, tq, tk, hq, hkv, d = 2, 512, 700, 4, 2, (256 if config == "d256" else 128)
     q, k, v, w = _arrays(7, b, tq, tk, hq, hkv, d, "float16")
     off = jnp.zeros((b,), jnp.int32)
     run = _ours(False, 1.0 / float(np.sqrt(d)), config)
@@ -173,3 +177,50 @@ def test_timing_vs_cudnn(causal):
           f"grads: wide {agree}, wide_ovl {agree_ovl}", flush=True)
     assert all(v < 2e-2 for v in agree.values()), agree
     assert all(v < 2e-2 for v in agree_ovl.values()), agree_ovl
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_timing_d256_vs_cudnn(causal):
+    """B4 H16 N4096 D256 fp16: our backward alone (config d256, O and LSE given) vs jax.nn cuDNN's (its fwd+bwd
+    minus its fwd) when this jax / cuDNN takes D 256 (else ours alone, said in the print); and the drop-in's
+    fwd+bwd forced onto fa_prefill vs onto fa_train (D 256's route before the split)."""
+    b, n, h, d = 4, 4096, 16, 256
+    q, k, v, w = _arrays(13, b, n, n, h, h, d, "float16")
+    off = jnp.zeros((b,), jnp.int32)
+    scale = 1.0 / float(np.sqrt(d))
+    o, lse = pallas_attn.attention(q, k, v, causal=causal, generation="fa_prefill", interpret=False, return_lse=True)
+    fn = jax.jit(functools.partial(fb.backward, causal=causal, scale=scale, config=fb.CONFIGS["d256"]))
+    t_ours = _time(lambda *a: fn(*a, q_offset=off), q, k, v, o, lse, w)
+    flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+
+    def dropin_fb(impl):  # fwd+bwd through the drop-in forced onto one pair: what D 256 ran before (fa_train)
+        def loss(q, k, v, w):
+            out = pallas_attn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
+
+        return _time(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), q, k, v, w)
+
+    t_pf, t_tr = dropin_fb("pallas:fa_prefill"), dropin_fb("pallas:fa_train")
+    line = (f"\nfa_prefill_bwd d256 B{b} H{h} N{n} D{d} fp16 causal={causal}: {t_ours:.0f} us "
+            f"({flops / t_ours / 1e6:.0f} TFLOP/s); drop-in fwd+bwd: fa_prefill {t_pf:.0f} us, fa_train {t_tr:.0f} us "
+            f"({t_tr / t_pf:.2f}x)")
+
+    def cudnn_fwd(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+
+    def cudnn_loss(q, k, v, w):
+        return jnp.sum(cudnn_fwd(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))
+
+    try:
+        grad = jax.jit(jax.grad(cudnn_loss, argnums=(0, 1, 2)))
+        t_fb = _time(grad, q, k, v, w)
+        t_fwd = _time(jax.jit(cudnn_fwd), q, k, v)
+    except Exception as e:  # noqa: BLE001 - cuDNN (through jax) may refuse D 256: report ours alone
+        print(line + f"; jax.nn cuDNN unavailable at D 256: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return
+    t_cudnn = t_fb - t_fwd
+    agree = {nm: _rel(a, r) for nm, a, r in zip(("dq", "dk", "dv"), fn(q, k, v, o, lse, w, q_offset=off),
+                                                 grad(q, k, v, w))}
+    print(line + f"; cuDNN bwd {t_cudnn:.0f} us (fwd+bwd {t_fb:.0f}, fwd {t_fwd:.0f}); ours {t_cudnn / t_ours:.2f}x "
+          f"cuDNN's speed; max rel diff vs cuDNN's grads {agree}", flush=True)
+    assert all(x < 2e-2 for x in agree.values()), agree
