@@ -653,6 +653,9 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
         hk = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
+        # the two column halves as traced indices: a Python int in a ref transform inside run_state reaches Mosaic
+        # GPU's lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
+        halves = (wg - wg, wg - wg + 1)
         off = off_ref[bi] if causal else jnp.int32(0)
         j0 = ji * bk
         keys = pl.ds(j0, bk)
@@ -682,8 +685,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
                 slot = lax.rem(g * per_head + (qb - lo), ns)
                 plgpu.barrier_wait(q_bar.at[slot])
                 qs, dos = q_smem.at[slot], do_smem.at[slot]
-                st, dpt = ops.mma2_sum(ops.zeros((bk, bq)), [(k_smem.at[i], qs.at[i]) for i in range(2)],
-                                       ops.zeros((bk, bq)), [(v_smem.at[i], dos.at[i]) for i in range(2)], b_t=True)
+                st, dpt = ops.mma2_sum(ops.zeros((bk, bq)), [(k_smem.at[i], qs.at[i]) for i in halves],
+                                       ops.zeros((bk, bq)), [(v_smem.at[i], dos.at[i]) for i in halves], b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
                 x = st * c
@@ -784,6 +787,9 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
+        # the two column halves as traced indices: a Python int in a ref transform inside run_state reaches Mosaic
+        # GPU's lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
+        halves = (wg - wg, wg - wg + 1)
         hk = lax.div(h, group)
         off = off_ref[bi] if causal else jnp.int32(0)
         r0 = qi * bq
@@ -816,8 +822,8 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
                 slot = lax.rem(s, ns)
                 plgpu.barrier_wait(kv_bar.at[slot])
                 ks, vs = k_smem.at[slot], v_smem.at[slot]
-                sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in range(2)],
-                                      ops.zeros((bq, bk)), [(do_smem.at[i], vs.at[i]) for i in range(2)], b_t=True)
+                sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in halves],
+                                      ops.zeros((bq, bk)), [(do_smem.at[i], vs.at[i]) for i in halves], b_t=True)
                 x = sc * c
                 if masked:
                     x = mask(x, s)
