@@ -6,9 +6,9 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64, 128 or 256, no ``local_window_size`` and no sequence lengths (its contract
-  has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with
-  its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
+  the call: fp16 / bf16, head dim 64 or 128 (D 256: see ``DROPIN_HEAD_DIMS``), no ``local_window_size`` and no
+  sequence lengths (its contract has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation):
+  ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
 
 ``implementation``:
@@ -122,6 +122,11 @@ def _unsupported(q, k, bias, mask) -> str:
     return "" if ok else why
 
 
+# Head dims the drop-in sends to fa_prefill. Its backward also builds D 256 (config d256), whose first GPU run failed
+# at lowering (fixed, not re-run: no device time was left); until it passes, D 256 stays on fa_train.
+DROPIN_HEAD_DIMS = (64, 128)
+
+
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
     """Why fa_prefill's forward + backward cannot take this call ("" when they can), hardware aside."""
     if bias is not None or mask is not None:
@@ -138,6 +143,9 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
         return f"pallas:fa_prefill takes float16 / bfloat16; got {dt}"
     if h not in fa_prefill_bwd.HEAD_DIMS:
         return f"pallas:fa_prefill's backward takes head dims {fa_prefill_bwd.HEAD_DIMS}; got {h}"
+    if h not in DROPIN_HEAD_DIMS:
+        return (f"pallas:fa_prefill's backward at head dim {h} (config d256) has not passed a GPU run yet "
+                f"(docs/fa_prefill.md, 'Backward at D 256'); the drop-in takes head dims {DROPIN_HEAD_DIMS}")
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
     ok, why = fa_prefill.KERNEL.supports(problem)
