@@ -302,6 +302,26 @@ def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
     return lo.astype(jnp.int32), full.astype(jnp.int32)
 
 
+def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
+    """The producer warpgroup's loop over an ``ns``-slot ring: step ``s`` (of ``n``) waits until slot ``s % ns`` is
+    free (from its second use on) and calls ``issue(s, slot)``, the TMA copies into it; then it observes the last
+    frees too (every phase of a barrier it waits on; idle time on the GPU anyway). Every backward kernel's producer."""
+
+    @pl.loop(0, n)
+    def _load(s):
+        slot = lax.rem(s, ns)
+
+        @pl.when(s >= ns)
+        def _():
+            plgpu.barrier_wait(free.at[slot])
+
+        issue(s, slot)
+
+    @pl.loop(jnp.maximum(n - ns, 0), n)
+    def _drain(s):
+        plgpu.barrier_wait(free.at[lax.rem(s, ns)])
+
+
 @functools.lru_cache(maxsize=64)
 def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                 causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
@@ -395,27 +415,17 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_steps)
-            def _load(s):
-                slot = lax.rem(s, ns)
+            def issue(s, slot):  # query block lo0 + s % per_head of the group's head s // per_head
                 g = lax.div(s, jnp.maximum(per_head, 1))
                 qb = lo0 + lax.rem(s, jnp.maximum(per_head, 1))
                 h = hk * group + g
-
-                @pl.when(s >= ns)
-                def _():
-                    plgpu.barrier_wait(q_free.at[slot])
-
                 rows = pl.ds(qb * bq, bq)
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
 
-            # observe the last frees too (every phase of a barrier it waits on; idle time on the GPU anyway)
-            @pl.loop(jnp.maximum(n_steps - ns, 0), n_steps)
-            def _drain(s):
-                plgpu.barrier_wait(q_free.at[lax.rem(s, ns)])
+            _ring_producer(plgpu, n_steps, ns, q_free, issue)
 
     out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
     resident = (bk, d) if nc == 1 else (nc, bk, d)
@@ -578,21 +588,12 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_load)
-            def _load(s):
-                slot = lax.rem(s, ns)
-
-                @pl.when(s >= ns)
-                def _():
-                    plgpu.barrier_wait(kv_free.at[slot])
-
+            def issue(s, slot):
                 keys = pl.ds(s * bk, bk)
                 plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk], k_smem.at[slot], kv_bar.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk], v_smem.at[slot], kv_bar.at[slot])
 
-            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
-            def _drain(s):
-                plgpu.barrier_wait(kv_free.at[lax.rem(s, ns)])
+            _ring_producer(plgpu, n_load, ns, kv_free, issue)
 
     mine = (bq, d) if nc == 1 else (nc, bq, d)
     vec = (bq,) if nc == 1 else (nc, bq)
@@ -719,17 +720,10 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_steps)
-            def _load(s):
-                slot = lax.rem(s, ns)
+            def issue(s, slot):  # as _build_dkdv's, Q and dO as two column halves
                 g = lax.div(s, jnp.maximum(per_head, 1))
                 qb = lo + lax.rem(s, jnp.maximum(per_head, 1))
                 h = hk * group + g
-
-                @pl.when(s >= ns)
-                def _():
-                    plgpu.barrier_wait(q_free.at[slot])
-
                 rows = pl.ds(qb * bq, bq)
                 for i in range(2):
                     cols = pl.ds(i * dh, dh)
@@ -738,9 +732,7 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
                 plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
 
-            @pl.loop(jnp.maximum(n_steps - ns, 0), n_steps)
-            def _drain(s):
-                plgpu.barrier_wait(q_free.at[lax.rem(s, ns)])
+            _ring_producer(plgpu, n_steps, ns, q_free, issue)
 
     out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
     scratch = [
@@ -848,23 +840,14 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_total)
-            def _load(s):
-                slot = lax.rem(s, ns)
-
-                @pl.when(s >= ns)
-                def _():
-                    plgpu.barrier_wait(kv_free.at[slot])
-
+            def issue(s, slot):  # K and V as two column halves
                 keys = pl.ds(s * bk, bk)
                 for i in range(2):
                     cols = pl.ds(i * dh, dh)
                     plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, cols], k_smem.at[slot, i], kv_bar.at[slot])
                     plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, cols], v_smem.at[slot, i], kv_bar.at[slot])
 
-            @pl.loop(jnp.maximum(n_total - ns, 0), n_total)
-            def _drain(s):
-                plgpu.barrier_wait(kv_free.at[lax.rem(s, ns)])
+            _ring_producer(plgpu, n_total, ns, kv_free, issue)
 
     scratch = [
         _smem_tile((2, bq, dh), dtype),
