@@ -40,6 +40,7 @@ __all__ = [
     "silence_triton_deprecation",
     "quiet_triton",
     "device_sm_count",
+    "traced_index",
 ]
 
 # 0.11.2 says: "The Pallas Triton backend is deprecated and will be removed in a future JAX version. ..."
@@ -107,3 +108,12 @@ def device_sm_count(default: int = 132) -> int:
     dev = next(d for d in jax.devices() if d.platform == "gpu")
     n = getattr(dev, "core_count", None)
     return int(n) if n else default
+
+
+def traced_index(i: int, anchor):
+    """The Python int ``i`` as a traced int32 (``anchor``: any traced int32 scalar of the kernel), for a ref index
+    that reaches a Mosaic GPU ``run_state``: jax 0.11.2's lowering receives a Python int there as a TypedInt and
+    fails ("Shaped arrays must be represented by ir.Values"; seen on an H100 and an H200 for fa_prefill_bwd's
+    ``wide_ovl`` / ``d256`` and v12_mla_tc's ``pipelined``), while jax 0.10.2 on a CPU lowers it."""
+    zero = anchor - anchor
+    return zero if i == 0 else zero + i

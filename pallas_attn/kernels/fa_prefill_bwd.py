@@ -64,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _compat
 from .._compat import pl
 from .fa_prefill import _block_bounds, _pad, _smem_tile
 
@@ -548,9 +549,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 def _pipelined():
                     # prologue: block 0 (always masked: the mask is exact for any block), its slot kept for
                     # dQ += dS_0 K_0 in the next step; epilogue: the last dS K alone
-                    # slot 0 as a traced index: inside this pl.when a Python int in the ref transform reaches
-                    # Mosaic GPU's run_state lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
-                    slot0 = n_total - n_total
+                    slot0 = _compat.traced_index(0, n_total)  # a ref index inside run_state
                     plgpu.barrier_wait(kv_bar.at[slot0])
                     sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
                                       v_smem.at[slot0], b_t=True)
@@ -655,9 +654,7 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
         hk = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
-        # the two column halves as traced indices: a Python int in a ref transform inside run_state reaches Mosaic
-        # GPU's lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
-        halves = (wg - wg, wg - wg + 1)
+        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg))  # ref indices inside run_state
         off = off_ref[bi] if causal else jnp.int32(0)
         j0 = ji * bk
         keys = pl.ds(j0, bk)
@@ -780,9 +777,7 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
-        # the two column halves as traced indices: a Python int in a ref transform inside run_state reaches Mosaic
-        # GPU's lowering as a TypedInt (AssertionError on an H100, jax 0.11.2)
-        halves = (wg - wg, wg - wg + 1)
+        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg))  # ref indices inside run_state
         hk = lax.div(h, group)
         off = off_ref[bi] if causal else jnp.int32(0)
         r0 = qi * bq

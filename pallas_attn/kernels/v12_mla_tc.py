@@ -465,9 +465,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 # block 0 always runs (the producer loads it even for an empty split, fully masked then)
                 nn = jnp.maximum(n, 1)
                 plgpu.barrier_wait(l_bar.at[0])
-                # slot 0 as a traced index: a Python int in the ref transform reaches the Mosaic GPU lowering of
-                # run_state as a TypedInt, not an ir.Value (AssertionError on an H200, jax 0.11.2)
-                slot0 = nn - nn
+                slot0 = _compat.traced_index(0, nn)  # a ref index inside run_state
                 p0, m_i, l_i, _ = softmax(mask(mma(q_smem, lat_smem.at[slot0], (bm, tn), b_t=True), 0), m0, l0)
                 first_masked = 1 if per_row_mask else jnp.maximum(nn - 1, 1)
                 carry = lax.fori_loop(1, first_masked, functools.partial(pstep, masked=False), (acc0, m_i, l_i, p0))
