@@ -20,7 +20,6 @@ import json
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 
 import jax
@@ -31,6 +30,7 @@ import numpy as np
 def _oracle_check(fp, cfg, dtype, rng) -> list[str]:
     """Small cases against the float64 oracle; returns failure lines (empty: all pass)."""
     from attn_core import oracle
+    from pallas_attn.kernels.contract import Problem
 
     fails = []
     cases = [  # b, tq, tk, hq, hkv, d, causal, offsets
@@ -48,9 +48,9 @@ def _oracle_check(fp, cfg, dtype, rng) -> list[str]:
             k = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), dtype)
             v = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), dtype)
             off = jnp.asarray(offs, jnp.int32)
-            c = cfg
-            if c is None:  # "auto": the entry's heuristic for this case
-                c = fp._heuristic(types.SimpleNamespace(causal=causal, head_dim=d))
+            # "auto" (None): the kernel's heuristic for this case
+            c = fp.KERNEL.config(cfg, Problem(entry="dense", dtype=jnp.dtype(dtype).name, batch=b, q_len=tq,
+                                              kv_len=tk, heads_q=hq, heads_kv=hkv, head_dim=d, causal=causal))
             if fp.smem_bytes(d, 2, c) > fp._SMEM_LIMIT:  # D=256: the heuristic's tiles, same schedule knobs
                 c = dataclasses.replace(c, block_kv=64, stages=2)
             o, lse = fp.forward(q, k, v, causal=causal, scale=d ** -0.5, q_offset=off, interpret=False,
