@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TrainWorkload", "WORKLOADS", "SWEEP", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops",
+__all__ = ["TrainWorkload", "WORKLOADS", "SWEEP", "D256", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops",
            "predicted_us", "build", "agreement", "time_one", "TorchProgram"]
 
 
@@ -62,7 +62,7 @@ WORKLOADS: tuple[TrainWorkload, ...] = (
     TrainWorkload("train_gqa_b4_hq32_hkv8_n4096_d128_bf16_c1", 4, 32, 8, 4096, 128, "bfloat16", True),
 )
 # the forward's other shapes for the backward (issue 14: "on the same shapes"): D 64, N 1024 and 16384 (16384 tokens
-# per call), GQA without the mask, bf16; D 256 is refused by fa_prefill's backward (a record with the reason)
+# per call), GQA without the mask, bf16 (D 256: the D256 set below)
 SWEEP: tuple[TrainWorkload, ...] = (
     TrainWorkload("train_b4_h16_n4096_d64_fp16_c0", 4, 16, 16, 4096, 64, "float16", False),
     TrainWorkload("train_b4_h16_n4096_d64_fp16_c1", 4, 16, 16, 4096, 64, "float16", True),
@@ -70,6 +70,11 @@ SWEEP: tuple[TrainWorkload, ...] = (
     TrainWorkload("train_b1_h16_n16384_d128_fp16_c1", 1, 16, 16, 16384, 128, "float16", True),
     TrainWorkload("train_gqa_b4_hq32_hkv8_n4096_d128_bf16_c0", 4, 32, 8, 4096, 128, "bfloat16", False),
     TrainWorkload("train_b4_h16_n4096_d128_bf16_c0", 4, 16, 16, 4096, 128, "bfloat16", False),
+)
+# D 256 (config d256's backward: docs/fa_prefill.md "Backward at D 256"), causal and not
+D256: tuple[TrainWorkload, ...] = (
+    TrainWorkload("train_b4_h16_n4096_d256_fp16_c0", 4, 16, 16, 4096, 256, "float16", False),
+    TrainWorkload("train_b4_h16_n4096_d256_fp16_c1", 4, 16, 16, 4096, 256, "float16", True),
 )
 # for a CPU smoke run of the script (interpret mode): the same code path, tiny shapes
 SMOKE: tuple[TrainWorkload, ...] = (

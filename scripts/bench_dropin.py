@@ -5,7 +5,8 @@
 
 Workloads (``compare.train_bench.WORKLOADS``): B4 H16 N4096 D128 fp16, causal and not, and a GQA training
 shape B4 Hq32 Hkv8 N4096 D128 bf16 causal; ``--set sweep``: ``train_bench.SWEEP`` (D 64, N 1024 / 16384, GQA
-non-causal, bf16). Implementations: ``pallas:fa_train`` (ours),
+non-causal, bf16); ``--set d256``: ``train_bench.D256`` (B4 H16 N4096 D256 fp16).
+Implementations: ``pallas:fa_train`` (ours),
 ``jax:cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``) and ``jax:xla``. Per (workload,
 implementation, program in {fwd, fwd_bwd}) one JSONL record in ``--out/records.jsonl``: the timing
 percentiles on compare's kernel clock (CUPTI, L2 flushed; the clock that ran and any fallback are
@@ -40,9 +41,13 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", default="cupti", choices=("cupti", "kineto", "events"))
     ap.add_argument("--impls", default=",".join(train_bench.IMPLS))
     ap.add_argument("--no-agreement", action="store_true", help="skip the XLA agreement check")
-    ap.add_argument("--set", default="bar", choices=("bar", "sweep"),
+    ap.add_argument("--set", default="bar", choices=("bar", "sweep", "d256"),
                     help="workloads: bar = WORKLOADS (the issue's shapes), sweep = SWEEP (D 64, N 1024 / 16384, GQA "
-                         "non-causal, bf16)")
+                         "non-causal, bf16), d256 = D256 (B4 H16 N4096 D256 fp16, causal and not)")
+    ap.add_argument("--dropin-head-dims", default=None,
+                    help="comma-separated head dims the drop-in may send to fa_prefill for this run (overrides "
+                         "pallas_attn.dropin.DROPIN_HEAD_DIMS; recorded), e.g. 64,128,256 to time a head dim "
+                         "before it is enabled")
     args = ap.parse_args(argv)
     _compat.silence_triton_deprecation()
 
@@ -62,7 +67,14 @@ def main(argv=None) -> int:
         return 2
     if interpret:
         impls = [i for i in impls if i != "jax:cudnn"]
-    workloads = train_bench.SWEEP if args.set == "sweep" else train_bench.WORKLOADS
+    workloads = {"bar": train_bench.WORKLOADS, "sweep": train_bench.SWEEP, "d256": train_bench.D256}[args.set]
+    head_dims_override = None
+    if args.dropin_head_dims:
+        from pallas_attn import dropin
+
+        head_dims_override = tuple(int(x) for x in args.dropin_head_dims.split(","))
+        dropin.DROPIN_HEAD_DIMS = head_dims_override
+        print(f"drop-in head dims for this run: {head_dims_override}")
     if args.smoke:
         workloads = train_bench.SMOKE
 
@@ -88,6 +100,7 @@ def main(argv=None) -> int:
                 base = {"kind": "dropin_train", "workload": {"name": w.name, **w.__dict__},
                         "impl": {"name": impl}, "hardware": hw.key, "peak_fp16_flops": peak,
                         "datasheet_fp16_flops": datasheet, "env": env,
+                        "dropin_head_dims_override": head_dims_override,
                         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 try:
                     progs = train_bench.build(impl, w)
