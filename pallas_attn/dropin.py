@@ -6,7 +6,7 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64 or 128 (D 256: see ``DROPIN_HEAD_DIMS``), no ``local_window_size`` and no
+  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``), no ``local_window_size`` and no
   sequence lengths (its contract has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation):
   ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
@@ -122,9 +122,10 @@ def _unsupported(q, k, bias, mask) -> str:
     return "" if ok else why
 
 
-# Head dims the drop-in sends to fa_prefill. Its backward also builds D 256 (config d256), whose first GPU run failed
-# at lowering (fixed, not re-run: no device time was left); until it passes, D 256 stays on fa_train.
-DROPIN_HEAD_DIMS = (64, 128)
+# Head dims the drop-in sends to fa_prefill: every head dim its forward and backward build (D 256 through the
+# backward's config d256), each of them through a passing GPU run (docs/fa_prefill.md). A head dim is added here only
+# after its GPU tests pass; the check below names this tuple when it refuses one.
+DROPIN_HEAD_DIMS = (64, 128, 256)
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -144,8 +145,8 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
     if h not in fa_prefill_bwd.HEAD_DIMS:
         return f"pallas:fa_prefill's backward takes head dims {fa_prefill_bwd.HEAD_DIMS}; got {h}"
     if h not in DROPIN_HEAD_DIMS:
-        return (f"pallas:fa_prefill's backward at head dim {h} (config d256) has not passed a GPU run yet "
-                f"(docs/fa_prefill.md, 'Backward at D 256'); the drop-in takes head dims {DROPIN_HEAD_DIMS}")
+        return (f"pallas:fa_prefill at head dim {h} has not passed a GPU run; the drop-in takes head dims "
+                f"{DROPIN_HEAD_DIMS} (dropin.DROPIN_HEAD_DIMS)")
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
     ok, why = fa_prefill.KERNEL.supports(problem)

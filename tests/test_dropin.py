@@ -288,8 +288,11 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
     b64 = jnp.zeros((1, 64, 2, 64), jnp.bfloat16)
     assert pallas_attn.which_implementation(b64, b64, b64)[0] == "pallas:fa_prefill"
     q256, kv256 = jnp.zeros((1, 30, 2, 256), jnp.float16), jnp.zeros((1, 28, 2, 256), jnp.float16)
-    impl, why = pallas_attn.which_implementation(q256, kv256, kv256)  # the backward's D split: not GPU-verified yet
+    assert pallas_attn.which_implementation(q256, kv256, kv256)[0] == "pallas:fa_prefill"  # the backward's D split
+    monkeypatch.setattr(dropin, "DROPIN_HEAD_DIMS", (64, 128))  # a head dim not (yet) GPU-verified stays on fa_train
+    impl, why = pallas_attn.which_implementation(q256, kv256, kv256)
     assert impl == "pallas:fa_train" and "has not passed a GPU run" in why, (impl, why)
+    monkeypatch.setattr(dropin, "DROPIN_HEAD_DIMS", (64, 128, 256))
     lens = jnp.asarray([100, 280], jnp.int32)
     for args, kw, word in (((q, kv, kv), dict(local_window_size=8), "local_window_size"),
                            ((q, kv, kv), dict(key_value_seq_lengths=lens), "sequence lengths"),
