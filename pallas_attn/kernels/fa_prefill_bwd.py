@@ -42,8 +42,8 @@ rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64, 12
 ``d256``, chosen by ``config_for`` whatever config was asked) a consumer owning 64 keys would hold two 64 x 256 fp32
 accumulators (256 registers per thread): there the two consumers of a CTA own the same 64 keys / rows and split D
 (each holds half of dK and dV, or of dQ, and recomputes the full S and dP); every tile is stored as two 64 x 128
-column halves (``_build_dkdv_split``, ``_build_dq_split``; docs/fa_prefill.md, "Backward at D 256"). D 256 has passed
-the CPU interpreter and CUDA lowering only, not yet a GPU run (the drop-in keeps it on fa_train until it does).
+column halves (``_build_dkdv_split``, ``_build_dq_split``; docs/fa_prefill.md, "Backward at D 256"). D 256 passed its
+GPU tests on an H100 (2026-11-23; 0.85x jax cuDNN's backward non-causal, 0.76x causal: the recompute).
 
 CPU. ``emulate_backward`` runs the same two kernels on jax's Mosaic GPU interpreter (warpgroups as threads;
 TMA, barriers and shared memory simulated, uninitialised shared memory NaN, race detection on), with the
