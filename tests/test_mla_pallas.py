@@ -255,12 +255,13 @@ def _mosaic_launch_facts(monkeypatch):
     return launches, loads
 
 
-@pytest.mark.parametrize("page", [64, 16])
-def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, page):
+@pytest.mark.parametrize(("config", "page"), [("kv64_mc", 64), ("kv64_mc", 16), ("kv64_ws_mc", 64)])
+def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     """kv64_mc at the DeepSeek-V3 template (h_q 128: two row tiles, one cluster per (batch, split)) lowered for CUDA
     on the CPU, page 64 (one TMA copy per 64-key tile) and page 16 (four): the launch is B x S clusters of 2 CTAs,
     every latent copy multicasts along the cluster dimension while the Q copy does not, and the shared memory
-    Mosaic allocates is kv64's 231,488 B, what smem_bytes says (the cluster barrier takes a plain barrier's 8 B)."""
+    Mosaic allocates is kv64's 231,488 B, what smem_bytes says (the cluster barrier takes a plain barrier's 8 B).
+    kv64_ws_mc (four warpgroups by role, same buffers) launches the same way."""
     from pallas_attn.mla import mla_attention
 
     launches, loads = _mosaic_launch_facts(monkeypatch)
@@ -268,7 +269,7 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, page):
     q = jax.ShapeDtypeStruct((b, 1, 128, dqk), jnp.bfloat16)
     pool = jax.ShapeDtypeStruct((b * pps, page, 1, dqk), jnp.bfloat16)
     bt, lens = jax.ShapeDtypeStruct((b, pps), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
-    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc"].__dict__, "num_splits": 2})
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": 2})
     jax.jit(lambda q, p, bt, lens: mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg,
                                                  interpret=False, check_block_table=False)
             ).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",))
@@ -299,6 +300,10 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
     assert "cluster" not in k.plan(p, registry.configs("fa_mla")["kv64"])
     with pytest.raises(ValueError, match="multicast is a variant of share_p"):
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, multicast=True)
+    with pytest.raises(ValueError, match="s_warpgroup is a variant of share_p"):
+        v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, s_warpgroup=True)
+    with pytest.raises(ValueError, match="must be <= 512"):  # four warpgroups share the register file
+        v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_ws"].__dict__, "consumer_regs": 200})
 
 
 # --- NaN, refusals, bad inputs --------------------------------------------------------------------------------
@@ -371,7 +376,7 @@ def test_contract_and_deepseek_plan():
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
-                                           "triton"}
+                                           "kv64_ws", "kv64_ws_mc", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

@@ -166,7 +166,10 @@ class MlaTcConfig:
     ``kv64_lazy``, module docstring). multicast (with share_p): the row tiles of a (batch, split) pair up into
     2-CTA clusters and each latent tile is read from L2 once per pair by a TMA multicast, the slot's free barrier
     cluster-wide (config ``kv64_mc``, module docstring; an odd number of row tiles runs without the cluster and
-    the plan says so)."""
+    the plan says so). s_warpgroup (with share_p): four warpgroups by role: one computes S, the mask and the
+    softmax and only hands P and alpha over (``s_regs`` registers), two run the P V halves (``consumer_regs``),
+    one loads; the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, module
+    docstring)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -182,6 +185,8 @@ class MlaTcConfig:
     share_p: bool = False
     lazy_rescale: bool = False
     multicast: bool = False
+    s_warpgroup: bool = False
+    s_regs: int = 152
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -191,12 +196,12 @@ class MlaTcConfig:
             raise ValueError(f"{owner}.block_kv must be 16, 32 or 64; got {self.block_kv}")
         if self.stages not in (2, 3, 4):
             raise ValueError(f"{owner}.stages must be 2, 3 or 4; got {self.stages}")
-        for name in ("consumer_regs", "producer_regs"):
+        for name in ("consumer_regs", "producer_regs", "s_regs"):
             r = getattr(self, name)
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -208,6 +213,14 @@ class MlaTcConfig:
             raise ValueError(f"{owner}: lazy_rescale is a variant of share_p (kv64); got share_p=False")
         if self.multicast and not self.share_p:
             raise ValueError(f"{owner}: multicast is a variant of share_p (kv64); got share_p=False")
+        if self.s_warpgroup and (not self.share_p or self.lazy_rescale):
+            raise ValueError(f"{owner}: s_warpgroup is a variant of share_p without lazy_rescale (kv64); got "
+                             f"share_p={self.share_p}, lazy_rescale={self.lazy_rescale}")
+        if self.s_warpgroup and self.producer_regs + self.s_regs + 2 * self.consumer_regs > 512:
+            # four warpgroups of 128 threads share 65,536 registers: 512 per thread slot across them
+            raise ValueError(f"{owner}: with s_warpgroup, producer_regs + s_regs + 2 * consumer_regs must be <= 512 "
+                             f"(the register file over four warpgroups); got {self.producer_regs} + {self.s_regs} "
+                             f"+ 2 x {self.consumer_regs}")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -237,6 +250,10 @@ CONFIGS = {
     "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
     "kv64_lazy": MlaTcConfig(block_kv=64, stages=2, share_p=True, lazy_rescale=True),
     "kv64_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True),
+    "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=168,
+                           producer_regs=40, s_regs=136),
+    "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
+                              consumer_regs=168, producer_regs=40, s_regs=136),
 }
 
 
@@ -339,6 +356,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
+    n_wg = 4 if cfg.s_warpgroup else 3  # the consumers, then the producer
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
     mc_copy = {"collective_axes": "t"} if cluster else {}
@@ -480,26 +498,116 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
                 acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step, masked=True), carry)
 
-            epilogue(w, acc, m_i, l_i)
+            epilogue(w, acc, m_i if w == 0 else None, l_i)
 
         def epilogue(w: int, acc, m_i, l_i):
-            """Normalize this consumer's DV half and write it (fp32, staged by 64 columns) and, consumer 0, the LSE."""
+            """Normalize DV half ``w`` of the output (``acc``; None: no output here) and write it (fp32, staged by 64
+            columns in staging buffer ``w``) and, when ``m_i`` is given, the LSE."""
             col0 = w * dvh
             empty = l_i == 0.0
-            inv = 1.0 / jnp.where(empty, 1.0, l_i)
-            out = acc * lax.broadcast_in_dim(inv, (bm, dvh), (0,))
-            for k in range(dvh // _STAGE_COLS):
-                o_stage.at[w][...] = out[:, k * _STAGE_COLS:(k + 1) * _STAGE_COLS]
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_stage.at[w],
-                                        o_ref.at[bi, pl.ds(r0, bm), sp, pl.ds(col0 + k * _STAGE_COLS, _STAGE_COLS)])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            if w == 0:
+            if acc is not None:
+                inv = 1.0 / jnp.where(empty, 1.0, l_i)
+                out = acc * lax.broadcast_in_dim(inv, (bm, dvh), (0,))
+                for k in range(dvh // _STAGE_COLS):
+                    o_stage.at[w][...] = out[:, k * _STAGE_COLS:(k + 1) * _STAGE_COLS]
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(
+                        o_stage.at[w], o_ref.at[bi, pl.ds(r0, bm), sp, pl.ds(col0 + k * _STAGE_COLS, _STAGE_COLS)])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            if m_i is not None:
                 lse_stage[...] = jnp.where(empty, -jnp.inf,
                                            (m_i * cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
             plgpu.wait_smem_to_gmem(0)
+
+        def tile_scores(s, masked: bool):
+            """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked."""
+            slot = lax.rem(s, ns)
+            plgpu.barrier_wait(l_bar.at[slot])
+            sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+            return slot, (mask(sc, s) if masked else sc)
+
+        def tile_softmax(s, m_i, l_i, masked: bool):
+            """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
+            slot, sc = tile_scores(s, masked)
+            m_new = jnp.maximum(m_i, sc.max(axis=1))
+            m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+            alpha = jnp.exp2(m_i * cl - m_use)
+            p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+            return slot, p.astype(dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
+
+        def hand_over(s, pt, alpha):
+            """share_p: publish P_s and alpha_s once the P V warpgroups are done with P_{s-1} (p_free)."""
+            p_smem, alpha_smem, p_ready, p_free, _ = exchange
+
+            @pl.when(s > 0)
+            def _():
+                plgpu.barrier_wait(p_free.at[0])
+
+            p_smem[...] = pt
+            alpha_smem[...] = alpha
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(p_ready.at[0])
+
+        def consumer_ws(w: int):
+            """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
+            (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
+            shared-memory operand and release the slot. While they run the P V of tile s, warpgroup 0 already runs
+            the scores of tile s + 1 (the other slot). After the loops (``done``: three arrivals) warpgroup 0 has
+            published the final l in the alpha buffer and the ring is idle, so the P V warpgroups stage their halves
+            in ring bytes; warpgroup 0 writes the LSE."""
+            p_smem, alpha_smem, p_ready, p_free, done = exchange
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            if w == 0:
+                plgpu.set_max_registers(cfg.s_regs, action="increase")
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
+                plgpu.barrier_wait(q_bar.at[0])
+
+                def step_s(s, carry, *, masked: bool):
+                    _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked)
+                    hand_over(s, pt, alpha)
+                    return m_new, l_new
+
+                carry = (lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
+                         lcast(jnp.full((bm,), 0.0, f32), row_layout))
+                n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
+                carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
+                m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step_s, masked=True), carry)
+
+                @pl.when(n > 0)
+                def _():  # the last handoff consumed by both P V warpgroups
+                    plgpu.barrier_wait(p_free.at[0])
+
+                alpha_smem[...] = l_i  # both have read their last alpha: the buffer now carries the final l
+                plgpu.barrier_arrive(done.at[0])
+                plgpu.barrier_wait(done.at[0])
+                epilogue(0, None, m_i, l_i)
+                return
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            half = w - 1
+
+            def load_row(ref):
+                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
+
+            def step_pv(s, acc):
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(l_bar.at[slot])
+                plgpu.barrier_wait(p_ready.at[0])
+                acc = acc * lax.broadcast_in_dim(load_row(alpha_smem), (bm, dvh), (0,))
+                acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
+                plgpu.barrier_arrive(p_free.at[0])
+                plgpu.barrier_arrive(l_free.at[slot])
+                return acc
+
+            acc = lax.fori_loop(0, n, step_pv, lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA))
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])
+            l_i = load_row(alpha_smem)
+            if emulate:  # the staging aliases the ring on the GPU: let the race detector see this half's slots
+                for k in range(half, ns, 2):
+                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
+            epilogue(half, acc, None, l_i)
 
         def consumer_shared(w: int):
             """share_p: consumer 0 computes S over all of DQK, the mask and the softmax, hands P (q's dtype) and
@@ -525,31 +633,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
 
-                def tile_scores(s, masked: bool):
-                    """Wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked."""
-                    slot = lax.rem(s, ns)
-                    plgpu.barrier_wait(l_bar.at[slot])
-                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-                    return slot, (mask(sc, s) if masked else sc)
-
                 def step0(s, carry, *, masked: bool):
                     acc, m_i, l_i = carry
-                    slot, sc = tile_scores(s, masked)
-                    m_new = jnp.maximum(m_i, sc.max(axis=1))
-                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-                    alpha = jnp.exp2(m_i * cl - m_use)
-                    p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-                    l_new = l_i * alpha + p.sum(axis=1)
-                    pt = p.astype(dtype)
-
-                    @pl.when(s > 0)
-                    def _():  # consumer 1 is done with P_{s-1} and alpha_{s-1}
-                        plgpu.barrier_wait(p_free.at[0])
-
-                    p_smem[...] = pt
-                    alpha_smem[...] = alpha
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(p_ready.at[0])
+                    slot, pt, alpha, m_new, l_new = tile_softmax(s, m_i, l_i, masked)
+                    hand_over(s, pt, alpha)
                     acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
                     acc = mma(pt, lat_smem.at[slot, :, pl.ds(0, dvh)], (bm, dvh), acc)
                     plgpu.barrier_arrive(l_free.at[slot])
@@ -639,7 +726,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
             epilogue(w, acc, m_i, l_i)
 
-        run_consumer = consumer_shared if cfg.share_p else consumer
+        run_consumer = consumer_ws if cfg.s_warpgroup else consumer_shared if cfg.share_p else consumer
 
         @pl.when(wg == 0)
         def _c0():
@@ -649,7 +736,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         def _c1():
             run_consumer(1)
 
-        @pl.when(wg == 2)
+        if cfg.s_warpgroup:
+            @pl.when(wg == 2)
+            def _c2():
+                run_consumer(2)
+
+        @pl.when(wg == n_wg - 1)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
@@ -701,10 +793,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     ]
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
-    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free, done
+    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
+        readers = 2 if cfg.s_warpgroup else 1
         scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32),
-                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=1, num_barriers=1),
-                    plgpu.Barrier(num_arrivals=2, num_barriers=1)]
+                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=readers, num_barriers=1),
+                    plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
     if paired:  # 2-CTA clusters along "t": the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1)
         grid = dict(grid=(n_row_tiles // 2, splits, b), grid_names=("tp", "s", "b"), cluster=(2,),
                     cluster_names=("t",))
@@ -715,7 +808,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         out_type=out_type,
         scratch_types=scratch,
         **grid,
-        num_threads=3,
+        num_threads=n_wg,
         thread_name="wg",
         # share_p: every reduction is along a WGMMA row (within a warp: no cross-warp scratch), and the 2 KiB the
         # default reserves for one would push the CTA past 227 KiB (module docstring)
