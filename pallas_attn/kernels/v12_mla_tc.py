@@ -146,6 +146,7 @@ _LOG2E = math.log2(math.e)
 _SMEM_LIMIT = 227 * 1024
 _STAGE_COLS = 64  # fp32 output columns staged per TMA store
 LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
+_LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
 _LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
 
 
@@ -166,10 +167,9 @@ class MlaTcConfig:
     ``kv64_lazy``, module docstring). multicast (with share_p): the row tiles of a (batch, split) pair up into
     2-CTA clusters and each latent tile is read from L2 once per pair by a TMA multicast, the slot's free barrier
     cluster-wide (config ``kv64_mc``, module docstring; an odd number of row tiles runs without the cluster and
-    the plan says so). s_warpgroup (with share_p): four warpgroups by role: one computes S, the mask and the
-    softmax and only hands P and alpha over (``s_regs`` registers), two run the P V halves (``consumer_regs``),
-    one loads; the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, module
-    docstring)."""
+    the plan says so). s_warpgroup (with share_p): warpgroups by role: one computes S, the mask and the softmax
+    and only hands P and alpha over (``s_regs`` registers), two run the P V halves (``consumer_regs``; the first
+    also loads); the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, docs/mla.md)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -216,11 +216,10 @@ class MlaTcConfig:
         if self.s_warpgroup and (not self.share_p or self.lazy_rescale):
             raise ValueError(f"{owner}: s_warpgroup is a variant of share_p without lazy_rescale (kv64); got "
                              f"share_p={self.share_p}, lazy_rescale={self.lazy_rescale}")
-        if self.s_warpgroup and self.producer_regs + self.s_regs + 2 * self.consumer_regs > 512:
-            # four warpgroups of 128 threads share 65,536 registers: 512 per thread slot across them
-            raise ValueError(f"{owner}: with s_warpgroup, producer_regs + s_regs + 2 * consumer_regs must be <= 512 "
-                             f"(the register file over four warpgroups); got {self.producer_regs} + {self.s_regs} "
-                             f"+ 2 x {self.consumer_regs}")
+        if self.s_warpgroup and self.s_regs + 2 * self.consumer_regs > 512:
+            # three warpgroups of 128 threads share 65,536 registers: 512 per thread slot across them
+            raise ValueError(f"{owner}: with s_warpgroup, s_regs + 2 * consumer_regs must be <= 512 (the register "
+                             f"file over three warpgroups); got {self.s_regs} + 2 x {self.consumer_regs}")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -250,10 +249,9 @@ CONFIGS = {
     "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
     "kv64_lazy": MlaTcConfig(block_kv=64, stages=2, share_p=True, lazy_rescale=True),
     "kv64_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True),
-    "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=168,
-                           producer_regs=40, s_regs=136),
+    "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=176, s_regs=152),
     "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
-                              consumer_regs=168, producer_regs=40, s_regs=136),
+                              consumer_regs=176, s_regs=152),
 }
 
 
@@ -356,7 +354,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
-    n_wg = 4 if cfg.s_warpgroup else 3  # the consumers, then the producer
+    n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
     mc_copy = {"collective_axes": "t"} if cluster else {}
@@ -550,17 +548,41 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready.at[0])
 
+        def load_tile(s):
+            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
+            slot = lax.rem(s, ns)
+            j0 = lo + s * tn
+            for i in range(copies):
+                jj = j0 + i * sub
+                lp = jnp.minimum(lax.div(jj, page), pps - 1)
+                pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
+                row = pg * page + lax.rem(jj, page)
+                plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
+                                        l_bar.at[slot], **mc_copy)
+
+        def drain_frees(n_load):
+            """The loader observes the last frees too (every phase of a barrier it waits on: what jax's GPU
+            interpreter checks). kv64_mc: the partner's consumers arrive on this CTA's free barriers remotely;
+            waiting for every phase keeps this CTA (and its shared memory) alive until the last of those arrivals
+            has landed. The partner's multicast writes into this CTA's ring all completed before this CTA's
+            consumers passed their last "loaded" wait, so the staging alias stays safe."""
+            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
+            def _drain(s):
+                plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
+
         def consumer_ws(w: int):
             """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
             (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
-            shared-memory operand and release the slot. While they run the P V of tile s, warpgroup 0 already runs
-            the scores of tile s + 1 (the other slot). After the loops (``done``: three arrivals) warpgroup 0 has
-            published the final l in the alpha buffer and the ring is idle, so the P V warpgroups stage their halves
-            in ring bytes; warpgroup 0 writes the LSE."""
+            shared-memory operand and release the slot; warpgroup 1 also loads (tile s + ns into slot s once both
+            released it). While they run the P V of tile s, warpgroup 0 already runs the scores of tile s + 1 (the
+            other slot). After the loops (``done``: three arrivals) warpgroup 0 has published the final l in the
+            alpha buffer and the ring is idle, so the P V warpgroups stage their halves in ring bytes; warpgroup 0
+            writes the LSE. Three warpgroups, not four: with a fourth (a producer) the kernel compiles under a
+            128-register cap, and a 64 x 256 fp32 wgmma needs ~154 (ptxas refused it on the H100)."""
             p_smem, alpha_smem, p_ready, p_free, done = exchange
             row_layout = plgpu.Layout.WGMMA.reduce(1)
             if w == 0:
-                plgpu.set_max_registers(cfg.s_regs, action="increase")
+                plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
 
@@ -590,6 +612,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             def load_row(ref):
                 return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
 
+            loader = w == 1
+            if loader:  # the first ns tiles need no free slot
+                @pl.loop(0, jnp.minimum(n, ns))
+                def _first(s):
+                    load_tile(s)
+
             def step_pv(s, acc):
                 slot = lax.rem(s, ns)
                 plgpu.barrier_wait(l_bar.at[slot])
@@ -598,9 +626,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
                 plgpu.barrier_arrive(p_free.at[0])
                 plgpu.barrier_arrive(l_free.at[slot])
+                if loader:
+                    @pl.when(s + ns < n)
+                    def _():  # both P V warpgroups (of both CTAs under kv64_mc) released slot s: refill it
+                        plgpu.barrier_wait(l_free.at[slot])
+                        load_tile(s + ns)
                 return acc
 
             acc = lax.fori_loop(0, n, step_pv, lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA))
+            if loader:
+                drain_frees(n)
             plgpu.barrier_arrive(done.at[0])
             plgpu.barrier_wait(done.at[0])
             l_i = load_row(alpha_smem)
@@ -741,37 +776,23 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             def _c2():
                 run_consumer(2)
 
-        @pl.when(wg == n_wg - 1)
-        def _producer():
-            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            n_load = jnp.maximum(n, 1) if cfg.overlap else n
+        if not cfg.s_warpgroup:  # s_warpgroup: P.V warpgroup 1 loads (consumer_ws)
+            @pl.when(wg == 2)
+            def _producer():
+                plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_load)
-            def _load(s):
-                slot = lax.rem(s, ns)
+                n_load = jnp.maximum(n, 1) if cfg.overlap else n
 
-                @pl.when(s >= ns)
-                def _():
-                    plgpu.barrier_wait(l_free.at[slot])
+                @pl.loop(0, n_load)
+                def _load(s):
+                    @pl.when(s >= ns)
+                    def _():
+                        plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
 
-                j0 = lo + s * tn
-                for i in range(copies):
-                    jj = j0 + i * sub
-                    lp = jnp.minimum(lax.div(jj, page), pps - 1)
-                    pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
-                    row = pg * page + lax.rem(jj, page)
-                    plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
-                                            l_bar.at[slot], **mc_copy)
+                    load_tile(s)
 
-            # observe the last frees too (every phase of a barrier it waits on: what jax's GPU interpreter checks;
-            # on the GPU the producer is idle here anyway). kv64_mc: the partner's consumers arrive on this CTA's
-            # free barriers remotely; waiting for every phase keeps this CTA (and its shared memory) alive until the
-            # last of those arrivals has landed. The partner's multicast writes into this CTA's ring all completed
-            # before this CTA's consumers passed their last "loaded" wait, so the staging alias stays safe.
-            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
-            def _drain(s):
-                plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
+                drain_frees(n_load)
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
