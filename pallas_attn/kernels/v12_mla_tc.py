@@ -169,7 +169,9 @@ class MlaTcConfig:
     cluster-wide (config ``kv64_mc``, module docstring; an odd number of row tiles runs without the cluster and
     the plan says so). s_warpgroup (with share_p): warpgroups by role: one computes S, the mask and the softmax
     and only hands P and alpha over (``s_regs`` registers), two run the P V halves (``consumer_regs``; the first
-    also loads); the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, docs/mla.md)."""
+    also loads); the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, docs/mla.md).
+    q_regs (with s_warpgroup): the S warpgroup holds Q's first ``q_regs`` columns in registers as the QK's A operand,
+    so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -187,6 +189,7 @@ class MlaTcConfig:
     multicast: bool = False
     s_warpgroup: bool = False
     s_regs: int = 152
+    q_regs: int = 0
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -216,6 +219,9 @@ class MlaTcConfig:
         if self.s_warpgroup and (not self.share_p or self.lazy_rescale):
             raise ValueError(f"{owner}: s_warpgroup is a variant of share_p without lazy_rescale (kv64); got "
                              f"share_p={self.share_p}, lazy_rescale={self.lazy_rescale}")
+        if self.q_regs and (not self.s_warpgroup or self.q_regs % 64 or self.q_regs < 0):
+            raise ValueError(f"{owner}: q_regs (Q columns held in the S warpgroup's registers) needs s_warpgroup and "
+                             f"a multiple of 64; got q_regs={self.q_regs}, s_warpgroup={self.s_warpgroup}")
         if self.s_warpgroup and self.s_regs + 2 * self.consumer_regs > 512:
             # three warpgroups of 128 threads share 65,536 registers: 512 per thread slot across them
             raise ValueError(f"{owner}: with s_warpgroup, s_regs + 2 * consumer_regs must be <= 512 (the register "
@@ -252,6 +258,8 @@ CONFIGS = {
     "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=176, s_regs=152),
     "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                               consumer_regs=176, s_regs=152),
+    "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
+                               consumer_regs=176, s_regs=160, q_regs=256),
 }
 
 
@@ -354,6 +362,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
+    q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
@@ -519,16 +528,31 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
             plgpu.wait_smem_to_gmem(0)
 
-        def tile_scores(s, masked: bool):
-            """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked."""
+        def tile_scores(s, masked: bool, q_reg=None):
+            """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked. ``q_reg``:
+            Q's first q_regs columns as a register array (the A operand of those k-steps), the rest from shared
+            memory, both products in one run_state (the refs sliced outside it)."""
             slot = lax.rem(s, ns)
             plgpu.barrier_wait(l_bar.at[slot])
-            sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+            if q_reg is None:
+                sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+            else:
+                kr = q_cols_reg
+                k_reg, q_rest = lat_smem.at[slot, :, pl.ds(0, kr)], q_smem.at[:, pl.ds(kr, dqk - kr)]
+                k_rest = lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
+                if emulate:
+                    sc = mma(q_rest, k_rest, (bm, tn), mma(q_reg, k_reg, (bm, tn), b_t=True), b_t=True)
+                else:
+                    def issue(acc_ref):
+                        plgpu.wgmma(acc_ref, q_reg, k_reg.transpose((1, 0)))
+                        plgpu.wgmma(acc_ref, q_rest, k_rest.transpose((1, 0)))
+
+                    sc = pl.run_state(issue)(plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)))
             return slot, (mask(sc, s) if masked else sc)
 
-        def tile_softmax(s, m_i, l_i, masked: bool):
+        def tile_softmax(s, m_i, l_i, masked: bool, q_reg=None):
             """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
-            slot, sc = tile_scores(s, masked)
+            slot, sc = tile_scores(s, masked, q_reg)
             m_new = jnp.maximum(m_i, sc.max(axis=1))
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
             alpha = jnp.exp2(m_i * cl - m_use)
@@ -585,9 +609,13 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
+                q_reg = None
+                if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
+                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
+                    q_reg = q_cols[...] if emulate else plgpu.load(q_cols, (), layout=plgpu.Layout.WGMMA)
 
                 def step_s(s, carry, *, masked: bool):
-                    _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked)
+                    _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked, q_reg)
                     hand_over(s, pt, alpha)
                     return m_new, l_new
 

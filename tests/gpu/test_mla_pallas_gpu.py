@@ -114,6 +114,7 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("v12_mla_tc", "kv64_lazy", "float16", 1), ("fa_mla", "kv64_mc", "bfloat16", 4),
              ("v12_mla_tc", "kv64_mc", "float16", 1), ("fa_mla", "kv64_ws", "bfloat16", 4),
              ("v12_mla_tc", "kv64_ws", "float16", 1), ("fa_mla", "kv64_ws_mc", "bfloat16", 4),
+             ("fa_mla", "kv64_wsq_mc", "bfloat16", 4), ("v12_mla_tc", "kv64_wsq_mc", "float16", 1),
              ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
@@ -130,7 +131,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 @pytestmark_gpu
 @pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws",
-                                    "kv64_ws_mc", "triton"])
+                                    "kv64_ws_mc", "kv64_wsq_mc", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -151,7 +152,7 @@ def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
     # kv64 at page 32: two TMA copies per 64-key tile; kv64_mc at 16 heads (one row tile) runs as kv64, no cluster
-    for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws", "kv64_ws_mc", "triton"):
+    for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -208,7 +209,8 @@ def test_kv64_mc_equals_kv64_bit_for_bit(pair, dqk, dv, page):
 
 
 @pytestmark_gpu
-def test_kv64_ws_matches_kv64():
+@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc"])
+def test_kv64_ws_matches_kv64(config):
     """kv64_ws moves the products between warpgroups (S and the softmax on one, each P V half on its own, P always
     from shared memory) but computes the same S, P, alpha and sums: at the DeepSeek-V3 shape with ragged lengths,
     forced splits and an empty sequence its output and LSE stay within one bf16 rounding of kv64's (printed: whether
@@ -216,14 +218,14 @@ def test_kv64_ws_matches_kv64():
     lens = [8192, 0, 3001, 64]
     q, pool, bt, kl = _case(19, b=4, tq=1, hq=128, dqk=576, lens=lens, page=64, dtype="bfloat16", cap=8192)
     got = {}
-    for config in ("kv64", "kv64_ws"):
-        base = pallas_attn.registry.configs("fa_mla")[config]
+    for name in ("kv64", config):
+        base = pallas_attn.registry.configs("fa_mla")[name]
         cfg = v12_mla_tc.MlaTcConfig(**{**base.__dict__, "num_splits": 3})
-        got[config] = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, config=cfg, return_lse=True,
-                                                interpret=False)
-    _check(*got["kv64_ws"], _mqa_ref(q, pool, bt, np.asarray(kl), dv=512), "bfloat16", "fa_mla:kv64_ws 3 splits")
-    (o1, l1), (o2, l2) = (tuple(np.asarray(x.astype(jnp.float32)) for x in got[c]) for c in ("kv64", "kv64_ws"))
-    print(f"\nkv64_ws vs kv64: output bit-equal {np.array_equal(o1, o2, equal_nan=True)}, "
+        got[name] = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, config=cfg, return_lse=True,
+                                              interpret=False)
+    _check(*got[config], _mqa_ref(q, pool, bt, np.asarray(kl), dv=512), "bfloat16", f"fa_mla:{config} 3 splits")
+    (o1, l1), (o2, l2) = (tuple(np.asarray(x.astype(jnp.float32)) for x in got[c]) for c in ("kv64", config))
+    print(f"\n{config} vs kv64: output bit-equal {np.array_equal(o1, o2, equal_nan=True)}, "
           f"max abs diff {np.nanmax(np.abs(o1 - o2)):.3e}; LSE max abs diff {np.nanmax(np.abs(l1 - l2)):.3e}")
     np.testing.assert_allclose(o2, o1, rtol=2.0 ** -8, atol=1e-6)
     np.testing.assert_allclose(l2, l1, rtol=1e-6, atol=1e-6)
