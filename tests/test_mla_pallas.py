@@ -309,7 +309,7 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, s_warpgroup=True)
     with pytest.raises(ValueError, match="q_regs .* needs s_warpgroup"):
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, share_p=True, q_regs=256)
-    with pytest.raises(ValueError, match="must be <= 512"):  # three warpgroups share the register file
+    with pytest.raises(ValueError, match="must be <= 504"):  # the three warpgroups' launch allocation
         v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_ws"].__dict__, "consumer_regs": 200})
 
 

@@ -222,10 +222,13 @@ class MlaTcConfig:
         if self.q_regs and (not self.s_warpgroup or self.q_regs % 64 or self.q_regs < 0):
             raise ValueError(f"{owner}: q_regs (Q columns held in the S warpgroup's registers) needs s_warpgroup and "
                              f"a multiple of 64; got q_regs={self.q_regs}, s_warpgroup={self.s_warpgroup}")
-        if self.s_warpgroup and self.s_regs + 2 * self.consumer_regs > 512:
-            # three warpgroups of 128 threads share 65,536 registers: 512 per thread slot across them
-            raise ValueError(f"{owner}: with s_warpgroup, s_regs + 2 * consumer_regs must be <= 512 (the register "
-                             f"file over three warpgroups); got {self.s_regs} + 2 x {self.consumer_regs}")
+        if self.s_warpgroup and self.s_regs + 2 * self.consumer_regs > 3 * _LAUNCH_REGS_3WG:
+            # setmaxnreg moves registers only within the CTA's launch allocation (168 per thread for 384 threads):
+            # a sum over that (even within the 65,536 of the SM) leaves an increase waiting forever (a hang on the
+            # H100 at 160 + 2 x 176 = 512)
+            raise ValueError(f"{owner}: with s_warpgroup, s_regs + 2 * consumer_regs must be <= "
+                             f"{3 * _LAUNCH_REGS_3WG} (three warpgroups' launch allocation of {_LAUNCH_REGS_3WG} "
+                             f"each); got {self.s_regs} + 2 x {self.consumer_regs}")
         c.check_positive(owner, "num_stages", self.num_stages)
         for name in ("num_sm", "num_splits"):
             if getattr(self, name) is not None:
@@ -259,7 +262,7 @@ CONFIGS = {
     "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                               consumer_regs=176, s_regs=152),
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
-                               consumer_regs=176, s_regs=160, q_regs=256),
+                               consumer_regs=168, s_regs=168, q_regs=256),
 }
 
 
