@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     q = jax.random.normal(jax.random.key(0), (64, 576), jnp.float32).astype(jnp.bfloat16) * 0.01
     rows = []
-    for n_keys in (64, 128):
+    for n_keys in (32, 64, 128):
         k = jax.random.normal(jax.random.key(1), (n_keys, 576), jnp.float32).astype(jnp.bfloat16) * 0.01
         for wgs in (1, 2):
             try:
