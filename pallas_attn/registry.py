@@ -70,6 +70,7 @@ ROWS: tuple[Row, ...] = (
     Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "split_qk": "split_qk", "pipelined": "pipelined",
                                          "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
                                          "kv64_ws": "kv64_ws", "kv64_ws_mc": "kv64_ws_mc", "kv64_wsq_mc": "kv64_wsq_mc",
+                                         "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
                                          "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}

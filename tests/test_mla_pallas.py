@@ -170,6 +170,8 @@ def test_absorption_identity_through_the_kernel():
     # from consumer 0 to consumer 1, the staging aliasing the ring; an empty split and an empty sequence
     ("kv64_lazy", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # kv64 with the lazy running max (the flag handed
     # over with alpha; causal rows see their first key late, so the max moves after tile 0 too)
+    ("kv32_ws", 192, 128, 2, 1, 16, 16, False, 3, [230, 37]),  # 32-key tiles in a 4-slot ring, the S warpgroup
+    # running tile s's softmax while tile s + 1's QK is in flight; three splits, the last tile partial
     ("kv64_wsq_mc", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # warpgroups by role (kv64_ws's protocol: S +
     # softmax, two P V readers of the one P buffer, p_free by both, the first also the loader) with Q's first 128
     # columns (of 192) in the S warpgroup's registers; one row tile here, so no cluster
@@ -307,6 +309,8 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, multicast=True)
     with pytest.raises(ValueError, match="s_warpgroup is a variant of share_p"):
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, s_warpgroup=True)
+    with pytest.raises(ValueError, match="s_pipelined is a variant of s_warpgroup"):
+        v12_mla_tc.MlaTcConfig(block_kv=32, stages=4, share_p=True, s_pipelined=True)
     with pytest.raises(ValueError, match="q_regs .* needs s_warpgroup"):
         v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, share_p=True, q_regs=256)
     with pytest.raises(ValueError, match="must be <= 504"):  # the three warpgroups' launch allocation
@@ -383,7 +387,8 @@ def test_contract_and_deepseek_plan():
     assert info["v11_mla"].lowering == "triton" and info["v12_mla_tc"].lowering == "mosaic-gpu"
     assert info["fa_mla"].built and info["fa_mla"].frontier
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
-                                           "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "triton"}
+                                           "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
+                                           "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

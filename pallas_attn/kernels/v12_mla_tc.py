@@ -171,7 +171,9 @@ class MlaTcConfig:
     and only hands P and alpha over (``s_regs`` registers), two run the P V halves (``consumer_regs``; the first
     also loads); the scores of tile s + 1 then run while the P V of tile s does (config ``kv64_ws``, docs/mla.md).
     q_regs (with s_warpgroup): the S warpgroup holds Q's first ``q_regs`` columns in registers as the QK's A operand,
-    so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md)."""
+    so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
+    s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
+    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -190,6 +192,7 @@ class MlaTcConfig:
     s_warpgroup: bool = False
     s_regs: int = 152
     q_regs: int = 0
+    s_pipelined: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -204,12 +207,15 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
             raise ValueError(f"{owner}: split_qk, overlap and share_p are separate variants (not combined)")
-        if self.share_p and self.stages != 2:
+        if self.s_pipelined and (not self.s_warpgroup or self.q_regs):
+            raise ValueError(f"{owner}: s_pipelined is a variant of s_warpgroup without q_regs; got "
+                             f"s_warpgroup={self.s_warpgroup}, q_regs={self.q_regs}")
+        if self.share_p and self.stages != 2 and not self.s_warpgroup:
             raise ValueError(f"{owner}: share_p runs a 2-slot ring (each consumer stages its output in one slot); "
                              f"got stages={self.stages}")
         if self.lazy_rescale and not self.share_p:
@@ -261,6 +267,10 @@ CONFIGS = {
     "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=176, s_regs=152),
     "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                               consumer_regs=176, s_regs=152),
+    "kv32_ws": MlaTcConfig(block_kv=32, stages=4, share_p=True, s_warpgroup=True, s_pipelined=True,
+                           consumer_regs=176, s_regs=152),
+    "kv32_ws_mc": MlaTcConfig(block_kv=32, stages=4, share_p=True, s_warpgroup=True, s_pipelined=True, multicast=True,
+                              consumer_regs=176, s_regs=152),
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                                consumer_regs=168, s_regs=168, q_regs=256),
 }
@@ -274,7 +284,7 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
         return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(BLOCK_M * cfg.block_kv * itemsize) \
-            + 2 * 1024 + 8 * 8
+            + 2 * 1024 + (2 * cfg.stages + 4) * 8  # barriers: Q, loaded and free per slot, p_ready, p_free, done
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -553,14 +563,18 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     sc = pl.run_state(issue)(plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)))
             return slot, (mask(sc, s) if masked else sc)
 
-        def tile_softmax(s, m_i, l_i, masked: bool, q_reg=None):
-            """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
-            slot, sc = tile_scores(s, masked, q_reg)
+        def softmax_p(sc, m_i, l_i):
+            """The online softmax of one tile's scores: ``(P in q's dtype, alpha, m, l)``."""
             m_new = jnp.maximum(m_i, sc.max(axis=1))
             m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
             alpha = jnp.exp2(m_i * cl - m_use)
             p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-            return slot, p.astype(dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
+            return p.astype(dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
+
+        def tile_softmax(s, m_i, l_i, masked: bool, q_reg=None):
+            """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
+            slot, sc = tile_scores(s, masked, q_reg)
+            return (slot, *softmax_p(sc, m_i, l_i))
 
         def hand_over(s, pt, alpha):
             """share_p: publish P_s and alpha_s once the P V warpgroups are done with P_{s-1} (p_free)."""
@@ -597,6 +611,51 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             def _drain(s):
                 plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
 
+        def s_pipelined_loop(m0, l0, publish):
+            """s_pipelined: tile s's softmax runs while the QK of tile s + 1 does (both in one run_state; the refs
+            sliced outside it), then P_s is published. Tiles 0 .. n - 2 in the loop, the last one after it; every
+            tile is masked when rows differ (causal Tq > 1), else only the last (a partial tile or the split's end).
+            Returns the final (m, l); n = 0 runs nothing."""
+            def raw_scores(s):
+                slot = lax.rem(s, ns)
+                plgpu.barrier_wait(l_bar.at[slot])
+                return mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
+
+            def step(s, carry):
+                m_i, l_i, sc = carry
+                sc = mask(sc, s) if per_row_mask else sc
+                nxt = lax.rem(s + 1, ns)
+                plgpu.barrier_wait(l_bar.at[nxt])
+                if emulate:
+                    sc_next = mma(q_smem, lat_smem.at[nxt], (bm, tn), b_t=True)
+                    pt, alpha, m_new, l_new = softmax_p(sc, m_i, l_i)
+                else:
+                    k_next = lat_smem.at[nxt].transpose((1, 0))
+
+                    def both(refs):
+                        s_ref, m_ref, l_ref, p_ref, a_ref = refs
+                        plgpu.wgmma(s_ref, q_smem, k_next)  # in flight during the softmax below
+                        pt, alpha, m_new, l_new = softmax_p(sc, m_ref[...], l_ref[...])
+                        p_ref[...] = pt
+                        m_ref[...] = m_new
+                        l_ref[...] = l_new
+                        a_ref[...] = alpha
+
+                    sc_next, m_new, l_new, pt, alpha = pl.run_state(both)(
+                        (plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)), m_i, l_i,
+                         lcast(jnp.zeros((bm, tn), dtype), plgpu.Layout.WGMMA), m_i))
+                publish(s, pt, alpha)
+                return m_new, l_new, sc_next
+
+            def run(carry):
+                m_i, l_i = carry
+                m_i, l_i, sc = lax.fori_loop(0, n - 1, step, (m_i, l_i, raw_scores(0)))
+                pt, alpha, m_i, l_i = softmax_p(mask(sc, n - 1), m_i, l_i)
+                publish(n - 1, pt, alpha)
+                return m_i, l_i
+
+            return lax.cond(n > 0, run, lambda c: c, (m0, l0))
+
         def consumer_ws(w: int):
             """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
             (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
@@ -624,9 +683,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
                 carry = (lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
                          lcast(jnp.full((bm,), 0.0, f32), row_layout))
-                n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
-                carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
-                m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step_s, masked=True), carry)
+                if cfg.s_pipelined:
+                    m_i, l_i = s_pipelined_loop(*carry, hand_over)
+                else:
+                    n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
+                    carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
+                    m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step_s, masked=True), carry)
 
                 @pl.when(n > 0)
                 def _():  # the last handoff consumed by both P V warpgroups

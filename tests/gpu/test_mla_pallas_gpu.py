@@ -115,6 +115,8 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("v12_mla_tc", "kv64_mc", "float16", 1), ("fa_mla", "kv64_ws", "bfloat16", 4),
              ("v12_mla_tc", "kv64_ws", "float16", 1), ("fa_mla", "kv64_ws_mc", "bfloat16", 4),
              ("fa_mla", "kv64_wsq_mc", "bfloat16", 4), ("v12_mla_tc", "kv64_wsq_mc", "float16", 1),
+             ("fa_mla", "kv32_ws", "bfloat16", 4), ("fa_mla", "kv32_ws_mc", "bfloat16", 4),
+             ("v12_mla_tc", "kv32_ws", "float16", 1),
              ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
@@ -131,7 +133,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 
 @pytestmark_gpu
 @pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws",
-                                    "kv64_ws_mc", "kv64_wsq_mc", "triton"])
+                                    "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -152,7 +154,8 @@ def test_v12_small_templates_few_heads(dqk, dv):
     lens = [700, 129, 0]
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
     # kv64 at page 32: two TMA copies per 64-key tile; kv64_mc at 16 heads (one row tile) runs as kv64, no cluster
-    for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "triton"):
+    for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws",
+                   "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
