@@ -283,8 +283,10 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
-        return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(BLOCK_M * cfg.block_kv * itemsize) \
-            + 2 * 1024 + (2 * cfg.stages + 4) * 8  # barriers: Q, loaded and free per slot, p_ready, p_free, done
+        nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
+        return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
+            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
+        # per P buffer, done
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -376,6 +378,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
     q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
+    nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before P_{s-1} is read)
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
@@ -577,17 +580,29 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             return (slot, *softmax_p(sc, m_i, l_i))
 
         def hand_over(s, pt, alpha):
-            """share_p: publish P_s and alpha_s once the P V warpgroups are done with P_{s-1} (p_free)."""
+            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
+            (p_free): P_{s-1} with one buffer, P_{s-2} with two (s_pipelined: buffer s % 2)."""
             p_smem, alpha_smem, p_ready, p_free, _ = exchange
+            if nbuf == 1:
+                @pl.when(s > 0)
+                def _():
+                    plgpu.barrier_wait(p_free.at[0])
 
-            @pl.when(s > 0)
+                p_smem[...] = pt
+                alpha_smem[...] = alpha
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(p_ready.at[0])
+                return
+            k = lax.rem(s, nbuf)
+
+            @pl.when(s >= nbuf)
             def _():
-                plgpu.barrier_wait(p_free.at[0])
+                plgpu.barrier_wait(p_free.at[k])
 
-            p_smem[...] = pt
-            alpha_smem[...] = alpha
+            p_smem.at[k][...] = pt
+            alpha_smem.at[k][...] = alpha
             plgpu.commit_smem()
-            plgpu.barrier_arrive(p_ready.at[0])
+            plgpu.barrier_arrive(p_ready.at[k])
 
         def load_tile(s):
             """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
@@ -690,11 +705,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
                     m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step_s, masked=True), carry)
 
-                @pl.when(n > 0)
-                def _():  # the last handoff consumed by both P V warpgroups
-                    plgpu.barrier_wait(p_free.at[0])
+                @pl.loop(jnp.maximum(n - nbuf, 0), n)
+                def _(s):  # the last handoffs consumed by both P V warpgroups (every phase observed)
+                    plgpu.barrier_wait(p_free.at[lax.rem(s, nbuf)])
 
-                alpha_smem[...] = l_i  # both have read their last alpha: the buffer now carries the final l
+                l_out = alpha_smem if nbuf == 1 else alpha_smem.at[0]
+                l_out[...] = l_i  # both have read their last alpha: the buffer now carries the final l
                 plgpu.barrier_arrive(done.at[0])
                 plgpu.barrier_wait(done.at[0])
                 epilogue(0, None, m_i, l_i)
@@ -713,11 +729,13 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             def step_pv(s, acc):
                 slot = lax.rem(s, ns)
+                k = lax.rem(s, nbuf)
+                p_k, a_k = (p_smem, alpha_smem) if nbuf == 1 else (p_smem.at[k], alpha_smem.at[k])
                 plgpu.barrier_wait(l_bar.at[slot])
-                plgpu.barrier_wait(p_ready.at[0])
-                acc = acc * lax.broadcast_in_dim(load_row(alpha_smem), (bm, dvh), (0,))
-                acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
-                plgpu.barrier_arrive(p_free.at[0])
+                plgpu.barrier_wait(p_ready.at[k])
+                acc = acc * lax.broadcast_in_dim(load_row(a_k), (bm, dvh), (0,))
+                acc = mma(p_k, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
+                plgpu.barrier_arrive(p_free.at[k])
                 plgpu.barrier_arrive(l_free.at[slot])
                 if loader:
                     @pl.when(s + ns < n)
@@ -731,7 +749,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 drain_frees(n)
             plgpu.barrier_arrive(done.at[0])
             plgpu.barrier_wait(done.at[0])
-            l_i = load_row(alpha_smem)
+            l_i = load_row(alpha_smem if nbuf == 1 else alpha_smem.at[0])
             if emulate:  # the staging aliases the ring on the GPU: let the race detector see this half's slots
                 for k in range(half, ns, 2):
                     lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
@@ -909,8 +927,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
     if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
         readers = 2 if cfg.s_warpgroup else 1
-        scratch += [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32),
-                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=readers, num_barriers=1),
+        if nbuf == 1:
+            p_bufs = [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32)]
+        else:  # s_pipelined: two P / alpha buffers
+            p_bufs = [_smem_tile((nbuf, bm, tn), dtype, swz), plgpu.SMEM((nbuf, bm), f32)]
+        scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
+                    plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
     if paired:  # 2-CTA clusters along "t": the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1)
         grid = dict(grid=(n_row_tiles // 2, splits, b), grid_names=("tp", "s", "b"), cluster=(2,),
