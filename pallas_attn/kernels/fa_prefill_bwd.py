@@ -303,6 +303,17 @@ def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
     return lo.astype(jnp.int32), full.astype(jnp.int32)
 
 
+def _p_ds(sc, dp, lse2, delta, c: float, mask=None):
+    """``(P, dS)`` of one block in every backward kernel: ``P = exp2(S * c - lse2)`` (``mask``: applied to the scaled
+    scores; P is 0 where masked and in rows that see no key, lse2 = +inf) and ``dS = P * (dP - delta)``; the same
+    for the transposed blocks of the dK/dV kernels."""
+    x = sc * c
+    if mask is not None:
+        x = mask(x)
+    p = jnp.exp2(x - lse2)
+    return p, p * (dp - delta)
+
+
 def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
     """The producer warpgroup's loop over an ``ns``-slot ring: step ``s`` (of ``n``) waits until slot ``s % ns`` is
     free (from its second use on) and calls ``issue(s, slot)``, the TMA copies into it; then it observes the last
@@ -388,11 +399,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 st, dpt = ops.mma2(ops.zeros((bk, bq)), k_mine, qs, ops.zeros((bk, bq)), v_mine, dos, b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
-                x = st * c
-                if masked:
-                    x = mask(x, qb)
-                pt = jnp.exp2(x - lse2)  # P^T; 0 where masked and in rows that see no key (lse2 = +inf)
-                dst = pt * (dpt - delta)
+                pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
+                                functools.partial(mask, qb=qb) if masked else None)
                 dv, dk = ops.mma2(dv, pt.astype(dtype), dos, dk, dst.astype(dtype), qs, b_t=False)
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
@@ -509,22 +517,15 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.barrier_wait(kv_bar.at[slot])
                 ks, vs = k_smem.at[slot], v_smem.at[slot]
                 sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, ks, ops.zeros((bq, bk)), do_smem, vs, b_t=True)
-                x = sc * c
-                if masked:
-                    x = mask(x, s)
-                p = jnp.exp2(x - lse2)
-                ds = p * (dp - delta)
+                _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
                 dq = ops.mma(dq, ds.astype(dtype), ks)
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq
 
             def ds_of(s, *, masked: bool):
                 def f(sc, dp):
-                    x = sc * c
-                    if masked:
-                        x = mask(x, s)
-                    p = jnp.exp2(x - lse2)
-                    return (p * (dp - delta)).astype(dtype)
+                    _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
+                    return ds.astype(dtype)
 
                 return f
 
@@ -688,11 +689,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
                                        ops.zeros((bk, bq)), [(v_smem.at[i], dos.at[i]) for i in halves], b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
-                x = st * c
-                if masked:
-                    x = mask(x, qb)
-                pt = jnp.exp2(x - lse2)  # P^T; 0 where masked and in rows that see no key (lse2 = +inf)
-                dst = pt * (dpt - delta)
+                pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
+                                functools.partial(mask, qb=qb) if masked else None)
                 dv, dk = ops.mma2(dv, pt.astype(dtype), dos.at[wg], dk, dst.astype(dtype), qs.at[wg], b_t=False)
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
@@ -812,11 +810,7 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
                 ks, vs = k_smem.at[slot], v_smem.at[slot]
                 sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in halves],
                                       ops.zeros((bq, bk)), [(do_smem.at[i], vs.at[i]) for i in halves], b_t=True)
-                x = sc * c
-                if masked:
-                    x = mask(x, s)
-                p = jnp.exp2(x - lse2)
-                ds = p * (dp - delta)
+                _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
                 dq = ops.mma(dq, ds.astype(dtype), ks.at[wg])
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq

@@ -631,11 +631,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             sliced outside it), then P_s is published. Tiles 0 .. n - 2 in the loop, the last one after it; every
             tile is masked when rows differ (causal Tq > 1), else only the last (a partial tile or the split's end).
             Returns the final (m, l); n = 0 runs nothing."""
-            def raw_scores(s):
-                slot = lax.rem(s, ns)
-                plgpu.barrier_wait(l_bar.at[slot])
-                return mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-
             def step(s, carry):
                 m_i, l_i, sc = carry
                 sc = mask(sc, s) if per_row_mask else sc
@@ -664,7 +659,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             def run(carry):
                 m_i, l_i = carry
-                m_i, l_i, sc = lax.fori_loop(0, n - 1, step, (m_i, l_i, raw_scores(0)))
+                m_i, l_i, sc = lax.fori_loop(0, n - 1, step, (m_i, l_i, tile_scores(0, False)[1]))
                 pt, alpha, m_i, l_i = softmax_p(mask(sc, n - 1), m_i, l_i)
                 publish(n - 1, pt, alpha)
                 return m_i, l_i
