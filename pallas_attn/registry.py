@@ -71,6 +71,8 @@ ROWS: tuple[Row, ...] = (
                                          "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
                                          "kv64_ws": "kv64_ws", "kv64_ws_mc": "kv64_ws_mc", "kv64_wsq_mc": "kv64_wsq_mc",
                                          "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
+                                         "kv64_mc_pf": "kv64_mc_pf", "kv64_pair": "kv64_pair",
+                                         "kv64_pair_mc": "kv64_pair_mc", "kv64_pair_mc_pf": "kv64_pair_mc_pf",
                                          "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}

@@ -173,7 +173,13 @@ class MlaTcConfig:
     q_regs (with s_warpgroup): the S warpgroup holds Q's first ``q_regs`` columns in registers as the QK's A operand,
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
-    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md)."""
+    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
+    s_pairs (with s_warpgroup, 64-key tiles, two slots, q_regs 64): the S warpgroup takes the ring's two tiles as a
+    pair: it issues both QKs back to back, runs the softmax of the first while the second's QK runs, publishes P,
+    then the second's softmax runs beside the first's P V; two P / alpha buffers, Q's first 64 columns in registers
+    (the second P buffer takes their shared memory; Q reaches the registers through it). Config ``kv64_pair_mc``,
+    docs/mla.md. l2_prefetch: with tile s's TMA copies, the loader also prefetches tile s + l2_prefetch into L2
+    (``cp.async.bulk.prefetch``), so a slot's refill reads L2 rather than HBM (0: off)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -193,6 +199,8 @@ class MlaTcConfig:
     s_regs: int = 152
     q_regs: int = 0
     s_pipelined: bool = False
+    s_pairs: bool = False
+    l2_prefetch: int = 0
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -207,7 +215,8 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
+                     "s_pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -215,6 +224,13 @@ class MlaTcConfig:
         if self.s_pipelined and (not self.s_warpgroup or self.q_regs):
             raise ValueError(f"{owner}: s_pipelined is a variant of s_warpgroup without q_regs; got "
                              f"s_warpgroup={self.s_warpgroup}, q_regs={self.q_regs}")
+        if self.s_pairs and (not self.s_warpgroup or self.s_pipelined or self.block_kv != 64 or self.stages != 2
+                             or self.q_regs != 64):
+            raise ValueError(f"{owner}: s_pairs runs on s_warpgroup (not s_pipelined) with block_kv 64, stages 2 "
+                             f"and q_regs 64; got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
+                             f"block_kv={self.block_kv}, stages={self.stages}, q_regs={self.q_regs}")
+        if not (isinstance(self.l2_prefetch, int) and 0 <= self.l2_prefetch <= 8):
+            raise ValueError(f"{owner}.l2_prefetch must be an int in [0, 8] (tiles ahead); got {self.l2_prefetch!r}")
         if self.share_p and self.stages != 2 and not self.s_warpgroup:
             raise ValueError(f"{owner}: share_p runs a 2-slot ring (each consumer stages its output in one slot); "
                              f"got stages={self.stages}")
@@ -273,6 +289,13 @@ CONFIGS = {
                               consumer_regs=176, s_regs=152),
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                                consumer_regs=168, s_regs=168, q_regs=256),
+    "kv64_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True, l2_prefetch=2),
+    "kv64_pair": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True,
+                             consumer_regs=168, s_regs=168, q_regs=64),
+    "kv64_pair_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True, multicast=True,
+                                consumer_regs=168, s_regs=168, q_regs=64),
+    "kv64_pair_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True,
+                                   multicast=True, consumer_regs=168, s_regs=168, q_regs=64, l2_prefetch=2),
 }
 
 
@@ -283,8 +306,9 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
-        nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
-        return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
+        nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1  # P / alpha buffers
+        q_cols = dqk - 64 if cfg.s_pairs else dqk  # s_pairs: Q's first 64 columns live in registers
+        return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
             + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
         # per P buffer, done
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
@@ -378,7 +402,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
     q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
-    nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before P_{s-1} is read)
+    # P / alpha buffers (s_pipelined, s_pairs: P_s may be published before P_{s-1} is read)
+    nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1
+    q_narrow = cfg.s_pairs  # Q's shared-memory tile holds only the columns past q_cols_reg
+    pf_cols = max(w for w in range(8, 257, 8) if dqk % w == 0)  # l2_prefetch: columns per prefetch box
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
@@ -554,8 +581,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
             else:
                 kr = q_cols_reg
-                k_reg, q_rest = lat_smem.at[slot, :, pl.ds(0, kr)], q_smem.at[:, pl.ds(kr, dqk - kr)]
-                k_rest = lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
+                k_reg, k_rest = lat_smem.at[slot, :, pl.ds(0, kr)], lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
+                q_rest = q_smem if q_narrow else q_smem.at[:, pl.ds(kr, dqk - kr)]
                 if emulate:
                     sc = mma(q_rest, k_rest, (bm, tn), mma(q_reg, k_reg, (bm, tn), b_t=True), b_t=True)
                 else:
@@ -579,42 +606,54 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             slot, sc = tile_scores(s, masked, q_reg)
             return (slot, *softmax_p(sc, m_i, l_i))
 
-        def hand_over(s, pt, alpha):
-            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
-            (p_free): P_{s-1} with one buffer, P_{s-2} with two (s_pipelined: buffer s % 2)."""
+        def p_buffer(k):
+            """P buffer k's ``(P, alpha, p_ready, p_free, k)``: the buffer refs, the barrier arrays and the barrier
+            index (k: an int or a traced index; with one buffer, that buffer and index 0)."""
             p_smem, alpha_smem, p_ready, p_free, _ = exchange
             if nbuf == 1:
-                @pl.when(s > 0)
-                def _():
-                    plgpu.barrier_wait(p_free.at[0])
+                return p_smem, alpha_smem, p_ready, p_free, 0
+            return p_smem.at[k], alpha_smem.at[k], p_ready, p_free, k
 
-                p_smem[...] = pt
-                alpha_smem[...] = alpha
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(p_ready.at[0])
-                return
-            k = lax.rem(s, nbuf)
+        def hand_over(s, pt, alpha, buf=None):
+            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
+            (p_free): P_{s-1} with one buffer, P_{s-2} with two (buffer s % 2). ``buf``: buffer s % 2's
+            ``p_buffer``, sliced by the caller (inside a run_state, whose ref indices must not be Python ints)."""
+            p_k, a_k, p_ready, p_free, k = buf or p_buffer(None if nbuf == 1 else lax.rem(s, nbuf))
 
-            @pl.when(s >= nbuf)
+            @pl.when(s > 0 if nbuf == 1 else s >= nbuf)
             def _():
                 plgpu.barrier_wait(p_free.at[k])
 
-            p_smem.at[k][...] = pt
-            alpha_smem.at[k][...] = alpha
+            p_k[...] = pt
+            a_k[...] = alpha
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready.at[k])
 
-        def load_tile(s):
-            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
-            slot = lax.rem(s, ns)
-            j0 = lo + s * tn
+        def tile_rows(s):
+            """The pool rows of tile s's page copies: one start row per copy of ``sub`` rows (a copy never crosses a
+            page; the page index clamped into the pool)."""
+            rows = []
             for i in range(copies):
-                jj = j0 + i * sub
+                jj = lo + s * tn + i * sub
                 lp = jnp.minimum(lax.div(jj, page), pps - 1)
                 pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
-                row = pg * page + lax.rem(jj, page)
+                rows.append(pg * page + lax.rem(jj, page))
+            return rows
+
+        def load_tile(s):
+            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns; with
+            l2_prefetch, also prefetch tile s + l2_prefetch into L2 (if this split has it)."""
+            slot = lax.rem(s, ns)
+            for i, row in enumerate(tile_rows(s)):
                 plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
                                         l_bar.at[slot], **mc_copy)
+            if cfg.l2_prefetch and not emulate:  # the interpreter has no L2 (and no prefetch): a hint only
+                @pl.when(s + cfg.l2_prefetch < n)
+                def _():
+                    # a TMA box is at most 256 elements wide: the prefetch covers the row in pf_cols-wide pieces
+                    for row in tile_rows(s + cfg.l2_prefetch):
+                        for c0 in range(0, dqk, pf_cols):
+                            plgpu.async_prefetch(lat_ref.at[pl.ds(row, sub), pl.ds(c0, pf_cols)], **mc_copy)
 
         def drain_frees(n_load):
             """The loader observes the last frees too (every phase of a barrier it waits on: what jax's GPU
@@ -666,6 +705,58 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             return lax.cond(n > 0, run, lambda c: c, (m0, l0))
 
+        def s_pairs_loop(carry, q_reg, step_s):
+            """s_pairs: tiles 2i and 2i + 1 (slots 0 and 1, P buffers 0 and 1) as a pair. Both QKs are issued back to
+            back in one run_state; the softmax of 2i runs once its QK is done (two wgmma groups may still be in
+            flight: the QK of 2i + 1) and P_{2i} is published there, so the P V warpgroups start on it while the QK of
+            2i + 1 still runs; the softmax of 2i + 1 then runs beside that P V. Pairs without the split's last tile
+            run unmasked (all masked when rows differ: causal Tq > 1); the last one or two tiles run masked (a mask
+            on a full tile changes nothing). Returns the final (m, l); n = 0 runs nothing."""
+            kr = q_cols_reg
+            slots = [_compat.traced_index(k, n) for k in range(2)]  # ref indices that reach a run_state
+            k_parts = [(lat_smem.at[k, :, pl.ds(0, kr)], lat_smem.at[k, :, pl.ds(kr, dqk - kr)]) for k in slots]
+            loaded1 = l_bar.at[slots[1]]
+
+            def pair(i, carry, *, masked: bool):
+                m_i, l_i = carry
+                a = 2 * i
+                buf0 = p_buffer(slots[0])
+                plgpu.barrier_wait(l_bar.at[0])
+                if emulate:
+                    plgpu.barrier_wait(loaded1)
+                    sa = mma(q_smem, k_parts[0][1], (bm, tn), mma(q_reg, k_parts[0][0], (bm, tn), b_t=True), b_t=True)
+                    sb = mma(q_smem, k_parts[1][1], (bm, tn), mma(q_reg, k_parts[1][0], (bm, tn), b_t=True), b_t=True)
+                    pt, alpha, m_i, l_i = softmax_p(mask(sa, a) if masked else sa, m_i, l_i)
+                    hand_over(a, pt, alpha, buf0)
+                else:
+                    kt = [(r.transpose((1, 0)), t.transpose((1, 0))) for r, t in k_parts]
+
+                    def both(refs):
+                        sa_ref, sb_ref, m_ref, l_ref = refs
+                        plgpu.wgmma(sa_ref, q_reg, kt[0][0])
+                        plgpu.wgmma(sa_ref, q_smem, kt[0][1])
+                        plgpu.barrier_wait(loaded1)
+                        plgpu.wgmma(sb_ref, q_reg, kt[1][0])
+                        plgpu.wgmma(sb_ref, q_smem, kt[1][1])
+                        sa = _acc_load(sa_ref, wait_n=2)  # S_{2i} is done; the QK of 2i + 1 may still run
+                        pt, alpha, m_new, l_new = softmax_p(mask(sa, a) if masked else sa, m_ref[...], l_ref[...])
+                        hand_over(a, pt, alpha, buf0)
+                        m_ref[...] = m_new
+                        l_ref[...] = l_new
+
+                    zeros = lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)
+                    _, sb, m_i, l_i = pl.run_state(both)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), m_i, l_i))
+                pt, alpha, m_i, l_i = softmax_p(mask(sb, a + 1) if masked else sb, m_i, l_i)
+                hand_over(a + 1, pt, alpha)
+                return m_i, l_i
+
+            plain = jnp.int32(0) if per_row_mask else lax.div(jnp.maximum(n - 1, 0), 2)  # pairs before the last tile
+            masked_pairs = lax.div(n - 2 * plain, 2)
+            carry = lax.fori_loop(0, plain, functools.partial(pair, masked=False), carry)
+            carry = lax.fori_loop(plain, plain + masked_pairs, functools.partial(pair, masked=True), carry)
+            # an odd tile count leaves the last tile alone
+            return lax.fori_loop(2 * (plain + masked_pairs), n, functools.partial(step_s, masked=True), carry)
+
         def consumer_ws(w: int):
             """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
             (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
@@ -679,11 +770,17 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             row_layout = plgpu.Layout.WGMMA.reduce(1)
             if w == 0:
                 plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
+                q_rows = q_ref.at[bi, pl.ds(r0, bm)]
+                if q_narrow:  # s_pairs: Q's first 64 columns reach the registers through P buffer 1, not yet in use
+                    q_cols = p_smem.at[1]
+                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(0, q_cols_reg)], q_cols, q_bar.at[0])
+                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(q_cols_reg, dqk - q_cols_reg)], q_smem, q_bar.at[0])
+                else:
+                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
+                    plgpu.copy_gmem_to_smem(q_rows, q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
                 q_reg = None
                 if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
-                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
                     q_reg = q_cols[...] if emulate else plgpu.load(q_cols, (), layout=plgpu.Layout.WGMMA)
 
                 def step_s(s, carry, *, masked: bool):
@@ -695,6 +792,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                          lcast(jnp.full((bm,), 0.0, f32), row_layout))
                 if cfg.s_pipelined:
                     m_i, l_i = s_pipelined_loop(*carry, hand_over)
+                elif cfg.s_pairs:
+                    m_i, l_i = s_pairs_loop(carry, q_reg, step_s)
                 else:
                     n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
                     carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
@@ -911,9 +1010,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     else:
         staging = [ring, stage, lse_tile]
     scratch = [
-        _smem_tile((bm, dqk), dtype, swz),
+        _smem_tile((bm, dqk - q_cols_reg if q_narrow else dqk), dtype, swz),
         *staging,
-        plgpu.Barrier(num_arrivals=1, num_barriers=1),
+        plgpu.Barrier(num_arrivals=2 if q_narrow else 1, num_barriers=1),  # Q (s_pairs: two copies)
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if cluster
          else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
