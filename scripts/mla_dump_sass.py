@@ -1,0 +1,81 @@
+"""Compile fa_mla Mosaic configs at the DeepSeek-V3 shape with Mosaic GPU's compiler dumps on, and summarize them.
+
+For each config: MOSAIC_GPU_DUMP_PTXAS / _SASS / _PTX into ``OUT/<config>/`` (Mosaic writes one file per kernel), then
+a summary line per config: ptxas's register count, spill bytes and any "Potential Performance Loss" warning (ptxas
+serializing wgmma), and SASS counts of HGMMA, WARPGROUP.DEPBAR (wgmma waits) and WARPGROUP.ARRIVE. A config is a
+name from fa_mla's configs or ``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_pair_mc:s_regs=184,
+consumer_regs=160``). Needs a Hopper GPU.
+
+Usage: python scripts/mla_dump_sass.py OUT CONFIG [CONFIG ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+
+def parse(spec: str):
+    from pallas_attn import registry
+    from pallas_attn.kernels import v12_mla_tc
+
+    name, _, over = spec.partition(":")
+    base = registry.configs("fa_mla")[name]
+    fields = {}
+    for kv in filter(None, over.split(",")):
+        k, v = kv.split("=")
+        fields[k] = type(getattr(base, k))(int(v)) if not isinstance(getattr(base, k), bool) else v == "True"
+    return v12_mla_tc.MlaTcConfig(**{**base.__dict__, **fields})
+
+
+def summarize(d: Path) -> dict:
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(d.rglob("*")) if p.is_file())
+    regs = re.findall(r"Used (\d+) registers", text)
+    spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    return {"registers": regs[-1] if regs else "?", "spill_st_ld": spill[-1] if spill else "?",
+            "serialized_warnings": len(re.findall(r"Potential Performance Loss", text)),
+            "HGMMA": len(re.findall(r"\bHGMMA\.", text)), "DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR", text)),
+            "ARRIVE": len(re.findall(r"WARPGROUP\.ARRIVE", text)),
+            "warning_lines": sorted(set(re.findall(r"[^\n]*Potential Performance Loss[^\n]*", text)))[:4]}
+
+
+def main(argv: list[str]) -> int:
+    out, specs = Path(argv[0]), argv[1:]
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pallas_attn
+    from attn_core import paging
+
+    rng = np.random.default_rng(0)
+    b, lens = 4, [8192, 5000, 8191, 1]
+    lat = rng.standard_normal((b, 8192, 1, 576)).astype(np.float32)
+    pool, bt, kl = paging.build_paged_latent(lat, 64, seed=0, kv_lens=lens)
+    q = jnp.asarray(rng.standard_normal((b, 1, 128, 576)), jnp.bfloat16)
+    pool = jnp.asarray(pool, jnp.bfloat16)
+    for spec in specs:
+        d = out / spec.replace(":", "__").replace(",", "_").replace("=", "-")
+        d.mkdir(parents=True, exist_ok=True)
+        os.environ.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1",
+                          MOSAIC_GPU_DUMP_TO=str(d))
+        log = io.StringIO()
+        with contextlib.redirect_stderr(log):
+            pallas_attn.mla_attention(q, pool, jnp.asarray(bt), jnp.asarray(kl), kv_lora_rank=512, config=parse(spec),
+                                      interpret=False).block_until_ready()
+        (d / "stderr.txt").write_text(log.getvalue())
+        for k in ("MOSAIC_GPU_DUMP_PTXAS", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_TO"):
+            os.environ.pop(k)
+        s = summarize(d)
+        print(f"{spec:40s} regs {s['registers']:>4} spill(st,ld) {s['spill_st_ld']} HGMMA {s['HGMMA']} DEPBAR "
+              f"{s['DEPBAR']} ARRIVE {s['ARRIVE']} serialized-warnings {s['serialized_warnings']}", flush=True)
+        for w in s["warning_lines"]:
+            print("   ", w.strip()[:300])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
