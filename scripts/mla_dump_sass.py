@@ -1,19 +1,19 @@
 """Compile fa_mla Mosaic configs at the DeepSeek-V3 shape with Mosaic GPU's compiler dumps on, and summarize them.
 
-For each config: MOSAIC_GPU_DUMP_PTXAS / _SASS / _PTX into ``OUT/<config>/`` (Mosaic writes one file per kernel), then
-a summary line per config: ptxas's register count, spill bytes and any "Potential Performance Loss" warning (ptxas
-serializing wgmma), and SASS counts of HGMMA, WARPGROUP.DEPBAR (wgmma waits) and WARPGROUP.ARRIVE. A config is a
-name from fa_mla's configs or ``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_pair_mc:s_regs=184,
-consumer_regs=160``). Needs a Hopper GPU.
+One process per config compiles it once at B 4 (the environment decides what Mosaic prints: MOSAIC_GPU_DUMP_PTXAS=1
+for ptxas's report, MOSAIC_GPU_DUMP_SASS=1 for the SASS, which needs CUDA's nvdisasm on PATH; without
+MOSAIC_GPU_DUMP_TO both go to stdout). ``--summarize LOG...`` then prints per log: ptxas's register count, spill
+bytes and any "Potential Performance Loss" warning (ptxas serializing wgmma), and SASS counts of HGMMA,
+WARPGROUP.DEPBAR (wgmma waits) and WARPGROUP.ARRIVE. A config is a name from fa_mla's configs or
+``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_pair_mc:s_regs=184,consumer_regs=160``). Needs a
+Hopper GPU for the compile.
 
-Usage: python scripts/mla_dump_sass.py OUT CONFIG [CONFIG ...]
+Usage: MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 python scripts/mla_dump_sass.py CONFIG > LOG 2>&1
+       python scripts/mla_dump_sass.py --summarize LOG [LOG ...]
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
 import sys
 from pathlib import Path
@@ -33,7 +33,8 @@ def parse(spec: str):
 
 
 def summarize(d: Path) -> dict:
-    text = "\n".join(p.read_text(errors="replace") for p in sorted(d.rglob("*")) if p.is_file())
+    files = [d] if d.is_file() else sorted(p for p in d.rglob("*") if p.is_file())
+    text = "\n".join(p.read_text(errors="replace") for p in files)
     regs = re.findall(r"Used (\d+) registers", text)
     spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return {"registers": regs[-1] if regs else "?", "spill_st_ld": spill[-1] if spill else "?",
@@ -44,7 +45,14 @@ def summarize(d: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out, specs = Path(argv[0]), argv[1:]
+    if argv[0] == "--summarize":  # the logs of earlier runs
+        for f in argv[1:]:
+            s = summarize(Path(f))
+            print(f"{Path(f).name:48s} regs {s['registers']:>4} spill(st,ld) {s['spill_st_ld']} HGMMA {s['HGMMA']} "
+                  f"DEPBAR {s['DEPBAR']} ARRIVE {s['ARRIVE']} serialized-warnings {s['serialized_warnings']}")
+            for w in s["warning_lines"]:
+                print("   ", w.strip()[:300])
+        return 0
     import jax.numpy as jnp
     import numpy as np
 
@@ -57,23 +65,8 @@ def main(argv: list[str]) -> int:
     pool, bt, kl = paging.build_paged_latent(lat, 64, seed=0, kv_lens=lens)
     q = jnp.asarray(rng.standard_normal((b, 1, 128, 576)), jnp.bfloat16)
     pool = jnp.asarray(pool, jnp.bfloat16)
-    for spec in specs:
-        d = out / spec.replace(":", "__").replace(",", "_").replace("=", "-")
-        d.mkdir(parents=True, exist_ok=True)
-        os.environ.update(MOSAIC_GPU_DUMP_PTXAS="1", MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTX="1",
-                          MOSAIC_GPU_DUMP_TO=str(d))
-        log = io.StringIO()
-        with contextlib.redirect_stderr(log):
-            pallas_attn.mla_attention(q, pool, jnp.asarray(bt), jnp.asarray(kl), kv_lora_rank=512, config=parse(spec),
-                                      interpret=False).block_until_ready()
-        (d / "stderr.txt").write_text(log.getvalue())
-        for k in ("MOSAIC_GPU_DUMP_PTXAS", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_TO"):
-            os.environ.pop(k)
-        s = summarize(d)
-        print(f"{spec:40s} regs {s['registers']:>4} spill(st,ld) {s['spill_st_ld']} HGMMA {s['HGMMA']} DEPBAR "
-              f"{s['DEPBAR']} ARRIVE {s['ARRIVE']} serialized-warnings {s['serialized_warnings']}", flush=True)
-        for w in s["warning_lines"]:
-            print("   ", w.strip()[:300])
+    pallas_attn.mla_attention(q, pool, jnp.asarray(bt), jnp.asarray(kl), kv_lora_rank=512, config=parse(argv[0]),
+                              interpret=False).block_until_ready()
     return 0
 
 
