@@ -8,12 +8,15 @@ WARPGROUP.DEPBAR (wgmma waits) and WARPGROUP.ARRIVE. A config is a name from fa_
 ``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_pair_mc:s_regs=184,consumer_regs=160``). Needs a
 Hopper GPU for the compile.
 
+MLA_DUMP_CUDA_ROOT=/usr/local/cuda points Mosaic's nvdisasm lookup there.
+
 Usage: MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 python scripts/mla_dump_sass.py CONFIG > LOG 2>&1
        python scripts/mla_dump_sass.py --summarize LOG [LOG ...]
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -40,7 +43,8 @@ def summarize(d: Path) -> dict:
     return {"registers": regs[-1] if regs else "?", "spill_st_ld": spill[-1] if spill else "?",
             "serialized_warnings": len(re.findall(r"Potential Performance Loss", text)),
             "HGMMA": len(re.findall(r"\bHGMMA\.", text)), "DEPBAR": len(re.findall(r"WARPGROUP\.DEPBAR", text)),
-            "ARRIVE": len(re.findall(r"WARPGROUP\.ARRIVE", text)),
+            "ARRIVE": len(re.findall(r"WARPGROUP\.ARRIVE", text)), "STL": len(re.findall(r"\bSTL\b", text)),
+            "LDL": len(re.findall(r"\bLDL\b", text)),
             "warning_lines": sorted(set(re.findall(r"[^\n]*Potential Performance Loss[^\n]*", text)))[:4]}
 
 
@@ -49,13 +53,17 @@ def main(argv: list[str]) -> int:
         for f in argv[1:]:
             s = summarize(Path(f))
             print(f"{Path(f).name:48s} regs {s['registers']:>4} spill(st,ld) {s['spill_st_ld']} HGMMA {s['HGMMA']} "
-                  f"DEPBAR {s['DEPBAR']} ARRIVE {s['ARRIVE']} serialized-warnings {s['serialized_warnings']}")
+                  f"DEPBAR {s['DEPBAR']} ARRIVE {s['ARRIVE']} STL {s['STL']} LDL {s['LDL']} "
+                  f"serialized-warnings {s['serialized_warnings']}")
             for w in s["warning_lines"]:
                 print("   ", w.strip()[:300])
         return 0
     import jax.numpy as jnp
     import numpy as np
 
+    if os.environ.get("MLA_DUMP_CUDA_ROOT"):  # where nvdisasm lives (jax points Mosaic at its pip CUDA, which has none)
+        import jax.experimental.mosaic.gpu  # noqa: F401  (sets MOSAIC_GPU_CUDA_ROOT on import)
+        os.environ["MOSAIC_GPU_CUDA_ROOT"] = os.environ["MLA_DUMP_CUDA_ROOT"]
     import pallas_attn
     from attn_core import paging
 
