@@ -810,7 +810,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 epilogue(0, None, m_i, l_i)
                 return
             plgpu.set_max_registers(cfg.consumer_regs,
-                                    action="decrease" if cfg.consumer_regs <= _LAUNCH_REGS_3WG else "increase")
+                                    action="decrease" if cfg.consumer_regs < _LAUNCH_REGS_3WG else "increase")
             half = w - 1
 
             def load_row(ref):
