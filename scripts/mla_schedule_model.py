@@ -18,12 +18,24 @@ DT = 0.002
 
 class Model:
     def __init__(self, load_us: float, qk: float = 0.72, pv_half: float = 0.30, softmax: float = 0.52,
-                 ntiles: int = 64, slots: int = 2, bar: float = 0.02):
+                 ntiles: int = 64, slots: int = 2, bar: float = 0.02, fifo: bool = False,
+                 queue_us: float | None = None):
         self.L, self.QK, self.PV, self.X, self.n, self.slots, self.bar = load_us, qk, pv_half, softmax, ntiles, \
             slots, bar
+        self.fifo, self.queue_us = fifo, queue_us
         self.t = 0.0
         self.ev: dict = {}
         self.mma: dict = {}
+        self.order: list = []
+
+    def ahead(self, key) -> float:
+        """Tensor work queued before ``key`` (issue order) plus ``key``'s own remaining work."""
+        total = 0.0
+        for k in self.order:
+            total += max(self.mma[k], 0.0)
+            if k == key:
+                return total
+        return 0.0
 
     def done(self, key) -> bool:
         return key in self.ev and self.ev[key] <= self.t
@@ -48,6 +60,8 @@ class Model:
                             break
                         if kind == "mwait" and self.mma.get(arg, 0) > 0:
                             break
+                        if kind == "issuing" and self.ahead(arg) > self.queue_us:
+                            break
                     try:
                         op = next(p)
                     except StopIteration:
@@ -56,6 +70,9 @@ class Model:
                     state[i] = None
                     if op[0] == "issue":
                         self.mma[op[1]] = op[2]
+                        self.order.append(op[1])
+                        if self.queue_us is not None:  # the warp stays in the issue until the queue takes it
+                            state[i] = ("issuing", op[1])
                     elif op[0] == "load":
                         self.ev[("land", op[1])] = self.t + self.L
                     elif op[0] == "set":
@@ -65,8 +82,10 @@ class Model:
                         state[i] = ("cpu", None)
                     else:
                         state[i] = op
-            active = [k for k, v in self.mma.items() if v > 0]
-            for k in active:
+            active = [k for k in self.order if self.mma[k] > 0]
+            if self.fifo and active:
+                self.mma[active[0]] -= DT
+            for k in ([] if self.fifo else active):
                 self.mma[k] -= DT / len(active)
             self.t += DT
         return self.t
@@ -143,15 +162,77 @@ def s_pairs(m: Model):
             yield ("set", ("p", b))
 
 
+def s_qk_first(m: Model):
+    """kv64_ws3 (three slots, Q in the S warpgroup's registers): the QK of tile s is issued before P_{s-1} is
+    published, so the P.V of s - 1 queues behind it and runs beside the softmax of s."""
+    for j in range(m.n):
+        yield m.wait(("land", j))
+        yield ("issue", ("qk", j), m.QK)
+        if j:
+            if j > 1:
+                yield m.wait(("free", j - 2, 1))  # one P buffer: P_{j-2} released before P_{j-1} was stored
+                yield m.wait(("free", j - 2, 2))
+            yield ("cpu", m.bar)
+            yield ("set", ("p", j - 1))
+        yield ("mwait", ("qk", j))
+        yield ("cpu", m.X)
+    yield ("cpu", m.bar)
+    yield ("set", ("p", m.n - 1))
+
+
+def seesaw(m: Model, w: int):
+    """kv64_seesaw, math warpgroup w (two in all, each owning one DV half of O and no separate P.V warpgroups): tile t's
+    S and softmax run on warpgroup t % 2, the other's QK queued behind it (warpgroup 1 issues after warpgroup 0 has),
+    so one warpgroup's softmax runs beside the other's QK; each then accumulates both tiles of the pair in order."""
+    for i in range(0, m.n, 2):
+        t = i + w
+        if t < m.n:
+            yield m.wait(("land", t))
+            if w == 1:
+                yield m.wait(("qk_issued", t - 1))
+            yield ("issue", ("qk", t), m.QK)
+            if w == 0:
+                yield ("set", ("qk_issued", t))
+            yield ("mwait", ("qk", t))
+            if t:
+                yield m.wait(("p", t - 1))  # the running max of tile t - 1
+            yield ("cpu", m.X + m.bar)
+            yield ("set", ("p", t))
+        for u in (i, i + 1):
+            if u >= m.n:
+                break
+            yield m.wait(("p", u))
+            yield ("cpu", 0.03)
+            yield ("issue", ("pv", u, w), m.PV)
+            yield ("mwait", ("pv", u, w))
+            yield ("set", ("free", u, w + 1))
+
+
+def seesaw_loader(m: Model):
+    for j in range(min(m.n, m.slots)):
+        yield ("load", j)
+    for j in range(m.slots, m.n):
+        yield m.wait(("free", j - m.slots, 1))
+        yield m.wait(("free", j - m.slots, 2))
+        yield ("load", j)
+
+
 def main() -> None:
-    schedules = (("kv64_ws (serial)", s_serial), ("s_pipelined", s_pipelined), ("kv64_pair", s_pairs))
-    print("L (us) | " + " | ".join(name for name, _ in schedules) + "   [us per 64-key tile]")
-    for load_us in (0.5, 0.7, 0.9, 1.1, 1.3, 1.6):
-        row = []
-        for _, sched in schedules:
-            m = Model(load_us)
-            row.append(m.run([sched(m), pv(m, 1), pv(m, 2), loader(m)]) / m.n)
-        print(f"{load_us:5.1f}  | " + " | ".join(f"{t:.2f}" for t in row))
+    schedules = (("kv64_ws (serial)", s_serial), ("s_pipelined", s_pipelined), ("kv64_pair", s_pairs),
+                 ("kv64_seesaw", None), ("kv64_ws3 (3 slots)", s_qk_first), ("kv64_ws, 3 slots", s_serial))
+    pipes = (("shared tensor pipe, asynchronous issue", {}),
+             ("FIFO tensor pipe, issue blocks until <= 0.1 us of work is queued ahead", {"fifo": True,
+                                                                                          "queue_us": 0.1}))
+    for title, kw in pipes:
+        print(f"{title}\nL (us) | " + " | ".join(name for name, _ in schedules) + "   [us per 64-key tile]")
+        for load_us in (0.7, 1.1, 1.6):
+            row = []
+            for name, sched in schedules:
+                m = Model(load_us, slots=3 if "3 slots" in name else 2, **kw)
+                procs = [seesaw(m, 0), seesaw(m, 1), seesaw_loader(m)] if sched is None else \
+                    [sched(m), pv(m, 1), pv(m, 2), loader(m)]
+                row.append(m.run(procs) / m.n)
+            print(f"{load_us:5.1f}  | " + " | ".join(f"{t:.2f}" for t in row))
 
 
 if __name__ == "__main__":
