@@ -73,7 +73,7 @@ ROWS: tuple[Row, ...] = (
                                          "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
                                          "kv64_mc_pf": "kv64_mc_pf", "kv64_pair": "kv64_pair",
                                          "kv64_pair_mc": "kv64_pair_mc", "kv64_pair_mc_pf": "kv64_pair_mc_pf",
-                                         "kv64_q3": "kv64_q3", "kv64_q3_mc": "kv64_q3_mc",
+                                         "kv64_r3": "kv64_r3", "kv64_r3_mc": "kv64_r3_mc",
                                          "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}

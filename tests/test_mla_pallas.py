@@ -179,8 +179,9 @@ def test_absorption_identity_through_the_kernel():
     # flight, two P buffers, Q's first 64 columns staged through P buffer 1): splits of 3, 3, 2 and 0 tiles, so an
     # unmasked pair, a masked pair and a lone last tile
     ("kv64_pair", 192, 128, 1, 3, 16, 16, True, 1, [203]),  # causal Tq 3: every pair masked, 4 tiles
-    ("kv64_q3", 192, 128, 2, 3, 16, 16, True, 1, [330, 0]),  # all of Q in the S warpgroup's registers, staged
-    # through the ring's third slot before its first tile (6 tiles: the slot refilled twice); an empty sequence
+    ("kv64_r3", 192, 128, 2, 3, 16, 16, True, 1, [330, 0]),  # a three-slot ring: Q (but its rope columns) in the S
+    # warpgroup's registers, staged through the third slot before its first tile, P in each slot's rope columns
+    # (6 tiles: the slot refilled twice); an empty sequence
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
@@ -273,7 +274,7 @@ def _mosaic_launch_facts(monkeypatch):
 
 
 @pytest.mark.parametrize(("config", "page"), [("kv64_mc", 64), ("kv64_mc", 16), ("kv64_ws_mc", 64),
-                                              ("kv64_pair_mc_pf", 64), ("kv64_q3_mc", 64)])
+                                              ("kv64_pair_mc_pf", 64), ("kv64_r3_mc", 64)])
 def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     """kv64_mc at the DeepSeek-V3 template (h_q 128: two row tiles, one cluster per (batch, split)) lowered for CUDA
     on the CPU, page 64 (one TMA copy per 64-key tile) and page 16 (four): the launch is B x S clusters of 2 CTAs,
@@ -281,8 +282,9 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     Mosaic allocates is kv64's 231,488 B, what smem_bytes says (the cluster barrier takes a plain barrier's 8 B).
     kv64_ws_mc (four warpgroups by role, same buffers) launches the same way. kv64_pair_mc_pf: Q in two copies (its
     first 64 columns through P buffer 1), two P buffers in the 64 KiB Q no longer takes (231,504 B), and with each
-    refill three multicast L2 prefetches (192 columns each) of the tile two ahead. kv64_q3_mc: no Q tile, a third
-    ring slot instead (Q's one copy lands in it), its first tile loaded from a third place (after "Q read")."""
+    refill three multicast L2 prefetches (192 columns each) of the tile two ahead. kv64_r3_mc: a third ring slot in
+    the bytes of Q (two copies: all of Q into the third slot, its rope columns into an 8 KiB tile) and P (which lives
+    in the ring), the slot's first tile loaded from a third place (after "Q read"): 231,512 B."""
     from pallas_attn.mla import mla_attention
 
     launches, loads = _mosaic_launch_facts(monkeypatch)
@@ -297,14 +299,14 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     # the CUDA grid (x, y, z) = (2 B, S, row tiles / 2); a cluster of two along x
     assert launches == [((2 * b, 2, 1), (2, 1, 1), v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))]
     pair = config == "kv64_pair_mc_pf"
-    assert launches[0][2] == {"kv64_pair_mc_pf": 231_504, "kv64_q3_mc": 231_512}.get(config, 231_488)
+    assert launches[0][2] == {"kv64_pair_mc_pf": 231_504, "kv64_r3_mc": 231_512}.get(config, 231_488)
     q_copies = [c for src, _, c in loads if src.startswith(f"memref<{b}x128x{dqk}x")]
     ring = [(dst, c) for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst != "L2"]
     l2 = [c for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst == "L2"]
-    assert q_copies == [(), ()] if pair else [()], loads
+    assert q_copies == ([(), ()] if config in ("kv64_pair_mc_pf", "kv64_r3_mc") else [()]), loads
     # one copy per page of a tile, each into its rows of the slot, at each place the kernel issues tile loads (kv64_ws:
     # the loading P.V warpgroup's first tiles and its refills)
-    assert len(ring) == {"kv64_mc": 1, "kv64_q3_mc": 3}.get(config, 2) * (64 // page), loads
+    assert len(ring) == {"kv64_mc": 1, "kv64_r3_mc": 3}.get(config, 2) * (64 // page), loads
     assert len(l2) == (len(ring) * 3 if pair else 0), loads
     assert all(len(coll) == 1 and coll[0].name == "x" for coll in l2), loads
     for dst, coll in ring:
@@ -408,8 +410,8 @@ def test_contract_and_deepseek_plan():
     assert info["fa_mla"].built and info["fa_mla"].frontier
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
                                            "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
-                                           "kv64_mc_pf", "kv64_pair", "kv64_pair_mc", "kv64_pair_mc_pf", "kv64_q3",
-                                           "kv64_q3_mc", "triton"}
+                                           "kv64_mc_pf", "kv64_pair", "kv64_pair_mc", "kv64_pair_mc_pf", "kv64_r3",
+                                           "kv64_r3_mc", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

@@ -174,9 +174,10 @@ class MlaTcConfig:
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
     then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
-    q_all_regs (with s_warpgroup, 64-key tiles, three slots): all of Q lives in the S warpgroup's registers (the QK's
-    A operand; Q reaches them through the ring's last slot before that slot's first tile), and the 72 KiB Q took in
-    shared memory become a third ring slot (config ``kv64_q3_mc``, docs/mla.md).
+    ring3 (with s_warpgroup, 64-key tiles, three slots): a three-slot ring in the shared memory kv64 gives Q and P:
+    Q's first DQK - 64 columns live in the S warpgroup's registers (the QK's A operand; they reach the registers
+    through the ring's last slot before that slot's first tile), its last 64 in an 8 KiB tile, and P_s goes into
+    slot s's last 64 columns (the rope part, dead once the tile's QK is done). Config ``kv64_r3_mc``, docs/mla.md.
     s_pairs (with s_warpgroup, 64-key tiles, two slots, q_regs 64): the S warpgroup takes the ring's two tiles as a
     pair: it issues both QKs back to back, runs the softmax of the first while the second's QK runs, publishes P,
     then the second's softmax runs beside the first's P V; two P / alpha buffers, Q's first 64 columns in registers
@@ -204,7 +205,7 @@ class MlaTcConfig:
     s_pipelined: bool = False
     s_pairs: bool = False
     l2_prefetch: int = 0
-    q_all_regs: bool = False
+    ring3: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -220,7 +221,7 @@ class MlaTcConfig:
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
         for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
-                     "s_pairs", "q_all_regs"):
+                     "s_pairs", "ring3"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -233,9 +234,9 @@ class MlaTcConfig:
             raise ValueError(f"{owner}: s_pairs runs on s_warpgroup (not s_pipelined) with block_kv 64, stages 2 "
                              f"and q_regs 64; got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
                              f"block_kv={self.block_kv}, stages={self.stages}, q_regs={self.q_regs}")
-        if self.q_all_regs and (not self.s_warpgroup or self.s_pipelined or self.s_pairs or self.q_regs
-                                or self.block_kv != 64 or self.stages != 3):
-            raise ValueError(f"{owner}: q_all_regs runs on s_warpgroup (not s_pipelined / s_pairs, q_regs 0) with "
+        if self.ring3 and (not self.s_warpgroup or self.s_pipelined or self.s_pairs or self.q_regs
+                           or self.block_kv != 64 or self.stages != 3):
+            raise ValueError(f"{owner}: ring3 runs on s_warpgroup (not s_pipelined / s_pairs, q_regs 0) with "
                              f"block_kv 64 and stages 3; got s_warpgroup={self.s_warpgroup}, s_pipelined="
                              f"{self.s_pipelined}, s_pairs={self.s_pairs}, q_regs={self.q_regs}, block_kv="
                              f"{self.block_kv}, stages={self.stages}")
@@ -300,10 +301,10 @@ CONFIGS = {
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                                consumer_regs=168, s_regs=168, q_regs=256),
     "kv64_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True, l2_prefetch=2),
-    "kv64_q3": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, q_all_regs=True,
-                           consumer_regs=152, s_regs=200),
-    "kv64_q3_mc": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, q_all_regs=True,
-                              multicast=True, consumer_regs=152, s_regs=200),
+    "kv64_r3": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
+                           consumer_regs=160, s_regs=184),
+    "kv64_r3_mc": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
+                              multicast=True, consumer_regs=160, s_regs=184),
     "kv64_pair": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True,
                              consumer_regs=168, s_regs=168, q_regs=64),
     "kv64_pair_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True, multicast=True,
@@ -321,11 +322,12 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
         nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1  # P / alpha buffers
-        # s_pairs: Q's first 64 columns live in registers; q_all_regs: all of them (no Q tile)
-        q_cols = 0 if cfg.q_all_regs else dqk - 64 if cfg.s_pairs else dqk
-        return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
-            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.q_all_regs) * 8  # barriers: Q, loaded / free per
-        # slot, p_ready / p_free per P buffer, done (q_all_regs: and "Q read")
+        # s_pairs: Q's first 64 columns live in registers; ring3: all but its last 64 (and P lives in the ring)
+        q_cols = 64 if cfg.ring3 else dqk - 64 if cfg.s_pairs else dqk
+        p_bytes = 0 if cfg.ring3 else nbuf * BLOCK_M * cfg.block_kv * itemsize
+        return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(p_bytes) \
+            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.ring3) * 8  # barriers: Q, loaded / free per slot,
+        # p_ready / p_free per P buffer, done (ring3: and "Q read")
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -416,11 +418,12 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
-    q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
+    r3 = cfg.ring3  # Q's rope columns in shared memory, the rest in registers (staged through the ring's last slot)
+    # q_regs: at least one 64-column chunk of Q stays in shared memory
+    q_cols_reg = dqk - 64 if r3 else min(cfg.q_regs, dqk - 64)
     # P / alpha buffers (s_pipelined, s_pairs: P_s may be published before P_{s-1} is read)
     nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1
-    q_narrow = cfg.s_pairs  # Q's shared-memory tile holds only the columns past q_cols_reg
-    q_all = cfg.q_all_regs  # no Q tile at all: Q in the S warpgroup's registers, staged through the ring's last slot
+    q_narrow = cfg.s_pairs or r3  # Q's shared-memory tile holds only the columns past q_cols_reg
     pf_cols = max(w for w in range(8, 257, 8) if dqk % w == 0)  # l2_prefetch: columns per prefetch box
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
@@ -429,15 +432,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
         q_read = None
-        if q_all:  # no Q tile (None in its place); the "Q read" barrier comes last
+        if r3:  # the "Q read" barrier comes last
             *scratch_refs, q_read = scratch_refs
-            scratch_refs = (None, *scratch_refs)
         if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
             q_smem, (lat_smem, (o_stage, lse_stage)), q_bar, l_bar, l_free, *exchange = scratch_refs
         elif aliased:
             q_smem, (lat_smem, o_stage), lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
         else:
             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
+        if r3:  # no P buffer: P lives in the ring
+            exchange = [None, *exchange]
         ti = lax.axis_index("t")
         if paired:  # "t" is the CTA's rank in its cluster
             ti = 2 * lax.axis_index("tp") + ti
@@ -599,8 +603,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             plgpu.barrier_wait(l_bar.at[slot])
             if q_reg is None:
                 sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-            elif q_all:
-                sc = mma(q_reg, lat_smem.at[slot], (bm, tn), b_t=True)
             else:
                 kr = q_cols_reg
                 k_reg, k_rest = lat_smem.at[slot, :, pl.ds(0, kr)], lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
@@ -628,6 +630,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             slot, sc = tile_scores(s, masked, q_reg)
             return (slot, *softmax_p(sc, m_i, l_i))
 
+        def p_slot(s):
+            """ring3: P_s lives in slot s's last 64 columns (the rope part, which only tile s's QK reads)."""
+            return lat_smem.at[lax.rem(s, ns), :, pl.ds(dqk - tn, tn)]
+
         def p_buffer(k):
             """P buffer k's ``(P, alpha, p_ready, p_free, k)``: the buffer refs, the barrier arrays and the barrier
             index (k: an int or a traced index; with one buffer, that buffer and index 0)."""
@@ -641,6 +647,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             (p_free): P_{s-1} with one buffer, P_{s-2} with two (buffer s % 2). ``buf``: buffer s % 2's
             ``p_buffer``, sliced by the caller (inside a run_state, whose ref indices must not be Python ints)."""
             p_k, a_k, p_ready, p_free, k = buf or p_buffer(None if nbuf == 1 else lax.rem(s, nbuf))
+            if r3:
+                p_k = p_slot(s)
 
             @pl.when(s > 0 if nbuf == 1 else s >= nbuf)
             def _():
@@ -793,9 +801,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             if w == 0:
                 plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
                 q_rows = q_ref.at[bi, pl.ds(r0, bm)]
-                if q_all:  # Q passes through the ring's last slot, which its first tile fills only after q_read
-                    q_cols = lat_smem.at[ns - 1]
-                    plgpu.copy_gmem_to_smem(q_rows, q_cols, q_bar.at[0])
+                if r3:  # Q passes through the ring's last slot (whose first tile waits for q_read), the rope columns
+                    # also into their own tile
+                    q_cols = lat_smem.at[ns - 1, :, pl.ds(0, q_cols_reg)]
+                    plgpu.copy_gmem_to_smem(q_rows, lat_smem.at[ns - 1], q_bar.at[0])
+                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(q_cols_reg, dqk - q_cols_reg)], q_smem, q_bar.at[0])
                 elif q_narrow:  # s_pairs: Q's first 64 columns reach the registers through P buffer 1, not yet in use
                     q_cols = p_smem.at[1]
                     plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(0, q_cols_reg)], q_cols, q_bar.at[0])
@@ -805,9 +815,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     plgpu.copy_gmem_to_smem(q_rows, q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
                 q_reg = None
-                if q_cols_reg or q_all:  # Q's first q_regs columns (q_all: all) stay in registers for the whole loop
+                if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
                     q_reg = q_cols[...] if emulate else plgpu.load(q_cols, (), layout=plgpu.Layout.WGMMA)
-                if q_all:
+                if r3:
                     plgpu.barrier_arrive(q_read.at[0])  # (kv64_mc: in both CTAs; the partner's multicast waits too)
 
                 def step_s(s, carry, *, masked: bool):
@@ -844,7 +854,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
 
             loader = w == 1
-            if loader and q_all:  # the first ns tiles need no free slot; the last slot waits until Q has left it
+            if loader and r3:  # the first ns tiles need no free slot; the last slot waits until Q has left it
                 @pl.loop(0, jnp.minimum(n, ns - 1))
                 def _first(s):
                     load_tile(s)
@@ -863,6 +873,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 slot = lax.rem(s, ns)
                 k = lax.rem(s, nbuf)
                 p_k, a_k = (p_smem, alpha_smem) if nbuf == 1 else (p_smem.at[k], alpha_smem.at[k])
+                if r3:
+                    p_k = p_slot(s)
                 plgpu.barrier_wait(l_bar.at[slot])
                 plgpu.barrier_wait(p_ready.at[k])
                 acc = acc * lax.broadcast_in_dim(load_row(a_k), (bm, dvh), (0,))
@@ -1048,9 +1060,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     else:
         staging = [ring, stage, lse_tile]
     scratch = [
-        *([] if q_all else [_smem_tile((bm, dqk - q_cols_reg if q_narrow else dqk), dtype, swz)]),
+        _smem_tile((bm, dqk - q_cols_reg if q_narrow else dqk), dtype, swz),
         *staging,
-        plgpu.Barrier(num_arrivals=2 if q_narrow else 1, num_barriers=1),  # Q (s_pairs: two copies)
+        plgpu.Barrier(num_arrivals=2 if q_narrow else 1, num_barriers=1),  # Q (s_pairs, ring3: two copies)
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if cluster
          else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
@@ -1059,14 +1071,16 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
     if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
         readers = 2 if cfg.s_warpgroup else 1
-        if nbuf == 1:
+        if r3:  # P lives in the ring (each slot's rope columns): alpha only
+            p_bufs = [plgpu.SMEM((bm,), f32)]
+        elif nbuf == 1:
             p_bufs = [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32)]
         else:  # s_pipelined: two P / alpha buffers
             p_bufs = [_smem_tile((nbuf, bm, tn), dtype, swz), plgpu.SMEM((nbuf, bm), f32)]
         scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
-    if q_all:  # "Q read": the S warpgroup has Q in registers (kv64_mc: both CTAs' S warpgroups, before either
+    if r3:  # "Q read": the S warpgroup has Q in registers (kv64_mc: both CTAs' S warpgroups, before either
         # multicasts a tile into the last slot of both)
         scratch.append(plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=1) if cluster
                        else plgpu.Barrier(num_arrivals=1, num_barriers=1))
