@@ -179,6 +179,8 @@ def test_absorption_identity_through_the_kernel():
     # flight, two P buffers, Q's first 64 columns staged through P buffer 1): splits of 3, 3, 2 and 0 tiles, so an
     # unmasked pair, a masked pair and a lone last tile
     ("kv64_pair", 192, 128, 1, 3, 16, 16, True, 1, [203]),  # causal Tq 3: every pair masked, 4 tiles
+    ("kv64_ws_pvf", 192, 128, 2, 1, 16, 16, False, 2, [330, 100]),  # kv64_ws with the QK of tile s issued after
+    # both P V warpgroups issued tile s - 1's P V (a "P V issued" barrier, every phase observed); splits of 3, 3, 2, 0
     ("kv64_r3", 192, 128, 2, 3, 16, 16, True, 1, [330, 0]),  # a three-slot ring: Q (but its rope columns) in the S
     # warpgroup's registers, staged through the third slot before its first tile, P in each slot's rope columns
     # (6 tiles: the slot refilled twice); an empty sequence
@@ -274,7 +276,7 @@ def _mosaic_launch_facts(monkeypatch):
 
 
 @pytest.mark.parametrize(("config", "page"), [("kv64_mc", 64), ("kv64_mc", 16), ("kv64_ws_mc", 64),
-                                              ("kv64_pair_mc_pf", 64), ("kv64_r3_mc", 64)])
+                                              ("kv64_pair_mc_pf", 64), ("kv64_r3_mc", 64), ("kv64_ws_pvf_mc", 64)])
 def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     """kv64_mc at the DeepSeek-V3 template (h_q 128: two row tiles, one cluster per (batch, split)) lowered for CUDA
     on the CPU, page 64 (one TMA copy per 64-key tile) and page 16 (four): the launch is B x S clusters of 2 CTAs,
@@ -299,7 +301,8 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     # the CUDA grid (x, y, z) = (2 B, S, row tiles / 2); a cluster of two along x
     assert launches == [((2 * b, 2, 1), (2, 1, 1), v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))]
     pair = config == "kv64_pair_mc_pf"
-    assert launches[0][2] == {"kv64_pair_mc_pf": 231_504, "kv64_r3_mc": 231_512}.get(config, 231_488)
+    assert launches[0][2] == {"kv64_pair_mc_pf": 231_504, "kv64_r3_mc": 231_512,
+                              "kv64_ws_pvf_mc": 231_496}.get(config, 231_488)
     q_copies = [c for src, _, c in loads if src.startswith(f"memref<{b}x128x{dqk}x")]
     ring = [(dst, c) for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst != "L2"]
     l2 = [c for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst == "L2"]
@@ -411,7 +414,7 @@ def test_contract_and_deepseek_plan():
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
                                            "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
                                            "kv64_mc_pf", "kv64_pair", "kv64_pair_mc", "kv64_pair_mc_pf", "kv64_r3",
-                                           "kv64_r3_mc", "triton"}
+                                           "kv64_r3_mc", "kv64_ws_pvf", "kv64_ws_pvf_mc", "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

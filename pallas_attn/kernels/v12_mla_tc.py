@@ -174,6 +174,9 @@ class MlaTcConfig:
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
     then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
+    pv_first (with s_warpgroup's serial S loop): the S warpgroup issues the QK of tile s only once both P V
+    warpgroups have issued their P V of tile s - 1 (a "P V issued" barrier), so the tensor pipe, which takes wgmmas in
+    issue order, runs P V_{s-1} before QK_s and releases slot s - 1 sooner (config ``kv64_ws_pvf_mc``, docs/mla.md).
     ring3 (with s_warpgroup, 64-key tiles, three slots): a three-slot ring in the shared memory kv64 gives Q and P:
     Q's first DQK - 64 columns live in the S warpgroup's registers (the QK's A operand; they reach the registers
     through the ring's last slot before that slot's first tile), its last 64 in an 8 KiB tile, and P_s goes into
@@ -206,6 +209,7 @@ class MlaTcConfig:
     s_pairs: bool = False
     l2_prefetch: int = 0
     ring3: bool = False
+    pv_first: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -221,7 +225,7 @@ class MlaTcConfig:
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
         for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
-                     "s_pairs", "ring3"):
+                     "s_pairs", "ring3", "pv_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -240,6 +244,10 @@ class MlaTcConfig:
                              f"block_kv 64 and stages 3; got s_warpgroup={self.s_warpgroup}, s_pipelined="
                              f"{self.s_pipelined}, s_pairs={self.s_pairs}, q_regs={self.q_regs}, block_kv="
                              f"{self.block_kv}, stages={self.stages}")
+        if self.pv_first and (not self.s_warpgroup or self.s_pipelined or self.s_pairs):
+            raise ValueError(f"{owner}: pv_first orders kv64_ws's serial S loop (s_warpgroup without s_pipelined / "
+                             f"s_pairs); got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
+                             f"s_pairs={self.s_pairs}")
         if not (isinstance(self.l2_prefetch, int) and 0 <= self.l2_prefetch <= 8):
             raise ValueError(f"{owner}.l2_prefetch must be an int in [0, 8] (tiles ahead); got {self.l2_prefetch!r}")
         if self.share_p and self.stages != 2 and not self.s_warpgroup:
@@ -301,6 +309,10 @@ CONFIGS = {
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                                consumer_regs=168, s_regs=168, q_regs=256),
     "kv64_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True, l2_prefetch=2),
+    "kv64_ws_pvf": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, pv_first=True,
+                               consumer_regs=176, s_regs=152),
+    "kv64_ws_pvf_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, pv_first=True,
+                                  multicast=True, consumer_regs=176, s_regs=152),
     "kv64_r3": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
                            consumer_regs=160, s_regs=184),
     "kv64_r3_mc": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
@@ -326,8 +338,8 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         q_cols = 64 if cfg.ring3 else dqk - 64 if cfg.s_pairs else dqk
         p_bytes = 0 if cfg.ring3 else nbuf * BLOCK_M * cfg.block_kv * itemsize
         return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(p_bytes) \
-            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.ring3) * 8  # barriers: Q, loaded / free per slot,
-        # p_ready / p_free per P buffer, done (ring3: and "Q read")
+            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.ring3 + cfg.pv_first) * 8  # barriers: Q, loaded /
+        # free per slot, p_ready / p_free per P buffer, done (ring3: and "Q read"; pv_first: and "P V issued")
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -431,7 +443,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     mc_copy = {"collective_axes": "t"} if cluster else {}
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
-        q_read = None
+        q_read = pv_issued = None
+        if cfg.pv_first:  # the "P V issued" barrier comes last
+            *scratch_refs, pv_issued = scratch_refs
         if r3:  # the "Q read" barrier comes last
             *scratch_refs, q_read = scratch_refs
         if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
@@ -821,6 +835,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     plgpu.barrier_arrive(q_read.at[0])  # (kv64_mc: in both CTAs; the partner's multicast waits too)
 
                 def step_s(s, carry, *, masked: bool):
+                    if cfg.pv_first:
+                        @pl.when(s > 0)
+                        def _():  # both P V warpgroups issued P V_{s-1}: QK_s queues behind it
+                            plgpu.barrier_wait(pv_issued.at[0])
+
                     _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked, q_reg)
                     hand_over(s, pt, alpha)
                     return m_new, l_new
@@ -839,6 +858,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 @pl.loop(jnp.maximum(n - nbuf, 0), n)
                 def _(s):  # the last handoffs consumed by both P V warpgroups (every phase observed)
                     plgpu.barrier_wait(p_free.at[lax.rem(s, nbuf)])
+
+                if cfg.pv_first:
+                    @pl.when(n > 0)
+                    def _():  # the last P V's issue (every phase observed)
+                        plgpu.barrier_wait(pv_issued.at[0])
 
                 l_out = alpha_smem if nbuf == 1 else alpha_smem.at[0]
                 l_out[...] = l_i  # both have read their last alpha: the buffer now carries the final l
@@ -878,7 +902,19 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.barrier_wait(l_bar.at[slot])
                 plgpu.barrier_wait(p_ready.at[k])
                 acc = acc * lax.broadcast_in_dim(load_row(a_k), (bm, dvh), (0,))
-                acc = mma(p_k, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
+                v_half = lat_smem.at[slot, :, pl.ds(half * dvh, dvh)]
+                if cfg.pv_first and not emulate:
+                    issued = pv_issued.at[_compat.traced_index(0, s)]  # a ref index inside run_state
+
+                    def issue(acc_ref):
+                        plgpu.wgmma(acc_ref, p_k, v_half)
+                        plgpu.barrier_arrive(issued)  # before the wait run_state ends with
+
+                    acc = pl.run_state(issue)(plgpu.ACC.init(acc))
+                else:
+                    acc = mma(p_k, v_half, (bm, dvh), acc)
+                    if cfg.pv_first:
+                        plgpu.barrier_arrive(pv_issued.at[0])
                 plgpu.barrier_arrive(p_free.at[k])
                 plgpu.barrier_arrive(l_free.at[slot])
                 if loader:
@@ -1080,6 +1116,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
+    if cfg.pv_first:  # "P V issued": both P V warpgroups, once per tile
+        scratch.append(plgpu.Barrier(num_arrivals=2, num_barriers=1))
     if r3:  # "Q read": the S warpgroup has Q in registers (kv64_mc: both CTAs' S warpgroups, before either
         # multicasts a tile into the last slot of both)
         scratch.append(plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=1) if cluster

@@ -120,7 +120,8 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("fa_mla", "kv64_mc_pf", "bfloat16", 4), ("fa_mla", "kv64_pair_mc", "bfloat16", 4),
              ("fa_mla", "kv64_pair_mc_pf", "bfloat16", 4), ("v12_mla_tc", "kv64_pair", "float16", 1),
              ("fa_mla", "kv64_r3", "bfloat16", 4), ("fa_mla", "kv64_r3_mc", "bfloat16", 4),
-             ("v12_mla_tc", "kv64_r3_mc", "float16", 1),
+             ("v12_mla_tc", "kv64_r3_mc", "float16", 1), ("fa_mla", "kv64_ws_pvf_mc", "bfloat16", 4),
+             ("v12_mla_tc", "kv64_ws_pvf", "float16", 1),
              ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
@@ -138,7 +139,7 @@ def test_deepseek_shape(gen, config, dtype, batch):
 @pytestmark_gpu
 @pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws",
                                     "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc", "kv64_pair",
-                                    "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "triton"])
+                                    "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "kv64_ws_pvf_mc", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -219,7 +220,7 @@ def test_kv64_mc_equals_kv64_bit_for_bit(pair, dqk, dv, page):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc"])
+@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc", "kv64_ws_pvf_mc"])
 def test_kv64_ws_matches_kv64(config):
     """kv64_ws moves the products between warpgroups (S and the softmax on one, each P V half on its own, P always
     from shared memory) but computes the same S, P, alpha and sums: at the DeepSeek-V3 shape with ragged lengths,
