@@ -1,0 +1,121 @@
+"""Micro-benchmark: the latent ring alone. How long does fa_mla's TMA ring take per 64-key tile when the consumer
+holds each slot for a fixed time and computes nothing?
+
+    PYTHONPATH=. python scripts/mla_load_probe.py [--out FILE]
+
+The grid is fa_mla's at ``mla_b64_s8192_bf16`` without the multicast: 64 sequences x 2 CTAs (the two 64-head row tiles
+of a sequence read the same latent, so half the tile reads hit L2), 128 tiles of 64 keys x 576 bf16 columns per CTA,
+one TMA copy per 64-row page through a block table whose pages are a random permutation of the pool. A producer
+warpgroup refills a slot once the consumer releases it; the consumer waits for each tile, then holds its slot for
+``spin`` dependent multiply-adds (no tensor cores, no shared-memory reads) and releases it. Rows: microseconds per tile
+for ``stages`` 2 and 3 (a third slot fits here: no Q tile) over a range of hold times, and the hold time alone
+(``loads=False``: the same spin without any copy). With two slots the period is max(hold, (hold + L) / 2) if the
+load latency L sets it, with three max(hold, (hold + L) / 3); the table reads L off and says what a third slot
+would buy at fa_mla's hold time (docs/mla.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
+
+
+def build(stages: int, spin: int, loads: bool):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    f32 = jnp.float32
+    n_pages = B * N_TILES
+
+    def body(lat_ref, bt_ref, o_ref, ring, l_bar, l_free, o_smem):
+        bi, t, wg = lax.axis_index("b"), lax.axis_index("t"), lax.axis_index("wg")
+
+        def load(s):
+            pg = jnp.clip(bt_ref[bi * N_TILES + s], 0, n_pages - 1)
+            plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(pg * TN, TN)], ring.at[lax.rem(s, stages)],
+                                    l_bar.at[lax.rem(s, stages)])
+
+        @pl.when(wg == 0)
+        def _consumer():
+            def step(s, x):
+                slot = lax.rem(s, stages)
+                if loads:
+                    plgpu.barrier_wait(l_bar.at[slot])
+                x = lax.fori_loop(0, spin, lambda i, y: y * 0.999 + 0.001, x)
+                if loads:
+                    plgpu.barrier_arrive(l_free.at[slot])
+                return x
+
+            x = lax.fori_loop(0, N_TILES, step, (t + 1).astype(f32))
+            o_smem[...] = lax.broadcast(x, (128,))
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bi, t])
+            plgpu.wait_smem_to_gmem(0)
+
+        if loads:
+            @pl.when(wg == 1)
+            def _producer():
+                @pl.loop(0, N_TILES)
+                def _(s):
+                    @pl.when(s >= stages)
+                    def _():
+                        plgpu.barrier_wait(l_free.at[lax.rem(s, stages)])
+
+                    load(s)
+
+                @pl.loop(N_TILES - stages, N_TILES)
+                def _(s):  # every phase observed
+                    plgpu.barrier_wait(l_free.at[lax.rem(s, stages)])
+
+    ring = plgpu.SMEM((stages, TN, DQK), jnp.bfloat16,
+                      transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((B, ROWS_TILES, 128), f32),
+                        scratch_types=[ring, plgpu.Barrier(num_arrivals=1, num_barriers=stages),
+                                       plgpu.Barrier(num_arrivals=1, num_barriers=stages), plgpu.SMEM((128,), f32)],
+                        grid=(ROWS_TILES, 1, B), grid_names=("t", "s", "b"), num_threads=2, thread_name="wg")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spins", default="0,250,500,750,1000,1250,1500")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    lat = jnp.asarray(rng.standard_normal((B * N_TILES * TN, DQK), np.float32) * 0.1, jnp.bfloat16)
+    bt = jnp.asarray(rng.permutation(B * N_TILES).astype(np.int32))
+    rows = []
+    for spin in (int(x) for x in args.spins.split(",")):
+        for stages, loads in ((0, False), (2, True), (3, True)):
+            try:
+                f = jax.jit(build(max(stages, 2), spin, loads))
+                jax.block_until_ready(f(lat, bt))
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    out = f(lat, bt)
+                jax.block_until_ready(out)
+                us = (time.perf_counter() - t0) / args.calls * 1e6
+                row = dict(spin=spin, stages=stages if loads else 0, loads=loads, us_per_call=us,
+                           us_per_tile=us / N_TILES, note="loads=False: the hold time alone (no copies)")
+            except Exception as e:  # a refusal is a row, not a lost run
+                row = dict(spin=spin, stages=stages, loads=loads, error=f"{type(e).__name__}: {str(e)[:300]}")
+            rows.append(row)
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "note"}),
+                  flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            for r in rows:
+                fh.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
