@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
 
 
-def build(stages: int, spin: int, loads: bool):
+def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq: int = ROWS_TILES):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     f32 = jnp.float32
@@ -40,7 +40,8 @@ def build(stages: int, spin: int, loads: bool):
 
         def load(s):
             pg = jnp.clip(bt_ref[bi * N_TILES + s], 0, n_pages - 1)
-            plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(pg * TN, TN)], ring.at[lax.rem(s, stages)],
+            rows = TN if layout == "natural" else TN * DQK // 64  # pretiled: the page as 576 rows of 64 columns
+            plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(pg * rows, rows)], ring.at[lax.rem(s, stages)],
                                     l_bar.at[lax.rem(s, stages)])
 
         @pl.when(wg == 0)
@@ -75,41 +76,55 @@ def build(stages: int, spin: int, loads: bool):
                 def _(s):  # every phase observed
                     plgpu.barrier_wait(l_free.at[lax.rem(s, stages)])
 
-    ring = plgpu.SMEM((stages, TN, DQK), jnp.bfloat16,
+    slot = (TN, DQK) if layout == "natural" else (TN * DQK // 64, 64)
+    ring = plgpu.SMEM((stages, *slot), jnp.bfloat16,
                       transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
-    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((B, ROWS_TILES, 128), f32),
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((B, per_seq, 128), f32),
                         scratch_types=[ring, plgpu.Barrier(num_arrivals=1, num_barriers=stages),
                                        plgpu.Barrier(num_arrivals=1, num_barriers=stages), plgpu.SMEM((128,), f32)],
-                        grid=(ROWS_TILES, 1, B), grid_names=("t", "s", "b"), num_threads=2, thread_name="wg")
+                        grid=(per_seq, 1, B), grid_names=("t", "s", "b"), num_threads=2, thread_name="wg")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spins", default="0,250,500,750,1000,1250,1500")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--variants", default="natural,random,2", help="layout,order,CTAs per sequence; ';'-separated. "
+                    "layout natural (the pool's [page, 576] rows, what fa_mla reads) or pretiled (each page stored in "
+                    "the ring's tiled order, so one page is 72 KiB of contiguous rows); order random (pages a random "
+                    "permutation) or sequential; CTAs per sequence 2 (fa_mla's two row tiles) or 1")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     lat = jnp.asarray(rng.standard_normal((B * N_TILES * TN, DQK), np.float32) * 0.1, jnp.bfloat16)
-    bt = jnp.asarray(rng.permutation(B * N_TILES).astype(np.int32))
+    perm = jnp.asarray(rng.permutation(B * N_TILES).astype(np.int32))
+    seq = jnp.arange(B * N_TILES, dtype=jnp.int32)
     rows = []
-    for spin in (int(x) for x in args.spins.split(",")):
-        for stages, loads in ((0, False), (2, True), (3, True)):
-            try:
-                f = jax.jit(build(max(stages, 2), spin, loads))
-                jax.block_until_ready(f(lat, bt))
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    out = f(lat, bt)
-                jax.block_until_ready(out)
-                us = (time.perf_counter() - t0) / args.calls * 1e6
-                row = dict(spin=spin, stages=stages if loads else 0, loads=loads, us_per_call=us,
-                           us_per_tile=us / N_TILES, note="loads=False: the hold time alone (no copies)")
-            except Exception as e:  # a refusal is a row, not a lost run
-                row = dict(spin=spin, stages=stages, loads=loads, error=f"{type(e).__name__}: {str(e)[:300]}")
-            rows.append(row)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "note"}),
-                  flush=True)
+    first = args.variants.split(";")[0]
+    for variant in args.variants.split(";"):
+        layout, order, per_seq = variant.split(",")
+        bt = perm if order == "random" else seq
+        data = lat if layout == "natural" else lat.reshape(-1, 64)
+        for spin in (int(x) for x in args.spins.split(",")):
+            for stages, loads in ((0, False), (2, True), (3, True)):
+                if not loads and variant != first:
+                    continue  # the hold time alone, once
+                row = dict(layout=layout, order=order, ctas_per_seq=int(per_seq), spin=spin,
+                           stages=stages if loads else 0, loads=loads)
+                try:
+                    f = jax.jit(build(max(stages, 2), spin, loads, layout, int(per_seq)))
+                    jax.block_until_ready(f(data, bt))
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):
+                        out = f(data, bt)
+                    jax.block_until_ready(out)
+                    us = (time.perf_counter() - t0) / args.calls * 1e6
+                    row.update(us_per_call=us, us_per_tile=us / N_TILES)
+                except Exception as e:  # a refusal is a row, not a lost run
+                    row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+                rows.append(row)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}),
+                      flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             for r in rows:
