@@ -29,7 +29,8 @@ from jax.experimental import pallas as pl
 B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
 
 
-def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq: int = ROWS_TILES):
+def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq: int = ROWS_TILES,
+          multicast: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     f32 = jnp.float32
@@ -37,12 +38,13 @@ def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq:
 
     def body(lat_ref, bt_ref, o_ref, ring, l_bar, l_free, o_smem):
         bi, t, wg = lax.axis_index("b"), lax.axis_index("t"), lax.axis_index("wg")
+        mc = {"collective_axes": "t"} if multicast else {}
 
         def load(s):
             pg = jnp.clip(bt_ref[bi * N_TILES + s], 0, n_pages - 1)
             rows = TN if layout == "natural" else TN * DQK // 64  # pretiled: the page as 576 rows of 64 columns
             plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(pg * rows, rows)], ring.at[lax.rem(s, stages)],
-                                    l_bar.at[lax.rem(s, stages)])
+                                    l_bar.at[lax.rem(s, stages)], **mc)
 
         @pl.when(wg == 0)
         def _consumer():
@@ -81,8 +83,12 @@ def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq:
                       transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
     return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((B, per_seq, 128), f32),
                         scratch_types=[ring, plgpu.Barrier(num_arrivals=1, num_barriers=stages),
-                                       plgpu.Barrier(num_arrivals=1, num_barriers=stages), plgpu.SMEM((128,), f32)],
-                        grid=(per_seq, 1, B), grid_names=("t", "s", "b"), num_threads=2, thread_name="wg")
+                                       (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=stages)
+                                        if multicast else plgpu.Barrier(num_arrivals=1, num_barriers=stages)),
+                                       plgpu.SMEM((128,), f32)],
+                        **(dict(grid=(1, 1, B), grid_names=("tp", "s", "b"), cluster=(2,), cluster_names=("t",))
+                           if multicast else dict(grid=(per_seq, 1, B), grid_names=("t", "s", "b"))),
+                        num_threads=2, thread_name="wg")
 
 
 def main(argv=None) -> int:
@@ -92,7 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="natural,random,2", help="layout,order,CTAs per sequence; ';'-separated. "
                     "layout natural (the pool's [page, 576] rows, what fa_mla reads) or pretiled (each page stored in "
                     "the ring's tiled order, so one page is 72 KiB of contiguous rows); order random (pages a random "
-                    "permutation) or sequential; CTAs per sequence 2 (fa_mla's two row tiles) or 1")
+                    "permutation) or sequential; CTAs per sequence 2 (fa_mla's two row tiles), 1, or mc (2 in a "
+                    "cluster, each tile read once by a TMA multicast into both, the slot freed cluster-wide: kv64_mc)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -109,10 +116,11 @@ def main(argv=None) -> int:
             for stages, loads in ((0, False), (2, True), (3, True)):
                 if not loads and variant != first:
                     continue  # the hold time alone, once
-                row = dict(layout=layout, order=order, ctas_per_seq=int(per_seq), spin=spin,
+                row = dict(layout=layout, order=order, ctas_per_seq=per_seq, spin=spin,
                            stages=stages if loads else 0, loads=loads)
                 try:
-                    f = jax.jit(build(max(stages, 2), spin, loads, layout, int(per_seq)))
+                    f = jax.jit(build(max(stages, 2), spin, loads, layout, 2 if per_seq == "mc" else int(per_seq),
+                                      multicast=per_seq == "mc"))
                     jax.block_until_ready(f(data, bt))
                     t0 = time.perf_counter()
                     for _ in range(args.calls):
