@@ -81,10 +81,10 @@ def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq:
     slot = (TN, DQK) if layout == "natural" else (TN * DQK // 64, 64)
     ring = plgpu.SMEM((stages, *slot), jnp.bfloat16,
                       transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+    free = (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=stages) if multicast
+            else plgpu.Barrier(num_arrivals=1, num_barriers=stages))
     return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((B, per_seq, 128), f32),
-                        scratch_types=[ring, plgpu.Barrier(num_arrivals=1, num_barriers=stages),
-                                       (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=stages)
-                                        if multicast else plgpu.Barrier(num_arrivals=1, num_barriers=stages)),
+                        scratch_types=[ring, plgpu.Barrier(num_arrivals=1, num_barriers=stages), free,
                                        plgpu.SMEM((128,), f32)],
                         **(dict(grid=(1, 1, B), grid_names=("tp", "s", "b"), cluster=(2,), cluster_names=("t",))
                            if multicast else dict(grid=(per_seq, 1, B), grid_names=("t", "s", "b"))),
