@@ -30,7 +30,7 @@ B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
 
 
 def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq: int = ROWS_TILES,
-          multicast: bool = False):
+          multicast: bool = False, prefetch: int = 0):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     f32 = jnp.float32
@@ -45,6 +45,12 @@ def build(stages: int, spin: int, loads: bool, layout: str = "natural", per_seq:
             rows = TN if layout == "natural" else TN * DQK // 64  # pretiled: the page as 576 rows of 64 columns
             plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(pg * rows, rows)], ring.at[lax.rem(s, stages)],
                                     l_bar.at[lax.rem(s, stages)], **mc)
+            if prefetch:  # fa_mla's l2_prefetch: the tile `prefetch` ahead into L2, in 192-column boxes
+                @pl.when(s + prefetch < N_TILES)
+                def _():
+                    nxt = jnp.clip(bt_ref[bi * N_TILES + s + prefetch], 0, n_pages - 1)
+                    for c0 in range(0, DQK, 192):
+                        plgpu.async_prefetch(lat_ref.at[pl.ds(nxt * TN, TN), pl.ds(c0, 192)], **mc)
 
         @pl.when(wg == 0)
         def _consumer():
@@ -100,6 +106,8 @@ def main(argv=None) -> int:
                     "the ring's tiled order, so one page is 72 KiB of contiguous rows); order random (pages a random "
                     "permutation) or sequential; CTAs per sequence 2 (fa_mla's two row tiles), 1, or mc (2 in a "
                     "cluster, each tile read once by a TMA multicast into both, the slot freed cluster-wide: kv64_mc)")
+    ap.add_argument("--prefetch", type=int, default=0, help="natural layout: also prefetch the tile this far ahead "
+                    "into L2 with each copy (fa_mla's l2_prefetch)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -116,11 +124,11 @@ def main(argv=None) -> int:
             for stages, loads in ((0, False), (2, True), (3, True)):
                 if not loads and variant != first:
                     continue  # the hold time alone, once
-                row = dict(layout=layout, order=order, ctas_per_seq=per_seq, spin=spin,
+                row = dict(layout=layout, order=order, ctas_per_seq=per_seq, spin=spin, prefetch=args.prefetch,
                            stages=stages if loads else 0, loads=loads)
                 try:
                     f = jax.jit(build(max(stages, 2), spin, loads, layout, 2 if per_seq == "mc" else int(per_seq),
-                                      multicast=per_seq == "mc"))
+                                      multicast=per_seq == "mc", prefetch=args.prefetch))
                     jax.block_until_ready(f(data, bt))
                     t0 = time.perf_counter()
                     for _ in range(args.calls):
