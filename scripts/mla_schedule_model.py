@@ -208,15 +208,6 @@ def seesaw(m: Model, w: int):
             yield ("set", ("free", u, w + 1))
 
 
-def seesaw_loader(m: Model):
-    for j in range(min(m.n, m.slots)):
-        yield ("load", j)
-    for j in range(m.slots, m.n):
-        yield m.wait(("free", j - m.slots, 1))
-        yield m.wait(("free", j - m.slots, 2))
-        yield ("load", j)
-
-
 def main() -> None:
     schedules = (("kv64_ws (serial)", s_serial), ("s_pipelined", s_pipelined), ("kv64_pair", s_pairs),
                  ("kv64_seesaw", None), ("kv64_ws3 (3 slots)", s_qk_first), ("kv64_ws, 3 slots", s_serial))
@@ -229,7 +220,7 @@ def main() -> None:
             row = []
             for name, sched in schedules:
                 m = Model(load_us, slots=3 if "3 slots" in name else 2, **kw)
-                procs = [seesaw(m, 0), seesaw(m, 1), seesaw_loader(m)] if sched is None else \
+                procs = [seesaw(m, 0), seesaw(m, 1), loader(m)] if sched is None else \
                     [sched(m), pv(m, 1), pv(m, 2), loader(m)]
                 row.append(m.run(procs) / m.n)
             print(f"{load_us:5.1f}  | " + " | ".join(f"{t:.2f}" for t in row))
