@@ -309,9 +309,15 @@ def _lower_mla(k, gen: str, config: str) -> int:
     from pallas_attn.mla import mla_attention
 
     dt = jnp.dtype(k.dtypes[-1])
-    mosaic = getattr(registry.configs(gen)[config], "engine", None) == "mosaic"
+    cfg = registry.configs(gen)[config]
+    mosaic = getattr(cfg, "engine", None) == "mosaic"
+    templates = k.templates
+    # a row that names another row's kernel and config objects (fa_mla: v12_mla_tc's configs under its names) lowers
+    # its route at the first template only: every template of that config object is lowered under the kernel's own row
+    if gen != k.name and any(c is cfg for c in registry.configs(k.name).values()):
+        templates = templates[:1]
     n = 0
-    for i, (dqk, dv) in enumerate(k.templates):
+    for i, (dqk, dv) in enumerate(templates):
         for b, tq, hq, page, causal in [(2, 1, 16, 16, False)] + ([(2, 3, 8, 64, True)] if i == 0 else []):
             q = jax.ShapeDtypeStruct((b, tq, hq, dqk), dt)
             shape, bt = (b * 4, page, 1, dqk), jax.ShapeDtypeStruct((b, 4), jnp.int32)

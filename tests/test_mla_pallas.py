@@ -179,8 +179,8 @@ def test_absorption_identity_through_the_kernel():
     # flight, two P buffers, Q's first 64 columns staged through P buffer 1): splits of 3, 3, 2 and 0 tiles, so an
     # unmasked pair, a masked pair and a lone last tile
     ("kv64_pair", 192, 128, 1, 3, 16, 16, True, 1, [203]),  # causal Tq 3: every pair masked, 4 tiles
-    ("kv64_ws_pvf", 192, 128, 2, 1, 16, 16, False, 2, [330, 100]),  # kv64_ws with the QK of tile s issued after
-    # both P V warpgroups issued tile s - 1's P V (a "P V issued" barrier, every phase observed); splits of 3, 3, 2, 0
+    ("kv64_ws_pvf", 192, 128, 1, 1, 16, 16, False, 1, [250]),  # kv64_ws with the QK of tile s issued after both
+    # P V warpgroups issued tile s - 1's P V (a "P V issued" barrier, every phase observed); 4 tiles, the last partial
     ("kv64_r3", 192, 128, 2, 3, 16, 16, True, 1, [330, 0]),  # a three-slot ring: Q (but its rope columns) in the S
     # warpgroup's registers, staged through the third slot before its first tile, P in each slot's rope columns
     # (6 tiles: the slot refilled twice); an empty sequence
