@@ -431,6 +431,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
     r3 = cfg.ring3  # Q's rope columns in shared memory, the rest in registers (staged through the ring's last slot)
+    if r3 and dqk - dv != tn:  # P_s (64 x TN) takes the slot's rope columns, which must be exactly TN wide
+        raise ValueError(f"{GEN}: ring3 puts P in each slot's rope columns and needs DQK - DV == block_kv; got "
+                         f"DQK {dqk}, DV {dv}, block_kv {tn}")
     # q_regs: at least one 64-column chunk of Q stays in shared memory
     q_cols_reg = dqk - 64 if r3 else min(cfg.q_regs, dqk - 64)
     # P / alpha buffers (s_pipelined, s_pairs: P_s may be published before P_{s-1} is read)
