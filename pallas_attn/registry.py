@@ -75,6 +75,7 @@ ROWS: tuple[Row, ...] = (
                                          "kv64_pair_mc": "kv64_pair_mc", "kv64_pair_mc_pf": "kv64_pair_mc_pf",
                                          "kv64_r3": "kv64_r3", "kv64_r3_mc": "kv64_r3_mc",
                                          "kv64_ws_pvf": "kv64_ws_pvf", "kv64_ws_pvf_mc": "kv64_ws_pvf_mc",
+                                         "kv64_seesaw": "kv64_seesaw", "kv64_seesaw_mc": "kv64_seesaw_mc",
                                          "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}

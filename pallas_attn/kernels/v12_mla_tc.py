@@ -174,6 +174,11 @@ class MlaTcConfig:
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
     then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
+    seesaw (with share_p, 64-key tiles, two slots): the two consumers take turns: tile t's QK, mask and softmax run on
+    consumer t % 2, which publishes P_t (in slot t's rope columns) and the running max; each consumer then accumulates
+    every tile into its DV half in order (its own tile's P from registers, the other's from shared memory), so one
+    consumer's softmax runs while the other's QK (issued after the first's, from another warpgroup) holds the tensor
+    cores. Config ``kv64_seesaw_mc``, docs/mla.md.
     pv_first (with s_warpgroup's serial S loop): the S warpgroup issues the QK of tile s only once both P V
     warpgroups have issued their P V of tile s - 1 (a "P V issued" barrier), so the tensor pipe, which takes wgmmas in
     issue order, runs P V_{s-1} before QK_s and releases slot s - 1 sooner (config ``kv64_ws_pvf_mc``, docs/mla.md).
@@ -210,6 +215,7 @@ class MlaTcConfig:
     l2_prefetch: int = 0
     ring3: bool = False
     pv_first: bool = False
+    seesaw: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -225,7 +231,7 @@ class MlaTcConfig:
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
         for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
-                     "s_pairs", "ring3", "pv_first"):
+                     "s_pairs", "ring3", "pv_first", "seesaw"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -244,6 +250,12 @@ class MlaTcConfig:
                              f"block_kv 64 and stages 3; got s_warpgroup={self.s_warpgroup}, s_pipelined="
                              f"{self.s_pipelined}, s_pairs={self.s_pairs}, q_regs={self.q_regs}, block_kv="
                              f"{self.block_kv}, stages={self.stages}")
+        if self.seesaw and (not self.share_p or self.s_warpgroup or self.lazy_rescale or self.block_kv != 64
+                            or self.stages != 2):
+            raise ValueError(f"{owner}: seesaw runs on share_p (two consumers and a producer, not s_warpgroup, not "
+                             f"lazy_rescale) with block_kv 64 and stages 2; got share_p={self.share_p}, s_warpgroup="
+                             f"{self.s_warpgroup}, lazy_rescale={self.lazy_rescale}, block_kv={self.block_kv}, "
+                             f"stages={self.stages}")
         if self.pv_first and (not self.s_warpgroup or self.s_pipelined or self.s_pairs):
             raise ValueError(f"{owner}: pv_first orders kv64_ws's serial S loop (s_warpgroup without s_pipelined / "
                              f"s_pairs); got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
@@ -313,6 +325,8 @@ CONFIGS = {
                                consumer_regs=176, s_regs=152),
     "kv64_ws_pvf_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, pv_first=True,
                                   multicast=True, consumer_regs=176, s_regs=152),
+    "kv64_seesaw": MlaTcConfig(block_kv=64, stages=2, share_p=True, seesaw=True),
+    "kv64_seesaw_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, seesaw=True, multicast=True),
     "kv64_r3": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
                            consumer_regs=160, s_regs=184),
     "kv64_r3_mc": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
@@ -336,7 +350,10 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1  # P / alpha buffers
         # s_pairs: Q's first 64 columns live in registers; ring3: all but its last 64 (and P lives in the ring)
         q_cols = 64 if cfg.ring3 else dqk - 64 if cfg.s_pairs else dqk
-        p_bytes = 0 if cfg.ring3 else nbuf * BLOCK_M * cfg.block_kv * itemsize
+        p_bytes = 0 if cfg.ring3 or cfg.seesaw else nbuf * BLOCK_M * cfg.block_kv * itemsize
+        if cfg.seesaw:  # no P buffer (P in the ring); m and l vectors, LSE; Q, loaded / free per slot, p_ready x 2,
+            # qk_turn, done
+            return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + 3 * 1024 + (2 * cfg.stages + 5) * 8
         return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(p_bytes) \
             + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.ring3 + cfg.pv_first) * 8  # barriers: Q, loaded /
         # free per slot, p_ready / p_free per P buffer, done (ring3: and "Q read"; pv_first: and "P V issued")
@@ -431,8 +448,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
     r3 = cfg.ring3  # Q's rope columns in shared memory, the rest in registers (staged through the ring's last slot)
-    if r3 and dqk - dv != tn:  # P_s (64 x TN) takes the slot's rope columns, which must be exactly TN wide
-        raise ValueError(f"{GEN}: ring3 puts P in each slot's rope columns and needs DQK - DV == block_kv; got "
+    if (r3 or cfg.seesaw) and dqk - dv != tn:  # P_s (64 x TN) takes the slot's rope columns: exactly TN wide
+        raise ValueError(f"{GEN}: ring3 / seesaw put P in each slot's rope columns and need DQK - DV == block_kv; got "
                          f"DQK {dqk}, DV {dv}, block_kv {tn}")
     # q_regs: at least one 64-column chunk of Q stays in shared memory
     q_cols_reg = dqk - 64 if r3 else min(cfg.q_regs, dqk - 64)
@@ -1055,7 +1072,108 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
             epilogue(w, acc, m_i, l_i)
 
-        run_consumer = consumer_ws if cfg.s_warpgroup else consumer_shared if cfg.share_p else consumer
+        def consumer_seesaw(w: int):
+            """seesaw: consumer w computes the scores and softmax of the tiles t with t % 2 == w and publishes P_t (in
+            slot t's rope columns) with the running max m_t (p_ready[w]); it accumulates every tile into its DV half
+            in order, rescaling O and its own row sum l_w to each tile's max. Per pair (a, b) = (2i, 2i + 1):
+            consumer 0: QK_a (then "qk_turn"), softmax_a -> publish, P V_a (P in registers), then P V_b (P_b from
+            shared memory once published); consumer 1: QK_b (after qk_turn), m_a, softmax_b -> publish, P V_a, P V_b.
+            A lone last tile (odd count) is consumer 0's. At the end l = l_0 + l_1 (both at the final max)."""
+            m_vec, l_vec, p_ready, qk_turn, done = exchange
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
+            if w == 0:
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
+            plgpu.barrier_wait(q_bar.at[0])
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            col0 = w * dvh
+
+            def load_row(ref):
+                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
+
+            def rescale(acc, l_i, m_cur, m_new):
+                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+                alpha = jnp.exp2(m_cur * cl - m_use)
+                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), l_i * alpha
+
+            def own_s(t, m_prev, *, masked: bool, turn: bool):
+                """QK, mask and softmax of tile t (this consumer's), published: ``(P, row sum, m_t)``."""
+                if turn and w == 1:
+                    plgpu.barrier_wait(qk_turn.at[0])  # consumer 0 has issued (and finished) QK_{t-1}
+                _, sc = tile_scores(t, masked)
+                if turn and w == 0:
+                    plgpu.barrier_arrive(qk_turn.at[0])
+                m_t = jnp.maximum(m_prev, sc.max(axis=1))
+                m_use = jnp.where(m_t == -jnp.inf, 0.0, m_t) * cl
+                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+                pt = p.astype(dtype)
+                p_slot(t)[...] = pt
+                m_vec.at[w][...] = m_t
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(p_ready.at[w])
+                return pt, p.sum(axis=1), m_t
+
+            def pv(t, a, acc):
+                slot = lax.rem(t, ns)
+                acc = mma(a, lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
+                plgpu.barrier_arrive(l_free.at[slot])
+                return acc
+
+            def other_m(t):
+                """The other consumer's tile t: wait for it (loaded and published) and read its m_t."""
+                plgpu.barrier_wait(l_bar.at[lax.rem(t, ns)])
+                plgpu.barrier_wait(p_ready.at[1 - w])
+                return load_row(m_vec.at[1 - w])
+
+            def pair(i, carry, *, masked: bool):
+                acc, l_i, m_cur = carry  # m_cur: the max of the last tile accumulated (= m_{2i-1})
+                a, b = 2 * i, 2 * i + 1
+                if w == 0:
+                    pt, rs, m_a = own_s(a, m_cur, masked=masked, turn=True)
+                    acc, l_i = rescale(acc, l_i, m_cur, m_a)
+                    acc = pv(a, pt, acc)
+                    l_i = l_i + rs
+                    m_b = other_m(b)
+                    acc, l_i = rescale(acc, l_i, m_a, m_b)
+                    acc = pv(b, p_slot(b), acc)
+                    return acc, l_i, m_b
+                m_a = other_m(a)
+                pt, rs, m_b = own_s(b, m_a, masked=masked, turn=True)
+                acc, l_i = rescale(acc, l_i, m_cur, m_a)
+                acc = pv(a, p_slot(a), acc)
+                acc, l_i = rescale(acc, l_i, m_a, m_b)
+                acc = pv(b, pt, acc)
+                return acc, l_i + rs, m_b
+
+            def lone(t, carry):
+                """An odd count's last tile, consumer 0's (masked)."""
+                acc, l_i, m_cur = carry
+                if w == 0:
+                    pt, rs, m_t = own_s(t, m_cur, masked=True, turn=False)
+                    acc, l_i = rescale(acc, l_i, m_cur, m_t)
+                    return pv(t, pt, acc), l_i + rs, m_t
+                m_t = other_m(t)
+                acc, l_i = rescale(acc, l_i, m_cur, m_t)
+                return pv(t, p_slot(t), acc), l_i, m_t
+
+            carry = (lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA), lcast(jnp.full((bm,), 0.0, f32), row_layout),
+                     lcast(jnp.full((bm,), -jnp.inf, f32), row_layout))
+            plain = jnp.int32(0) if per_row_mask else lax.div(jnp.maximum(n - 1, 0), 2)  # pairs before the last tile
+            masked_pairs = lax.div(n - 2 * plain, 2)
+            carry = lax.fori_loop(0, plain, functools.partial(pair, masked=False), carry)
+            carry = lax.fori_loop(plain, plain + masked_pairs, functools.partial(pair, masked=True), carry)
+            acc, l_i, m_i = lax.fori_loop(2 * (plain + masked_pairs), n, lone, carry)
+            l_vec.at[w][...] = l_i
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(done.at[0])
+            plgpu.barrier_wait(done.at[0])  # both loops over: the ring is idle (the staging aliases it)
+            l_i = l_i + load_row(l_vec.at[1 - w])
+            if emulate:  # the GPU's staging aliases the ring: let the race detector see this consumer's slots
+                for k in range(w, ns, 2):
+                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
+            epilogue(w, acc, m_i if w == 0 else None, l_i)
+
+        run_consumer = (consumer_ws if cfg.s_warpgroup else consumer_seesaw if cfg.seesaw
+                        else consumer_shared if cfg.share_p else consumer)
 
         @pl.when(wg == 0)
         def _c0():
@@ -1108,7 +1226,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     ]
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
-    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
+    if cfg.seesaw:  # m and l vectors (one per consumer); p_ready per consumer; qk_turn; done (both consumers)
+        scratch += [plgpu.SMEM((2, bm), f32), plgpu.SMEM((2, bm), f32), plgpu.Barrier(num_arrivals=1, num_barriers=2),
+                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=2, num_barriers=1)]
+    elif cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
         readers = 2 if cfg.s_warpgroup else 1
         if r3:  # P lives in the ring (each slot's rope columns): alpha only
             p_bufs = [plgpu.SMEM((bm,), f32)]

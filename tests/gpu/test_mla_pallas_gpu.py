@@ -121,7 +121,8 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("fa_mla", "kv64_pair_mc_pf", "bfloat16", 4), ("v12_mla_tc", "kv64_pair", "float16", 1),
              ("fa_mla", "kv64_r3", "bfloat16", 4), ("fa_mla", "kv64_r3_mc", "bfloat16", 4),
              ("v12_mla_tc", "kv64_r3_mc", "float16", 1), ("fa_mla", "kv64_ws_pvf_mc", "bfloat16", 4),
-             ("v12_mla_tc", "kv64_ws_pvf", "float16", 1),
+             ("v12_mla_tc", "kv64_ws_pvf", "float16", 1), ("fa_mla", "kv64_seesaw_mc", "bfloat16", 4),
+             ("v12_mla_tc", "kv64_seesaw", "float16", 1),
              ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
@@ -139,7 +140,8 @@ def test_deepseek_shape(gen, config, dtype, batch):
 @pytestmark_gpu
 @pytest.mark.parametrize("config", ["default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws",
                                     "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc", "kv64_pair",
-                                    "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "kv64_ws_pvf_mc", "triton"])
+                                    "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "kv64_ws_pvf_mc", "kv64_seesaw",
+                                    "kv64_seesaw_mc", "triton"])
 def test_causal_multi_query_offsets_page16_and_splits(config):
     lens = [2048, 1000]
     q, pool, bt, kl = _case(11, b=2, tq=3, hq=128, dqk=576, lens=lens, page=16, dtype="bfloat16")
@@ -161,7 +163,7 @@ def test_v12_small_templates_few_heads(dqk, dv):
     q, pool, bt, kl = _case(12, b=3, tq=1, hq=16, dqk=dqk, lens=lens, page=32, dtype="float16")
     # kv64 at page 32: two TMA copies per 64-key tile; kv64_mc at 16 heads (one row tile) runs as kv64, no cluster
     for config in ("faithful", "kv64", "kv64_lazy", "kv64_mc", "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws",
-                   "kv64_pair", "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "triton"):
+                   "kv64_pair", "kv64_pair_mc_pf", "kv64_r3", "kv64_r3_mc", "kv64_seesaw", "kv64_seesaw_mc", "triton"):
         out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=dv, generation="v12_mla_tc",
                                              config=config, return_lse=True, interpret=False)
         _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=dv), "float16", f"v12:{config} {dqk}/{dv}")
@@ -196,7 +198,8 @@ def test_v11_nvfp4_templates(dqk, dv, hq, s):
                                                          (("kv64", "kv64_mc"), 192, 128, 16),
                                                          (("kv64_ws", "kv64_ws_mc"), 576, 512, 16),
                                                          (("kv64_pair", "kv64_pair_mc_pf"), 576, 512, 16),
-                                                         (("kv64_r3", "kv64_r3_mc"), 576, 512, 16)])
+                                                         (("kv64_r3", "kv64_r3_mc"), 576, 512, 16),
+                                                         (("kv64_seesaw", "kv64_seesaw_mc"), 576, 512, 16)])
 def test_kv64_mc_equals_kv64_bit_for_bit(pair, dqk, dv, page):
     """kv64_mc changes only how a latent tile reaches shared memory (one L2 read per 2-CTA cluster, multicast into
     both; a cluster-wide free barrier), not one operation of the arithmetic: its output and LSE must equal kv64's
@@ -220,7 +223,8 @@ def test_kv64_mc_equals_kv64_bit_for_bit(pair, dqk, dv, page):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc", "kv64_ws_pvf_mc"])
+@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc", "kv64_ws_pvf_mc",
+                                    "kv64_seesaw_mc"])
 def test_kv64_ws_matches_kv64(config):
     """kv64_ws moves the products between warpgroups (S and the softmax on one, each P V half on its own, P always
     from shared memory) but computes the same S, P, alpha and sums: at the DeepSeek-V3 shape with ragged lengths,
@@ -244,7 +248,7 @@ def test_kv64_ws_matches_kv64(config):
 
 @pytestmark_gpu
 @pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "kv64_mc", "kv64_pair_mc_pf", "kv64_r3_mc",
-                                    "triton"])
+                                    "kv64_seesaw_mc", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
