@@ -176,7 +176,7 @@ class MlaTcConfig:
     then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
     seesaw (with share_p, 64-key tiles, two slots): the two consumers take turns: tile t's QK, mask and softmax run on
     consumer t % 2, which publishes P_t (in slot t's rope columns) and the running max; each consumer then accumulates
-    every tile into its DV half in order (its own tile's P from registers, the other's from shared memory), so one
+    every tile into its DV half in order (P from the slot, its own tile's too), so one
     consumer's softmax runs while the other's QK (issued after the first's, from another warpgroup) holds the tensor
     cores. Config ``kv64_seesaw_mc``, docs/mla.md.
     pv_first (with s_warpgroup's serial S loop): the S warpgroup issues the QK of tile s only once both P V
@@ -1076,8 +1076,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             """seesaw: consumer w computes the scores and softmax of the tiles t with t % 2 == w and publishes P_t (in
             slot t's rope columns) with the running max m_t (p_ready[w]); it accumulates every tile into its DV half
             in order, rescaling O and its own row sum l_w to each tile's max. Per pair (a, b) = (2i, 2i + 1):
-            consumer 0: QK_a (then "qk_turn"), softmax_a -> publish, P V_a (P in registers), then P V_b (P_b from
-            shared memory once published); consumer 1: QK_b (after qk_turn), m_a, softmax_b -> publish, P V_a, P V_b.
+            consumer 0: QK_a (then "qk_turn"), softmax_a -> publish, P V_a, then P V_b once P_b is published;
+            consumer 1: QK_b (after qk_turn), m_a, softmax_b -> publish, P V_a, P V_b (P always from the slot).
             A lone last tile (odd count) is consumer 0's. At the end l = l_0 + l_1 (both at the final max)."""
             m_vec, l_vec, p_ready, qk_turn, done = exchange
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
@@ -1096,7 +1096,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), l_i * alpha
 
             def own_s(t, m_prev, *, masked: bool, turn: bool):
-                """QK, mask and softmax of tile t (this consumer's), published: ``(P, row sum, m_t)``."""
+                """QK, mask and softmax of tile t (this consumer's), published: ``(row sum, m_t)``; both consumers then
+                read P_t from the slot (holding it in registers across the other tile's P V spilled heavily)."""
                 if turn and w == 1:
                     plgpu.barrier_wait(qk_turn.at[0])  # consumer 0 has issued (and finished) QK_{t-1}
                 _, sc = tile_scores(t, masked)
@@ -1110,7 +1111,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 m_vec.at[w][...] = m_t
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(p_ready.at[w])
-                return pt, p.sum(axis=1), m_t
+                return p.sum(axis=1), m_t
 
             def pv(t, a, acc):
                 slot = lax.rem(t, ns)
@@ -1128,29 +1129,29 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 acc, l_i, m_cur = carry  # m_cur: the max of the last tile accumulated (= m_{2i-1})
                 a, b = 2 * i, 2 * i + 1
                 if w == 0:
-                    pt, rs, m_a = own_s(a, m_cur, masked=masked, turn=True)
+                    rs, m_a = own_s(a, m_cur, masked=masked, turn=True)
                     acc, l_i = rescale(acc, l_i, m_cur, m_a)
-                    acc = pv(a, pt, acc)
+                    acc = pv(a, p_slot(a), acc)
                     l_i = l_i + rs
                     m_b = other_m(b)
                     acc, l_i = rescale(acc, l_i, m_a, m_b)
                     acc = pv(b, p_slot(b), acc)
                     return acc, l_i, m_b
                 m_a = other_m(a)
-                pt, rs, m_b = own_s(b, m_a, masked=masked, turn=True)
+                rs, m_b = own_s(b, m_a, masked=masked, turn=True)
                 acc, l_i = rescale(acc, l_i, m_cur, m_a)
                 acc = pv(a, p_slot(a), acc)
                 acc, l_i = rescale(acc, l_i, m_a, m_b)
-                acc = pv(b, pt, acc)
+                acc = pv(b, p_slot(b), acc)
                 return acc, l_i + rs, m_b
 
             def lone(t, carry):
                 """An odd count's last tile, consumer 0's (masked)."""
                 acc, l_i, m_cur = carry
                 if w == 0:
-                    pt, rs, m_t = own_s(t, m_cur, masked=True, turn=False)
+                    rs, m_t = own_s(t, m_cur, masked=True, turn=False)
                     acc, l_i = rescale(acc, l_i, m_cur, m_t)
-                    return pv(t, pt, acc), l_i + rs, m_t
+                    return pv(t, p_slot(t), acc), l_i + rs, m_t
                 m_t = other_m(t)
                 acc, l_i = rescale(acc, l_i, m_cur, m_t)
                 return pv(t, p_slot(t), acc), l_i, m_t
