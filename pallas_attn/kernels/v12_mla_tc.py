@@ -629,11 +629,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
             plgpu.wait_smem_to_gmem(0)
 
-        def tile_scores(s, masked: bool, q_reg=None):
+        def tile_scores(s, masked: bool, q_reg=None, slot=None):
             """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked. ``q_reg``:
             Q's first q_regs columns as a register array (the A operand of those k-steps), the rest from shared
             memory, both products in one run_state (the refs sliced outside it)."""
-            slot = lax.rem(s, ns)
+            slot = lax.rem(s, ns) if slot is None else slot
             plgpu.barrier_wait(l_bar.at[slot])
             if q_reg is None:
                 sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
@@ -664,9 +664,9 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             slot, sc = tile_scores(s, masked, q_reg)
             return (slot, *softmax_p(sc, m_i, l_i))
 
-        def p_slot(s):
-            """ring3: P_s lives in slot s's last 64 columns (the rope part, which only tile s's QK reads)."""
-            return lat_smem.at[lax.rem(s, ns), :, pl.ds(dqk - tn, tn)]
+        def p_slot(s, slot=None):
+            """ring3, seesaw: P_s lives in slot s's last 64 columns (the rope part, which only tile s's QK reads)."""
+            return lat_smem.at[lax.rem(s, ns) if slot is None else slot, :, pl.ds(dqk - tn, tn)]
 
         def p_buffer(k):
             """P buffer k's ``(P, alpha, p_ready, p_free, k)``: the buffer refs, the barrier arrays and the barrier
@@ -1095,66 +1095,70 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 alpha = jnp.exp2(m_cur * cl - m_use)
                 return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), l_i * alpha
 
-            def own_s(t, m_prev, *, masked: bool, turn: bool):
+            # a pair's tiles sit in slots 0 and 1 (two slots, pairs aligned), a lone last tile in slot 0: slot indices
+            # known at trace time keep the operand addresses out of the registers (a slot computed per tile spilled)
+            slots = [_compat.traced_index(k, n) for k in range(2)]  # ref indices that reach a run_state
+
+            def own_s(t, slot, m_prev, *, masked: bool, turn: bool):
                 """QK, mask and softmax of tile t (this consumer's), published: ``(row sum, m_t)``; both consumers then
                 read P_t from the slot (holding it in registers across the other tile's P V spilled heavily)."""
                 if turn and w == 1:
                     plgpu.barrier_wait(qk_turn.at[0])  # consumer 0 has issued (and finished) QK_{t-1}
-                _, sc = tile_scores(t, masked)
+                _, sc = tile_scores(t, masked, slot=slot)
                 if turn and w == 0:
                     plgpu.barrier_arrive(qk_turn.at[0])
                 m_t = jnp.maximum(m_prev, sc.max(axis=1))
                 m_use = jnp.where(m_t == -jnp.inf, 0.0, m_t) * cl
                 p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
                 pt = p.astype(dtype)
-                p_slot(t)[...] = pt
+                p_slot(t, slot)[...] = pt
                 m_vec.at[w][...] = m_t
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(p_ready.at[w])
                 return p.sum(axis=1), m_t
 
-            def pv(t, a, acc):
-                slot = lax.rem(t, ns)
-                acc = mma(a, lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
+            def pv(t, slot, acc):
+                acc = mma(p_slot(t, slot), lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
                 plgpu.barrier_arrive(l_free.at[slot])
                 return acc
 
-            def other_m(t):
-                """The other consumer's tile t: wait for it (loaded and published) and read its m_t."""
-                plgpu.barrier_wait(l_bar.at[lax.rem(t, ns)])
+            def other_m(slot):
+                """The other consumer's tile in ``slot``: wait for it (loaded and published) and read its m_t."""
+                plgpu.barrier_wait(l_bar.at[slot])
                 plgpu.barrier_wait(p_ready.at[1 - w])
                 return load_row(m_vec.at[1 - w])
 
             def pair(i, carry, *, masked: bool):
                 acc, l_i, m_cur = carry  # m_cur: the max of the last tile accumulated (= m_{2i-1})
                 a, b = 2 * i, 2 * i + 1
+                sa, sb = slots
                 if w == 0:
-                    rs, m_a = own_s(a, m_cur, masked=masked, turn=True)
+                    rs, m_a = own_s(a, sa, m_cur, masked=masked, turn=True)
                     acc, l_i = rescale(acc, l_i, m_cur, m_a)
-                    acc = pv(a, p_slot(a), acc)
+                    acc = pv(a, sa, acc)
                     l_i = l_i + rs
-                    m_b = other_m(b)
+                    m_b = other_m(sb)
                     acc, l_i = rescale(acc, l_i, m_a, m_b)
-                    acc = pv(b, p_slot(b), acc)
+                    acc = pv(b, sb, acc)
                     return acc, l_i, m_b
-                m_a = other_m(a)
-                rs, m_b = own_s(b, m_a, masked=masked, turn=True)
+                m_a = other_m(sa)
+                rs, m_b = own_s(b, sb, m_a, masked=masked, turn=True)
                 acc, l_i = rescale(acc, l_i, m_cur, m_a)
-                acc = pv(a, p_slot(a), acc)
+                acc = pv(a, sa, acc)
                 acc, l_i = rescale(acc, l_i, m_a, m_b)
-                acc = pv(b, p_slot(b), acc)
+                acc = pv(b, sb, acc)
                 return acc, l_i + rs, m_b
 
             def lone(t, carry):
                 """An odd count's last tile, consumer 0's (masked)."""
                 acc, l_i, m_cur = carry
                 if w == 0:
-                    rs, m_t = own_s(t, m_cur, masked=True, turn=False)
+                    rs, m_t = own_s(t, slots[0], m_cur, masked=True, turn=False)
                     acc, l_i = rescale(acc, l_i, m_cur, m_t)
-                    return pv(t, p_slot(t), acc), l_i + rs, m_t
-                m_t = other_m(t)
+                    return pv(t, slots[0], acc), l_i + rs, m_t
+                m_t = other_m(slots[0])
                 acc, l_i = rescale(acc, l_i, m_cur, m_t)
-                return pv(t, p_slot(t), acc), l_i, m_t
+                return pv(t, slots[0], acc), l_i, m_t
 
             carry = (lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA), lcast(jnp.full((bm,), 0.0, f32), row_layout),
                      lcast(jnp.full((bm,), -jnp.inf, f32), row_layout))
