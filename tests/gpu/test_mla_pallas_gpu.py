@@ -223,13 +223,14 @@ def test_kv64_mc_equals_kv64_bit_for_bit(pair, dqk, dv, page):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc", "kv64_ws_pvf_mc",
-                                    "kv64_seesaw_mc"])
+@pytest.mark.parametrize("config", ["kv64_ws", "kv64_wsq_mc", "kv64_pair_mc", "kv64_r3_mc", "kv64_ws_pvf_mc"])
 def test_kv64_ws_matches_kv64(config):
     """kv64_ws moves the products between warpgroups (S and the softmax on one, each P V half on its own, P always
     from shared memory) but computes the same S, P, alpha and sums: at the DeepSeek-V3 shape with ragged lengths,
     forced splits and an empty sequence its output and LSE stay within one bf16 rounding of kv64's (printed: whether
-    they are equal bit for bit), and both match the oracle."""
+    they are equal bit for bit), and both match the oracle. kv64_seesaw is not here: it changes the arithmetic (the row
+    sum in two parts, the rescales in another order; 7 of 262,144 outputs two bf16 roundings from kv64's on the H100,
+    results/gpu_runs/20261123_s7/call18_mla_gpu_seesaw.log) and is checked against the oracle and its cluster twin."""
     lens = [8192, 0, 3001, 64]
     q, pool, bt, kl = _case(19, b=4, tq=1, hq=128, dqk=576, lens=lens, page=64, dtype="bfloat16", cap=8192)
     got = {}
