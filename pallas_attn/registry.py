@@ -71,11 +71,6 @@ ROWS: tuple[Row, ...] = (
                                          "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
                                          "kv64_ws": "kv64_ws", "kv64_ws_mc": "kv64_ws_mc", "kv64_wsq_mc": "kv64_wsq_mc",
                                          "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
-                                         "kv64_mc_pf": "kv64_mc_pf", "kv64_pair": "kv64_pair",
-                                         "kv64_pair_mc": "kv64_pair_mc", "kv64_pair_mc_pf": "kv64_pair_mc_pf",
-                                         "kv64_r3": "kv64_r3", "kv64_r3_mc": "kv64_r3_mc",
-                                         "kv64_ws_pvf": "kv64_ws_pvf", "kv64_ws_pvf_mc": "kv64_ws_pvf_mc",
-                                         "kv64_seesaw": "kv64_seesaw", "kv64_seesaw_mc": "kv64_seesaw_mc",
                                          "triton": "triton"}),
 )
 _BY_ID = {r.generation: r for r in ROWS}

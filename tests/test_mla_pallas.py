@@ -175,18 +175,6 @@ def test_absorption_identity_through_the_kernel():
     ("kv64_wsq_mc", 192, 128, 2, 3, 16, 16, True, 2, [140, 0]),  # warpgroups by role (kv64_ws's protocol: S +
     # softmax, two P V readers of the one P buffer, p_free by both, the first also the loader) with Q's first 128
     # columns (of 192) in the S warpgroup's registers; one row tile here, so no cluster
-    ("kv64_pair", 192, 128, 2, 1, 16, 16, False, 2, [330, 100]),  # the S warpgroup's tile pairs (two QKs in
-    # flight, two P buffers, Q's first 64 columns staged through P buffer 1): splits of 3, 3, 2 and 0 tiles, so an
-    # unmasked pair, a masked pair and a lone last tile
-    ("kv64_pair", 192, 128, 1, 3, 16, 16, True, 1, [203]),  # causal Tq 3: every pair masked, 4 tiles
-    ("kv64_ws_pvf", 192, 128, 1, 1, 16, 16, False, 1, [250]),  # kv64_ws with the QK of tile s issued after both
-    # P V warpgroups issued tile s - 1's P V (a "P V issued" barrier, every phase observed); 4 tiles, the last partial
-    ("kv64_seesaw", 192, 128, 2, 1, 16, 16, False, 2, [330, 100]),  # the consumers take turns on the scores:
-    # splits of 3, 3, 2 and 0 tiles (an unmasked pair, a masked pair, a lone last tile, an empty split)
-    ("kv64_seesaw", 192, 128, 1, 3, 16, 16, True, 1, [203]),  # causal Tq 3: every pair masked, 4 tiles
-    ("kv64_r3", 192, 128, 2, 3, 16, 16, True, 1, [330, 0]),  # a three-slot ring: Q (but its rope columns) in the S
-    # warpgroup's registers, staged through the third slot before its first tile, P in each slot's rope columns
-    # (6 tiles: the slot refilled twice); an empty sequence
 ])
 def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, causal, splits, lens):
     """The Mosaic kernel's own code (TMA through the table, the latent ring and its barriers, masks, the split_qk
@@ -255,7 +243,7 @@ def _mosaic_launch_facts(monkeypatch):
                                                                                        "async_copy")):
         pytest.skip(f"this jax ({jax.__version__}) lays out Mosaic GPU's launch differently")
     launches, loads = [], []
-    launch, copy, prefetch = core._launch, lctx.LaunchContext.async_copy, lctx.LaunchContext.async_prefetch
+    launch, copy = core._launch, lctx.LaunchContext.async_copy
 
     def spy_launch(token, grid, cluster, block, smem, *args, **kw):
         launches.append((tuple(grid), tuple(cluster), core._smem_tree_size(smem)))
@@ -267,31 +255,18 @@ def _mosaic_launch_facts(monkeypatch):
                       (coll,) if not isinstance(coll, (tuple, list)) else tuple(coll)))
         return copy(self, **kw)
 
-    def spy_prefetch(self, **kw):  # recorded as a copy with destination "L2"
-        coll = kw.get("collective") or ()
-        loads.append((str(kw["gmem_ref"].type), "L2", (coll,) if not isinstance(coll, (tuple, list)) else tuple(coll)))
-        return prefetch(self, **kw)
-
     monkeypatch.setattr(core, "_launch", spy_launch)
     monkeypatch.setattr(lctx.LaunchContext, "async_copy", spy_copy)
-    monkeypatch.setattr(lctx.LaunchContext, "async_prefetch", spy_prefetch)
     return launches, loads
 
 
-@pytest.mark.parametrize(("config", "page"), [("kv64_mc", 64), ("kv64_mc", 16), ("kv64_ws_mc", 64),
-                                              ("kv64_pair_mc_pf", 64), ("kv64_r3_mc", 64), ("kv64_ws_pvf_mc", 64),
-                                              ("kv64_seesaw_mc", 64)])
+@pytest.mark.parametrize(("config", "page"), [("kv64_mc", 64), ("kv64_mc", 16), ("kv64_ws_mc", 64)])
 def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     """kv64_mc at the DeepSeek-V3 template (h_q 128: two row tiles, one cluster per (batch, split)) lowered for CUDA
     on the CPU, page 64 (one TMA copy per 64-key tile) and page 16 (four): the launch is B x S clusters of 2 CTAs,
     every latent copy multicasts along the cluster dimension while the Q copy does not, and the shared memory
     Mosaic allocates is kv64's 231,488 B, what smem_bytes says (the cluster barrier takes a plain barrier's 8 B).
-    kv64_ws_mc (four warpgroups by role, same buffers) launches the same way. kv64_pair_mc_pf: Q in two copies (its
-    first 64 columns through P buffer 1), two P buffers in the 64 KiB Q no longer takes (231,504 B), and with each
-    refill three multicast L2 prefetches (192 columns each) of the tile two ahead. kv64_r3_mc: a third ring slot in
-    the bytes of Q (two copies: all of Q into the third slot, its rope columns into an 8 KiB tile) and P (which lives
-    in the ring), the slot's first tile loaded from a third place (after "Q read"): 231,512 B. kv64_seesaw_mc: kv64_mc's
-    launch and copies without a P buffer (P lives in the ring): 224,328 B."""
+    kv64_ws_mc (four warpgroups by role, same buffers) launches the same way."""
     from pallas_attn.mla import mla_attention
 
     launches, loads = _mosaic_launch_facts(monkeypatch)
@@ -305,18 +280,13 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
             ).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",))
     # the CUDA grid (x, y, z) = (2 B, S, row tiles / 2); a cluster of two along x
     assert launches == [((2 * b, 2, 1), (2, 1, 1), v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))]
-    pair = config == "kv64_pair_mc_pf"
-    assert launches[0][2] == {"kv64_pair_mc_pf": 231_504, "kv64_r3_mc": 231_512, "kv64_ws_pvf_mc": 231_496,
-                              "kv64_seesaw_mc": 224_328}.get(config, 231_488)
+    assert launches[0][2] == 231_488
     q_copies = [c for src, _, c in loads if src.startswith(f"memref<{b}x128x{dqk}x")]
-    ring = [(dst, c) for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst != "L2"]
-    l2 = [c for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x") and dst == "L2"]
-    assert q_copies == ([(), ()] if config in ("kv64_pair_mc_pf", "kv64_r3_mc") else [()]), loads
+    ring = [(dst, c) for src, dst, c in loads if src.startswith(f"memref<{b * pps * page}x{dqk}x")]
+    assert q_copies == [()], loads
     # one copy per page of a tile, each into its rows of the slot, at each place the kernel issues tile loads (kv64_ws:
     # the loading P.V warpgroup's first tiles and its refills)
-    assert len(ring) == {"kv64_mc": 1, "kv64_seesaw_mc": 1, "kv64_r3_mc": 3}.get(config, 2) * (64 // page), loads
-    assert len(l2) == (len(ring) * 3 if pair else 0), loads
-    assert all(len(coll) == 1 and coll[0].name == "x" for coll in l2), loads
+    assert len(ring) == (2 if config == "kv64_ws_mc" else 1) * (64 // page), loads
     for dst, coll in ring:
         assert dst.startswith(f"memref<{page // 8}x9x8x64xbf16") and len(coll) == 1 and coll[0].name == "x", loads
 
@@ -418,9 +388,7 @@ def test_contract_and_deepseek_plan():
     assert info["fa_mla"].built and info["fa_mla"].frontier
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
                                            "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
-                                           "kv64_mc_pf", "kv64_pair", "kv64_pair_mc", "kv64_pair_mc_pf", "kv64_r3",
-                                           "kv64_r3_mc", "kv64_ws_pvf", "kv64_ws_pvf_mc", "kv64_seesaw",
-                                           "kv64_seesaw_mc", "triton"}
+                                           "triton"}
     k = registry.kernel("fa_mla")
     p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                    head_dim=576, page_size=64, kv_lora_rank=512)

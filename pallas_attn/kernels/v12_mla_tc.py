@@ -173,25 +173,7 @@ class MlaTcConfig:
     q_regs (with s_warpgroup): the S warpgroup holds Q's first ``q_regs`` columns in registers as the QK's A operand,
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
-    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
-    seesaw (with share_p, 64-key tiles, two slots): the two consumers take turns: tile t's QK, mask and softmax run on
-    consumer t % 2, which publishes P_t (in slot t's rope columns) and the running max; each consumer then accumulates
-    every tile into its DV half in order (P from the slot, its own tile's too), so one
-    consumer's softmax runs while the other's QK (issued after the first's, from another warpgroup) holds the tensor
-    cores. Config ``kv64_seesaw_mc``, docs/mla.md.
-    pv_first (with s_warpgroup's serial S loop): the S warpgroup issues the QK of tile s only once both P V
-    warpgroups have issued their P V of tile s - 1 (a "P V issued" barrier), so the tensor pipe, which takes wgmmas in
-    issue order, runs P V_{s-1} before QK_s and releases slot s - 1 sooner (config ``kv64_ws_pvf_mc``, docs/mla.md).
-    ring3 (with s_warpgroup, 64-key tiles, three slots): a three-slot ring in the shared memory kv64 gives Q and P:
-    Q's first DQK - 64 columns live in the S warpgroup's registers (the QK's A operand; they reach the registers
-    through the ring's last slot before that slot's first tile), its last 64 in an 8 KiB tile, and P_s goes into
-    slot s's last 64 columns (the rope part, dead once the tile's QK is done). Config ``kv64_r3_mc``, docs/mla.md.
-    s_pairs (with s_warpgroup, 64-key tiles, two slots, q_regs 64): the S warpgroup takes the ring's two tiles as a
-    pair: it issues both QKs back to back, runs the softmax of the first while the second's QK runs, publishes P,
-    then the second's softmax runs beside the first's P V; two P / alpha buffers, Q's first 64 columns in registers
-    (the second P buffer takes their shared memory; Q reaches the registers through it). Config ``kv64_pair_mc``,
-    docs/mla.md. l2_prefetch: with tile s's TMA copies, the loader also prefetches tile s + l2_prefetch into L2
-    (``cp.async.bulk.prefetch``), so a slot's refill reads L2 rather than HBM (0: off)."""
+    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md)."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -211,11 +193,6 @@ class MlaTcConfig:
     s_regs: int = 152
     q_regs: int = 0
     s_pipelined: bool = False
-    s_pairs: bool = False
-    l2_prefetch: int = 0
-    ring3: bool = False
-    pv_first: bool = False
-    seesaw: bool = False
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -230,8 +207,7 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
-                     "s_pairs", "ring3", "pv_first", "seesaw"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -239,29 +215,6 @@ class MlaTcConfig:
         if self.s_pipelined and (not self.s_warpgroup or self.q_regs):
             raise ValueError(f"{owner}: s_pipelined is a variant of s_warpgroup without q_regs; got "
                              f"s_warpgroup={self.s_warpgroup}, q_regs={self.q_regs}")
-        if self.s_pairs and (not self.s_warpgroup or self.s_pipelined or self.block_kv != 64 or self.stages != 2
-                             or self.q_regs != 64):
-            raise ValueError(f"{owner}: s_pairs runs on s_warpgroup (not s_pipelined) with block_kv 64, stages 2 "
-                             f"and q_regs 64; got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
-                             f"block_kv={self.block_kv}, stages={self.stages}, q_regs={self.q_regs}")
-        if self.ring3 and (not self.s_warpgroup or self.s_pipelined or self.s_pairs or self.q_regs
-                           or self.block_kv != 64 or self.stages != 3):
-            raise ValueError(f"{owner}: ring3 runs on s_warpgroup (not s_pipelined / s_pairs, q_regs 0) with "
-                             f"block_kv 64 and stages 3; got s_warpgroup={self.s_warpgroup}, s_pipelined="
-                             f"{self.s_pipelined}, s_pairs={self.s_pairs}, q_regs={self.q_regs}, block_kv="
-                             f"{self.block_kv}, stages={self.stages}")
-        if self.seesaw and (not self.share_p or self.s_warpgroup or self.lazy_rescale or self.block_kv != 64
-                            or self.stages != 2):
-            raise ValueError(f"{owner}: seesaw runs on share_p (two consumers and a producer, not s_warpgroup, not "
-                             f"lazy_rescale) with block_kv 64 and stages 2; got share_p={self.share_p}, s_warpgroup="
-                             f"{self.s_warpgroup}, lazy_rescale={self.lazy_rescale}, block_kv={self.block_kv}, "
-                             f"stages={self.stages}")
-        if self.pv_first and (not self.s_warpgroup or self.s_pipelined or self.s_pairs):
-            raise ValueError(f"{owner}: pv_first orders kv64_ws's serial S loop (s_warpgroup without s_pipelined / "
-                             f"s_pairs); got s_warpgroup={self.s_warpgroup}, s_pipelined={self.s_pipelined}, "
-                             f"s_pairs={self.s_pairs}")
-        if not (isinstance(self.l2_prefetch, int) and 0 <= self.l2_prefetch <= 8):
-            raise ValueError(f"{owner}.l2_prefetch must be an int in [0, 8] (tiles ahead); got {self.l2_prefetch!r}")
         if self.share_p and self.stages != 2 and not self.s_warpgroup:
             raise ValueError(f"{owner}: share_p runs a 2-slot ring (each consumer stages its output in one slot); "
                              f"got stages={self.stages}")
@@ -320,23 +273,6 @@ CONFIGS = {
                               consumer_regs=176, s_regs=152),
     "kv64_wsq_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                                consumer_regs=168, s_regs=168, q_regs=256),
-    "kv64_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True, l2_prefetch=2),
-    "kv64_ws_pvf": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, pv_first=True,
-                               consumer_regs=176, s_regs=152),
-    "kv64_ws_pvf_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, pv_first=True,
-                                  multicast=True, consumer_regs=176, s_regs=152),
-    "kv64_seesaw": MlaTcConfig(block_kv=64, stages=2, share_p=True, seesaw=True),
-    "kv64_seesaw_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, seesaw=True, multicast=True),
-    "kv64_r3": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
-                           consumer_regs=160, s_regs=184),
-    "kv64_r3_mc": MlaTcConfig(block_kv=64, stages=3, share_p=True, s_warpgroup=True, ring3=True,
-                              multicast=True, consumer_regs=160, s_regs=184),
-    "kv64_pair": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True,
-                             consumer_regs=168, s_regs=168, q_regs=64),
-    "kv64_pair_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True, multicast=True,
-                                consumer_regs=168, s_regs=168, q_regs=64),
-    "kv64_pair_mc_pf": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, s_pairs=True,
-                                   multicast=True, consumer_regs=168, s_regs=168, q_regs=64, l2_prefetch=2),
 }
 
 
@@ -347,16 +283,10 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
-        nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1  # P / alpha buffers
-        # s_pairs: Q's first 64 columns live in registers; ring3: all but its last 64 (and P lives in the ring)
-        q_cols = 64 if cfg.ring3 else dqk - 64 if cfg.s_pairs else dqk
-        p_bytes = 0 if cfg.ring3 or cfg.seesaw else nbuf * BLOCK_M * cfg.block_kv * itemsize
-        if cfg.seesaw:  # no P buffer (P in the ring); m and l vectors, LSE; Q, loaded / free per slot, p_ready x 2,
-            # qk_turn, done
-            return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + 3 * 1024 + (2 * cfg.stages + 5) * 8
-        return _align(BLOCK_M * q_cols * itemsize) + _align(ring) + _align(p_bytes) \
-            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + cfg.ring3 + cfg.pv_first) * 8  # barriers: Q, loaded /
-        # free per slot, p_ready / p_free per P buffer, done (ring3: and "Q read"; pv_first: and "P V issued")
+        nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
+        return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
+            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
+        # per P buffer, done
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -447,35 +377,20 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
     # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
     # one (what is checked on the CPU is everything but the cluster protocol itself).
-    r3 = cfg.ring3  # Q's rope columns in shared memory, the rest in registers (staged through the ring's last slot)
-    if (r3 or cfg.seesaw) and dqk - dv != tn:  # P_s (64 x TN) takes the slot's rope columns: exactly TN wide
-        raise ValueError(f"{GEN}: ring3 / seesaw put P in each slot's rope columns and need DQK - DV == block_kv; got "
-                         f"DQK {dqk}, DV {dv}, block_kv {tn}")
-    # q_regs: at least one 64-column chunk of Q stays in shared memory
-    q_cols_reg = dqk - 64 if r3 else min(cfg.q_regs, dqk - 64)
-    # P / alpha buffers (s_pipelined, s_pairs: P_s may be published before P_{s-1} is read)
-    nbuf = 2 if cfg.s_pipelined or cfg.s_pairs else 1
-    q_narrow = cfg.s_pairs or r3  # Q's shared-memory tile holds only the columns past q_cols_reg
-    pf_cols = max(w for w in range(8, 257, 8) if dqk % w == 0)  # l2_prefetch: columns per prefetch box
+    q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
+    nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before P_{s-1} is read)
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
     paired = cfg.multicast and n_row_tiles % 2 == 0
     cluster = paired and not emulate
     mc_copy = {"collective_axes": "t"} if cluster else {}
 
     def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
-        q_read = pv_issued = None
-        if cfg.pv_first:  # the "P V issued" barrier comes last
-            *scratch_refs, pv_issued = scratch_refs
-        if r3:  # the "Q read" barrier comes last
-            *scratch_refs, q_read = scratch_refs
         if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
             q_smem, (lat_smem, (o_stage, lse_stage)), q_bar, l_bar, l_free, *exchange = scratch_refs
         elif aliased:
             q_smem, (lat_smem, o_stage), lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
         else:
             q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
-        if r3:  # no P buffer: P lives in the ring
-            exchange = [None, *exchange]
         ti = lax.axis_index("t")
         if paired:  # "t" is the CTA's rank in its cluster
             ti = 2 * lax.axis_index("tp") + ti
@@ -629,18 +544,18 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
             plgpu.wait_smem_to_gmem(0)
 
-        def tile_scores(s, masked: bool, q_reg=None, slot=None):
+        def tile_scores(s, masked: bool, q_reg=None):
             """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked. ``q_reg``:
             Q's first q_regs columns as a register array (the A operand of those k-steps), the rest from shared
             memory, both products in one run_state (the refs sliced outside it)."""
-            slot = lax.rem(s, ns) if slot is None else slot
+            slot = lax.rem(s, ns)
             plgpu.barrier_wait(l_bar.at[slot])
             if q_reg is None:
                 sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
             else:
                 kr = q_cols_reg
-                k_reg, k_rest = lat_smem.at[slot, :, pl.ds(0, kr)], lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
-                q_rest = q_smem if q_narrow else q_smem.at[:, pl.ds(kr, dqk - kr)]
+                k_reg, q_rest = lat_smem.at[slot, :, pl.ds(0, kr)], q_smem.at[:, pl.ds(kr, dqk - kr)]
+                k_rest = lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
                 if emulate:
                     sc = mma(q_rest, k_rest, (bm, tn), mma(q_reg, k_reg, (bm, tn), b_t=True), b_t=True)
                 else:
@@ -664,60 +579,42 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             slot, sc = tile_scores(s, masked, q_reg)
             return (slot, *softmax_p(sc, m_i, l_i))
 
-        def p_slot(s, slot=None):
-            """ring3, seesaw: P_s lives in slot s's last 64 columns (the rope part, which only tile s's QK reads)."""
-            return lat_smem.at[lax.rem(s, ns) if slot is None else slot, :, pl.ds(dqk - tn, tn)]
-
-        def p_buffer(k):
-            """P buffer k's ``(P, alpha, p_ready, p_free, k)``: the buffer refs, the barrier arrays and the barrier
-            index (k: an int or a traced index; with one buffer, that buffer and index 0)."""
+        def hand_over(s, pt, alpha):
+            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
+            (p_free): P_{s-1} with one buffer, P_{s-2} with two (s_pipelined: buffer s % 2)."""
             p_smem, alpha_smem, p_ready, p_free, _ = exchange
             if nbuf == 1:
-                return p_smem, alpha_smem, p_ready, p_free, 0
-            return p_smem.at[k], alpha_smem.at[k], p_ready, p_free, k
+                @pl.when(s > 0)
+                def _():
+                    plgpu.barrier_wait(p_free.at[0])
 
-        def hand_over(s, pt, alpha, buf=None):
-            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
-            (p_free): P_{s-1} with one buffer, P_{s-2} with two (buffer s % 2). ``buf``: buffer s % 2's
-            ``p_buffer``, sliced by the caller (inside a run_state, whose ref indices must not be Python ints)."""
-            p_k, a_k, p_ready, p_free, k = buf or p_buffer(None if nbuf == 1 else lax.rem(s, nbuf))
-            if r3:
-                p_k = p_slot(s)
+                p_smem[...] = pt
+                alpha_smem[...] = alpha
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(p_ready.at[0])
+                return
+            k = lax.rem(s, nbuf)
 
-            @pl.when(s > 0 if nbuf == 1 else s >= nbuf)
+            @pl.when(s >= nbuf)
             def _():
                 plgpu.barrier_wait(p_free.at[k])
 
-            p_k[...] = pt
-            a_k[...] = alpha
+            p_smem.at[k][...] = pt
+            alpha_smem.at[k][...] = alpha
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready.at[k])
 
-        def tile_rows(s):
-            """The pool rows of tile s's page copies: one start row per copy of ``sub`` rows (a copy never crosses a
-            page; the page index clamped into the pool)."""
-            rows = []
+        def load_tile(s):
+            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
+            slot = lax.rem(s, ns)
+            j0 = lo + s * tn
             for i in range(copies):
-                jj = lo + s * tn + i * sub
+                jj = j0 + i * sub
                 lp = jnp.minimum(lax.div(jj, page), pps - 1)
                 pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
-                rows.append(pg * page + lax.rem(jj, page))
-            return rows
-
-        def load_tile(s):
-            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns; with
-            l2_prefetch, also prefetch tile s + l2_prefetch into L2 (if this split has it)."""
-            slot = lax.rem(s, ns)
-            for i, row in enumerate(tile_rows(s)):
+                row = pg * page + lax.rem(jj, page)
                 plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
                                         l_bar.at[slot], **mc_copy)
-            if cfg.l2_prefetch and not emulate:  # the interpreter has no L2 (and no prefetch): a hint only
-                @pl.when(s + cfg.l2_prefetch < n)
-                def _():
-                    # a TMA box is at most 256 elements wide: the prefetch covers the row in pf_cols-wide pieces
-                    for row in tile_rows(s + cfg.l2_prefetch):
-                        for c0 in range(0, dqk, pf_cols):
-                            plgpu.async_prefetch(lat_ref.at[pl.ds(row, sub), pl.ds(c0, pf_cols)], **mc_copy)
 
         def drain_frees(n_load):
             """The loader observes the last frees too (every phase of a barrier it waits on: what jax's GPU
@@ -769,58 +666,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
             return lax.cond(n > 0, run, lambda c: c, (m0, l0))
 
-        def s_pairs_loop(carry, q_reg, step_s):
-            """s_pairs: tiles 2i and 2i + 1 (slots 0 and 1, P buffers 0 and 1) as a pair. Both QKs are issued back to
-            back in one run_state; the softmax of 2i runs once its QK is done (two wgmma groups may still be in
-            flight: the QK of 2i + 1) and P_{2i} is published there, so the P V warpgroups start on it while the QK of
-            2i + 1 still runs; the softmax of 2i + 1 then runs beside that P V. Pairs without the split's last tile
-            run unmasked (all masked when rows differ: causal Tq > 1); the last one or two tiles run masked (a mask
-            on a full tile changes nothing). Returns the final (m, l); n = 0 runs nothing."""
-            kr = q_cols_reg
-            slots = [_compat.traced_index(k, n) for k in range(2)]  # ref indices that reach a run_state
-            k_parts = [(lat_smem.at[k, :, pl.ds(0, kr)], lat_smem.at[k, :, pl.ds(kr, dqk - kr)]) for k in slots]
-            loaded1 = l_bar.at[slots[1]]
-
-            def pair(i, carry, *, masked: bool):
-                m_i, l_i = carry
-                a = 2 * i
-                buf0 = p_buffer(slots[0])
-                plgpu.barrier_wait(l_bar.at[0])
-                if emulate:
-                    plgpu.barrier_wait(loaded1)
-                    sa = mma(q_smem, k_parts[0][1], (bm, tn), mma(q_reg, k_parts[0][0], (bm, tn), b_t=True), b_t=True)
-                    sb = mma(q_smem, k_parts[1][1], (bm, tn), mma(q_reg, k_parts[1][0], (bm, tn), b_t=True), b_t=True)
-                    pt, alpha, m_i, l_i = softmax_p(mask(sa, a) if masked else sa, m_i, l_i)
-                    hand_over(a, pt, alpha, buf0)
-                else:
-                    kt = [(r.transpose((1, 0)), t.transpose((1, 0))) for r, t in k_parts]
-
-                    def both(refs):
-                        sa_ref, sb_ref, m_ref, l_ref = refs
-                        plgpu.wgmma(sa_ref, q_reg, kt[0][0])
-                        plgpu.wgmma(sa_ref, q_smem, kt[0][1])
-                        plgpu.barrier_wait(loaded1)
-                        plgpu.wgmma(sb_ref, q_reg, kt[1][0])
-                        plgpu.wgmma(sb_ref, q_smem, kt[1][1])
-                        sa = _acc_load(sa_ref, wait_n=2)  # S_{2i} is done; the QK of 2i + 1 may still run
-                        pt, alpha, m_new, l_new = softmax_p(mask(sa, a) if masked else sa, m_ref[...], l_ref[...])
-                        hand_over(a, pt, alpha, buf0)
-                        m_ref[...] = m_new
-                        l_ref[...] = l_new
-
-                    zeros = lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)
-                    _, sb, m_i, l_i = pl.run_state(both)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros), m_i, l_i))
-                pt, alpha, m_i, l_i = softmax_p(mask(sb, a + 1) if masked else sb, m_i, l_i)
-                hand_over(a + 1, pt, alpha)
-                return m_i, l_i
-
-            plain = jnp.int32(0) if per_row_mask else lax.div(jnp.maximum(n - 1, 0), 2)  # pairs before the last tile
-            masked_pairs = lax.div(n - 2 * plain, 2)
-            carry = lax.fori_loop(0, plain, functools.partial(pair, masked=False), carry)
-            carry = lax.fori_loop(plain, plain + masked_pairs, functools.partial(pair, masked=True), carry)
-            # an odd tile count leaves the last tile alone
-            return lax.fori_loop(2 * (plain + masked_pairs), n, functools.partial(step_s, masked=True), carry)
-
         def consumer_ws(w: int):
             """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
             (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
@@ -834,32 +679,14 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             row_layout = plgpu.Layout.WGMMA.reduce(1)
             if w == 0:
                 plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
-                q_rows = q_ref.at[bi, pl.ds(r0, bm)]
-                if r3:  # Q passes through the ring's last slot (whose first tile waits for q_read), the rope columns
-                    # also into their own tile
-                    q_cols = lat_smem.at[ns - 1, :, pl.ds(0, q_cols_reg)]
-                    plgpu.copy_gmem_to_smem(q_rows, lat_smem.at[ns - 1], q_bar.at[0])
-                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(q_cols_reg, dqk - q_cols_reg)], q_smem, q_bar.at[0])
-                elif q_narrow:  # s_pairs: Q's first 64 columns reach the registers through P buffer 1, not yet in use
-                    q_cols = p_smem.at[1]
-                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(0, q_cols_reg)], q_cols, q_bar.at[0])
-                    plgpu.copy_gmem_to_smem(q_rows.at[:, pl.ds(q_cols_reg, dqk - q_cols_reg)], q_smem, q_bar.at[0])
-                else:
-                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
-                    plgpu.copy_gmem_to_smem(q_rows, q_smem, q_bar.at[0])
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
                 plgpu.barrier_wait(q_bar.at[0])
                 q_reg = None
                 if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
+                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
                     q_reg = q_cols[...] if emulate else plgpu.load(q_cols, (), layout=plgpu.Layout.WGMMA)
-                if r3:
-                    plgpu.barrier_arrive(q_read.at[0])  # (kv64_mc: in both CTAs; the partner's multicast waits too)
 
                 def step_s(s, carry, *, masked: bool):
-                    if cfg.pv_first:
-                        @pl.when(s > 0)
-                        def _():  # both P V warpgroups issued P V_{s-1}: QK_s queues behind it
-                            plgpu.barrier_wait(pv_issued.at[0])
-
                     _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked, q_reg)
                     hand_over(s, pt, alpha)
                     return m_new, l_new
@@ -868,8 +695,6 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                          lcast(jnp.full((bm,), 0.0, f32), row_layout))
                 if cfg.s_pipelined:
                     m_i, l_i = s_pipelined_loop(*carry, hand_over)
-                elif cfg.s_pairs:
-                    m_i, l_i = s_pairs_loop(carry, q_reg, step_s)
                 else:
                     n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
                     carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
@@ -879,36 +704,20 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 def _(s):  # the last handoffs consumed by both P V warpgroups (every phase observed)
                     plgpu.barrier_wait(p_free.at[lax.rem(s, nbuf)])
 
-                if cfg.pv_first:
-                    @pl.when(n > 0)
-                    def _():  # the last P V's issue (every phase observed)
-                        plgpu.barrier_wait(pv_issued.at[0])
-
                 l_out = alpha_smem if nbuf == 1 else alpha_smem.at[0]
                 l_out[...] = l_i  # both have read their last alpha: the buffer now carries the final l
                 plgpu.barrier_arrive(done.at[0])
                 plgpu.barrier_wait(done.at[0])
                 epilogue(0, None, m_i, l_i)
                 return
-            plgpu.set_max_registers(cfg.consumer_regs,
-                                    action="decrease" if cfg.consumer_regs < _LAUNCH_REGS_3WG else "increase")
+            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
             half = w - 1
 
             def load_row(ref):
                 return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
 
             loader = w == 1
-            if loader and r3:  # the first ns tiles need no free slot; the last slot waits until Q has left it
-                @pl.loop(0, jnp.minimum(n, ns - 1))
-                def _first(s):
-                    load_tile(s)
-
-                plgpu.barrier_wait(q_read.at[0])
-
-                @pl.when(n >= ns)
-                def _():
-                    load_tile(ns - 1)
-            elif loader:  # the first ns tiles need no free slot
+            if loader:  # the first ns tiles need no free slot
                 @pl.loop(0, jnp.minimum(n, ns))
                 def _first(s):
                     load_tile(s)
@@ -917,24 +726,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 slot = lax.rem(s, ns)
                 k = lax.rem(s, nbuf)
                 p_k, a_k = (p_smem, alpha_smem) if nbuf == 1 else (p_smem.at[k], alpha_smem.at[k])
-                if r3:
-                    p_k = p_slot(s)
                 plgpu.barrier_wait(l_bar.at[slot])
                 plgpu.barrier_wait(p_ready.at[k])
                 acc = acc * lax.broadcast_in_dim(load_row(a_k), (bm, dvh), (0,))
-                v_half = lat_smem.at[slot, :, pl.ds(half * dvh, dvh)]
-                if cfg.pv_first and not emulate:
-                    issued = pv_issued.at[_compat.traced_index(0, s)]  # a ref index inside run_state
-
-                    def issue(acc_ref):
-                        plgpu.wgmma(acc_ref, p_k, v_half)
-                        plgpu.barrier_arrive(issued)  # before the wait run_state ends with
-
-                    acc = pl.run_state(issue)(plgpu.ACC.init(acc))
-                else:
-                    acc = mma(p_k, v_half, (bm, dvh), acc)
-                    if cfg.pv_first:
-                        plgpu.barrier_arrive(pv_issued.at[0])
+                acc = mma(p_k, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
                 plgpu.barrier_arrive(p_free.at[k])
                 plgpu.barrier_arrive(l_free.at[slot])
                 if loader:
@@ -1072,113 +867,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
             epilogue(w, acc, m_i, l_i)
 
-        def consumer_seesaw(w: int):
-            """seesaw: consumer w computes the scores and softmax of the tiles t with t % 2 == w and publishes P_t (in
-            slot t's rope columns) with the running max m_t (p_ready[w]); it accumulates every tile into its DV half
-            in order, rescaling O and its own row sum l_w to each tile's max. Per pair (a, b) = (2i, 2i + 1):
-            consumer 0: QK_a (then "qk_turn"), softmax_a -> publish, P V_a, then P V_b once P_b is published;
-            consumer 1: QK_b (after qk_turn), m_a, softmax_b -> publish, P V_a, P V_b (P always from the slot).
-            A lone last tile (odd count) is consumer 0's. At the end l = l_0 + l_1 (both at the final max)."""
-            m_vec, l_vec, p_ready, qk_turn, done = exchange
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            if w == 0:
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
-            plgpu.barrier_wait(q_bar.at[0])
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            col0 = w * dvh
-
-            def load_row(ref):
-                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
-
-            def rescale(acc, l_i, m_cur, m_new):
-                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-                alpha = jnp.exp2(m_cur * cl - m_use)
-                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), l_i * alpha
-
-            # a pair's tiles sit in slots 0 and 1 (two slots, pairs aligned), a lone last tile in slot 0: slot indices
-            # known at trace time keep the operand addresses out of the registers (a slot computed per tile spilled)
-            slots = [_compat.traced_index(k, n) for k in range(2)]  # ref indices that reach a run_state
-
-            def own_s(t, slot, m_prev, *, masked: bool, turn: bool):
-                """QK, mask and softmax of tile t (this consumer's), published: ``(row sum, m_t)``; both consumers then
-                read P_t from the slot (holding it in registers across the other tile's P V spilled heavily)."""
-                if turn and w == 1:
-                    plgpu.barrier_wait(qk_turn.at[0])  # consumer 0 has issued (and finished) QK_{t-1}
-                _, sc = tile_scores(t, masked, slot=slot)
-                if turn and w == 0:
-                    plgpu.barrier_arrive(qk_turn.at[0])
-                m_t = jnp.maximum(m_prev, sc.max(axis=1))
-                m_use = jnp.where(m_t == -jnp.inf, 0.0, m_t) * cl
-                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-                pt = p.astype(dtype)
-                p_slot(t, slot)[...] = pt
-                m_vec.at[w][...] = m_t
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(p_ready.at[w])
-                return p.sum(axis=1), m_t
-
-            def pv(t, slot, acc):
-                acc = mma(p_slot(t, slot), lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
-                plgpu.barrier_arrive(l_free.at[slot])
-                return acc
-
-            def other_m(slot):
-                """The other consumer's tile in ``slot``: wait for it (loaded and published) and read its m_t."""
-                plgpu.barrier_wait(l_bar.at[slot])
-                plgpu.barrier_wait(p_ready.at[1 - w])
-                return load_row(m_vec.at[1 - w])
-
-            def pair(i, carry, *, masked: bool):
-                acc, l_i, m_cur = carry  # m_cur: the max of the last tile accumulated (= m_{2i-1})
-                a, b = 2 * i, 2 * i + 1
-                sa, sb = slots
-                if w == 0:
-                    rs, m_a = own_s(a, sa, m_cur, masked=masked, turn=True)
-                    acc, l_i = rescale(acc, l_i, m_cur, m_a)
-                    acc = pv(a, sa, acc)
-                    l_i = l_i + rs
-                    m_b = other_m(sb)
-                    acc, l_i = rescale(acc, l_i, m_a, m_b)
-                    acc = pv(b, sb, acc)
-                    return acc, l_i, m_b
-                m_a = other_m(sa)
-                rs, m_b = own_s(b, sb, m_a, masked=masked, turn=True)
-                acc, l_i = rescale(acc, l_i, m_cur, m_a)
-                acc = pv(a, sa, acc)
-                acc, l_i = rescale(acc, l_i, m_a, m_b)
-                acc = pv(b, sb, acc)
-                return acc, l_i + rs, m_b
-
-            def lone(t, carry):
-                """An odd count's last tile, consumer 0's (masked)."""
-                acc, l_i, m_cur = carry
-                if w == 0:
-                    rs, m_t = own_s(t, slots[0], m_cur, masked=True, turn=False)
-                    acc, l_i = rescale(acc, l_i, m_cur, m_t)
-                    return pv(t, slots[0], acc), l_i + rs, m_t
-                m_t = other_m(slots[0])
-                acc, l_i = rescale(acc, l_i, m_cur, m_t)
-                return pv(t, slots[0], acc), l_i, m_t
-
-            carry = (lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA), lcast(jnp.full((bm,), 0.0, f32), row_layout),
-                     lcast(jnp.full((bm,), -jnp.inf, f32), row_layout))
-            plain = jnp.int32(0) if per_row_mask else lax.div(jnp.maximum(n - 1, 0), 2)  # pairs before the last tile
-            masked_pairs = lax.div(n - 2 * plain, 2)
-            carry = lax.fori_loop(0, plain, functools.partial(pair, masked=False), carry)
-            carry = lax.fori_loop(plain, plain + masked_pairs, functools.partial(pair, masked=True), carry)
-            acc, l_i, m_i = lax.fori_loop(2 * (plain + masked_pairs), n, lone, carry)
-            l_vec.at[w][...] = l_i
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])  # both loops over: the ring is idle (the staging aliases it)
-            l_i = l_i + load_row(l_vec.at[1 - w])
-            if emulate:  # the GPU's staging aliases the ring: let the race detector see this consumer's slots
-                for k in range(w, ns, 2):
-                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
-            epilogue(w, acc, m_i if w == 0 else None, l_i)
-
-        run_consumer = (consumer_ws if cfg.s_warpgroup else consumer_seesaw if cfg.seesaw
-                        else consumer_shared if cfg.share_p else consumer)
+        run_consumer = consumer_ws if cfg.s_warpgroup else consumer_shared if cfg.share_p else consumer
 
         @pl.when(wg == 0)
         def _c0():
@@ -1222,35 +911,24 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     else:
         staging = [ring, stage, lse_tile]
     scratch = [
-        _smem_tile((bm, dqk - q_cols_reg if q_narrow else dqk), dtype, swz),
+        _smem_tile((bm, dqk), dtype, swz),
         *staging,
-        plgpu.Barrier(num_arrivals=2 if q_narrow else 1, num_barriers=1),  # Q (s_pairs, ring3: two copies)
+        plgpu.Barrier(num_arrivals=1, num_barriers=1),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if cluster
          else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
     ]
     if cfg.split_qk:
         scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
-    if cfg.seesaw:  # m and l vectors (one per consumer); p_ready per consumer; qk_turn; done (both consumers)
-        scratch += [plgpu.SMEM((2, bm), f32), plgpu.SMEM((2, bm), f32), plgpu.Barrier(num_arrivals=1, num_barriers=2),
-                    plgpu.Barrier(num_arrivals=1, num_barriers=1), plgpu.Barrier(num_arrivals=2, num_barriers=1)]
-    elif cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
+    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
         readers = 2 if cfg.s_warpgroup else 1
-        if r3:  # P lives in the ring (each slot's rope columns): alpha only
-            p_bufs = [plgpu.SMEM((bm,), f32)]
-        elif nbuf == 1:
+        if nbuf == 1:
             p_bufs = [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32)]
         else:  # s_pipelined: two P / alpha buffers
             p_bufs = [_smem_tile((nbuf, bm, tn), dtype, swz), plgpu.SMEM((nbuf, bm), f32)]
         scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
-    if cfg.pv_first:  # "P V issued": both P V warpgroups, once per tile
-        scratch.append(plgpu.Barrier(num_arrivals=2, num_barriers=1))
-    if r3:  # "Q read": the S warpgroup has Q in registers (kv64_mc: both CTAs' S warpgroups, before either
-        # multicasts a tile into the last slot of both)
-        scratch.append(plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=1, num_barriers=1) if cluster
-                       else plgpu.Barrier(num_arrivals=1, num_barriers=1))
     if paired:  # 2-CTA clusters along "t": the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1)
         grid = dict(grid=(n_row_tiles // 2, splits, b), grid_names=("tp", "s", "b"), cluster=(2,),
                     cluster_names=("t",))
