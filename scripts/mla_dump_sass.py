@@ -5,7 +5,7 @@ for ptxas's report, MOSAIC_GPU_DUMP_SASS=1 for the SASS, which needs CUDA's nvdi
 MOSAIC_GPU_DUMP_TO both go to stdout). ``--summarize LOG...`` then prints per log: ptxas's register count, spill
 bytes and any "Potential Performance Loss" warning (ptxas serializing wgmma), and SASS counts of HGMMA,
 WARPGROUP.DEPBAR (wgmma waits) and WARPGROUP.ARRIVE. A config is a name from fa_mla's configs or
-``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_pair_mc:s_regs=184,consumer_regs=160``). Needs a
+``name:field=value,...`` (an MlaTcConfig override, e.g. ``kv64_ws_mc:s_regs=168,consumer_regs=168``). Needs a
 Hopper GPU for the compile.
 
 MLA_DUMP_CUDA_ROOT=/usr/local/cuda points Mosaic's nvdisasm lookup there.
