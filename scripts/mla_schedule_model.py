@@ -1,4 +1,6 @@
-"""A time-stepped model of one fa_mla CTA's schedule at 64-key tiles in a two-slot ring (docs/mla.md, session 7: the schedules it names were built, measured and taken out of the tree).
+"""A time-stepped model of one fa_mla CTA's schedule at 64-key tiles in a two-slot ring (docs/mla.md, session 7).
+
+The schedules it names were built, measured on the GPU and then taken out of the tree (their records name the commits).
 
 Warpgroups are generators of operations (wait for an event, run for a while on their own issue ports, issue a
 wgmma group, wait for one); the tensor cores are shared equally by the wgmma groups in flight; a TMA refill of a
