@@ -19,12 +19,15 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+
+from compare.records import write_jsonl
 
 B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
 
@@ -141,10 +144,10 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}),
                       flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            for r in rows:
-                fh.write(json.dumps(r) + "\n")
+    if args.out:  # compare's record writer (it appends: the file starts empty, as "w" made it)
+        out = Path(args.out)
+        out.unlink(missing_ok=True)
+        write_jsonl(out, rows)
     return 0
 
 

@@ -15,11 +15,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from compare.records import write_jsonl
 
 
 def build(n_keys: int, wgs: int, reps: int, ctas: int):
@@ -89,10 +92,10 @@ def main(argv=None) -> int:
                 row = dict(n_keys=n_keys, warpgroups=wgs, error=f"{type(e).__name__}: {str(e)[:300]}")
             rows.append(row)
             print(json.dumps(row))
-    if args.out:
-        with open(args.out, "w") as fh:
-            for r in rows:
-                fh.write(json.dumps(r) + "\n")
+    if args.out:  # compare's record writer (it appends: the file starts empty, as "w" made it)
+        out = Path(args.out)
+        out.unlink(missing_ok=True)
+        write_jsonl(out, rows)
     return 0
 
 
