@@ -35,7 +35,7 @@ from typing import Any
 from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, timing
 from .impls import all_impls
 from .record import PairPlan, Refusal, ResultRecord
-from .schema import Ctx, Impl
+from .schema import Ctx, Impl, Support
 from .workloads import UsageError, Workload, ensure_writable, load_config
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
@@ -482,9 +482,15 @@ class _Run:
     def plan_pair(self, w: Workload, impl: Impl, flops: float) -> PairPlan | None:
         """Everything about a pair that is decided before it runs: None when the implementation does not apply
         (no record); else its record with the prediction, launch plan and layer 2, and its refusals."""
+        if w.family not in impl.families:
+            return None
         sup = impl.supports(w, self.ctx)
         if sup.status == "n/a":
             return None
+        missing = sorted(w.features - impl.features)
+        if missing and sup.ok:
+            sup = Support(False, f"{impl.name} does not implement {', '.join(missing)} (the workload needs "
+                                 f"{', '.join(sorted(w.features))}); not run without it", "unsupported")
         rec = self.record(w, impl)
         pred = self.predict(w, impl)
         rec.set_prediction(pred)

@@ -100,6 +100,11 @@ class Impl:
     plan_fn: Callable[[Any, Ctx], Mapping[str, Any] | None] = dataclasses.field(repr=False, compare=False,
                                                                               default=_none)
     multi_device: bool = False  # runs on workloads with devices > 1 (single-device impls never see those)
+    # the workload families it runs (others: "n/a", no record); "train" (forward + backward) only where declared
+    families: frozenset[str] = frozenset({"prefill", "decode", "paged_decode", "mla"})
+    # the attention features it implements (compare.workloads.FEATURES); a workload needing another one is refused
+    # with the reason, before anything runs
+    features: frozenset[str] = frozenset()
     # a tuning point (``compare tune``): the config fields set on top of the named config ``config`` names
     overrides: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
@@ -120,4 +125,5 @@ class Impl:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "framework": self.framework, "generation": self.generation,
                 "config": self.config, "kind": self.kind, "lowering": self.lowering, "notes": self.notes,
-                "multi_device": self.multi_device, **({"overrides": dict(self.overrides)} if self.overrides else {})}
+                "multi_device": self.multi_device, "features": sorted(self.features),
+                **({"overrides": dict(self.overrides)} if self.overrides else {})}

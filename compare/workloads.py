@@ -4,7 +4,7 @@ A config file holds ``[[workload]]`` tables. Any field given as a list expands i
 and ``name`` is then a ``str.format`` template over the fields (``"prefill_n{q_len}_d{head_dim}"``), so a
 sweep is one entry, never code. ``include = ["other.toml"]`` at the top level pulls in other files.
 
-Fields (defaults in ``_DEFAULTS``): family (prefill | decode | paged_decode | mla), batch, heads_q,
+Fields (defaults in ``_DEFAULTS``): family (prefill | train | decode | paged_decode | mla), batch, heads_q,
 heads_kv (default heads_q), q_len, kv_len (default q_len), head_dim, dtype (float32 | float16 | bfloat16),
 causal, q_offset (default 0 for prefill, kv_len - q_len for decode families), page_size (paged_decode:
 required; mla: default 64), ragged (paged_decode and mla: per-sequence lengths drawn in [kv_len/2, kv_len]),
@@ -14,6 +14,24 @@ rope_dim (mla: head_dim = kv_lora_rank + rope_dim, heads_kv 1, the latent pool [
 generations / peers (restrict the implementations; default all that support the workload), tags, seed,
 devices (default 1: GPUs of one host a decode's KV cache is split over; only multi-device implementations run
 on devices > 1).
+
+The model-shape sweep (``configs/sweep.toml``, docs/sweep.md) adds:
+
+* ``model``: a key of the config's top-level ``[models.<name>]`` tables (a list expands like any field); the
+  model's fields (heads_q, heads_kv, head_dim, kv_lora_rank, rope_dim and the features below) fill every field the
+  workload leaves out; ``hf`` and ``note`` describe the model and are kept in the record as ``model_info``;
+* ``entry``: the public entry a user calls for the workload, the sweep's report groups by it (default: the
+  family's, ``DEFAULT_ENTRY``): prefill | train | decode | spec | paged | chunked | mla | quant;
+* ``tokens``: tokens per batch; with ``batch`` absent, batch = max(1, tokens // q_len);
+* ``max_kv_tokens``: combinations with batch x kv_len above it are not generated (the memory bound of a decode
+  grid; ``load_config`` keeps the names it dropped in ``dropped_by_memory``);
+* features (``FEATURES``): ``window`` (int W, causal only: query i sees key j iff i + q_offset - W < j <=
+  i + q_offset, jax.nn's ``local_window_size=(W - 1, 0)``), ``softcap`` (float c: scores become
+  c * tanh(s / c) before the softmax), ``sinks`` (one logit per query head joins each row's softmax denominator,
+  gpt-oss), ``packed`` (each batch row holds several documents of mixed lengths, causal within each document,
+  none sees another; the lengths are ``attn_core.oracle.packed_doc_lengths``). A workload with a feature runs
+  only on implementations that declare it (``Impl.features``); every other one records "unsupported" with the
+  reason, never a silent run without the feature.
 
 Errors name the file and the entry: unknown key, bad shape, Hq not a multiple of Hkv, and so on.
 """
@@ -26,15 +44,22 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir", "resolve_config"]
+__all__ = ["Workload", "ConfigError", "UsageError", "load_config", "config_dir", "resolve_config", "FEATURES",
+           "ENTRIES", "DROPPED_BY_MEMORY"]
 
-FAMILIES = ("prefill", "decode", "paged_decode", "mla")
+FAMILIES = ("prefill", "train", "decode", "paged_decode", "mla")
+FEATURES = ("window", "softcap", "sinks", "packed")  # attention features beyond the plain mask (see the docstring)
+ENTRIES = ("prefill", "train", "decode", "spec", "paged", "chunked", "mla", "quant")  # the sweep's report groups
+DEFAULT_ENTRY = {"prefill": "prefill", "train": "train", "decode": "decode", "paged_decode": "paged", "mla": "mla"}
+_MODEL_FIELDS = {"heads_q", "heads_kv", "head_dim", "kv_lora_rank", "rope_dim", "window", "softcap", "sinks", "hf",
+                 "note"}
 PAGED_FAMILIES = ("paged_decode", "mla")  # KV read from pools through a block table (page_size, ragged)
 MLA_PAGE_SIZE = 64  # an mla workload's page_size when absent (DeepSeek-V3's serving page; docs/mla.md)
 DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
-TUNE_KEYS = frozenset({"grid", "baselines"})  # a tune config's own top-level keys (compare/tune.py checks them)
+TUNE_KEYS = frozenset({"grid", "baselines"})
+DROPPED_BY_MEMORY: dict[Path, tuple[str, ...]] = {}  # config path -> workload names over its max_kv_tokens  # a tune config's own top-level keys (compare/tune.py checks them)
 
 
 class UsageError(ValueError):
@@ -80,29 +105,51 @@ class Workload:
     tags: tuple[str, ...] = ()
     seed: int = 0
     devices: int = 1  # GPUs of one host the KV cache is split over (context-parallel decode)
+    model: str | None = None  # the sweep's model (a key of the config's [models] tables)
+    entry: str | None = None  # the sweep's entry group (ENTRIES); None: the family's (DEFAULT_ENTRY)
+    window: int | None = None  # sliding window W (causal): keys i + q_offset - W < j <= i + q_offset
+    softcap: float | None = None  # logit soft-cap c: s -> c * tanh(s / c)
+    sinks: bool = False  # one sink logit per query head in each row's softmax denominator
+    packed: bool = False  # documents of mixed lengths packed in each batch row (attn_core.oracle.packed_doc_lengths)
+    model_info: tuple[tuple[str, str], ...] = ()  # the model table's hf / note
     source: str = ""
 
     @property
     def group(self) -> int:
         return self.heads_q // self.heads_kv
 
+    @property
+    def features(self) -> frozenset[str]:
+        """The attention features this workload needs beyond the plain (causal) mask (``FEATURES``)."""
+        return frozenset(f for f, on in (("window", self.window is not None), ("softcap", self.softcap is not None),
+                                         ("sinks", self.sinks), ("packed", self.packed)) if on)
+
+    @property
+    def entry_group(self) -> str:
+        return self.entry or DEFAULT_ENTRY[self.family]
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["group"] = self.group
+        d["entry"] = self.entry_group
+        d["features"] = sorted(self.features)
+        d["model_info"] = dict(self.model_info)
         return d
 
 
 _DEFAULTS: dict[str, Any] = {
     "heads_kv": None, "kv_len": None, "causal": False, "q_offset": None, "page_size": None, "ragged": False,
     "kv_dtype": None, "kv_lora_rank": None, "rope_dim": None, "generations": None, "peers": None, "tags": (), "seed": 0,
-    "devices": 1,
+    "devices": 1, "model": None, "entry": None, "window": None, "softcap": None, "sinks": False, "packed": False,
+    "tokens": None, "max_kv_tokens": None,
 }
 _REQUIRED = ("name", "family", "batch", "heads_q", "q_len", "head_dim", "dtype")
-_BOOL_FIELDS = ("causal", "ragged")
+_BOOL_FIELDS = ("causal", "ragged", "sinks", "packed")
 _INT_FIELDS = ("batch", "heads_q", "heads_kv", "q_len", "kv_len", "head_dim", "q_offset", "page_size", "kv_lora_rank",
-               "rope_dim", "seed", "devices")  # None (absent) allowed for the optional ones
+               "rope_dim", "seed", "devices", "window", "tokens", "max_kv_tokens")  # None (absent) allowed
 _STR_FIELDS = ("name", "family", "dtype")
-_FIELDS = {f.name for f in dataclasses.fields(Workload)} - {"source"}
+_LOAD_ONLY = {"tokens", "max_kv_tokens"}  # read while loading, not Workload fields
+_FIELDS = ({f.name for f in dataclasses.fields(Workload)} - {"source", "model_info"}) | _LOAD_ONLY
 
 
 def config_dir() -> Path:
@@ -136,7 +183,44 @@ def _expand(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _with_model(raw: dict[str, Any], models: dict[str, dict[str, Any]], where: str) -> dict[str, Any]:
+    """``raw`` with its model's fields filled in where absent (the workload's own fields win), and ``batch`` from
+    ``tokens``."""
+    raw = dict(raw)
+    name = raw.get("model")
+    if name is not None:
+        if not isinstance(name, str) or name not in models:
+            raise ConfigError(f"{where}: model {name!r} is not one of the config's [models] tables "
+                              f"({', '.join(sorted(models)) or 'none'})")
+        info = models[name]
+        for k, v in info.items():
+            if k in ("hf", "note"):
+                continue
+            raw.setdefault(k, v)
+        raw["model_info"] = tuple((k, str(info[k])) for k in ("hf", "note") if k in info)
+    tokens = raw.get("tokens")
+    if tokens is not None and "batch" not in raw:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ConfigError(f"{where}: tokens must be a positive int; got {tokens!r}")
+        q_len = raw.get("q_len")
+        if isinstance(q_len, int) and q_len > 0:
+            raw["batch"] = max(1, tokens // q_len)
+    return raw
+
+
+def _check_models(models: Any, path: Path) -> dict[str, dict[str, Any]]:
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ConfigError(f"{path}: models must be tables [models.<name>]")
+    for name, m in models.items():
+        unknown = set(m) - _MODEL_FIELDS
+        if unknown:
+            raise ConfigError(f"{path}: models.{name}: unknown key(s) {sorted(unknown)}; allowed: "
+                              f"{sorted(_MODEL_FIELDS)}")
+    return models
+
+
 def _build(raw: dict[str, Any], where: str) -> Workload:
+    model_info = raw.pop("model_info", ()) if "model_info" in raw else ()
     unknown = set(raw) - _FIELDS
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
@@ -189,7 +273,7 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
             raise ConfigError(f"{where}: kv_dtype 'nvfp4' has one micro-scale per 16 elements of the head dim: "
                               f"head_dim must be a multiple of 16; got {e['head_dim']}")
     if e["q_offset"] is None:
-        e["q_offset"] = 0 if e["family"] == "prefill" else e["kv_len"] - e["q_len"]
+        e["q_offset"] = 0 if e["family"] in ("prefill", "train") else e["kv_len"] - e["q_len"]
     if not isinstance(e["q_offset"], int) or e["q_offset"] < 0:
         raise ConfigError(f"{where}: q_offset must be a non-negative int; got {e['q_offset']!r}")
     if e["family"] == "mla" and e["page_size"] is None:
@@ -216,7 +300,31 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
             if not isinstance(e[k], (list, tuple)) or not all(isinstance(x, str) for x in e[k]):
                 raise ConfigError(f"{where}: {k} must be a list of strings; got {e[k]!r}")
             e[k] = tuple(e[k])
-    return Workload(**e, source=where)
+    if e["model"] is not None and not isinstance(e["model"], str):
+        raise ConfigError(f"{where}: model must be a string; got {e['model']!r}")
+    if e["entry"] is not None and e["entry"] not in ENTRIES:
+        raise ConfigError(f"{where}: entry must be one of {ENTRIES}; got {e['entry']!r}")
+    if e["window"] is not None:
+        if e["window"] < 1 or not e["causal"]:
+            raise ConfigError(f"{where}: window takes a positive int W and causal = true (query i sees the W keys "
+                              f"ending at i + q_offset); got window {e['window']!r}, causal {e['causal']}")
+    if e["softcap"] is not None:
+        if isinstance(e["softcap"], bool) or not isinstance(e["softcap"], (int, float)) or not e["softcap"] > 0:
+            raise ConfigError(f"{where}: softcap must be a positive number; got {e['softcap']!r}")
+        e["softcap"] = float(e["softcap"])
+    if (e["window"] is not None or e["softcap"] is not None or e["sinks"] or e["packed"]) and \
+            e["family"] not in ("prefill", "train", "decode", "paged_decode"):
+        raise ConfigError(f"{where}: window / softcap / sinks / packed apply to the prefill, train and decode "
+                          f"families; got family {e['family']!r}")
+    if e["packed"] and (e["family"] not in ("prefill", "train") or not e["causal"] or e["q_len"] != e["kv_len"]
+                        or e["q_offset"]):
+        raise ConfigError(f"{where}: packed takes a causal prefill or train workload with q_len == kv_len and no "
+                          f"q_offset")
+    if e["family"] == "train" and (e["kv_dtype"] is not None or e["devices"] > 1):
+        raise ConfigError(f"{where}: train runs plain KV on one device")
+    for k in _LOAD_ONLY:
+        e.pop(k, None)
+    return Workload(**e, model_info=tuple(model_info), source=where)
 
 
 def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) -> list[Workload]:
@@ -228,18 +336,28 @@ def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) 
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    extra = set(data) - {"workload", "include", "description"} - TUNE_KEYS
+    extra = set(data) - {"workload", "include", "description", "models"} - TUNE_KEYS
     if extra:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description "
-                          f"(and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by compare.tune)")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description, "
+                          f"models (and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by compare.tune)")
+    models = _check_models(data.get("models", {}), path)
     out: list[Workload] = []
     for inc in data.get("include", []):
         out.extend(load_config(path.parent / inc, _seen | {path}))
+    dropped: list[str] = []
     for i, raw in enumerate(data.get("workload", [])):
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: workload[{i}] must be a table")
-        for j, e in enumerate(_expand(raw)):
-            out.append(_build(e, f"{path.name}: workload[{i}]" + (f".{j}" if j or len(_expand(raw)) > 1 else "")))
+        combos = _expand(raw)
+        for j, e in enumerate(combos):
+            where = f"{path.name}: workload[{i}]" + (f".{j}" if j or len(combos) > 1 else "")
+            w = _build(_with_model(e, models, where), where)
+            cap = e.get("max_kv_tokens")
+            if cap is not None and w.batch * w.kv_len > cap:
+                dropped.append(w.name)
+                continue
+            out.append(w)
+    DROPPED_BY_MEMORY[path] = tuple(dropped)
     names = [w.name for w in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
