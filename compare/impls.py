@@ -502,6 +502,6 @@ def cuda_impls() -> list[Impl]:
 def all_impls() -> list[Impl]:
     """Pallas generations, CUDA twins, multi-device implementations, then the peers, in that order (twins
     pair by generation id)."""
-    from . import multidevice, peers
+    from . import auto, multidevice, peers
 
-    return pallas_impls() + cuda_impls() + multidevice.cp_impls() + peers.peer_impls()
+    return [auto.auto_impl()] + pallas_impls() + cuda_impls() + multidevice.cp_impls() + peers.peer_impls()

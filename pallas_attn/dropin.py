@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat
+from . import _compat, tuning
 from .kernels import fa_prefill, fa_prefill_bwd, fa_train
 from .kernels.contract import Problem
 
@@ -63,6 +63,8 @@ def _is_sm90() -> bool:
 
 
 def _ensure_4d(x):
+    if isinstance(x, jax.ShapeDtypeStruct):  # which_implementation asked about shapes only (no arrays made)
+        return x if x.ndim >= 4 else jax.ShapeDtypeStruct((1,) * (4 - x.ndim) + tuple(x.shape), x.dtype)
     x = jnp.asarray(x)
     return x[(None,) * (4 - x.ndim)] if x.ndim < 4 else x
 
@@ -218,6 +220,13 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
 DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
 
 
+def bwd_config_name(problem: Problem) -> str:
+    """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
+    sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal."""
+    return tuning.choose("fa_prefill_bwd", problem, names=fa_prefill_bwd.CONFIGS) \
+        or DROPIN_BWD_CONFIG[bool(problem.causal)]
+
+
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
@@ -226,7 +235,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
         out, lse = fa_prefill_bwd.attention_lse(
             q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
-            bwd_config=fa_prefill_bwd.CONFIGS[DROPIN_BWD_CONFIG[bool(is_causal)]],
+            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)],
             interpret=_compat.default_interpret(None))
     else:
         with _compat.quiet_triton():

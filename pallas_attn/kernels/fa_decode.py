@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _compat, quant
+from .. import _compat, quant, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, planner, seqlen, softmax, splitkv
@@ -385,6 +385,11 @@ _QNOTE = ("q float16; KV tiles decoded in registers to exact fp16 (tensor scales
 # shift/and/or groups (LOP3 + SHF, ~3 each), the join, and one fp16x2 multiply by the micro-scale per two.
 _DEQUANT_OPS = {"fp8_e4m3": 1.0, "nvfp4": 4.5}
 
+def _table_choice(problem: Problem) -> str:
+    """This GPU's table (pallas_attn/tuning, from the model-shape sweep) at the problem's bucket, else "default"."""
+    return tuning.choose("fa_decode", problem, names=CONFIGS) or "default"
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -404,6 +409,6 @@ KERNEL = Kernel(
                   "nvfp4": Precision("nvfp4", "fp32", "tensor", _QNOTE)},
     quantized_q_dtypes=("float16",),
     kv_dequant_ops=_DEQUANT_OPS,
-    heuristic=lambda problem: CONFIGS["default"],  # the plan is the heuristic: it sizes tiles and splits per call
+    heuristic=lambda problem: CONFIGS[_table_choice(problem)],  # then the plan sizes tiles and splits per call
     plan=_plan_record,
 )

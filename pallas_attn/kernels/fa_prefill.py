@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
 
@@ -123,9 +124,11 @@ def fit(cfg: PrefillConfig, d: int, itemsize: int = 2, with_lse: bool = True) ->
 
 
 def _heuristic(p: Problem) -> PrefillConfig:
-    # measured on an H100 (docs/fa_prefill.md): the pipelined consumers win with and without the causal mask
-    # once masked blocks leave the pipeline (B4 H16 N4096 D128 fp16: 825 vs 925 us non-causal, 490 vs 525 causal)
-    return fit(CONFIGS["default"], p.head_dim)
+    # this GPU's table (pallas_attn/tuning, made from the model-shape sweep) first; outside it, "default": measured
+    # on an H100 (docs/fa_prefill.md), the pipelined consumers win with and without the causal mask once masked
+    # blocks leave the pipeline (B4 H16 N4096 D128 fp16: 825 vs 925 us non-causal, 490 vs 525 causal)
+    name = tuning.choose("fa_prefill", p, names=CONFIGS) or "default"
+    return fit(CONFIGS[name], p.head_dim)
 
 
 def _supports(p: Problem, base) -> tuple[bool, str]:

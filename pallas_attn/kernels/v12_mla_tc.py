@@ -117,7 +117,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat
+from .. import _compat, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
@@ -299,7 +299,8 @@ def _align(nbytes: int, to: int = 1024) -> int:
 def _heuristic(p: MlaProblem) -> MlaTcConfig:
     if p.kv_dtype not in (None, p.dtype):  # a quantized latent: the twin decodes it at the gather
         return CONFIGS["triton"]
-    return CONFIGS["faithful"]
+    # this GPU's table (pallas_attn/tuning, made from the model-shape sweep), else the reference's plan
+    return CONFIGS[tuning.choose("fa_mla", p, names=CONFIGS) or "faithful"]
 
 
 # ------------------------------------------------------------------------------------------------------------

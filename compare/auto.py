@@ -1,0 +1,203 @@
+"""``pallas:auto``: each public entry exactly as a user calls it, with its defaults, on every workload family.
+
+What a user of pallas_attn gets without naming a kernel or a config is what the model-shape sweep judges
+(docs/sweep.md). The timed call is the public function with the workload's arguments and nothing else:
+
+* prefill: ``pallas_attn.dot_product_attention(q, k, v, is_causal=..., local_window_size=...)`` (the drop-in;
+  on Hopper fa_prefill, else fa_train, else jax.nn's XLA fallback, as ``which_implementation`` says);
+* train: ``jax.value_and_grad`` of the drop-in through the train family's program (``compare.train``);
+* decode, spec, quant: ``pallas_attn.attention(q, k, v, causal=..., q_offset=...)`` (generation=None);
+* paged, chunked: ``pallas_attn.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=...)``, with its
+  default block-table check (a user's default);
+* mla: ``pallas_attn.mla_attention(q, latent_pool, block_table, kv_lens, kv_lora_rank=..., causal=...)``.
+
+The record's ``impl.plan`` (made before the run) says what the defaults chose: ``chose`` = "generation:config"
+(or the fallback), ``why`` the entry's own reason, and, where a kernel was chosen, that kernel's launch plan.
+Its roofline facts are the chosen kernel's. A workload the entry cannot take is an 'unsupported' record with the
+entry's own error message.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
+
+__all__ = ["auto_impl", "choice"]
+
+NAME = "pallas:auto"
+# the features each family's public entry implements (the drop-in's local_window_size; nothing else yet)
+_ENTRY_FEATURES = {"prefill": frozenset({"window"}), "train": frozenset({"window"})}
+
+
+def _sds(shape, dtype):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+
+
+def _window(w) -> tuple[int, int] | None:
+    return None if w.window is None else (w.window - 1, 0)
+
+
+def _config_name(gen: str, cfg: Any, head_dim: int | None = None) -> str:
+    """The name of a resolved config object among the generation's named configs (by equality; fa_prefill's named
+    configs as ``fit`` adapts them to the head dim), else its repr."""
+    from pallas_attn import registry
+
+    for name, c in registry.configs(gen).items():
+        if c == cfg:
+            return name
+    if gen == "fa_prefill" and head_dim is not None:
+        from pallas_attn.kernels import fa_prefill
+
+        for name, c in registry.configs(gen).items():
+            if fa_prefill.fit(c, head_dim) == cfg:
+                return name
+    return repr(cfg)
+
+
+def _dropin_choice(w) -> dict[str, Any]:
+    import pallas_attn
+    from pallas_attn import dropin
+    from pallas_attn.kernels import fa_prefill, fa_prefill_bwd
+    from pallas_attn.kernels.contract import Problem
+
+    if w.q_offset or w.q_len != w.kv_len and w.causal:
+        raise NotImplementedError(f"the drop-in's causal mask is jax.nn's (top-left, no offset); this workload has "
+                                  f"q_len {w.q_len}, kv_len {w.kv_len}, q_offset {w.q_offset}")
+    q = _sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
+    kv = _sds((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
+    impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w))
+    out: dict[str, Any] = {"why": why}
+    if impl == "pallas:fa_prefill":
+        p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
+                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)
+        fwd = _config_name("fa_prefill", fa_prefill.KERNEL.heuristic(p), w.head_dim)
+        out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
+        if w.family == "train":
+            bwd = dropin.bwd_config_name(p)
+            ran = fa_prefill_bwd.config_for(w.head_dim, fa_prefill_bwd.CONFIGS[bwd])
+            bwd = next((n for n, c in fa_prefill_bwd.CONFIGS.items() if c == ran), repr(ran))
+            out.update(bwd_config=bwd, chose=f"fa_prefill:{fwd}+bwd:{bwd}")
+    elif impl == "pallas:fa_train":
+        p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
+                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)
+        from pallas_attn.kernels import fa_train
+
+        cfg = _config_name("fa_train", fa_train.heuristic(p))
+        out.update(generation="fa_train", config=cfg, chose=f"fa_train:{cfg}")
+    else:
+        out.update(generation=None, config=None, chose=impl)
+    return out
+
+
+def choice(w) -> dict[str, Any]:
+    """What the public entry does on workload ``w`` with its defaults: ``{"chose", "generation", "config", "why"}``;
+    NotImplementedError / ValueError when the entry refuses the call (the entry's own message)."""
+    from pallas_attn import api
+
+    from .impls import problem_of
+
+    if w.family in ("prefill", "train"):
+        return _dropin_choice(w)
+    if w.window is not None or w.softcap is not None or w.sinks or w.packed:
+        raise NotImplementedError(f"pallas_attn's {w.family} entry has no {', '.join(sorted(w.features))}")
+    problem = problem_of(w)
+    if w.family == "mla":
+        gen = "fa_mla"
+    elif w.family == "paged_decode":
+        gen = "fa_decode"  # paged_attention's default generation
+    else:
+        gen = api.default_generation(problem)
+    kern, cfg = api.resolve(gen, problem, None)
+    name = _config_name(gen, cfg)
+    why = {"mla": "mla_attention's default generation fa_mla; config from its heuristic (this GPU's tuning table, "
+                  "else the reference's plan)",
+           "paged_decode": "paged_attention's default generation fa_decode; config from its heuristic",
+           }.get(w.family, f"attention(generation=None) picks {gen} (api.default_generation); config from its "
+                           "heuristic")
+    del kern
+    return {"chose": f"{gen}:{name}", "generation": gen, "config": name, "why": why}
+
+
+def _supports(w, ctx: Ctx) -> Support:
+    missing = sorted(w.features - _ENTRY_FEATURES.get(w.family, frozenset()))
+    if missing:
+        return Support(False, f"the public {w.family} entry has no {', '.join(missing)} yet", "unsupported")
+    try:
+        c = choice(w)
+    except (NotImplementedError, ValueError) as e:
+        return Support(False, str(e), "unsupported")
+    if w.family == "train" and c.get("generation") is None:
+        return Support(False, f"the drop-in falls back to {c['chose']} here ({c['why']})", "unsupported")
+    return YES
+
+
+def _plan(w, ctx: Ctx) -> dict[str, Any]:
+    from .impls import _pallas_plan
+
+    from pallas_attn import registry
+
+    c = choice(w)
+    out = dict(c)
+    if c.get("generation") and w.family != "train" and c["config"] in registry.configs(c["generation"]):
+        try:
+            out["kernel_plan"] = _pallas_plan(c["generation"], c["config"], w, ctx)
+        except Exception as e:  # noqa: BLE001 -- a plan that cannot be made is a note, not a failure
+            out["kernel_plan"] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _roofline(w) -> RooflineFacts | None:
+    from .impls import _pallas_roofline
+
+    from pallas_attn import registry
+
+    c = choice(w)
+    if not c.get("generation") or w.family == "train" or c["config"] not in registry.configs(c["generation"]):
+        return None
+    return _pallas_roofline(c["generation"], c["config"], w)
+
+
+def _prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+
+    import pallas_attn
+
+    c = choice(w)
+    note = f"chose {c['chose']}"
+    if w.family == "prefill":
+        fn = jax.jit(functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
+                                       local_window_size=_window(w)))
+        return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
+    if w.family == "train":
+        from . import train
+
+        attn = functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
+                                 local_window_size=_window(w))
+        return train.jax_step(attn, w, inp, notes=note)
+    if w.family == "mla":
+        fn = jax.jit(functools.partial(pallas_attn.mla_attention, kv_lora_rank=inp.kv_lora_rank, scale=inp.scale,
+                                       causal=w.causal, interpret=ctx.interpret))
+        return Prepared(fn, (inp.q, inp.latent_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH", notes=note)
+    if w.family == "paged_decode":
+        fn = jax.jit(functools.partial(pallas_attn.paged_attention, scale=inp.scale, causal=w.causal,
+                                       interpret=ctx.interpret))
+        return Prepared(fn, (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH",
+                        notes=note + "; default check_block_table=True (a user's default)")
+    fn = jax.jit(functools.partial(pallas_attn.attention, causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
+                                   interpret=ctx.interpret))
+    if w.kv_dtype:
+        return Prepared(fn, (inp.q, inp.k_quant, inp.v_quant), "jax", "BTNH", notes=note)
+    return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
+
+
+def auto_impl() -> Impl:
+    return Impl(NAME, "pallas", None, "auto", "auto", None,
+                "each public entry with its defaults, as a user calls it (compare/auto.py)", _supports, _prepare,
+                roofline_fn=_roofline, plan_fn=_plan,
+                families=frozenset({"prefill", "train", "decode", "paged_decode", "mla"}),
+                features=frozenset({"window"}))

@@ -1,0 +1,125 @@
+"""Per-GPU heuristic tables: which named config a kernel runs at a shape when the caller names none.
+
+The tables are data (``<chip>.json`` beside this file), made from model-shape sweep records by
+``python -m compare tune --table`` (``compare/tune_table.py``); nothing here measures anything at call time.
+A kernel's heuristic asks ``choose(kernel, problem)`` for a config name:
+
+* the chip is the GPU jax computes on, by its device kind ("NVIDIA H100 80GB HBM3" -> ``h100``, "NVIDIA H200"
+  -> ``h200``); no GPU, or a chip without a table, gives None (the kernel's own rule);
+* a table row is a shape bucket: the exact keys of the kernel's ``KEYS`` entry must match (dtype, head dim, causal,
+  page size, ...), and among the rows that match, the one nearest in the numeric keys (batch, lengths, heads: the
+  sum of |log2| distances) wins. That is the rule for shapes outside the table: the nearest measured shape of the
+  same kind, never a guess across kinds. No matching row gives None.
+
+``PALLAS_ATTN_TUNING=off`` in the environment turns the tables off (each kernel's own rule), for measuring what the
+tables buy; ``PALLAS_ATTN_TUNING=<path.json>`` reads that table instead of the shipped one (for a new chip).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KEYS", "chip", "table", "choose", "bucket", "CHIPS"]
+
+# kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
+KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # heads_q is exact for MLA: a schedule measured at 128 heads is never assumed to run at 16
+    "fa_mla": (("dtype", "kv_dtype", "kv_lora_rank", "head_dim", "heads_q"), ("q_len", "batch", "kv_len")),
+    "fa_prefill": (("dtype", "head_dim", "causal"), ("q_len", "kv_len", "batch", "heads_q", "group")),
+    "fa_prefill_bwd": (("dtype", "head_dim", "causal"), ("q_len", "kv_len", "batch", "heads_q", "group")),
+    "fa_decode": (("dtype", "kv_dtype", "head_dim", "paged"), ("q_len", "batch", "kv_len", "heads_kv", "group")),
+}
+# device-kind prefixes -> table name (the first that matches)
+CHIPS: tuple[tuple[str, str], ...] = (("NVIDIA H100", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA GH200", "h200"))
+_HERE = Path(__file__).parent
+
+
+def bucket(kernel: str, problem: Any) -> dict[str, Any]:
+    """The bucket values of ``problem`` (a kernels.contract.Problem or MlaProblem) for ``kernel``'s table."""
+    exact, numeric = KEYS[kernel]
+    vals = {"dtype": problem.dtype, "kv_dtype": getattr(problem, "kv_dtype", None), "head_dim": problem.head_dim,
+            "causal": bool(problem.causal), "paged": getattr(problem, "page_size", None) is not None,
+            "kv_lora_rank": getattr(problem, "kv_lora_rank", None), "q_len": problem.q_len, "kv_len": problem.kv_len,
+            "batch": problem.batch, "heads_q": problem.heads_q, "heads_kv": problem.heads_kv,
+            "group": problem.heads_q // problem.heads_kv}
+    return {k: vals[k] for k in exact + numeric}
+
+
+@functools.cache
+def chip() -> str | None:
+    """The table name of the GPU jax computes on (``CHIPS``), None without a GPU or for another chip."""
+    try:
+        import jax
+
+        kinds = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
+    except RuntimeError:
+        return None
+    for prefix, name in CHIPS:
+        if kinds and kinds[0].startswith(prefix):
+            return name
+    return None
+
+
+@functools.cache
+def _load(path: str) -> Mapping[str, Any]:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict):
+        raise ValueError(f"{path}: a tuning table is a JSON object with a 'kernels' object (compare tune --table)")
+    return data
+
+
+def table(name: str | None = None) -> Mapping[str, Any] | None:
+    """The table for chip ``name`` (default: this GPU's), None when tables are off or there is none."""
+    env = os.environ.get("PALLAS_ATTN_TUNING", "")
+    if env.lower() in ("off", "0", "none"):
+        return None
+    if env:
+        return _load(env)
+    name = chip() if name is None else name
+    if name is None:
+        return None
+    path = _HERE / f"{name}.json"
+    return _load(str(path)) if path.is_file() else None
+
+
+def _distance(row_key: Mapping[str, Any], want: Mapping[str, Any], numeric: tuple[str, ...]) -> float:
+    d = 0.0
+    for k in numeric:
+        a, b = row_key.get(k), want.get(k)
+        if a is None or b is None:
+            continue
+        d += abs(math.log2(max(float(a), 1.0)) - math.log2(max(float(b), 1.0)))
+    return d
+
+
+def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
+           tbl: Mapping[str, Any] | None = None) -> str | None:
+    """The config name the table gives ``kernel`` at ``problem`` (None: no table, no row of this kind, or a name
+    that ``names``, the kernel's named configs, does not hold: a stale table never picks a removed config)."""
+    tbl = table() if tbl is None else tbl
+    if not tbl:
+        return None
+    rows = (tbl.get("kernels") or {}).get(kernel, {}).get("rows", [])
+    exact, numeric = KEYS[kernel]
+    want = bucket(kernel, problem)
+    best, best_d = None, math.inf
+    for row in rows:
+        key = row.get("key", {})
+        if any(key.get(k) != want[k] for k in exact):
+            continue
+        d = _distance(key, want, numeric)
+        if d < best_d:
+            best, best_d = row, d
+    if best is None:
+        return None
+    name = best.get("config")
+    if names is not None and name not in names:
+        return None
+    return name
