@@ -8,7 +8,14 @@ Conventions (docs/reference.md §1.1, DESIGN.md decisions 4-5):
   * dense inputs are BTNH: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, Dv]``;
   * GQA head map ``h_kv = h_q // G`` with ``G = Hq // Hkv`` (KV expansion is repeat-interleave, never tile);
   * causal is top-left: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``;
-  * a fully masked row has output 0 and log-sum-exp ``-inf`` (never NaN).
+  * a fully masked row has output 0 and log-sum-exp ``-inf`` (never NaN);
+  * features beyond the mask (``attention_reference`` / ``attention_grad_reference``, compare's workload
+    features): ``window=W`` keeps keys ``i + q_offset - W < j <= i + q_offset`` (jax.nn's
+    ``local_window_size=(W - 1, 0)``; it needs ``causal``), ``softcap=c`` maps each scaled score
+    ``s -> c * tanh(s / c)`` before the softmax, ``sinks`` (one logit per query head, ``[Hq]``, unscaled and not
+    soft-capped) joins every row's softmax denominator with a zero value vector (gpt-oss), and
+    ``q_segments`` / ``kv_segments`` (int ``[B, Tq]`` / ``[B, Tk]``) keep only keys of the query's own segment
+    (packed documents; :func:`packed_doc_lengths` is the mix compare packs).
 
 Inputs may be numpy arrays, JAX arrays (any float dtype, bf16 and fp8 included) or torch tensors.
 """
@@ -30,6 +37,9 @@ __all__ = [
     "quantized_attention_reference",
     "mla_attention_reference",
     "mla_materialized_reference",
+    "attention_grad_reference",
+    "packed_doc_lengths",
+    "segment_ids_from_lengths",
 ]
 
 
@@ -55,34 +65,39 @@ def _check_dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int]
     return hq, hkv
 
 
-def attention_reference(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    q_offset: int | np.ndarray = 0,
-    kv_len: int | np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Float64 attention. Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])``.
+def _check_features(b: int, tq: int, tk: int, hq: int, *, causal: bool, window, softcap, sinks, q_segments,
+                    kv_segments):
+    """The feature arguments, validated and as numpy: ``(window, softcap, sinks [Hq] f64 | None, q_seg, kv_seg)``."""
+    if window is not None:
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be a positive int W (keys i + q_offset - W < j <= i + q_offset); "
+                             f"got {window!r}")
+        if not causal:
+            raise ValueError("window needs causal=True (the window ends at the causal bound j <= i + q_offset)")
+        window = int(window)
+    if softcap is not None:
+        if isinstance(softcap, (bool, np.bool_)) or not float(softcap) > 0:
+            raise ValueError(f"softcap must be a positive number; got {softcap!r}")
+        softcap = float(softcap)
+    if sinks is not None:
+        sinks = to_f64(sinks)
+        if sinks.shape != (hq,):
+            raise ValueError(f"sinks must be one logit per query head, shape ({hq},); got {sinks.shape}")
+    if q_segments is None and kv_segments is not None:
+        raise ValueError("kv_segments needs q_segments")
+    if q_segments is not None:
+        q_segments = np.asarray(q_segments)
+        kv_segments = q_segments if kv_segments is None else np.asarray(kv_segments)
+        if q_segments.shape != (b, tq) or kv_segments.shape != (b, tk):
+            raise ValueError(f"q_segments must be [B, Tq] = [{b}, {tq}] and kv_segments [B, Tk] = [{b}, {tk}]; got "
+                             f"{q_segments.shape}, {kv_segments.shape}")
+        if not (np.issubdtype(q_segments.dtype, np.integer) and np.issubdtype(kv_segments.dtype, np.integer)):
+            raise ValueError(f"segment ids must be integers; got {q_segments.dtype}, {kv_segments.dtype}")
+    return window, softcap, sinks, q_segments, kv_segments
 
-    ``q_offset`` and ``kv_len`` may be scalars or per-sequence ``[B]`` arrays: keys at positions
-    ``>= kv_len[b]`` are invisible (ragged batches); causal uses ``j <= i + q_offset[b]``.
-    ``lse`` is the natural-log log-sum-exp of the scaled scores over visible keys (``-inf`` if none).
-    """
-    q, k, v = to_f64(q), to_f64(k), to_f64(v)
-    hq, hkv = _check_dense(q, k, v)
-    b, tq, _, d = q.shape
-    tk = k.shape[1]
-    g = hq // hkv
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
 
-    # repeat_interleave: query head h reads KV head h // G.
-    k_e = np.repeat(k, g, axis=2)
-    v_e = np.repeat(v, g, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k_e) * scale  # [B, Hq, Tq, Tk]
-
+def _visible(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window, q_segments, kv_segments):
+    """``[B, 1, Tq, Tk]`` True where key ``j`` is visible to query ``i`` (every rule of the module docstring)."""
     j = np.arange(tk)[None, None, None, :]
     i = np.arange(tq)[None, None, :, None]
     qo = np.broadcast_to(np.asarray(q_offset, dtype=np.int64), (b,))[:, None, None, None]
@@ -92,19 +107,220 @@ def attention_reference(
         visible &= j < kl
     if causal:
         visible &= j <= i + qo
-    s = np.where(visible, s, -np.inf)
-    if tk == 0:  # an empty cache: every row is fully masked
-        return np.zeros((b, tq, hq, v.shape[3])), np.full((b, hq, tq), -np.inf)
+    if window is not None:
+        visible &= j > i + qo - window
+    if q_segments is not None:
+        visible &= q_segments[:, None, :, None] == kv_segments[:, None, None, :]
+    return visible
 
-    m = s.max(axis=-1, keepdims=True)
+
+def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, sinks, q_segments, kv_segments):
+    """The forward of one problem (checked, float64): ``(p [B, Hq, Tq, Tk], p_sink [B, Hq, Tq, 1] | None,
+    tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_e, v_e)`` with K/V repeated to the query heads."""
+    hq, hkv = q.shape[2], k.shape[2]
+    b, tq, _, _ = q.shape
+    tk = k.shape[1]
+    g = hq // hkv
+    # repeat_interleave: query head h reads KV head h // G.
+    k_e = np.repeat(k, g, axis=2)
+    v_e = np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k_e) * scale  # [B, Hq, Tq, Tk]
+    th = None
+    if softcap is not None:
+        th = np.tanh(s / softcap)
+        s = softcap * th
+    visible = _visible(b, tq, tk, causal=causal, q_offset=q_offset, kv_len=kv_len, window=window,
+                       q_segments=q_segments, kv_segments=kv_segments)
+    s = np.where(visible, s, -np.inf)
+    sink = None if sinks is None else sinks[None, :, None, None]  # [1, Hq, 1, 1]
+    if tk == 0:  # an empty cache: every row is fully masked (a sink alone takes the whole denominator)
+        p = np.zeros((b, hq, tq, 0))
+        m = np.full((b, hq, tq, 1), -np.inf) if sink is None else np.broadcast_to(sink, (b, hq, tq, 1))
+    else:
+        m = s.max(axis=-1, keepdims=True)
+        if sink is not None:
+            m = np.maximum(m, sink)  # NaN in a score or a sink stays NaN
     m_safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked keys
+    if tk:
+        p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked keys
     l = p.sum(axis=-1, keepdims=True)
+    p_sink = None
+    if sink is not None:
+        p_sink = np.exp(sink - m_safe)
+        l = l + p_sink
     l_safe = np.where(l > 0, l, 1.0)
-    out = np.einsum("bhqk,bkhd->bqhd", p / l_safe, v_e)
+    p = p / l_safe
+    if p_sink is not None:
+        p_sink = p_sink / l_safe
+    out = np.einsum("bhqk,bkhd->bqhd", p, v_e)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l_safe[..., 0]), -np.inf)
+    return p, p_sink, th, out, lse, k_e, v_e
+
+
+def attention_reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    q_offset: int | np.ndarray = 0,
+    kv_len: int | np.ndarray | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    q_segments: Any = None,
+    kv_segments: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 attention. Returns ``(out [B, Tq, Hq, Dv], lse [B, Hq, Tq])``.
+
+    ``q_offset`` and ``kv_len`` may be scalars or per-sequence ``[B]`` arrays: keys at positions
+    ``>= kv_len[b]`` are invisible (ragged batches); causal uses ``j <= i + q_offset[b]``.
+    ``lse`` is the natural-log log-sum-exp of the scaled scores over visible keys (``-inf`` if none), with the
+    sink's ``exp(sink)`` in the sum when ``sinks`` is given. ``window``, ``softcap``, ``sinks``, ``q_segments`` /
+    ``kv_segments``: the features of the module docstring (None: off).
+    """
+    q, k, v = to_f64(q), to_f64(k), to_f64(v)
+    hq, _ = _check_dense(q, k, v)
+    b, tq, _, d = q.shape
+    tk = k.shape[1]
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    window, softcap, sinks, q_segments, kv_segments = _check_features(
+        b, tq, tk, hq, causal=causal, window=window, softcap=softcap, sinks=sinks, q_segments=q_segments,
+        kv_segments=kv_segments)
+    _, _, _, out, lse, _, _ = _softmax_rows(q, k, v, scale=scale, causal=causal, q_offset=q_offset, kv_len=kv_len,
+                                            window=window, softcap=softcap, sinks=sinks, q_segments=q_segments,
+                                            kv_segments=kv_segments)
     return out, lse
+
+
+def attention_grad_reference(
+    q: Any,
+    k: Any,
+    v: Any,
+    dout: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    q_offset: int | np.ndarray = 0,
+    kv_len: int | np.ndarray | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    q_segments: Any = None,
+    kv_segments: Any = None,
+    block_q: int | None = None,
+) -> dict[str, np.ndarray | None]:
+    """Float64 gradients of attention: for a loss ``L`` with ``dL/dout = dout`` (``L = sum(out * dout)`` for a
+    fixed weight ``dout``), ``{"out", "lse", "dq", "dk", "dv", "dsinks"}`` (``dsinks`` ``[Hq]``, None without
+    sinks), the same arguments and semantics as :func:`attention_reference`.
+
+    The analytic backward, written out: with ``P`` the softmax (the sink's share ``P_sink`` beside it, its value
+    vector zero), ``dV = P^T dO``; ``dP = dO V^T``; ``delta = rowsum(dO * O)`` (``= sum_j P_ij dP_ij``, the
+    sink contributing nothing); ``dS = P * (dP - delta)`` (w.r.t. the soft-capped scores), times
+    ``1 - tanh(s / c)^2`` under a soft-cap; ``dQ = scale * dS K``, ``dK = scale * dS^T Q``; GQA sums dK and dV
+    over each KV head's query heads; ``dsink_h = -sum P_sink * delta`` over the rows of head ``h``. A masked
+    pair has ``P = 0`` and no gradient; NaN anywhere in a row's inputs reaches its gradients.
+
+    Computed over blocks of ``block_q`` query rows (each block holds whole rows, so the blocking is exact; None:
+    blocks of about 2^24 scores), each against only the keys its rows can see when ``q_offset`` is a scalar
+    (causal bound, window), so long sequences (compare's 32k-token train subsets) fit in memory.
+    """
+    q, k, v, do = to_f64(q), to_f64(k), to_f64(v), to_f64(dout)
+    hq, hkv = _check_dense(q, k, v)
+    b, tq, _, d = q.shape
+    tk, dv_ = k.shape[1], v.shape[3]
+    if do.shape != (b, tq, hq, dv_):
+        raise ValueError(f"dout must be [B, Tq, Hq, Dv] = {(b, tq, hq, dv_)}; got {do.shape}")
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    window, softcap, sinks, q_segments, kv_segments = _check_features(
+        b, tq, tk, hq, causal=causal, window=window, softcap=softcap, sinks=sinks, q_segments=q_segments,
+        kv_segments=kv_segments)
+    if block_q is None:
+        block_q = max(1, (1 << 24) // max(1, b * hq * max(tk, 1)))
+    elif isinstance(block_q, bool) or not isinstance(block_q, (int, np.integer)) or block_q < 1:
+        raise ValueError(f"block_q must be a positive int or None; got {block_q!r}")
+    g = hq // hkv
+    scalar_offset = np.ndim(q_offset) == 0
+    qo_arr = np.broadcast_to(np.asarray(q_offset, dtype=np.int64), (b,))
+    out = np.zeros((b, tq, hq, dv_))
+    lse = np.zeros((b, hq, tq))
+    dq = np.zeros_like(q)
+    dk_e = np.zeros((b, tk, hq, d))
+    dv_e = np.zeros((b, tk, hq, dv_))
+    dsinks = None if sinks is None else np.zeros(hq)
+    for r0 in range(0, tq, block_q):
+        r1 = min(tq, r0 + block_q)
+        lo, hi = 0, tk
+        if scalar_offset:  # only the keys these rows can see (exact: the rest are masked for every row here)
+            qo = int(qo_arr[0])
+            if causal:
+                hi = min(tk, max(0, r1 - 1 + qo + 1))
+            if window is not None:
+                lo = min(hi, max(0, r0 + qo - window + 1))
+            if hi <= lo:
+                lo, hi = 0, tk
+        kl = None if kv_len is None else np.asarray(kv_len, dtype=np.int64) - lo
+        p, p_sink, th, o, ls, k_e, v_e = _softmax_rows(
+            q[:, r0:r1], k[:, lo:hi], v[:, lo:hi], scale=scale, causal=causal, q_offset=qo_arr + r0 - lo,
+            kv_len=kl, window=window, softcap=softcap, sinks=sinks,
+            q_segments=None if q_segments is None else q_segments[:, r0:r1],
+            kv_segments=None if kv_segments is None else kv_segments[:, lo:hi])
+        dob = do[:, r0:r1]
+        out[:, r0:r1], lse[:, :, r0:r1] = o, ls
+        dv_e[:, lo:hi] += np.einsum("bhqk,bqhd->bkhd", p, dob)
+        dp = np.einsum("bqhd,bkhd->bhqk", dob, v_e)
+        delta = np.einsum("bqhd,bqhd->bhq", dob, o)[..., None]  # [B, Hq, n, 1]
+        ds = p * (dp - delta)
+        if th is not None:
+            ds = ds * (1.0 - th * th)
+        dq[:, r0:r1] = scale * np.einsum("bhqk,bkhd->bqhd", ds, k_e)
+        dk_e[:, lo:hi] += scale * np.einsum("bhqk,bqhd->bkhd", ds, q[:, r0:r1])
+        if dsinks is not None:
+            dsinks -= np.einsum("bhq,bhq->h", p_sink[..., 0], delta[..., 0])
+    dk = dk_e.reshape(b, tk, hkv, g, d).sum(axis=3)
+    dv = dv_e.reshape(b, tk, hkv, g, dv_).sum(axis=3)
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv, "dsinks": dsinks}
+
+
+def packed_doc_lengths(total: int, seed: int) -> list[int]:
+    """The lengths of the documents compare packs into one row of ``total`` tokens (a ``packed`` workload).
+
+    Rule (deterministic in ``seed``): the sizes are ``total // 16``, ``total // 8``, ``total // 4`` and
+    ``total // 2`` (each at least 1; duplicates once); documents are drawn one at a time, uniformly among the
+    sizes that still fit the tokens left (``numpy.random.default_rng([seed, 0x9AC])``), until no size fits; the
+    tokens left then (fewer than ``total // 16``) join the last document. So every document holds between
+    ``total / 16`` and ``total / 2 + total / 16`` tokens, there are 2 to 16 of them (1 when ``total < 2``), and
+    they sum to ``total``.
+    """
+    if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1:
+        raise ValueError(f"total must be a positive int; got {total!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    total = int(total)
+    sizes = sorted({max(1, total // d) for d in (16, 8, 4, 2)})
+    rng = np.random.default_rng([int(seed), 0x9AC])
+    out: list[int] = []
+    left = total
+    while True:
+        fit = [s for s in sizes if s <= left]
+        if not fit:
+            break
+        n = fit[int(rng.integers(len(fit)))]
+        out.append(n)
+        left -= n
+    if left:
+        out[-1] += left
+    return out
+
+
+def segment_ids_from_lengths(lengths: Any) -> np.ndarray:
+    """int32 ``[sum(lengths)]``: token ``t`` holds the index of its document (documents back to back)."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    if lens.ndim != 1 or np.any(lens < 1):
+        raise ValueError(f"lengths must be a 1-D list of positive ints; got {lengths!r}")
+    return np.repeat(np.arange(len(lens), dtype=np.int32), lens)
 
 
 def gather_paged_kv(pool: Any, block_table: Any, length: int) -> np.ndarray:
