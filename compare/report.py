@@ -12,6 +12,12 @@ into the run's folder (next to the records: ``results/<run>/results.md`` and ``r
   * ``img/generations_<run>.png``: kernel time per generation, in the generation table's order,
     Pallas (each config) and CUDA side by side, one panel per workload.
 GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots.
+
+Records of the model-shape sweep (``configs/sweep.toml``) add a section at the top (``compare/sweep_report.py``):
+per chip, entry and model, ``pallas:auto`` over the best peer and over the best named config (geomean, worst,
+what has no record and why), a verdict per entry against its bars, and one heatmap per entry
+(``img/sweep_<entry>_<chip>.png``). ``--readme README.md`` also rewrites the README's generated headline block
+(between ``<!-- sweep-headline:start -->`` and ``<!-- sweep-headline:end -->``) from the same records.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import records, scorecard
+from . import records, scorecard, sweep_report
 from .workloads import UsageError, ensure_writable
 
 __all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
@@ -199,6 +205,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "'--out docs/results.md' regenerates the committed docs")
     p.add_argument("--img-dir", default=None, help="plot directory; default <out dir>/img")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--readme", default=None, metavar="README.md",
+                   help="also replace the sweep headline block between the README's '<!-- sweep-headline:start -->' "
+                        "and '<!-- sweep-headline:end -->' markers with one row per entry and chip from these sweep "
+                        "records (refused when the markers are absent or the records hold no timed sweep workload)")
     p.add_argument("--rescore", action="store_true",
                    help="the roofline scorecard recomputes layer 2 with today's model and constants (labelled with "
                         "its git sha) instead of the prediction each record carries from before its run; records "
@@ -226,8 +236,21 @@ def _cli(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if not runs:
         raise UsageError(f"no records in {', '.join(map(str, paths))}")
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None:  # refused before anything is written
+        try:
+            sweep_report.check_readme(readme)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        by_chip, _ = sweep_report.collect(runs)
+        if not by_chip:
+            raise UsageError(f"--readme {readme}: no sweep workload recorded on a GPU in {', '.join(map(str, paths))}; "
+                             "the README is left as it is")
     ensure_writable(out, f"--out {out}")
     written = render(paths, out, img, plots=not args.no_plots, rescore=args.rescore)
+    if readme is not None:
+        sweep_report.update_readme(readme, sweep_report.headline(by_chip, paths, readme))
+        written.append(readme)
     for p in written:
         print(p)
     return 0
@@ -330,6 +353,11 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, r
              "achieved byte and FLOP rates over the measured HBM-read and matmul ceilings. CPU-interpret runs "
              "report agreement only.", ""]
     written: list[Path] = []
+    by_chip, notes = sweep_report.collect(runs)
+    if by_chip or notes["cpu"]:  # the model-shape sweep's summary first (absent for other records)
+        section, pngs = sweep_report.render_section(by_chip, notes, out, img_dir, plots=plots)
+        parts += [section, ""]
+        written += pngs
     for run_id, run in runs.items():
         gpu = _is_gpu(run)
         parts += [f"## Run `{run_id}`" + ("" if gpu else " (CPU interpret)"), "", _env_md(run), ""]
