@@ -9,6 +9,12 @@ already more than ``max_macs`` are batches and heads sampled too (seeded, first 
 implementation is compared on the same subset; the record names it (``agreement.subset``). Twins
 (Pallas and CUDA of one generation) are compared on the full output, on the device.
 
+Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
+(``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
+also checks the gradients: ``dq``, ``dk``, ``dv`` of ``sum(out * w)`` on one batch row and one KV head with its
+group of query heads (``choose_grad_subset``; every row and key of them: dK and dV sum over every query row), against
+``attn_core.oracle.attention_grad_reference`` (``grad_oracle``); cheap enough on the CPU at 32k tokens per batch.
+
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
 ``tolerance(precision)`` is compare's verdict threshold on ``rel_l2_err`` (status ``ok`` vs ``wrong``),
@@ -28,7 +34,7 @@ import numpy as np
 from attn_core import oracle as reference
 
 __all__ = ["Subset", "choose_subset", "oracle", "quantization_error", "errors", "twin_errors", "all_finite",
-           "tolerance", "TOLERANCE"]
+           "tolerance", "TOLERANCE", "GradSubset", "choose_grad_subset", "grad_oracle", "feature_kwargs"]
 
 # Verdict thresholds on rel_l2 by compute precision (the implementation's declared operand precision, as
 # recorded in prediction.precision).
@@ -133,7 +139,8 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     for b in subset.batches:
         qb = reference.to_f64(q_all[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
         kd, vd, base_offset = _kv_of_batch(w, inp, b, kv_heads, quant)
-        parts = [_reference_rows(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale, q_offset=base_offset + r0)
+        parts = [_reference_rows(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale, q_offset=base_offset + r0,
+                                 **feature_kwargs(w, inp, b, subset.heads, (r0, r1)))
                  for r0, r1 in subset.rows]
         outs.append(np.concatenate(parts, axis=1))
     return np.concatenate(outs, axis=0)
@@ -223,11 +230,32 @@ def quantization_error(ref_quant: np.ndarray, ref_fp16: np.ndarray) -> dict[str,
     return {"rmse": float(np.sqrt(np.mean(d * d))), "max_abs": float(np.max(np.abs(d)))}
 
 
-def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
+def feature_kwargs(w, inp, b: int, heads, rows: tuple[int, int]) -> dict[str, Any]:
+    """The oracle's feature arguments for batch row ``b``, query heads ``heads`` and query rows ``rows`` (half
+    open) of workload ``w`` (``attn_core.oracle.attention_reference``): window, soft-cap, the sampled heads' sink
+    logits, and for a packed workload the rows' segment ids against every key's (q_offset 0, Tq == Tk)."""
+    kw: dict[str, Any] = {}
+    if getattr(w, "window", None) is not None:
+        kw["window"] = int(w.window)
+    if getattr(w, "softcap", None) is not None:
+        kw["softcap"] = float(w.softcap)
+    if getattr(w, "sinks", False):
+        kw["sinks"] = reference.to_f64(inp.sinks)[list(heads)]
+    if getattr(w, "packed", False):
+        seg = np.asarray(inp.segment_ids)[b:b + 1]
+        kw["q_segments"], kw["kv_segments"] = seg[:, rows[0]:rows[1]], seg
+    return kw
+
+
+def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int, **features) -> np.ndarray:
     """``attention_reference`` on one row range ``q [1, n, Hq, D]`` against ``k, v [1, Tk, Hkv, D]``, without
     materializing K/V once per query head: a causal single row sees keys ``<= q_offset``, which is the
     non-causal problem on those keys; a non-causal GQA problem folds each KV head's query heads into rows
-    (``Hkv`` problems of ``G x n`` rows and one head). Same float64 math, per row, as the direct call."""
+    (``Hkv`` problems of ``G x n`` rows and one head). Same float64 math, per row, as the direct call. With a
+    workload feature (``features``: ``feature_kwargs``) the direct call, features passed through."""
+    if features:
+        o, _ = reference.attention_reference(q, k, v, causal=causal, scale=scale, q_offset=q_offset, **features)
+        return o
     n = q.shape[1]
     if causal and n == 1:
         k, v, causal = k[:, : max(0, q_offset + 1)], v[:, : max(0, q_offset + 1)], False
@@ -243,6 +271,58 @@ def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int) -> np
         oj, _ = reference.attention_reference(qj, k[:, :, j:j + 1], v[:, :, j:j + 1], scale=scale)
         outs.append(oj.reshape(1, g, n, -1).transpose(0, 2, 1, 3))
     return np.concatenate(outs, axis=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradSubset:
+    """Where a train workload's gradients are checked: batch row ``batch``, KV head ``kv_head`` and its group of
+    query heads, every query row and key (dK and dV of a key sum over every query row that sees it)."""
+
+    batch: int
+    kv_head: int
+    group: int
+
+    @property
+    def heads(self) -> tuple[int, ...]:
+        return tuple(range(self.kv_head * self.group, (self.kv_head + 1) * self.group))
+
+    def describe(self) -> dict[str, Any]:
+        return {"batch": self.batch, "kv_head": self.kv_head, "heads_q": list(self.heads), "rows": "all",
+                "keys": "all", "oracle": "attn_core.oracle.attention_grad_reference float64 (CPU)"}
+
+    def take(self, grads_btnh) -> dict[str, np.ndarray]:
+        """``{"dq", "dk", "dv"}`` of this subset, float64 (``dq [1, Tq, G, D]``, ``dk``/``dv [1, Tk, 1, D]``)."""
+        dq, dk, dv = grads_btnh
+        b, kv = self.batch, slice(self.kv_head, self.kv_head + 1)
+        if isinstance(dq, np.ndarray):  # host (e.g. the float64 oracle): stay in numpy, keep precision
+            h = list(self.heads)
+            return {"dq": dq[b:b + 1][:, :, h].astype(np.float64), "dk": dk[b:b + 1, :, kv].astype(np.float64),
+                    "dv": dv[b:b + 1, :, kv].astype(np.float64)}
+        h = jnp.asarray(self.heads)  # on the device: only the subset reaches the host
+        return {"dq": reference.to_f64(jnp.asarray(dq)[b:b + 1][:, :, h]),
+                "dk": reference.to_f64(jnp.asarray(dk)[b:b + 1, :, kv]),
+                "dv": reference.to_f64(jnp.asarray(dv)[b:b + 1, :, kv])}
+
+
+def choose_grad_subset(w) -> GradSubset:
+    """The last batch row and the last KV head (the ends catch offset and indexing errors the first would not)."""
+    return GradSubset(batch=w.batch - 1, kv_head=w.heads_kv - 1, group=w.heads_q // w.heads_kv)
+
+
+def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
+    """float64 ``{"dq", "dk", "dv"}`` of ``sum(out * w)`` on ``gs`` (``attn_core.oracle.attention_grad_reference``
+    on that batch row, KV head and its query heads, with the workload's features and its cotangent ``inp.w``)."""
+    if w.family != "train" or inp.w is None:
+        raise ValueError(f"grad_oracle takes a train workload with its cotangent weight; got family {w.family!r}")
+    b, h = gs.batch, jnp.asarray(gs.heads)
+    kv = slice(gs.kv_head, gs.kv_head + 1)
+    q = reference.to_f64(inp.q[b:b + 1][:, :, h])
+    k = reference.to_f64(inp.k[b:b + 1, :, kv])
+    v = reference.to_f64(inp.v[b:b + 1, :, kv])
+    do = reference.to_f64(inp.w[b:b + 1][:, :, h])
+    g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
+                                           **feature_kwargs(w, inp, b, gs.heads, (0, w.q_len)))
+    return {n: g[n] for n in ("dq", "dk", "dv")}
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:

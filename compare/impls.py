@@ -18,6 +18,14 @@ No per-generation code. A generation applies to a workload iff the workload fami
 generation's ``entries``; otherwise ``supports()`` answers ``status == "n/a"`` and no record is written.
 Every other refusal is a record with its reason.
 
+The train family (``family = "train"``, ``compare.train``: forward + backward of one training step) runs on the
+implementations that declare it in ``Impl.families``: here ``pallas:fa_train:<config>`` (fa_train's custom_vjp,
+forward and backward at that named config) and ``pallas:dropin:<bwd config>`` (what the drop-in runs on Hopper:
+fa_prefill's forward at its heuristic config and fa_prefill_bwd's backward at each named config, through
+``fa_prefill_bwd.attention_lse``, the pair ``pallas_attn.dropin`` calls); the peers in ``compare.peers``. A train
+workload is the ``dense`` entry to the contract (``base_entry``). ``pallas:fa_train:*`` also takes a window
+(``Impl.features``): fa_train's own ``window=(W - 1, 0)``, the drop-in's window path, on every family it runs.
+
 A workload with a quantized KV cache (``kv_dtype``, docs/quantized_kv.md) is the ``quantized`` entry
 (``pallas_attn.kernels.contract.Problem(entry="quantized", kv_dtype=...)``, dense or paged by its family). A
 generation serving it runs on the quantized operands; one that serves only the family's fp16 entry refuses with
@@ -35,7 +43,7 @@ from attn_core import generations as core
 from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
 __all__ = ["ENTRY_FAMILIES", "entry_for", "base_entry", "kv_dtype_of", "quantized_refusal", "applies",
-           "problem_of", "pallas_impls", "cuda_impls", "all_impls", "cuda_table"]
+           "problem_of", "pallas_impls", "cuda_impls", "all_impls", "cuda_table", "dropin_impls", "DROPIN_PREFIX"]
 
 # Which workload families each public entry serves (attn_core.generations.ENTRIES). The quantized entry serves
 # the workloads of these families that set kv_dtype (``entry_for``), dense or paged by the family.
@@ -54,7 +62,10 @@ def kv_dtype_of(w) -> str | None:
 
 
 def base_entry(w) -> str:
-    """The entry serving the workload's family with KV in the workload dtype (dense | paged | mla)."""
+    """The entry serving the workload's family with KV in the workload dtype (dense | paged | mla); a train
+    workload's attention is the dense entry's (its backward is the train implementations' own)."""
+    if w.family == "train":
+        return "dense"
     return _FAMILY_ENTRY[w.family]
 
 
@@ -205,6 +216,157 @@ def _pallas_mla_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
     return Prepared(fn, (inp.q, inp.latent_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH", notes=note)
 
 
+# ------------------------------------------------------------------------------- train and features
+
+_FA_TRAIN = "fa_train"
+
+
+def _fa_train_attn(config: str, w, inp, ctx: Ctx):
+    """``attn(q, k, v) -> out`` through fa_train's ``attention_lse`` (its custom_vjp: the Pallas backward under
+    ``jax.grad``) at the named config, with the workload's causal offset and window ``(W - 1, 0)``: what
+    ``pallas_attn.dot_product_attention`` runs for fa_train (its corner cases, rows that see no key, cannot occur
+    with a causal window)."""
+    from pallas_attn import _compat, registry
+    from pallas_attn.kernels import fa_train
+
+    cfg = registry.configs(_FA_TRAIN)[config]
+    window = None if w.window is None else (w.window - 1, 0)
+
+    def attn(q, k, v):
+        with _compat.quiet_triton():
+            out, _ = fa_train.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, q_offset=w.q_offset,
+                                            window=window, interpret=ctx.interpret, config=cfg)
+        return out
+
+    return attn
+
+
+def _fa_train_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
+    """fa_train: the train family's step over its custom_vjp; a windowed prefill / decode through
+    ``fa_train.attention_lse`` with the window; anything else as every Pallas generation (``_pallas_prepare``)."""
+    import jax
+
+    if w.family == "train":
+        from . import train
+
+        win = f", window ({w.window - 1}, 0)" if w.window is not None else ""
+        return train.jax_step(_fa_train_attn(config, w, inp, ctx), w, inp,
+                              notes=f"fa_train.attention_lse (config {config}{win}): Pallas forward and backward")
+    if w.window is not None:
+        return Prepared(jax.jit(_fa_train_attn(config, w, inp, ctx)), (inp.q, inp.k, inp.v), "jax", "BTNH",
+                        notes=f"fa_train.attention_lse with window ({w.window - 1}, 0) (the drop-in's window path)")
+    return _pallas_prepare(_FA_TRAIN, config, w, inp, ctx)
+
+
+def _with_train(impl: Impl) -> Impl:
+    """fa_train's rows: the train family and the window besides what every Pallas generation runs."""
+    import dataclasses
+
+    return dataclasses.replace(impl, prepare_fn=functools.partial(_fa_train_prepare, impl.config),
+                               families=impl.families | {"train"}, features=impl.features | {"window"})
+
+
+DROPIN_PREFIX = "pallas:dropin"
+
+
+def _dropin_problem(w):
+    from pallas_attn.kernels.contract import Problem
+
+    return Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
+                   heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal))
+
+
+def _dropin_forward(w):
+    """fa_prefill's forward config for the workload (its heuristic, as the drop-in asks) and its name."""
+    from pallas_attn import registry
+
+    kern = registry.kernel("fa_prefill")
+    cfg = kern.heuristic(_dropin_problem(w))
+    name = next((n for n, c in registry.configs("fa_prefill").items() if c == cfg), repr(cfg))
+    return kern, cfg, name
+
+
+def _dropin_supports(bwd: str, w, ctx: Ctx) -> Support:
+    """fa_prefill's forward + backward on this train workload: the drop-in's own reasons (dtype, head dim, the
+    causal mask's form, via ``dropin._prefill_unsupported``), then Hopper."""
+    import jax
+
+    from pallas_attn import dropin
+
+    if w.family != "train":
+        return Support(False, "", "n/a")
+    if w.q_offset:
+        return Support(False, f"the drop-in's causal mask is jax.nn's (top-left, no query offset); q_offset "
+                              f"{w.q_offset}")
+    q = jax.ShapeDtypeStruct((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
+    kv = jax.ShapeDtypeStruct((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
+    why = dropin._prefill_unsupported(q, kv, None, None, is_causal=bool(w.causal), window=None, q_lens=None,
+                                      kv_lens=None)
+    if why:
+        return Support(False, why, "unsupported")
+    if not ctx.hopper:
+        return Support(False, "needs a Hopper GPU (sm_90): fa_prefill's forward and backward are Mosaic GPU kernels "
+                              "(wgmma, TMA)", "unavailable")
+    return YES
+
+
+def _dropin_prepare(bwd: str, w, inp, ctx: Ctx) -> Prepared:
+    from pallas_attn.kernels import fa_prefill_bwd
+
+    from . import train
+
+    _, fwd_cfg, fwd_name = _dropin_forward(w)
+    bwd_cfg = fa_prefill_bwd.CONFIGS[bwd]
+
+    def attn(q, k, v):
+        out, _ = fa_prefill_bwd.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, config=fwd_cfg,
+                                              bwd_config=bwd_cfg, interpret=ctx.interpret)
+        return out
+
+    ran = fa_prefill_bwd.config_for(w.head_dim, bwd_cfg)
+    note = f"fa_prefill forward (heuristic: {fwd_name}) + fa_prefill_bwd backward {bwd}"
+    if ran != bwd_cfg:
+        note += f" (at D {w.head_dim} fa_prefill_bwd.config_for runs d256)"
+    return train.jax_step(attn, w, inp, notes=note + " (fa_prefill_bwd.attention_lse, the drop-in's Hopper pair)")
+
+
+def _dropin_roofline(bwd: str, w) -> RooflineFacts:
+    kern, cfg, name = _dropin_forward(w)
+    ri = kern.roofline(_dropin_problem(w), cfg)
+    return RooflineFacts(ri.precision, bool(ri.materialize_s), tuple(ri.tile), bool(ri.tensor_cores),
+                         f"pallas contract (fa_prefill forward {name}; backward fa_prefill_bwd {bwd})")
+
+
+def _dropin_plan(bwd: str, w, ctx: Ctx) -> dict[str, Any]:
+    import dataclasses
+
+    from pallas_attn.kernels import fa_prefill_bwd
+
+    kern, cfg, name = _dropin_forward(w)
+    ran = fa_prefill_bwd.config_for(w.head_dim, fa_prefill_bwd.CONFIGS[bwd])
+    return {"forward_config": name, "forward": dict(kern.plan(_dropin_problem(w), cfg)), "backward_config": bwd,
+            "backward": dataclasses.asdict(ran)}
+
+
+def dropin_impls() -> list[Impl]:
+    """``pallas:dropin:<bwd config>``: one per named config of ``fa_prefill_bwd.CONFIGS``, train family only."""
+    try:
+        from pallas_attn.kernels import fa_prefill_bwd
+
+        names = list(fa_prefill_bwd.CONFIGS)
+    except Exception as e:  # noqa: BLE001 -- a kernel that fails to import is a record per workload
+        err = f"importing pallas_attn.kernels.fa_prefill_bwd failed: {type(e).__name__}: {e}"
+        return [Impl(DROPIN_PREFIX, "pallas", "fa_prefill", None, "frontier", "mosaic-gpu", "",
+                     lambda w, ctx: Support(False, err, "failed") if w.family == "train" else Support(False, "", "n/a"),
+                     families=frozenset({"train"}))]
+    return [Impl(f"{DROPIN_PREFIX}:{n}", "pallas", "fa_prefill", n, "frontier", "mosaic-gpu",
+                 f"the drop-in's Hopper pair: fa_prefill forward (heuristic config) + fa_prefill_bwd backward {n}",
+                 functools.partial(_dropin_supports, n), functools.partial(_dropin_prepare, n),
+                 roofline_fn=functools.partial(_dropin_roofline, n), plan_fn=functools.partial(_dropin_plan, n),
+                 families=frozenset({"train"}))
+            for n in names]
+
+
 def _config_order(names) -> list[str]:
     """The named configs, the kernel's usual choice first ("faithful", then "tuned"; "default" for a
     frontier kernel), the rest in the order the row declares them."""
@@ -247,12 +409,13 @@ def pallas_impls() -> list[Impl]:
                             functools.partial(_broken, g.id, err)))
             continue
         for cfg in _config_order(names):
-            out.append(Impl(
+            impl = Impl(
                 f"pallas:{g.id}:{cfg}", "pallas", g.id, cfg, kind, kern.lowering, g.delta,
                 functools.partial(_pallas_supports, g.id, cfg),
                 functools.partial(_pallas_prepare, g.id, cfg),
                 roofline_fn=functools.partial(_pallas_roofline, g.id, cfg),
-                plan_fn=functools.partial(_pallas_plan, g.id, cfg)))
+                plan_fn=functools.partial(_pallas_plan, g.id, cfg))
+            out.append(_with_train(impl) if g.id == _FA_TRAIN else impl)
     return out
 
 
@@ -504,4 +667,5 @@ def all_impls() -> list[Impl]:
     pair by generation id)."""
     from . import auto, multidevice, peers
 
-    return [auto.auto_impl()] + pallas_impls() + cuda_impls() + multidevice.cp_impls() + peers.peer_impls()
+    return ([auto.auto_impl()] + pallas_impls() + dropin_impls() + cuda_impls() + multidevice.cp_impls()
+            + peers.peer_impls())

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["Inputs", "make_inputs", "make_mla_inputs", "page_latent", "torch_cuda_available", "to_torch", "to_jax",
-           "to_jax_btnh", "kv_lengths",
+           "to_jax_btnh", "kv_lengths", "packed_lengths", "roofline_view",
            "dequantized", "take_quantized"]
 
 
@@ -104,6 +104,13 @@ class Inputs:
     # quantized dense latent it was paged from); block_table / kv_lens as for paged workloads
     latent_pool: Any = None
     kv_lora_rank: int | None = None
+    # workload features (compare.workloads.FEATURES) and the train family (make_inputs):
+    sinks: jax.Array | None = None  # float32 [Hq]: each query head's sink logit (sinks)
+    doc_lengths: tuple[tuple[int, ...], ...] | None = None  # per batch row, its documents' lengths (packed)
+    segment_ids: jax.Array | None = None  # int32 [B, T]: each token's document within its row (packed)
+    cu_seqlens: jax.Array | None = None  # int32 [docs + 1]: document starts over the flattened [B * T] tokens
+    max_doc_len: int | None = None  # the longest document (packed)
+    w: jax.Array | None = None  # the cotangent weight of a train workload's loss sum(out * w), q's shape and dtype
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def cached(self, key: str, make):
@@ -123,21 +130,101 @@ class Inputs:
 
 
 
+def packed_lengths(w) -> tuple[tuple[int, ...], ...] | None:
+    """A packed workload's documents, per batch row (None otherwise): row ``b`` holds
+    ``attn_core.oracle.packed_doc_lengths(q_len, seed=w.seed + b)``, so rows differ and a workload's mix is fixed
+    by its seed (available before any input exists: the roofline counts the visible pairs from it)."""
+    if not getattr(w, "packed", False):
+        return None
+    from attn_core.oracle import packed_doc_lengths
+
+    return tuple(tuple(packed_doc_lengths(w.q_len, w.seed + b)) for b in range(w.batch))
+
+
+def _window_pairs(tq: int, tk: int, off: int, window: int | None, causal: bool) -> tuple[int, int, int]:
+    """``(visible pairs, first key read, end of keys read)`` of one sequence: query ``i`` sees keys
+    ``max(0, i + off - W + 1) <= j <= min(tk - 1, i + off)`` (causal, window W; no window: from 0)."""
+    i = np.arange(tq, dtype=np.int64)
+    hi = np.minimum(i + off, tk - 1) if causal else np.full(tq, tk - 1)
+    lo = np.maximum(0, i + off - window + 1) if window is not None else np.zeros(tq, np.int64)
+    n = np.maximum(0, hi - lo + 1)
+    seen = n > 0
+    if not seen.any():
+        return 0, 0, 0
+    return int(n.sum()), int(lo[seen].min()), int(hi[seen].max()) + 1
+
+
+def roofline_view(w):
+    """The workload as ``compare.roofline.problem_for`` should count it: ``w`` itself, or a namespace of its
+    fields plus ``kv_tokens`` (the keys read over the batch: ragged lengths; a window that leaves keys no query
+    sees, e.g. a decode row over a long cache) and ``mask_pairs`` (visible (query, key) pairs per batch row and head,
+    averaged over the batch, where a window or packed documents leave fewer than the causal count)."""
+    import types
+
+    lens = kv_lengths(w)
+    window = getattr(w, "window", None)
+    docs = packed_lengths(w)
+    extra: dict = {}
+    if lens is not None and w.ragged:
+        extra["kv_tokens"] = int(lens.sum())
+    if docs is not None:  # causal within each document (and its window)
+        extra["mask_pairs"] = sum(_window_pairs(d, d, 0, window, True)[0] for row in docs for d in row) / w.batch
+    elif window is not None:
+        per_seq = lens if lens is not None else np.full(w.batch, w.kv_len)
+        pairs = tokens = 0
+        cache = {}
+        for n in per_seq.tolist():
+            off = n - w.q_len if w.family in ("paged_decode", "mla") else w.q_offset
+            if (n, off) not in cache:
+                cache[(n, off)] = _window_pairs(w.q_len, n, off, window, bool(w.causal))
+            p, lo, hi = cache[(n, off)]
+            pairs, tokens = pairs + p, tokens + (hi - lo)
+        extra["mask_pairs"] = pairs / w.batch
+        extra["kv_tokens"] = tokens
+    if not extra:
+        return w
+    return types.SimpleNamespace(**{**w.as_dict(), **extra})
+
+
+def _feature_inputs(w, inp: Inputs, key, dt, seed: int) -> None:
+    """What a workload's features and family add to its inputs, drawn from streams of their own so that q, k and v
+    are the draws a workload without them gets: sink logits (``sinks``: float32 ``[Hq]``, standard normal from
+    ``numpy.random.default_rng([seed, 3])``), the packed documents (``packed``: ``packed_lengths``, their segment
+    ids ``[B, T]`` and ``cu_seqlens`` over the flattened ``[B * T]`` tokens), the train loss's cotangent weight
+    (``train``: standard normal from ``jax.random.fold_in(key, 3)``, cast to the workload dtype, q's shape)."""
+    from attn_core import oracle as reference
+
+    if getattr(w, "sinks", False):
+        inp.sinks = jnp.asarray(np.random.default_rng([seed, 3]).standard_normal(w.heads_q).astype(np.float32))
+    docs = packed_lengths(w)
+    if docs is not None:
+        inp.doc_lengths = docs
+        inp.segment_ids = jnp.asarray(np.stack([reference.segment_ids_from_lengths(d) for d in docs]))
+        flat = [n for d in docs for n in d]
+        inp.cu_seqlens = jnp.asarray(np.concatenate([[0], np.cumsum(flat)]).astype(np.int32))
+        inp.max_doc_len = int(max(flat))
+    if w.family == "train":
+        inp.w = jax.random.normal(jax.random.fold_in(key, 3), inp.q.shape, jnp.float32).astype(dt)
+
+
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
-    (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``."""
+    (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``; a workload's
+    features and the train family add their own inputs (``_feature_inputs``) without changing q, k, v."""
     if w.family == "mla":
         return make_mla_inputs(w, seed=seed)
     dt = jnp.dtype(w.dtype)
     # Drawn on the device (a 1e9-element KV cache takes seconds in numpy, microseconds on a GPU), seeded,
     # standard normal in float32, then cast once: every implementation and the oracle see these values.
-    kq, kk, kv = jax.random.split(jax.random.key(w.seed if seed is None else seed), 3)
+    root = jax.random.key(w.seed if seed is None else seed)
+    kq, kk, kv = jax.random.split(root, 3)
     shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
     shape_kv = (w.batch, w.kv_len, w.heads_kv, w.head_dim)
     q, k, v = (jax.random.normal(key, shp, jnp.float32).astype(dt)
                for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
+    _feature_inputs(w, inp, root, dt, w.seed if seed is None else seed)
     kvd = getattr(w, "kv_dtype", None)
     if kvd:
         _quantize_inputs(w, inp, kvd)

@@ -14,6 +14,25 @@
     transposes are timed). Every layout change a peer needs is made outside the timed region, or its
     ``prepared_notes`` says the peer's own op includes it.
 
+  * ``fa3:mha|varlen|kvcache`` — FlashAttention-3 through its JAX binding ``flash_attn3_jax`` (XLA FFI custom calls;
+    the published wheel 0.2.3 is built for Hopper and head dim 128 only): ``flash_mha`` on BTNH (prefill, train,
+    dense decode), ``flash_mha_varlen`` on the packed documents of each row concatenated (``cu_seqlens``; packed
+    prefill and train), ``flash_mha_with_kvcache`` on the dense cache or the paged pools (``page_table``,
+    ``cache_seqlens``: ragged, chunked q_len > 1). FA3 aligns its causal mask bottom-right (key ``j`` visible to query
+    ``i`` iff ``j <= i + Tk - Tq``, per sequence with cache lengths): our top-left-with-offset mask where
+    ``q_offset == Tk - Tq``, refused otherwise. Windows pass as ``window_size=(W - 1, 0)``.
+
+The train family (``family = "train"``: compare.train's program, the jitted ``jax.value_and_grad`` of
+``sum(out * w)`` w.r.t. q, k, v, or torch autograd of the same) runs on ``jax:cudnn``, ``jax:xla``, ``torch:cudnn``,
+``torch:flash`` and ``fa3:mha`` / ``fa3:varlen``. torch's backward runs on the autograd engine's device thread,
+whose kernels the Mosaic CUPTI collector does not see: torch train programs are timed with CUDA events
+(``Prepared.clock = "events"``, which the runner honours and notes).
+
+Features (``Impl.features``; a workload needing another one is refused before anything runs): ``jax:xla`` takes a
+window (``local_window_size=(W - 1, 0)``, or an explicit mask with a query offset) and packed documents (an explicit
+``[B, 1, T, T]`` segment mask); ``jax:cudnn`` a window at ``q_offset == 0`` (cuDNN's sliding window has no query
+offset); the FA3 peers a window; ``fa3:varlen`` packed documents. No peer implements a soft-cap or sinks.
+
 Causal masks: our convention is top-left with ``q_offset`` (``j <= i + q_offset``). When every row sees
 every key the mask is dropped; ``q_offset == 0`` maps to the peers' top-left ``is_causal``; for SDPA,
 ``q_offset == Tk - Tq`` maps to ``causal_lower_right``; any other offset needs an explicit mask (MATH,
@@ -31,7 +50,7 @@ import numpy as np
 
 from .schema import YES, Ctx, Impl, Prepared, Support
 
-__all__ = ["peer_impls", "causal_mode"]
+__all__ = ["peer_impls", "causal_mode", "FA3_HEAD_DIMS"]
 
 MATH_MAX_SCORE_BYTES = 512 << 20  # fp32 scores B*H*Tq*Tk*4 above this: MATH is not "cheap"
 
@@ -98,6 +117,8 @@ def _sdpa_supports(backend: str, w, ctx: Ctx) -> Support:
         return Support(False, "cuDNN SDPA cannot take Sk == 1 with GQA (docs/peers.md §3)")
     if backend == "efficient" and gqa:
         return Support(False, "EFFICIENT refuses Hq != Hkv with enable_gqa (docs/peers.md §3)")
+    if w.family == "train" and mode not in ("none", "top_left"):
+        return Support(False, f"the train program passes is_causal (top-left) only; causal offset {w.q_offset}")
     if backend == "math":
         score_bytes = w.batch * w.heads_q * w.q_len * w.kv_len * 4
         if score_bytes > MATH_MAX_SCORE_BYTES:
@@ -111,6 +132,8 @@ def _sdpa_prepare(backend: str, w, inp, ctx: Ctx) -> Prepared:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if w.family == "train":
+        return _sdpa_train_prepare(backend, w, inp)
     q, k, v = inp.torch_bhnd()
     mode = causal_mode(w)
     kwargs = {"scale": inp.scale}
@@ -145,6 +168,13 @@ def _sdpa_prepare(backend: str, w, inp, ctx: Ctx) -> Prepared:
     return Prepared(fn, (q, k, v), "torch", "BHND", notes=_kv_note(w))
 
 
+def _sdpa_train_prepare(backend: str, w, inp) -> Prepared:
+    """torch autograd of ``sum(out * w)`` through SDPA with one backend (``compare.train.torch_step``)."""
+    from . import train
+
+    return train.torch_step(_SDPA[backend], w, inp, causal=causal_mode(w) == "top_left")
+
+
 # ----------------------------------------------------------------------------------------- jax.nn
 
 
@@ -163,7 +193,17 @@ def _jaxnn_supports(impl: str, w, ctx: Ctx) -> Support:
             return c
         if causal_mode(w) not in ("none", "top_left"):
             return Support(False, f"jax.nn cudnn path: only top-left causal here (q_offset={w.q_offset})")
+        if getattr(w, "window", None) is not None and w.q_offset != 0:
+            return Support(False, f"jax.nn's cudnn path places its sliding window relative to query i (no query "
+                                  f"offset); this workload's window ends at i + q_offset (q_offset={w.q_offset})")
     return YES
+
+
+def _explicit_mask(w) -> bool:
+    """jax.nn needs an explicit boolean mask: a causal offset, packed documents, or a window at an offset (jax.nn's
+    local_window_size is relative to query i)."""
+    return (causal_mode(w) in ("bottom_right", "offset") or bool(getattr(w, "packed", False))
+            or (getattr(w, "window", None) is not None and w.q_offset != 0))
 
 
 def _jaxnn_prepare(impl: str, w, inp, ctx: Ctx) -> Prepared:
@@ -171,18 +211,33 @@ def _jaxnn_prepare(impl: str, w, inp, ctx: Ctx) -> Prepared:
     import jax.numpy as jnp
 
     mode = causal_mode(w)
+    window = getattr(w, "window", None)
     args = [inp.q, inp.k, inp.v]
     kw = {"scale": inp.scale, "implementation": impl}
     use_lens = _ragged(w)
     mask_arr = None
-    if mode == "top_left":
-        kw["is_causal"] = True
-    elif mode in ("bottom_right", "offset"):
-        # explicit top-left-with-offset mask (per sequence for paged: q_offset = kv_len[b] - Tq)
+    notes = [_kv_note(w)]
+    if not _explicit_mask(w):
+        if mode == "top_left" or (window is not None and w.causal):
+            kw["is_causal"] = True
+        if window is not None:  # query i sees keys (i - W, i]
+            kw["local_window_size"] = (window - 1, 0)
+    else:
+        # explicit top-left-with-offset mask (per sequence for paged: q_offset = kv_len[b] - Tq), with the window
+        # and the packed documents; built once, untimed
         offs = (np.asarray(inp.kv_lens) - w.q_len) if w.family == "paged_decode" else np.full(w.batch, w.q_offset)
         i = np.arange(w.q_len)[None, :, None]
         j = np.arange(w.kv_len)[None, None, :]
-        mask_arr = jnp.asarray((j <= i + offs[:, None, None])[:, None])  # [B, 1, Tq, Tk]
+        vis = np.ones((w.batch, w.q_len, w.kv_len), dtype=bool)
+        if w.causal:
+            vis &= j <= i + offs[:, None, None]
+        if window is not None:
+            vis &= j > i + offs[:, None, None] - window
+        if getattr(w, "packed", False):
+            seg = np.asarray(inp.segment_ids)
+            vis &= seg[:, :, None] == seg[:, None, :]
+            notes.append("packed documents as an explicit [B, 1, T, T] segment mask (untimed)")
+        mask_arr = jnp.asarray(vis[:, None])  # [B, 1, Tq, Tk]
     if use_lens:
         args.append(inp.kv_lens_jax())
     if mask_arr is not None:
@@ -194,7 +249,11 @@ def _jaxnn_prepare(impl: str, w, inp, ctx: Ctx) -> Prepared:
         m = rest.pop(0) if mask_arr is not None else None
         return jax.nn.dot_product_attention(q, k, v, mask=m, key_value_seq_lengths=lens, **kw)
 
-    return Prepared(jax.jit(fn), tuple(args), "jax", "BTNH", notes=_kv_note(w))
+    if w.family == "train":
+        from . import train
+
+        return train.jax_step(fn, w, inp, notes="; ".join(n for n in notes if n), extra=tuple(args[3:]))
+    return Prepared(jax.jit(fn), tuple(args), "jax", "BTNH", notes="; ".join(n for n in notes if n))
 
 
 # ------------------------------------------------------------------------------ JAX's Pallas ops
@@ -401,6 +460,158 @@ def _paged_prepare(w, inp, ctx: Ctx) -> Prepared:
                           f"pages_per_compute_block={ppcb}; pools transposed to [Hkv, pages, page, D] (untimed)")
 
 
+# ------------------------------------------------------------------------------- FlashAttention-3 (JAX)
+
+FA3_HEAD_DIMS = (128,)  # the published flash-attn3-jax 0.2.3 wheel is built for head dim 128 only (its README)
+_FA3_MODULE = "flash_attn3_jax"
+
+
+@functools.cache
+def _fa3():
+    """``(module, None)`` or ``(None, why)``: the FA3 JAX binding, imported once."""
+    try:
+        import importlib
+
+        return importlib.import_module(_FA3_MODULE), None
+    except Exception as e:  # not installed, or its CUDA library does not load here
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _fa3_supports(variant: str, w, ctx: Ctx) -> Support:
+    """What FA3 takes (dtype, head dim, its bottom-right causal mask), then whether this machine can run it."""
+    fam = w.family
+    if variant == "mha" and fam not in ("prefill", "train", "decode"):
+        return Support(False, "", "n/a")
+    if variant == "varlen" and (fam not in ("prefill", "train") or not getattr(w, "packed", False)):
+        return Support(False, "", "n/a")  # varlen is the packed workloads' FA3; the others run fa3:mha
+    if variant == "kvcache" and fam not in ("decode", "paged_decode"):
+        return Support(False, "", "n/a")
+    if w.dtype not in ("float16", "bfloat16"):
+        return Support(False, f"FA3 takes float16/bfloat16; got {w.dtype}")
+    if w.head_dim not in FA3_HEAD_DIMS:
+        return Support(False, f"the published wheel is built for D 128 only (flash-attn3-jax 0.2.3: Hopper, head dim "
+                              f"128); got D {w.head_dim}")
+    if w.causal and fam != "paged_decode" and w.q_offset != w.kv_len - w.q_len:
+        return Support(False, f"FA3 aligns the causal mask bottom-right (key j visible to query i iff j <= i + Tk - "
+                              f"Tq); this workload's q_offset {w.q_offset} != Tk - Tq = {w.kv_len - w.q_len}")
+    mod, err = _fa3()
+    if mod is None:
+        return Support(False, f"{_FA3_MODULE} is not importable here ({err})", "unavailable")
+    if not (ctx.jax_gpu and ctx.hopper):
+        return Support(False, "needs a Hopper (sm_90) GPU: the published wheel is built for sm_90 only", "unavailable")
+    return YES
+
+
+def _fa3_kw(w, inp) -> dict:
+    window = getattr(w, "window", None)
+    return {"softmax_scale": float(inp.scale), "is_causal": bool(w.causal),
+            "window_size": (window - 1, 0) if window is not None else (-1, -1)}
+
+
+def _fa3_window_note(w) -> str:
+    window = getattr(w, "window", None)
+    return f"window_size=({window - 1}, 0)" if window is not None else ""
+
+
+def _fa3_mha_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import jax
+
+    mod, _ = _fa3()
+    kw = _fa3_kw(w, inp)
+
+    def attn(q, k, v):
+        return mod.flash_mha(q, k, v, **kw)
+
+    note = ", ".join(x for x in ("flash_mha on BTNH (GQA by head count)", _fa3_window_note(w)) if x)
+    if w.family == "train":
+        from . import train
+
+        return train.jax_step(attn, w, inp, notes=note)
+    return Prepared(jax.jit(attn), (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
+
+
+def _fa3_varlen_prepare(w, inp, ctx: Ctx) -> Prepared:
+    """The packed documents of every row, back to back over the flattened ``[B * T]`` tokens (a free reshape of
+    the BTNH buffers), one sequence each in ``cu_seqlens``: causal within each document, none sees another."""
+    import jax
+
+    mod, _ = _fa3()
+    kw = _fa3_kw(w, inp)
+    b, t = w.batch, w.q_len
+    longest = int(inp.max_doc_len)
+
+    def attn(q, k, v, cu):
+        flat = [x.reshape(b * t, *x.shape[2:]) for x in (q, k, v)]
+        o = mod.flash_mha_varlen(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                 max_seqlen_k=longest, **kw)
+        return o.reshape(b, t, *o.shape[1:])
+
+    docs = len(inp.cu_seqlens) - 1
+    note = ", ".join(x for x in (f"flash_mha_varlen over {docs} documents of {b} rows (cu_seqlens, max "
+                                 f"{longest})", _fa3_window_note(w)) if x)
+    if w.family == "train":
+        from . import train
+
+        return train.jax_step(attn, w, inp, notes=note, extra=(inp.cu_seqlens,))
+    return Prepared(jax.jit(attn), (inp.q, inp.k, inp.v, inp.cu_seqlens), "jax", "BTNH", notes=note)
+
+
+def _fa3_splits(w) -> int:
+    """``num_splits`` for ``flash_mha_with_kvcache`` (the binding has no heuristic: its default is 1): enough
+    splits of the keys for about one program per SM when batch x KV heads x query tiles cannot fill the GPU, each
+    split at least 1024 keys, at most 16. Our rule, recorded in the record's notes."""
+    from pallas_attn import _compat
+
+    sms = _compat.device_sm_count()
+    programs = w.batch * w.heads_kv * max(1, math.ceil(w.q_len * w.group / 128))
+    if programs >= sms:
+        return 1
+    return int(max(1, min(16, math.ceil(sms / programs), w.kv_len // 1024)))
+
+
+def _fa3_kvcache_prepare(w, inp, ctx: Ctx) -> Prepared:
+    import functools as ft
+
+    import jax
+
+    mod, _ = _fa3()
+    ns = _fa3_splits(w)
+    call = ft.partial(mod.flash_mha_with_kvcache, num_splits=ns, **_fa3_kw(w, inp))
+    win = _fa3_window_note(w)
+    if w.family == "paged_decode":
+        def fn(q, kp, vp, table, lens):
+            return call(q, kp, vp, cache_seqlens=lens, page_table=table)
+
+        note = (f"paged pools [blocks, {w.page_size}, Hkv, D] with page_table and cache_seqlens (causal bottom-right "
+                f"per sequence: q_offset = kv_len[b] - Tq), num_splits={ns}")
+        return Prepared(jax.jit(fn), (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax()), "jax",
+                        "BTNH", notes=", ".join(x for x in (note, win) if x))
+
+    def fn_dense(q, k, v):
+        return call(q, k, v)
+
+    return Prepared(jax.jit(fn_dense), (inp.q, inp.k, inp.v), "jax", "BTNH",
+                    notes=", ".join(x for x in (f"dense cache, num_splits={ns}", win) if x))
+
+
+def _fa3_impls() -> list[Impl]:
+    lowering = "cutlass (FA3, XLA FFI)"
+    return [
+        Impl("fa3:mha", "jax", None, None, "peer", lowering,
+             "FlashAttention-3 flash_attn3_jax.flash_mha (BTNH, GQA, differentiable)",
+             functools.partial(_fa3_supports, "mha"), _fa3_mha_prepare,
+             families=frozenset({"prefill", "train", "decode"}), features=frozenset({"window"})),
+        Impl("fa3:varlen", "jax", None, None, "peer", lowering,
+             "FlashAttention-3 flash_attn3_jax.flash_mha_varlen (packed documents, cu_seqlens, differentiable)",
+             functools.partial(_fa3_supports, "varlen"), _fa3_varlen_prepare,
+             families=frozenset({"prefill", "train"}), features=frozenset({"window", "packed"})),
+        Impl("fa3:kvcache", "jax", None, None, "peer", lowering,
+             "FlashAttention-3 flash_attn3_jax.flash_mha_with_kvcache (dense or paged cache, cache_seqlens)",
+             functools.partial(_fa3_supports, "kvcache"), _fa3_kvcache_prepare,
+             families=frozenset({"decode", "paged_decode"}), features=frozenset({"window"})),
+    ]
+
+
 def _fp16_kv_only(supports, w, ctx: Ctx) -> Support:
     """Every peer reads KV in the workload dtype: on a quantized-KV workload (``kv_dtype``) it refuses, with a
     record, wherever it would otherwise apply (no silent fp16 run beside quantized kernels)."""
@@ -532,13 +743,19 @@ def peer_impls() -> list[Impl]:
         + _mla_peer_impls()
 
 
+_BASE_FAMILIES = frozenset({"prefill", "decode", "paged_decode", "mla"})  # Impl's default: every family but train
+_JAXNN_FEATURES = {"cudnn": frozenset({"window"}), "xla": frozenset({"window", "packed"})}
+
+
 def _peer_impls() -> list[Impl]:
     out = [Impl(f"torch:{b}", "torch", None, None, "peer", f"sdpa:{_SDPA[b]}",
                 f"torch SDPA, backend {_SDPA[b]} selected explicitly" + (" (FlashAttention-2)" if b == "flash" else ""),
-                functools.partial(_sdpa_supports, b), functools.partial(_sdpa_prepare, b))
+                functools.partial(_sdpa_supports, b), functools.partial(_sdpa_prepare, b),
+                families=_BASE_FAMILIES | ({"train"} if b in ("cudnn", "flash") else set()))
            for b in ("cudnn", "flash", "efficient", "math")]
     out += [Impl(f"jax:{i}", "jax", None, None, "peer", i, f"jax.nn.dot_product_attention(implementation={i!r})",
-                 functools.partial(_jaxnn_supports, i), functools.partial(_jaxnn_prepare, i))
+                 functools.partial(_jaxnn_supports, i), functools.partial(_jaxnn_prepare, i),
+                 families=_BASE_FAMILIES | {"train"}, features=_JAXNN_FEATURES[i])
             for i in ("cudnn", "xla")]
     out += [
         Impl("jax-pallas:mha", "jax-pallas", None, None, "peer", "triton",
@@ -551,4 +768,4 @@ def _peer_impls() -> list[Impl]:
         Impl("jax-pallas:paged", "jax-pallas", None, None, "peer", "triton",
              "jax.experimental.pallas.ops.gpu.paged_attention", _paged_supports, _paged_prepare),
     ]
-    return out
+    return out + _fa3_impls()

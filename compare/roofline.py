@@ -5,6 +5,13 @@ The model is the reference's (docs/reference.md §3.2) so its published figures 
   * materialized S (v1/v2): operand re-reads with tile reuse r = 1/tile_m + 1/tile_n for QKᵀ and PV, plus
     the S round trip (write, read+write, read = 4 passes);
   * decode: the fused path with Nq = 1, so AI ≈ 2G/b;
+  * train (a ``family = "train"`` workload: forward + backward, ``compare.train``): FLOPs ``TRAIN_FLOPS_FACTOR``
+    (3.5) times the forward's (the backward as 2.5 forwards: S recomputed, dP, dV, dK, dQ), exps twice (P
+    recomputed), bytes each tensor once: the forward reads Q, K, V and writes O; the backward reads Q, K, V, O, dO
+    and writes dQ, dK, dV (3 K/V-sized and 6 Q-sized tensors), plus the float32 LSE written and read once; fused
+    path only (a declaration with materialized S is refused with the reason);
+  * masks beyond causal (a window, packed documents): ``mask_pairs``, the visible (query, key) pairs per batch
+    row and head, replaces the causal count, and ``kv_tokens`` the keys read (``compare.interop.roofline_view``);
   * MLA: one shared latent of width L+R read once; FLOPs over L+R (scores) and L (values);
   * limiter = the largest of t_mma (FLOPs / the engine's peak), t_hbm (bytes / bandwidth) and t_mufu
     (exps / exp rate); floor = that largest time;
@@ -50,6 +57,7 @@ LATENT_SCALE_BYTES = 4.0  # a quantized MLA latent's one float32 per-tensor scal
 # integer / logic instructions (shift, LOP3, PRMT, integer add) issued per clock per SM on sm_80 / sm_90: the
 # pipe that decodes quantized KV (CUDA C++ Programming Guide, arithmetic instruction throughput table)
 ALU_OPS_PER_CLK_SM = 64
+TRAIN_FLOPS_FACTOR = 3.5  # a training step's FLOPs over its forward's (compare.train: the backward as 2.5 forwards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,9 @@ class Problem:
     # instructions per KV element (t_alu)
     quantized_kv: bool = False
     dequant_ops: float = 0.0
+    # visible (query, key) pairs per batch row and head under a window or packed documents (None: the causal count)
+    mask_pairs: float | None = None
+    train: bool = False  # forward + backward (the train family)
 
     def __post_init__(self) -> None:
         if self.precision not in BYTES:
@@ -89,6 +100,11 @@ class Problem:
             raise ValueError(f"dequant_ops ({self.dequant_ops}) must be >= 0, and only with quantized_kv")
         if self.quantized_kv and (self.mla or self.materialize_s):
             raise ValueError("quantized_kv models the fused GQA/MHA path (no MLA, no materialized S)")
+        if self.train and (self.mla or self.materialize_s or self.quantized_kv):
+            raise ValueError("the train model (forward + backward) covers the fused dense path only: no MLA, no "
+                             "materialized S, no quantized KV")
+        if self.mask_pairs is not None and not self.mask_pairs >= 0:
+            raise ValueError(f"mask_pairs must be >= 0; got {self.mask_pairs}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +178,9 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
     else:
         bh = p.batch * p.heads_q
         d = p.head_dim
-        if p.kv_tokens is not None:
+        if p.mask_pairs is not None and not p.materialize_s and not p.reference_conventions:
+            pairs_per_head = p.mask_pairs  # a window or packed documents: the pairs their mask leaves
+        elif p.kv_tokens is not None:
             pairs_per_head = p.q_len * p.kv_tokens / p.batch  # averaged; exact in the bytes below
         elif p.causal and not p.materialize_s and not p.reference_conventions:
             pairs_per_head = visible_pairs(p.q_len, p.kv_len, p.q_offset)
@@ -185,9 +203,14 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
                 o_bytes = bh * p.q_len * d * p.io_bytes
                 nbytes = kv_bytes + bh * p.q_len * d * p.io_bytes + o_bytes + SCALE_BYTES
                 alu_ops = kv_elems * p.dequant_ops
+            elif p.train:  # fwd: Q, K, V in, O out; bwd: Q, K, V, O, dO in, dQ, dK, dV out; the fp32 LSE out and in
+                nbytes = 3.0 * kv_bytes + 6.0 * o_bytes + 2.0 * 4.0 * bh * p.q_len
             else:
                 nbytes = kv_bytes + bh * p.q_len * d * b + o_bytes
         exps = float(pairs)
+        if p.train:
+            flops *= TRAIN_FLOPS_FACTOR
+            exps *= 2.0  # P recomputed in the backward
     t_mma = flops / peak
     t_hbm = nbytes / hw.hbm_bw
     t_mufu = exps / hw.exp_rate
@@ -256,7 +279,8 @@ def problem_for(workload, facts=None, *, reference_conventions: bool = False) ->
     return Problem(
         batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
         precision=precision, group=w.group, materialize_s=materialize, tile=tile, causal=w.causal,
-        q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions, **quant,
+        q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions,
+        mask_pairs=getattr(w, "mask_pairs", None), train=getattr(w, "family", None) == "train", **quant,
     )
 
 

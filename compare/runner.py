@@ -11,6 +11,11 @@ Order of a run (docs/compare.md has the details):
      -> kernel timing (CUPTI, cold L2) -> end-to-end timing;
   4. per workload, summarize: speed-ups against the best peer and the twin, twin-vs-twin agreement; records
      written, the table printed.
+The train family (``family = "train"``, ``compare.train``): the timed call is one training step returning
+``(out, (dq, dk, dv), loss)``; the output is checked as a prefill's, and dq / dk / dv against the float64 gradient
+oracle on one batch row and KV head group (``agreement.grads``; over the tolerance is ``wrong``); FLOPs count the
+backward (``compare.roofline``: 3.5x the forward); layer 2 does not model it (``prediction.layer2.error`` says so);
+a torch step is timed with CUDA events (``Prepared.clock == "events"``, noted in ``metrics.clock_notes``).
 A failure is a record (``failed``/``oom`` with the exception), never the end of the run. On a machine
 without a GPU the Pallas generations run in interpret mode at shapes small enough (``--cpu-max-flops``)
 and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` and never sit in
@@ -406,10 +411,10 @@ class _Run:
     def predict(self, w: Workload, impl: Impl | None) -> dict[str, Any] | None:
         """The layer-1 prediction of ``impl`` (None: a peer) on ``w``, from what the implementation declares
         (``Impl.roofline``: a kernel contract, cuda_ref's table, or the workload dtype for a peer)."""
-        lens = interop.kv_lengths(w)
-        wl: Any = w
-        if lens is not None and w.ragged:
-            wl = types.SimpleNamespace(**{**w.as_dict(), "kv_tokens": int(lens.sum())})
+        try:  # ragged lengths, windows and packed documents: the keys read and the pairs the mask leaves
+            wl: Any = interop.roofline_view(w)
+        except Exception as e:  # noqa: BLE001 -- a prediction that cannot be made is a field, not a crash
+            return {"error": f"{type(e).__name__}: {e}"}
         try:
             facts = impl.roofline(w) if impl is not None else None
             prob = roofline.problem_for(wl, facts)
@@ -490,9 +495,10 @@ class _Run:
         if sup.status == "n/a":
             return None
         missing = sorted(w.features - impl.features)
-        if missing and sup.ok:
+        if missing:  # a fact on every machine: a CPU run's record says what a GPU run's says
+            also = f"; also {sup.status}: {sup.reason}" if not sup.ok and sup.reason else ""
             sup = Support(False, f"{impl.name} does not implement {', '.join(missing)} (the workload needs "
-                                 f"{', '.join(sorted(w.features))}); not run without it", "unsupported")
+                                 f"{', '.join(sorted(w.features))}); not run without it{also}", "unsupported")
         rec = self.record(w, impl)
         pred = self.predict(w, impl)
         rec.set_prediction(pred)
@@ -503,7 +509,11 @@ class _Run:
         except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
             rec.impl["plan"] = {"error": _reason(e)}
         if self.hw is not None and layer2.modelled(impl.name):  # layer 2, before anything runs
-            rec.prediction["layer2"] = layer2.predict_record(w, rec.impl, rec.impl["plan"], self.hw)
+            if w.family == "train":  # its schedules are the forward kernels' only
+                rec.prediction["layer2"] = {"error": "layer 2 does not model the train family (forward + backward) "
+                                                     "yet; layer 1 counts the backward", "impl": impl.name}
+            else:
+                rec.prediction["layer2"] = layer2.predict_record(w, rec.impl, rec.impl["plan"], self.hw)
         basis = (pred or {}).get((pred or {}).get("basis") or "", {})
         pp = PairPlan(w, impl, rec, basis=basis)
         n_calls = 1 + self.opts.warmup + self.opts.reps + self.opts.e2e_reps
@@ -575,6 +585,7 @@ class _Run:
         err = self.workload_inputs(w, state)  # inputs and oracle: once per workload, shared by every impl
         if err is not None:
             return rec.refuse(err)
+        grads_btnh = None
         try:
             prep = impl.prepare(w, state["inputs"], self.ctx)
             sync = _sync_for(prep.framework)
@@ -582,6 +593,11 @@ class _Run:
             out = prep.fn(*prep.args)
             sync(out)
             first_call_s = time.perf_counter() - t0
+            if w.family == "train":  # (out, (dq, dk, dv), loss): compare.train
+                from . import train
+
+                out, grads = train.split_output(out)
+                grads_btnh = tuple(interop.to_jax_btnh(g, prep.layout) for g in grads)
             out_btnh = interop.to_jax_btnh(out, prep.layout)
         except Exception as e:
             return rec.fail("oom" if _is_oom(e) else _failure_status(e), _reason(e))
@@ -589,6 +605,9 @@ class _Run:
         rec.metrics["first_call_s"] = first_call_s
         if not self.agree(rec, w, state, out_btnh):
             return rec
+        if grads_btnh is not None and not self.agree_grads(rec, w, state, grads_btnh):
+            return rec
+        del grads_btnh
         if impl.framework in ("pallas", "cuda") and impl.generation:
             outputs[impl.name] = out_btnh
         del out
@@ -616,6 +635,9 @@ class _Run:
             state["inputs"] = interop.make_inputs(w)
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
+            if w.family == "train":  # dq, dk, dv in float64 on one batch row and KV head group
+                state["grad_subset"] = accuracy.choose_grad_subset(w)
+                state["grad_oracle"] = accuracy.grad_oracle(w, state["inputs"], state["grad_subset"])
             if getattr(w, "kv_dtype", None):  # the format's own error; the reference of the fp16 cache
                 state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
                 state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
@@ -658,6 +680,34 @@ class _Run:
             rec.fail("wrong", f"rel_l2_err {rel:.3g} > {tol:g} (tolerance for {precision})")
         return True
 
+    def agree_grads(self, rec: ResultRecord, w: Workload, state: dict, grads_btnh) -> bool:
+        """A train record's dq, dk, dv against the float64 gradient oracle on its subset into
+        ``rec.agreement["grads"]`` (the output's precision and tolerance); False when the record ends here (a
+        non-finite gradient anywhere: 'failed'). Over the tolerance is 'wrong' (its reason joins the output's)."""
+        gs, ref = state["grad_subset"], state["grad_oracle"]
+        precision, tol = rec.agreement["precision"], rec.agreement["tol_rel_l2"]
+        ag: dict[str, Any] = {"subset": gs.describe(), "tol_rel_l2": tol, "precision": precision,
+                              "what": "d/d(q, k, v) of sum(out * w), w the workload's seeded cotangent weight"}
+        rec.agreement["grads"] = ag
+        for name, g in zip(("dq", "dk", "dv"), grads_btnh):
+            if not accuracy.all_finite(g):
+                rec.fail("failed", f"non-finite gradient (NaN/Inf) in {name}")
+                return False
+        got = gs.take(grads_btnh)
+        over = []
+        for name in ("dq", "dk", "dv"):
+            max_abs, rel = accuracy.errors(got[name], ref[name])
+            ag[name] = {"max_abs_err": max_abs, "rel_l2_err": rel}
+            if not (math.isfinite(max_abs) and math.isfinite(rel)):
+                rec.fail("failed", f"non-finite {name} error against the gradient oracle")
+                return False
+            if rel > tol:
+                over.append(f"{name} rel_l2_err {rel:.3g} > {tol:g}")
+        if over:
+            why = f"{', '.join(over)} (tolerance for {precision}, gradients)"
+            rec.fail("wrong", f"{rec.reason}; {why}" if rec.status == "wrong" and rec.reason else why)
+        return True
+
     def time_gpu(self, prep, rec: ResultRecord, basis: dict) -> None:
         """Warm-up, then kernel timing (the requested clock, cold L2), end-to-end latency and pipelined
         throughput into ``rec.metrics``, scaled down to ``--budget-s`` (or 'skipped'); then the rates."""
@@ -684,6 +734,13 @@ class _Run:
             m["reps_reduced_for_budget"] = True
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
             kt = timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
+        elif prep.clock == "events":  # the implementation's own choice (torch train steps, compare.train)
+            kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
+                                     flush_bytes=self.flush_bytes, clock="events")
+            kt = dataclasses.replace(kt, notes=(*kt.notes, (
+                f"events by the implementation's request (--clock {o.clock} not used): torch's autograd backward "
+                "runs on the engine's device thread, whose kernels the CUPTI collector misses; CUDA events on the "
+                "stream bracket the whole step")))
         else:
             kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
                                      flush_bytes=self.flush_bytes, clock=o.clock)
@@ -914,8 +971,10 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 
 
 def _cpu_gate_flops(w: Workload) -> float:
-    """The workload's dense FLOPs, for the CPU interpret-mode size gate (``--cpu-max-flops``) only."""
-    return 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim
+    """The workload's dense FLOPs (a train step's: 3.5x), for the CPU interpret-mode size gate (``--cpu-max-flops``)
+    only."""
+    f = 4.0 * w.batch * w.heads_q * w.q_len * w.kv_len * w.head_dim
+    return f * roofline.TRAIN_FLOPS_FACTOR if w.family == "train" else f
 
 
 def _sync_for(framework: str):

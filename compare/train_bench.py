@@ -1,5 +1,7 @@
-"""Training attention: forward and forward + backward of ``pallas_attn.dot_product_attention`` against
-``jax.nn.dot_product_attention`` (cuDNN and XLA), on compare's kernel clock (``compare.timing``).
+"""Training attention for ``scripts/bench_dropin.py``: forward and forward + backward of
+``pallas_attn.dot_product_attention`` against ``jax.nn.dot_product_attention`` (cuDNN and XLA), on compare's kernel
+clock (``compare.timing``). The programs are compare's train family's (``compare.train``: the loss, the
+value_and_grad step, ``TorchProgram``); ``compare run`` on a ``family = "train"`` workload times the same step.
 
 A workload is one attention shape (BTNH, GQA by head count); an implementation is a way to compute
 ``jax.nn.dot_product_attention``'s answer. Per (workload, implementation) two timed programs:
@@ -34,6 +36,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
+
+from .train import TRAIN_FLOPS_FACTOR, TorchProgram, loss_fn
 
 __all__ = ["TrainWorkload", "WORKLOADS", "SWEEP", "D256", "IMPLS", "PREDICTIONS", "PRACTICAL_PEAK_FP16", "flops",
            "predicted_us", "build", "agreement", "time_one", "TorchProgram"]
@@ -115,7 +119,7 @@ def flops(w: TrainWorkload, program: str) -> float:
     if program == "fwd":
         return fwd
     if program == "fwd_bwd":
-        return fwd * 3.5
+        return fwd * TRAIN_FLOPS_FACTOR
     raise ValueError(f"program must be 'fwd' or 'fwd_bwd'; got {program!r}")
 
 
@@ -149,53 +153,10 @@ def inputs(w: TrainWorkload, seed: int = 0):
     return tuple(jax.random.normal(kk, s, "float32").astype(w.dtype) for kk, s in zip(ks, (qs, kvs, kvs, qs)))
 
 
-class TorchProgram:
-    """A torch SDPA program on JAX inputs: ``prepare(args)`` makes the BHND torch views once (untimed),
-    ``run(*views)`` is what the clock times, and calling it with JAX arrays (the agreement check) returns JAX
-    arrays in BTNH, as the JAX programs do. ``framework = "torch"`` tells ``time_one`` which clock to use."""
-
-    framework = "torch"
-
-    def __init__(self, backend: str, causal: bool, gqa: bool, with_grad: bool):
-        self.backend, self.causal, self.gqa, self.with_grad = backend, causal, gqa, with_grad
-
-    def prepare(self, args: tuple) -> tuple:
-        from .interop import to_torch
-
-        views = [to_torch(x) for x in args]
-        views[:3] = [t.transpose(1, 2).detach().requires_grad_(self.with_grad) for t in views[:3]]  # BHND
-        if len(views) == 4:
-            views[3] = views[3].transpose(1, 2)
-        return tuple(views)
-
-    def run(self, q, k, v, wt=None):
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        kw = {"is_causal": self.causal, **({"enable_gqa": True} if self.gqa else {})}
-        with sdpa_kernel([getattr(SDPBackend, self.backend)]):
-            out = F.scaled_dot_product_attention(q, k, v, **kw)
-        if not self.with_grad:
-            return out
-        loss = torch.sum(out.float() * wt.float())
-        return loss, torch.autograd.grad(loss, (q, k, v))
-
-    def __call__(self, *args):
-        from .interop import to_jax
-
-        res = self.run(*self.prepare(args))
-        if not self.with_grad:
-            return to_jax(res.detach().transpose(1, 2))
-        loss, grads = res
-        return to_jax(loss.detach()), tuple(to_jax(g.transpose(1, 2)) for g in grads)
-
-
 def build(impl: str, w: TrainWorkload) -> dict[str, Callable]:
     """The two programs: ``fwd(q, k, v)`` and ``fwd_bwd(q, k, v, w) -> (loss, (dq, dk, dv))``, jitted JAX
     functions, or ``TorchProgram`` for the torch implementations (same call signature on JAX arrays)."""
     import jax
-    import jax.numpy as jnp
 
     if impl in _TORCH_BACKENDS:
         from .interop import torch_cuda_available
@@ -206,11 +167,13 @@ def build(impl: str, w: TrainWorkload) -> dict[str, Callable]:
         return {"fwd": TorchProgram(_TORCH_BACKENDS[impl], w.causal, gqa, False),
                 "fwd_bwd": TorchProgram(_TORCH_BACKENDS[impl], w.causal, gqa, True)}
     attn = _attention(impl, w.causal)
+    vg = jax.value_and_grad(loss_fn(attn), argnums=(0, 1, 2), has_aux=True)
 
-    def loss(q, k, v, wt):
-        return jnp.sum(attn(q, k, v).astype(jnp.float32) * wt.astype(jnp.float32))
+    def fwd_bwd(q, k, v, wt):
+        (loss, _), grads = vg(q, k, v, wt)
+        return loss, grads
 
-    return {"fwd": jax.jit(attn), "fwd_bwd": jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))}
+    return {"fwd": jax.jit(attn), "fwd_bwd": jax.jit(fwd_bwd)}
 
 
 def agreement(progs: dict[str, Callable], ref: dict[str, Callable], args: tuple) -> dict[str, float]:
