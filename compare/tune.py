@@ -27,6 +27,7 @@ import tomllib
 from typing import Any
 
 from . import impls as _impls
+from . import tune_table
 from .runner import RunOptions, _Run, add_run_options
 from .schema import Ctx, Impl, Support
 from .workloads import ConfigError, UsageError, Workload, load_config, resolve_config
@@ -210,12 +211,17 @@ def summary_lines(recs: list[dict], points: list[GridPoint]) -> list[str]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="sweep a kernel's config knobs (a grid in a tune config) through compare run",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="tune config name (configs/tune_<name>.toml) or path")
+    p.add_argument("--config", default=None, help="tune config name (configs/tune_<name>.toml) or path")
     add_run_options(p)
+    tune_table.add_arguments(p)
     p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if (args.config is None) == (args.table is None):
+        raise UsageError("tune takes one of --config (run a grid) or --table RECORDS... (make the heuristic tables)")
+    if args.table is not None:
+        return tune_table.run_table(args)
     return run(RunOptions.from_args(args))
 
 
