@@ -116,15 +116,16 @@ def _visible(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window
 
 def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, sinks, q_segments, kv_segments):
     """The forward of one problem (checked, float64): ``(p [B, Hq, Tq, Tk], p_sink [B, Hq, Tq, 1] | None,
-    tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_e, v_e)`` with K/V repeated to the query heads."""
+    tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_h, v_h)`` with ``k_h``/``v_h`` K/V head-major
+    ``[B, Hq, Tk, D]``, repeated to the query heads. Products are batched ``matmul`` (BLAS), not ``einsum``."""
     hq, hkv = q.shape[2], k.shape[2]
     b, tq, _, _ = q.shape
     tk = k.shape[1]
     g = hq // hkv
     # repeat_interleave: query head h reads KV head h // G.
-    k_e = np.repeat(k, g, axis=2)
-    v_e = np.repeat(v, g, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k_e) * scale  # [B, Hq, Tq, Tk]
+    k_h = np.repeat(k.transpose(0, 2, 1, 3), g, axis=1)
+    v_h = np.repeat(v.transpose(0, 2, 1, 3), g, axis=1)
+    s = (np.ascontiguousarray(q.transpose(0, 2, 1, 3)) @ k_h.swapaxes(-1, -2)) * scale  # [B, Hq, Tq, Tk]
     th = None
     if softcap is not None:
         th = np.tanh(s / softcap)
@@ -152,10 +153,10 @@ def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, 
     p = p / l_safe
     if p_sink is not None:
         p_sink = p_sink / l_safe
-    out = np.einsum("bhqk,bkhd->bqhd", p, v_e)
+    out = (p @ v_h).transpose(0, 2, 1, 3)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l_safe[..., 0]), -np.inf)
-    return p, p_sink, th, out, lse, k_e, v_e
+    return p, p_sink, th, out, lse, k_h, v_h
 
 
 def attention_reference(
@@ -224,8 +225,9 @@ def attention_grad_reference(
     pair has ``P = 0`` and no gradient; NaN anywhere in a row's inputs reaches its gradients.
 
     Computed over blocks of ``block_q`` query rows (each block holds whole rows, so the blocking is exact; None:
-    blocks of about 2^24 scores), each against only the keys its rows can see when ``q_offset`` is a scalar
-    (causal bound, window), so long sequences (compare's 32k-token train subsets) fit in memory.
+    blocks of at most 256 rows and about 2^24 scores), each against only the keys its rows can see when
+    ``q_offset`` is a scalar (causal bound, window), so long sequences (compare's 32k-token train subsets) fit in
+    memory and skip the masked half.
     """
     q, k, v, do = to_f64(q), to_f64(k), to_f64(v), to_f64(dout)
     hq, hkv = _check_dense(q, k, v)
@@ -237,8 +239,8 @@ def attention_grad_reference(
     window, softcap, sinks, q_segments, kv_segments = _check_features(
         b, tq, tk, hq, causal=causal, window=window, softcap=softcap, sinks=sinks, q_segments=q_segments,
         kv_segments=kv_segments)
-    if block_q is None:
-        block_q = max(1, (1 << 24) // max(1, b * hq * max(tk, 1)))
+    if block_q is None:  # at most 256 rows (causal / window key trimming pays) and about 2^24 scores a block
+        block_q = max(1, min(256, (1 << 24) // max(1, b * hq * max(tk, 1))))
     elif isinstance(block_q, bool) or not isinstance(block_q, (int, np.integer)) or block_q < 1:
         raise ValueError(f"block_q must be a positive int or None; got {block_q!r}")
     g = hq // hkv
@@ -247,8 +249,8 @@ def attention_grad_reference(
     out = np.zeros((b, tq, hq, dv_))
     lse = np.zeros((b, hq, tq))
     dq = np.zeros_like(q)
-    dk_e = np.zeros((b, tk, hq, d))
-    dv_e = np.zeros((b, tk, hq, dv_))
+    dk_h = np.zeros((b, hq, tk, d))  # head-major, per query head (summed over each group at the end)
+    dv_h = np.zeros((b, hq, tk, dv_))
     dsinks = None if sinks is None else np.zeros(hq)
     for r0 in range(0, tq, block_q):
         r1 = min(tq, r0 + block_q)
@@ -262,25 +264,25 @@ def attention_grad_reference(
             if hi <= lo:
                 lo, hi = 0, tk
         kl = None if kv_len is None else np.asarray(kv_len, dtype=np.int64) - lo
-        p, p_sink, th, o, ls, k_e, v_e = _softmax_rows(
+        p, p_sink, th, o, ls, k_h, v_h = _softmax_rows(
             q[:, r0:r1], k[:, lo:hi], v[:, lo:hi], scale=scale, causal=causal, q_offset=qo_arr + r0 - lo,
             kv_len=kl, window=window, softcap=softcap, sinks=sinks,
             q_segments=None if q_segments is None else q_segments[:, r0:r1],
             kv_segments=None if kv_segments is None else kv_segments[:, lo:hi])
-        dob = do[:, r0:r1]
         out[:, r0:r1], lse[:, :, r0:r1] = o, ls
-        dv_e[:, lo:hi] += np.einsum("bhqk,bqhd->bkhd", p, dob)
-        dp = np.einsum("bqhd,bkhd->bhqk", dob, v_e)
-        delta = np.einsum("bqhd,bqhd->bhq", dob, o)[..., None]  # [B, Hq, n, 1]
+        do_h = np.ascontiguousarray(do[:, r0:r1].transpose(0, 2, 1, 3))  # [B, Hq, n, Dv]
+        dv_h[:, :, lo:hi] += p.swapaxes(-1, -2) @ do_h
+        dp = do_h @ v_h.swapaxes(-1, -2)  # [B, Hq, n, Tk']
+        delta = np.sum(do_h * o.transpose(0, 2, 1, 3), axis=-1, keepdims=True)  # [B, Hq, n, 1]
         ds = p * (dp - delta)
         if th is not None:
             ds = ds * (1.0 - th * th)
-        dq[:, r0:r1] = scale * np.einsum("bhqk,bkhd->bqhd", ds, k_e)
-        dk_e[:, lo:hi] += scale * np.einsum("bhqk,bqhd->bkhd", ds, q[:, r0:r1])
+        dq[:, r0:r1] = scale * (ds @ k_h).transpose(0, 2, 1, 3)
+        dk_h[:, :, lo:hi] += scale * (ds.swapaxes(-1, -2) @ np.ascontiguousarray(q[:, r0:r1].transpose(0, 2, 1, 3)))
         if dsinks is not None:
-            dsinks -= np.einsum("bhq,bhq->h", p_sink[..., 0], delta[..., 0])
-    dk = dk_e.reshape(b, tk, hkv, g, d).sum(axis=3)
-    dv = dv_e.reshape(b, tk, hkv, g, dv_).sum(axis=3)
+            dsinks -= np.sum(p_sink[..., 0] * delta[..., 0], axis=(0, 2))
+    dk = dk_h.reshape(b, hkv, g, tk, d).sum(axis=2).transpose(0, 2, 1, 3)
+    dv = dv_h.reshape(b, hkv, g, tk, dv_).sum(axis=2).transpose(0, 2, 1, 3)
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv, "dsinks": dsinks}
 
 

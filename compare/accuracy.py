@@ -12,8 +12,9 @@ implementation is compared on the same subset; the record names it (``agreement.
 Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
 (``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
 also checks the gradients: ``dq``, ``dk``, ``dv`` of ``sum(out * w)`` on one batch row and one KV head with its
-group of query heads (``choose_grad_subset``; every row and key of them: dK and dV sum over every query row), against
-``attn_core.oracle.attention_grad_reference`` (``grad_oracle``); cheap enough on the CPU at 32k tokens per batch.
+group of query heads (``choose_grad_subset``: every row and key, or at long causal sequences the last rows and the
+keys only they see, which they fully determine), against ``attn_core.oracle.attention_grad_reference``
+(``grad_oracle``); seconds on the CPU at 32k tokens per batch.
 
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
@@ -276,53 +277,72 @@ def _reference_rows(q, k, v, *, causal: bool, scale: float, q_offset: int, **fea
 @dataclasses.dataclass(frozen=True)
 class GradSubset:
     """Where a train workload's gradients are checked: batch row ``batch``, KV head ``kv_head`` and its group of
-    query heads, every query row and key (dK and dV of a key sum over every query row that sees it)."""
+    query heads; dQ of query rows ``rows`` and dK, dV of keys ``keys`` (half-open ranges). Exact on a tail: under a
+    causal mask, keys ``j >= r0 + q_offset`` are seen only by the rows ``i >= r0``, so those rows (each against
+    every key it sees) give those keys' whole dK and dV."""
 
     batch: int
     kv_head: int
     group: int
+    rows: tuple[int, int]
+    keys: tuple[int, int]
 
     @property
     def heads(self) -> tuple[int, ...]:
         return tuple(range(self.kv_head * self.group, (self.kv_head + 1) * self.group))
 
     def describe(self) -> dict[str, Any]:
-        return {"batch": self.batch, "kv_head": self.kv_head, "heads_q": list(self.heads), "rows": "all",
-                "keys": "all", "oracle": "attn_core.oracle.attention_grad_reference float64 (CPU)"}
+        return {"batch": self.batch, "kv_head": self.kv_head, "heads_q": list(self.heads), "rows": list(self.rows),
+                "keys": list(self.keys), "oracle": "attn_core.oracle.attention_grad_reference float64 (CPU)"}
 
     def take(self, grads_btnh) -> dict[str, np.ndarray]:
-        """``{"dq", "dk", "dv"}`` of this subset, float64 (``dq [1, Tq, G, D]``, ``dk``/``dv [1, Tk, 1, D]``)."""
+        """``{"dq", "dk", "dv"}`` of this subset, float64 (``dq [1, rows, G, D]``, ``dk``/``dv [1, keys, 1, D]``)."""
         dq, dk, dv = grads_btnh
         b, kv = self.batch, slice(self.kv_head, self.kv_head + 1)
+        rows, keys = slice(*self.rows), slice(*self.keys)
         if isinstance(dq, np.ndarray):  # host (e.g. the float64 oracle): stay in numpy, keep precision
             h = list(self.heads)
-            return {"dq": dq[b:b + 1][:, :, h].astype(np.float64), "dk": dk[b:b + 1, :, kv].astype(np.float64),
-                    "dv": dv[b:b + 1, :, kv].astype(np.float64)}
+            return {"dq": dq[b:b + 1, rows][:, :, h].astype(np.float64),
+                    "dk": dk[b:b + 1, keys, kv].astype(np.float64), "dv": dv[b:b + 1, keys, kv].astype(np.float64)}
         h = jnp.asarray(self.heads)  # on the device: only the subset reaches the host
-        return {"dq": reference.to_f64(jnp.asarray(dq)[b:b + 1][:, :, h]),
-                "dk": reference.to_f64(jnp.asarray(dk)[b:b + 1, :, kv]),
-                "dv": reference.to_f64(jnp.asarray(dv)[b:b + 1, :, kv])}
+        return {"dq": reference.to_f64(jnp.asarray(dq)[b:b + 1, rows][:, :, h]),
+                "dk": reference.to_f64(jnp.asarray(dk)[b:b + 1, keys, kv]),
+                "dv": reference.to_f64(jnp.asarray(dv)[b:b + 1, keys, kv])}
 
 
-def choose_grad_subset(w) -> GradSubset:
-    """The last batch row and the last KV head (the ends catch offset and indexing errors the first would not)."""
-    return GradSubset(batch=w.batch - 1, kv_head=w.heads_kv - 1, group=w.heads_q // w.heads_kv)
+def choose_grad_subset(w, *, max_scores: float = 2**26) -> GradSubset:
+    """The last batch row and the last KV head (the ends catch offset and indexing errors the first would not). All
+    rows and keys when ``group x Tq x Tk`` fits ``max_scores`` (about 7e10 float64 FLOPs at D 128, seconds on the
+    CPU) or the mask is not causal; else, causal, the tail: the last ``max_scores / (group x Tk)`` rows (at least
+    64) and the keys only they see (``GradSubset``), e.g. 512 rows and keys at N 16384 with 8 heads a group."""
+    g = w.heads_q // w.heads_kv
+    r0 = 0
+    if w.causal and g * w.q_len * w.kv_len > max_scores:
+        n = max(64, int(max_scores // (g * w.kv_len)))
+        r0 = max(0, w.q_len - n)
+        if r0 + w.q_offset >= w.kv_len:  # no key is seen by the tail alone: every row
+            r0 = 0
+    k0 = 0 if r0 == 0 else r0 + w.q_offset
+    return GradSubset(batch=w.batch - 1, kv_head=w.heads_kv - 1, group=g, rows=(r0, w.q_len), keys=(k0, w.kv_len))
 
 
 def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     """float64 ``{"dq", "dk", "dv"}`` of ``sum(out * w)`` on ``gs`` (``attn_core.oracle.attention_grad_reference``
-    on that batch row, KV head and its query heads, with the workload's features and its cotangent ``inp.w``)."""
+    on that batch row, KV head and its query heads, rows ``gs.rows`` against every key, with the workload's features
+    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them."""
     if w.family != "train" or inp.w is None:
         raise ValueError(f"grad_oracle takes a train workload with its cotangent weight; got family {w.family!r}")
     b, h = gs.batch, jnp.asarray(gs.heads)
+    r0, r1 = gs.rows
     kv = slice(gs.kv_head, gs.kv_head + 1)
-    q = reference.to_f64(inp.q[b:b + 1][:, :, h])
+    q = reference.to_f64(inp.q[b:b + 1, r0:r1][:, :, h])
     k = reference.to_f64(inp.k[b:b + 1, :, kv])
     v = reference.to_f64(inp.v[b:b + 1, :, kv])
-    do = reference.to_f64(inp.w[b:b + 1][:, :, h])
-    g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
-                                           **feature_kwargs(w, inp, b, gs.heads, (0, w.q_len)))
-    return {n: g[n] for n in ("dq", "dk", "dv")}
+    do = reference.to_f64(inp.w[b:b + 1, r0:r1][:, :, h])
+    g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0,
+                                           **feature_kwargs(w, inp, b, gs.heads, (r0, r1)))
+    keys = slice(*gs.keys)
+    return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:

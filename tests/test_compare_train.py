@@ -75,7 +75,7 @@ def test_train_step_end_to_end(train_records):
             assert ag["rel_l2_err"] < 1e-5 and ag["tol_rel_l2"] == 1e-3  # fp32 forward against the oracle
             g = ag["grads"]
             assert g["subset"]["batch"] == r["workload"]["batch"] - 1 and g["subset"]["kv_head"] == \
-                r["workload"]["heads_kv"] - 1
+                r["workload"]["heads_kv"] - 1 and g["subset"]["rows"] == [0, 32]
             for name in ("dq", "dk", "dv"):
                 assert 0 < g[name]["rel_l2_err"] < 1e-5, (wl, impl, name, g[name])
             assert r["metrics"]["clock"] == "cpu-interpret" and r["metrics"]["cpu_interpret_us_p50"] > 0
@@ -249,18 +249,29 @@ def test_oracle_subset_uses_the_features():
     assert np.max(np.abs(sub.take(plain) - got)) > 1e-2
 
 
-def test_grad_oracle_subset_matches_the_full_gradient():
-    w = _wl(window=6, heads_q=6, heads_kv=3, q_len=20, kv_len=20, batch=3)
+@pytest.mark.parametrize("kw", [dict(window=6), dict(packed=True), dict()], ids=["window", "packed", "causal"])
+def test_grad_oracle_subset_matches_the_full_gradient(kw):
+    w = _wl(heads_q=6, heads_kv=3, q_len=160, kv_len=160, batch=3, **kw)
     inp = interop.make_inputs(w)
-    gs = accuracy.choose_grad_subset(w)
-    assert (gs.batch, gs.kv_head, gs.heads) == (2, 2, (4, 5))
-    got = accuracy.grad_oracle(w, inp, gs)
-    full = ref.attention_grad_reference(inp.q, inp.k, inp.v, inp.w, causal=True, scale=inp.scale, window=6)
-    sub = gs.take((full["dq"], full["dk"], full["dv"]))
-    for name in ("dq", "dk", "dv"):
-        np.testing.assert_allclose(got[name], sub[name], rtol=1e-10, atol=1e-12)
+    full = {}
+    for b in range(3):  # the float64 gradients of the whole problem, row by row of the batch (packed: own segments)
+        g = ref.attention_grad_reference(inp.q[b:b + 1], inp.k[b:b + 1], inp.v[b:b + 1], inp.w[b:b + 1], causal=True,
+                                         scale=inp.scale, **accuracy.feature_kwargs(w, inp, b, range(6), (0, 160)))
+        for n in ("dq", "dk", "dv"):
+            full.setdefault(n, []).append(g[n])
+    full = tuple(np.concatenate(full[n]) for n in ("dq", "dk", "dv"))
+    every = accuracy.choose_grad_subset(w)
+    tail = accuracy.choose_grad_subset(w, max_scores=2 * 100 * 160)  # 100 rows of 160 keys: the last 100
+    assert (every.batch, every.kv_head, every.heads, every.rows, every.keys) == (2, 2, (4, 5), (0, 160), (0, 160))
+    assert (tail.rows, tail.keys) == ((60, 160), (60, 160))
+    for gs in (every, tail):
+        got = accuracy.grad_oracle(w, inp, gs)
+        sub = gs.take(full)
+        for name in ("dq", "dk", "dv"):
+            assert got[name].shape == sub[name].shape
+            np.testing.assert_allclose(got[name], sub[name], rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="train workload"):
-        accuracy.grad_oracle(_wl(family="prefill"), interop.make_inputs(_wl(family="prefill")), gs)
+        accuracy.grad_oracle(_wl(family="prefill"), interop.make_inputs(_wl(family="prefill")), every)
 
 
 # ------------------------------------------------------------------------------------------ roofline, programs
