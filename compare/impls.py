@@ -317,11 +317,14 @@ def _dropin_prepare(bwd: str, w, inp, ctx: Ctx) -> Prepared:
 
     _, fwd_cfg, fwd_name = _dropin_forward(w)
     bwd_cfg = fa_prefill_bwd.CONFIGS[bwd]
+    # the output alone, as the drop-in asks for it (no LSE cotangent), where this fa_prefill_bwd offers that
+    out_only = _accepts(fa_prefill_bwd.attention_lse, "with_lse")
 
     def attn(q, k, v):
-        out, _ = fa_prefill_bwd.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, config=fwd_cfg,
-                                              bwd_config=bwd_cfg, interpret=ctx.interpret)
-        return out
+        res = fa_prefill_bwd.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, config=fwd_cfg,
+                                           bwd_config=bwd_cfg, interpret=ctx.interpret,
+                                           **({"with_lse": False} if out_only else {}))
+        return res if out_only else res[0]
 
     ran = fa_prefill_bwd.config_for(w.head_dim, bwd_cfg)
     note = f"fa_prefill forward (heuristic: {fwd_name}) + fa_prefill_bwd backward {bwd}"

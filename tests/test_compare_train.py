@@ -328,3 +328,30 @@ def test_train_bench_programs_still_build():
     assert float(loss) == pytest.approx(float(loss2), rel=1e-6)
     for a, b in zip(grads, grads2):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_dropin_rows_on_the_cpu_interpreter():
+    """pallas:dropin:<bwd config>: refused off Hopper and for what fa_prefill does not take, with the drop-in's own
+    reasons; its train step (fa_prefill's forward + fa_prefill_bwd's backward, here on the Mosaic GPU interpreter)
+    against the float64 oracles at bf16 rounding."""
+    names = [i.name for i in all_impls() if i.name.startswith("pallas:dropin:")]
+    from pallas_attn.kernels import fa_prefill_bwd
+
+    assert names == [f"pallas:dropin:{n}" for n in fa_prefill_bwd.CONFIGS]
+    imp = next(i for i in all_impls() if i.name == "pallas:dropin:wide")
+    assert (imp.generation, imp.config, imp.families, imp.features) == ("fa_prefill", "wide", {"train"}, frozenset())
+    w = _wl(dtype="bfloat16", heads_q=2, heads_kv=1, batch=1, q_len=128, kv_len=128, head_dim=64)
+    assert imp.supports(w, CPU).status == "unavailable" and "Hopper" in imp.supports(w, CPU).reason
+    hopper = Ctx(jax_gpu=False, torch_cuda=False, hopper=True, interpret=True)
+    for bad, why in ((dict(head_dim=32), "head dims"), (dict(dtype="float32"), "float16 / bfloat16")):
+        sup = imp.supports(dataclasses.replace(w, **bad), hopper)
+        assert sup.status == "unsupported" and why in sup.reason
+    assert imp.supports(w, hopper).ok
+    assert imp.plan(w, hopper)["backward_config"] == "wide" and imp.roofline(w).precision == "bf16"
+    inp = interop.make_inputs(w)
+    prep = imp.prepare(w, inp, hopper)
+    out, grads = train.split_output(prep.fn(*prep.args))
+    g = ref.attention_grad_reference(inp.q, inp.k, inp.v, inp.w, causal=True, scale=inp.scale)
+    for name, x in zip(("out", "dq", "dk", "dv"), (out, *grads)):
+        _, rel = accuracy.errors(np.asarray(x, np.float32), g[name])
+        assert rel < 1e-2, (name, rel)
