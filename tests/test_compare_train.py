@@ -100,10 +100,16 @@ def test_wrong_and_nan_gradients_are_caught(train_records):
     assert r["status"] == "failed" and r["reason"] == "non-finite gradient (NaN/Inf) in dk"
 
 
-def test_packed_prefill_through_jax_xla(tmp_path):
+def test_packed_prefill_and_windowed_decode(tmp_path):
     w = Workload(name="t_packed", family="prefill", batch=2, heads_q=2, heads_kv=1, q_len=48, kv_len=48,
                  head_dim=16, dtype="float32", causal=True, packed=True, seed=2)
-    res = _run(tmp_path, [w], ["jax:xla", "pallas:fa_train:default"])
+    dec = Workload(name="t_win_decode", family="decode", batch=2, heads_q=4, heads_kv=2, q_len=2, kv_len=64,
+                   head_dim=16, dtype="float32", causal=True, q_offset=62, window=9, seed=3)
+    res = _run(tmp_path, [w, dec], ["jax:xla", "pallas:fa_train:default"])
+    for impl in ("jax:xla", "pallas:fa_train:default"):  # the window at a decode offset (explicit mask / fa_train's)
+        r = res[("t_win_decode", impl)]
+        assert r["status"] == "ok" and r["agreement"]["rel_l2_err"] < 1e-5, (impl, r["reason"])
+    assert res[("t_win_decode", "jax:xla")]["prediction"]["datasheet"]["flops"] == pytest.approx(4 * 2 * 4 * 18 * 16)
     r = res[("t_packed", "jax:xla")]
     assert r["status"] == "ok" and r["agreement"]["rel_l2_err"] < 1e-5, r["reason"]
     assert "segment mask" in r["impl"]["prepared_notes"]
