@@ -233,10 +233,13 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
     if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
-        out, lse = fa_prefill_bwd.attention_lse(
+        res = fa_prefill_bwd.attention_lse(
             q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
             bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)],
-            interpret=_compat.default_interpret(None))
+            interpret=_compat.default_interpret(None), with_lse=return_residual)
+        if not return_residual:  # the output alone: a forward-only call runs no LSE (attention_lse's with_lse)
+            return res
+        out, lse = res
     else:
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(

@@ -1025,13 +1025,41 @@ def _attn_bwd(st: _Static, res, cts):
 _attn.defvjp(_attn_fwd, _attn_bwd)
 
 
+# The same pair for a caller that needs the output only (the drop-in without return_residual): the primal, which
+# runs when nothing differentiates the call, is the forward without the LSE; the LSE is made (and kept as a
+# residual) only under differentiation. A forward-only prefill through the drop-in then costs what fa_prefill's own
+# forward does.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attn_out(q, k, v, off, st: _Static):
+    from . import fa_prefill
+
+    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=off, interpret=st.interpret,
+                              config=st.fwd_config, return_lse=False)
+
+
+def _attn_out_fwd(q, k, v, off, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, st)
+    return out, (q, k, v, off, out, lse)
+
+
+def _attn_out_bwd(st: _Static, res, dout):
+    q, k, v, off, out, lse = res
+    dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
+                          config=st.bwd_config, interpret=st.interpret)
+    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0)
+
+
+_attn_out.defvjp(_attn_out_fwd, _attn_out_bwd)
+
+
 def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=None,
-                  bwd_config: BwdConfig | None = None, interpret: bool = False):
+                  bwd_config: BwdConfig | None = None, interpret: bool = False, with_lse: bool = True):
     """``(out, lse)`` of fa_prefill's forward (natural-log LSE, fp32 ``[B, Hq, Tq]``), differentiable in q, k, v
     (and through the LSE) by this module's backward: the pair ``pallas_attn.dot_product_attention`` uses on
     Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic); ``bwd_config``: a
     ``BwdConfig`` (None: ``CONFIGS["default"]``); ``interpret``: the forward's Pallas twin and the backward's
-    kernels on the GPU interpreter (CPU, small shapes only)."""
+    kernels on the GPU interpreter (CPU, small shapes only). ``with_lse=False`` returns ``out`` alone, and a call
+    that is not differentiated then runs the forward without the LSE."""
     from . import fa_prefill
     from .contract import Problem
 
@@ -1050,4 +1078,4 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
     st = _Static(causal=bool(causal), scale=float(scale), fwd_config=config, bwd_config=bwd,
                  interpret=bool(interpret))
-    return _attn(q, k, v, off, st)
+    return _attn(q, k, v, off, st) if with_lse else _attn_out(q, k, v, off, st)
