@@ -11,6 +11,8 @@ import pytest
 
 from compare import cli, records, report
 
+pytestmark = pytest.mark.slow  # one compare run (module fixture) serves every test
+
 ONLY = [
     "smoke_prefill_f32_c*:*:v4_fused*",  # a mirror generation, both twins (CUDA: unavailable here)
     "smoke_prefill_f32_c1:jax:*",  # jax.nn xla runs on the CPU, cudnn is unavailable

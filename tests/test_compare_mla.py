@@ -119,6 +119,7 @@ def test_ragged_mla_counts_the_real_keys():
 # ---------------------------------------------------------------------------------------------- inputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mla_smoke_ragged_bfloat16", "mla_smoke_fp8", "mla_smoke_nvfp4"])
 def test_latent_pool_holds_the_dense_latent_through_the_table(name):
     w = _by_name()[name]
@@ -189,6 +190,7 @@ def mla_run(tmp_path_factory):
             for r in records.read_jsonl(out / "records.jsonl") if r["type"] == "result"}
 
 
+@pytest.mark.slow
 def test_xla_peer_runs_mla_against_the_oracle(mla_run):
     for wl, fmt in (("mla_smoke_ragged_bfloat16", None), ("mla_smoke_fp8", "fp8_e4m3"), ("mla_smoke_nvfp4", "nvfp4")):
         r = mla_run[(wl, "jax:xla_mla")]
@@ -206,6 +208,7 @@ def test_xla_peer_runs_mla_against_the_oracle(mla_run):
     assert mla_run[("mla_smoke_fp8", "flashinfer:mla")]["status"] == "unavailable"
 
 
+@pytest.mark.slow
 def test_pallas_v11_mla_runs_through_compare_in_interpret_mode(mla_run):
     from pallas_attn import registry
 

@@ -251,6 +251,7 @@ def quant_run(tmp_path_factory):
     return [r for r in records.read_jsonl(out / "records.jsonl") if r["type"] == "result"]
 
 
+@pytest.mark.slow
 def test_run_quant_decode_on_cpu(quant_run):
     res = {(r["workload"]["name"], r["impl"]["name"]): r for r in quant_run}
     for r in quant_run:

@@ -56,6 +56,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["tune", "--config", "no_such_tune", "--out", str(tmp_path / "o2")]) == 2
 
 
+@pytest.mark.slow
 def test_tune_runs_points_with_their_plans_on_cpu(tmp_path, capsys):
     path = _write(tmp_path, '[[grid]]\ngeneration = "fa_decode"\nsplits = [1, 2]\nblock_k = 32\n')
     out = tmp_path / "run"

@@ -310,6 +310,7 @@ def test_committed_records_carry_the_declared_lowering():
 # ------------------------------------------------------------------------- GPU bookkeeping (host clock)
 
 
+@pytest.mark.slow
 def test_gpu_bookkeeping_rates_speedups_and_twin(tmp_path):
     """The GPU path of a run (warm-up, timing, rates, fractions, best peer, twin agreement), driven on the
     CPU: the clock falls back to host-wall (labelled) and the ceilings are injected."""

@@ -86,6 +86,7 @@ def _supported(gen, problem) -> bool:
     return ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen,dtype", _rows("dense"))
 def test_dense_matches_oracle(rng, gen, dtype):
     ran = 0
@@ -103,6 +104,7 @@ def test_dense_matches_oracle(rng, gen, dtype):
     assert ran, f"{gen} supports none of the dense conformance shapes for {dtype}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen,dtype", _rows("paged"))
 def test_paged_matches_oracle(rng, gen, dtype):
     ran = 0
@@ -127,6 +129,7 @@ def test_paged_matches_oracle(rng, gen, dtype):
     assert ran, f"{gen} supports none of the paged conformance shapes for {dtype}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen,dtype", _rows("dense"))
 def test_dense_under_jit_with_traced_offset_and_default_outputs(rng, gen, dtype):
     """The cache position as data: one compile serves every offset; return_lse=False returns the array alone."""
@@ -145,6 +148,7 @@ def test_dense_under_jit_with_traced_offset_and_default_outputs(rng, gen, dtype)
         assert np.linalg.norm(o - ref_o) / np.linalg.norm(ref_o) < _tol(gen, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen,dtype", _rows("dense"))
 def test_nan_in_is_nan_out(rng, gen, dtype):
     b, tq, hq, hkv, d, tk = 1, 2, 2, 2, 64, 24
@@ -259,6 +263,7 @@ def _quantized_struct(fmt: str, shape):
                              jax.ShapeDtypeStruct((*lead, d // quant.NVFP4_BLOCK), jnp.uint8), sc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("gen", "config"), _lowering_cases())
 def test_lowers_for_cuda_as_declared(gen, config):
     """Lower every row and config to the CUDA platform on this CPU-only machine (no GPU needed): catches

@@ -20,7 +20,6 @@ import importlib
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -210,9 +209,6 @@ def test_call_without_gpu_raises_after_validation():
 
 # --- compile for sm_90a, ptxas report -----------------------------------------------------------------------------
 
-_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-O3", "-lineinfo", "-Xptxas", "-v",
-          "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-          "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr"]
 _SOURCES = ("v11_mla.cu", "v12_mla_tc.cu")
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_90a'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -222,24 +218,11 @@ V12_DYNAMIC_SMEM = {(96, "T"): 39424, (96, "fp8"): 35328, (160, "T"): 59904, (16
                     (576, "T"): 193024, (576, "fp8"): 173568}
 
 
-def _nvcc():
-    return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if Path(p).is_file()), None)
-
-
 @pytest.fixture(scope="module")
-def ptxas(tmp_path_factory):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    tmp = tmp_path_factory.mktemp("mla_build")
-
-    def compile_one(src):
-        cmd = [nvcc, "-c", str(build.CSRC / "kernels" / src), "-o", str(tmp / (src + ".o")), "-I", str(build.CSRC),
-               *_FLAGS]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(_SOURCES, pool.map(compile_one, _SOURCES)))
+def ptxas(nvcc_sm90a):
+    """The two MLA sources' ptxas reports, from conftest's session-wide nvcc run (the flags of every cuda_ref
+    source: sm_90a, -Xptxas -v and torch's fp16 defines)."""
+    results = {src: nvcc_sm90a.results[src] for src in _SOURCES}
     kernels = []
     for src, res in results.items():
         assert res.returncode == 0, f"nvcc failed on {src}:\n{res.stderr[-4000:]}"
@@ -273,7 +256,8 @@ def _template(name: str):
     return (int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4))) if m else None
 
 
-def test_mla_kernels_compile_without_spills(ptxas):
+@pytest.mark.slow
+def test_mla_kernels_compile_without_spills(ptxas, nvcc_sm90a):
     if not shutil.which("c++filt"):
         pytest.skip("c++filt not found (names stay mangled)")
     names = {k["name"] for k in ptxas}
@@ -291,15 +275,14 @@ def test_mla_kernels_compile_without_spills(ptxas):
         else:
             assert k["smem"] == 0  # the plan is dynamic
             assert k["regs"] <= 255  # 256 threads x 1 CTA: the 64 K-register file holds it
-    _write_report(ptxas)
+    _write_report(ptxas, nvcc_sm90a)
 
 
-def _write_report(kernels) -> None:
-    version = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+def _write_report(kernels, nvcc) -> None:
     lines = [
         "# cuda_ref MLA kernels, ptxas resources on sm_90a (written by tests/test_cuda_mla.py; do not edit)",
-        f"# nvcc {version}",
-        "# flags: nvcc -c " + " ".join(_FLAGS),
+        f"# nvcc {nvcc.version()}",
+        "# flags: nvcc -c " + " ".join(nvcc.flags),
         "# template: <DQK, DV, [operand type,] latent format (0 fp16, 1 bf16, 2 fp8, 3 NVFP4)>; v12's shared memory",
         "# is dynamic (dyn_smem_B: its plan, static_asserted in v12_mla_tc.cu); 256 threads per CTA in both",
         "#",

@@ -4,8 +4,9 @@ Python and agrees with attn_core, the split heuristic is the same in C++ and Pyt
 (dense and paged) raises the documented error before any GPU is needed, and ``import cuda_ref`` stays free of
 torch and JAX.
 
-nvcc runs once per session for all sources, in parallel (fixture ``compiled``). The ptxas resource report is
-written to results/ptxas/ptxas_sm90a.txt (committed; docs/cuda_ref.md summarises it).
+nvcc runs once per session for all sources, in parallel (conftest's ``nvcc_sm90a``, shared with test_cuda_mla.py;
+the host-compiler jobs of fixture ``compiled`` run beside it). The ptxas resource report is written to
+results/ptxas/ptxas_sm90a.txt (committed; docs/cuda_ref.md summarises it).
 """
 
 from __future__ import annotations
@@ -44,16 +45,6 @@ torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 PTXAS_REPORT = ROOT / "results" / "ptxas" / "ptxas_sm90a.txt"
-ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-O3", "-lineinfo", "-Xptxas", "-v"]
-# torch's cpp_extension adds these to every nvcc call; compiling with them here catches code that only
-# builds with the fp16 operator overloads enabled.
-TORCH_NVCC_DEFINES = [
-    "-D__CUDA_NO_HALF_OPERATORS__",
-    "-D__CUDA_NO_HALF_CONVERSIONS__",
-    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-D__CUDA_NO_HALF2_OPERATORS__",
-    "--expt-relaxed-constexpr",
-]
 # Every kernel the six generations launch, with the static shared memory the specification implies
 # (docs/reference.md §2.1-§2.6): v2-v4/v6 stage 32 KB of fp32 tiles, v5 carries its six buffers (44 KB / 46 KB).
 EXPECTED_SMEM = {
@@ -106,25 +97,6 @@ EXPECTED_SMEM.update({f"v11_mla_partial_kernel<{dqk}, {dv}, {f}>": smem
 EXPECTED_SMEM.update({f"v12_mla_tc_partial_kernel<{dqk}, {dv}, {t}, {f}>": 0
                       for dqk, dv in ((96, 64), (160, 128), (576, 512))
                       for t, f in (("__half", 0), ("__half", 2), ("__nv_bfloat16", 1), ("__nv_bfloat16", 2))})
-
-
-def _nvcc() -> str | None:
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/bin/nvcc", "/usr/local/cuda/bin/nvcc"):
-        if cand and Path(cand).is_file():
-            return cand
-    if os.environ.get("CUDA_HOME"):
-        cand = Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"
-        if cand.is_file():
-            return str(cand)
-    return None
-
-
-def _cuda_include(nvcc: str) -> Path:
-    real = Path(nvcc).resolve()
-    for root in (real.parent.parent, Path("/usr/local/cuda")):
-        if (root / "include" / "cuda_runtime.h").is_file():
-            return root / "include"
-    pytest.skip("cuda_runtime.h not found next to nvcc")
 
 
 @dataclass
@@ -182,24 +154,14 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def toolchain():
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (set NVCC or CUDA_HOME)")
-    return nvcc, _cuda_include(nvcc)
-
-
-@pytest.fixture(scope="session")
-def compiled(toolchain, tmp_path_factory):
-    """Every job of this file in one thread pool: nvcc per kernel source, the binding's syntax check, and the
-    split-plan parity program. Returns {job: CompletedProcess}."""
-    nvcc, cuda_inc = toolchain
+def compiled(request, cuda_toolchain, tmp_path_factory):
+    """Every job of this file: nvcc per kernel source (conftest's ``nvcc_sm90a``: it runs while this pool does
+    unless test_cuda_mla.py's report asked for it first) and, in a thread pool, the binding's syntax check and the
+    split-plan and table parity programs. Returns {job: CompletedProcess}."""
+    _, cuda_inc = cuda_toolchain
     tmp = tmp_path_factory.mktemp("cuda_ref_build")
     csrc = build.CSRC
     jobs: dict[str, list[str]] = {}
-    for src in sorted((csrc / "kernels").glob("*.cu")):
-        jobs[src.name] = [nvcc, "-c", str(src), "-o", str(tmp / (src.stem + ".o")), "-I", str(csrc),
-                          *ARCH_FLAGS, *TORCH_NVCC_DEFINES]
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx:
         # The split heuristic compiled from the C++ header, printing plans for a grid of inputs.
@@ -238,7 +200,8 @@ def compiled(toolchain, tmp_path_factory):
                                str(csrc / "binding.cpp")]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         futures = {name: pool.submit(_run, cmd) for name, cmd in jobs.items()}
-        results = {name: f.result() for name, f in futures.items()}
+        results = dict(request.getfixturevalue("nvcc_sm90a").results)  # nvcc runs while the host jobs do
+        results.update({name: f.result() for name, f in futures.items()})
     if "split_plan" in results and results["split_plan"].returncode == 0:
         results["split_plan_run"] = _run([str(tmp / "split_plan")])
     if "table_main" in results and results["table_main"].returncode == 0:
@@ -258,6 +221,7 @@ def ptxas_kernels(compiled) -> list[Kernel]:
 # --- compilation ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src", [p.name for p in sorted((build.CSRC / "kernels").glob("*.cu"))])
 def test_kernel_source_compiles_for_sm90a(compiled, src):
     res = compiled[src]
@@ -301,11 +265,12 @@ def test_kernel_sources_do_not_include_torch():
         assert not bad, f"{p.name} includes {bad}"
 
 
-def test_ptxas_report_no_spills_and_expected_smem(ptxas_kernels, compiled):
+@pytest.mark.slow
+def test_ptxas_report_no_spills_and_expected_smem(ptxas_kernels, compiled, nvcc_sm90a):
     assert all(compiled[s].returncode == 0 for s in compiled if s.endswith(".cu")), "a source failed to compile"
     by_name = {k.name: k for k in ptxas_kernels}
     assert set(by_name) == set(EXPECTED_SMEM), f"kernels seen: {sorted(by_name)}"
-    _write_ptxas_report(ptxas_kernels)
+    _write_ptxas_report(ptxas_kernels, nvcc_sm90a)
     spilled = [k for k in ptxas_kernels if k.spill_stores or k.spill_loads or k.stack]
     assert not spilled, "register spills / stack use:\n" + "\n".join(map(str, spilled))
     for name, smem in EXPECTED_SMEM.items():
@@ -313,12 +278,11 @@ def test_ptxas_report_no_spills_and_expected_smem(ptxas_kernels, compiled):
         assert by_name[name].smem <= 48 * 1024  # static shared memory only, as in the reference
 
 
-def _write_ptxas_report(kernels: list[Kernel]) -> None:
-    version = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+def _write_ptxas_report(kernels: list[Kernel], nvcc) -> None:
     lines = [
         "# cuda_ref ptxas resource report, sm_90a (written by tests/test_cuda_ref_cpu.py; do not edit)",
-        f"# nvcc {version}",
-        "# flags: nvcc -c " + " ".join(ARCH_FLAGS + TORCH_NVCC_DEFINES),
+        f"# nvcc {nvcc.version()}",
+        "# flags: nvcc -c " + " ".join(nvcc.flags),
         "#",
         f"{'source':<16} {'kernel':<32} {'regs':>4} {'spill_st':>8} {'spill_ld':>8} {'stack':>5} "
         f"{'smem_B':>7} {'bars':>4}",
@@ -330,6 +294,7 @@ def _write_ptxas_report(kernels: list[Kernel]) -> None:
     PTXAS_REPORT.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_binding_compiles_against_torch_headers(compiled):
     if "binding.cpp" not in compiled:
         pytest.skip("no host C++ compiler")
@@ -337,6 +302,7 @@ def test_binding_compiles_against_torch_headers(compiled):
     assert res.returncode == 0, f"binding.cpp does not compile:\n{res.stderr[-4000:]}"
 
 
+@pytest.mark.slow
 def test_split_heuristic_same_in_cpp_and_python(compiled):
     if "split_plan_run" not in compiled:
         res = compiled.get("split_plan")
@@ -420,6 +386,7 @@ def test_table_columns_of_the_six():
     assert [g.workspace for g in t.values()] == ["scores", "scores", "row_stats", "none", "none", "split_partials"]
 
 
+@pytest.mark.slow
 def test_table_same_in_cpp_and_python(compiled):
     if "table_main_run" not in compiled:
         res = compiled.get("table_main")

@@ -27,6 +27,7 @@ N = 4
 inner = pytest.mark.skipif(jax.device_count() < N, reason="runs in the virtual-device subprocess (outer test)")
 
 
+@pytest.mark.slow
 def test_on_virtual_devices():
     if jax.device_count() >= N:
         pytest.skip("already inside the virtual-device process")

@@ -61,6 +61,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("b,t,s,n,kh,h,causal,window,q_lens,kv_lens", CASES)
 def test_float32_outputs_and_grads_match_xla(rng, b, t, s, n, kh, h, causal, window, q_lens, kv_lens):
     q, k, v, w = _arrays(rng, b, t, s, n, kh, h)
@@ -78,6 +79,7 @@ def test_float32_outputs_and_grads_match_xla(rng, b, t, s, n, kh, h, causal, win
         assert _rel(g, rg) < 1e-5, (name, _rel(g, rg))
 
 
+@pytest.mark.slow
 def test_residual_rank3_and_default_scale(rng):
     """return_residual (jax.nn's logsumexp, BTN, masked rows included) and TNH (rank-3) inputs."""
     q, k, v, _ = _arrays(rng, 1, 9, 14, 4, 2, 16)
@@ -93,6 +95,7 @@ def test_residual_rank3_and_default_scale(rng):
     assert _rel(out3, jax.nn.dot_product_attention(q[0], k[0], v[0], scale=0.3, **XLA)) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_within_tolerance(rng, dtype):
     """fp16 / bf16 against the float32 answer on the same (exactly representable) inputs. Output: at most
@@ -131,6 +134,7 @@ def test_nan_and_inf_propagate_as_in_jax_nn(rng):
                                       err_msg=f"d{name} NaN rows")
 
 
+@pytest.mark.slow
 def test_transforms_jit_vmap_remat_scan_and_jvp(rng):
     """vmap over an extra axis, remat + grad, grad inside lax.scan; jvp raises JAX's clear TypeError."""
     q, k, v, w = _arrays(rng, 2, 16, 16, 2, 1, 16)
@@ -204,6 +208,7 @@ def test_grads_lower_to_triton_for_cuda():
         assert text.count("xla.gpu.triton") >= 3
 
 
+@pytest.mark.slow
 def test_attention_entry_default_generation_and_grad(rng):
     """``attention()``'s default is the best built kernel for the input (bf16 GQA prefill works, fp32 too),
     its gradient runs fa_train's backward, and a generation without a backward says so."""
@@ -262,6 +267,7 @@ _SHARD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_shard_map_over_batch_and_heads():
     """shard_map over a (batch, heads) mesh of 4 virtual CPU devices (GQA heads split with their KV head):
     gradients equal jax.nn's unsharded ones. Needs --xla_force_host_platform_device_count (a subprocess)."""
@@ -339,6 +345,7 @@ def test_fa_prefill_backward_config_by_causal(monkeypatch):
     assert seen == [fa_prefill_bwd.CONFIGS["wide_ovl"], fa_prefill_bwd.CONFIGS["wide"]], seen
 
 
+@pytest.mark.slow
 def test_forced_fa_prefill_in_interpret_mode(rng):
     """implementation="pallas:fa_prefill" on the CPU: fa_prefill's forward twin and its backward's Mosaic kernels
     on JAX's GPU interpreter, through the drop-in's custom_vjp (GQA 2, causal, T < S, odd lengths, fp16): the

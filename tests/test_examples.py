@@ -8,6 +8,7 @@ import importlib.util
 import pathlib
 
 import numpy as np
+import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
@@ -19,6 +20,7 @@ def _load(name: str):
     return mod
 
 
+@pytest.mark.slow
 def test_train_tiny_decoder_loss_decreases():
     losses = _load("train_tiny_decoder").main(steps=4)
     assert np.all(np.isfinite(losses)) and all(b < a for a, b in zip(losses, losses[1:])), losses

@@ -53,6 +53,7 @@ DENSE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DENSE, ids=lambda c: f"B{c[0]}Tq{c[1]}G{c[2] // c[3]}D{c[4]}Tk{c[5]}{c[6][:2]}"
                          f"{'c' if c[7] else ''}")
 def test_dense_matches_oracle(rng, case):
@@ -90,6 +91,7 @@ PAGED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", PAGED, ids=lambda c: f"B{c[0]}Tq{c[1]}G{c[2] // c[3]}D{c[4]}p{c[6]}{c[7][:2]}"
                          f"{'c' if c[8] else ''}")
 def test_paged_matches_oracle(rng, case):

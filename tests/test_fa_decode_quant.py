@@ -51,6 +51,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-B{c[1]}Tq{c[2]}G{c[3] // c[4]}D{c[5]}"
                          f"{'p' + str(c[7]) if c[7] else 'dense'}{'r' if c[8] else ''}{'c' if c[9] else ''}")
 def test_matches_same_quantized_oracle(rng, case):

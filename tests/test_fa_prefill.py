@@ -70,6 +70,7 @@ _CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: "-".join(map(str, c)))
 def test_interpret_twin_matches_the_oracle(rng, case):
     b, tq, tk, hq, hkv, d, causal, offs, dt = case

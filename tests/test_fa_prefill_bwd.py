@@ -80,6 +80,7 @@ _D256_CASES = [("d256", (1, 70, 100, 2, 1, 256, True, (30,), "bfloat16")),
                ("wide_ovl", (2, 60, 70, 1, 1, 256, True, (-5, 3), "float16"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES]
                          + [("wide_ovl", c) for c in _OVL_CASES] + _D256_CASES,
                          ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
@@ -177,6 +178,7 @@ def test_refusals_name_the_problem():
     assert fb.CONFIGS["wide_ovl_s2"].dq_ring == 2
 
 
+@pytest.mark.slow
 def test_attention_lse_custom_vjp_interpret(rng):
     """fa_prefill_bwd.attention_lse (the drop-in's pair on sm_90) in interpret mode under jit + grad: the
     forward's Pallas twin and the backward's kernels on the GPU interpreter, config wide; a loss on the output

@@ -52,6 +52,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-B{c[1]}Tq{c[2]}G{c[3] // c[4]}D{c[5]}p{c[7]}"
                          f"{'r' if c[8] else ''}{'c' if c[9] else ''}-{c[10]}")
 def test_matches_same_quantized_oracle(rng, case):
@@ -88,6 +89,7 @@ def test_faithful_tile_is_the_rounded_scaled_value_for_both_decodes(rng, fmt):
         np.testing.assert_array_equal(np.asarray(vt, np.float32), np.asarray(want, np.float32) * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_nan_in_nan_out(rng, fmt):
     """A NaN byte in one sequence's keys makes that sequence's output NaN, and only it; a NaN scale all of it."""

@@ -74,6 +74,7 @@ def _check(out, lse, ref, dtype):
 # --- v11_mla: the three templates, plain and NVFP4 latents ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("dqk", "dv"), [(96, 64), (160, 128), (576, 512)])
 def test_v11_templates_ragged_paged(dqk, dv):
     lens = [37, 0, 70]
@@ -161,6 +162,7 @@ def test_absorption_identity_through_the_kernel():
 # --- the Mosaic GPU kernel itself, on jax's GPU interpreter ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "dqk", "dv", "b", "tq", "hq", "page", "causal", "splits", "lens"), [
     ("faithful", 192, 128, 2, 3, 24, 16, True, 1, [140, 0]),  # two row tiles (padded), per-row mask, 2 copies/tile,
     # 5 tiles through the 3-slot ring
@@ -190,6 +192,7 @@ def test_mosaic_kernel_on_the_gpu_interpreter(config, dqk, dv, b, tq, hq, page, 
     _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=causal), "bfloat16")
 
 
+@pytest.mark.slow
 def test_kv64_lazy_moves_the_max_after_the_first_tile():
     """kv64_lazy keeps the running max until a row's tile max passes it by more than LAZY_LOG2 (base 2). Keys from
     64 on (tiles 2 and 3) score 3x larger, so the max moves on later tiles: both consumers must then rescale their
@@ -213,6 +216,7 @@ def test_kv64_lazy_moves_the_max_after_the_first_tile():
 # --- kv64_mc: kv64 in 2-CTA clusters with a TMA multicast of each latent tile --------------------------------------
 
 
+@pytest.mark.slow
 def test_kv64_mc_pairs_row_tiles_on_the_gpu_interpreter():
     """kv64_mc's kernel on the GPU interpreter with its real grid and cluster shape: 4 row tiles (56 heads x Tq 4 =
     224 packed rows, padded) in two 2-CTA clusters, the tile index 2 * pair + rank (pairing them wrongly fails this

@@ -43,6 +43,7 @@ def _poisoned(rng, dtype):
     return tuple(jnp.asarray(x).astype(dtype) for x in (q, k, v))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen,entry", _cases())
 def test_nan_and_inf_in_give_nan_out_like_jax_nn(rng, gen, entry):
     kern = registry.kernel(gen)

@@ -102,6 +102,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-G{c[2]}-d{c[5]}-page{c[6]}")
 def test_paged_gqa_awkward_shapes(rng, case):
     gen, config, g, hkv, tq, d, page, lens, causal, q_off = case

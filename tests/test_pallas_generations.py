@@ -116,6 +116,7 @@ def _check(gen, out, q, k, v, *, causal, q_offset, lse=None):
 # --- the calling convention: traced offsets, LSE, negative offsets, NaN --------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen", GENS)
 def test_smoke_scalar_traced_offset_d128(gen, rng):
     """A smoke check per generation at D=128, causal, with a traced int32 scalar offset under the caller's
@@ -128,6 +129,7 @@ def test_smoke_scalar_traced_offset_d128(gen, rng):
     assert traces == [()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen", GENS)
 def test_per_sequence_offsets_and_lse_under_jit(gen, rng):
     """Per-sequence int32 [B] offsets, different per batch, under the caller's ``jax.jit``: one compile
@@ -380,6 +382,7 @@ def test_v5_tuned_config(rng):
 # --- v6: splits, empty splits, plans --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_v6_forced_splits_with_empty_ones(rng):
     """Tk=5 in 4 splits of 2 keys: the last split is empty for every row, and with causal, row 0 sees only
     split 0. An empty split must write (O = 0, LSE = -inf): an unwritten one would be NaN and poison the
@@ -393,6 +396,7 @@ def test_v6_forced_splits_with_empty_ones(rng):
         _check("v6_splitkv", out, q, k, v, causal=causal, q_offset=0, lse=lse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["faithful", "reference_sm40"])
 def test_v6_decode_ragged_chunks(config, rng):
     """Tq=1, Tk=600: S=3 splits of 200 keys, not aligned with the 64-key tile; per-sequence decode offsets
@@ -440,6 +444,7 @@ def _config_ids():
     return [(gen, cfg) for gen in GENS for cfg in MODS[gen].CONFIGS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("gen", "config"), _config_ids(), ids=lambda x: str(x))
 def test_lowers_to_triton_for_cuda(gen, config):
     """Lower every config to Triton IR for the CUDA platform on this CPU-only machine: catches what

@@ -78,6 +78,7 @@ def test_signed_zero_and_tiny():
     assert F.quantize_nvfp4(x).packed[0, 0] >> 4 == 0  # ... and codes as +0 in NVFP4 (no signed zero)
 
 
+@pytest.mark.slow
 def test_ties_every_e4m3_midpoint_and_nvfp4_midpoint():
     # scale = 448 / 448 = 1 exactly, so x / scale = x: put every E4M3 midpoint (both signs) through the encoder
     vals = F.e4m3_to_float(np.arange(0x7F, dtype=np.uint8)).astype(np.float64)
@@ -110,6 +111,7 @@ def test_every_float32_bit_pattern_stride():
     assert np.array_equal(T.float_to_e4m3(torch.from_numpy(pats.copy())).numpy(), want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nonfinite_tensor_is_all_nan_after_dequant(rng, bad):
     """NaN handling, stated: one NaN (or inf) anywhere makes the per-tensor scale non-finite, so every
