@@ -107,6 +107,13 @@ def choice(w) -> dict[str, Any]:
         raise NotImplementedError(f"pallas_attn's {w.family} entry has no {', '.join(sorted(w.features))}")
     problem = problem_of(w)
     if w.family == "mla":
+        # the MLA entry's own problem (pallas_attn.mla.problem_mla: it carries kv_lora_rank, a key of the table)
+        import dataclasses
+
+        from pallas_attn.kernels.mla_common import MlaProblem
+
+        problem = MlaProblem(**{f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)},
+                             kv_lora_rank=w.kv_lora_rank)
         gen = "fa_mla"
     elif w.family == "paged_decode":
         gen = "fa_decode"  # paged_attention's default generation

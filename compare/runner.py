@@ -229,6 +229,8 @@ def _allowed_by_workload(w: Workload, impl: Impl) -> bool:
     a workload split over several devices is run by multi-device implementations only."""
     if w.devices > 1 and not impl.multi_device:
         return False
+    if w.family not in impl.families:  # e.g. the train-only pallas:dropin:* rows on a forward workload
+        return False
     if impl.kind == "auto":  # pallas:auto runs where a workload lists it (the sweep's workloads do)
         return w.generations is not None and any(fnmatch.fnmatchcase(impl.name, g) for g in w.generations)
     if impl.kind == "peer":
