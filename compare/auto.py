@@ -144,9 +144,9 @@ def _supports(w, ctx: Ctx) -> Support:
 
 
 def _plan(w, ctx: Ctx) -> dict[str, Any]:
-    from .impls import _pallas_plan
-
     from pallas_attn import registry
+
+    from .impls import _pallas_plan
 
     c = choice(w)
     out = dict(c)
@@ -159,9 +159,9 @@ def _plan(w, ctx: Ctx) -> dict[str, Any]:
 
 
 def _roofline(w) -> RooflineFacts | None:
-    from .impls import _pallas_roofline
-
     from pallas_attn import registry
+
+    from .impls import _pallas_roofline
 
     c = choice(w)
     if not c.get("generation") or w.family == "train" or c["config"] not in registry.configs(c["generation"]):

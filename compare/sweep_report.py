@@ -485,8 +485,9 @@ _SIZE_AXES: dict[str, tuple[tuple[str, str], ...]] = {
     "chunked": (("q_len", "C"), ("kv_len", "S")),
 }
 _BS = (("batch", "B"), ("kv_len", "S"))
+# q_offset is left out: decode families derive it from kv_len - q_len, so it would split every row by length
 _VARIANT_FIELDS = ("page_size", "kv_dtype", "packed", "ragged", "q_len", "kv_len", "batch", "dtype", "causal",
-                   "q_offset", "window", "softcap", "sinks")
+                   "window", "softcap", "sinks")
 
 
 def _num(v: Any) -> str:

@@ -58,8 +58,8 @@ MLA_PAGE_SIZE = 64  # an mla workload's page_size when absent (DeepSeek-V3's ser
 DTYPES = ("float32", "float16", "bfloat16")
 KV_DTYPES = ("fp8_e4m3", "nvfp4")  # quantized KV storage formats (pallas_attn.quant); absent = the workload dtype
 _LIST_OK = {"generations", "peers", "tags"}  # list-valued fields that do not expand
-TUNE_KEYS = frozenset({"grid", "baselines"})
-DROPPED_BY_MEMORY: dict[Path, tuple[str, ...]] = {}  # config path -> workload names over its max_kv_tokens  # a tune config's own top-level keys (compare/tune.py checks them)
+TUNE_KEYS = frozenset({"grid", "baselines"})  # a tune config's own top-level keys (compare/tune.py checks them)
+DROPPED_BY_MEMORY: dict[Path, tuple[str, ...]] = {}  # config path -> workload names over its max_kv_tokens
 
 
 class UsageError(ValueError):

@@ -32,8 +32,8 @@ past ``query_seq_lengths`` return 0 and get no gradient; NaN or Inf that reaches
 What runs on the GPU: no GPU -> interpret mode (``pallas_attn._compat.default_interpret``). jvp (forward-mode
 autodiff) of the Pallas path is not defined (``jax.custom_vjp``): ``jax.jvp`` raises JAX's TypeError.
 
-Not supported by either kernel pair (``None`` falls back to cuDNN or XLA, ``"pallas"`` raises): ``bias``, ``mask``, head dims
-outside (16, 32, 64, 128, 256), dtypes other than float16 / bfloat16 / float32, q/k/v of different dtypes.
+Not supported by either kernel pair (``None`` falls back to cuDNN or XLA, ``"pallas"`` raises): ``bias``, ``mask``,
+head dims outside (16, 32, 64, 128, 256), dtypes other than float16 / bfloat16 / float32, q/k/v of different dtypes.
 """
 
 from __future__ import annotations

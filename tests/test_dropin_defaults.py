@@ -1,6 +1,6 @@
-"""The drop-in's default paths: fa_prefill_bwd.attention_lse(with_lse=False) (the drop-in without return_residual on
-Hopper: not differentiated, fa_prefill's forward without the LSE; differentiated, the with-LSE pair's gradients), and the
-fallback's choice of jax.nn's cuDNN over XLA on a GPU. Interpret mode / CPU."""
+"""The drop-in's default paths: fa_prefill_bwd.attention_lse(with_lse=False) (the drop-in without return_residual
+on Hopper: not differentiated, fa_prefill's forward without the LSE; differentiated, the with-LSE pair's gradients),
+and the fallback's choice of jax.nn's cuDNN over XLA on a GPU. Interpret mode / CPU."""
 
 import jax
 import jax.numpy as jnp

@@ -1,0 +1,296 @@
+"""The model-shape sweep (configs/sweep.toml, docs/sweep.md): the config parses into the models and entries the issue
+names, every model x entry maps to workloads that pallas:auto either takes or refuses with a reason, the per-GPU
+tables are read by the defaults, ``compare tune --table`` makes them from records, and auto's choice is recorded."""
+
+import json
+
+import pytest
+
+from compare import auto, impls, runner, tune_table
+from compare.schema import Ctx
+from compare.workloads import DROPPED_BY_MEMORY, ConfigError, load_config
+
+CPU = Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True)
+MODELS = {"llama-3.1-8b": (32, 8, 128), "llama-3.1-70b": (64, 8, 128), "qwen2.5-7b": (28, 4, 128),
+          "mistral-7b-v0.1": (32, 8, 128), "gemma-2-9b": (16, 8, 256), "gemma-2-9b:local": (16, 8, 256),
+          "phi-3-mini": (32, 32, 96), "gpt-2": (12, 12, 64), "gpt-oss-20b": (64, 8, 64),
+          "gpt-oss-20b:local": (64, 8, 64), "deepseek-v3": (128, 1, 576), "deepseek-v2-lite": (16, 1, 576)}
+ENTRIES = {"prefill", "train", "decode", "spec", "paged", "chunked", "mla", "quant"}
+
+
+@pytest.fixture(scope="module")
+def ws():
+    return load_config("sweep")
+
+
+def test_models_entries_and_sizes(ws):
+    seen = {(w.model, w.entry_group) for w in ws}
+    assert {m for m, _ in seen} == set(MODELS)
+    assert {e for _, e in seen} == ENTRIES
+    for w in ws:
+        hq, hkv, d = MODELS[w.model]
+        assert (w.heads_q, w.heads_kv, w.head_dim) == (hq, hkv, d), w.name
+        assert w.dtype == "bfloat16" and w.as_dict()["model"] == w.model and w.as_dict()["entry"] == w.entry_group
+    # every dense model has prefill and train at every N of the issue, about 32k tokens a batch
+    for e in ("prefill", "train"):
+        for m in ("llama-3.1-8b", "gemma-2-9b:local", "phi-3-mini", "gpt-oss-20b"):
+            got = {w.q_len: w.batch for w in ws if w.model == m and w.entry_group == e and not w.packed}
+            assert got == {n: 32768 // n for n in (512, 1024, 2048, 4096, 8192, 16384)}, (m, e, got)
+    assert {w.entry_group for w in ws if w.packed} == {"prefill", "train"}
+    # features from the model tables
+    by = {w.model: w for w in ws if w.entry_group == "prefill"}
+    assert by["mistral-7b-v0.1"].window == 4096 and by["gemma-2-9b"].softcap == 50.0
+    assert by["gemma-2-9b:local"].features == {"window", "softcap"}
+    assert by["gpt-oss-20b:local"].features == {"window", "sinks"} and by["gpt-oss-20b:local"].window == 128
+    mla = [w for w in ws if w.entry_group == "mla"]
+    assert {(w.batch, w.kv_len) for w in mla if w.model == "deepseek-v3" and not w.ragged and w.q_len == 1} == {
+        (b, s) for b in (1, 8, 32, 64, 128) for s in (2048, 8192, 32768)}
+    assert any(w.ragged for w in mla) and any(w.q_len == 2 for w in mla)
+    assert {w.q_len for w in ws if w.entry_group == "spec"} == {2, 4, 8}
+    assert {w.kv_dtype for w in ws if w.entry_group == "quant"} == {None, "fp8_e4m3", "nvfp4"}
+    # the decode grid's memory bound: B x S <= 2^20, the dropped names recorded
+    dropped = next(v for k, v in DROPPED_BY_MEMORY.items() if k.name == "sweep.toml")
+    assert "sweep_decode_llama-3.1-8b_b128_s131072" in dropped
+    assert all(w.batch * w.kv_len <= 1 << 20 for w in ws if w.entry_group in ("decode", "paged") and
+               w.model in ("llama-3.1-8b",))
+
+
+def test_every_workload_has_a_plan_and_auto_takes_it_or_says_why(ws):
+    all_impls = impls.all_impls()
+    runner.check_workload_lists(ws, all_impls)
+    plan = dict((w.name, lst) for w, lst in runner.make_plan(ws, all_impls, [], [], "sweep"))
+    assert set(plan) == {w.name for w in ws}
+    a = auto.auto_impl()
+    for w in ws:
+        assert "pallas:auto" in {i.name for i in plan[w.name]}, w.name
+        s = a.supports(w, CPU)
+        assert s.ok or (s.status == "unsupported" and s.reason), (w.name, s)
+        missing = w.features - a.features
+        if missing or (w.features and w.family not in ("prefill", "train")):
+            assert not s.ok and any(f in s.reason for f in w.features), (w.name, s.reason)
+
+
+def test_feature_refusal_names_the_feature_before_anything_runs(tmp_path):
+    """A named config without soft-cap on a soft-capped workload: an 'unsupported' record naming soft-cap."""
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('''
+[models.m]
+heads_q = 2
+heads_kv = 1
+head_dim = 32
+softcap = 50.0
+
+[[workload]]
+name = "f_{model}"
+model = "m"
+family = "prefill"
+batch = 1
+q_len = 16
+causal = true
+dtype = "float32"
+generations = ["pallas:auto", "pallas:fa_train:default"]
+peers = []
+''')
+    from compare import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["run", "--config", str(cfg), "--out", str(out)]) == 0
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    res = {r["impl"]["name"]: r for r in recs if r.get("type") == "result"}
+    assert set(res) == {"pallas:auto", "pallas:fa_train:default"}
+    for r in res.values():
+        assert r["status"] == "unsupported" and "softcap" in r["reason"], r
+        assert r["workload"]["features"] == ["softcap"] and r["workload"]["model"] == "m"
+
+
+def test_model_table_errors(tmp_path):
+    bad = tmp_path / "b.toml"
+    bad.write_text('[models.m]\nheads_q = 2\nhidden = 3\n[[workload]]\nname="x"\nmodel="m"\nfamily="prefill"\n'
+                   'batch=1\nq_len=8\nhead_dim=32\ndtype="float32"\n')
+    with pytest.raises(ConfigError, match="hidden"):
+        load_config(bad)
+    bad.write_text('[[workload]]\nname="x"\nmodel="nope"\nfamily="prefill"\nbatch=1\nq_len=8\nheads_q=2\n'
+                   'head_dim=32\ndtype="float32"\n')
+    with pytest.raises(ConfigError, match="nope"):
+        load_config(bad)
+    bad.write_text('[[workload]]\nname="x"\nfamily="prefill"\nbatch=1\nq_len=8\nheads_q=2\nhead_dim=32\n'
+                   'dtype="float32"\nwindow=4\n')
+    with pytest.raises(ConfigError, match="causal"):
+        load_config(bad)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def _mla_problem(batch, kv_len, heads_q=128):
+    from pallas_attn.kernels.mla_common import MlaProblem
+
+    return MlaProblem(entry="mla", dtype="bfloat16", batch=batch, q_len=1, kv_len=kv_len, heads_q=heads_q, heads_kv=1,
+                      head_dim=576, causal=True, page_size=64, kv_lora_rank=512)
+
+
+def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
+    """The committed H100 table (from the sweep records) is what fa_mla's heuristic reads on an H100: at DeepSeek-V3
+    B64 S8192 it gives the row's config, which is not the reference's plan; PALLAS_ATTN_TUNING=off restores it; no
+    table on a CPU."""
+    from pallas_attn import tuning
+    from pallas_attn.kernels import v12_mla_tc
+
+    assert tuning.table() is None or tuning.chip() is not None  # this CPU has no GPU: no table
+    monkeypatch.setattr(tuning, "chip", lambda: "h100")
+    tbl = tuning.table()
+    row = next(r for r in tbl["kernels"]["fa_mla"]["rows"] if r["workload"] == "sweep_mla_deepseek-v3_b64_s8192")
+    assert row["config"] != "default" and min(row["time_us"], key=row["time_us"].get) == row["config"]
+    p = _mla_problem(64, 8192)
+    assert v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS[row["config"]]
+    # a shape outside the table: the nearest measured row of the same kind (heads 128, DQK 576)
+    assert tuning.choose("fa_mla", _mla_problem(48, 12000)) in ("kv64_mc", "kv64_ws_mc")
+    # a kind the table never measured (heads 64): no row, the kernel's own rule
+    assert tuning.choose("fa_mla", _mla_problem(64, 8192, heads_q=64)) is None
+    assert v12_mla_tc.KERNEL.heuristic(_mla_problem(64, 8192, heads_q=64)) == v12_mla_tc.CONFIGS["faithful"]
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
+    assert v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["faithful"]
+
+
+def test_every_default_reads_its_table(tmp_path, monkeypatch):
+    """A table that picks a non-default config for each tuned kernel: fa_prefill's, fa_decode's and the drop-in's
+    backward heuristics return it at the bucket, and their own rule elsewhere."""
+    from pallas_attn import dropin, tuning
+    from pallas_attn.kernels import fa_decode, fa_prefill
+    from pallas_attn.kernels.contract import Problem
+
+    dense = Problem(entry="dense", dtype="bfloat16", batch=8, q_len=4096, kv_len=4096, heads_q=32, heads_kv=8,
+                    head_dim=128, causal=True)
+    dec = Problem(entry="dense", dtype="bfloat16", batch=32, q_len=1, kv_len=8192, heads_q=32, heads_kv=8,
+                  head_dim=128, causal=True)
+    tbl = {"kernels": {
+        "fa_prefill": {"rows": [{"key": tuning.bucket("fa_prefill", dense), "config": "pingpong"}]},
+        "fa_prefill_bwd": {"rows": [{"key": tuning.bucket("fa_prefill_bwd", dense), "config": "wide_ovl"}]},
+        "fa_decode": {"rows": [{"key": tuning.bucket("fa_decode", dec), "config": "tuned"}]}}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(tbl))
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", str(path))
+    assert fa_prefill.KERNEL.heuristic(dense) == fa_prefill.CONFIGS["pingpong"]
+    assert dropin.bwd_config_name(dense) == "wide_ovl"
+    assert fa_decode.KERNEL.heuristic(dec) == fa_decode.CONFIGS["tuned"]
+    d64 = Problem(entry="dense", dtype="bfloat16", batch=8, q_len=4096, kv_len=4096, heads_q=32, heads_kv=8,
+                  head_dim=64, causal=True)  # another head dim: not this row's kind
+    assert fa_prefill.KERNEL.heuristic(d64) == fa_prefill.fit(fa_prefill.CONFIGS["default"], 64)
+    assert dropin.bwd_config_name(d64) == dropin.DROPIN_BWD_CONFIG[True]
+    # a stale table naming a config the kernel no longer has is ignored, never an error
+    tbl["kernels"]["fa_decode"]["rows"][0]["config"] = "removed_config"
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(tbl))
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", str(stale))
+    assert fa_decode.KERNEL.heuristic(dec) == fa_decode.CONFIGS["default"]
+
+
+def _rec(wl, impl, t, status="ok", gpu="NVIDIA H100 80GB HBM3"):
+    return {"type": "result", "workload": wl, "impl": {"name": impl, "kind": "frontier"}, "status": status,
+            "metrics": {"time_us_p50": t}, "env": {"gpu": gpu, "git_sha": "abc"}}
+
+
+def test_tune_table_from_records(tmp_path):
+    w = load_config("sweep")
+    mla = next(x for x in w if x.name == "sweep_mla_deepseek-v3_b64_s8192").as_dict()
+    dec = next(x for x in w if x.name == "sweep_decode_llama-3.1-8b_b1_s8192").as_dict()
+    recs = [_rec(mla, "pallas:fa_mla:default", 405.8), _rec(mla, "pallas:fa_mla:kv64_mc", 273.9),
+            _rec(mla, "pallas:fa_mla:kv64_ws_mc", 276.3), _rec(mla, "pallas:auto", 200.0),
+            _rec(mla, "pallas:fa_mla:kv64", 100.0, status="wrong"),  # not agreeing with the oracle: never chosen
+            _rec(dec, "pallas:fa_decode:default", 20.7), _rec(dec, "pallas:fa_decode:tuned", 20.5),  # within 2%
+            _rec(dec, "pallas:fa_decode:default", 10.0, gpu="NVIDIA A100")]  # another chip: not in the H100 table
+    for r in recs:
+        r["_file"] = "x.jsonl"
+    tables = tune_table.build_tables(recs, min_gain=0.02)
+    assert set(tables) == {"h100"}
+    rows = {r["workload"]: r for k in tables["h100"]["kernels"].values() for r in k["rows"]}
+    assert rows[mla["name"]]["config"] == "kv64_mc" and rows[mla["name"]]["key"]["heads_q"] == 128
+    assert rows[dec["name"]]["config"] == "default"  # tuned is faster by 1%: the default stays
+    assert set(rows[mla["name"]]["time_us"]) == {"default", "kv64_mc", "kv64_ws_mc"}
+
+
+def test_tune_table_cli(tmp_path):
+    from compare import cli
+
+    w = load_config("sweep")
+    mla = next(x for x in w if x.name == "sweep_mla_deepseek-v3_b64_s8192").as_dict()
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in (
+        {"type": "header", "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_sha": "abc"}},
+        {k: v for k, v in _rec(mla, "pallas:fa_mla:default", 400.0).items() if k != "env"},
+        {k: v for k, v in _rec(mla, "pallas:fa_mla:kv64_mc", 270.0).items() if k != "env"})) + "\n")
+    out = tmp_path / "h100.json"
+    assert cli.main(["tune", "--table", str(f), "--write", str(out)]) == 0
+    tbl = json.loads(out.read_text())
+    assert tbl["kernels"]["fa_mla"]["rows"][0]["config"] == "kv64_mc" and tbl["sources"] == [str(f)]
+    assert cli.main(["tune", "--table", str(tmp_path / "missing.jsonl")]) == 2
+    assert cli.main(["tune"]) == 2  # neither --config nor --table
+
+
+def test_auto_records_its_choice_cpu(tmp_path):
+    """compare run on the CPU with pallas:auto on a decode, a paged and an MLA workload: each record agrees with the
+    oracle and says which kernel and config the defaults chose (the same as the named config beside it)."""
+    from compare import cli
+
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('''
+[models.m]
+heads_q = 4
+heads_kv = 2
+head_dim = 64
+
+[models.mla]
+heads_q = 16
+heads_kv = 1
+kv_lora_rank = 128
+rope_dim = 64
+head_dim = 192
+
+[[workload]]
+name = "a_decode"
+model = "m"
+family = "decode"
+batch = 2
+q_len = 1
+kv_len = 64
+causal = true
+dtype = "float16"
+generations = ["pallas:auto", "pallas:fa_decode:default"]
+peers = []
+
+[[workload]]
+name = "a_paged"
+model = "m"
+family = "paged_decode"
+batch = 2
+q_len = 1
+kv_len = 64
+page_size = 16
+ragged = true
+causal = true
+dtype = "float16"
+generations = ["pallas:auto"]
+peers = []
+
+[[workload]]
+name = "a_mla"
+model = "mla"
+family = "mla"
+batch = 2
+q_len = 1
+kv_len = 128
+causal = true
+dtype = "float16"
+generations = ["pallas:auto"]
+peers = []
+''')
+    out = tmp_path / "out"
+    assert cli.main(["run", "--config", str(cfg), "--out", str(out)]) == 0
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    autos = {r["workload"]["name"]: r for r in recs if r.get("type") == "result" and r["impl"]["name"] == "pallas:auto"}
+    assert set(autos) == {"a_decode", "a_paged", "a_mla"}
+    assert all(r["status"] == "ok" for r in autos.values()), {k: r.get("reason") for k, r in autos.items()}
+    assert autos["a_decode"]["impl"]["plan"]["chose"] == "fa_decode:default"
+    assert autos["a_paged"]["impl"]["plan"]["chose"] == "fa_decode:default"
+    assert autos["a_mla"]["impl"]["plan"]["chose"] == "fa_mla:default"  # no table on a CPU: the reference's plan
+    assert autos["a_decode"]["workload"]["model"] == "m" and autos["a_mla"]["workload"]["entry"] == "mla"
