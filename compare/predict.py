@@ -2,7 +2,11 @@
 
 Flags follow the reference's ``roofline.predict`` (docs/reference.md §3.3) plus ``--arch t4|a100|h100|h200|b200|
 b300`` (``sm_XY`` spellings accepted), ``--q-len``, ``--causal``, ``--reference-conventions`` and ``--json``.
-``--shape BxHxNxd``: N is the query length and, unless ``--kv-len`` is given, the key length.
+``--shape BxHxNxd``: N is the query length and, unless ``--kv-len`` is given, the key length. With ``--mla``
+(or an MLA ``--generation``) H is the query heads (``--h-q`` may say the same, not otherwise) and d is ignored (the
+latent is ``--kv-lora-rank`` + ``--rope-dim``); without ``--shape`` an MLA prediction is DeepSeek-V3's decode,
+``1x128x1x576`` with ``--kv-len`` 8192 (``MLA_DEFAULT_SHAPE``, ``MLA_DEFAULT_KV_LEN``). The MMA engine follows the
+16-bit input (``--precision`` / ``--dtype`` bf16: the bf16 tensor-core peak) unless ``--mma-engine`` names one.
 
 ``--generation GEN`` takes the operand precision, S materialization and tile from what the generation
 declares instead of ``--precision/--materialize-s/--tile``: a generation built in Pallas from its kernel's
@@ -35,7 +39,13 @@ from .schema import RooflineFacts
 from .workloads import UsageError
 
 __all__ = ["add_parser", "run", "REFERENCE_STORAGE", "reference_storage", "generation_facts", "MEASURED_CEILINGS",
-           "measured_hardware", "workload_table"]
+           "measured_hardware", "workload_table", "DEFAULT_SHAPE", "MLA_DEFAULT_SHAPE", "MLA_DEFAULT_KV_LEN"]
+
+DEFAULT_SHAPE = (1, 8, 2048, 64)  # the reference's default problem (a prefill)
+# an MLA prediction without --shape: DeepSeek-V3's single-token decode (128 query heads, latent 512 + 64) at an 8K
+# context, the reference's MLA example (not a 2048-query prefill)
+MLA_DEFAULT_SHAPE = (1, 128, 1, 576)
+MLA_DEFAULT_KV_LEN = 8192
 
 # Ceilings measured on our device machines by compare's own ceilings pass (docs/compare.md, "Ceilings"), for
 # predictions made before a run (docs/mla.md). The run itself re-measures them and predicts with its own.
@@ -199,7 +209,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="t4", help="t4 | a100 | h100 | h200 | b200 | b300 (or sm_XY); default t4")
     p.add_argument("--shape", type=_shape, default=None,
-                   help="BxHxNxd, H = query heads; default 1x8x2048x64 (1x32x65536x128 with --capacity)")
+                   help="BxHxNxd, H = query heads; default 1x8x2048x64 (--mla: 1x128x1x576 with --kv-len 8192; "
+                        "1x32x65536x128 with --capacity)")
     p.add_argument("--precision", default=None, choices=sorted(roofline.BYTES), help="storage precision; default fp32")
     p.add_argument("--materialize-s", action="store_true", help="v1/v2 model: S round-trips through HBM")
     p.add_argument("--tile", type=_tile, default=None, help="MxN tile reuse for --materialize-s; default 1x1")
@@ -218,10 +229,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gqa-group", type=int, default=1, help="G = Hq / Hkv")
     p.add_argument("--causal", action="store_true", help="count only visible (i, j) pairs (fused path)")
     p.add_argument("--mla", action="store_true", help="MLA latent decode model (uses --h-q, ranks)")
-    p.add_argument("--h-q", type=int, default=128)
+    p.add_argument("--h-q", type=int, default=None,
+                   help="MLA query heads: H of --shape (they must agree when both are given); default 128")
     p.add_argument("--kv-lora-rank", type=int, default=512)
     p.add_argument("--rope-dim", type=int, default=64)
-    p.add_argument("--mma-engine", default="fp16", choices=("fp16", "bf16", "fp8", "nvfp4"))
+    p.add_argument("--mma-engine", default=None, choices=("fp16", "bf16", "fp8", "nvfp4"),
+                   help="the tensor-core rate; default the 16-bit input's (bf16 for --precision / --dtype bf16, "
+                        "else fp16; fp16 with --reference-conventions)")
     p.add_argument("--reference-conventions", action="store_true",
                    help="reproduce the reference tool exactly (MLA Q/O at storage width, causal ignored)")
     p.add_argument("--kv-dtype", default=None, choices=tuple(roofline.KV_PRECISION),
@@ -261,11 +275,11 @@ def run(args: argparse.Namespace) -> int:
         return workloads_cli(args)
     if getattr(args, "capacity", False):
         return mla_capacity(args) if args.mla else capacity(args)
-    args.shape = args.shape or (1, 8, 2048, 64)
     try:
         hw = hardware.get(args.arch)
     except ValueError as e:
         raise UsageError(f"--arch: {e}") from None
+    _mla_shape(args)
     _check_args(args)
     kv_dtype = getattr(args, "kv_dtype", None)
     dequant_ops = getattr(args, "dequant_ops", None)
@@ -304,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         mla = "mla" in registry.get(args.generation).entries
         args.mla = args.mla or mla
         if mla:
-            hq, hkv, dim = args.h_q, 1, args.kv_lora_rank + args.rope_dim
+            hq, hkv, dim = h, 1, args.kv_lora_rank + args.rope_dim
         else:
             if h % args.gqa_group:
                 raise SystemExit(f"H ({h}) must be a multiple of --gqa-group ({args.gqa_group})")
@@ -327,18 +341,18 @@ def run(args: argparse.Namespace) -> int:
                  "io_bytes": 4.0 if args.dtype == "float32" else 2.0}
     if args.mla:
         prob = roofline.Problem(
-            batch=b, heads_q=args.h_q, q_len=q_len, kv_len=kv_len, head_dim=args.kv_lora_rank + args.rope_dim,
-            precision=args.precision, group=args.h_q, mla=True, kv_lora_rank=args.kv_lora_rank,
-            rope_dim=args.rope_dim, mma_engine=args.mma_engine, use_tensor_core=not args.no_tensor_core,
+            batch=b, heads_q=h, q_len=q_len, kv_len=kv_len, head_dim=args.kv_lora_rank + args.rope_dim,
+            precision=args.precision, group=h, mla=True, kv_lora_rank=args.kv_lora_rank,
+            rope_dim=args.rope_dim, mma_engine=_mma_engine(args), use_tensor_core=not args.no_tensor_core,
             reference_conventions=args.reference_conventions,
         )
-        shape = f"B={b} h_q={args.h_q} Nq={q_len} Nk={kv_len} latent {args.kv_lora_rank}+{args.rope_dim}"
+        shape = f"B={b} h_q={h} Nq={q_len} Nk={kv_len} latent {args.kv_lora_rank}+{args.rope_dim}"
     else:
         prob = roofline.Problem(
             batch=b, heads_q=h, q_len=q_len, kv_len=kv_len, head_dim=d, precision=args.precision,
             group=args.gqa_group, materialize_s=args.materialize_s, tile=args.tile,
             use_tensor_core=not args.no_tensor_core, causal=args.causal, q_offset=max(0, kv_len - q_len),
-            mma_engine=args.mma_engine, reference_conventions=args.reference_conventions, **quant,
+            mma_engine=_mma_engine(args), reference_conventions=args.reference_conventions, **quant,
         )
         shape = f"B={b} Hq={h} Hkv={h // args.gqa_group} (G={args.gqa_group}) Nq={q_len} Nk={kv_len} d={d}"
     est = roofline.estimate(prob, hw)
@@ -378,6 +392,49 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {ln['name']}: {ln['programs']} programs x {ln['threads']} threads, {ln['resident']}/SM "
                       f"({ln['occupancy_limit']}), {ln['waves']:.2f} waves -> {ln['time_us']:.4g} us ({ln['limiter']})")
     return 0
+
+
+def _is_mla(args: argparse.Namespace) -> bool:
+    """--mla, or an MLA --generation (an unknown generation is _check_args' to report)."""
+    if args.mla:
+        return True
+    if args.generation is None:
+        return False
+    from pallas_attn import registry
+
+    try:
+        return "mla" in registry.get(args.generation).entries
+    except (KeyError, ValueError):
+        return False
+
+
+def _mla_shape(args: argparse.Namespace) -> None:
+    """Fill ``args.shape`` (and, for MLA, ``args.kv_len`` / ``args.h_q``): the MLA defaults without --shape, and
+    one query-head count (H of --shape, or --h-q) that the prediction uses; a disagreement is a UsageError."""
+    if not _is_mla(args):
+        args.shape = args.shape or DEFAULT_SHAPE
+        return
+    if args.shape is None:
+        b, h, n, d = MLA_DEFAULT_SHAPE
+        args.shape = (b, args.h_q or h, n, d)
+        if args.kv_len is None:
+            args.kv_len = MLA_DEFAULT_KV_LEN
+    elif args.h_q is not None and args.h_q != args.shape[1]:
+        raise UsageError(f"--h-q {args.h_q} disagrees with the query heads H={args.shape[1]} of --shape "
+                         f"{'x'.join(map(str, args.shape))}: pass one, or the same number in both")
+    args.h_q = args.shape[1]
+
+
+def _mma_engine(args: argparse.Namespace) -> str:
+    """``--mma-engine``, else the tensor-core rate of the 16-bit input: bf16 when --dtype / --precision is bf16,
+    else fp16 (the reference's; always fp16 under --reference-conventions). For a non-MLA problem roofline's
+    _engine already maps bf16 storage to the bf16 peak from "fp16"; for MLA the engine is taken as given."""
+    if args.mma_engine is not None:
+        return args.mma_engine
+    if args.reference_conventions or not args.mla:
+        return "fp16"
+    io = {"bfloat16": "bf16", "float16": "fp16"}.get(args.dtype or "", args.precision)
+    return "bf16" if io == "bf16" else "fp16"
 
 
 def _layer2(args, hw, b: int, h: int, q_len: int, kv_len: int, d: int) -> dict:

@@ -49,6 +49,16 @@ def _check_array(name: str, x, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must be rank {rank} {layout}; got {name}.shape={tuple(x.shape)}")
 
 
+def _check_nonempty(name: str, x, dims: tuple[str, ...]) -> None:
+    """ValueError naming the argument and the dimension when ``x`` has a zero-sized one (an empty sequence, ...):
+    the kernels take no empty input (``pallas_attn.dot_product_attention`` returns jax.nn's result for it)."""
+    for i, (dim, n) in enumerate(zip(dims, x.shape)):
+        if n < 1:
+            raise ValueError(f"{name}.shape[{i}] ({dim}) is {n}: every dimension must be >= 1 (an empty sequence "
+                             f"has nothing to attend; pallas_attn.dot_product_attention returns jax.nn's result for "
+                             f"it); got {name}.shape={tuple(x.shape)}")
+
+
 def _check_scale(scale, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
@@ -79,8 +89,8 @@ def validate_dense(q, k, v, *, causal: bool, scale) -> float:
         raise ValueError(f"q and k must share the batch size; got {q.shape[0]=}, {k.shape[0]=}")
     if q.shape[3] != k.shape[3]:
         raise ValueError(f"q and k must share the head dim D; got {q.shape[3]=}, {k.shape[3]=}")
-    if min(q.shape) < 1 or min(k.shape) < 1:
-        raise ValueError(f"every dimension must be >= 1; got {q.shape=}, {k.shape=}")
+    _check_nonempty("q", q, ("B", "Tq", "Hq", "D"))
+    _check_nonempty("k", k, ("B", "Tk", "Hkv", "D"))
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"Hq must be a multiple of Hkv; got Hq={q.shape[2]}, Hkv={k.shape[2]}")
     if not isinstance(causal, bool):
@@ -183,21 +193,30 @@ def default_generation(problem: Problem) -> str:
     raise NotImplementedError("no default generation supports this call: " + "; ".join(reasons))
 
 
-def _no_backward(gen: str, fn):
+_DENSE_HINT = "use generation='fa_train' (or generation=None) or pallas_attn.dot_product_attention"
+
+
+def _no_backward(gen: str, fn, *, entry: str = "attention", hint: str = _DENSE_HINT):
     """``fn`` with a forward-mode rule that raises: jax.grad / jax.jvp through a generation that has no
-    backward kernel fail naming it (instead of an empty AssertionError from inside Pallas)."""
+    backward kernel fail naming the entry and the generation (instead of an empty AssertionError from inside
+    Pallas). ``fn`` takes positional arrays (pytrees) only; every other argument is closed over."""
 
     @jax.custom_jvp
-    def f(q, k, v, offs):
-        return fn(q, k, v, offs)
+    def f(*args):
+        return fn(*args)
 
     @f.defjvp
     def _jvp(primals, tangents):
         raise NotImplementedError(
-            f"generation {gen!r} has no backward kernel, so jax.grad / jax.jvp cannot differentiate it; use "
-            "generation='fa_train' (or generation=None) or pallas_attn.dot_product_attention")
+            f"pallas_attn.{entry}: generation {gen!r} has no backward kernel, so jax.grad / jax.jvp cannot "
+            f"differentiate it; {hint}")
 
     return f
+
+
+# no paged / MLA generation has a backward kernel: the hint for those entries
+_DECODE_HINT = ("the paged and MLA entries are inference-only (no generation of theirs has a backward kernel); "
+                "differentiate a dense gather of the cache through pallas_attn.dot_product_attention instead")
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset=0,
@@ -243,7 +262,12 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
     kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
     b = q.shape[0]
     offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
-    with _compat.quiet_triton():
+
+    def call(q, k_pool, v_pool, block_table, kv_lens, offs):
         return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=s, q_offset=offs,
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           check_block_table=check_block_table)
+
+    call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
+    with _compat.quiet_triton():
+        return call(q, k_pool, v_pool, block_table, kv_lens, offs)

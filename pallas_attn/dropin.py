@@ -29,6 +29,11 @@ with a window, ``key_value_seq_lengths`` 0, ...) returns the mean of V over all 
 are a large finite negative, so their softmax is uniform), and its gradient flows to every V row; rows at or
 past ``query_seq_lengths`` return 0 and get no gradient; NaN or Inf that reaches a visible score gives NaN.
 
+Empty inputs (query length T 0, key length S 0, batch 0, head dim 0) launch no kernel: ``None`` returns jax.nn's
+XLA result (an empty output of query's shape; zeros and a -inf residual when only S is 0), a forced Pallas
+implementation raises NotImplementedError naming the argument. Rank 1-3 input comes back in query's own shape, as
+jax.nn's does.
+
 What runs on the GPU: no GPU -> interpret mode (``pallas_attn._compat.default_interpret``). jvp (forward-mode
 autodiff) of the Pallas path is not defined (``jax.custom_vjp``): ``jax.jvp`` raises JAX's TypeError.
 
@@ -98,6 +103,8 @@ def _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengt
                          f"{k.dtype}")
     if q.shape[0] != b or q.shape[3] != h or q.dtype != k.dtype:
         raise ValueError(f"query must be [B={b}, T, N, H={h}] with key's dtype {k.dtype}; got {q.shape} {q.dtype}")
+    if kh == 0:
+        raise ValueError(f"key and value must have at least one head (K >= 1); got key {k.shape}")
     if q.shape[2] % kh:
         raise ValueError(f"the number of query heads must be a multiple of key/value heads; got {q.shape[2]} vs {kh}")
     for name, x in (("bias", bias), ("mask", mask)):
@@ -111,6 +118,20 @@ def _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengt
             if x.shape != (b,) or x.dtype != np.dtype("int32"):
                 raise ValueError(f"{name} must be int32 [B={b}]; got shape {x.shape}, dtype {x.dtype}")
     return q, k, v
+
+
+def _empty_input(q, k) -> str:
+    """Why a call has nothing for a kernel to compute ("" when it has): a zero-sized dimension (an empty query or
+    key sequence, an empty batch, no query heads, head dim 0). jax.nn's XLA path returns, for those, an empty
+    output of query's shape, or zeros (and a -inf residual) when only the key sequence is empty: the drop-in
+    falls back to it under ``implementation=None`` so the answer is jax.nn's exactly (values, shapes, gradients)."""
+    names = ("batch B", "sequence length", "heads", "head dim H")
+    for arg, x, seq in (("query", q, "T"), ("key", k, "S")):
+        for i, n in enumerate(x.shape):
+            if n == 0:
+                what = f"{names[1]} {seq}" if i == 1 else names[i]
+                return f"{arg} has {what} 0 ({arg}.shape={tuple(x.shape)}): the kernels take no empty input"
+    return ""
 
 
 def _unsupported(q, k, bias, mask) -> str:
@@ -171,6 +192,12 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
     if implementation in ("xla", "cudnn"):
         return implementation, f"implementation={implementation!r} passes through to jax.nn"
+    why_empty = _empty_input(q, k)
+    if why_empty:
+        if implementation is not None:
+            raise NotImplementedError(f"implementation={implementation!r}: {why_empty}; implementation=None "
+                                      f"returns jax.nn's result for it")
+        return "xla", f"fallback: {why_empty} (jax.nn's XLA path gives its exact result: no work to launch)"
     interpret = _compat.default_interpret(None)
     why_prefill = _prefill_unsupported(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
                                        q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths)
@@ -317,7 +344,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
             implementation=impl, return_residual=return_residual)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise ValueError(f"is_causal must be a bool; got {is_causal!r}")
-    rank = jnp.ndim(query)
+    out_shape = tuple(jnp.shape(query))  # jax.nn returns query's shape and a residual of query's shape[:-1]
     q, k, v = (_ensure_4d(x) for x in (query, key, value))
     sc = (1.0 / math.sqrt(q.shape[3])) if scale is None else scale
     try:
@@ -328,8 +355,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
                   window=_window(local_window_size), return_residual=bool(return_residual))
-    if rank == 4:
+    if len(out_shape) == 4:
         return res
     if return_residual:
-        return res[0][0], res[1][0]
-    return res[0]
+        return jnp.reshape(res[0], out_shape), jnp.reshape(res[1], out_shape[:-1])
+    return jnp.reshape(res, out_shape)

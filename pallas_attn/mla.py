@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 
 from . import _compat, quant
-from .api import _check_array, _check_scale, _dtype_name, resolve
+from .api import _DECODE_HINT, _check_array, _check_scale, _dtype_name, _no_backward, resolve
 from .kernels import seqlen
 from .kernels.mla_common import MlaProblem
 
@@ -118,8 +118,14 @@ def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, sc
     offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
     if not hasattr(kern, "mla"):
         raise NotImplementedError(f"generation {generation!r} has no MLA entry")
-    with _compat.quiet_triton():
+
+    def call(q, latent_pool, block_table, kv_lens, offs):
         return kern.mla(q, latent_pool, block_table, kv_lens, kv_lora_rank=int(kv_lora_rank), causal=causal,
                         scale=s, q_offset=offs, interpret=_compat.default_interpret(interpret), config=cfg,
                         return_lse=bool(return_lse), check_block_table=check_block_table)
+
+    # no MLA generation has a backward kernel: jax.grad / jax.jvp raise naming the entry and the generation
+    call = _no_backward(generation, call, entry="mla_attention", hint=_DECODE_HINT)
+    with _compat.quiet_triton():
+        return call(q, latent_pool, block_table, kv_lens, offs)
 
