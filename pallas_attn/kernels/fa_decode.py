@@ -41,16 +41,26 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _compat, quant, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, planner, seqlen, softmax, splitkv
 from .contract import Kernel, Precision, Problem
-from .kv_source import DECODES, E4M3_FOLD, NVFP4_FOLD, KVLayout, KVSource, e4m3_tile, flat_dense, flat_pool, nvfp4_tile
+from .kv_source import (
+    DECODES,
+    E4M3_FOLD,
+    NVFP4_FOLD,
+    KVLayout,
+    KVSource,
+    e4m3_tile,
+    flat_dense,
+    flat_pool,
+    nvfp4_tile,
+    validate_block_table,
+)
 
-__all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward", "validate_block_table"]
+__all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward"]
 
 GEN = "fa_decode"
 
@@ -318,24 +328,6 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal), check=False,
                    scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret, config=config,
                    return_lse=return_lse, fmt=fmt, quant_args=qargs)
-
-
-def validate_block_table(block_table, kv_lens, *, num_pages: int, page_size: int) -> None:
-    """Eager check of a concrete block table: every page a sequence uses lies in ``[0, num_pages)``.
-
-    Raises ValueError naming the first bad sequence. Under jit use the in-kernel check instead.
-    """
-    bt = np.asarray(block_table)
-    lens = np.asarray(kv_lens).astype(np.int64)
-    cap = bt.shape[1] * page_size
-    if np.any(lens < 0) or np.any(lens > cap):
-        bad = int(np.argmax((lens < 0) | (lens > cap)))
-        raise ValueError(f"kv_lens must lie in [0, pages_per_seq*page_size = {cap}]; got kv_lens[{bad}]={lens[bad]}")
-    used = np.arange(bt.shape[1])[None, :] < ((lens + page_size - 1) // page_size)[:, None]
-    oob = used & ((bt < 0) | (bt >= num_pages))
-    if np.any(oob):
-        bi, pi = (int(x[0]) for x in np.nonzero(oob))
-        raise ValueError(f"block_table[{bi}, {pi}] = {int(bt[bi, pi])} is outside the pool [0, {num_pages})")
 
 
 @functools.partial(jax.jit,

@@ -10,7 +10,8 @@ Both are indexed in place, in the caller's layout, with no copy of the cache out
   gathered through the table.
 
 Bounds: page indices are clamped into the pool (no out-of-bounds read, ever) and ``bad`` reports an index
-that was outside it, so the caller can poison that sequence's output. ``dequant`` (optional) turns the
+that was outside it, so the caller can poison that sequence's output; ``validate_block_table`` is the same rule
+on the host (a ValueError on a concrete table, before any launch). ``dequant`` (optional) turns the
 loaded storage tiles into compute tiles: the hook the quantized pools use.
 
 Quantized pools (docs/quantized_kv.md): the storage width per head may differ from D (``KVLayout.width``:
@@ -29,12 +30,13 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _compat
 from .._compat import pl
 
 __all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "E4M3_FOLD", "NVFP4_FOLD",
-           "DECODES"]
+           "DECODES", "validate_block_table"]
 
 
 def flat_dense(x):
@@ -72,6 +74,25 @@ class KVLayout:
     def capacity(self) -> int:
         """The most keys a sequence can hold."""
         return self.pages_per_seq * self.page if self.paged else self.tk
+
+
+def validate_block_table(block_table, kv_lens, *, num_pages: int, page_size: int) -> None:
+    """Eager check of a concrete block table: every page a sequence uses lies in ``[0, num_pages)``.
+
+    Raises ValueError naming the first bad sequence. Under jit use the in-kernel check instead (``KVSource``'s
+    ``bad``). fa_decode, v7_paged (and the kernels built on it) and the MLA kernels (``mla_common``) call this one.
+    """
+    bt = np.asarray(block_table)
+    lens = np.asarray(kv_lens).astype(np.int64)
+    cap = bt.shape[1] * page_size
+    if np.any(lens < 0) or np.any(lens > cap):
+        bad = int(np.argmax((lens < 0) | (lens > cap)))
+        raise ValueError(f"kv_lens must lie in [0, pages_per_seq*page_size = {cap}]; got kv_lens[{bad}]={lens[bad]}")
+    used = np.arange(bt.shape[1])[None, :] < ((lens + page_size - 1) // page_size)[:, None]
+    oob = used & ((bt < 0) | (bt >= num_pages))
+    if np.any(oob):
+        bi, pi = (int(x[0]) for x in np.nonzero(oob))
+        raise ValueError(f"block_table[{bi}, {pi}] = {int(bt[bi, pi])} is outside the pool [0, {num_pages})")
 
 
 class KVSource:

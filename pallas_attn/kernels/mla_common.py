@@ -37,7 +37,7 @@ from .. import _compat, quant
 from .._compat import pl
 from . import gqa, splitkv
 from .contract import Kernel, Precision, Problem, RooflineInputs
-from .kv_source import NVFP4_FOLD, e4m3_tile, nvfp4_tile
+from .kv_source import NVFP4_FOLD, e4m3_tile, nvfp4_tile, validate_block_table
 
 __all__ = ["MlaProblem", "MlaKernel", "LatentLayout", "LatentSource", "latent_storage", "table_poison", "run",
            "Geometry", "FORMATS", "CHUNK"]
@@ -234,8 +234,6 @@ def table_poison(block_table, kv_lens, *, num_pages: int, page: int):
 
 def validate_table_eagerly(block_table, kv_lens, *, num_pages: int, page: int) -> None:
     """ValueError on concrete bad tables / lengths (under jit the output is NaN instead)."""
-    from .fa_decode import validate_block_table
-
     try:
         bt, lens = np.asarray(block_table), np.asarray(kv_lens)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):

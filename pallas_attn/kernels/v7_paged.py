@@ -53,8 +53,7 @@ from .._compat import pl
 from . import common as c
 from . import gqa, seqlen, softmax, splitkv
 from .contract import Kernel, Precision, Problem
-from .fa_decode import validate_block_table
-from .kv_source import KVLayout, KVSource, flat_pool
+from .kv_source import KVLayout, KVSource, flat_pool, validate_block_table
 
 __all__ = ["PagedConfig", "CONFIGS", "KERNEL", "Family", "Launch", "paged_forward", "attend_cuda_cores", "make_plan",
            "run", "cuda_core_launch", "cuda_core_plan", "cuda_core_precision"]

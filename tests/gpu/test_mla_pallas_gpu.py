@@ -4,8 +4,9 @@ S 8192, B 1 and 4), ragged lengths, causal multi-query with offsets, page 16, fo
 fp8 (v12 / fa_mla) and NVFP4 (v11) latents judged on the dequantized latent, NaN in -> NaN out. One timing
 line per kernel at mla_b64_s8192_bf16 is printed (informational; compare makes the records).
 
-The oracle is MQA over the latent in float64 without repeating it per head (``_mqa_ref``); a CPU check below ties
-it to attn_core.oracle.mla_attention_reference. Budget: three to five minutes (``-m gpu``), most of it
+The oracle is attn_core.oracle.mla_attention_reference called with the heads as query rows (``_mqa_ref``: no
+per-head copy of the latent); a CPU check below ties that call to the oracle's plain per-sequence one. Budget: three
+to five minutes (``-m gpu``), most of it
 compiling (~48 kernels; config kv64 adds 8 of them and one timing line, ~40 s; ``-k "kv64 or small_templates"``
 runs them; kv64_lazy adds 8 more and a late-moving-max check, ``-k "kv64_lazy or small_templates"``; kv64_mc, the
 2-CTA cluster with TMA multicast, adds 13 and a bit-for-bit comparison with kv64 at three templates and page sizes,
@@ -43,28 +44,22 @@ def _values(pool) -> np.ndarray:
 
 
 def _mqa_ref(q, pool, bt, lens, *, dv, causal=False, q_offset=None, scale=None):
-    """float64 absorbed MLA: scores over all DQK columns of the one latent head, values its first DV."""
+    """float64 absorbed MLA: attn_core.oracle.mla_attention_reference, one call per (sequence, query token) with the
+    Hq heads as its query rows over the one latent head (so the oracle never repeats the latent per head, which at
+    h_q 128 and S 8192 would be gigabytes) and causality as the visible length ``t + offset + 1``."""
     qv = np.asarray(jnp.asarray(q).astype(jnp.float32), np.float64)
     lat = np.asarray(_values(pool), np.float64)
-    b, tq, hq, dqk = qv.shape
-    scale = 1.0 / np.sqrt(dqk) if scale is None else scale
+    b, tq, hq, _ = qv.shape
     out, lse = np.zeros((b, tq, hq, dv)), np.full((b, hq, tq), -np.inf)
     for i in range(b):
         n = int(lens[i])
         off = n - tq if q_offset is None else int(q_offset[i])
-        kv = oracle.gather_paged_kv(lat, bt[i], n)[:, 0]  # [n, DQK]
-        s = (qv[i].reshape(tq * hq, dqk) @ kv.T).reshape(tq, hq, n).transpose(1, 0, 2) * scale  # BLAS
-        vis = np.ones((tq, n), bool) if not causal else np.arange(n)[None, :] <= np.arange(tq)[:, None] + off
-        s = np.where(vis[None], s, -np.inf)
-        m = s.max(axis=-1, keepdims=True, initial=-np.inf)
-        ms = np.where(np.isfinite(m), m, 0.0)
-        p = np.exp(s - ms)
-        lsum = p.sum(-1, keepdims=True)
-        pn = (p / np.where(lsum > 0, lsum, 1.0)).transpose(1, 0, 2).reshape(tq * hq, n)
-        out[i] = (pn @ kv[:, :dv]).reshape(tq, hq, dv)
-        with np.errstate(divide="ignore"):
-            lse[i] = np.where(lsum[..., 0] > 0, ms[..., 0] + np.log(np.where(lsum[..., 0] > 0, lsum[..., 0], 1)),
-                              -np.inf)
+        kv = oracle.gather_paged_kv(lat, bt[i], n)[None]  # [1, n, 1, DQK]
+        for t in range(tq):
+            seen = min(max(t + off + 1, 0), n) if causal else n
+            o, lse_t = oracle.mla_attention_reference(qv[i, t][None, :, None], kv, kv_lora_rank=dv, scale=scale,
+                                                      kv_len=seen)
+            out[i, t], lse[i, :, t] = o[0, :, 0], lse_t[0, 0]
     return out, lse
 
 
@@ -93,7 +88,8 @@ def _check(out, lse, ref, dtype, what=""):
 
 
 def test_oracle_is_the_core_mla_oracle():
-    """CPU only: the float64 MQA oracle here equals attn_core.oracle.mla_attention_reference (small shapes)."""
+    """CPU only: ``_mqa_ref`` (heads as query rows, causal as a length) equals attn_core.oracle.mla_attention_reference
+    called per sequence with its own causal mask (small shapes)."""
     q, pool, bt, kl = _case(0, b=2, tq=2, hq=4, dqk=96, lens=[30, 17], page=16, dtype="float16")
     mine = _mqa_ref(q, pool, bt, kl, dv=64, causal=True)
     for i, n in enumerate([30, 17]):
