@@ -215,7 +215,7 @@ def host_stage(x, config, *, gen: str, alternatives: str = "pass float16 or bflo
 
 def validate_table_if_concrete(validate, block_table, kv_lens, *, num_pages: int, page_size: int) -> None:
     """Eager block-table validation when the table and lengths are concrete; under tracing the kernel poisons the
-    sequence's output with NaN instead (``validate`` is ``fa_decode.validate_block_table``)."""
+    sequence's output with NaN instead (``validate`` is ``kv_source.validate_block_table``)."""
     try:
         bt_np, lens_np = np.asarray(block_table), np.asarray(kv_lens)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
