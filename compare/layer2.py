@@ -781,6 +781,9 @@ _PTXAS_LINE = re.compile(r"^(\S+\.cu)\s+(\S+(?:<[^>]*>)?)\s+(\d+)\s+\d+\s+\d+\s+
 def ptxas_resources() -> dict[str, tuple[int, int]]:
     """kernel -> (registers per thread, static shared memory bytes), from the committed ptxas report."""
     out = {}
+    if not PTXAS_REPORT.is_file():  # an installed package, or a copy without results/: a note on the record
+        raise LookupError(f"the ptxas report {PTXAS_REPORT} is not here (a copy without results/): the CUDA "
+                          "kernels' registers and shared memory are unknown, so layer 2 cannot price them")
     for line in PTXAS_REPORT.read_text().splitlines():
         if line.startswith("#") or not line.strip():
             continue
@@ -1095,11 +1098,12 @@ def predict(impl: str, workload: Any, hw: Hardware | str, plan: Mapping[str, Any
 def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[str, Any] | None,
                    hw: Hardware) -> dict[str, Any]:
     """The runner hook, made before the kernel runs: ``record["prediction"]["layer2"] = predict_record(...)``.
-    Never raises: an implementation layer 2 does not model gets ``{"error": ...}``."""
+    Never raises: an implementation layer 2 does not model, or one whose facts are missing here (the ptxas report
+    outside a checkout), gets ``{"error": ...}``; a prediction never costs a measurement (DESIGN.md decision 12)."""
     name = impl if isinstance(impl, str) else impl.get("name", "")
     try:
         return predict(name, workload, hw, plan).as_dict()
-    except (NotImplementedError, KeyError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 -- any failure to predict is a note on the record, never a failed run
         return {"error": f"{type(e).__name__}: {e}", "impl": name}
 
 

@@ -124,6 +124,19 @@ def test_predict_record_reports_what_it_cannot_model():
     assert ok["time_us"] > 0 and ok["limiter"] in ("issue", "latency", "dram", "l2")
 
 
+def test_predict_record_without_the_ptxas_report_is_a_note(monkeypatch, tmp_path):
+    """A copy without results/ (an installed package, a GPU machine's checkout copy): the CUDA rows' layer 2 is an
+    error note naming the missing report, never an exception that fails the measurement."""
+    w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048, "head_dim": 64, "dtype": "float16"}
+    monkeypatch.setattr(layer2, "PTXAS_REPORT", tmp_path / "absent.txt")
+    layer2.ptxas_resources.cache_clear()
+    try:
+        out = layer2.predict_record(w, {"name": "cuda:v6_splitkv"}, None, H200)
+    finally:
+        layer2.ptxas_resources.cache_clear()
+    assert "error" in out and "absent.txt" in out["error"] and "ptxas" in out["error"]
+
+
 def test_score_errors():
     w = {"name": "x", "family": "decode", "batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048,
          "head_dim": 64, "dtype": "float16"}
