@@ -24,6 +24,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from . import records
 from .workloads import UsageError
 
 __all__ = ["kernel_of", "bucket_of", "build_tables", "add_arguments", "run_table"]
@@ -73,11 +74,7 @@ def bucket_of(kernel: str, wl: dict[str, Any]) -> dict[str, Any]:
 def _chip_of(rec: dict[str, Any]) -> str | None:
     from pallas_attn import tuning
 
-    name = (rec.get("env") or {}).get("gpu")
-    for prefix, chip in tuning.CHIPS:
-        if isinstance(name, str) and name.startswith(prefix):
-            return chip
-    return None
+    return tuning.chip_of((rec.get("env") or {}).get("gpu"))
 
 
 def _read(paths: list[str]) -> list[dict[str, Any]]:
@@ -87,10 +84,7 @@ def _read(paths: list[str]) -> list[dict[str, Any]]:
         if not path.is_file():
             raise UsageError(f"--table: no records file {p}")
         head_env = None
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
+        for r in records.read_jsonl(path):
             if r.get("type") == "header":
                 head_env = r.get("env")
             if r.get("type") == "result":

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "chip", "table", "choose", "bucket", "CHIPS"]
+__all__ = ["KEYS", "chip", "chip_of", "table", "choose", "bucket", "CHIPS"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
 KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -51,6 +51,14 @@ def bucket(kernel: str, problem: Any) -> dict[str, Any]:
     return {k: vals[k] for k in exact + numeric}
 
 
+def chip_of(device_kind: str | None) -> str | None:
+    """The table name of a GPU by its device kind (``CHIPS``; also the ``env.gpu`` of compare's records)."""
+    for prefix, name in CHIPS:
+        if isinstance(device_kind, str) and device_kind.startswith(prefix):
+            return name
+    return None
+
+
 @functools.cache
 def chip() -> str | None:
     """The table name of the GPU jax computes on (``CHIPS``), None without a GPU or for another chip."""
@@ -60,10 +68,7 @@ def chip() -> str | None:
         kinds = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
     except RuntimeError:
         return None
-    for prefix, name in CHIPS:
-        if kinds and kinds[0].startswith(prefix):
-            return name
-    return None
+    return chip_of(kinds[0]) if kinds else None
 
 
 @functools.cache
