@@ -11,7 +11,9 @@ Conventions (docs/reference.md §1.1, DESIGN.md decisions 4-5):
   * a fully masked row has output 0 and log-sum-exp ``-inf`` (never NaN);
   * features beyond the mask (``attention_reference`` / ``attention_grad_reference``, compare's workload
     features): ``window=W`` keeps keys ``i + q_offset - W < j <= i + q_offset`` (jax.nn's
-    ``local_window_size=(W - 1, 0)``; it needs ``causal``), ``softcap=c`` maps each scaled score
+    ``local_window_size=(W - 1, 0)``; it needs ``causal``) and the band form ``window=(left, right)`` keeps
+    ``i + q_offset - left <= j <= i + q_offset + right`` (either side None = unbounded; jax.nn's
+    ``local_window_size`` semantics, with or without ``causal``), ``softcap=c`` maps each scaled score
     ``s -> c * tanh(s / c)`` before the softmax, ``sinks`` (one logit per query head, ``[Hq]``, unscaled and not
     soft-capped) joins every row's softmax denominator with a zero value vector (gpt-oss), and
     ``q_segments`` / ``kv_segments`` (int ``[B, Tq]`` / ``[B, Tk]``) keep only keys of the query's own segment
@@ -68,10 +70,17 @@ def _check_dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int]
 def _check_features(b: int, tq: int, tk: int, hq: int, *, causal: bool, window, softcap, sinks, q_segments,
                     kv_segments):
     """The feature arguments, validated and as numpy: ``(window, softcap, sinks [Hq] f64 | None, q_seg, kv_seg)``."""
+    if isinstance(window, tuple):  # the band form (left, right): i + qo - left <= j <= i + qo + right
+        if len(window) != 2 or any(isinstance(x, (bool, np.bool_)) or not (x is None or isinstance(x, (int,
+                                   np.integer))) for x in window):
+            raise ValueError(f"window as a pair must be (left, right), ints or None; got {window!r}")
+        return (tuple(None if x is None else int(x) for x in window), *_check_features(
+            b, tq, tk, hq, causal=causal, window=None, softcap=softcap, sinks=sinks, q_segments=q_segments,
+            kv_segments=kv_segments)[1:])
     if window is not None:
         if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) or window < 1:
-            raise ValueError(f"window must be a positive int W (keys i + q_offset - W < j <= i + q_offset); "
-                             f"got {window!r}")
+            raise ValueError(f"window must be a positive int W (keys i + q_offset - W < j <= i + q_offset) or a "
+                             f"(left, right) pair; got {window!r}")
         if not causal:
             raise ValueError("window needs causal=True (the window ends at the causal bound j <= i + q_offset)")
         window = int(window)
@@ -107,7 +116,13 @@ def _visible(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window
         visible &= j < kl
     if causal:
         visible &= j <= i + qo
-    if window is not None:
+    if isinstance(window, tuple):
+        left, right = window
+        if left is not None:
+            visible &= j >= i + qo - left
+        if right is not None:
+            visible &= j <= i + qo + right
+    elif window is not None:
         visible &= j > i + qo - window
     if q_segments is not None:
         visible &= q_segments[:, None, :, None] == kv_segments[:, None, None, :]
@@ -168,7 +183,7 @@ def attention_reference(
     scale: float | None = None,
     q_offset: int | np.ndarray = 0,
     kv_len: int | np.ndarray | None = None,
-    window: int | None = None,
+    window: int | tuple | None = None,
     softcap: float | None = None,
     sinks: Any = None,
     q_segments: Any = None,
@@ -206,7 +221,7 @@ def attention_grad_reference(
     scale: float | None = None,
     q_offset: int | np.ndarray = 0,
     kv_len: int | np.ndarray | None = None,
-    window: int | None = None,
+    window: int | tuple | None = None,
     softcap: float | None = None,
     sinks: Any = None,
     q_segments: Any = None,

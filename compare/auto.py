@@ -27,8 +27,9 @@ from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 __all__ = ["auto_impl", "choice"]
 
 NAME = "pallas:auto"
-# the features each family's public entry implements (the drop-in's local_window_size; nothing else yet)
-_ENTRY_FEATURES = {"prefill": frozenset({"window"}), "train": frozenset({"window"})}
+# the features each family's public entry implements
+# (the drop-in's local_window_size, and its softcap / sinks extensions on the forward)
+_ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks"}), "train": frozenset({"window"})}
 
 
 def _sds(shape, dtype):
@@ -70,14 +71,21 @@ def _dropin_choice(w) -> dict[str, Any]:
                                   f"q_len {w.q_len}, kv_len {w.kv_len}, q_offset {w.q_offset}")
     q = _sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
     kv = _sds((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
-    impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w))
+    sinks = _sds((w.heads_q,), "float32") if getattr(w, "sinks", False) else None
+    impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w),
+                                                 softcap=w.softcap, sinks=sinks)
     out: dict[str, Any] = {"why": why}
     if impl == "pallas:fa_prefill":
         p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
                     heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)
         fwd = _config_name("fa_prefill", fa_prefill.KERNEL.heuristic(p), w.head_dim)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
-        if w.family == "train":
+        if w.family == "train" and w.window is not None:  # the window's backward: fa_train's kernels
+            from pallas_attn.kernels import fa_train
+
+            bwd = _config_name("fa_train", fa_train.heuristic(p))
+            out.update(bwd_config=f"fa_train:{bwd}", chose=f"fa_prefill:{fwd}+bwd:fa_train:{bwd}")
+        elif w.family == "train":
             bwd = dropin.bwd_config_name(p)
             ran = fa_prefill_bwd.config_for(w.head_dim, fa_prefill_bwd.CONFIGS[bwd])
             bwd = next((n for n, c in fa_prefill_bwd.CONFIGS.items() if c == ran), repr(ran))
@@ -177,8 +185,13 @@ def _prepare(w, inp, ctx: Ctx) -> Prepared:
     c = choice(w)
     note = f"chose {c['chose']}"
     if w.family == "prefill":
+        if getattr(w, "sinks", False):
+            fn = jax.jit(lambda q, k, v, s: pallas_attn.dot_product_attention(
+                q, k, v, scale=inp.scale, is_causal=w.causal, local_window_size=_window(w), softcap=w.softcap,
+                sinks=s))
+            return Prepared(fn, (inp.q, inp.k, inp.v, inp.sinks), "jax", "BTNH", notes=note)
         fn = jax.jit(functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
-                                       local_window_size=_window(w)))
+                                       local_window_size=_window(w), softcap=w.softcap))
         return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
     if w.family == "train":
         from . import train
@@ -207,4 +220,4 @@ def auto_impl() -> Impl:
                 "each public entry with its defaults, as a user calls it (compare/auto.py)", _supports, _prepare,
                 roofline_fn=_roofline, plan_fn=_plan,
                 families=frozenset({"prefill", "train", "decode", "paged_decode", "mla"}),
-                features=frozenset({"window"}))
+                features=frozenset({"window", "softcap", "sinks"}))

@@ -266,6 +266,45 @@ def _with_train(impl: Impl) -> Impl:
                                families=impl.families | {"train"}, features=impl.features | {"window"})
 
 
+_FA_PREFILL = "fa_prefill"
+_PREFILL_FEATURES = frozenset({"window", "softcap", "sinks"})
+
+
+def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
+    """fa_prefill at a named config: a workload with features (window ``(W - 1, 0)``, soft-cap, sinks) through
+    ``fa_prefill.forward``'s keyword extensions (the forward the drop-in runs for them); anything else as every Pallas
+    generation (``_pallas_prepare``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_attn import registry
+    from pallas_attn.kernels import fa_prefill
+
+    if not (w.features & _PREFILL_FEATURES):
+        return _pallas_prepare(_FA_PREFILL, config, w, inp, ctx)
+    cfg = registry.configs(_FA_PREFILL)[config]
+    window = None if w.window is None else (w.window - 1, 0)
+    off = jnp.full((w.batch,), w.q_offset, jnp.int32)
+    sinks = inp.sinks if getattr(w, "sinks", False) else None
+    def call(q, k, v, s=None):
+        return fa_prefill.forward(q, k, v, causal=bool(w.causal), scale=inp.scale, q_offset=off,
+                                  interpret=ctx.interpret, config=cfg, window=window, softcap=w.softcap, sinks=s)
+
+    feats = ", ".join(sorted(w.features & _PREFILL_FEATURES))
+    args = (inp.q, inp.k, inp.v) + (() if sinks is None else (sinks,))
+    return Prepared(jax.jit(call), args, "jax", "BTNH",
+                    notes=f"fa_prefill.forward with {feats} (window ({w.window - 1}, 0))" if w.window else
+                    f"fa_prefill.forward with {feats}")
+
+
+def _with_features(impl: Impl) -> Impl:
+    """fa_prefill's rows: the window, soft-cap and sinks on the prefill family (its forward's extensions)."""
+    import dataclasses
+
+    return dataclasses.replace(impl, prepare_fn=functools.partial(_fa_prefill_prepare, impl.config),
+                               features=impl.features | _PREFILL_FEATURES)
+
+
 DROPIN_PREFIX = "pallas:dropin"
 
 
@@ -418,7 +457,8 @@ def pallas_impls() -> list[Impl]:
                 functools.partial(_pallas_prepare, g.id, cfg),
                 roofline_fn=functools.partial(_pallas_roofline, g.id, cfg),
                 plan_fn=functools.partial(_pallas_plan, g.id, cfg))
-            out.append(_with_train(impl) if g.id == _FA_TRAIN else impl)
+            out.append(_with_train(impl) if g.id == _FA_TRAIN else _with_features(impl) if g.id == _FA_PREFILL
+                       else impl)
     return out
 
 

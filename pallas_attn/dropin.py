@@ -43,6 +43,7 @@ head dims outside (16, 32, 64, 128, 256), dtypes other than float16 / bfloat16 /
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -159,10 +160,8 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
         return "bias / mask are not supported by pallas:fa_prefill"
     if not isinstance(is_causal, (bool, np.bool_)):
         return f"is_causal must be a bool; got {is_causal!r}"
-    if window is not None:
-        return "local_window_size is not supported by pallas:fa_prefill (its contract has only the causal mask)"
     if q_lens is not None or kv_lens is not None:
-        return "sequence lengths are not supported by pallas:fa_prefill (its contract has only the causal mask)"
+        return "sequence lengths are not supported by pallas:fa_prefill (its forward has no per-sequence lengths)"
     b, t, n, h = q.shape
     dt = jnp.dtype(q.dtype).name
     if dt not in fa_prefill_bwd.DTYPES:
@@ -175,21 +174,29 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
     ok, why = fa_prefill.KERNEL.supports(problem)
+    if ok and window is not None:  # a window's backward is fa_train's (fa_prefill_bwd has only the causal mask)
+        ok, why = fa_train.KERNEL.supports(problem)
+        why = f"a window's backward runs on pallas:fa_train, which refuses: {why}" if not ok else ""
     return "" if ok else why
 
 
 def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                          query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                         implementation=None, return_residual=False) -> tuple[str, str]:
+                         implementation=None, return_residual=False, softcap=None, sinks=None) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
     ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says
     why (for ``None``: the unsupported argument that made it fall back, or which kernel pair supports the
     call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
     ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
+    ``softcap`` / ``sinks`` (extensions beyond jax.nn) run on fa_prefill only: anything else raises.
     """
     del scale, return_residual
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
+    if softcap is not None or sinks is not None:
+        return _which_extension(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
+                                q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths,
+                                implementation=implementation, softcap=softcap, sinks=sinks)
     if implementation in ("xla", "cudnn"):
         return implementation, f"implementation={implementation!r} passes through to jax.nn"
     why_empty = _empty_input(q, k)
@@ -226,6 +233,32 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     not_prefill = (f"; not pallas:fa_prefill: {why_prefill}" if why_prefill else
                    "; not pallas:fa_prefill: no Hopper GPU (compute capability 9.0)")
     return _PALLAS, f"the kernel supports the call ({mode}){not_prefill}"
+
+
+def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, implementation, softcap, sinks):
+    """which_implementation for a call with ``softcap`` / ``sinks``: fa_prefill's forward or NotImplementedError (jax.nn
+    has neither feature, so there is no fallback to give)."""
+    names = " and ".join(n for n, x in (("softcap", softcap), ("sinks", sinks)) if x is not None)
+    if implementation in ("xla", "cudnn", _PALLAS):
+        raise NotImplementedError(f"implementation={implementation!r}: {names} run on pallas:fa_prefill only "
+                                  f"(jax.nn and fa_train have no {names})")
+    why = _empty_input(q, k)
+    if not why:
+        why = _prefill_unsupported(q, k, bias, mask, is_causal=is_causal, window=window, q_lens=q_lens,
+                                   kv_lens=kv_lens)
+    interpret = _compat.default_interpret(None)
+    if not why and not (_is_sm90() or interpret):
+        why = "its Mosaic GPU kernels (wgmma, TMA) need a Hopper GPU (compute capability 9.0)"
+    if why:
+        raise NotImplementedError(f"{names} run on pallas:fa_prefill only, which cannot take this call: {why}")
+    if softcap is not None and (isinstance(softcap, bool) or not float(softcap) > 0):
+        raise ValueError(f"softcap must be a positive number; got {softcap!r}")
+    n = q.shape[2]
+    if sinks is not None and tuple(jnp.shape(sinks)) != (n,):
+        raise ValueError(f"sinks must be one logit per query head, shape ({n},); got {tuple(jnp.shape(sinks))}")
+    mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
+    return _PREFILL, (f"{names}: fa_prefill's forward ({mode}); forward only: no backward kernel has {names} yet, "
+                      f"so differentiating the call raises")
 
 
 def _cudnn_takes(q, bias, mask, q_lens, kv_lens, *, is_causal, window) -> bool:
@@ -275,12 +308,104 @@ def bwd_config_name(problem: Problem) -> str:
         or DROPIN_BWD_CONFIG[bool(problem.causal)]
 
 
-def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual):
+@dataclasses.dataclass(frozen=True)
+class _WindowStatic:
+    causal: bool
+    scale: float
+    window: tuple[int, int]
+    fwd_config: object  # fa_prefill.PrefillConfig
+    bwd_config: object  # fa_train.TrainConfig
+    interpret: bool
+
+
+def _window_fwd_call(q, k, v, st: _WindowStatic, with_lse: bool):
+    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=jnp.zeros((q.shape[0],), jnp.int32),
+                              interpret=st.interpret, config=st.fwd_config, return_lse=with_lse, window=st.window)
+
+
+def _window_bwd_call(st: _WindowStatic, q, k, v, out, lse, dout, dlse=None):
+    return fa_train.backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, window=st.window,
+                             interpret=st.interpret, config=st.bwd_config, dlse=dlse)
+
+
+# a window on sm_90: fa_prefill's forward (which skips the key blocks outside the band), fa_train's backward kernels
+# (fa_prefill_bwd has only the causal mask). Two custom_vjps as fa_prefill_bwd has them: with the LSE as an output,
+# and the output alone (a call that is not differentiated then runs the forward without the LSE)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _window_lse(q, k, v, st: _WindowStatic):
+    return _window_fwd_call(q, k, v, st, True)
+
+
+def _window_lse_fwd(q, k, v, st):
+    out, lse = _window_fwd_call(q, k, v, st, True)
+    return (out, lse), (q, k, v, out, lse)
+
+
+def _window_lse_bwd(st, res, cts):
+    q, k, v, out, lse = res
+    dout, dlse = cts
+    return _window_bwd_call(st, q, k, v, out, lse, dout, dlse)
+
+
+_window_lse.defvjp(_window_lse_fwd, _window_lse_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _window_out(q, k, v, st: _WindowStatic):
+    return _window_fwd_call(q, k, v, st, False)
+
+
+def _window_out_fwd(q, k, v, st):
+    out, lse = _window_fwd_call(q, k, v, st, True)
+    return out, (q, k, v, out, lse)
+
+
+def _window_out_bwd(st, res, dout):
+    q, k, v, out, lse = res
+    return _window_bwd_call(st, q, k, v, out, lse, dout)
+
+
+_window_out.defvjp(_window_out_fwd, _window_out_bwd)
+
+
+def _no_grad(fn, sinks):
+    """``fn(q, k, v, sinks=...)`` whose differentiation raises (soft-cap and sinks have a forward kernel only)."""
+
+    @jax.custom_jvp
+    def f(q, k, v, sinks):
+        return fn(q, k, v, sinks=sinks)
+
+    @f.defjvp
+    def _jvp(primals, tangents):
+        raise NotImplementedError("pallas_attn.dot_product_attention: softcap / sinks run on fa_prefill's forward "
+                                  "only; no backward kernel has them yet, so jax.grad / jax.jvp cannot differentiate "
+                                  "this call")
+
+    return lambda q, k, v: f(q, k, v, sinks)
+
+
+def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
+            sinks=None):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
-    if kernel == _PREFILL:  # which_implementation checked: no window, no lengths (no empty rows, q_offset 0)
+    if kernel == _PREFILL and (softcap is not None or sinks is not None):  # forward only (which_implementation)
+        res = _no_grad(functools.partial(
+            fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
+            interpret=_compat.default_interpret(None), config=fa_prefill.KERNEL.heuristic(problem),
+            return_lse=bool(return_residual), window=window, softcap=softcap), sinks)(q, k, v)
+        out, lse = res if return_residual else (res, None)
+    elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (it has the window)
+        st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
+                           fwd_config=fa_prefill.KERNEL.heuristic(problem), bwd_config=fa_train.heuristic(problem),
+                           interpret=_compat.default_interpret(None))
+        if not return_residual:
+            out = _window_out(q, k, v, st)
+            lse = None
+        else:
+            out, lse = _window_lse(q, k, v, st)
+    elif kernel == _PREFILL:  # which_implementation checked: no lengths (no empty rows without a window)
         res = fa_prefill_bwd.attention_lse(
             q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
             bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)],
@@ -298,7 +423,9 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     # a row can see no key only with lengths, a negative window side, or more queries than keys; otherwise the
     # corner-case pass (a mean of V over every key, a select over the output) is skipped: it is not free
     can_be_empty = kv_lens is not None or t > s or (window is not None and min(window) < 0)
-    if can_be_empty and (window is not None or kv_lens is not None):
+    # with sinks a row that sees no key returns 0 (its softmax is the sink's alone; jax.nn's large negative masked
+    # logits give the same limit), so the pass is jax.nn's rule for the other rows only
+    if can_be_empty and (window is not None or kv_lens is not None) and sinks is None:
         empty = _empty_rows(t, s, causal=bool(is_causal), window=window, kv_lens=kv_lens)  # [B|1, T]
         # a row with no visible key: softmax of equal masked logits = the mean of V over all S keys
         mean_v = jnp.mean(v.astype(jnp.float32), axis=1)  # [B, KH, H]
@@ -323,7 +450,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
-                          return_residual: bool = False):
+                          return_residual: bool = False, softcap: float | None = None, sinks=None):
     """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
 
     query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
@@ -333,10 +460,18 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     (Pallas when supported, else XLA: ``which_implementation`` says which), ``"pallas"`` (never falls back),
     ``"pallas:fa_train"`` / ``"pallas:fa_prefill"`` (that kernel pair), ``"xla"`` / ``"cudnn"`` (jax.nn's).
     ``return_residual=True`` also returns jax.nn's logsumexp residual.
+
+    Extensions beyond jax.nn's signature (keyword-only; jax.nn's own arguments keep jax.nn's semantics):
+    ``softcap=cap`` maps each scaled logit ``s -> cap * tanh(s / cap)`` before the softmax (Gemma-2: 50);
+    ``sinks`` (float ``[N]``, one logit per query head, unscaled, not soft-capped) joins every row's softmax
+    denominator with no value (gpt-oss); the residual then includes it. Both run on fa_prefill's forward only (a
+    Hopper GPU, or interpret mode without a GPU): no fallback has them, and differentiating raises
+    NotImplementedError (no backward kernel has them yet).
     """
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
-                                   local_window_size=local_window_size, implementation=implementation)
+                                   local_window_size=local_window_size, implementation=implementation,
+                                   softcap=softcap, sinks=sinks)
     if impl not in (_PALLAS, _PREFILL):
         return jax.nn.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
@@ -354,7 +489,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     res = _pallas(q, k, v, kernel=impl, scale=sc, is_causal=bool(is_causal),
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
-                  window=_window(local_window_size), return_residual=bool(return_residual))
+                  window=_window(local_window_size), return_residual=bool(return_residual), softcap=softcap,
+                  sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
     if len(out_shape) == 4:
         return res
     if return_residual:

@@ -150,17 +150,67 @@ def _supports(p: Problem, base) -> tuple[bool, str]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, causal: bool):
-    """(n_full, n_total) key blocks for rows [r0, r0 + bq): the first n_full need no mask at all, blocks
-    [n_full, n_total) need the causal / length mask, blocks past n_total are invisible to every row."""
+def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off=None):
+    """``(n_start, n_lfull, n_full, n_total)`` key blocks for rows ``[r0, r0 + bq)``, where row ``i`` sees keys
+    ``i + off - lo_off <= j <= i + off + hi_off`` and ``j < tk`` (a side that is None is unbounded). Blocks before
+    ``n_start`` and from ``n_total`` on are invisible to every row; blocks in ``[n_lfull, n_full)`` are visible to
+    every row (no mask at all); ``[n_start, n_lfull)`` (the window's left band) and ``[n_full, n_total)`` (the
+    causal diagonal or the window's right edge, a ragged last key block) need the mask. ``n_lfull`` may exceed
+    ``n_full`` (a window narrower than the tile): callers clip."""
     n_len_full, n_len = tk // bkv, -(-tk // bkv)
-    if not causal:
-        return jnp.int32(n_len_full), jnp.int32(n_len)
-    lo = r0 + off + 1  # keys [0, lo) are visible to the first row of the tile
-    hi = r0 + bq + off  # keys [0, hi) are visible to the last row
-    n_full = jnp.clip(lax.div(jnp.maximum(lo, 0), bkv), 0, n_len_full)
-    n_total = jnp.clip(lax.div(jnp.maximum(hi, 0) + bkv - 1, bkv), 0, n_len)
-    return n_full.astype(jnp.int32), n_total.astype(jnp.int32)
+    if hi_off is None:
+        n_full, n_total = jnp.int32(n_len_full), jnp.int32(n_len)
+    else:
+        lo = r0 + off + hi_off + 1  # keys [0, lo) are visible to the first row of the tile
+        hi = r0 + bq + off + hi_off  # keys [0, hi) are visible to the last row
+        n_full = jnp.clip(lax.div(jnp.maximum(lo, 0), bkv), 0, n_len_full).astype(jnp.int32)
+        n_total = jnp.clip(lax.div(jnp.maximum(hi, 0) + bkv - 1, bkv), 0, n_len).astype(jnp.int32)
+    if lo_off is None:
+        return 0, 0, n_full, n_total
+    a0 = r0 + off - lo_off  # the first row's lowest visible key
+    a1 = r0 + bq - 1 + off - lo_off  # the last row's
+    n_start = jnp.clip(lax.div(jnp.maximum(a0, 0), bkv), 0, n_len).astype(jnp.int32)
+    n_lfull = jnp.clip(lax.div(jnp.maximum(a1, 0) + bkv - 1, bkv), 0, n_len).astype(jnp.int32)
+    return n_start, n_lfull, n_full, n_total
+
+
+def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off):
+    """``(a, n_lfull, n_full, n_done)`` of a consumer's rows ``[r0, r0 + bq)``: it runs blocks ``[a, n_done)``, at
+    least one and inside the key range (a tile that sees no key runs one block, masked), ``[n_lfull, n_full)`` of
+    them visible to every row."""
+    n_start, n_lfull, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
+    a = n_start if lo_off is None else jnp.minimum(n_start, -(-tk // bkv) - 1)
+    return a, n_lfull, n_full, jnp.maximum(n_total, a + 1)
+
+
+def _serial_plan(a, n_lfull, n_full, n_done, *, banded: bool):
+    """The serial consumer's blocks: ``(bm, f)``: ``[a, bm)`` masked (a window's left band), ``[bm, f)`` unmasked,
+    ``[f, n_done)`` masked (``a``, ``n_lfull``, ``n_full``: ``_block_bounds``; ``n_done > a``)."""
+    bm = jnp.clip(n_lfull, a, n_done) if banded else a
+    return bm, jnp.clip(n_full, bm, n_done)
+
+
+def _pipeline_plan(a, n_lfull, n_full, n_done, *, banded: bool):
+    """The pipelined consumer's blocks: ``(bm, pro_masked, lo)``: ``[a, bm)`` masked serial steps (a window's left
+    band), block ``bm`` the pipeline's prologue (masked iff ``pro_masked``), ``(bm, lo)`` unmasked and pipelined,
+    ``[lo, n_done)`` masked serial steps. ``bm < n_done`` always: the prologue has a loaded block to run."""
+    if banded:
+        bm = jnp.clip(n_lfull, a, n_done - 1)
+        pro_masked = (n_lfull > bm) | (n_full <= bm)
+    else:
+        bm, pro_masked = a, n_full == a
+    lo = jnp.clip(jnp.where(pro_masked, bm + 1, n_full), bm + 1, n_done)
+    return bm, pro_masked, lo
+
+
+def _mask_bounds(causal: bool, window) -> tuple[int | None, int | None]:
+    """``(hi_off, lo_off)`` of ``_block_bounds`` for the causal flag and a ``(left, right)`` window (either side
+    None = unbounded): row ``i`` sees ``i + off - left <= j <= i + off + min(right, 0 if causal)``."""
+    left, right = (None, None) if window is None else window
+    hi = 0 if causal else None
+    if right is not None:
+        hi = right if hi is None else min(hi, right)
+    return hi, left
 
 
 def _acc_load(acc_ref, *, wait_n: int):
@@ -184,17 +234,26 @@ def _smem_tile(shape, dtype):
 
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                  causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool):
+                  causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool, window=None,
+                  softcap: float | None = None, sinks: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     dtype = jnp.dtype(dtype_name)
     bq, bkv, ns = cfg.block_q, cfg.block_kv, cfg.stages
     group = hq // hkv
     n_qblocks = tq_pad // (2 * bq)
-    c = float(scale) * _LOG2E
+    hi_off, lo_off = _mask_bounds(causal, window)
+    bounded = hi_off is not None or lo_off is not None
+    # soft-cap: s -> cap * tanh(scale * s / cap) on the raw scores, then exp2 of (s - m) * log2(e); without it the
+    # scale and log2(e) fold into one multiply (the running max is kept on the raw scores either way)
+    c = _LOG2E if softcap is not None else float(scale) * _LOG2E
     f32 = jnp.float32
 
+    bounds = functools.partial(_consumer_bounds, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
+
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
+        if sinks:
+            sink_ref, *rest = rest
         if with_lse:
             o_ref, lse_ref, *scratch = rest
         else:
@@ -209,12 +268,16 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
         hk = lax.div(h, group)
-        off = off_ref[bi] if causal else jnp.int32(0)
+        off = off_ref[bi] if bounded else jnp.int32(0)
         q0 = qi * (2 * bq)
-        # the producer loads what the later consumer (warpgroup 1, the larger rows) needs
-        _, n_load = _block_bounds(q0 + bq, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
-        if cfg.overlap:  # the pipelined consumers always run block 0 (see the prologue)
-            n_load = jnp.maximum(n_load, 1)
+        # the producer loads the union of both consumers' blocks: from the first one's start (warpgroup 0, the
+        # smaller rows) to the later one's end (warpgroup 1). Ring slots count from that start: block s uses slot
+        # (s - a_p) % stages in every warpgroup
+        a_p = bounds(q0, off)[0]
+        n_load = bounds(q0 + bq, off)[3]
+
+        def slot_of(s):
+            return lax.rem(s - a_p, ns)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -222,7 +285,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             r0 = q0 + wg * bq
             q_smem = qo_smem.at[wg]
             plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
-            n_full, n_mine = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+            a, n_lfull, n_full, n_done = bounds(r0, off)
             plgpu.barrier_wait(q_bar.at[wg])
 
             row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -246,13 +309,33 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             def k_t(slot):
                 return k_smem.at[slot].transpose((1, 0))
 
+            def drain(lo, hi):
+                # blocks the producer loaded for the other consumer only: release them (never early: each arrival
+                # waits for its load, so no slot's phase can complete before the other consumer's turn)
+                @pl.loop(lo, hi)
+                def _drain(s):
+                    slot = slot_of(s)
+                    turn_wait()
+                    turn_pass()
+                    plgpu.barrier_wait(k_bar.at[slot])
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    plgpu.barrier_wait(v_bar.at[slot])
+                    plgpu.barrier_arrive(v_free.at[slot])
+
+            def logits(sc):  # the soft-cap (tanh on the special-function unit), before any mask
+                if softcap is None:
+                    return sc
+                return jnp.tanh(sc * (float(scale) / softcap)) * softcap
+
             def mask(sc, s):
                 rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
                 cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
                 kpos = s * bkv + cols
                 ok = kpos < tk
-                if causal:
-                    ok = ok & (kpos <= r0 + rows + off)
+                if hi_off is not None:
+                    ok = ok & (kpos <= r0 + rows + (off + hi_off))
+                if lo_off is not None:
+                    ok = ok & (kpos >= r0 + rows + (off - lo_off))
                 return jnp.where(ok, sc, -jnp.inf)
 
             def softmax(sc, m_i, l_i):
@@ -274,7 +357,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             # with it; the pipelined one its masked blocks (below)
             def step(s, carry, *, masked: bool):
                 acc, m_i, l_i = carry
-                slot = lax.rem(s, ns)
+                slot = slot_of(s)
                 plgpu.barrier_wait(k_bar.at[slot])
                 turn_wait()
 
@@ -284,6 +367,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
                 plgpu.barrier_arrive(k_free.at[slot])
+                sc = logits(sc)
                 if masked:
                     sc = mask(sc, s)
                 p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
@@ -297,32 +381,47 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 plgpu.barrier_arrive(v_free.at[slot])
                 return acc, m_new, l_new
 
+            masked_step = functools.partial(step, masked=True)
+            if lo_off is not None:
+                drain(a_p, a)  # warpgroup 1 under a window: the first rows' left band is not ours
+            banded = lo_off is not None
             if not cfg.overlap:
-                carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), (acc0, m0, l0))
-                acc, m_i, l_i = lax.fori_loop(n_full, n_mine, functools.partial(step, masked=True), carry)
-                n_done = n_mine
+                bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
+                carry = (acc0, m0, l0)
+                if lo_off is not None:
+                    carry = lax.fori_loop(a, bm, masked_step, carry)
+                carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
+                acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
             else:
                 # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
                 # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
                 # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                # Block 0 is the prologue (masked when n_full == 0, with no wgmma in flight: with no visible
-                # block at all the mask hides every key and the row ends with l = 0).
-                plgpu.barrier_wait(k_bar.at[0])
+                # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue (masked when
+                # it needs it, with no wgmma in flight; with no visible block at all the mask hides every key and
+                # the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks [lo, n_done)
+                # (the causal diagonal, the window's right edge, a ragged last key block) serial again.
+                bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
+                carry = (acc0, m0, l0)
+                if lo_off is not None:
+                    carry = lax.fori_loop(a, bm, masked_step, carry)
+                acc1, m_i, l_i = carry
+                slot0 = slot_of(bm)
+                plgpu.barrier_wait(k_bar.at[slot0])
                 turn_wait()
 
                 def qk0(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, k_t(0))
+                    plgpu.wgmma(s_ref, q_smem, k_t(slot0))
                     turn_pass()
 
-                sc = pl.run_state(qk0)(plgpu.ACC.init(zeros_s()))
-                plgpu.barrier_arrive(k_free.at[0])
-                # mask block 0 only when it needs it (the first row tile under the causal mask, a short Tk)
-                sc = lax.cond(n_full == 0, lambda x: mask(x, 0), lambda x: x, sc)
-                p0, m_i, l_i, _ = softmax(sc, m0, l0)
+                sc = logits(pl.run_state(qk0)(plgpu.ACC.init(zeros_s())))
+                plgpu.barrier_arrive(k_free.at[slot0])
+                sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
+                p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
+                acc1 = rescale(acc1, alpha0) if lo_off is not None else acc1
 
                 def ostep(s, carry):  # an unmasked block
                     acc, m_i, l_i, p_prev = carry
-                    slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
+                    slot, prev = slot_of(s), slot_of(s - 1)
                     plgpu.barrier_wait(k_bar.at[slot])
                     plgpu.barrier_wait(v_bar.at[prev])
                     turn_wait()
@@ -332,7 +431,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                         plgpu.wgmma(s_ref, q_smem, k_t(slot))
                         plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
                         turn_pass()
-                        sc = _acc_load(s_ref, wait_n=1)  # S_s is done; P_{s-1} V_{s-1} may still run
+                        sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
                         plgpu.barrier_arrive(k_free.at[slot])
                         p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
                         p_ref[...] = p
@@ -345,14 +444,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
                     return rescale(acc, alpha), m_new, l_new, p
 
-                # the pipeline runs the unmasked blocks [1, lo); its last P V drains it; the masked blocks [lo, n_done)
-                # (the causal diagonal, a ragged last key block) then run as serial steps. Masking inside the
-                # pipelined step, while a P V wgmma is in flight, made ptxas serialize every wgmma of the kernel
-                # (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal pipeline")
-                n_done = jnp.maximum(n_mine, 1)
-                lo = jnp.clip(n_full, 1, n_done)
-                acc, m_i, l_i, p_last = lax.fori_loop(1, lo, ostep, (acc0, m_i, l_i, p0))
-                last = lax.rem(lo - 1, ns)
+                # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every wgmma
+                # of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal pipeline")
+                acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
+                last = slot_of(lo - 1)
                 plgpu.barrier_wait(v_bar.at[last])
                 turn_wait()
 
@@ -362,31 +457,31 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
                 plgpu.barrier_arrive(v_free.at[last])
-                acc, m_i, l_i = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), (acc, m_i, l_i))
+                acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
 
-            # blocks the producer loaded for the other consumer only: release them (never early: each
-            # arrival waits for its load, so no slot's phase can complete before the other consumer's turn)
-            @pl.loop(n_done, n_load)
-            def _drain(s):
-                slot = lax.rem(s, ns)
-                turn_wait()
-                turn_pass()
-                plgpu.barrier_wait(k_bar.at[slot])
-                plgpu.barrier_arrive(k_free.at[slot])
-                plgpu.barrier_wait(v_bar.at[slot])
-                plgpu.barrier_arrive(v_free.at[slot])
+            drain(n_done, n_load)
 
             if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
                 @pl.when(wg == 0)
                 def _():
                     plgpu.barrier_wait(turn.at[0])
 
-            empty = l_i == 0.0
-            inv = 1.0 / jnp.where(empty, 1.0, l_i)
-            out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
+            if sinks:
+                # the sink joins the denominator with no value (exp2 domain): m_f = max(m c, sink log2 e)
+                mc = m_i * c
+                s2 = sink_ref[h] * _LOG2E
+                mf = jnp.maximum(mc, s2)
+                corr = jnp.exp2(mc - mf)  # 0 for a row with no visible key (m = -inf)
+                l_tot = l_i * corr + jnp.exp2(s2 - mf)
+                out = acc * lax.broadcast_in_dim(corr / l_tot, (bq, d), (0,))
+                lse = (mf + jnp.log2(l_tot)) / _LOG2E
+            else:
+                empty = l_i == 0.0
+                inv = 1.0 / jnp.where(empty, 1.0, l_i)
+                out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
+                lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
             q_smem[...] = out.astype(dtype)
             if with_lse:
-                lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
                 lse_smem.at[wg][...] = lse
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(r0, bq), h])
@@ -398,17 +493,17 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(0, n_load)
+            @pl.loop(a_p, n_load)
             def _load(s):
-                slot = lax.rem(s, ns)
+                slot = slot_of(s)
 
-                @pl.when(s >= ns)
+                @pl.when(s - a_p >= ns)
                 def _():
                     plgpu.barrier_wait(k_free.at[slot])
 
                 plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(s * bkv, bkv), hk], k_smem.at[slot], k_bar.at[slot])
 
-                @pl.when(s >= ns)
+                @pl.when(s - a_p >= ns)
                 def _():
                     plgpu.barrier_wait(v_free.at[slot])
 
@@ -450,13 +545,15 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _fallback_kernel(off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, bkv: int, tk: int, tk_pad: int,
-                     causal: bool, c: float):
-    bi, qi = pl.program_id(0), pl.program_id(2)
-    off = off_ref[bi] if causal else jnp.int32(0)
+def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, bkv: int, tk: int,
+                     tk_pad: int, causal: bool, scale: float, window, softcap, sinks: bool):
+    bi, hi_, qi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    hi_off, lo_off = _mask_bounds(causal, window)
+    off = off_ref[bi] if (hi_off is not None or lo_off is not None) else jnp.int32(0)
+    c = _LOG2E if softcap is not None else float(scale) * _LOG2E
     r0 = qi * bq
     q = q_ref[0, :, 0, :]
-    n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, causal=causal)
+    n_start, _, _, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
     n_total = jnp.minimum(n_total, tk_pad // bkv)
     rows = r0 + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
     d = q.shape[-1]
@@ -466,10 +563,14 @@ def _fallback_kernel(off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, b
         k = k_ref[0, pl.ds(s * bkv, bkv), 0, :]
         v = v_ref[0, pl.ds(s * bkv, bkv), 0, :]
         sc = jnp.dot(q, k.T, preferred_element_type=jnp.float32)
+        if softcap is not None:
+            sc = jnp.tanh(sc * (float(scale) / softcap)) * softcap
         kpos = s * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
         ok = kpos < tk
-        if causal:
-            ok = ok & (kpos <= rows + off)
+        if hi_off is not None:
+            ok = ok & (kpos <= rows + (off + hi_off))
+        if lo_off is not None:
+            ok = ok & (kpos >= rows + (off - lo_off))
         sc = jnp.where(ok, sc, -jnp.inf)
         m_new = jnp.maximum(m_i, sc.max(axis=1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
@@ -480,25 +581,36 @@ def _fallback_kernel(off_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, b
         return acc, m_new, l_new
 
     init = (jnp.zeros((bq, d), jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32), jnp.zeros((bq,), jnp.float32))
-    acc, m_i, l_i = lax.fori_loop(0, n_total, step, init)
-    del n_full  # the twin masks every block; the Mosaic kernel skips the mask where n_full says it may
+    # the twin masks every block it visits; the Mosaic kernel skips the mask where the bounds say it may
+    acc, m_i, l_i = lax.fori_loop(n_start, n_total, step, init)
+    if sinks:  # the sink joins the denominator with no value, as in the Mosaic kernel
+        mc = m_i * c
+        s2 = sink_ref[hi_] * _LOG2E
+        mf = jnp.maximum(mc, s2)
+        corr = jnp.exp2(mc - mf)
+        l_tot = l_i * corr + jnp.exp2(s2 - mf)
+        o_ref[0, :, 0, :] = (acc * (corr / l_tot)[:, None]).astype(o_ref.dtype)
+        lse_ref[0, 0, :] = (mf + jnp.log2(l_tot)) / _LOG2E
+        return
     empty = l_i == 0.0
     o_ref[0, :, 0, :] = (acc / jnp.where(empty, 1.0, l_i)[:, None]).astype(o_ref.dtype)
     lse_ref[0, 0, :] = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
 
 
-def _fallback(q, k, v, off, *, causal: bool, scale: float, tk: int, cfg: PrefillConfig):
+def _fallback(q, k, v, off, sinks, *, causal: bool, scale: float, tk: int, cfg: PrefillConfig, window, softcap):
     b, tq_pad, hq, d = q.shape
     tk_pad, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
     bq, bkv = cfg.block_q, cfg.block_kv
-    kern = functools.partial(_fallback_kernel, bq=bq, bkv=bkv, tk=tk, tk_pad=tk_pad, causal=causal,
-                             c=float(scale) * _LOG2E)
+    kern = functools.partial(_fallback_kernel, bq=bq, bkv=bkv, tk=tk, tk_pad=tk_pad, causal=causal, scale=scale,
+                             window=window, softcap=softcap, sinks=sinks is not None)
+    sink_arr = jnp.zeros((hq,), jnp.float32) if sinks is None else sinks
     return pl.pallas_call(
         kern,
         grid=(b, hq, tq_pad // bq),
         in_specs=[
             pl.BlockSpec((b,), lambda i, j, t: (0,)),
+            pl.BlockSpec((hq,), lambda i, j, t: (0,)),
             pl.BlockSpec((1, bq, 1, d), lambda i, j, t: (i, t, j, 0)),
             pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
             pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
@@ -511,7 +623,7 @@ def _fallback(q, k, v, off, *, causal: bool, scale: float, tk: int, cfg: Prefill
                    jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32)],
         interpret=True,
         name=PASS_FALLBACK,
-    )(off, q, k, v)
+    )(off, sink_arr, q, k, v)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -544,12 +656,54 @@ def _pad(x, axis: int, mult: int):
     return jnp.pad(x, widths)
 
 
+_SIDE_LIMIT = 1 << 30  # a window side beyond this is unbounded in effect (int32 bound arithmetic stays in range)
+
+
+def check_features(window, softcap, sinks, hq: int):
+    """The feature arguments, validated and normalized: ``(window (left, right) | None, softcap float | None, sinks
+    f32 [Hq] | None)``. ``window``: a ``(left, right)`` pair of ints or None per side (None = unbounded); a side may
+    be negative (jax.nn's ``local_window_size`` semantics); sides are clamped to +-2^30."""
+    if window is not None:
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise ValueError(f"{GEN}: window must be a (left, right) pair (ints or None); got {window!r}") from None
+        sides = []
+        for name, x in (("left", left), ("right", right)):
+            if x is None:
+                sides.append(None)
+                continue
+            if isinstance(x, bool) or not isinstance(x, (int,)) and not hasattr(x, "__index__"):
+                raise ValueError(f"{GEN}: window {name} must be an int or None; got {x!r}")
+            sides.append(max(-_SIDE_LIMIT, min(int(x), _SIDE_LIMIT)))
+        window = None if sides == [None, None] else tuple(sides)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not float(softcap) > 0 or not math.isfinite(float(softcap)):
+            raise ValueError(f"{GEN}: softcap must be a positive finite number; got {softcap!r}")
+        softcap = float(softcap)
+    if sinks is not None:
+        sinks = jnp.asarray(sinks)
+        if sinks.shape != (hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(f"{GEN}: sinks must be one float logit per query head, shape ({hq},); got "
+                             f"{sinks.shape} {sinks.dtype}")
+        sinks = sinks.astype(jnp.float32)
+    return window, softcap, sinks
+
+
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
-            return_lse: bool = False):
-    """Dense prefill forward on validated BTNH arrays (``contract`` calling convention)."""
+            return_lse: bool = False, window=None, softcap: float | None = None, sinks=None):
+    """Dense prefill forward on validated BTNH arrays (``contract`` calling convention).
+
+    Features beyond the contract (keyword-only, each priced in docs/fa_prefill.md): ``window=(left, right)``: row
+    ``i`` sees keys ``i + off - left <= j <= i + off + right`` (either side None = unbounded; with ``causal`` also
+    ``j <= i + off``), key blocks outside every row's band are neither loaded nor computed; ``softcap=cap``: each
+    scaled score ``s -> cap * tanh(s / cap)`` before the softmax (Gemma-2); ``sinks`` ``[Hq]``: one logit per query
+    head joins every row's softmax denominator with no value (gpt-oss; unscaled, not soft-capped); the LSE includes
+    it. A row with no visible key: output 0, LSE -inf (with sinks: output 0, LSE = the sink)."""
     _check(q, k, v)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
+    window, softcap, sinks = check_features(window, softcap, sinks, hq)
     cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
     if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
         raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
@@ -559,12 +713,13 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     kp, vp = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv)
     if interpret:
         qp = _pad(q, 1, cfg.block_q)
-        out, lse = _fallback(qp, kp, vp, off, causal=bool(causal), scale=scale, tk=tk, cfg=cfg)
+        out, lse = _fallback(qp, kp, vp, off, sinks, causal=bool(causal), scale=scale, tk=tk, cfg=cfg,
+                             window=window, softcap=softcap)
     else:
         qp = _pad(q, 1, 2 * cfg.block_q)
         call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
-                             float(scale), cfg, bool(return_lse))
-        res = call(qp, kp, vp, off)
+                             float(scale), cfg, bool(return_lse), window, softcap, sinks is not None)
+        res = call(qp, kp, vp, off, *(() if sinks is None else (sinks,)))
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
     if not return_lse:

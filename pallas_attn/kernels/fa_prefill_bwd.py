@@ -485,13 +485,14 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         hk = lax.div(h, group)
         off = off_ref[bi] if causal else jnp.int32(0)
         # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
-        _, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+        *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
+                                   hi_off=0 if causal else None)
 
         @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
             r0 = qi * (nc * bq) + (wg * bq if nc > 1 else 0)  # this consumer's 64 rows
-            n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+            _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
             q_smem, do_smem = (q_all.at[wg], do_all.at[wg]) if nc > 1 else (q_all, do_all)
             lse_smem, dl_smem = (lse_all.at[wg], dl_all.at[wg]) if nc > 1 else (lse_all, dl_all)
             bar = qd_bar.at[wg] if nc > 1 else qd_bar.at[0]
@@ -780,7 +781,7 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         off = off_ref[bi] if causal else jnp.int32(0)
         r0 = qi * bq
         rows = pl.ds(r0, bq)
-        n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, causal=causal)
+        _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
 
         @pl.when(wg < 2)
         def _consumer():

@@ -463,6 +463,23 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, q_lens=
     return _attn(q, k, v, _lens(q_lens, b, tq, "q_lens"), _lens(kv_lens, b, tk, "kv_lens"), offs, st)
 
 
+def backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, q_offset=None, window=None, interpret: bool,
+             config: TrainConfig, dlse=None):
+    """``(dq, dk, dv)`` of attention from a forward's ``out`` and natural-log ``lse`` ``[B, Hq, Tq]`` (fp32), by this
+    module's backward kernels: the backward the drop-in pairs with fa_prefill's forward where fa_prefill's own
+    backward lacks a mask (a window). Same mask arguments as ``attention_lse`` (no sequence lengths)."""
+    check_shapes(q, k, v)
+    b, tq = q.shape[:2]
+    tk = k.shape[1]
+    offs = seqlen.q_offsets(0 if q_offset is None else q_offset, b)
+    st = _Static(scale=float(scale), causal=bool(causal), window=_window(window, tq, tk), config=config,
+                 interpret=bool(interpret))
+    dlse = jnp.zeros(lse.shape, jnp.float32) if dlse is None else dlse
+    with _compat.quiet_triton():
+        return _bwd_call(q, k, v, _lens(None, b, tq, "q_lens"), _lens(None, b, tk, "kv_lens"), offs, out, lse, dout,
+                         dlse, st)
+
+
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: TrainConfig = CONFIGS["default"],
             return_lse: bool = False):
     """The contract's dense entry: BTNH in (fp16 / bf16 / fp32), output in q's dtype, differentiable

@@ -1,0 +1,206 @@
+"""fa_prefill's features beyond the causal mask (window band, soft-cap, sinks) on the CPU: the block schedule the
+Mosaic kernel runs (``_block_bounds``, ``_consumer_bounds``, ``_serial_plan``, ``_pipeline_plan``) checked by brute force
+over many tiles, windows and offsets; the interpret-mode twin against the float64 oracle; the Mosaic kernel lowering
+for CUDA with every feature and config; the drop-in's routing and its refusals. The compiled kernel runs in
+tests/gpu/test_fa_prefill_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_attn
+from attn_core import oracle
+from pallas_attn import dropin
+from pallas_attn.kernels import fa_prefill as fp
+
+
+def _visible_rows(r0, bq, off, tk, hi_off, lo_off):
+    """[bq, tk] visibility of keys to rows r0..r0+bq-1 (the module's rule), numpy."""
+    i = np.arange(r0, r0 + bq)[:, None]
+    j = np.arange(tk)[None, :]
+    ok = np.broadcast_to(j < tk, (bq, tk)).copy()
+    if hi_off is not None:
+        ok &= j <= i + off + hi_off
+    if lo_off is not None:
+        ok &= j >= i + off - lo_off
+    return ok
+
+
+_WINDOWS = [(True, None), (False, None), (True, (0, 0)), (True, (63, 0)), (True, (127, None)), (True, (200, 5)),
+            (False, (17, 40)), (False, (300, -3)), (False, (-10, 90)), (True, (4095, 0)), (False, (None, 70))]
+
+
+@pytest.mark.parametrize("causal,window", _WINDOWS, ids=str)
+@pytest.mark.parametrize("bkv", [64, 128])
+def test_block_schedule_covers_every_visible_key_and_masks_every_edge(causal, window, bkv):
+    """For every row tile of both consumers: the blocks it runs hold every key any of its rows sees; a block it runs
+    unmasked is visible to all its rows; the producer's range is the union, loaded once, in order (what the barrier
+    ring relies on); serial and pipelined schedules alike."""
+    hi_off, lo_off = fp._mask_bounds(causal, window)
+    banded = lo_off is not None
+    bq = 64
+    for tk, off in itertools.product((1, 64, 200, 517), (0, 37, -50, 300)):
+        n_len = -(-tk // bkv)
+        for q0 in range(0, 640, 2 * bq):
+            plans = []
+            for wg in (0, 1):
+                r0 = q0 + wg * bq
+                a, n_lfull, n_full, n_done = (int(x) for x in fp._consumer_bounds(
+                    jnp.int32(r0), jnp.int32(off), bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off))
+                vis = _visible_rows(r0, bq, off, tk, hi_off, lo_off)
+                tag = (causal, window, bkv, tk, off, r0)
+                assert 0 <= a < n_done <= n_len, tag
+                cols = np.nonzero(vis.any(axis=0))[0]
+                if cols.size:  # every visible key lies in [a, n_done)
+                    assert a * bkv <= cols.min() and cols.max() < n_done * bkv, tag
+                bm, f = (int(x) for x in fp._serial_plan(a, n_lfull, n_full, n_done, banded=banded))
+                unmasked_serial = set(range(bm, f))
+                pbm, pro_masked, lo = fp._pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
+                pbm, pro_masked, lo = int(pbm), bool(pro_masked), int(lo)
+                assert a <= pbm < n_done and pbm < lo <= n_done, tag
+                unmasked_pipe = set(range(pbm + 1, lo)) | (set() if pro_masked else {pbm})
+                for s in unmasked_serial | unmasked_pipe:
+                    blk = vis[:, s * bkv:(s + 1) * bkv]
+                    assert blk.shape[1] == bkv and blk.all(), (tag, s)
+                plans.append((a, n_done))
+            (a0, d0), (a1, d1) = plans
+            assert a0 <= a1 and d0 <= d1, (causal, window, tk, off, q0)  # the producer's [a0, d1) covers both
+
+
+_FEATURES = [
+    dict(window=(31, 0)), dict(window=(100, 37), causal=False), dict(softcap=5.0), dict(sinks=True),
+    dict(window=(63, 0), softcap=3.0, sinks=True), dict(window=(-5, 20), causal=False, sinks=True),
+]
+
+
+def _oracle_kw(kw, hq, rng):
+    out = {}
+    if "window" in kw:
+        out["window"] = kw["window"]
+    if "softcap" in kw:
+        out["softcap"] = kw["softcap"]
+    if kw.get("sinks"):
+        out["sinks"] = rng.standard_normal(hq).astype(np.float32) * 2
+    return out
+
+
+@pytest.mark.parametrize("kw", _FEATURES, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
+def test_interpret_twin_matches_the_oracle(rng, kw):
+    b, tq, tk, hq, hkv, d = 2, 150, 260, 4, 2, 64
+    causal = kw.get("causal", True)
+    q = jnp.asarray(rng.standard_normal((b, tq, hq, d)), jnp.float16)
+    k = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), jnp.float16)
+    v = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), jnp.float16)
+    offs = np.array([0, 70])
+    okw = _oracle_kw(kw, hq, rng)
+    o, lse = fp.forward(q, k, v, causal=causal, scale=0.125, q_offset=jnp.asarray(offs, jnp.int32), interpret=True,
+                        config=fp.CONFIGS["default"], return_lse=True, **okw)
+    ro, rl = oracle.attention_reference(q, k, v, causal=causal, scale=0.125, q_offset=offs, **okw)
+    o64, lse = np.asarray(o, np.float64), np.asarray(lse, np.float64)
+    assert np.linalg.norm(o64 - ro) / np.linalg.norm(ro) < 4e-3
+    fin = np.isfinite(rl)
+    assert np.array_equal(np.isfinite(lse), fin)
+    assert np.abs(lse[fin] - rl[fin]).max() < 1e-3
+    if not fin.all():  # rows that see no key (and no sink): zero output, LSE -inf
+        assert np.all(o64[~fin.transpose(0, 2, 1)] == 0.0)
+
+
+def test_sink_alone_takes_an_empty_row(rng):
+    """A row that sees no key, with a sink: output 0, LSE = the sink (its softmax is the sink's alone)."""
+    q = jnp.asarray(rng.standard_normal((1, 64, 2, 64)), jnp.float16)
+    k = jnp.asarray(rng.standard_normal((1, 64, 1, 64)), jnp.float16)
+    sinks = np.array([1.5, -2.0], np.float32)
+    o, lse = fp.forward(q, k, k, causal=True, scale=0.125, q_offset=jnp.asarray([-10], jnp.int32), interpret=True,
+                        config=fp.CONFIGS["default"], return_lse=True, sinks=sinks)
+    o, lse = np.asarray(o, np.float64), np.asarray(lse, np.float64)
+    assert np.all(o[0, :10] == 0.0)
+    np.testing.assert_allclose(lse[0, :, :10], np.broadcast_to(sinks[:, None], (2, 10)), atol=1e-6)
+    assert np.all(np.isfinite(o))
+
+
+def test_feature_arguments_are_checked():
+    q = jnp.zeros((1, 64, 2, 64), jnp.float16)
+    off = jnp.zeros((1,), jnp.int32)
+    for bad, match in [(dict(window=5), "pair"), (dict(window=(1.5, 0)), "int"), (dict(softcap=0.0), "softcap"),
+                       (dict(softcap=-1.0), "softcap"), (dict(sinks=np.zeros(3)), "sinks"),
+                       (dict(sinks=np.zeros(2, np.int32)), "sinks")]:
+        with pytest.raises(ValueError, match=match):
+            fp.forward(q, q, q, causal=True, scale=1.0, q_offset=off, interpret=True, config=fp.CONFIGS["default"],
+                       **bad)
+    # (None, None) is no window; a huge side is clamped (int32 bound arithmetic), not refused
+    assert fp.check_features((None, None), None, None, 2) == (None, None, None)
+    assert fp.check_features((1 << 40, 0), None, None, 2)[0] == (1 << 30, 0)
+
+
+@pytest.mark.parametrize("cfg", ["default", "serial", "pingpong"])
+@pytest.mark.parametrize("causal,kw", [(True, dict(window=(63, 0))), (False, dict(window=(100, 37))),
+                                       (True, dict(softcap=50.0)), (True, dict(sinks=True)),
+                                       (True, dict(window=(127, 0), softcap=30.0, sinks=True))], ids=str)
+def test_mosaic_kernel_lowers_for_cuda_with_features(cfg, causal, kw):
+    q = jax.ShapeDtypeStruct((2, 200, 4, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 333, 2, 128), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+    sk = jax.ShapeDtypeStruct((4,), jnp.float32)
+
+    def f(q, k, off, sk):
+        kk = dict(kw, sinks=sk if kw.get("sinks") else None)
+        return fp.forward(q, k, k, causal=causal, scale=0.1, q_offset=off, interpret=False, config=fp.CONFIGS[cfg],
+                          return_lse=True, **kk)
+
+    text = jax.jit(f).trace(q, k, off, sk).lower(lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert fp.PASS_FWD in names and fp.PASS_FALLBACK not in names, names
+
+
+def test_dropin_routes_features_and_refuses_what_it_cannot_run(rng):
+    q = jnp.asarray(rng.standard_normal((2, 130, 4, 64)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 130, 2, 64)), jnp.bfloat16)
+    sinks = np.array([0.5, -1, 2, 3], np.float32)
+    impl, why = dropin.which_implementation(q, k, k, is_causal=True, softcap=50.0)
+    assert impl == "pallas:fa_prefill" and "forward only" in why
+    for implementation in ("xla", "cudnn", "pallas:fa_train"):
+        with pytest.raises(NotImplementedError, match="fa_prefill only"):
+            dropin.which_implementation(q, k, k, softcap=5.0, implementation=implementation)
+    with pytest.raises(NotImplementedError, match="sequence lengths"):
+        dropin.which_implementation(q, k, k, sinks=sinks, key_value_seq_lengths=jnp.full((2,), 9, jnp.int32))
+    with pytest.raises(ValueError, match="sinks"):
+        dropin.which_implementation(q, k, k, sinks=np.zeros(3, np.float32))
+    for kw, okw in [(dict(softcap=5.0), dict(softcap=5.0)),
+                    (dict(sinks=sinks, local_window_size=(63, 0)), dict(sinks=sinks, window=(63, 0)))]:
+        o = pallas_attn.dot_product_attention(q, k, k, is_causal=True, implementation="pallas:fa_prefill", **kw)
+        ro, _ = oracle.attention_reference(q, k, k, causal=True, **okw)
+        assert np.linalg.norm(np.asarray(o, np.float64) - ro) / np.linalg.norm(ro) < 2e-2
+    with pytest.raises(NotImplementedError, match="no backward kernel"):
+        jax.grad(lambda q: pallas_attn.dot_product_attention(q, k, k, is_causal=True, softcap=5.0).astype(
+            jnp.float32).sum())(q)
+
+
+@pytest.mark.parametrize("causal,window", [(True, (20, 0)), (False, (15, 9))])
+def test_dropin_window_pair_grads_match_jax_nn(rng, causal, window):
+    """A window on fa_prefill: its forward (band blocks only) and fa_train's backward kernels under one custom_vjp;
+    output and dq / dk / dv against jax.nn's XLA path in float32."""
+    q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float16)
+                   for s in ((1, 100, 2, 64), (1, 100, 1, 64), (1, 100, 1, 64), (1, 100, 2, 64)))
+    assert dropin.which_implementation(q, k, v, is_causal=causal, local_window_size=window,
+                                       implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
+
+    def f(q, k, v):
+        return pallas_attn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,
+                                                 implementation="pallas:fa_prefill")
+
+    def g(q, k, v):
+        f32 = jnp.float32
+        return jax.nn.dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), is_causal=causal,
+                                            local_window_size=window)
+
+    out, vjp = jax.vjp(f, q, k, v)
+    ref, vjp_ref = jax.vjp(g, q, k, v)
+    for a, r in zip((out, *vjp(do)), (ref, *vjp_ref(do.astype(jnp.float32)))):
+        a, r = np.asarray(a, np.float64), np.asarray(r, np.float64)
+        assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-3
