@@ -508,17 +508,15 @@ def workload_table(config: str, archs: list[str], *, tensor_cores: bool = True) 
     the workload's dtype and KV / latent format, fused; ragged batches count their real keys).
     ``tensor_cores=False``: the products on the fp32 CUDA cores (a CUDA-core kernel such as v11_mla)."""
     import dataclasses
-    import types
 
     from . import interop
     from .workloads import load_config
 
     rows = []
     for w in load_config(config):
-        lens = interop.kv_lengths(w)
-        wl = types.SimpleNamespace(**{**w.as_dict(), "kv_tokens": int(lens.sum())}) if (
-            lens is not None and w.ragged) else w
-        prob = roofline.problem_for(wl)
+        # as compare run counts it (interop.roofline_view): ragged batches their real keys, a window or packed
+        # documents their visible pairs, a soft-cap its tanh
+        prob = roofline.problem_for(interop.roofline_view(w))
         if not tensor_cores:
             prob = dataclasses.replace(prob, use_tensor_core=False)
         for key in archs:
@@ -548,8 +546,9 @@ def workloads_cli(args: argparse.Namespace) -> int:
     print(f"layer 1 (docs/roofline.md) per workload of {args.workloads}: floor = max(t_mma, t_hbm, t_mufu); "
           "measured = MEASURED_CEILINGS (compare/predict.py)")
     print(f"{'workload':30s} {'arch':5s} {'basis':9s} {'prec':5s} {'AI':>7s} {'ridge':>7s} {'t_mma us':>9s} "
-          f"{'t_hbm us':>9s} {'floor us':>9s} limiter")
+          f"{'t_hbm us':>9s} {'t_mufu us':>9s} {'floor us':>9s} limiter")
     for r in rows:
         print(f"{r['workload']:30.30s} {r['arch']:5s} {r['basis']:9s} {r['precision']:5s} {r['ai']:7.1f} "
-              f"{r['ridge']:7.1f} {r['t_mma_us']:9.2f} {r['t_hbm_us']:9.2f} {r['floor_us']:9.2f} {r['limiter']}")
+              f"{r['ridge']:7.1f} {r['t_mma_us']:9.2f} {r['t_hbm_us']:9.2f} {r['t_mufu_us']:9.2f} "
+              f"{r['floor_us']:9.2f} {r['limiter']}")
     return 0

@@ -12,6 +12,8 @@ The model is the reference's (docs/reference.md §3.2) so its published figures 
     path only (a declaration with materialized S is refused with the reason);
   * masks beyond causal (a window, packed documents): ``mask_pairs``, the visible (query, key) pairs per batch
     row and head, replaces the causal count, and ``kv_tokens`` the keys read (``compare.interop.roofline_view``);
+  * a logit soft-cap (``softcap``): one tanh per visible score on the special-function unit besides its exp
+    (exps doubled); sinks cost one exp per row (not counted);
   * MLA: one shared latent of width L+R read once; FLOPs over L+R (scores) and L (values);
   * limiter = the largest of t_mma (FLOPs / the engine's peak), t_hbm (bytes / bandwidth) and t_mufu
     (exps / exp rate); floor = that largest time;
@@ -88,6 +90,7 @@ class Problem:
     # visible (query, key) pairs per batch row and head under a window or packed documents (None: the causal count)
     mask_pairs: float | None = None
     train: bool = False  # forward + backward (the train family)
+    softcap: bool = False  # a logit soft-cap: one tanh per visible score on the special-function unit, beside its exp
 
     def __post_init__(self) -> None:
         if self.precision not in BYTES:
@@ -207,7 +210,7 @@ def estimate(p: Problem, hw: Hardware) -> Estimate:
                 nbytes = 3.0 * kv_bytes + 6.0 * o_bytes + 2.0 * 4.0 * bh * p.q_len
             else:
                 nbytes = kv_bytes + bh * p.q_len * d * b + o_bytes
-        exps = float(pairs)
+        exps = float(pairs) * (2.0 if p.softcap else 1.0)  # tanh runs on the MUFU as exp2 does
         if p.train:
             flops *= TRAIN_FLOPS_FACTOR
             exps *= 2.0  # P recomputed in the backward
@@ -280,7 +283,8 @@ def problem_for(workload, facts=None, *, reference_conventions: bool = False) ->
         batch=w.batch, heads_q=w.heads_q, q_len=w.q_len, kv_len=w.kv_len, head_dim=w.head_dim,
         precision=precision, group=w.group, materialize_s=materialize, tile=tile, causal=w.causal,
         q_offset=w.q_offset, kv_tokens=kv_tokens, reference_conventions=reference_conventions,
-        mask_pairs=getattr(w, "mask_pairs", None), train=getattr(w, "family", None) == "train", **quant,
+        mask_pairs=getattr(w, "mask_pairs", None), train=getattr(w, "family", None) == "train",
+        softcap=getattr(w, "softcap", None) is not None, **quant,
     )
 
 

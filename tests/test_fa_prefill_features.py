@@ -1,8 +1,8 @@
 """fa_prefill's features beyond the causal mask (window band, soft-cap, sinks) on the CPU: the block schedule the
-Mosaic kernel runs (``_block_bounds``, ``_consumer_bounds``, ``_serial_plan``, ``_pipeline_plan``) checked by brute force
-over many tiles, windows and offsets; the interpret-mode twin against the float64 oracle; the Mosaic kernel lowering
-for CUDA with every feature and config; the drop-in's routing and its refusals. The compiled kernel runs in
-tests/gpu/test_fa_prefill_gpu.py."""
+Mosaic kernel runs (``_block_bounds``, ``_consumer_bounds``, ``_serial_plan``, ``_pipeline_plan``) checked by brute
+force over many tiles, windows and offsets; the interpret-mode twin against the float64 oracle; the Mosaic kernel
+lowering for CUDA with every feature and config; the drop-in's routing and its refusals. The compiled kernel runs
+in tests/gpu/test_fa_prefill_gpu.py."""
 
 from __future__ import annotations
 

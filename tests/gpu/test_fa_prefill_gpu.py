@@ -97,3 +97,71 @@ def test_large_shape_matches_cudnn():
         ref = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
         err = float(jnp.max(jnp.abs(ours.astype(jnp.float32) - ref.astype(jnp.float32))))
         assert err < 2e-3, (causal, err)
+
+
+# ---- features: window band, soft-cap, sinks (the kernel's keyword extensions) ------------------------------------
+
+# causal, window (left, right), softcap, sinks: causal windows as models use them (Mistral / Gemma-2 local / gpt-oss
+# local: (W - 1, 0)), a two-sided band without the causal mask, a negative side (rows that see no key), each with the
+# soft-cap and the sinks alone and together
+_FEATURES = [
+    (True, (63, 0), None, False), (True, (200, 0), None, False), (False, (100, 37), None, False),
+    (False, (-5, 70), None, False), (True, None, 50.0, False), (True, None, 5.0, False), (True, None, None, True),
+    (True, (127, 0), 30.0, True), (False, (40, 40), None, True),
+]
+
+
+# every config at D 128, the pipelined default at D 64 / 256 too; each feature on one of two shapes in turn (GQA,
+# ragged lengths, per-sequence offsets; negative offsets: rows that see no key): one compile per feature and config
+@pytest.mark.parametrize("cfg,d", [("default", 64), ("default", 128), ("default", 256), ("serial", 128),
+                                   ("pingpong", 128)])
+def test_features_match_oracle(cfg, d):
+    key = jax.random.PRNGKey(100 + d)
+    dtype = "bfloat16"
+    for i, (causal, window, softcap, sinks) in enumerate(_FEATURES):
+        for j, (b, tq, tk, hq, hkv, _, offs) in enumerate([(_SHAPES[2], _SHAPES[4])[i % 2]]):
+            kq, kk, kv, ks = jax.random.split(jax.random.fold_in(key, 10 * i + j), 4)
+            q, k, v = (_rand(kq, (b, tq, hq, d), dtype), _rand(kk, (b, tk, hkv, d), dtype),
+                       _rand(kv, (b, tk, hkv, d), dtype))
+            sk = np.asarray(jax.random.normal(ks, (hq,), jnp.float32)) * 2 if sinks else None
+            off = jnp.asarray(offs, jnp.int32)
+            o, lse = fp.forward(q, k, v, causal=causal, scale=d ** -0.5, q_offset=off, interpret=False,
+                                config=fp.CONFIGS[cfg], return_lse=True, window=window, softcap=softcap, sinks=sk)
+            ro, rl = oracle.attention_reference(q, k, v, causal=causal, q_offset=np.asarray(offs), window=window,
+                                                softcap=softcap, sinks=sk)
+            tag = (cfg, d, causal, window, softcap, sinks, b, tq, tk, offs)
+            o64 = np.asarray(jnp.asarray(o, jnp.float32), np.float64)
+            assert np.all(np.isfinite(o64)), tag
+            assert np.linalg.norm(o64 - ro) / max(np.linalg.norm(ro), 1e-30) < TOL[dtype], tag
+            lse = np.asarray(lse, np.float64)
+            fin = np.isfinite(rl)
+            assert np.array_equal(np.isfinite(lse), fin), tag
+            assert np.abs(lse[fin] - rl[fin]).max() < 1e-2, tag
+            if not fin.all():
+                assert np.all(o64[~fin.transpose(0, 2, 1)] == 0.0), tag
+
+
+def test_dropin_window_grads_on_hopper():
+    """The drop-in with a window on sm_90: fa_prefill's forward + fa_train's backward, against jax.nn's XLA path in
+    float32 (output and dq / dk / dv), causal (model windows) and a two-sided band."""
+    key = jax.random.PRNGKey(7)
+    for causal, window in ((True, (255, 0)), (False, (100, 37))):
+        kq, kk, kv, kd = jax.random.split(key, 4)
+        q, k, v, do = (_rand(kq, (2, 700, 8, 128), "bfloat16"), _rand(kk, (2, 700, 2, 128), "bfloat16"),
+                       _rand(kv, (2, 700, 2, 128), "bfloat16"), _rand(kd, (2, 700, 8, 128), "bfloat16"))
+        impl, why = pallas_attn.which_implementation(q, k, v, is_causal=causal, local_window_size=window)
+        assert impl == "pallas:fa_prefill", why
+
+        def f(q, k, v, causal=causal, window=window):
+            return pallas_attn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window)
+
+        def g(q, k, v, causal=causal, window=window):
+            f32 = jnp.float32
+            return jax.nn.dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), is_causal=causal,
+                                                local_window_size=window, implementation="xla")
+
+        out, vjp = jax.vjp(f, q, k, v)
+        ref, vjp_ref = jax.vjp(g, q, k, v)
+        for name, a, r in zip(("o", "dq", "dk", "dv"), (out, *vjp(do)), (ref, *vjp_ref(do.astype(jnp.float32)))):
+            a, r = np.asarray(jnp.asarray(a, jnp.float32), np.float64), np.asarray(r, np.float64)
+            assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-2, (causal, window, name)
