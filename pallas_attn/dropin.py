@@ -216,8 +216,13 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
             raise NotImplementedError(f"implementation={_PREFILL!r}: its Mosaic GPU kernels (wgmma, TMA) need a "
                                       f"Hopper GPU (compute capability 9.0)")
         mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
-        return _PREFILL, f"forced: fa_prefill's forward and backward support the call ({mode})"
+        pair = ("fa_prefill's forward with fa_train's backward kernels (a window)" if local_window_size is not None
+                else "fa_prefill's forward and backward")
+        return _PREFILL, f"forced: {pair} support the call ({mode})"
     if implementation in (None, "pallas") and sm90 and not why_prefill:
+        if local_window_size is not None:
+            return _PREFILL, ("fa_prefill's forward (the window's band of key blocks) with fa_train's backward kernels "
+                              "(fa_prefill's backward has only the causal mask) support the call (Mosaic GPU on sm_90)")
         return _PREFILL, "fa_prefill's forward and backward support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
     if why:

@@ -13,7 +13,7 @@ from pallas_attn.kernels import fa_prefill
 
 CPU = Ctx(jax_gpu=False, torch_cuda=False, hopper=False, interpret=True)
 PEERS = {"torch:cudnn", "jax:cudnn", "jax-pallas:mgpu", "torch:flash"}
-FA = {"pallas:fa_prefill:default", "pallas:fa_prefill:pingpong", "pallas:fa_prefill:serial"}
+FA = {f"pallas:fa_prefill:{n}" for n in fa_prefill.CONFIGS}
 
 
 @pytest.fixture(scope="module")

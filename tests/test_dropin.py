@@ -300,8 +300,9 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
     assert impl == "pallas:fa_train" and "has not passed a GPU run" in why, (impl, why)
     monkeypatch.setattr(dropin, "DROPIN_HEAD_DIMS", (64, 128, 256))
     lens = jnp.asarray([100, 280], jnp.int32)
-    for args, kw, word in (((q, kv, kv), dict(local_window_size=8), "local_window_size"),
-                           ((q, kv, kv), dict(key_value_seq_lengths=lens), "sequence lengths"),
+    impl, why = pallas_attn.which_implementation(q, kv, kv, local_window_size=8)  # forward band, fa_train's backward
+    assert impl == "pallas:fa_prefill" and "fa_train's backward" in why, (impl, why)
+    for args, kw, word in (((q, kv, kv), dict(key_value_seq_lengths=lens), "sequence lengths"),
                            ((q.astype(jnp.float32),) + (kv.astype(jnp.float32),) * 2, {}, "float32"),
                            ((q[..., :32],) + (kv[..., :32],) * 2, {}, "head dims")):
         impl, why = pallas_attn.which_implementation(*args, **kw)
@@ -324,6 +325,16 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
     assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_prefill_bwd_dkdv", "pallas_attn_fa_prefill_bwd_dq"} <= \
         names, names
     assert not any("fa_train" in n for n in names), names
+
+    def loss_w(q, k, v):  # a window: fa_prefill's forward, fa_train's two backward kernels
+        return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=(63, 0)).astype(
+            jnp.float32))
+
+    text = jax.jit(jax.value_and_grad(loss_w, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+        lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_train_dkdv", "pallas_attn_fa_train_dq"} <= names, names
+    assert not any("fa_prefill_bwd" in n for n in names), names
 
 
 def test_fa_prefill_backward_config_by_causal(monkeypatch):

@@ -204,3 +204,34 @@ def test_dropin_window_pair_grads_match_jax_nn(rng, causal, window):
     for a, r in zip((out, *vjp(do)), (ref, *vjp_ref(do.astype(jnp.float32)))):
         a, r = np.asarray(a, np.float64), np.asarray(r, np.float64)
         assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-3
+
+
+@pytest.mark.parametrize("tiles", [1, 2, 3, 4, 8, 16])
+def test_multi_tile_ctas_cover_every_row_block_once(tiles):
+    """cfg.tiles: the CTAs of a head (the grid's q axis, ``ceil(n_qblocks / tiles)`` of them) run every row block
+    exactly once, heavy (late) blocks first within each CTA."""
+    for n_qblocks in range(1, 41):
+        t_eff = min(tiles, n_qblocks)
+        n_groups = -(-n_qblocks // t_eff)
+        seen = []
+        for g in range(n_groups):
+            n = int(fp._n_tiles(jnp.int32(g), t_eff, n_qblocks, n_groups))
+            assert 1 <= n <= t_eff, (tiles, n_qblocks, g)
+            blocks = [int(fp._tile_qblock(g, t, n_qblocks, n_groups)) for t in range(n)]
+            assert blocks == sorted(blocks, reverse=True), (tiles, n_qblocks, g)
+            seen += blocks
+        assert sorted(seen) == list(range(n_qblocks)), (tiles, n_qblocks)
+
+
+@pytest.mark.parametrize("cfg", ["tiles2", "tiles4", "tiles8"])
+def test_multi_tile_configs_lower_for_cuda(cfg):
+    q = jax.ShapeDtypeStruct((2, 600, 4, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 600, 2, 64), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def f(q, k, off):
+        return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False, config=fp.CONFIGS[cfg],
+                          return_lse=True, window=(127, 0))
+
+    text = jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
+    assert fp.PASS_FWD in text

@@ -69,7 +69,10 @@ class PrefillConfig:
     (2..4). overlap: software-pipeline each consumer (issue S_s = Q K_s^T and O += P_{s-1} V_{s-1} together,
     softmax of block s under the P V wgmma; FA-3 §3.2); without it a consumer waits for each wgmma before
     its softmax. pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
-    producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256).
+    producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256). tiles: row
+    tiles (2 * block_q rows each) one CTA runs in turn, strided over the head's row tiles; the producer streams the
+    next tile's K/V while the consumers finish the current one (short sequences and narrow windows, where one tile is
+    a few microseconds of latency and the H100 holds one CTA per SM).
     """
 
     block_q: int = 64
@@ -79,8 +82,11 @@ class PrefillConfig:
     pingpong: bool = False
     consumer_regs: int = 232
     producer_regs: int = 40
+    tiles: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
+            raise ValueError(f"PrefillConfig.tiles must be an int in [1, 16]; got {self.tiles!r}")
         if self.block_q != 64:
             raise ValueError(f"PrefillConfig.block_q must be 64 (one wgmma M tile per warpgroup); got {self.block_q}")
         if self.block_kv not in (64, 128, 192, 256):
@@ -100,6 +106,9 @@ CONFIGS = {
     "default": PrefillConfig(),
     "pingpong": PrefillConfig(pingpong=True),
     "serial": PrefillConfig(overlap=False),
+    "tiles2": PrefillConfig(tiles=2),
+    "tiles4": PrefillConfig(tiles=4),
+    "tiles8": PrefillConfig(tiles=8),
 }
 
 
@@ -183,6 +192,17 @@ def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off):
     return a, n_lfull, n_full, jnp.maximum(n_total, a + 1)
 
 
+def _tile_qblock(g, t, n_qblocks: int, n_groups: int):
+    """The row block (of 2 * block_q rows) that CTA ``g`` runs as its tile ``t``: heavy (late) blocks first, strided
+    by the number of CTAs per head."""
+    return n_qblocks - 1 - (g + t * n_groups)
+
+
+def _n_tiles(g, tiles: int, n_qblocks: int, n_groups: int):
+    """How many tiles CTA ``g`` runs: ``tiles``, fewer for the last CTAs when ``tiles`` does not divide the blocks."""
+    return jnp.minimum(tiles, lax.div(n_qblocks - g + n_groups - 1, n_groups))
+
+
 def _serial_plan(a, n_lfull, n_full, n_done, *, banded: bool):
     """The serial consumer's blocks: ``(bm, f)``: ``[a, bm)`` masked (a window's left band), ``[bm, f)`` unmasked,
     ``[f, n_done)`` masked (``a``, ``n_lfull``, ``n_full``: ``_block_bounds``; ``n_done > a``)."""
@@ -242,11 +262,14 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     bq, bkv, ns = cfg.block_q, cfg.block_kv, cfg.stages
     group = hq // hkv
     n_qblocks = tq_pad // (2 * bq)
+    tiles = min(cfg.tiles, n_qblocks)
+    n_groups = -(-n_qblocks // tiles)
     hi_off, lo_off = _mask_bounds(causal, window)
     bounded = hi_off is not None or lo_off is not None
-    # soft-cap: s -> cap * tanh(scale * s / cap) on the raw scores, then exp2 of (s - m) * log2(e); without it the
-    # scale and log2(e) fold into one multiply (the running max is kept on the raw scores either way)
-    c = _LOG2E if softcap is not None else float(scale) * _LOG2E
+    # soft-cap: the kernel keeps t = tanh(scale * s / cap) in [-1, 1] and folds cap and log2(e) into the exponent's
+    # one multiply, exp2((t - m) * cap * log2 e); without it the scale and log2(e) fold into that multiply (the running
+    # max is kept on t, or on the raw scores)
+    c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E
     f32 = jnp.float32
 
     bounds = functools.partial(_consumer_bounds, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
@@ -262,252 +285,281 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
         else:
             (qo_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn), lse_smem = scratch, None
-        # heavy (late, causal) row tiles of a head first: q is the launch's fastest-varying axis (see the grid)
-        qi = n_qblocks - 1 - lax.axis_index("q")
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
         hk = lax.div(h, group)
         off = off_ref[bi] if bounded else jnp.int32(0)
-        q0 = qi * (2 * bq)
-        # the producer loads the union of both consumers' blocks: from the first one's start (warpgroup 0, the
-        # smaller rows) to the later one's end (warpgroup 1). Ring slots count from that start: block s uses slot
-        # (s - a_p) % stages in every warpgroup
-        a_p = bounds(q0, off)[0]
-        n_load = bounds(q0 + bq, off)[3]
+        # this CTA's row tiles (2 * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
+        # causal) tiles first, strided so that every CTA gets a mix of heavy and light ones; q is the launch's
+        # fastest-varying axis (see the grid). With cfg.tiles == 1 one tile per CTA.
+        g = lax.axis_index("q")
+        n_tiles = _n_tiles(g, tiles, n_qblocks, n_groups) if tiles > 1 else 1
 
-        def slot_of(s):
-            return lax.rem(s - a_p, ns)
+        def tile_span(t):
+            """(q0, a_p, n_load) of tile t: the producer loads the union of both consumers' blocks, from the first
+            one's start (warpgroup 0, the smaller rows) to the later one's end (warpgroup 1). The K/V ring counts
+            blocks over the CTA's tiles: block s of a tile whose loads start after ``base`` earlier ones uses slot
+            (base + s - a_p) % stages in every warpgroup."""
+            q0 = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq)
+            return q0, bounds(q0, off)[0], bounds(q0 + bq, off)[3]
+
+        def over_tiles(fn):
+            if tiles == 1:
+                fn(0, 0)
+            else:
+                lax.fori_loop(0, n_tiles, fn, jnp.int32(0))
 
         @pl.when(wg < 2)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            r0 = q0 + wg * bq
-            q_smem = qo_smem.at[wg]
-            plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
-            a, n_lfull, n_full, n_done = bounds(r0, off)
-            plgpu.barrier_wait(q_bar.at[wg])
 
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
-            l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
-            acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
+            def tile(t, base):
+                q0, a_p, n_load = tile_span(t)
 
-            def turn_wait():  # ping-pong: wait for our turn on the tensor cores
-                if cfg.pingpong:
-                    plgpu.barrier_wait(turn.at[wg])
+                def slot_of(s):
+                    return lax.rem(base + s - a_p, ns)
 
-            def turn_pass():  # ping-pong: our wgmmas are issued, the other consumer may issue its own
-                if cfg.pingpong:
-                    plgpu.barrier_arrive(turn.at[1 - wg])
+                r0 = q0 + wg * bq
+                q_smem = qo_smem.at[wg]
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
+                a, n_lfull, n_full, n_done = bounds(r0, off)
+                plgpu.barrier_wait(q_bar.at[wg])
 
-            if cfg.pingpong:  # warpgroup 1 lets warpgroup 0 go first
-                @pl.when(wg == 1)
-                def _():
-                    plgpu.barrier_arrive(turn.at[0])
+                row_layout = plgpu.Layout.WGMMA.reduce(1)
+                m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
+                l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
+                acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
 
-            def k_t(slot):
-                return k_smem.at[slot].transpose((1, 0))
+                def turn_wait():  # ping-pong: wait for our turn on the tensor cores
+                    if cfg.pingpong:
+                        plgpu.barrier_wait(turn.at[wg])
 
-            def drain(lo, hi):
-                # blocks the producer loaded for the other consumer only: release them (never early: each arrival
-                # waits for its load, so no slot's phase can complete before the other consumer's turn)
-                @pl.loop(lo, hi)
-                def _drain(s):
-                    slot = slot_of(s)
-                    turn_wait()
-                    turn_pass()
-                    plgpu.barrier_wait(k_bar.at[slot])
-                    plgpu.barrier_arrive(k_free.at[slot])
-                    plgpu.barrier_wait(v_bar.at[slot])
-                    plgpu.barrier_arrive(v_free.at[slot])
+                def turn_pass():  # ping-pong: our wgmmas are issued, the other consumer may issue its own
+                    if cfg.pingpong:
+                        plgpu.barrier_arrive(turn.at[1 - wg])
 
-            def logits(sc):  # the soft-cap (tanh on the special-function unit), before any mask
-                if softcap is None:
-                    return sc
-                return jnp.tanh(sc * (float(scale) / softcap)) * softcap
+                if cfg.pingpong:  # warpgroup 1 lets warpgroup 0 go first
+                    @pl.when(wg == 1)
+                    def _():
+                        plgpu.barrier_arrive(turn.at[0])
 
-            def mask(sc, s):
-                rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                kpos = s * bkv + cols
-                ok = kpos < tk
-                if hi_off is not None:
-                    ok = ok & (kpos <= r0 + rows + (off + hi_off))
-                if lo_off is not None:
-                    ok = ok & (kpos >= r0 + rows + (off - lo_off))
-                return jnp.where(ok, sc, -jnp.inf)
+                def k_t(slot):
+                    return k_smem.at[slot].transpose((1, 0))
 
-            def softmax(sc, m_i, l_i):
-                m_new = jnp.maximum(m_i, sc.max(axis=1))
-                # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
-                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
-                alpha = jnp.exp2(m_i * c - m_use)
-                p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
-                l_new = l_i * alpha + p.sum(axis=1)
-                return p.astype(dtype), m_new, l_new, alpha
-
-            def rescale(acc, alpha):
-                return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
-
-            def zeros_s():
-                return plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
-
-            # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every block
-            # with it; the pipelined one its masked blocks (below)
-            def step(s, carry, *, masked: bool):
-                acc, m_i, l_i = carry
-                slot = slot_of(s)
-                plgpu.barrier_wait(k_bar.at[slot])
-                turn_wait()
-
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, k_t(slot))
-                    turn_pass()
-
-                sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
-                plgpu.barrier_arrive(k_free.at[slot])
-                sc = logits(sc)
-                if masked:
-                    sc = mask(sc, s)
-                p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
-                acc = rescale(acc, alpha)
-                plgpu.barrier_wait(v_bar.at[slot])
-
-                def pv(o_ref):
-                    plgpu.wgmma(o_ref, p, v_smem.at[slot])
-
-                acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-                plgpu.barrier_arrive(v_free.at[slot])
-                return acc, m_new, l_new
-
-            masked_step = functools.partial(step, masked=True)
-            if lo_off is not None:
-                drain(a_p, a)  # warpgroup 1 under a window: the first rows' left band is not ours
-            banded = lo_off is not None
-            if not cfg.overlap:
-                bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
-                carry = (acc0, m0, l0)
-                if lo_off is not None:
-                    carry = lax.fori_loop(a, bm, masked_step, carry)
-                carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
-                acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
-            else:
-                # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
-                # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
-                # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue (masked when
-                # it needs it, with no wgmma in flight; with no visible block at all the mask hides every key and
-                # the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks [lo, n_done)
-                # (the causal diagonal, the window's right edge, a ragged last key block) serial again.
-                bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
-                carry = (acc0, m0, l0)
-                if lo_off is not None:
-                    carry = lax.fori_loop(a, bm, masked_step, carry)
-                acc1, m_i, l_i = carry
-                slot0 = slot_of(bm)
-                plgpu.barrier_wait(k_bar.at[slot0])
-                turn_wait()
-
-                def qk0(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, k_t(slot0))
-                    turn_pass()
-
-                sc = logits(pl.run_state(qk0)(plgpu.ACC.init(zeros_s())))
-                plgpu.barrier_arrive(k_free.at[slot0])
-                sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
-                p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
-                acc1 = rescale(acc1, alpha0) if lo_off is not None else acc1
-
-                def ostep(s, carry):  # an unmasked block
-                    acc, m_i, l_i, p_prev = carry
-                    slot, prev = slot_of(s), slot_of(s - 1)
-                    plgpu.barrier_wait(k_bar.at[slot])
-                    plgpu.barrier_wait(v_bar.at[prev])
-                    turn_wait()
-
-                    def both(refs):
-                        s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
-                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
-                        plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
+                def drain(lo, hi):
+                    # blocks the producer loaded for the other consumer only: release them (never early: each arrival
+                    # waits for its load, so no slot's phase can complete before the other consumer's turn)
+                    @pl.loop(lo, hi)
+                    def _drain(s):
+                        slot = slot_of(s)
+                        turn_wait()
                         turn_pass()
-                        sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
+                        plgpu.barrier_wait(k_bar.at[slot])
                         plgpu.barrier_arrive(k_free.at[slot])
-                        p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
-                        p_ref[...] = p
-                        m_ref[...] = m_new
-                        l_ref[...] = l_new
-                        a_ref[...] = alpha
+                        plgpu.barrier_wait(v_bar.at[slot])
+                        plgpu.barrier_arrive(v_free.at[slot])
 
-                    _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
-                        (plgpu.ACC.init(zeros_s()), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
-                    plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
-                    return rescale(acc, alpha), m_new, l_new, p
+                def logits(sc):  # the soft-cap (tanh on the special-function unit; cap is in c), before any mask
+                    if softcap is None:
+                        return sc
+                    return jnp.tanh(sc * (float(scale) / softcap))
 
-                # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every wgmma
-                # of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal pipeline")
-                acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
-                last = slot_of(lo - 1)
-                plgpu.barrier_wait(v_bar.at[last])
-                turn_wait()
+                def mask(sc, s):
+                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    kpos = s * bkv + cols
+                    ok = kpos < tk
+                    if hi_off is not None:
+                        ok = ok & (kpos <= r0 + rows + (off + hi_off))
+                    if lo_off is not None:
+                        ok = ok & (kpos >= r0 + rows + (off - lo_off))
+                    return jnp.where(ok, sc, -jnp.inf)
 
-                def pv_last(o_ref):
-                    plgpu.wgmma(o_ref, p_last, v_smem.at[last])
-                    turn_pass()
+                def softmax(sc, m_i, l_i):
+                    m_new = jnp.maximum(m_i, sc.max(axis=1))
+                    # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
+                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
+                    alpha = jnp.exp2(m_i * c - m_use)
+                    p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
+                    l_new = l_i * alpha + p.sum(axis=1)
+                    return p.astype(dtype), m_new, l_new, alpha
 
-                acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
-                plgpu.barrier_arrive(v_free.at[last])
-                acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
+                def rescale(acc, alpha):
+                    return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
 
-            drain(n_done, n_load)
+                def zeros_s():
+                    return plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
 
-            if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
-                @pl.when(wg == 0)
-                def _():
-                    plgpu.barrier_wait(turn.at[0])
+                # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every block
+                # with it; the pipelined one its masked blocks (below)
+                def step(s, carry, *, masked: bool):
+                    acc, m_i, l_i = carry
+                    slot = slot_of(s)
+                    plgpu.barrier_wait(k_bar.at[slot])
+                    turn_wait()
 
-            if sinks:
-                # the sink joins the denominator with no value (exp2 domain): m_f = max(m c, sink log2 e)
-                mc = m_i * c
-                s2 = sink_ref[h] * _LOG2E
-                mf = jnp.maximum(mc, s2)
-                corr = jnp.exp2(mc - mf)  # 0 for a row with no visible key (m = -inf)
-                l_tot = l_i * corr + jnp.exp2(s2 - mf)
-                out = acc * lax.broadcast_in_dim(corr / l_tot, (bq, d), (0,))
-                lse = (mf + jnp.log2(l_tot)) / _LOG2E
-            else:
-                empty = l_i == 0.0
-                inv = 1.0 / jnp.where(empty, 1.0, l_i)
-                out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
-                lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
-            q_smem[...] = out.astype(dtype)
-            if with_lse:
-                lse_smem.at[wg][...] = lse
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(r0, bq), h])
-            if with_lse:
-                plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[bi, h, pl.ds(r0, bq)])
-            plgpu.wait_smem_to_gmem(0)
+                    def qk(s_ref):
+                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                        turn_pass()
+
+                    sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
+                    plgpu.barrier_arrive(k_free.at[slot])
+                    sc = logits(sc)
+                    if masked:
+                        sc = mask(sc, s)
+                    p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
+                    acc = rescale(acc, alpha)
+                    plgpu.barrier_wait(v_bar.at[slot])
+
+                    def pv(o_ref):
+                        plgpu.wgmma(o_ref, p, v_smem.at[slot])
+
+                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                    plgpu.barrier_arrive(v_free.at[slot])
+                    return acc, m_new, l_new
+
+                masked_step = functools.partial(step, masked=True)
+                if lo_off is not None:
+                    drain(a_p, a)  # warpgroup 1 under a window: the first rows' left band is not ours
+                banded = lo_off is not None
+                if not cfg.overlap:
+                    bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
+                    carry = (acc0, m0, l0)
+                    if lo_off is not None:
+                        carry = lax.fori_loop(a, bm, masked_step, carry)
+                    carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
+                    acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
+                else:
+                    # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
+                    # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
+                    # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
+                    # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue (masked
+                    # when it needs it, with no wgmma in flight; with no visible block at all the mask hides every key
+                    # and the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks
+                    # [lo, n_done) (the causal diagonal, the window's right edge, a ragged last key block) serial again.
+                    bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
+                    carry = (acc0, m0, l0)
+                    if lo_off is not None:
+                        carry = lax.fori_loop(a, bm, masked_step, carry)
+                    acc1, m_i, l_i = carry
+                    slot0 = slot_of(bm)
+                    plgpu.barrier_wait(k_bar.at[slot0])
+                    turn_wait()
+
+                    def qk0(s_ref):
+                        plgpu.wgmma(s_ref, q_smem, k_t(slot0))
+                        turn_pass()
+
+                    sc = logits(pl.run_state(qk0)(plgpu.ACC.init(zeros_s())))
+                    plgpu.barrier_arrive(k_free.at[slot0])
+                    sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
+                    p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
+                    acc1 = rescale(acc1, alpha0) if lo_off is not None else acc1
+
+                    def ostep(s, carry):  # an unmasked block
+                        acc, m_i, l_i, p_prev = carry
+                        slot, prev = slot_of(s), slot_of(s - 1)
+                        plgpu.barrier_wait(k_bar.at[slot])
+                        plgpu.barrier_wait(v_bar.at[prev])
+                        turn_wait()
+
+                        def both(refs):
+                            s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
+                            plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                            plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
+                            turn_pass()
+                            sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
+                            plgpu.barrier_arrive(k_free.at[slot])
+                            p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
+                            p_ref[...] = p
+                            m_ref[...] = m_new
+                            l_ref[...] = l_new
+                            a_ref[...] = alpha
+
+                        _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
+                            (plgpu.ACC.init(zeros_s()), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
+                        plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
+                        return rescale(acc, alpha), m_new, l_new, p
+
+                    # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every
+                    # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal
+                    # pipeline")
+                    acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
+                    last = slot_of(lo - 1)
+                    plgpu.barrier_wait(v_bar.at[last])
+                    turn_wait()
+
+                    def pv_last(o_ref):
+                        plgpu.wgmma(o_ref, p_last, v_smem.at[last])
+                        turn_pass()
+
+                    acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
+                    plgpu.barrier_arrive(v_free.at[last])
+                    acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
+
+                drain(n_done, n_load)
+
+                if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
+                    @pl.when(wg == 0)
+                    def _():
+                        plgpu.barrier_wait(turn.at[0])
+
+                if sinks:
+                    # the sink joins the denominator with no value (exp2 domain): m_f = max(m c, sink log2 e)
+                    mc = m_i * c
+                    s2 = sink_ref[h] * _LOG2E
+                    mf = jnp.maximum(mc, s2)
+                    corr = jnp.exp2(mc - mf)  # 0 for a row with no visible key (m = -inf)
+                    l_tot = l_i * corr + jnp.exp2(s2 - mf)
+                    out = acc * lax.broadcast_in_dim(corr / l_tot, (bq, d), (0,))
+                    lse = (mf + jnp.log2(l_tot)) / _LOG2E
+                else:
+                    empty = l_i == 0.0
+                    inv = 1.0 / jnp.where(empty, 1.0, l_i)
+                    out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
+                    lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+                q_smem[...] = out.astype(dtype)
+                if with_lse:
+                    lse_smem.at[wg][...] = lse
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(r0, bq), h])
+                if with_lse:
+                    plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[bi, h, pl.ds(r0, bq)])
+                plgpu.wait_smem_to_gmem(0)
+                return base + (n_load - a_p)
+
+            over_tiles(tile)
 
         @pl.when(wg == 2)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            @pl.loop(a_p, n_load)
-            def _load(s):
-                slot = slot_of(s)
+            def tile(t, base):
+                _, a_p, n_load = tile_span(t)
 
-                @pl.when(s - a_p >= ns)
-                def _():
-                    plgpu.barrier_wait(k_free.at[slot])
+                @pl.loop(a_p, n_load)
+                def _load(s):
+                    rel = base + s - a_p
+                    slot = lax.rem(rel, ns)
 
-                plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(s * bkv, bkv), hk], k_smem.at[slot], k_bar.at[slot])
+                    @pl.when(rel >= ns)
+                    def _():
+                        plgpu.barrier_wait(k_free.at[slot])
 
-                @pl.when(s - a_p >= ns)
-                def _():
-                    plgpu.barrier_wait(v_free.at[slot])
+                    plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(s * bkv, bkv), hk], k_smem.at[slot],
+                                            k_bar.at[slot])
 
-                plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(s * bkv, bkv), hk], v_smem.at[slot], v_bar.at[slot])
+                    @pl.when(rel >= ns)
+                    def _():
+                        plgpu.barrier_wait(v_free.at[slot])
+
+                    plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(s * bkv, bkv), hk], v_smem.at[slot],
+                                            v_bar.at[slot])
+
+                return base + (n_load - a_p)
+
+            over_tiles(tile)
 
     out_type = [jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype)]
     if with_lse:
@@ -531,7 +583,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         # Mosaic GPU launches the grid reversed (its last axis is CUDA's x, the fastest-varying): q last, so the
         # CTAs that run together are the row tiles of a few heads and their K/V stays in L2 (with q first, a
         # wave spanned 64 (batch, head) pairs whose 128 MB of K/V streamed from HBM again in every wave)
-        grid=(b, hq, n_qblocks),
+        grid=(b, hq, n_groups),
         grid_names=("b", "h", "q"),
         num_threads=3,
         thread_name="wg",
@@ -550,7 +602,7 @@ def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
     bi, hi_, qi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hi_off, lo_off = _mask_bounds(causal, window)
     off = off_ref[bi] if (hi_off is not None or lo_off is not None) else jnp.int32(0)
-    c = _LOG2E if softcap is not None else float(scale) * _LOG2E
+    c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E  # as the Mosaic kernel (t = tanh units)
     r0 = qi * bq
     q = q_ref[0, :, 0, :]
     n_start, _, _, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
@@ -564,7 +616,7 @@ def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
         v = v_ref[0, pl.ds(s * bkv, bkv), 0, :]
         sc = jnp.dot(q, k.T, preferred_element_type=jnp.float32)
         if softcap is not None:
-            sc = jnp.tanh(sc * (float(scale) / softcap)) * softcap
+            sc = jnp.tanh(sc * (float(scale) / softcap))
         kpos = s * bkv + lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
         ok = kpos < tk
         if hi_off is not None:
@@ -730,9 +782,11 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
 def _plan(p: Problem, cfg: PrefillConfig):
     cfg = fit(cfg, p.head_dim)
     rows = 2 * cfg.block_q
-    ctas = p.batch * p.heads_q * (-(-p.q_len // rows))
+    n_q = -(-p.q_len // rows)
+    ctas = p.batch * p.heads_q * (-(-n_q // min(cfg.tiles, n_q)))
     return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
-            "overlap": cfg.overlap, "ctas": ctas, "warpgroups": 3, "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
+            "overlap": cfg.overlap, "tiles": cfg.tiles, "ctas": ctas, "warpgroups": 3,
+            "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
 
 
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"

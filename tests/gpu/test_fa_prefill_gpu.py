@@ -48,6 +48,9 @@ def _cfg(name, d):
 _MATRIX = [("default", dt, d) for dt in ("float16", "bfloat16") for d in (64, 128, 256)]
 _MATRIX += [("serial", dt, d) for dt in ("float16", "bfloat16") for d in (64, 128)] + [("serial", "float16", 256)]
 _MATRIX += [("pingpong", "float16", d) for d in (64, 128, 256)]
+# several row tiles per CTA (cfg.tiles; the ring counts blocks across a CTA's tiles)
+_MATRIX += [("tiles2", "float16", 128), ("tiles4", "bfloat16", 64), ("tiles8", "bfloat16", 128),
+            ("tiles4", "float16", 256)]
 
 
 @pytest.mark.parametrize("cfg,dtype,d", _MATRIX)
@@ -114,7 +117,7 @@ _FEATURES = [
 # every config at D 128, the pipelined default at D 64 / 256 too; each feature on one of two shapes in turn (GQA,
 # ragged lengths, per-sequence offsets; negative offsets: rows that see no key): one compile per feature and config
 @pytest.mark.parametrize("cfg,d", [("default", 64), ("default", 128), ("default", 256), ("serial", 128),
-                                   ("pingpong", 128)])
+                                   ("pingpong", 128), ("tiles4", 64), ("tiles8", 128)])
 def test_features_match_oracle(cfg, d):
     key = jax.random.PRNGKey(100 + d)
     dtype = "bfloat16"
@@ -165,3 +168,24 @@ def test_dropin_window_grads_on_hopper():
         for name, a, r in zip(("o", "dq", "dk", "dv"), (out, *vjp(do)), (ref, *vjp_ref(do.astype(jnp.float32)))):
             a, r = np.asarray(jnp.asarray(a, jnp.float32), np.float64), np.asarray(r, np.float64)
             assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-2, (causal, window, name)
+
+
+@pytest.mark.parametrize("cfg", [fp.CONFIGS["tiles4"], fp.PrefillConfig(tiles=3),
+                                 fp.PrefillConfig(tiles=3, pingpong=True), fp.PrefillConfig(tiles=5, overlap=False)],
+                         ids=["tiles4", "t3", "t3pp", "t5serial"])
+def test_multi_tile_ragged_grid(cfg):
+    """Several row tiles per CTA where the tiles do not divide the row blocks (8 blocks over 3 or 5 tiles: CTAs run
+    3, 3, 2 or 5, 3), causal with per-sequence offsets, with and without a window, against the oracle."""
+    key = jax.random.PRNGKey(11)
+    b, tq, tk, hq, hkv, d = 2, 900, 1000, 4, 2, 128
+    kq, kk, kv = jax.random.split(key, 3)
+    q, k, v = (_rand(kq, (b, tq, hq, d), "bfloat16"), _rand(kk, (b, tk, hkv, d), "bfloat16"),
+               _rand(kv, (b, tk, hkv, d), "bfloat16"))
+    offs = (0, 100)
+    for window in (None, (127, 0)):
+        o, lse = fp.forward(q, k, v, causal=True, scale=d ** -0.5, q_offset=jnp.asarray(offs, jnp.int32),
+                            interpret=False, config=cfg, return_lse=True, window=window)
+        ro, rl = oracle.attention_reference(q, k, v, causal=True, q_offset=np.asarray(offs), window=window)
+        o64 = np.asarray(jnp.asarray(o, jnp.float32), np.float64)
+        assert np.linalg.norm(o64 - ro) / np.linalg.norm(ro) < TOL["bfloat16"], (cfg, window)
+        np.testing.assert_allclose(np.asarray(lse, np.float64), rl, atol=1e-2)
