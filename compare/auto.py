@@ -78,7 +78,7 @@ def _dropin_choice(w) -> dict[str, Any]:
     if impl == "pallas:fa_prefill":
         p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
                     heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)
-        fwd = _config_name("fa_prefill", fa_prefill.KERNEL.heuristic(p), w.head_dim)
+        fwd = _config_name("fa_prefill", dropin.prefill_config(p, _window(w)), w.head_dim)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
         if w.family == "train" and w.window is not None:  # the window's backward: fa_train's kernels
             from pallas_attn.kernels import fa_train

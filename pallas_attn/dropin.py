@@ -306,6 +306,12 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
 DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
 
 
+def prefill_config(problem: Problem, window):
+    """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, else its own rule) at the shape,
+    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window)."""
+    return fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(problem), bool(problem.causal), window)
+
+
 def bwd_config_name(problem: Problem) -> str:
     """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
     sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal."""
@@ -398,12 +404,12 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     if kernel == _PREFILL and (softcap is not None or sinks is not None):  # forward only (which_implementation)
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
-            interpret=_compat.default_interpret(None), config=fa_prefill.KERNEL.heuristic(problem),
+            interpret=_compat.default_interpret(None), config=prefill_config(problem, window),
             return_lse=bool(return_residual), window=window, softcap=softcap), sinks)(q, k, v)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (it has the window)
         st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
-                           fwd_config=fa_prefill.KERNEL.heuristic(problem), bwd_config=fa_train.heuristic(problem),
+                           fwd_config=prefill_config(problem, window), bwd_config=fa_train.heuristic(problem),
                            interpret=_compat.default_interpret(None))
         if not return_residual:
             out = _window_out(q, k, v, st)

@@ -235,3 +235,24 @@ def test_multi_tile_configs_lower_for_cuda(cfg):
 
     text = jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
     assert fp.PASS_FWD in text
+
+
+def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
+    """fa_prefill.config_for_window: a band of at most NARROW_WINDOW keys gets NARROW_WINDOW_TILES row tiles per CTA
+    (a one-tile config only); wider or one-sided windows keep the shape's config; the drop-in and compare's
+    pallas:auto name the config that runs."""
+    from compare import auto, workloads
+
+    d = fp.CONFIGS["default"]
+    assert fp.config_for_window(d, True, (127, 0)) == fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(d, False, (200, 200)) == fp.CONFIGS["tiles8"]
+    for causal, window in ((True, (4095, 0)), (True, None), (False, (100, None)), (True, (None, 0))):
+        assert fp.config_for_window(d, causal, window) is d, (causal, window)
+    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, (127, 0)) is fp.CONFIGS["tiles2"]
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")  # the kernel's own rule (no GPU, no table here anyway)
+    ws = {w.name: w for w in workloads.load_config("sweep")}
+    assert auto.choice(ws["sweep_prefill_gpt-oss-20b:local_n4096"])["chose"] == "fa_prefill:tiles8"
+    assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n4096"])["chose"] == "fa_prefill:default"
+    assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n4096"])["chose"] == "fa_prefill:default"

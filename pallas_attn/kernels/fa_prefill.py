@@ -140,6 +140,26 @@ def _heuristic(p: Problem) -> PrefillConfig:
     return fit(CONFIGS[name], p.head_dim)
 
 
+# A window at most this wide (keys a row sees) runs several row tiles per CTA: each tile is then a few blocks of latency
+# (H100, gpt-oss-20b local layers, window 128, B4 N8192 D64: tiles8 695.7 us vs one tile 796.6 us; at window 4096
+# (Gemma-2 / Mistral) more tiles per CTA cost 6-10%: results/fa_prefill/20261126_s9_h100_tiles/). The bound between
+# 128 and 4096 is not measured; 512 is a guess recorded as such in docs/fa_prefill.md.
+NARROW_WINDOW = 512
+NARROW_WINDOW_TILES = 8
+
+
+def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig:
+    """The config for a call with ``window`` (``(left, right)`` or None) given the shape's config ``cfg``: with a
+    band of at most ``NARROW_WINDOW`` keys per row and a one-tile config, the same config with
+    ``NARROW_WINDOW_TILES`` row tiles per CTA; otherwise ``cfg``."""
+    if window is None or cfg.tiles != 1:
+        return cfg
+    hi_off, lo_off = _mask_bounds(causal, tuple(window))
+    if hi_off is None or lo_off is None or hi_off + lo_off + 1 > NARROW_WINDOW:
+        return cfg
+    return dataclasses.replace(cfg, tiles=NARROW_WINDOW_TILES)
+
+
 def _supports(p: Problem, base) -> tuple[bool, str]:
     ok, why = base(p)
     if not ok:
