@@ -63,7 +63,7 @@ def _config_name(gen: str, cfg: Any, head_dim: int | None = None) -> str:
 def _dropin_choice(w) -> dict[str, Any]:
     import pallas_attn
     from pallas_attn import dropin
-    from pallas_attn.kernels import fa_prefill, fa_prefill_bwd
+    from pallas_attn.kernels import fa_prefill_bwd
     from pallas_attn.kernels.contract import Problem
 
     if w.q_offset or w.q_len != w.kv_len and w.causal:
