@@ -142,8 +142,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chip", default=None, help="with --table: only this chip's table (h100, h200)")
     p.add_argument("--write", default=None,
                    help="with --table: the JSON path to write (default pallas_attn/tuning/<chip>.json)")
+    p.add_argument("--replace", action="store_true",
+                   help="with --table: write even when the table being replaced was made from record files not given "
+                        "here (their rows are dropped); without it that is refused, naming the files")
     p.add_argument("--min-gain", type=float, default=0.01,
                    help="with --table: a config replaces the default only when faster by more than this; default 0.01")
+
+
+def _dropped_sources(path: Path, given: list[str]) -> list[str]:
+    """The ``sources`` of the table at ``path`` (if any) that are not among the record files ``given``."""
+    try:
+        old = json.loads(path.read_text()).get("sources", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    mine = {str(Path(g)) for g in given}
+    return sorted(f for f in old if str(Path(f)) not in mine)
 
 
 def run_table(args: argparse.Namespace) -> int:
@@ -160,6 +173,11 @@ def run_table(args: argparse.Namespace) -> int:
     for chip, tbl in tables.items():
         tbl["sources"] = sorted({f for k in tbl["kernels"].values() for row in k["rows"] for f in row["records"]})
         path = Path(args.write) if args.write else Path(tuning.__file__).parent / f"{chip}.json"
+        lost = _dropped_sources(path, args.table)
+        if lost and not getattr(args, "replace", False):
+            raise UsageError(f"--table: {path} was made from record files not given here, and its rows from them would "
+                             f"be dropped: {' '.join(lost)}. Give them too (a table is a function of all its sources), "
+                             f"or --replace")
         path.write_text(json.dumps(tbl, indent=1, sort_keys=True) + "\n")
         n = {k: len(v["rows"]) for k, v in tbl["kernels"].items()}
         changed = {k: sum(1 for r in v["rows"] if r["config"] != r["default"]) for k, v in tbl["kernels"].items()}

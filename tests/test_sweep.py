@@ -225,6 +225,15 @@ def test_tune_table_cli(tmp_path):
     assert tbl["kernels"]["fa_mla"]["rows"][0]["config"] == "kv64_mc" and tbl["sources"] == [str(f)]
     assert cli.main(["tune", "--table", str(tmp_path / "missing.jsonl")]) == 2
     assert cli.main(["tune"]) == 2  # neither --config nor --table
+    # rewriting that table from other records alone would drop the rows of its sources: refused, then --replace
+    g = tmp_path / "other.jsonl"
+    g.write_text(f.read_text())
+    before = out.read_text()
+    assert cli.main(["tune", "--table", str(g), "--write", str(out)]) == 2
+    assert out.read_text() == before
+    assert cli.main(["tune", "--table", str(f), str(g), "--write", str(out)]) == 0  # every source given: fine
+    assert cli.main(["tune", "--table", str(g), "--write", str(out), "--replace"]) == 0
+    assert json.loads(out.read_text())["sources"] == [str(g)]
 
 
 def test_auto_records_its_choice_cpu(tmp_path):
