@@ -454,13 +454,20 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, q_lens=
                   interpret: bool, config: TrainConfig):
     """``(out, lse)``, differentiable in q, k, v (and through the LSE). ``q_offset``/``q_lens``/``kv_lens``:
     int32 ``[B]`` or None (0 / Tq / Tk); ``window``: None or ``(left, right)`` static ints."""
+    b, tq, tk, offs, st = _call_statics(q, k, v, causal=causal, scale=scale, q_offset=q_offset, window=window,
+                                        interpret=interpret, config=config)
+    return _attn(q, k, v, _lens(q_lens, b, tq, "q_lens"), _lens(kv_lens, b, tk, "kv_lens"), offs, st)
+
+
+def _call_statics(q, k, v, *, causal, scale, q_offset, window, interpret, config):
+    """Shapes checked; ``(b, tq, tk, offsets, _Static)`` of one call."""
     check_shapes(q, k, v)
     b, tq = q.shape[:2]
     tk = k.shape[1]
     offs = seqlen.q_offsets(0 if q_offset is None else q_offset, b)
     st = _Static(scale=float(scale), causal=bool(causal), window=_window(window, tq, tk), config=config,
                  interpret=bool(interpret))
-    return _attn(q, k, v, _lens(q_lens, b, tq, "q_lens"), _lens(kv_lens, b, tk, "kv_lens"), offs, st)
+    return b, tq, tk, offs, st
 
 
 def backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, q_offset=None, window=None, interpret: bool,
@@ -468,12 +475,8 @@ def backward(q, k, v, out, lse, dout, *, causal: bool, scale: float, q_offset=No
     """``(dq, dk, dv)`` of attention from a forward's ``out`` and natural-log ``lse`` ``[B, Hq, Tq]`` (fp32), by this
     module's backward kernels: the backward the drop-in pairs with fa_prefill's forward where fa_prefill's own
     backward lacks a mask (a window). Same mask arguments as ``attention_lse`` (no sequence lengths)."""
-    check_shapes(q, k, v)
-    b, tq = q.shape[:2]
-    tk = k.shape[1]
-    offs = seqlen.q_offsets(0 if q_offset is None else q_offset, b)
-    st = _Static(scale=float(scale), causal=bool(causal), window=_window(window, tq, tk), config=config,
-                 interpret=bool(interpret))
+    b, tq, tk, offs, st = _call_statics(q, k, v, causal=causal, scale=scale, q_offset=q_offset, window=window,
+                                        interpret=interpret, config=config)
     dlse = jnp.zeros(lse.shape, jnp.float32) if dlse is None else dlse
     with _compat.quiet_triton():
         return _bwd_call(q, k, v, _lens(None, b, tq, "q_lens"), _lens(None, b, tk, "kv_lens"), offs, out, lse, dout,
