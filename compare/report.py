@@ -10,8 +10,11 @@ into the run's folder (next to the records: ``results/<run>/results.md`` and ``r
   * ``img/roofline_<run>.png``: every timed implementation as a point (arithmetic intensity of its
     model vs achieved FLOP/s), under the run's measured roofs (HBM read x AI, matmul peaks), log-log;
   * ``img/generations_<run>.png``: kernel time per generation, in the generation table's order,
-    Pallas (each config) and CUDA side by side, one panel per workload.
-GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots.
+    Pallas (each config) and CUDA side by side, one panel per workload;
+  * ``img/bars_<run>_<workload>.png`` (``compare/report_bars.py``), linked under each workload's table: one bar
+    per implementation with a timed ok record (kernel time p50, fastest first), ours and the peers in two colours,
+    the workload's layer-1 roofline floor as a vertical line.
+GPU runs and CPU-interpret runs are never mixed: a CPU run gets agreement tables and no plots (results.md says why).
 
 Records of the model-shape sweep (``configs/sweep.toml``) add a section at the top (``compare/sweep_report.py``):
 per chip, entry and model, ``pallas:auto`` over the best peer and over the best named config (geomean, worst,
@@ -29,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import records, scorecard, sweep_report
+from . import records, report_bars, scorecard, sweep_report
 from .workloads import UsageError, ensure_writable
 
 __all__ = ["add_parser", "console", "workload_table", "render", "load_runs"]
@@ -341,6 +344,39 @@ def _env_md(run: dict) -> str:
     return "\n".join(lines)
 
 
+# a run with more workloads than this gets no per-workload bar charts (a sweep's report would write hundreds of PNGs
+# into the repository; its heatmaps summarize it instead)
+BARS_MAX_WORKLOADS = 40
+
+CPU_NO_PLOTS = ("No timing plots for this run: CPU interpret mode times the Pallas interpreter, not a kernel, so its "
+                "times say nothing about kernel speed; run on a GPU for timings.")
+
+
+def _rel(p: Path, out: Path) -> Path:
+    return p.relative_to(out.parent) if p.is_relative_to(out.parent) else p
+
+
+def _bars_md(run_id: str, run: dict, name: str, recs: list[dict], out: Path, img_dir: Path,
+             written: list[Path]) -> list[str]:
+    """The workload's bar chart (``img/bars_<run>_<workload>.png``) and its markdown line; nothing when no record
+    of the workload is a timed ok one. A chart failing leaves a line saying so, never loses the tables."""
+    env = (run["header"] or recs[0]).get("env") or {}
+    chart = report_bars.bar_data(name, recs, env.get("gpu"))
+    if not chart.bars:
+        return []
+    p = img_dir / report_bars.bars_filename(run_id, name)
+    try:
+        made = report_bars.plot_bars(chart, p)
+    except ImportError as e:
+        return [f"_no bar chart: matplotlib is not installed ({e})_", ""]
+    except Exception as e:  # a plot failing must not lose the tables
+        return [f"_bar chart failed: {type(e).__name__}: {e}_", ""]
+    if not made:
+        return []
+    written.append(p)
+    return [f"![kernel time per implementation, {name}]({_rel(p, out)})", ""]
+
+
 def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, rescore: bool = False) -> list[Path]:
     runs = load_runs(paths)
     if not runs:
@@ -361,25 +397,33 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, r
     for run_id, run in runs.items():
         gpu = _is_gpu(run)
         parts += [f"## Run `{run_id}`" + ("" if gpu else " (CPU interpret)"), "", _env_md(run), ""]
+        if not gpu:
+            parts += [CPU_NO_PLOTS, ""]
         if plots and gpu:
             for kind, fn in (("roofline", plot_roofline), ("generations", plot_generations)):
                 p = img_dir / f"{kind}_{run_id}.png"
                 try:
                     if fn(run, p):
                         written.append(p)
-                        parts += [f"![{kind}]({p.relative_to(out.parent) if p.is_relative_to(out.parent) else p})",
-                                  ""]
+                        parts += [f"![{kind}]({_rel(p, out)})", ""]
                 except Exception as e:  # a plot failing must not lose the tables
                     parts += [f"_{kind} plot failed: {type(e).__name__}: {e}_", ""]
         by_wl: dict[str, list[dict]] = defaultdict(list)
         for r in run["results"]:
             by_wl[r["workload"]["name"]].append(r)
+        bars = plots and gpu and len(by_wl) <= BARS_MAX_WORKLOADS
+        if plots and gpu and not bars:
+            parts += [f"_Per-workload bar charts skipped: {len(by_wl)} workloads in this run, more than "
+                      f"{BARS_MAX_WORKLOADS} (a sweep's runs have its heatmaps instead; render a subset of the records "
+                      f"for the charts)._", ""]
         for name, recs in by_wl.items():
             shown = sorted((r for r in recs if r["status"] not in _FOLD), key=_sort_key)
             parts += [f"### {name}", "", f"`{_shape(recs[0]['workload'])}` — {recs[0]['workload'].get('source', '')}",
                       ""]
             if shown:
                 parts += [_md_table([_row(r) for r in shown], _cols(shown)), ""]
+                if bars:
+                    parts += _bars_md(run_id, run, name, recs, out, img_dir, written)
             for st in _FOLD:
                 by_reason: dict[str, list[str]] = defaultdict(list)
                 for r in recs:

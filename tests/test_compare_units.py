@@ -374,7 +374,7 @@ def test_gpu_bookkeeping_rates_speedups_and_twin(tmp_path):
     records.write_jsonl(path, [hdr, ceil, *recs])
     out = report.render([path], tmp_path / "docs" / "results.md", tmp_path / "docs" / "img")
     pngs = sorted(p.name.split("_")[0] for p in out if p.suffix == ".png")
-    assert pngs == ["generations", "roofline"] and all(p.stat().st_size > 10_000 for p in out[1:])
+    assert pngs == ["bars", "generations", "roofline"] and all(p.stat().st_size > 10_000 for p in out[1:])
     md = out[0].read_text()
     assert "| pallas:v4_fused:faithful | ok |" in md and "measured ceilings" in md and "![roofline]" in md
 
