@@ -24,6 +24,11 @@ fp32 accumulation, online softmax, docs/reference.md §2.5); the changes:
   * Any length: the wrapper pads Q to the CTA's rows and K/V to ``block_kv`` only when the length is not
     a multiple (a copy, and only then); keys at or past ``Tk`` are masked in the last block.
   * LSE: natural-log, from ``m`` and ``l`` at the end (-inf and a zero output for a row with no visible key).
+  * Features beyond the contract (``forward``'s keyword arguments, docs/fa_prefill.md "Features"): a window band
+    ``(left, right)`` (key blocks outside every row's band are never loaded; the band's partial blocks run as masked
+    serial steps), a logit soft-cap (tanh before the mask), attention sinks (one logit per head in the denominator).
+  * ``tiles``: a CTA may run several row tiles in turn (strided, heavy first), the K/V ring counting blocks across
+    them, for short sequences and narrow windows where one tile is mostly latency.
 
 Conventions (``contract``): BTNH arrays, causal top-left with a per-sequence offset: key ``j`` is visible
 to query ``i`` iff ``j <= i + q_offset[b]``.
