@@ -28,8 +28,8 @@ __all__ = ["auto_impl", "choice"]
 
 NAME = "pallas:auto"
 # the features each family's public entry implements
-# (the drop-in's local_window_size, and its softcap / sinks extensions on the forward)
-_ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks"}), "train": frozenset({"window"})}
+# (the drop-in's local_window_size, and its softcap / sinks / segment_ids extensions on the forward)
+_ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks", "packed"}), "train": frozenset({"window"})}
 
 
 def _sds(shape, dtype):
@@ -72,8 +72,9 @@ def _dropin_choice(w) -> dict[str, Any]:
     q = _sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
     kv = _sds((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
     sinks = _sds((w.heads_q,), "float32") if getattr(w, "sinks", False) else None
+    seg = _sds((w.batch, w.q_len), "int32") if getattr(w, "packed", False) else None
     impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w),
-                                                 softcap=w.softcap, sinks=sinks)
+                                                 softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
     if impl == "pallas:fa_prefill":
         p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
@@ -185,11 +186,12 @@ def _prepare(w, inp, ctx: Ctx) -> Prepared:
     c = choice(w)
     note = f"chose {c['chose']}"
     if w.family == "prefill":
-        if getattr(w, "sinks", False):
-            fn = jax.jit(lambda q, k, v, s: pallas_attn.dot_product_attention(
+        if getattr(w, "sinks", False) or getattr(w, "packed", False):
+            fn = jax.jit(lambda q, k, v, s, g: pallas_attn.dot_product_attention(
                 q, k, v, scale=inp.scale, is_causal=w.causal, local_window_size=_window(w), softcap=w.softcap,
-                sinks=s))
-            return Prepared(fn, (inp.q, inp.k, inp.v, inp.sinks), "jax", "BTNH", notes=note)
+                sinks=s, segment_ids=g))
+            seg = inp.segment_ids if getattr(w, "packed", False) else None
+            return Prepared(fn, (inp.q, inp.k, inp.v, inp.sinks, seg), "jax", "BTNH", notes=note)
         fn = jax.jit(functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
                                        local_window_size=_window(w), softcap=w.softcap))
         return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
@@ -220,4 +222,4 @@ def auto_impl() -> Impl:
                 "each public entry with its defaults, as a user calls it (compare/auto.py)", _supports, _prepare,
                 roofline_fn=_roofline, plan_fn=_plan,
                 families=frozenset({"prefill", "train", "decode", "paged_decode", "mla"}),
-                features=frozenset({"window", "softcap", "sinks"}))
+                features=frozenset({"window", "softcap", "sinks", "packed"}))

@@ -267,11 +267,12 @@ def _with_train(impl: Impl) -> Impl:
 
 
 _FA_PREFILL = "fa_prefill"
-_PREFILL_FEATURES = frozenset({"window", "softcap", "sinks"})
+_PREFILL_FEATURES = frozenset({"window", "softcap", "sinks", "packed"})
 
 
 def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
-    """fa_prefill at a named config: a workload with features (window ``(W - 1, 0)``, soft-cap, sinks) through
+    """fa_prefill at a named config: a workload with features (window ``(W - 1, 0)``, soft-cap, sinks, packed
+    documents as ``segment_ids``) through
     ``fa_prefill.forward``'s keyword extensions (the forward the drop-in runs for them); anything else as every Pallas
     generation (``_pallas_prepare``)."""
     import jax
@@ -286,12 +287,16 @@ def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
     window = None if w.window is None else (w.window - 1, 0)
     off = jnp.full((w.batch,), w.q_offset, jnp.int32)
     sinks = inp.sinks if getattr(w, "sinks", False) else None
-    def call(q, k, v, s=None):
+    seg = inp.segment_ids if getattr(w, "packed", False) else None
+
+    def call(q, k, v, s=None, g=None):
         return fa_prefill.forward(q, k, v, causal=bool(w.causal), scale=inp.scale, q_offset=off,
-                                  interpret=ctx.interpret, config=cfg, window=window, softcap=w.softcap, sinks=s)
+                                  interpret=ctx.interpret, config=cfg, window=window, softcap=w.softcap, sinks=s,
+                                  segment_ids=g)
 
     feats = ", ".join(sorted(w.features & _PREFILL_FEATURES))
-    args = (inp.q, inp.k, inp.v) + (() if sinks is None else (sinks,))
+    args = (inp.q, inp.k, inp.v, sinks, seg) if seg is not None else (inp.q, inp.k, inp.v) + (
+        () if sinks is None else (sinks,))
     return Prepared(jax.jit(call), args, "jax", "BTNH",
                     notes=f"fa_prefill.forward with {feats} (window ({w.window - 1}, 0))" if w.window else
                     f"fa_prefill.forward with {feats}")

@@ -182,21 +182,22 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
 
 def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                          query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
-                         implementation=None, return_residual=False, softcap=None, sinks=None) -> tuple[str, str]:
+                         implementation=None, return_residual=False, softcap=None, sinks=None,
+                         segment_ids=None) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
     ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says
     why (for ``None``: the unsupported argument that made it fall back, or which kernel pair supports the
     call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
     ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
-    ``softcap`` / ``sinks`` (extensions beyond jax.nn) run on fa_prefill only: anything else raises.
+    ``softcap`` / ``sinks`` / ``segment_ids`` (extensions beyond jax.nn) run on fa_prefill only: anything else raises.
     """
     del scale, return_residual
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
-    if softcap is not None or sinks is not None:
+    if softcap is not None or sinks is not None or segment_ids is not None:
         return _which_extension(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
                                 q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths,
-                                implementation=implementation, softcap=softcap, sinks=sinks)
+                                implementation=implementation, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
     if implementation in ("xla", "cudnn"):
         return implementation, f"implementation={implementation!r} passes through to jax.nn"
     why_empty = _empty_input(q, k)
@@ -240,10 +241,12 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     return _PALLAS, f"the kernel supports the call ({mode}){not_prefill}"
 
 
-def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, implementation, softcap, sinks):
-    """which_implementation for a call with ``softcap`` / ``sinks``: fa_prefill's forward or NotImplementedError (jax.nn
-    has neither feature, so there is no fallback to give)."""
-    names = " and ".join(n for n, x in (("softcap", softcap), ("sinks", sinks)) if x is not None)
+def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, implementation, softcap, sinks,
+                     segment_ids=None):
+    """which_implementation for a call with ``softcap`` / ``sinks`` / ``segment_ids``: fa_prefill's forward or
+    NotImplementedError (jax.nn has none of them, so there is no fallback to give)."""
+    names = " and ".join(n for n, x in (("softcap", softcap), ("sinks", sinks), ("segment_ids", segment_ids))
+                         if x is not None)
     if implementation in ("xla", "cudnn", _PALLAS):
         raise NotImplementedError(f"implementation={implementation!r}: {names} run on pallas:fa_prefill only "
                                   f"(jax.nn and fa_train have no {names})")
@@ -258,9 +261,16 @@ def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, im
         raise NotImplementedError(f"{names} run on pallas:fa_prefill only, which cannot take this call: {why}")
     if softcap is not None and (isinstance(softcap, bool) or not float(softcap) > 0):
         raise ValueError(f"softcap must be a positive number; got {softcap!r}")
-    n = q.shape[2]
+    b, t, n = q.shape[:3]
     if sinks is not None and tuple(jnp.shape(sinks)) != (n,):
         raise ValueError(f"sinks must be one logit per query head, shape ({n},); got {tuple(jnp.shape(sinks))}")
+    if segment_ids is not None:
+        if tuple(jnp.shape(segment_ids)) != (b, t) or not jnp.issubdtype(jnp.result_type(segment_ids), jnp.integer):
+            raise ValueError(f"segment_ids must be int [B, T] = [{b}, {t}]; got {tuple(jnp.shape(segment_ids))} "
+                             f"{jnp.result_type(segment_ids)}")
+        if not is_causal or k.shape[1] != t:
+            raise NotImplementedError(f"segment_ids (packed documents) run causal self-attention only (T == S); got "
+                                      f"is_causal={is_causal}, T={t}, S={k.shape[1]}")
     mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
     return _PREFILL, (f"{names}: fa_prefill's forward ({mode}); forward only: no backward kernel has {names} yet, "
                       f"so differentiating the call raises")
@@ -379,33 +389,34 @@ def _window_out_bwd(st, res, dout):
 _window_out.defvjp(_window_out_fwd, _window_out_bwd)
 
 
-def _no_grad(fn, sinks):
-    """``fn(q, k, v, sinks=...)`` whose differentiation raises (soft-cap and sinks have a forward kernel only)."""
+def _no_grad(fn, sinks, segment_ids=None):
+    """``fn(q, k, v, sinks=..., segment_ids=...)`` whose differentiation raises (soft-cap, sinks and packed documents
+    have a forward kernel only)."""
 
     @jax.custom_jvp
-    def f(q, k, v, sinks):
-        return fn(q, k, v, sinks=sinks)
+    def f(q, k, v, sinks, segment_ids):
+        return fn(q, k, v, sinks=sinks, segment_ids=segment_ids)
 
     @f.defjvp
     def _jvp(primals, tangents):
-        raise NotImplementedError("pallas_attn.dot_product_attention: softcap / sinks run on fa_prefill's forward "
-                                  "only; no backward kernel has them yet, so jax.grad / jax.jvp cannot differentiate "
-                                  "this call")
+        raise NotImplementedError("pallas_attn.dot_product_attention: softcap / sinks / segment_ids run on "
+                                  "fa_prefill's forward only; no backward kernel has them yet, so jax.grad / jax.jvp "
+                                  "cannot differentiate this call")
 
-    return lambda q, k, v: f(q, k, v, sinks)
+    return lambda q, k, v: f(q, k, v, sinks, segment_ids)
 
 
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
-            sinks=None):
+            sinks=None, segment_ids=None):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
-    if kernel == _PREFILL and (softcap is not None or sinks is not None):  # forward only (which_implementation)
+    if kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # forward only
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
             interpret=_compat.default_interpret(None), config=prefill_config(problem, window),
-            return_lse=bool(return_residual), window=window, softcap=softcap), sinks)(q, k, v)
+            return_lse=bool(return_residual), window=window, softcap=softcap), sinks, segment_ids)(q, k, v)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (it has the window)
         st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
@@ -461,7 +472,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
-                          return_residual: bool = False, softcap: float | None = None, sinks=None):
+                          return_residual: bool = False, softcap: float | None = None, sinks=None, segment_ids=None):
     """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
 
     query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
@@ -475,14 +486,15 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     Extensions beyond jax.nn's signature (keyword-only; jax.nn's own arguments keep jax.nn's semantics):
     ``softcap=cap`` maps each scaled logit ``s -> cap * tanh(s / cap)`` before the softmax (Gemma-2: 50);
     ``sinks`` (float ``[N]``, one logit per query head, unscaled, not soft-capped) joins every row's softmax
-    denominator with no value (gpt-oss); the residual then includes it. Both run on fa_prefill's forward only (a
-    Hopper GPU, or interpret mode without a GPU): no fallback has them, and differentiating raises
-    NotImplementedError (no backward kernel has them yet).
+    denominator with no value (gpt-oss); the residual then includes it. ``segment_ids`` (int ``[B, T]``, causal
+    self-attention): packed documents, each query sees keys of its own contiguous segment only (causal within each
+    document). These run on fa_prefill's forward only (a Hopper GPU, or interpret mode without a GPU): no fallback
+    has them, and differentiating raises NotImplementedError (no backward kernel has them yet).
     """
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                    local_window_size=local_window_size, implementation=implementation,
-                                   softcap=softcap, sinks=sinks)
+                                   softcap=softcap, sinks=sinks, segment_ids=segment_ids)
     if impl not in (_PALLAS, _PREFILL):
         return jax.nn.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
@@ -501,7 +513,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
                   window=_window(local_window_size), return_residual=bool(return_residual), softcap=softcap,
-                  sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
+                  sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32),
+                  segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))
     if len(out_shape) == 4:
         return res
     if return_residual:

@@ -256,3 +256,100 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     assert auto.choice(ws["sweep_prefill_gpt-oss-20b:local_n4096"])["chose"] == "fa_prefill:tiles8"
     assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n4096"])["chose"] == "fa_prefill:default"
     assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n4096"])["chose"] == "fa_prefill:default"
+
+
+@pytest.mark.parametrize("bkv", [64, 128])
+@pytest.mark.parametrize("window", [None, (127, 0)])
+def test_block_schedule_with_packed_documents(bkv, window):
+    """Packed documents (``segment_ids``): row i sees j iff start[i] <= j <= i (and the window). For random document
+    mixes, every row tile's blocks hold every key its rows see, and blocks run unmasked are visible to all its rows."""
+    hi_off, lo_off = fp._mask_bounds(True, window)
+    bq = 64
+    rng = np.random.default_rng(bkv)
+    for trial in range(12):
+        t = int(rng.integers(64, 700))
+        cuts = np.sort(rng.choice(np.arange(1, t), size=int(rng.integers(0, 6)), replace=False))
+        seg = np.zeros(t, np.int32)
+        for c in cuts:
+            seg[c:] += 1
+        starts = np.asarray(fp.segment_starts(seg[None]))[0]
+        t_pad = -(-t // (2 * bq)) * 2 * bq
+        starts_p = np.concatenate([starts, np.full(t_pad - t, starts[-1])])
+        for r0 in range(0, t_pad, bq):
+            sb = (jnp.int32(starts_p[r0]), jnp.int32(starts_p[r0 + bq - 1]))
+            a, n_lfull, n_full, n_done = (int(x) for x in fp._consumer_bounds(
+                jnp.int32(r0), jnp.int32(0), bq=bq, bkv=bkv, tk=t, hi_off=hi_off, lo_off=lo_off, seg=sb))
+            i = np.arange(r0, r0 + bq)[:, None]
+            j = np.arange(t)[None, :]
+            vis = (j <= i) & (j >= starts_p[r0:r0 + bq, None])
+            if lo_off is not None:
+                vis &= j >= i - lo_off
+            tag = (trial, t, list(cuts), r0)
+            cols = np.nonzero(vis.any(axis=0))[0]
+            if cols.size:
+                assert a * bkv <= cols.min() and cols.max() < n_done * bkv, tag
+            pbm, pro_masked, lo = (x for x in fp._pipeline_plan(a, n_lfull, n_full, n_done, banded=True))
+            unmasked = set(range(int(pbm) + 1, int(lo))) | (set() if bool(pro_masked) else {int(pbm)})
+            bm, f = (int(x) for x in fp._serial_plan(a, n_lfull, n_full, n_done, banded=True))
+            for s in unmasked | set(range(bm, f)):
+                assert vis[:, s * bkv:(s + 1) * bkv].shape[1] == bkv and vis[:, s * bkv:(s + 1) * bkv].all(), (tag, s)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(window=(63, 0)), dict(sinks=True, softcap=20.0)], ids=str)
+def test_packed_twin_matches_the_oracle(rng, kw):
+    b, t, hq, hkv, d = 2, 300, 4, 2, 64
+    q = jnp.asarray(rng.standard_normal((b, t, hq, d)), jnp.float16)
+    k = jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.float16)
+    v = jnp.asarray(rng.standard_normal((b, t, hkv, d)), jnp.float16)
+    seg = np.stack([np.repeat(np.arange(3), (100, 37, 163)), np.repeat([4, 1, 4], (5, 200, 95))]).astype(np.int32)
+    okw = _oracle_kw(kw, hq, rng)
+    o, lse = fp.forward(q, k, v, causal=True, scale=0.125, q_offset=jnp.zeros((b,), jnp.int32), interpret=True,
+                        config=fp.CONFIGS["default"], return_lse=True, segment_ids=seg, **okw)
+    # the oracle's segments compare ids: the second row's id 4 reappears, a new document for us, so give the oracle
+    # the contiguous numbering
+    contiguous = np.stack([np.repeat(np.arange(3), (100, 37, 163)), np.repeat(np.arange(3), (5, 200, 95))])
+    ro, rl = oracle.attention_reference(q, k, v, causal=True, scale=0.125, q_segments=contiguous, **okw)
+    assert np.linalg.norm(np.asarray(o, np.float64) - ro) / np.linalg.norm(ro) < 4e-3
+    np.testing.assert_allclose(np.asarray(lse, np.float64), rl, atol=1e-3)
+    with pytest.raises(ValueError, match="causal self-attention"):
+        fp.forward(q, k, v, causal=False, scale=0.125, q_offset=jnp.zeros((b,), jnp.int32), interpret=True,
+                   config=fp.CONFIGS["default"], segment_ids=seg)
+    with pytest.raises(ValueError, match="segment_ids must be int"):
+        fp.forward(q, k, v, causal=True, scale=0.125, q_offset=jnp.zeros((b,), jnp.int32), interpret=True,
+                   config=fp.CONFIGS["default"], segment_ids=seg[:, :10])
+
+
+@pytest.mark.parametrize("cfg", ["default", "serial", "pingpong", "tiles4"])
+def test_packed_mosaic_kernel_lowers_for_cuda(cfg):
+    q = jax.ShapeDtypeStruct((2, 600, 4, 128), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+    seg = jax.ShapeDtypeStruct((2, 600), jnp.int32)
+
+    def f(q, off, seg):
+        return fp.forward(q, q, q, causal=True, scale=0.1, q_offset=off, interpret=False, config=fp.CONFIGS[cfg],
+                          return_lse=True, segment_ids=seg, window=(127, 0))
+
+    assert fp.PASS_FWD in jax.jit(f).trace(q, off, seg).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_dropin_segment_ids_extension(rng):
+    """``segment_ids`` on the drop-in: fa_prefill's forward (packed documents), refusals that name the argument, no
+    gradient."""
+    q = jnp.asarray(rng.standard_normal((2, 160, 4, 64)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 160, 2, 64)), jnp.bfloat16)
+    seg = jnp.asarray(np.stack([np.repeat(np.arange(2), (70, 90)), np.repeat(np.arange(3), (10, 100, 50))]),
+                      jnp.int32)
+    impl, why = dropin.which_implementation(q, k, k, is_causal=True, segment_ids=seg)
+    assert impl == "pallas:fa_prefill" and "segment_ids" in why
+    o = pallas_attn.dot_product_attention(q, k, k, is_causal=True, segment_ids=seg)
+    ro, _ = oracle.attention_reference(q, k, k, causal=True, q_segments=np.asarray(seg))
+    assert np.linalg.norm(np.asarray(o, np.float64) - ro) / np.linalg.norm(ro) < 2e-2
+    with pytest.raises(NotImplementedError, match="causal self-attention"):
+        dropin.which_implementation(q, k, k, is_causal=False, segment_ids=seg)
+    with pytest.raises(ValueError, match="segment_ids must be int"):
+        dropin.which_implementation(q, k, k, is_causal=True, segment_ids=seg[:, :5])
+    with pytest.raises(NotImplementedError, match="fa_prefill only"):
+        dropin.which_implementation(q, k, k, is_causal=True, segment_ids=seg, implementation="xla")
+    with pytest.raises(NotImplementedError, match="no backward kernel"):
+        jax.grad(lambda q: pallas_attn.dot_product_attention(q, k, k, is_causal=True, segment_ids=seg).astype(
+            jnp.float32).sum())(q)

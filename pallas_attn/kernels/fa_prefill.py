@@ -184,13 +184,14 @@ def _supports(p: Problem, base) -> tuple[bool, str]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off=None):
+def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off=None, seg=None):
     """``(n_start, n_lfull, n_full, n_total)`` key blocks for rows ``[r0, r0 + bq)``, where row ``i`` sees keys
     ``i + off - lo_off <= j <= i + off + hi_off`` and ``j < tk`` (a side that is None is unbounded). Blocks before
     ``n_start`` and from ``n_total`` on are invisible to every row; blocks in ``[n_lfull, n_full)`` are visible to
     every row (no mask at all); ``[n_start, n_lfull)`` (the window's left band) and ``[n_full, n_total)`` (the
     causal diagonal or the window's right edge, a ragged last key block) need the mask. ``n_lfull`` may exceed
-    ``n_full`` (a window narrower than the tile): callers clip."""
+    ``n_full`` (a window narrower than the tile): callers clip. ``seg``: ``(s0, s1)``, the first and the last
+    row's document start (packed sequences: row ``i`` also needs ``j >= start[i]``; starts never decrease)."""
     n_len_full, n_len = tk // bkv, -(-tk // bkv)
     if hi_off is None:
         n_full, n_total = jnp.int32(n_len_full), jnp.int32(n_len)
@@ -199,21 +200,27 @@ def _block_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off=None):
         hi = r0 + bq + off + hi_off  # keys [0, hi) are visible to the last row
         n_full = jnp.clip(lax.div(jnp.maximum(lo, 0), bkv), 0, n_len_full).astype(jnp.int32)
         n_total = jnp.clip(lax.div(jnp.maximum(hi, 0) + bkv - 1, bkv), 0, n_len).astype(jnp.int32)
-    if lo_off is None:
+    if lo_off is None and seg is None:
         return 0, 0, n_full, n_total
-    a0 = r0 + off - lo_off  # the first row's lowest visible key
-    a1 = r0 + bq - 1 + off - lo_off  # the last row's
+    if lo_off is None:
+        a0, a1 = seg
+    else:
+        a0 = r0 + off - lo_off  # the first row's lowest visible key
+        a1 = r0 + bq - 1 + off - lo_off  # the last row's
+        if seg is not None:
+            a0, a1 = jnp.maximum(a0, seg[0]), jnp.maximum(a1, seg[1])
     n_start = jnp.clip(lax.div(jnp.maximum(a0, 0), bkv), 0, n_len).astype(jnp.int32)
     n_lfull = jnp.clip(lax.div(jnp.maximum(a1, 0) + bkv - 1, bkv), 0, n_len).astype(jnp.int32)
     return n_start, n_lfull, n_full, n_total
 
 
-def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off):
+def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off, seg=None):
     """``(a, n_lfull, n_full, n_done)`` of a consumer's rows ``[r0, r0 + bq)``: it runs blocks ``[a, n_done)``, at
     least one and inside the key range (a tile that sees no key runs one block, masked), ``[n_lfull, n_full)`` of
     them visible to every row."""
-    n_start, n_lfull, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
-    a = n_start if lo_off is None else jnp.minimum(n_start, -(-tk // bkv) - 1)
+    n_start, n_lfull, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off,
+                                                      seg=seg)
+    a = n_start if lo_off is None and seg is None else jnp.minimum(n_start, -(-tk // bkv) - 1)
     return a, n_lfull, n_full, jnp.maximum(n_total, a + 1)
 
 
@@ -280,7 +287,7 @@ def _smem_tile(shape, dtype):
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                   causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool, window=None,
-                  softcap: float | None = None, sinks: bool = False):
+                  softcap: float | None = None, sinks: bool = False, segments: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     dtype = jnp.dtype(dtype_name)
@@ -297,11 +304,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E
     f32 = jnp.float32
 
-    bounds = functools.partial(_consumer_bounds, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
+    banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if sinks:
             sink_ref, *rest = rest
+        if segments:  # int32 [B, Tq_pad]: each row's document start (packed sequences)
+            seg_ref, *rest = rest
         if with_lse:
             o_ref, lse_ref, *scratch = rest
         else:
@@ -314,7 +323,12 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
         hk = lax.div(h, group)
-        off = off_ref[bi] if bounded else jnp.int32(0)
+        off = off_ref[bi] if bounded or segments else jnp.int32(0)
+
+        def bounds(r0, off):
+            seg = (seg_ref[bi, r0], seg_ref[bi, r0 + bq - 1]) if segments else None
+            return _consumer_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off, seg=seg)
+
         # this CTA's row tiles (2 * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
         # causal) tiles first, strided so that every CTA gets a mix of heavy and light ones; q is the launch's
         # fastest-varying axis (see the grid). With cfg.tiles == 1 one tile per CTA.
@@ -352,6 +366,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 plgpu.barrier_wait(q_bar.at[wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
+                if segments:  # this consumer's rows' document starts, in the row layout of the scores
+                    seg_rows = plgpu.load(seg_ref.at[bi, pl.ds(r0, bq)], (), layout=row_layout, optimized=False)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
                 l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
                 acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
@@ -399,6 +415,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                         ok = ok & (kpos <= r0 + rows + (off + hi_off))
                     if lo_off is not None:
                         ok = ok & (kpos >= r0 + rows + (off - lo_off))
+                    if segments:
+                        ok = ok & (kpos >= lax.broadcast_in_dim(seg_rows, (bq, bkv), (0,)))
                     return jnp.where(ok, sc, -jnp.inf)
 
                 def softmax(sc, m_i, l_i):
@@ -447,7 +465,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 masked_step = functools.partial(step, masked=True)
                 if lo_off is not None:
                     drain(a_p, a)  # warpgroup 1 under a window: the first rows' left band is not ours
-                banded = lo_off is not None
                 if not cfg.overlap:
                     bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
                     carry = (acc0, m0, l0)
@@ -622,15 +639,17 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, bkv: int, tk: int,
-                     tk_pad: int, causal: bool, scale: float, window, softcap, sinks: bool):
+def _fallback_kernel(off_ref, sink_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, bq: int, bkv: int, tk: int,
+                     tk_pad: int, causal: bool, scale: float, window, softcap, sinks: bool, segments: bool):
     bi, hi_, qi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hi_off, lo_off = _mask_bounds(causal, window)
     off = off_ref[bi] if (hi_off is not None or lo_off is not None) else jnp.int32(0)
     c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E  # as the Mosaic kernel (t = tanh units)
     r0 = qi * bq
     q = q_ref[0, :, 0, :]
-    n_start, _, _, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off)
+    seg_rows = seg_ref[0, :] if segments else None
+    seg = (seg_rows[0], seg_rows[bq - 1]) if segments else None
+    n_start, _, _, n_total = _block_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off, seg=seg)
     n_total = jnp.minimum(n_total, tk_pad // bkv)
     rows = r0 + lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
     d = q.shape[-1]
@@ -648,6 +667,8 @@ def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
             ok = ok & (kpos <= rows + (off + hi_off))
         if lo_off is not None:
             ok = ok & (kpos >= rows + (off - lo_off))
+        if segments:
+            ok = ok & (kpos >= seg_rows[:, None])
         sc = jnp.where(ok, sc, -jnp.inf)
         m_new = jnp.maximum(m_i, sc.max(axis=1))
         m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
@@ -674,20 +695,23 @@ def _fallback_kernel(off_ref, sink_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
     lse_ref[0, 0, :] = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
 
 
-def _fallback(q, k, v, off, sinks, *, causal: bool, scale: float, tk: int, cfg: PrefillConfig, window, softcap):
+def _fallback(q, k, v, off, sinks, seg, *, causal: bool, scale: float, tk: int, cfg: PrefillConfig, window,
+              softcap):
     b, tq_pad, hq, d = q.shape
     tk_pad, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
     bq, bkv = cfg.block_q, cfg.block_kv
     kern = functools.partial(_fallback_kernel, bq=bq, bkv=bkv, tk=tk, tk_pad=tk_pad, causal=causal, scale=scale,
-                             window=window, softcap=softcap, sinks=sinks is not None)
+                             window=window, softcap=softcap, sinks=sinks is not None, segments=seg is not None)
     sink_arr = jnp.zeros((hq,), jnp.float32) if sinks is None else sinks
+    seg_arr = jnp.zeros((b, tq_pad), jnp.int32) if seg is None else seg
     return pl.pallas_call(
         kern,
         grid=(b, hq, tq_pad // bq),
         in_specs=[
             pl.BlockSpec((b,), lambda i, j, t: (0,)),
             pl.BlockSpec((hq,), lambda i, j, t: (0,)),
+            pl.BlockSpec((1, bq), lambda i, j, t: (i, t)),
             pl.BlockSpec((1, bq, 1, d), lambda i, j, t: (i, t, j, 0)),
             pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
             pl.BlockSpec((1, tk_pad, 1, d), lambda i, j, t: (i, 0, j // group, 0)),
@@ -700,7 +724,7 @@ def _fallback(q, k, v, off, sinks, *, causal: bool, scale: float, tk: int, cfg: 
                    jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32)],
         interpret=True,
         name=PASS_FALLBACK,
-    )(off, sink_arr, q, k, v)
+    )(off, sink_arr, seg_arr, q, k, v)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -721,6 +745,13 @@ def _check(q, k, v) -> None:
         raise ValueError(f"{GEN}: Hq must be a multiple of Hkv; got {q.shape[2]}, {k.shape[2]}")
     if k.shape[1] < 1:
         raise ValueError(f"{GEN}: needs at least one key; got Tk={k.shape[1]}")
+
+
+def _pad_edge(starts, t_pad: int):
+    """Document starts padded to ``t_pad`` rows by repeating the last row's (padded rows are computed, then cut)."""
+    if starts is None or starts.shape[1] == t_pad:
+        return starts
+    return jnp.pad(starts, ((0, 0), (0, t_pad - starts.shape[1])), mode="edge")
 
 
 def _pad(x, axis: int, mult: int):
@@ -767,8 +798,18 @@ def check_features(window, softcap, sinks, hq: int):
     return window, softcap, sinks
 
 
+def segment_starts(segment_ids):
+    """int32 ``[B, T]``: the index of the first token of each token's segment (packed documents: a segment is a
+    contiguous run of equal ids; an id that reappears later starts a new document)."""
+    seg = jnp.asarray(segment_ids)
+    t = seg.shape[1]
+    idx = lax.broadcasted_iota(jnp.int32, seg.shape, 1)
+    new = jnp.concatenate([jnp.ones((seg.shape[0], 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1) if t else seg > 0
+    return lax.cummax(jnp.where(new, idx, 0), axis=1).astype(jnp.int32)
+
+
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
-            return_lse: bool = False, window=None, softcap: float | None = None, sinks=None):
+            return_lse: bool = False, window=None, softcap: float | None = None, sinks=None, segment_ids=None):
     """Dense prefill forward on validated BTNH arrays (``contract`` calling convention).
 
     Features beyond the contract (keyword-only, each priced in docs/fa_prefill.md): ``window=(left, right)``: row
@@ -776,11 +817,23 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     ``j <= i + off``), key blocks outside every row's band are neither loaded nor computed; ``softcap=cap``: each
     scaled score ``s -> cap * tanh(s / cap)`` before the softmax (Gemma-2); ``sinks`` ``[Hq]``: one logit per query
     head joins every row's softmax denominator with no value (gpt-oss; unscaled, not soft-capped); the LSE includes
-    it. A row with no visible key: output 0, LSE -inf (with sinks: output 0, LSE = the sink)."""
+    it; ``segment_ids`` int ``[B, T]`` (packed documents, self-attention: ``Tq == Tk``, causal): a key is visible
+    only from the query's own contiguous segment (causal within each document; key blocks before the first row's
+    document are never loaded). A row with no visible key: output 0, LSE -inf (with sinks: output 0, LSE = the
+    sink)."""
     _check(q, k, v)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
     window, softcap, sinks = check_features(window, softcap, sinks, hq)
+    starts = None
+    if segment_ids is not None:
+        seg = jnp.asarray(segment_ids)
+        if seg.shape != (b, tq) or not jnp.issubdtype(seg.dtype, jnp.integer):
+            raise ValueError(f"{GEN}: segment_ids must be int [B, Tq] = [{b}, {tq}]; got {seg.shape} {seg.dtype}")
+        if not causal or tk != tq:
+            raise ValueError(f"{GEN}: segment_ids (packed documents) need causal self-attention (Tq == Tk); got "
+                             f"causal={causal}, Tq={tq}, Tk={tk}")
+        starts = segment_starts(seg)
     cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
     if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
         raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
@@ -790,13 +843,15 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     kp, vp = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv)
     if interpret:
         qp = _pad(q, 1, cfg.block_q)
-        out, lse = _fallback(qp, kp, vp, off, sinks, causal=bool(causal), scale=scale, tk=tk, cfg=cfg,
-                             window=window, softcap=softcap)
+        out, lse = _fallback(qp, kp, vp, off, sinks, _pad_edge(starts, qp.shape[1]), causal=bool(causal),
+                             scale=scale, tk=tk, cfg=cfg, window=window, softcap=softcap)
     else:
         qp = _pad(q, 1, 2 * cfg.block_q)
         call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
-                             float(scale), cfg, bool(return_lse), window, softcap, sinks is not None)
-        res = call(qp, kp, vp, off, *(() if sinks is None else (sinks,)))
+                             float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
+                             starts is not None)
+        extra = (() if sinks is None else (sinks,)) + (() if starts is None else (_pad_edge(starts, qp.shape[1]),))
+        res = call(qp, kp, vp, off, *extra)
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
     if not return_lse:
