@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_harness() -> list[str]:
+    """The harness extra's packages (pyproject ``harness``) that are not importable here."""
+    import importlib.util
+
+    return [m for m in ("rich", "matplotlib") if importlib.util.find_spec(m) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before the first import of jax
     from pallas_attn import _compat
@@ -41,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    missing = missing_harness()
+    if missing:
+        print(f"{parser.prog}: the harness needs {', '.join(missing)}, not installed here: pip install "
+              f"'pallas-attn[harness]' (or, from a checkout, pip install '.[harness]')", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except UsageError as e:  # what the user asked for is wrong (flag, file, config): one line, exit 2

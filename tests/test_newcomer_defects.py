@@ -280,3 +280,23 @@ def test_jax_bound_and_supported_versions_line():
     readme = (ROOT / "README.md").read_text()
     line = next(ln for ln in readme.splitlines() if ln.startswith("**Supported versions:**"))
     assert "jax 0.10.2 (CPU, Python 3.11)" in line and "jax 0.11.2 (GPU, Python 3.12)" in line
+
+
+def test_harness_extra_missing_is_one_clear_line(monkeypatch, capsys):
+    """rich / matplotlib are the `harness` extra, not library dependencies: without them `python -m compare` exits 2
+    with one line naming the extra; the library itself imports neither."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from compare import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rich" else real(name, *a))
+    assert cli.main(["report", "nothing.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "rich" in err and "pallas-attn[harness]" in err and len(err.strip().splitlines()) == 1
+    code = ("import sys, pallas_attn, attn_core, pallas_attn.dropin, pallas_attn.kernels.fa_prefill; "
+            "print(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr[-2000:]
