@@ -66,7 +66,7 @@ from jax import lax
 
 from .. import _compat
 from .._compat import pl
-from .fa_prefill import _block_bounds, _pad, _smem_tile
+from .fa_prefill import _block_bounds, _consumer_bounds, _pad, _pipeline_plan, _serial_plan, _smem_tile
 
 __all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward", "attention_lse", "smem_bytes",
            "PASS_NAMES"]
@@ -303,6 +303,21 @@ def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
     return lo.astype(jnp.int32), full.astype(jnp.int32)
 
 
+def _window_query_blocks(j0, off, *, nq: int, tk: int, left: int):
+    """Causal with a window of ``left`` keys behind the diagonal (row ``i`` sees ``i + off - left <= j <= i + off``):
+    ``(lo, full, full_hi, hi)`` query blocks of 64 rows for keys ``[j0, j0 + 64)``: rows in ``[lo, hi)`` see one of
+    them, ``[full, full_hi)`` see all of them (no mask), ``[lo, full)`` and ``[full_hi, hi)`` need the mask."""
+    lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=True)
+    # the last row that sees key j0 + 63 is j0 + 63 + left - off; every key of the block is visible to rows up to
+    # j0 + left - off (the window's far edge for the block's first key)
+    hi = jnp.clip(lax.div(jnp.maximum(j0 + BLOCK - 1 + left - off + 1, 0) + BLOCK - 1, BLOCK), lo, nq)
+    full = jnp.minimum(full, hi)
+    full_hi = jnp.clip(lax.div(jnp.maximum(j0 + left - off + 1, 0), BLOCK), full, hi)
+    ragged = j0 + BLOCK > tk
+    full_hi = jnp.where(ragged, full, full_hi)
+    return lo, full, full_hi.astype(jnp.int32), hi.astype(jnp.int32)
+
+
 def _p_ds(sc, dp, lse2, delta, c: float, mask=None):
     """``(P, dS)`` of one block in every backward kernel: ``P = exp2(S * c - lse2)`` (``mask``: applied to the scaled
     scores; P is 0 where masked and in rows that see no key, lse2 = +inf) and ``dS = P * (dP - delta)``; the same
@@ -336,7 +351,7 @@ def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+                causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -359,7 +374,10 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         # the producer streams the query blocks that see the CTA's first 64 keys: a superset of what the
         # later consumers' keys need (their first visible block is at or after this one)
         lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
-        per_head = nq - lo0  # query blocks per query head of the group
+        # a window: the last consumer's keys are the last any row of the CTA's query range sees
+        hi_last = nq if left is None else _window_query_blocks(ji * (nc * bk) + (nc - 1) * bk, off, nq=nq, tk=tk,
+                                                               left=left)[3]
+        per_head = hi_last - lo0  # query blocks per query head of the group
         n_steps = group * per_head
 
         @pl.when(wg < nc)
@@ -372,7 +390,11 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
             plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_mine, bar)
             plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_mine, bar)
             plgpu.barrier_wait(bar)
-            lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
+            if left is None:
+                lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
+                full_hi = hi = nq
+            else:
+                lo, full, full_hi, hi = _window_query_blocks(j0, off, nq=nq, tk=tk, left=left)
 
             def mask(x, qb):
                 kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
@@ -380,6 +402,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 ok = kpos < tk
                 if causal:
                     ok = ok & (kpos <= qpos + off)
+                if left is not None:
+                    ok = ok & (kpos >= qpos + (off - left))
                 return jnp.where(ok, x, -jnp.inf)
 
             def skip(qb, carry, *, g):
@@ -409,7 +433,14 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 if nc > 1:
                     carry = lax.fori_loop(lo0, lo, functools.partial(skip, g=g), carry)
                 carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
-                return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
+                if left is None:
+                    return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
+                # a window: the unmasked band, its far edge masked, then the blocks streamed for a later consumer
+                carry = lax.fori_loop(full, full_hi, functools.partial(step, g=g, masked=False), carry)
+                carry = lax.fori_loop(full_hi, hi, functools.partial(step, g=g, masked=True), carry)
+                if nc > 1:
+                    carry = lax.fori_loop(hi, hi_last, functools.partial(skip, g=g), carry)
+                return carry
 
             dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, d)), ops.zeros((bk, d))))
             # epilogue: K and V were last read by the waited wgmmas above; their tiles stage the outputs
@@ -464,7 +495,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 
 @functools.lru_cache(maxsize=64)
 def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-              causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+              causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -487,6 +518,12 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
         *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
                                    hi_off=0 if causal else None)
+        # a window (causal): blocks [a_p, n_load), from the first consumer's first block (fa_prefill's schedule)
+        wbounds = functools.partial(_consumer_bounds, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left)
+        if left is not None:
+            a_p, n_load = wbounds(qi * (nc * bq), off)[0], wbounds(qi * (nc * bq) + (nc - 1) * bq, off)[3]
+        else:
+            a_p = 0
 
         @pl.when(wg < nc)
         def _consumer():
@@ -511,10 +548,22 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 ok = kpos < tk
                 if causal:
                     ok = ok & (kpos <= qpos + off)
+                if left is not None:
+                    ok = ok & (kpos >= qpos + (off - left))
                 return jnp.where(ok, x, -jnp.inf)
 
+            def slot_of(s):  # block s of the producer's [a_p, n_load)
+                return lax.rem(s - a_p, ns)
+
+            def _skip_blocks(lo, hi):  # blocks loaded for another consumer's rows only: wait for each, hand it back
+                @pl.loop(lo, hi)
+                def _skip(s):
+                    slot = slot_of(s)
+                    plgpu.barrier_wait(kv_bar.at[slot])
+                    plgpu.barrier_arrive(kv_free.at[slot])
+
             def step(s, dq, *, masked: bool):
-                slot = lax.rem(s, ns)
+                slot = slot_of(s)
                 plgpu.barrier_wait(kv_bar.at[slot])
                 ks, vs = k_smem.at[slot], v_smem.at[slot]
                 sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, ks, ops.zeros((bq, bk)), do_smem, vs, b_t=True)
@@ -534,14 +583,38 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 # pipelined (an unmasked block): S_s, dP_s and dQ += dS_{s-1} K_{s-1} issued together; dS_s formed
                 # under the last
                 dq, ds_prev = carry
-                slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
+                slot, prev = slot_of(s), slot_of(s - 1)
                 plgpu.barrier_wait(kv_bar.at[slot])
                 dq, ds = ops.mma2_under(dq, ds_prev, k_smem.at[prev], q_smem, k_smem.at[slot], do_smem,
                                         v_smem.at[slot], ds_of(s, masked=False))
                 plgpu.barrier_arrive(kv_free.at[prev])  # K_{s-1} was read by the waited dQ wgmma
                 return dq, ds
 
-            if not cfg.dq_overlap:
+            if left is not None:
+                # a window: fa_prefill's schedule (its left band and right edge masked, serial; the band pipelined)
+                a, n_lfull, n_full, n_done = wbounds(r0, off)
+                if nc > 1:
+                    _skip_blocks(a_p, a)
+                if not cfg.dq_overlap:
+                    bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=True)
+                    dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), ops.zeros((bq, d)))
+                    dq = lax.fori_loop(bm, f, functools.partial(step, masked=False), dq)
+                    dq = lax.fori_loop(f, n_done, functools.partial(step, masked=True), dq)
+                else:
+                    bm, _, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=True)
+                    dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), ops.zeros((bq, d)))
+                    slot0 = slot_of(bm)
+                    plgpu.barrier_wait(kv_bar.at[slot0])
+                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
+                                      v_smem.at[slot0], b_t=True)
+                    ds0 = ds_of(bm, masked=True)(sc, dp)  # the prologue is always masked (exact for any block)
+                    dq, ds_last = lax.fori_loop(bm + 1, lo, ostep, (dq, ds0))
+                    last = slot_of(lo - 1)
+                    dq = ops.mma(dq, ds_last, k_smem.at[last])
+                    plgpu.barrier_arrive(kv_free.at[last])
+                    dq = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), dq)
+                n_total = n_done
+            elif not cfg.dq_overlap:
                 dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
                 dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
             else:
@@ -572,12 +645,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     q_smem[...] = ops.zeros((bq, d)).astype(dtype)
 
             if nc > 1:  # key blocks loaded for a later consumer's rows only: wait for each load, hand it back
-
-                @pl.loop(n_total, n_load)
-                def _skip(s):
-                    slot = lax.rem(s, ns)
-                    plgpu.barrier_wait(kv_bar.at[slot])
-                    plgpu.barrier_arrive(kv_free.at[slot])
+                _skip_blocks(n_total, n_load)
 
             if dq is not None:  # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
                 q_smem[...] = (dq * scale).astype(dtype)
@@ -589,12 +657,12 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            def issue(s, slot):
-                keys = pl.ds(s * bk, bk)
+            def issue(s, slot):  # key block a_p + s
+                keys = pl.ds((a_p + s) * bk, bk)
                 plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk], k_smem.at[slot], kv_bar.at[slot])
                 plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk], v_smem.at[slot], kv_bar.at[slot])
 
-            _ring_producer(plgpu, n_load, ns, kv_free, issue)
+            _ring_producer(plgpu, n_load - a_p, ns, kv_free, issue)
 
     mine = (bq, d) if nc == 1 else (nc, bq, d)
     vec = (bq,) if nc == 1 else (nc, bq)
@@ -910,7 +978,8 @@ def _prepare(q, k, v, o, lse, do, q_offset, dlse=None, *, rows: int = BLOCK, key
     return (_pad(q, 1, rows), _pad(k, 1, keys), _pad(v, 1, keys), _pad(do, 1, rows), lse2, delta, off)
 
 
-def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None):
+def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None,
+         left: int | None = None):
     _check(q, k, v, o, lse, do)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
@@ -927,18 +996,25 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse, rows=tile, keys=tile)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
     build_dkdv, build_dq = (_build_dkdv_split, _build_dq_split) if cfg.dsplit else (_build_dkdv, _build_dq)
+    if left is not None:
+        if not causal or cfg.dsplit:
+            raise NotImplementedError(f"{GEN} backward: a window is built for causal attention in the non-split "
+                                      f"kernels (D <= 128) only; got causal={causal}, config {cfg}")
+        args = (*args, int(left))
     dk, dv = build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
     dq = build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
-             interpret: bool = False, dlse=None):
+             interpret: bool = False, dlse=None, window: int | None = None):
     """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
     natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). ``dlse``: the
     cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
     summed over the group in a fixed order. ``interpret``: run the same kernels on jax's Mosaic GPU interpreter
-    (CPU; wgmma products as jnp dots; slow, small shapes only)."""
+    (CPU; wgmma products as jnp dots; slow, small shapes only). ``window``: ``left`` of a causal window (row ``i``
+    sees ``i + off - left <= j <= i + off``, fa_prefill's ``window=(left, 0)``), in the non-split kernels (D <= 128):
+    tested on the GPU interpreter, not yet run on a GPU (the drop-in still pairs a window with fa_train's backward)."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
@@ -949,13 +1025,14 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
         if need > _SMEM_LIMIT:
             raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
                              f"{_SMEM_LIMIT}); use fewer stages")
-        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False, dlse=dlse)
+        return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False, dlse=dlse,
+                    left=window)
     # the same kernels on the GPU interpreter, traced under its mode (so this composes with jit / grad /
     # vmap; emulate_backward is the eager variant that also reports races)
     gpu_interpret, _ = _interpreter()
     with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=False)):
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=float(scale), cfg=cfg, emulate=True,
-                    dlse=dlse)
+                    dlse=dlse, left=window)
 
 
 def _interpreter():
@@ -968,8 +1045,9 @@ def _interpreter():
 
 
 def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
-                     config: BwdConfig | None = None, detect_races: bool = True, dlse=None):
-    """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``."""
+                     config: BwdConfig | None = None, detect_races: bool = True, dlse=None, window: int | None = None):
+    """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``.
+    ``window``: ``left`` of a causal window (row ``i`` sees ``i + off - left <= j <= i + off``); not GPU-run yet."""
     gpu_interpret, gpu_callbacks = _interpreter()
     cfg = CONFIGS["default"] if config is None else config
     if q_offset is None:
@@ -977,7 +1055,8 @@ def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offse
     try:
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             dq, dk, dv = jax.block_until_ready(_run(q, k, v, o, lse, do, q_offset, causal=causal,
-                                                    scale=float(scale), cfg=cfg, emulate=True, dlse=dlse))
+                                                    scale=float(scale), cfg=cfg, emulate=True, dlse=dlse,
+                                                    left=window))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()

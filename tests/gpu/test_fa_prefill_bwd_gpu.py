@@ -224,3 +224,33 @@ def test_timing_d256_vs_cudnn(causal):
     print(line + f"; cuDNN bwd {t_cudnn:.0f} us (fwd+bwd {t_fb:.0f}, fwd {t_fwd:.0f}); ours {t_cudnn / t_ours:.2f}x "
           f"cuDNN's speed; max rel diff vs cuDNN's grads {agree}", flush=True)
     assert all(x < 2e-2 for x in agree.values()), agree
+
+
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+def test_window_backward_matches_oracle(config):
+    """fa_prefill_bwd with a causal window (``window=left``; the non-split kernels), after fa_prefill's forward with
+    the same window, against the float64 gradient oracle: windows narrower than a block, of a few blocks, with
+    per-sequence offsets and GQA (written in session 9; its first GPU run decides whether the drop-in may pair a
+    window with this backward instead of fa_train's)."""
+    from attn_core import oracle
+    from pallas_attn.kernels import fa_prefill as fp
+
+    key = jax.random.PRNGKey(5)
+    for i, (b, tq, tk, hq, hkv, d, left, offs) in enumerate([(2, 700, 700, 8, 2, 128, 255, (0, 0)),
+                                                             (1, 300, 500, 4, 1, 64, 40, (200,))]):
+        kq, kk, kv, kd = jax.random.split(jax.random.fold_in(key, i), 4)
+        q = jax.random.normal(kq, (b, tq, hq, d), jnp.float32).astype(jnp.bfloat16)
+        k = jax.random.normal(kk, (b, tk, hkv, d), jnp.float32).astype(jnp.bfloat16)
+        v = jax.random.normal(kv, (b, tk, hkv, d), jnp.float32).astype(jnp.bfloat16)
+        do = jax.random.normal(kd, (b, tq, hq, d), jnp.float32).astype(jnp.bfloat16)
+        off = jnp.asarray(offs, jnp.int32)
+        o, lse = fp.forward(q, k, v, causal=True, scale=d ** -0.5, q_offset=off, interpret=False,
+                            config=fp.CONFIGS["default"], return_lse=True, window=(left, 0))
+        dq, dk, dv = fb.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5, q_offset=off,
+                                 config=fb.CONFIGS[config], window=left)
+        ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=d ** -0.5, q_offset=np.asarray(offs),
+                                              window=left + 1)
+        for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
+            r = ref[name]
+            ours = np.asarray(jnp.asarray(ours, jnp.float32), np.float64)
+            assert np.linalg.norm(ours - r) / np.linalg.norm(r) < 2e-2, (config, i, name)
