@@ -208,11 +208,12 @@ def test_attention_lse_custom_vjp_interpret(rng):
 @pytest.mark.parametrize("config,case", [
     ("default", (1, 130, 130, 2, 2, 64, 10, (0,))),  # a window narrower than a block
     ("wide_ovl", (1, 150, 230, 2, 1, 64, 100, (80,))),  # two consumers (skipped blocks at both ends), pipelined dQ
+    ("d256", (1, 150, 230, 2, 1, 256, 100, (80,))),  # D 256: the head-dim split kernels
 ])
 def test_window_backward_on_the_gpu_interpreter(rng, config, case):
-    """A causal window (``window=left``: row i sees i + off - left <= j <= i + off) in the non-split kernels: the
-    dK/dV kernel's band of query blocks and the dQ kernel's band of key blocks (fa_prefill's schedule), against the
-    float64 gradient oracle, no race reported. Not yet run on a GPU."""
+    """A causal window (``window=left``: row i sees i + off - left <= j <= i + off): the dK/dV kernels' band of query
+    blocks and the dQ kernels' band of key blocks (fa_prefill's schedule), the split kernels at D 256 too, against
+    the float64 gradient oracle, no race reported. Not yet run on a GPU."""
     from attn_core import oracle
 
     b, tq, tk, hq, hkv, d, left, offs = case
@@ -229,14 +230,14 @@ def test_window_backward_on_the_gpu_interpreter(rng, config, case):
     for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
         r = ref[name]
         assert np.linalg.norm(np.asarray(ours, np.float64) - r) / np.linalg.norm(r) < 4e-3, name
-    with pytest.raises(NotImplementedError, match="non-split"):
+    with pytest.raises(NotImplementedError, match="causal attention only"):
         fb.emulate_backward(q, k, v, o, lse, do, causal=False, scale=scale, q_offset=off, window=left)
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
-def test_window_kernels_lower_for_cuda(config):
-    q = jax.ShapeDtypeStruct((2, 300, 4, 128), jnp.bfloat16)
-    k = jax.ShapeDtypeStruct((2, 300, 2, 128), jnp.bfloat16)
+@pytest.mark.parametrize("config,d", [("default", 128), ("wide", 128), ("wide_ovl", 128), ("d256", 256)])
+def test_window_kernels_lower_for_cuda(config, d):
+    q = jax.ShapeDtypeStruct((2, 300, 4, d), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 300, 2, d), jnp.bfloat16)
     lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
     off = jax.ShapeDtypeStruct((2,), jnp.int32)
 

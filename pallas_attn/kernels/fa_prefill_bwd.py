@@ -705,7 +705,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
 @functools.lru_cache(maxsize=64)
 def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -728,8 +728,12 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
         off = off_ref[bi] if causal else jnp.int32(0)
         j0 = ji * bk
         keys = pl.ds(j0, bk)
-        lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
-        per_head = nq - lo  # query blocks per query head of the group (both consumers see the same ones)
+        if left is None:
+            lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
+            full_hi = hi = nq
+        else:  # a causal window: the band of query blocks that see these keys, its far edge masked
+            lo, full, full_hi, hi = _window_query_blocks(j0, off, nq=nq, tk=tk, left=left)
+        per_head = hi - lo  # query blocks per query head of the group (both consumers see the same ones)
         n_steps = group * per_head
 
         @pl.when(wg < 2)
@@ -747,6 +751,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
                 ok = kpos < tk
                 if causal:
                     ok = ok & (kpos <= qpos + off)
+                if left is not None:
+                    ok = ok & (kpos >= qpos + (off - left))
                 return jnp.where(ok, x, -jnp.inf)
 
             def step(qb, carry, *, g, masked: bool):
@@ -766,7 +772,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
 
             def head(g, carry):
                 carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
-                return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
+                carry = lax.fori_loop(full, full_hi, functools.partial(step, g=g, masked=False), carry)
+                return lax.fori_loop(full_hi, hi, functools.partial(step, g=g, masked=True), carry)
 
             dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, dh)), ops.zeros((bk, dh))))
             # the other consumer reads both halves of K and V until its last (waited) wgmma: wait for it, then
@@ -826,7 +833,7 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
 
 @functools.lru_cache(maxsize=64)
 def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False):
+                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -849,7 +856,12 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         off = off_ref[bi] if causal else jnp.int32(0)
         r0 = qi * bq
         rows = pl.ds(r0, bq)
-        _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
+        if left is None:
+            _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
+            a = bm = 0
+        else:  # a causal window: fa_prefill's serial schedule (left band and diagonal masked)
+            a, n_lfull, n_full_w, n_total = _consumer_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left)
+            bm, n_full = _serial_plan(a, n_lfull, n_full_w, n_total, banded=True)
 
         @pl.when(wg < 2)
         def _consumer():
@@ -871,10 +883,12 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
                 ok = kpos < tk
                 if causal:
                     ok = ok & (kpos <= qpos + off)
+                if left is not None:
+                    ok = ok & (kpos >= qpos + (off - left))
                 return jnp.where(ok, x, -jnp.inf)
 
             def step(s, dq, *, masked: bool):
-                slot = lax.rem(s, ns)
+                slot = lax.rem(s - a, ns)  # block s of the producer's [a, n_total)
                 plgpu.barrier_wait(kv_bar.at[slot])
                 ks, vs = k_smem.at[slot], v_smem.at[slot]
                 sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in halves],
@@ -884,7 +898,10 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq
 
-            dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, dh)))
+            dq = ops.zeros((bq, dh))
+            if left is not None:
+                dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), dq)
+            dq = lax.fori_loop(bm, n_full, functools.partial(step, masked=False), dq)
             dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
             # the other consumer reads both halves of Q and dO until its last (waited) wgmma
             plgpu.barrier_arrive(done.at[0])
@@ -898,14 +915,14 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            def issue(s, slot):  # K and V as two column halves
-                keys = pl.ds(s * bk, bk)
+            def issue(s, slot):  # K and V as two column halves, key block a + s
+                keys = pl.ds((a + s) * bk, bk)
                 for i in range(2):
                     cols = pl.ds(i * dh, dh)
                     plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, cols], k_smem.at[slot, i], kv_bar.at[slot])
                     plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, cols], v_smem.at[slot, i], kv_bar.at[slot])
 
-            _ring_producer(plgpu, n_total, ns, kv_free, issue)
+            _ring_producer(plgpu, n_total - a, ns, kv_free, issue)
 
     scratch = [
         _smem_tile((2, bq, dh), dtype),
@@ -997,9 +1014,9 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
     build_dkdv, build_dq = (_build_dkdv_split, _build_dq_split) if cfg.dsplit else (_build_dkdv, _build_dq)
     if left is not None:
-        if not causal or cfg.dsplit:
-            raise NotImplementedError(f"{GEN} backward: a window is built for causal attention in the non-split "
-                                      f"kernels (D <= 128) only; got causal={causal}, config {cfg}")
+        if not causal:
+            raise NotImplementedError(f"{GEN} backward: a window is built for causal attention only (row i sees "
+                                      f"i + off - left <= j <= i + off); got causal={causal}")
         args = (*args, int(left))
     dk, dv = build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
     dq = build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)

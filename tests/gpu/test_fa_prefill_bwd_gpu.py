@@ -226,18 +226,20 @@ def test_timing_d256_vs_cudnn(causal):
     assert all(x < 2e-2 for x in agree.values()), agree
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl", "d256"])
 def test_window_backward_matches_oracle(config):
-    """fa_prefill_bwd with a causal window (``window=left``; the non-split kernels), after fa_prefill's forward with
-    the same window, against the float64 gradient oracle: windows narrower than a block, of a few blocks, with
-    per-sequence offsets and GQA (written in session 9; its first GPU run decides whether the drop-in may pair a
-    window with this backward instead of fa_train's)."""
+    """fa_prefill_bwd with a causal window (``window=left``; D 256 through the split kernels), after fa_prefill's
+    forward with the same window, against the float64 gradient oracle: windows narrower than a block and of a few
+    blocks, with per-sequence offsets and GQA (written in session 9; its first GPU run decides whether the drop-in
+    may pair a window with this backward instead of fa_train's)."""
     from attn_core import oracle
     from pallas_attn.kernels import fa_prefill as fp
 
     key = jax.random.PRNGKey(5)
-    for i, (b, tq, tk, hq, hkv, d, left, offs) in enumerate([(2, 700, 700, 8, 2, 128, 255, (0, 0)),
-                                                             (1, 300, 500, 4, 1, 64, 40, (200,))]):
+    cases = [(2, 700, 700, 8, 2, 128, 255, (0, 0)), (1, 300, 500, 4, 1, 64, 40, (200,))]
+    if config == "d256":  # the head-dim split kernels (what every config runs at D 256)
+        cases = [(2, 700, 700, 8, 2, 256, 255, (0, 0)), (1, 300, 500, 4, 1, 256, 40, (200,))]
+    for i, (b, tq, tk, hq, hkv, d, left, offs) in enumerate(cases):
         kq, kk, kv, kd = jax.random.split(jax.random.fold_in(key, i), 4)
         q = jax.random.normal(kq, (b, tq, hq, d), jnp.float32).astype(jnp.bfloat16)
         k = jax.random.normal(kk, (b, tk, hkv, d), jnp.float32).astype(jnp.bfloat16)
