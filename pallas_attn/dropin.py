@@ -174,7 +174,7 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
     ok, why = fa_prefill.KERNEL.supports(problem)
-    if ok and window is not None:  # a window's backward is fa_train's (fa_prefill_bwd has only the causal mask)
+    if ok and window is not None:  # a window's backward is fa_train's (fa_prefill_bwd's window has not run on a GPU)
         ok, why = fa_train.KERNEL.supports(problem)
         why = f"a window's backward runs on pallas:fa_train, which refuses: {why}" if not ok else ""
     return "" if ok else why
@@ -223,7 +223,8 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     if implementation in (None, "pallas") and sm90 and not why_prefill:
         if local_window_size is not None:
             return _PREFILL, ("fa_prefill's forward (the window's band of key blocks) with fa_train's backward kernels "
-                              "(fa_prefill's backward has only the causal mask) support the call (Mosaic GPU on sm_90)")
+                              "(fa_prefill's backward window is not GPU-verified yet) support the call (Mosaic GPU on "
+                              "sm_90)")
         return _PREFILL, "fa_prefill's forward and backward support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
     if why:
@@ -350,8 +351,9 @@ def _window_bwd_call(st: _WindowStatic, q, k, v, out, lse, dout, dlse=None):
 
 
 # a window on sm_90: fa_prefill's forward (which skips the key blocks outside the band), fa_train's backward kernels
-# (fa_prefill_bwd has only the causal mask). Two custom_vjps as fa_prefill_bwd has them: with the LSE as an output,
-# and the output alone (a call that is not differentiated then runs the forward without the LSE)
+# (fa_prefill_bwd's causal window, built in session 9, has not run on a GPU yet). Two custom_vjps as fa_prefill_bwd
+# has them: with the LSE as an output, and the output alone (a call that is not differentiated then runs the forward
+# without the LSE)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _window_lse(q, k, v, st: _WindowStatic):
     return _window_fwd_call(q, k, v, st, True)
