@@ -247,3 +247,45 @@ def test_window_kernels_lower_for_cuda(config, d):
 
     text = jax.jit(f).trace(q, k, lse, off).lower(lowering_platforms=("cuda",)).as_text()
     assert fb.PASS_DKDV in text and fb.PASS_DQ in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,kw", [("wide_ovl", dict(softcap=5.0, window=63)),
+                                       ("default", dict(softcap=3.0, sinks=True, window=40))], ids=str)
+def test_softcap_and_sinks_backward_on_the_gpu_interpreter(rng, config, kw):
+    """The soft-cap's backward (dS through tanh's derivative, in the kernels' shared _p_ds) and the sinks' gradient
+    (``sinks_grad``, plain jnp; the kernels need no change, the forward's LSE holds the sink) against the float64
+    gradient oracle, on the GPU interpreter, no race. Not yet run on a GPU."""
+    from attn_core import oracle
+
+    b, tq, tk, hq, hkv, d, offs = 1, 150, 230, 2, 1, 64, (80,)
+    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, "float16")
+    off = jnp.asarray(offs, jnp.int32)
+    sinks = rng.standard_normal(hq).astype(np.float32) if kw.get("sinks") else None
+    left, cap = kw.get("window"), kw["softcap"]
+    o, lse = fp.forward(q, k, v, causal=True, scale=d ** -0.5, q_offset=off, interpret=True,
+                        config=fp.CONFIGS["default"], return_lse=True, window=(left, 0), softcap=cap, sinks=sinks)
+    dq, dk, dv, races = fb.emulate_backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5, q_offset=off,
+                                            config=fb.CONFIGS[config], window=left, softcap=cap)
+    assert not races
+    ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=d ** -0.5, q_offset=np.asarray(offs),
+                                          window=left + 1, softcap=cap, sinks=sinks)
+    for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
+        assert np.linalg.norm(np.asarray(ours, np.float64) - ref[name]) / np.linalg.norm(ref[name]) < 4e-3, name
+    if sinks is not None:
+        ds = np.asarray(fb.sinks_grad(o, lse, do, sinks), np.float64)
+        assert np.linalg.norm(ds - ref["dsinks"]) / np.linalg.norm(ref["dsinks"]) < 4e-3
+
+
+@pytest.mark.parametrize("config,d", [("default", 128), ("wide_ovl", 128), ("d256", 256)])
+def test_softcap_kernels_lower_for_cuda(config, d):
+    q = jax.ShapeDtypeStruct((2, 300, 4, d), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def f(q, lse, off):
+        return fb.backward(q, q[:, :, :2], q[:, :, :2], q, lse, q, causal=True, scale=0.1, q_offset=off,
+                           config=fb.CONFIGS[config], softcap=50.0, window=127)
+
+    text = jax.jit(f).trace(q, lse, off).lower(lowering_platforms=("cuda",)).as_text()
+    assert fb.PASS_DKDV in text and fb.PASS_DQ in text

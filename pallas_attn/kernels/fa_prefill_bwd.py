@@ -318,15 +318,24 @@ def _window_query_blocks(j0, off, *, nq: int, tk: int, left: int):
     return lo, full, full_hi.astype(jnp.int32), hi.astype(jnp.int32)
 
 
-def _p_ds(sc, dp, lse2, delta, c: float, mask=None):
+def _p_ds_(sc, dp, lse2, delta, c: float, mask=None, cap_k: float | None = None):
     """``(P, dS)`` of one block in every backward kernel: ``P = exp2(S * c - lse2)`` (``mask``: applied to the scaled
     scores; P is 0 where masked and in rows that see no key, lse2 = +inf) and ``dS = P * (dP - delta)``; the same
-    for the transposed blocks of the dK/dV kernels."""
+    for the transposed blocks of the dK/dV kernels. A soft-cap (``cap_k = scale / cap``, ``c = cap * log2 e``): the
+    scores are ``t = tanh(S * cap_k)`` (the forward's units), and dS carries tanh's derivative ``1 - t^2`` (the
+    kernels' final multiply by the scale completes the chain rule)."""
+    t = None
+    if cap_k is not None:
+        t = jnp.tanh(sc * cap_k)
+        sc = t
     x = sc * c
     if mask is not None:
         x = mask(x)
     p = jnp.exp2(x - lse2)
-    return p, p * (dp - delta)
+    ds = p * (dp - delta)
+    if t is not None:
+        ds = ds * (1.0 - t * t)
+    return p, ds
 
 
 def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
@@ -351,7 +360,8 @@ def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
+                causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
+                softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -361,7 +371,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     nc = cfg.consumers  # consumer warpgroups, 64 keys each; warpgroup nc is the producer
     group = hq // hkv
     nq = tq_pad // bq
-    c = float(scale) * _LOG2E
+    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
+    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
@@ -495,7 +506,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 
 @functools.lru_cache(maxsize=64)
 def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-              causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
+              causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
+                softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -504,7 +516,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     ns = cfg.dq_ring
     nc = cfg.consumers  # consumer warpgroups, 64 query rows each; warpgroup nc is the producer
     group = hq // hkv
-    c = float(scale) * _LOG2E
+    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
+    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
@@ -705,7 +718,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
 @functools.lru_cache(maxsize=64)
 def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
+                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
+                softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -715,7 +729,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
     dh = d // 2
     group = hq // hkv
     nq = tq_pad // bq
-    c = float(scale) * _LOG2E
+    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
+    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
@@ -833,7 +848,8 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
 
 @functools.lru_cache(maxsize=64)
 def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None):
+                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
+                softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -842,7 +858,8 @@ def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int
     ns = cfg.dq_ring
     dh = d // 2
     group = hq // hkv
-    c = float(scale) * _LOG2E
+    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
+    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
@@ -996,7 +1013,7 @@ def _prepare(q, k, v, o, lse, do, q_offset, dlse=None, *, rows: int = BLOCK, key
 
 
 def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None,
-         left: int | None = None):
+         left: int | None = None, softcap: float | None = None):
     _check(q, k, v, o, lse, do)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
@@ -1013,25 +1030,28 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse, rows=tile, keys=tile)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
     build_dkdv, build_dq = (_build_dkdv_split, _build_dq_split) if cfg.dsplit else (_build_dkdv, _build_dq)
-    if left is not None:
-        if not causal:
-            raise NotImplementedError(f"{GEN} backward: a window is built for causal attention only (row i sees "
-                                      f"i + off - left <= j <= i + off); got causal={causal}")
-        args = (*args, int(left))
-    dk, dv = build_dkdv(*args)(qp, kp, vp, dop, lse2, delta, off)
-    dq = build_dq(*args)(qp, kp, vp, dop, lse2, delta, off)
+    if left is not None and not causal:
+        raise NotImplementedError(f"{GEN} backward: a window is built for causal attention only (row i sees "
+                                  f"i + off - left <= j <= i + off); got causal={causal}")
+    if softcap is not None and not (float(softcap) > 0 and math.isfinite(float(softcap))):
+        raise ValueError(f"{GEN} backward: softcap must be a positive finite number; got {softcap!r}")
+    kw = dict(left=None if left is None else int(left), softcap=None if softcap is None else float(softcap))
+    dk, dv = build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off)
+    dq = build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
-             interpret: bool = False, dlse=None, window: int | None = None):
+             interpret: bool = False, dlse=None, window: int | None = None, softcap: float | None = None):
     """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
     natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). ``dlse``: the
     cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
     summed over the group in a fixed order. ``interpret``: run the same kernels on jax's Mosaic GPU interpreter
     (CPU; wgmma products as jnp dots; slow, small shapes only). ``window``: ``left`` of a causal window (row ``i``
     sees ``i + off - left <= j <= i + off``, fa_prefill's ``window=(left, 0)``), in the non-split kernels (D <= 128):
-    tested on the GPU interpreter, not yet run on a GPU (the drop-in still pairs a window with fa_train's backward)."""
+    tested on the GPU interpreter, not yet run on a GPU (the drop-in still pairs a window with fa_train's backward).
+    ``softcap``: the forward's logit soft-cap (dS through tanh's derivative); interpreter-tested, not GPU-run either.
+    Sinks need no kernel change: their gradient is ``sinks_grad``, and dS is the same given the forward's LSE."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
@@ -1043,13 +1063,13 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
             raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
                              f"{_SMEM_LIMIT}); use fewer stages")
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False, dlse=dlse,
-                    left=window)
+                    left=window, softcap=softcap)
     # the same kernels on the GPU interpreter, traced under its mode (so this composes with jit / grad /
     # vmap; emulate_backward is the eager variant that also reports races)
     gpu_interpret, _ = _interpreter()
     with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=False)):
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=float(scale), cfg=cfg, emulate=True,
-                    dlse=dlse, left=window)
+                    dlse=dlse, left=window, softcap=softcap)
 
 
 def _interpreter():
@@ -1061,8 +1081,21 @@ def _interpreter():
     return gpu_interpret, gpu_callbacks
 
 
+def sinks_grad(o, lse, do, sinks, dlse=None):
+    """The gradient of the sink logits (``[Hq]`` fp32) from the forward's output and natural-log LSE (which includes
+    the sinks): each row's sink probability ``exp(sink_h - lse)`` times ``-delta`` (``delta = rowsum(dO * O) -
+    dLSE``), summed over the batch and the rows of head ``h``. Plain jnp (one [B, Hq, Tq] reduction)."""
+    f32 = jnp.float32
+    delta = jnp.einsum("bthd,bthd->bht", do.astype(f32), o.astype(f32), precision=lax.Precision.HIGHEST)
+    if dlse is not None:
+        delta = delta - dlse.astype(f32)
+    p_sink = jnp.exp(jnp.asarray(sinks, f32)[None, :, None] - lse.astype(f32))
+    return -jnp.sum(p_sink * delta, axis=(0, 2))
+
+
 def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
-                     config: BwdConfig | None = None, detect_races: bool = True, dlse=None, window: int | None = None):
+                     config: BwdConfig | None = None, detect_races: bool = True, dlse=None, window: int | None = None,
+                     softcap: float | None = None):
     """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``.
     ``window``: ``left`` of a causal window (row ``i`` sees ``i + off - left <= j <= i + off``); not GPU-run yet."""
     gpu_interpret, gpu_callbacks = _interpreter()
@@ -1073,7 +1106,7 @@ def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offse
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             dq, dk, dv = jax.block_until_ready(_run(q, k, v, o, lse, do, q_offset, causal=causal,
                                                     scale=float(scale), cfg=cfg, emulate=True, dlse=dlse,
-                                                    left=window))
+                                                    left=window, softcap=softcap))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()

@@ -256,3 +256,35 @@ def test_window_backward_matches_oracle(config):
             r = ref[name]
             ours = np.asarray(jnp.asarray(ours, jnp.float32), np.float64)
             assert np.linalg.norm(ours - r) / np.linalg.norm(r) < 2e-2, (config, i, name)
+
+
+@pytest.mark.parametrize("config", ["wide_ovl", "d256"])
+def test_softcap_and_sinks_backward_matches_oracle(config):
+    """The soft-cap's backward in the kernels and the sinks' gradient (``sinks_grad``), with and without a window,
+    against the float64 gradient oracle (written in session 9, not yet run)."""
+    from attn_core import oracle
+    from pallas_attn.kernels import fa_prefill as fp
+
+    d = 256 if config == "d256" else 128
+    b, t, hq, hkv = 2, 700, 8, 2
+    key = jax.random.PRNGKey(9)
+    kq, kk, kv, kd, ks = jax.random.split(key, 5)
+    q = jax.random.normal(kq, (b, t, hq, d), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(kk, (b, t, hkv, d), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(kv, (b, t, hkv, d), jnp.float32).astype(jnp.bfloat16)
+    do = jax.random.normal(kd, (b, t, hq, d), jnp.float32).astype(jnp.bfloat16)
+    sinks = np.asarray(jax.random.normal(ks, (hq,), jnp.float32))
+    off = jnp.zeros((b,), jnp.int32)
+    for left in (None, 255):
+        o, lse = fp.forward(q, k, v, causal=True, scale=d ** -0.5, q_offset=off, interpret=False,
+                            config=fp.CONFIGS["default"], return_lse=True, softcap=50.0, sinks=sinks,
+                            window=None if left is None else (left, 0))
+        dq, dk, dv = fb.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5, q_offset=off,
+                                 config=fb.CONFIGS[config], window=left, softcap=50.0)
+        ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=d ** -0.5, softcap=50.0, sinks=sinks,
+                                              window=None if left is None else left + 1)
+        for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
+            ours = np.asarray(jnp.asarray(ours, jnp.float32), np.float64)
+            assert np.linalg.norm(ours - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, (config, left, name)
+        ds = np.asarray(fb.sinks_grad(o, lse, do, sinks), np.float64)
+        assert np.linalg.norm(ds - ref["dsinks"]) / np.linalg.norm(ref["dsinks"]) < 2e-2, (config, left)
