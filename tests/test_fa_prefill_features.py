@@ -266,7 +266,7 @@ def test_block_schedule_with_packed_documents(bkv, window):
     hi_off, lo_off = fp._mask_bounds(True, window)
     bq = 64
     rng = np.random.default_rng(bkv)
-    for trial in range(12):
+    for trial in range(6):
         t = int(rng.integers(64, 700))
         cuts = np.sort(rng.choice(np.arange(1, t), size=int(rng.integers(0, 6)), replace=False))
         seg = np.zeros(t, np.int32)
