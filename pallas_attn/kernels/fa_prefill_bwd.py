@@ -507,7 +507,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 @functools.lru_cache(maxsize=64)
 def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
               causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                softcap: float | None = None):
+              softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -719,7 +719,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 @functools.lru_cache(maxsize=64)
 def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                       causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                softcap: float | None = None):
+                      softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -849,7 +849,7 @@ def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: i
 @functools.lru_cache(maxsize=64)
 def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                     causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                softcap: float | None = None):
+                    softcap: float | None = None):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
