@@ -272,9 +272,8 @@ _PREFILL_FEATURES = frozenset({"window", "softcap", "sinks", "packed"})
 
 def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
     """fa_prefill at a named config: a workload with features (window ``(W - 1, 0)``, soft-cap, sinks, packed
-    documents as ``segment_ids``) through
-    ``fa_prefill.forward``'s keyword extensions (the forward the drop-in runs for them); anything else as every Pallas
-    generation (``_pallas_prepare``)."""
+    documents as ``segment_ids``) through ``fa_prefill.forward``'s keyword extensions (the forward the drop-in runs
+    for them); anything else as every Pallas generation (``_pallas_prepare``)."""
     import jax
     import jax.numpy as jnp
 
@@ -303,7 +302,7 @@ def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
 
 
 def _with_features(impl: Impl) -> Impl:
-    """fa_prefill's rows: the window, soft-cap and sinks on the prefill family (its forward's extensions)."""
+    """fa_prefill's rows: the window, soft-cap, sinks and packed documents (its forward's extensions)."""
     import dataclasses
 
     return dataclasses.replace(impl, prepare_fn=functools.partial(_fa_prefill_prepare, impl.config),
