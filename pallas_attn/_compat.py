@@ -117,3 +117,23 @@ def traced_index(i: int, anchor):
     ``wide_ovl`` / ``d256`` and v12_mla_tc's ``pipelined``), while jax 0.10.2 on a CPU lowers it."""
     zero = anchor - anchor
     return zero if i == 0 else zero + i
+
+
+def mgpu_load(ref, **kw):
+    """``plgpu.load(ref, **kw)`` of a ref already indexed (``ref.at[...]``): jax 0.10.2 requires the separate index
+    argument (``()``); newer jax deprecates passing it ("index the reference via ref.at[idx]"), so it is passed only
+    where the signature has no default for it. The same load either way."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return plgpu.load(ref, **kw) if _load_idx_optional(plgpu.load) else plgpu.load(ref, (), **kw)
+
+
+def _load_idx_optional(load) -> bool:
+    import inspect
+
+    try:
+        idx = inspect.signature(load).parameters.get("idx")
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+    return idx is None or idx.default is not inspect.Parameter.empty
+

@@ -300,3 +300,24 @@ def test_harness_extra_missing_is_one_clear_line(monkeypatch, capsys):
             "print(sorted(m for m in ('rich', 'matplotlib') if m in sys.modules))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr[-2000:]
+
+
+def test_mgpu_load_passes_the_index_only_where_the_signature_requires_it(monkeypatch):
+    """_compat.mgpu_load: jax 0.10.2's plgpu.load needs the separate index ``()``; a jax whose signature gives the
+    index a default (where passing it is deprecated) gets the pre-indexed ref alone."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from pallas_attn import _compat
+
+    calls = []
+
+    def required(src, idx, *, layout=None):
+        calls.append(("required", idx))
+
+    def optional(src, idx=None, *, layout=None):
+        calls.append(("optional", idx))
+
+    for fn in (required, optional):
+        monkeypatch.setattr(plgpu, "load", fn)
+        _compat.mgpu_load("ref", layout="L")
+    assert calls == [("required", ()), ("optional", None)]

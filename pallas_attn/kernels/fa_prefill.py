@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import tuning
+from .. import _compat, tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
 
@@ -367,7 +367,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
                 if segments:  # this consumer's rows' document starts, in the row layout of the scores
-                    seg_rows = plgpu.load(seg_ref.at[bi, pl.ds(r0, bq)], (), layout=row_layout, optimized=False)
+                    seg_rows = _compat.mgpu_load(seg_ref.at[bi, pl.ds(r0, bq)], layout=row_layout, optimized=False)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
                 l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
                 acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)

@@ -203,7 +203,7 @@ class _Ops:
         per row of a 64 x N tile; 0: one per column of an N x 64 tile)."""
         if self.emulate:
             return ref[...]
-        return self.plgpu.load(ref, (), layout=self.plgpu.Layout.WGMMA.reduce(axis))
+        return _compat.mgpu_load(ref, layout=self.plgpu.Layout.WGMMA.reduce(axis))
 
     def bcast(self, x, shape, axis: int):
         """Broadcast a vector of ``vec(.., axis)`` over the other dimension of ``shape``."""

@@ -451,8 +451,8 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(x_ready.at[w * 2 + k])
                     plgpu.barrier_wait(x_ready.at[(1 - w) * 2 + k])
-                    other = sx.at[1 - w, k][...] if emulate else plgpu.load(sx.at[1 - w, k], (),
-                                                                             layout=plgpu.Layout.WGMMA)
+                    other = sx.at[1 - w, k][...] if emulate else _compat.mgpu_load(sx.at[1 - w, k],
+                                                                                    layout=plgpu.Layout.WGMMA)
                     sc = sc + other  # a + b == b + a, bit for bit: both consumers see the same S
                 if masked:
                     sc = mask(sc, s)
@@ -685,7 +685,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
                 q_reg = None
                 if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
                     q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
-                    q_reg = q_cols[...] if emulate else plgpu.load(q_cols, (), layout=plgpu.Layout.WGMMA)
+                    q_reg = q_cols[...] if emulate else _compat.mgpu_load(q_cols, layout=plgpu.Layout.WGMMA)
 
                 def step_s(s, carry, *, masked: bool):
                     _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked, q_reg)
@@ -715,7 +715,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             half = w - 1
 
             def load_row(ref):
-                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
+                return ref[...] if emulate else _compat.mgpu_load(ref, layout=row_layout)
 
             loader = w == 1
             if loader:  # the first ns tiles need no free slot
@@ -763,7 +763,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
             acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
 
             def load_row(ref):
-                return ref[...] if emulate else plgpu.load(ref, (), layout=row_layout)
+                return ref[...] if emulate else _compat.mgpu_load(ref, layout=row_layout)
 
             # lazy_rescale: alpha_smem holds alpha (rows [0, bm)) and the tile's rescale flag (element bm)
             alpha_rows = alpha_smem.at[pl.ds(0, bm)] if lazy else alpha_smem
