@@ -5,7 +5,8 @@ What a user of pallas_attn gets without naming a kernel or a config is what the 
 
 * prefill: ``pallas_attn.dot_product_attention(q, k, v, is_causal=..., local_window_size=...)`` (the drop-in;
   on Hopper fa_prefill, else fa_train, else jax.nn's XLA fallback, as ``which_implementation`` says);
-* train: ``jax.value_and_grad`` of the drop-in through the train family's program (``compare.train``);
+* train: ``jax.value_and_grad`` of the drop-in through the train family's program (``compare.train``), with the
+  model's window, soft-cap and sinks;
 * decode, spec, quant: ``pallas_attn.attention(q, k, v, causal=..., q_offset=...)`` (generation=None);
 * paged, chunked: ``pallas_attn.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=...)``, with its
   default block-table check (a user's default);
@@ -28,8 +29,10 @@ __all__ = ["auto_impl", "choice"]
 
 NAME = "pallas:auto"
 # the features each family's public entry implements
-# (the drop-in's local_window_size, and its softcap / sinks / segment_ids extensions on the forward)
-_ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks", "packed"}), "train": frozenset({"window"})}
+# (the drop-in's local_window_size, its softcap / sinks / segment_ids extensions on the forward, and the first three
+# differentiable: fa_prefill_bwd, or fa_train's backward for a window fa_prefill_bwd has not)
+_ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks", "packed"}),
+                   "train": frozenset({"window", "softcap", "sinks"})}
 
 
 def _sds(shape, dtype):
@@ -77,11 +80,12 @@ def _dropin_choice(w) -> dict[str, Any]:
                                                  softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
     if impl == "pallas:fa_prefill":
+        left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
         p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
-                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)
+                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal) or left is not None)
         fwd = _config_name("fa_prefill", dropin.prefill_config(p, _window(w)), w.head_dim)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
-        if w.family == "train" and w.window is not None:  # the window's backward: fa_train's kernels
+        if w.family == "train" and w.window is not None and left is None:  # this window's backward: fa_train's
             from pallas_attn.kernels import fa_train
 
             bwd = _config_name("fa_train", fa_train.heuristic(p))
@@ -198,8 +202,11 @@ def _prepare(w, inp, ctx: Ctx) -> Prepared:
     if w.family == "train":
         from . import train
 
+        # the sinks as a constant of the step (its gradient is made by the custom_vjp, not returned: the train
+        # family's step differentiates q, k, v)
+        sinks = inp.sinks if getattr(w, "sinks", False) else None
         attn = functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
-                                 local_window_size=_window(w))
+                                 local_window_size=_window(w), softcap=w.softcap, sinks=sinks)
         return train.jax_step(attn, w, inp, notes=note)
     if w.family == "mla":
         fn = jax.jit(functools.partial(pallas_attn.mla_attention, kv_lora_rank=inp.kv_lora_rank, scale=inp.scale,

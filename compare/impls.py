@@ -319,12 +319,20 @@ def _dropin_problem(w):
                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal))
 
 
+_DROPIN_FEATURES = frozenset({"window", "softcap", "sinks"})
+
+
+def _dropin_window(w):
+    return None if w.window is None else (w.window - 1, 0)
+
+
 def _dropin_forward(w):
-    """fa_prefill's forward config for the workload (its heuristic, as the drop-in asks) and its name."""
-    from pallas_attn import registry
+    """fa_prefill's forward config for the workload (as the drop-in asks: its heuristic, then the window's rule,
+    ``dropin.prefill_config``) and its name."""
+    from pallas_attn import dropin, registry
 
     kern = registry.kernel("fa_prefill")
-    cfg = kern.heuristic(_dropin_problem(w))
+    cfg = dropin.prefill_config(_dropin_problem(w), _dropin_window(w))
     name = next((n for n, c in registry.configs("fa_prefill").items() if c == cfg), repr(cfg))
     return kern, cfg, name
 
@@ -343,8 +351,11 @@ def _dropin_supports(bwd: str, w, ctx: Ctx) -> Support:
                               f"{w.q_offset}")
     q = jax.ShapeDtypeStruct((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
     kv = jax.ShapeDtypeStruct((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
-    why = dropin._prefill_unsupported(q, kv, None, None, is_causal=bool(w.causal), window=None, q_lens=None,
-                                      kv_lens=None)
+    why = dropin._prefill_unsupported(q, kv, None, None, is_causal=bool(w.causal), window=_dropin_window(w),
+                                      q_lens=None, kv_lens=None)
+    if not why and w.window is not None and dropin._hopper_bwd_left(bool(w.causal), _dropin_window(w), w.q_len,
+                                                                    w.kv_len) is None:
+        why = "fa_prefill_bwd has no window of this form (causal-shaped, T <= S only); the drop-in pairs fa_train's"
     if why:
         return Support(False, why, "unsupported")
     if not ctx.hopper:
@@ -363,14 +374,21 @@ def _dropin_prepare(bwd: str, w, inp, ctx: Ctx) -> Prepared:
     # the output alone, as the drop-in asks for it (no LSE cotangent), where this fa_prefill_bwd offers that
     out_only = _accepts(fa_prefill_bwd.attention_lse, "with_lse")
 
+    feats = {}
+    if w.features & _DROPIN_FEATURES:  # the model's window / soft-cap / sinks (the sinks a constant of the step)
+        feats = dict(window=None if w.window is None else w.window - 1, softcap=w.softcap,
+                     sinks=inp.sinks if getattr(w, "sinks", False) else None)
+
     def attn(q, k, v):
         res = fa_prefill_bwd.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, config=fwd_cfg,
                                            bwd_config=bwd_cfg, interpret=ctx.interpret,
-                                           **({"with_lse": False} if out_only else {}))
+                                           **({"with_lse": False} if out_only else {}), **feats)
         return res if out_only else res[0]
 
     ran = fa_prefill_bwd.config_for(w.head_dim, bwd_cfg)
     note = f"fa_prefill forward (heuristic: {fwd_name}) + fa_prefill_bwd backward {bwd}"
+    if feats:
+        note += f" with {', '.join(sorted(w.features & _DROPIN_FEATURES))}"
     if ran != bwd_cfg:
         note += f" (at D {w.head_dim} fa_prefill_bwd.config_for runs d256)"
     return train.jax_step(attn, w, inp, notes=note + " (fa_prefill_bwd.attention_lse, the drop-in's Hopper pair)")
@@ -409,7 +427,7 @@ def dropin_impls() -> list[Impl]:
                  f"the drop-in's Hopper pair: fa_prefill forward (heuristic config) + fa_prefill_bwd backward {n}",
                  functools.partial(_dropin_supports, n), functools.partial(_dropin_prepare, n),
                  roofline_fn=functools.partial(_dropin_roofline, n), plan_fn=functools.partial(_dropin_plan, n),
-                 families=frozenset({"train"}))
+                 families=frozenset({"train"}), features=_DROPIN_FEATURES)
             for n in names]
 
 

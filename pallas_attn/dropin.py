@@ -6,9 +6,12 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``), no ``local_window_size`` and no
-  sequence lengths (its contract has only the causal mask). Mosaic GPU kernels (TMA, wgmma, warp specialisation):
-  ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward`` (docs/fa_prefill.md).
+  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``), no sequence lengths. Mosaic GPU kernels
+  (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
+  (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
+  T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
+  backward kernels. The extensions ``softcap`` and ``sinks`` are differentiable there too; ``segment_ids`` is
+  forward only.
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
 
 ``implementation``:
@@ -174,10 +177,23 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
     ok, why = fa_prefill.KERNEL.supports(problem)
-    if ok and window is not None:  # a window's backward is fa_train's (fa_prefill_bwd's window has not run on a GPU)
+    if ok and window is not None and _hopper_bwd_left(is_causal, window, t, k.shape[1]) is None:
+        # a window fa_prefill_bwd has not (not causal-shaped, or rows that may see no key): fa_train's backward
         ok, why = fa_train.KERNEL.supports(problem)
-        why = f"a window's backward runs on pallas:fa_train, which refuses: {why}" if not ok else ""
+        why = f"this window's backward runs on pallas:fa_train, which refuses: {why}" if not ok else ""
     return "" if ok else why
+
+
+def _hopper_bwd_left(is_causal, window, t: int, s: int) -> int | None:
+    """The causal window's left side when fa_prefill_bwd takes this window (None otherwise): a window that is
+    causal in effect (``right == 0``, or ``is_causal`` with ``right >= 0``), ``left >= 0``, and ``T <= S`` (every
+    row then sees its own key: no empty rows, whose jax.nn answer fa_train's pair handles)."""
+    if window is None:
+        return None
+    left, right = window
+    if left < 0 or right < 0 or not (right == 0 or is_causal) or t > s:
+        return None
+    return int(left)
 
 
 def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
@@ -217,15 +233,11 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
             raise NotImplementedError(f"implementation={_PREFILL!r}: its Mosaic GPU kernels (wgmma, TMA) need a "
                                       f"Hopper GPU (compute capability 9.0)")
         mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
-        pair = ("fa_prefill's forward with fa_train's backward kernels (a window)" if local_window_size is not None
-                else "fa_prefill's forward and backward")
+        pair = _pair_words(q, k, is_causal, _window(local_window_size))
         return _PREFILL, f"forced: {pair} support the call ({mode})"
     if implementation in (None, "pallas") and sm90 and not why_prefill:
-        if local_window_size is not None:
-            return _PREFILL, ("fa_prefill's forward (the window's band of key blocks) with fa_train's backward kernels "
-                              "(fa_prefill's backward window is not GPU-verified yet) support the call (Mosaic GPU on "
-                              "sm_90)")
-        return _PREFILL, "fa_prefill's forward and backward support the call (Mosaic GPU on sm_90)"
+        pair = _pair_words(q, k, is_causal, _window(local_window_size))
+        return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
     if why:
         if implementation is not None:
@@ -273,8 +285,30 @@ def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, im
             raise NotImplementedError(f"segment_ids (packed documents) run causal self-attention only (T == S); got "
                                       f"is_causal={is_causal}, T={t}, S={k.shape[1]}")
     mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
-    return _PREFILL, (f"{names}: fa_prefill's forward ({mode}); forward only: no backward kernel has {names} yet, "
-                      f"so differentiating the call raises")
+    if _extension_grads(q, k, is_causal, window, segment_ids):
+        return _PREFILL, (f"{names}: fa_prefill's forward and backward ({mode}; the sinks' gradient in jnp from the "
+                          f"backward's delta)" if sinks is not None else
+                          f"{names}: fa_prefill's forward and backward ({mode})")
+    why_not = ("segment_ids: no backward kernel has packed documents yet" if segment_ids is not None else
+               "fa_prefill's backward has no window of this form (only a causal window, left >= 0, T <= S)")
+    return _PREFILL, (f"{names}: fa_prefill's forward ({mode}); forward only ({why_not}), so differentiating the "
+                      f"call raises")
+
+
+def _pair_words(q, k, is_causal, window) -> str:
+    if window is not None and _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is None:
+        return "fa_prefill's forward (the window's band of key blocks) with fa_train's backward kernels (this window)"
+    if window is not None:
+        return "fa_prefill's forward and backward (the window's band of key blocks in both)"
+    return "fa_prefill's forward and backward"
+
+
+def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
+    """Whether a softcap / sinks call is differentiable: fa_prefill_bwd has the soft-cap and the sinks' gradient,
+    and the window (if any) in its causal form; packed documents have no backward."""
+    if segment_ids is not None:
+        return False
+    return window is None or _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is not None
 
 
 def _cudnn_takes(q, bias, mask, q_lens, kv_lens, *, is_causal, window) -> bool:
@@ -392,8 +426,8 @@ _window_out.defvjp(_window_out_fwd, _window_out_bwd)
 
 
 def _no_grad(fn, sinks, segment_ids=None):
-    """``fn(q, k, v, sinks=..., segment_ids=...)`` whose differentiation raises (soft-cap, sinks and packed documents
-    have a forward kernel only)."""
+    """``fn(q, k, v, sinks=..., segment_ids=...)`` whose differentiation raises (packed documents, and soft-cap /
+    sinks under a window fa_prefill_bwd does not have, have a forward kernel only)."""
 
     @jax.custom_jvp
     def f(q, k, v, sinks, segment_ids):
@@ -401,9 +435,9 @@ def _no_grad(fn, sinks, segment_ids=None):
 
     @f.defjvp
     def _jvp(primals, tangents):
-        raise NotImplementedError("pallas_attn.dot_product_attention: softcap / sinks / segment_ids run on "
-                                  "fa_prefill's forward only; no backward kernel has them yet, so jax.grad / jax.jvp "
-                                  "cannot differentiate this call")
+        raise NotImplementedError("pallas_attn.dot_product_attention: this call (segment_ids, or softcap / sinks "
+                                  "with a window that is not causal-shaped) runs on fa_prefill's forward only; no "
+                                  "backward kernel has it yet, so jax.grad / jax.jvp cannot differentiate it")
 
     return lambda q, k, v: f(q, k, v, sinks, segment_ids)
 
@@ -414,13 +448,25 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
-    if kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # forward only
+    left = _hopper_bwd_left(is_causal, window, t, s) if kernel == _PREFILL and segment_ids is None else None
+    if kernel == _PREFILL and segment_ids is None and (left is not None or (
+            (softcap is not None or sinks is not None) and window is None)):
+        # fa_prefill's forward and backward: a causal-shaped window (its band of key blocks in both), soft-cap,
+        # sinks (differentiable)
+        causal = bool(is_causal) or left is not None
+        problem = dataclasses.replace(problem, causal=causal)
+        res = fa_prefill_bwd.attention_lse(
+            q, k, v, causal=causal, scale=scale, config=prefill_config(problem, None if left is None else (left, 0)),
+            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)], interpret=_compat.default_interpret(None),
+            with_lse=return_residual, window=left, softcap=softcap, sinks=sinks)
+        out, lse = res if return_residual else (res, None)
+    elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
             interpret=_compat.default_interpret(None), config=prefill_config(problem, window),
             return_lse=bool(return_residual), window=window, softcap=softcap), sinks, segment_ids)(q, k, v)
         out, lse = res if return_residual else (res, None)
-    elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (it has the window)
+    elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (this window)
         st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
                            fwd_config=prefill_config(problem, window), bwd_config=fa_train.heuristic(problem),
                            interpret=_compat.default_interpret(None))
@@ -490,8 +536,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     ``sinks`` (float ``[N]``, one logit per query head, unscaled, not soft-capped) joins every row's softmax
     denominator with no value (gpt-oss); the residual then includes it. ``segment_ids`` (int ``[B, T]``, causal
     self-attention): packed documents, each query sees keys of its own contiguous segment only (causal within each
-    document). These run on fa_prefill's forward only (a Hopper GPU, or interpret mode without a GPU): no fallback
-    has them, and differentiating raises NotImplementedError (no backward kernel has them yet).
+    document). These run on fa_prefill only (a Hopper GPU, or interpret mode without a GPU): no fallback has them.
+    ``softcap`` and ``sinks`` are differentiable (fa_prefill_bwd; the sinks get a gradient too) without a window or
+    with a causal-shaped one (see the module docstring); ``segment_ids``, or a window of another form, is forward
+    only: differentiating raises NotImplementedError.
     """
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,

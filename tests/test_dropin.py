@@ -11,6 +11,7 @@ Shapes are tiny: every case is one compile of forward + backward in interpret mo
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -302,6 +303,12 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
     lens = jnp.asarray([100, 280], jnp.int32)
     impl, why = pallas_attn.which_implementation(q, kv, kv, local_window_size=8)  # forward band, fa_train's backward
     assert impl == "pallas:fa_prefill" and "fa_train's backward" in why, (impl, why)
+    for causal, window in ((True, (8, 8)), (False, (8, 0)), (True, (0, 0))):  # causal in effect: both on fa_prefill
+        impl, why = pallas_attn.which_implementation(q[:, :280], kv, kv, is_causal=causal, local_window_size=window)
+        assert impl == "pallas:fa_prefill" and "forward and backward" in why, (causal, window, why)
+    # T > S (q 300 rows, kv 280): rows that may see no key stay on fa_train's pair
+    impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=True, local_window_size=(8, 0))
+    assert impl == "pallas:fa_prefill" and "fa_train's backward" in why, (impl, why)
     for args, kw, word in (((q, kv, kv), dict(key_value_seq_lengths=lens), "sequence lengths"),
                            ((q.astype(jnp.float32),) + (kv.astype(jnp.float32),) * 2, {}, "float32"),
                            ((q[..., :32],) + (kv[..., :32],) * 2, {}, "head dims")):
@@ -326,15 +333,33 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
         names, names
     assert not any("fa_train" in n for n in names), names
 
-    def loss_w(q, k, v):  # a window: fa_prefill's forward, fa_train's two backward kernels
-        return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=(63, 0)).astype(
+    def lowered_names(fn, *args):
+        text = jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(args))))).trace(*args).lower(
+            lowering_platforms=("cuda",)).as_text()
+        return set(re.findall(r"pallas_attn_\w+", text))
+
+    def loss_w(q, k, v, window=(63, 0), causal=True):  # a causal window: fa_prefill's pair, the band in both
+        return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window).astype(
             jnp.float32))
 
-    text = jax.jit(jax.value_and_grad(loss_w, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
-        lowering_platforms=("cuda",)).as_text()
-    names = set(re.findall(r"pallas_attn_\w+", text))
+    qs = sds((2, 280, 8, 128), jnp.float16)  # T == S (a causal window on T > S stays on fa_train's backward)
+    names = lowered_names(loss_w, qs, kv, kv)
+    assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_prefill_bwd_dkdv", "pallas_attn_fa_prefill_bwd_dq"} <= \
+        names, names
+    assert not any("fa_train" in n for n in names), names
+    # a two-sided window: fa_prefill's forward, fa_train's two backward kernels
+    names = lowered_names(functools.partial(loss_w, window=(63, 20), causal=False), qs, kv, kv)
     assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_train_dkdv", "pallas_attn_fa_train_dq"} <= names, names
     assert not any("fa_prefill_bwd" in n for n in names), names
+
+    def loss_x(q, k, v, sinks):  # soft-cap + sinks + a causal window: fa_prefill's pair, sinks differentiated too
+        return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=(63, 0),
+                                                         softcap=30.0, sinks=sinks).astype(jnp.float32))
+
+    names = lowered_names(loss_x, qs, kv, kv, sds((8,), jnp.float32))
+    assert {"pallas_attn_fa_prefill_fwd", "pallas_attn_fa_prefill_bwd_dkdv", "pallas_attn_fa_prefill_bwd_dq"} <= \
+        names, names
+    assert not any("fa_train" in n for n in names), names
 
 
 def test_fa_prefill_backward_config_by_causal(monkeypatch):

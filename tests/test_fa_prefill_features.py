@@ -163,7 +163,14 @@ def test_dropin_routes_features_and_refuses_what_it_cannot_run(rng):
     k = jnp.asarray(rng.standard_normal((2, 130, 2, 64)), jnp.bfloat16)
     sinks = np.array([0.5, -1, 2, 3], np.float32)
     impl, why = dropin.which_implementation(q, k, k, is_causal=True, softcap=50.0)
-    assert impl == "pallas:fa_prefill" and "forward only" in why
+    assert impl == "pallas:fa_prefill" and "forward and backward" in why, why
+    impl, why = dropin.which_implementation(q, k, k, is_causal=True, sinks=sinks, local_window_size=(63, 0))
+    assert impl == "pallas:fa_prefill" and "forward and backward" in why and "sinks' gradient" in why, why
+    seg = jnp.zeros((2, 130), jnp.int32)
+    for kw in (dict(softcap=5.0, local_window_size=(20, 9)), dict(segment_ids=seg)):
+        impl, why = dropin.which_implementation(q, k, k, is_causal=False, **kw) if "softcap" in kw else \
+            dropin.which_implementation(q, k, k, is_causal=True, **kw)
+        assert impl == "pallas:fa_prefill" and "forward only" in why, (kw, why)
     for implementation in ("xla", "cudnn", "pallas:fa_train"):
         with pytest.raises(NotImplementedError, match="fa_prefill only"):
             dropin.which_implementation(q, k, k, softcap=5.0, implementation=implementation)
@@ -177,18 +184,47 @@ def test_dropin_routes_features_and_refuses_what_it_cannot_run(rng):
         ro, _ = oracle.attention_reference(q, k, k, causal=True, **okw)
         assert np.linalg.norm(np.asarray(o, np.float64) - ro) / np.linalg.norm(ro) < 2e-2
     with pytest.raises(NotImplementedError, match="no backward kernel"):
-        jax.grad(lambda q: pallas_attn.dot_product_attention(q, k, k, is_causal=True, softcap=5.0).astype(
+        jax.grad(lambda q: pallas_attn.dot_product_attention(q, k, k, is_causal=True, segment_ids=seg).astype(
             jnp.float32).sum())(q)
+    with pytest.raises(NotImplementedError, match="no backward kernel"):
+        jax.grad(lambda q: pallas_attn.dot_product_attention(q, k, k, softcap=5.0, local_window_size=(20, 9)).astype(
+            jnp.float32).sum())(q)
+
+
+@pytest.mark.parametrize("window", [None, (30, 0)])
+def test_dropin_softcap_sinks_grads_match_oracle(rng, window):
+    """softcap + sinks through the drop-in (interpret mode: fa_prefill's twin forward and fa_prefill_bwd's kernels on
+    the GPU interpreter), with and without a causal window: output, dq / dk / dv and the sinks' gradient against the
+    float64 oracle."""
+    q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+                   for s in ((1, 80, 2, 64), (1, 80, 1, 64), (1, 80, 1, 64), (1, 80, 2, 64)))
+    sinks = jnp.asarray([0.7, -0.4], jnp.float32)
+
+    def f(q, k, v, sinks):
+        return pallas_attn.dot_product_attention(q, k, v, is_causal=True, softcap=20.0, sinks=sinks,
+                                                 local_window_size=window)
+
+    out, vjp = jax.vjp(f, q, k, v, sinks)
+    grads = vjp(do)
+    ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=64 ** -0.5, softcap=20.0,
+                                          sinks=np.asarray(sinks), window=None if window is None else window[0] + 1)
+    ro, _ = oracle.attention_reference(q, k, v, causal=True, softcap=20.0, sinks=np.asarray(sinks), window=window)
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dsinks"), (out, *grads),
+                          (ro, ref["dq"], ref["dk"], ref["dv"], ref["dsinks"])):
+        a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+        assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-2, (window, name)
 
 
 @pytest.mark.parametrize("causal,window", [(True, (20, 0)), (False, (15, 9))])
 def test_dropin_window_pair_grads_match_jax_nn(rng, causal, window):
-    """A window on fa_prefill: its forward (band blocks only) and fa_train's backward kernels under one custom_vjp;
-    output and dq / dk / dv against jax.nn's XLA path in float32."""
+    """A window on fa_prefill: a causal one runs fa_prefill's forward and fa_prefill_bwd (its kernels on the GPU
+    interpreter here), a two-sided one fa_prefill's forward with fa_train's backward kernels; output and dq / dk / dv
+    against jax.nn's XLA path in float32."""
     q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float16)
                    for s in ((1, 80, 2, 64), (1, 80, 1, 64), (1, 80, 1, 64), (1, 80, 2, 64)))
-    assert dropin.which_implementation(q, k, v, is_causal=causal, local_window_size=window,
-                                       implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
+    impl, why = dropin.which_implementation(q, k, v, is_causal=causal, local_window_size=window,
+                                            implementation="pallas:fa_prefill")
+    assert impl == "pallas:fa_prefill" and (("fa_train" in why) != causal), why
 
     def f(q, k, v):
         return pallas_attn.dot_product_attention(q, k, v, is_causal=causal, local_window_size=window,

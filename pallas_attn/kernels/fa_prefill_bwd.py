@@ -1048,9 +1048,9 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
     cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
     summed over the group in a fixed order. ``interpret``: run the same kernels on jax's Mosaic GPU interpreter
     (CPU; wgmma products as jnp dots; slow, small shapes only). ``window``: ``left`` of a causal window (row ``i``
-    sees ``i + off - left <= j <= i + off``, fa_prefill's ``window=(left, 0)``), in the non-split kernels (D <= 128):
-    tested on the GPU interpreter, not yet run on a GPU (the drop-in still pairs a window with fa_train's backward).
-    ``softcap``: the forward's logit soft-cap (dS through tanh's derivative); interpreter-tested, not GPU-run either.
+    sees ``i + off - left <= j <= i + off``, fa_prefill's ``window=(left, 0)``),
+    in every kernel (the D 256 split kernels too); GPU-tested (tests/gpu/test_fa_prefill_bwd_gpu.py, session 10).
+    ``softcap``: the forward's logit soft-cap (dS through tanh's derivative); GPU-tested the same way.
     Sinks need no kernel change: their gradient is ``sinks_grad``, and dS is the same given the forward's LSE."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
@@ -1097,7 +1097,7 @@ def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offse
                      config: BwdConfig | None = None, detect_races: bool = True, dlse=None, window: int | None = None,
                      softcap: float | None = None):
     """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``.
-    ``window``: ``left`` of a causal window (row ``i`` sees ``i + off - left <= j <= i + off``); not GPU-run yet."""
+    ``window``: ``left`` of a causal window (row ``i`` sees ``i + off - left <= j <= i + off``)."""
     gpu_interpret, gpu_callbacks = _interpreter()
     cfg = CONFIGS["default"] if config is None else config
     if q_offset is None:
@@ -1125,31 +1125,41 @@ class _Static:
     fwd_config: object  # fa_prefill.PrefillConfig (hashable)
     bwd_config: BwdConfig
     interpret: bool
+    left: int | None = None  # a causal window's left side (row i sees i + off - left <= j <= i + off)
+    softcap: float | None = None
 
 
-def _fwd_call(q, k, v, off, st: _Static):
+def _fwd_call(q, k, v, off, sinks, st: _Static, with_lse: bool = True):
     from . import fa_prefill
 
     return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=off, interpret=st.interpret,
-                              config=st.fwd_config, return_lse=True)
+                              config=st.fwd_config, return_lse=with_lse,
+                              window=None if st.left is None else (st.left, 0), softcap=st.softcap, sinks=sinks)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attn(q, k, v, off, st: _Static):
-    return _fwd_call(q, k, v, off, st)
+def _bwd_call(st: _Static, res, dout, dlse=None):
+    q, k, v, off, sinks, out, lse = res
+    dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
+                          config=st.bwd_config, interpret=st.interpret, dlse=dlse, window=st.left,
+                          softcap=st.softcap)
+    # the sinks' gradient from the same delta (dS needs no change: the forward's LSE includes the sinks)
+    dsinks = None if sinks is None else sinks_grad(out, lse, dout, sinks, dlse).astype(jnp.asarray(sinks).dtype)
+    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0), dsinks
 
 
-def _attn_fwd(q, k, v, off, st: _Static):
-    out, lse = _fwd_call(q, k, v, off, st)
-    return (out, lse), (q, k, v, off, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attn(q, k, v, off, sinks, st: _Static):
+    return _fwd_call(q, k, v, off, sinks, st)
+
+
+def _attn_fwd(q, k, v, off, sinks, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, sinks, st)
+    return (out, lse), (q, k, v, off, sinks, out, lse)
 
 
 def _attn_bwd(st: _Static, res, cts):
-    q, k, v, off, out, lse = res
     dout, dlse = cts
-    dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
-                          config=st.bwd_config, interpret=st.interpret, dlse=dlse)
-    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0)
+    return _bwd_call(st, res, dout, dlse)
 
 
 _attn.defvjp(_attn_fwd, _attn_bwd)
@@ -1159,37 +1169,35 @@ _attn.defvjp(_attn_fwd, _attn_bwd)
 # runs when nothing differentiates the call, is the forward without the LSE; the LSE is made (and kept as a
 # residual) only under differentiation. A forward-only prefill through the drop-in then costs what fa_prefill's own
 # forward does.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attn_out(q, k, v, off, st: _Static):
-    from . import fa_prefill
-
-    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=off, interpret=st.interpret,
-                              config=st.fwd_config, return_lse=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attn_out(q, k, v, off, sinks, st: _Static):
+    return _fwd_call(q, k, v, off, sinks, st, with_lse=False)
 
 
-def _attn_out_fwd(q, k, v, off, st: _Static):
-    out, lse = _fwd_call(q, k, v, off, st)
-    return out, (q, k, v, off, out, lse)
+def _attn_out_fwd(q, k, v, off, sinks, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, sinks, st)
+    return out, (q, k, v, off, sinks, out, lse)
 
 
 def _attn_out_bwd(st: _Static, res, dout):
-    q, k, v, off, out, lse = res
-    dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
-                          config=st.bwd_config, interpret=st.interpret)
-    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0)
+    return _bwd_call(st, res, dout)
 
 
 _attn_out.defvjp(_attn_out_fwd, _attn_out_bwd)
 
 
 def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=None,
-                  bwd_config: BwdConfig | None = None, interpret: bool = False, with_lse: bool = True):
+                  bwd_config: BwdConfig | None = None, interpret: bool = False, with_lse: bool = True,
+                  window: int | None = None, softcap: float | None = None, sinks=None):
     """``(out, lse)`` of fa_prefill's forward (natural-log LSE, fp32 ``[B, Hq, Tq]``), differentiable in q, k, v
     (and through the LSE) by this module's backward: the pair ``pallas_attn.dot_product_attention`` uses on
     Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic); ``bwd_config``: a
     ``BwdConfig`` (None: ``CONFIGS["default"]``); ``interpret``: the forward's Pallas twin and the backward's
     kernels on the GPU interpreter (CPU, small shapes only). ``with_lse=False`` returns ``out`` alone, and a call
-    that is not differentiated then runs the forward without the LSE."""
+    that is not differentiated then runs the forward without the LSE. Features, forward and backward:
+    ``window=left`` (causal only: row ``i`` sees ``i + off - left <= j <= i + off``, fa_prefill's
+    ``window=(left, 0)``), ``softcap`` (logit soft-cap), ``sinks`` ``[Hq]`` (differentiable: its gradient is
+    ``sinks_grad``)."""
     from . import fa_prefill
     from .contract import Problem
 
@@ -1197,15 +1205,23 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     if q.shape[3] not in HEAD_DIMS:
         raise NotImplementedError(f"{GEN} attention_lse: the backward supports head dims {HEAD_DIMS}; got "
                                   f"D={q.shape[3]}")
+    if window is not None and not causal:
+        raise NotImplementedError(f"{GEN} attention_lse: a window is built for causal attention only; got "
+                                  f"causal={causal}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0):
+        raise ValueError(f"{GEN} attention_lse: window is the causal window's left side, an int >= 0; got "
+                         f"{window!r}")
+    fwd_window, softcap, sinks = fa_prefill.check_features(None if window is None else (int(window), 0), softcap,
+                                                           sinks, q.shape[2])
     b = q.shape[0]
     if config is None:
-        config = fa_prefill.KERNEL.heuristic(Problem(
+        config = fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(Problem(
             entry="dense", dtype=q.dtype.name, batch=b, q_len=q.shape[1], kv_len=k.shape[1], heads_q=q.shape[2],
-            heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal)))
+            heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal))), bool(causal), fwd_window)
     bwd = CONFIGS["default"] if bwd_config is None else bwd_config
     if not isinstance(bwd, BwdConfig):
         raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
     off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
     st = _Static(causal=bool(causal), scale=float(scale), fwd_config=config, bwd_config=bwd,
-                 interpret=bool(interpret))
-    return _attn(q, k, v, off, st) if with_lse else _attn_out(q, k, v, off, st)
+                 interpret=bool(interpret), left=None if fwd_window is None else fwd_window[0], softcap=softcap)
+    return _attn(q, k, v, off, sinks, st) if with_lse else _attn_out(q, k, v, off, sinks, st)

@@ -145,8 +145,9 @@ def test_features_match_oracle(cfg, d):
 
 
 def test_dropin_window_grads_on_hopper():
-    """The drop-in with a window on sm_90: fa_prefill's forward + fa_train's backward, against jax.nn's XLA path in
-    float32 (output and dq / dk / dv), causal (model windows) and a two-sided band."""
+    """The drop-in with a window on sm_90, against jax.nn's XLA path in float32 (output and dq / dk / dv): causal
+    (model windows: fa_prefill's forward and fa_prefill_bwd since session 10) and a two-sided band (fa_prefill's
+    forward with fa_train's backward)."""
     key = jax.random.PRNGKey(7)
     for causal, window in ((True, (255, 0)), (False, (100, 37))):
         kq, kk, kv, kd = jax.random.split(key, 4)
@@ -168,6 +169,34 @@ def test_dropin_window_grads_on_hopper():
         for name, a, r in zip(("o", "dq", "dk", "dv"), (out, *vjp(do)), (ref, *vjp_ref(do.astype(jnp.float32)))):
             a, r = np.asarray(jnp.asarray(a, jnp.float32), np.float64), np.asarray(r, np.float64)
             assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-2, (causal, window, name)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_dropin_softcap_sinks_window_grads_on_hopper(d):
+    """The drop-in's differentiable extensions on sm_90 (fa_prefill's forward, fa_prefill_bwd, the sinks' gradient
+    from its delta): softcap + sinks with and without a causal window, output and every gradient (sinks too) against
+    the float64 oracle."""
+    key = jax.random.PRNGKey(17)
+    b, t, hq, hkv = 2, 700, 8, 2
+    kq, kk, kv, kd, ks = jax.random.split(key, 5)
+    q, k, v, do = (_rand(kq, (b, t, hq, d), "bfloat16"), _rand(kk, (b, t, hkv, d), "bfloat16"),
+                   _rand(kv, (b, t, hkv, d), "bfloat16"), _rand(kd, (b, t, hq, d), "bfloat16"))
+    sinks = jax.random.normal(ks, (hq,), jnp.float32)
+    for window in (None, (255, 0)):
+        impl, why = pallas_attn.which_implementation(q, k, v, is_causal=True, local_window_size=window, softcap=30.0,
+                                                     sinks=sinks)
+        assert impl == "pallas:fa_prefill" and "forward and backward" in why, why
+
+        def f(q, k, v, sinks, window=window):
+            return pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window, softcap=30.0,
+                                                     sinks=sinks)
+
+        out, vjp = jax.vjp(f, q, k, v, sinks)
+        ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=d ** -0.5, softcap=30.0,
+                                              sinks=np.asarray(sinks), window=None if window is None else 256)
+        for name, a in zip(("out", "dq", "dk", "dv", "dsinks"), (out, *vjp(do))):
+            a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+            assert np.linalg.norm(a - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, (d, window, name)
 
 
 @pytest.mark.parametrize("cfg", [fp.CONFIGS["tiles4"], fp.PrefillConfig(tiles=3),
