@@ -315,6 +315,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             o_ref, lse_ref, *scratch = rest
         else:
             (o_ref, *scratch), lse_ref = rest, None
+        if segments:  # the consumers' rows' document starts, staged in shared memory by TMA
+            *scratch, seg_smem, seg_bar = scratch
         if with_lse:
             qo_smem, k_smem, v_smem, lse_smem, q_bar, k_bar, v_bar, k_free, v_free, turn = scratch
         else:
@@ -362,12 +364,16 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 r0 = q0 + wg * bq
                 q_smem = qo_smem.at[wg]
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
+                if segments:
+                    plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
                 a, n_lfull, n_full, n_done = bounds(r0, off)
                 plgpu.barrier_wait(q_bar.at[wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
-                if segments:  # this consumer's rows' document starts, in the row layout of the scores
-                    seg_rows = _compat.mgpu_load(seg_ref.at[bi, pl.ds(r0, bq)], layout=row_layout, optimized=False)
+                if segments:  # this consumer's rows' document starts, in the row layout of the scores (from shared
+                    # memory: session 10's first GPU run of a direct load from global memory never finished)
+                    plgpu.barrier_wait(seg_bar.at[wg])
+                    seg_rows = _compat.mgpu_load(seg_smem.at[wg], layout=row_layout)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
                 l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
                 acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
@@ -618,6 +624,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
     ]
+    if segments:
+        scratch += [plgpu.SMEM((2, bq), jnp.int32), plgpu.Barrier(num_arrivals=1, num_barriers=2)]
     return plgpu.kernel(
         body,
         out_type=tuple(out_type) if with_lse else out_type[0],
