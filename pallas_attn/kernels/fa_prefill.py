@@ -57,6 +57,9 @@ from .contract import Kernel, Precision, Problem
 __all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes", "fit"]
 
 GEN = "fa_prefill"
+# packed documents (segment_ids) on the Mosaic kernel: off until a GPU run passes tests/gpu/test_fa_prefill_gpu.py's
+# packed cases (session 10's first runs gave wrong output with several documents and hung at larger shapes)
+PACKED_ON_GPU = False
 PASS_FWD = f"pallas_attn_{GEN}_fwd"
 PASS_FALLBACK = f"pallas_attn_{GEN}_fwd_interpret"
 PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic module carries both spellings
@@ -842,6 +845,11 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
             raise ValueError(f"{GEN}: segment_ids (packed documents) need causal self-attention (Tq == Tk); got "
                              f"causal={causal}, Tq={tq}, Tk={tk}")
         starts = segment_starts(seg)
+        if not interpret and not PACKED_ON_GPU:
+            raise NotImplementedError(
+                f"{GEN}: segment_ids (packed documents) on the Mosaic GPU kernel failed its first GPU check (session "
+                f"10, H100: wrong output with more than one document, a hang at larger shapes; docs/fa_prefill.md, "
+                f"'Packed documents'), so it is refused rather than run; interpret mode (CPU) is correct")
     cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
     if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
         raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
