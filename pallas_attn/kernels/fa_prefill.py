@@ -331,7 +331,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         off = off_ref[bi] if bounded or segments else jnp.int32(0)
 
         def bounds(r0, off):
-            seg = (seg_ref[bi, r0], seg_ref[bi, r0 + bq - 1]) if segments else None
+            seg = (seg_ref[bi, r0].astype(jnp.int32), seg_ref[bi, r0 + bq - 1].astype(jnp.int32)) if segments else None
             return _consumer_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off, seg=seg)
 
         # this CTA's row tiles (2 * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
@@ -376,7 +376,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 if segments:  # this consumer's rows' document starts, in the row layout of the scores (from shared
                     # memory: session 10's first GPU run of a direct load from global memory never finished)
                     plgpu.barrier_wait(seg_bar.at[wg])
-                    seg_rows = _compat.mgpu_load(seg_smem.at[wg], layout=row_layout)
+                    seg_rows = _compat.mgpu_load(seg_smem.at[wg], layout=row_layout).astype(jnp.int32)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
                 l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
                 acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
@@ -628,7 +628,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
     ]
     if segments:
-        scratch += [plgpu.SMEM((2, bq), jnp.int32), plgpu.Barrier(num_arrivals=1, num_barriers=2)]
+        # float32 starts (exact below 2^24 tokens): an int32 vector through this path gave wrong output on the GPU
+        scratch += [plgpu.SMEM((2, bq), jnp.float32), plgpu.Barrier(num_arrivals=1, num_barriers=2)]
     return plgpu.kernel(
         body,
         out_type=tuple(out_type) if with_lse else out_type[0],
@@ -845,6 +846,9 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
             raise ValueError(f"{GEN}: segment_ids (packed documents) need causal self-attention (Tq == Tk); got "
                              f"causal={causal}, Tq={tq}, Tk={tk}")
         starts = segment_starts(seg)
+        if tq >= 1 << 24:
+            raise ValueError(f"{GEN}: segment_ids: the kernel carries document starts in float32, exact below 2^24 "
+                             f"tokens; got Tq={tq}")
         if not interpret and not PACKED_ON_GPU:
             raise NotImplementedError(
                 f"{GEN}: segment_ids (packed documents) on the Mosaic GPU kernel failed its first GPU check (session "
@@ -866,7 +870,8 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
                              starts is not None)
-        extra = (() if sinks is None else (sinks,)) + (() if starts is None else (_pad_edge(starts, qp.shape[1]),))
+        extra = (() if sinks is None else (sinks,)) + (
+            () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
         res = call(qp, kp, vp, off, *extra)
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
