@@ -472,12 +472,12 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     return acc, m_new, l_new
 
                 masked_step = functools.partial(step, masked=True)
-                if lo_off is not None:
-                    drain(a_p, a)  # warpgroup 1 under a window: the first rows' left band is not ours
+                if banded:
+                    drain(a_p, a)  # warpgroup 1 (a window, a later document): the first rows' left band is not ours
                 if not cfg.overlap:
                     bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
                     carry = (acc0, m0, l0)
-                    if lo_off is not None:
+                    if banded:
                         carry = lax.fori_loop(a, bm, masked_step, carry)
                     carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
                     acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
@@ -491,7 +491,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     # [lo, n_done) (the causal diagonal, the window's right edge, a ragged last key block) serial again.
                     bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
                     carry = (acc0, m0, l0)
-                    if lo_off is not None:
+                    if banded:
                         carry = lax.fori_loop(a, bm, masked_step, carry)
                     acc1, m_i, l_i = carry
                     slot0 = slot_of(bm)
@@ -506,7 +506,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     plgpu.barrier_arrive(k_free.at[slot0])
                     sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
                     p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
-                    acc1 = rescale(acc1, alpha0) if lo_off is not None else acc1
+                    acc1 = rescale(acc1, alpha0) if banded else acc1
 
                     def ostep(s, carry):  # an unmasked block
                         acc, m_i, l_i, p_prev = carry
