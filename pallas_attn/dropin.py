@@ -285,9 +285,9 @@ def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, im
             raise NotImplementedError(f"segment_ids (packed documents) run causal self-attention only (T == S); got "
                                       f"is_causal={is_causal}, T={t}, S={k.shape[1]}")
         if not interpret and not fa_prefill.PACKED_ON_GPU:
-            raise NotImplementedError("segment_ids (packed documents): fa_prefill's Mosaic kernel for them failed its "
-                                      "first GPU check (docs/fa_prefill.md, 'Packed documents') and is off "
-                                      "(fa_prefill.PACKED_ON_GPU); no other implementation has them")
+            raise NotImplementedError("segment_ids (packed documents): fa_prefill's Mosaic kernel for them is switched "
+                                      "off (fa_prefill.PACKED_ON_GPU; docs/fa_prefill.md, 'Packed documents'); no "
+                                      "other implementation has them")
     mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
     if _extension_grads(q, k, is_causal, window, segment_ids):
         return _PREFILL, (f"{names}: fa_prefill's forward and backward ({mode}; the sinks' gradient in jnp from the "

@@ -357,11 +357,13 @@ def test_packed_twin_matches_the_oracle(rng, kw):
 
 @pytest.mark.parametrize("cfg", ["default", "serial", "pingpong", "tiles4"])
 def test_packed_mosaic_kernel_lowers_for_cuda(cfg, monkeypatch):
-    """The packed kernel lowers (with ``PACKED_ON_GPU`` forced on), and is refused while it is off."""
+    """The packed kernel lowers (``PACKED_ON_GPU``, on since its GPU test passed), and is refused when switched off."""
     q = jax.ShapeDtypeStruct((2, 600, 4, 128), jnp.bfloat16)
     off = jax.ShapeDtypeStruct((2,), jnp.int32)
     seg = jax.ShapeDtypeStruct((2, 600), jnp.int32)
-    with pytest.raises(NotImplementedError, match="failed its first GPU check"):
+    assert fp.PACKED_ON_GPU
+    monkeypatch.setattr(fp, "PACKED_ON_GPU", False)
+    with pytest.raises(NotImplementedError, match="switched off"):
         jax.jit(lambda q, off, seg: fp.forward(q, q, q, causal=True, scale=0.1, q_offset=off, interpret=False,
                                                 config=fp.CONFIGS[cfg], segment_ids=seg)).trace(q, off, seg)
     monkeypatch.setattr(fp, "PACKED_ON_GPU", True)

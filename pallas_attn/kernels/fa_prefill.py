@@ -57,9 +57,10 @@ from .contract import Kernel, Precision, Problem
 __all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes", "fit"]
 
 GEN = "fa_prefill"
-# packed documents (segment_ids) on the Mosaic kernel: off until a GPU run passes tests/gpu/test_fa_prefill_gpu.py's
-# packed cases (session 10's first runs gave wrong output with several documents and hung at larger shapes)
-PACKED_ON_GPU = False
+# packed documents (segment_ids) on the Mosaic kernel: on since tests/gpu/test_fa_prefill_gpu.py's packed cases passed
+# on an H100 (session 10, git c59c847, after the left-band fix; the first runs gave wrong output and hung). A switch so
+# that a regression found on a GPU can turn the path off (forward and drop-in then refuse segment_ids with the reason)
+PACKED_ON_GPU = True
 PASS_FWD = f"pallas_attn_{GEN}_fwd"
 PASS_FALLBACK = f"pallas_attn_{GEN}_fwd_interpret"
 PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic module carries both spellings
@@ -851,9 +852,9 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
                              f"tokens; got Tq={tq}")
         if not interpret and not PACKED_ON_GPU:
             raise NotImplementedError(
-                f"{GEN}: segment_ids (packed documents) on the Mosaic GPU kernel failed its first GPU check (session "
-                f"10, H100: wrong output with more than one document, a hang at larger shapes; docs/fa_prefill.md, "
-                f"'Packed documents'), so it is refused rather than run; interpret mode (CPU) is correct")
+                f"{GEN}: segment_ids (packed documents) on the Mosaic GPU kernel are switched off "
+                f"(fa_prefill.PACKED_ON_GPU; docs/fa_prefill.md, 'Packed documents'), so they are refused rather than "
+                f"run; interpret mode (CPU) is unaffected")
     cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
     if not interpret and smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
         raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "

@@ -224,7 +224,7 @@ def test_multi_tile_ragged_grid(cfg):
 def test_packed_documents_match_oracle(cfg, monkeypatch):
     """segment_ids (packed documents, causal within each): document mixes with short and long documents, a
     boundary inside a row tile and one on a tile edge, with and without a window, against the oracle."""
-    monkeypatch.setattr(fp, "PACKED_ON_GPU", True)  # this test is the gate that turns it on
+    monkeypatch.setattr(fp, "PACKED_ON_GPU", True)  # this test is the gate of the switch: it runs the kernel either way
     key = jax.random.PRNGKey(21)
     b, t, hq, hkv, d = 2, 1000, 4, 2, 128
     kq, kk, kv = jax.random.split(key, 3)
