@@ -7,6 +7,10 @@ partial states merged across the devices inside the same jitted program (``merge
 against, measured on the same clock. Only these implementations run on workloads with ``devices > 1``
 (``runner._allowed_by_workload``).
 
+``pallas:fa_decode_cp_call:<merge>`` is the public wrapper ``context_parallel_decode`` called once per step with q
+from the caller (not pre-placed), timed by host wall-clock per call over 50 pipelined calls (issue 36: the
+wrapper should keep the program's speed-up).
+
 Inputs: compare's own per-workload arrays, resharded onto the mesh once, outside the timed region. Clock:
 ``timing.time_loop`` (the step chained inside one jitted program, two loop lengths differenced so the
 per-call costs cancel): a program over several devices has no single CUPTI span. The roofline is the
@@ -103,11 +107,43 @@ def _prepare(merge: str, w, inp, ctx: Ctx) -> Prepared:
                     notes=f"KV split over {w.devices} device(s) ({w.kv_len // w.devices} keys each), {merge} merge")
 
 
+def _prepare_call(merge: str, w, inp, ctx: Ctx) -> Prepared:
+    """The public wrapper as a user calls it once per decode step: ``distributed.context_parallel_decode(mesh, q, k,
+    v, ...)`` with q a plain array (compare's, on the default device: not pre-placed on the mesh) and the cache placed
+    once by ``shard_kv`` (untimed), lengths and offsets left to their defaults where the workload's are the defaults.
+    Clock: host wall-clock per call, 50 calls issued back to back and one sync (what a decode loop sees)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from pallas_attn import distributed
+
+    mesh = Mesh(np.array(jax.devices()[: w.devices]), ("cp",))
+    k, v = distributed.shard_kv(mesh, inp.k), distributed.shard_kv(mesh, inp.v)
+    default_off = bool(w.causal) and w.q_offset == w.kv_len - w.q_len
+    kw = dict(causal=bool(w.causal), scale=inp.scale, merge=merge, generation=_GEN, interpret=ctx.interpret)
+    if not default_off and w.causal:
+        kw["q_offset"] = int(w.q_offset)
+
+    def fn(q, k, v):
+        return distributed.context_parallel_decode(mesh, q, k, v, **kw)
+
+    return Prepared(fn, (inp.q, k, v), "jax", "BTNH", clock="pipelined",
+                    notes=f"the public wrapper per call (q not pre-placed; {w.devices} device(s), {merge} merge); "
+                          "host wall-clock per call over 50 pipelined calls")
+
+
 def cp_impls() -> list[Impl]:
     import functools
 
-    return [Impl(f"pallas:{_GEN}_cp:{m}", "pallas", None, m, "frontier", "triton",
-                 f"context-parallel fa_decode: the KV cache split over the workload's devices, {m} merge",
-                 functools.partial(_supports, m), functools.partial(_prepare, m), _roofline,
-                 functools.partial(_plan, m), multi_device=True)
-            for m in MERGES]
+    progs = [Impl(f"pallas:{_GEN}_cp:{m}", "pallas", None, m, "frontier", "triton",
+                  f"context-parallel fa_decode: the KV cache split over the workload's devices, {m} merge",
+                  functools.partial(_supports, m), functools.partial(_prepare, m), _roofline,
+                  functools.partial(_plan, m), multi_device=True)
+             for m in MERGES]
+    calls = [Impl(f"pallas:{_GEN}_cp_call:{m}", "pallas", None, m, "frontier", "triton",
+                  f"context_parallel_decode, the public wrapper, called per step ({m} merge)",
+                  functools.partial(_supports, m), functools.partial(_prepare_call, m), _roofline,
+                  functools.partial(_plan, m), multi_device=True)
+             for m in MERGES]
+    return progs + calls

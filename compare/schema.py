@@ -33,7 +33,8 @@ class Prepared:
     layout: str  # output layout: "BTNH" | "BHND" | "BND"
     notes: str = ""
     # None: the framework's kernel clock (CUPTI). "loop": the step chained inside one jitted program, for
-    # programs that span several devices (no single CUPTI span covers them; timing.time_loop)
+    # programs that span several devices (no single CUPTI span covers them; timing.time_loop). "pipelined": host
+    # wall-clock per call over 50 calls issued back to back (a public wrapper as a decode loop calls it)
     clock: str | None = None
 
 

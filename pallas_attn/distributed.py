@@ -29,6 +29,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -36,8 +37,8 @@ from jax.sharding import PartitionSpec as P
 from . import api
 from .kernels import splitkv
 
-__all__ = ["context_parallel_attention", "context_parallel_decode", "decode_program", "merge_across", "shard_kv",
-           "MERGES"]
+__all__ = ["context_parallel_attention", "context_parallel_decode", "decode_program", "step_program", "merge_across",
+           "shard_kv", "MERGES"]
 
 MERGES = ("all_gather", "psum")
 
@@ -140,21 +141,58 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
     equal contiguous slices over ``mesh`` axis ``axis`` (and, with ``head_axis``, heads over that axis).
 
     ``kv_len`` (optional, global int32 ``[B]``) masks keys at or past it (ragged batches); causal uses the
-    global ``q_offset`` (default ``kv_len - Tq``). Returns ``out`` replicated over ``axis`` (sharded over
-    ``head_axis``). One jitted program per configuration (cached): kernels, collectives and merge.
+    global ``q_offset`` (a scalar or ``[B]``; default ``kv_len - Tq``). Returns ``out`` replicated over ``axis``
+    (sharded over ``head_axis``).
+
+    One call is one jitted program (cached per mesh, shapes and options; ``step_program``): the lengths and offsets
+    are computed inside it and q is placed on the mesh by the program's input sharding, so a decode loop pays no
+    eager host work per step beyond the dispatch. Inside a caller's ``jax.jit`` it inlines into the caller's
+    program with the same result. Pass the cache placed by ``shard_kv`` (a cache on one device is moved every call).
     """
     n = mesh.shape[axis]
     b, tk = k.shape[0], k.shape[1]
     if tk % n:
         raise ValueError(f"k.shape[1] = {tk} must divide into {n} equal slices over mesh axis {axis!r}")
-    lens = jnp.full((b,), tk, jnp.int32) if kv_len is None else jnp.asarray(kv_len, jnp.int32)
-    if causal and q_offset is None:
-        q_offset = lens - q.shape[1]
-    off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (b,))
-    f = decode_program(mesh, axis=axis, head_axis=head_axis, t_local=tk // n, batch=b, causal=causal, scale=scale,
-                       merge=merge, generation=generation, config=config, interpret=interpret)
-    out, lse = f(q, k, v, lens, off)
+    step = step_program(mesh, axis=axis, head_axis=head_axis, t_local=tk // n, batch=b, tq=q.shape[1], causal=causal,
+                        scale=scale, merge=merge, generation=generation, config=config, interpret=interpret,
+                        has_len=kv_len is not None, has_off=q_offset is not None)
+    extra = tuple(_int32(x) for x in (kv_len, q_offset) if x is not None)
+    out, lse = step(q, k, v, *extra)
     return (out, lse) if return_lse else out
+
+
+def _int32(x):
+    """An int32 array argument (a Python int or list becomes a host array: no device work, no trace)."""
+    if isinstance(x, jax.Array) or hasattr(x, "aval"):  # a device array, or a tracer under the caller's jit
+        return x
+    return np.asarray(x, np.int32)
+
+
+@functools.cache
+def step_program(mesh, *, axis: str, head_axis: str | None, t_local: int, batch: int, tq: int, causal: bool,
+                 scale: float | None, merge: str, generation: str, config, interpret: bool | None, has_len: bool,
+                 has_off: bool):
+    """The jitted step of ``context_parallel_decode``: ``(q, k, v[, kv_len][, q_offset]) -> (out, lse)``, the lengths
+    (default: every key), the offsets (default: ``kv_len - Tq``) and q's placement (replicated over ``axis``, heads
+    over ``head_axis``) inside the program, around ``decode_program``'s shard_map."""
+    prog = decode_program(mesh, axis=axis, head_axis=head_axis, t_local=t_local, batch=batch, causal=causal,
+                          scale=scale, merge=merge, generation=generation, config=config, interpret=interpret)
+    h = head_axis
+    q_sh = NamedSharding(mesh, P(None, None, h, None))
+    kv_sh = NamedSharding(mesh, P(None, axis, h, None))
+    rep = NamedSharding(mesh, P())
+    tk = t_local * mesh.shape[axis]
+
+    def step(q, k, v, *extra):
+        it = iter(extra)
+        lens = jnp.asarray(next(it), jnp.int32).reshape((batch,)) if has_len else jnp.full((batch,), tk, jnp.int32)
+        if has_off:
+            off = jnp.broadcast_to(jnp.asarray(next(it), jnp.int32), (batch,))
+        else:
+            off = lens - tq if causal else jnp.zeros((batch,), jnp.int32)
+        return prog(q, k, v, lens, off)
+
+    return jax.jit(step, in_shardings=(q_sh, kv_sh, kv_sh) + (rep,) * (int(has_len) + int(has_off)))
 
 
 @functools.cache

@@ -144,6 +144,39 @@ def test_inner_paged_pools_per_device(rng):
 
 
 @inner
+def test_inner_wrapper_is_one_program_and_composes_with_jit(rng):
+    """The public wrapper (issue 36): one jitted program per call (its jaxpr is a single call, no eager op around it),
+    the same values as ``decode_program`` given the lengths and offsets it defaults to, under a caller's ``jit``
+    too, with q committed to one device or given as host arrays / Python ints for the lengths and offset."""
+    b, tq, hq, hkv, d, tk = 2, 1, 4, 2, 64, 256
+    q, k, v = _qkv(rng, b, tq, hq, hkv, d, tk)
+    mesh = _mesh((2,))
+    k, v = dist.shard_kv(mesh, k), dist.shard_kv(mesh, v)
+    lens = jnp.asarray([256, 70], jnp.int32)
+    prog = dist.decode_program(mesh, axis="cp", head_axis=None, t_local=tk // 2, batch=b, causal=True, scale=None,
+                               merge="psum", generation="fa_decode", config=None, interpret=None)
+    want, want_lse = prog(q, k, v, lens, lens - tq)
+
+    def call(q, k, v, lens):
+        return dist.context_parallel_decode(mesh, q, k, v, causal=True, kv_len=lens, merge="psum", return_lse=True)
+
+    jaxpr = jax.make_jaxpr(call)(q, k, v, lens).jaxpr
+    assert [e.primitive.name for e in jaxpr.eqns] in (["pjit"], ["jit"]), jaxpr
+    out, lse = call(q, k, v, lens)
+    assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
+    q0 = jax.device_put(q, jax.devices()[0])  # q committed to one device: the program places it
+    np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
+    inner_jit = jax.jit(lambda q, k, v, lens: call(q, k, v, lens)[0] * 2)
+    np.testing.assert_array_equal(np.asarray(inner_jit(q, k, v, lens)), np.asarray(want) * 2)
+    host = dist.context_parallel_decode(mesh, q, k, v, causal=True, kv_len=[256, 70], q_offset=5, merge="psum")
+    np.testing.assert_array_equal(np.asarray(host), np.asarray(prog(q, k, v, lens, jnp.full((b,), 5, jnp.int32))[0]))
+    n = dist.step_program.cache_info().currsize
+    for _ in range(3):  # the same shapes and options: no new program
+        call(q, k, v, lens)
+    assert dist.step_program.cache_info().currsize == n
+
+
+@inner
 def test_inner_bad_arguments():
     with pytest.raises(ValueError, match="merge"):
         dist.merge_across(jnp.zeros((1, 1, 1, 8)), jnp.zeros((1, 1, 1)), axis_name="cp", merge="ring")
@@ -170,6 +203,10 @@ def test_inner_compare_runs_the_multi_device_impls(tmp_path):
     for n in (1, 2, 4):
         cp = [r for r in res if r["workload"]["devices"] == n and r["impl"]["name"].startswith("pallas:fa_decode_cp:")]
         assert {r["impl"]["config"] for r in cp} == {"all_gather", "psum"}
+        call = [r for r in res if r["workload"]["devices"] == n
+                and r["impl"]["name"].startswith("pallas:fa_decode_cp_call:")]  # the public wrapper per call
+        assert {r["impl"]["config"] for r in call} == {"all_gather", "psum"}
+        cp += call
         for r in cp:
             assert r["status"] == "ok", r["reason"]
             assert r["impl"]["plan"]["devices"] == n and r["impl"]["multi_device"]
