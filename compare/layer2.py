@@ -237,6 +237,9 @@ class Shape:
     family: str = ""
     kv_dtype: str | None = None  # quantized KV / latent storage format (None: the workload dtype)
     kv_lora_rank: int | None = None  # MLA: DV, the latent columns that serve as V
+    window: int | None = None  # keys a query sees back from itself (the workload's window W, causal side)
+    max_doc: int | None = None  # packed documents: the longest document (a row tile sees at most its keys)
+    mask_pairs: float | None = None  # visible (query, key) pairs per batch row and head under a window / packing
 
     @property
     def bh(self) -> int:
@@ -253,7 +256,10 @@ class Shape:
 
     @property
     def vis_frac(self) -> float:
-        """Fraction of (query, key) pairs a fused kernel visits (causal skips masked tiles)."""
+        """Fraction of (query, key) pairs a fused kernel visits (causal skips masked tiles; a window or packed
+        documents leave ``mask_pairs``)."""
+        if self.mask_pairs is not None and self.q_len and self.kv_len:
+            return min(1.0, self.mask_pairs / (self.q_len * self.kv_len))
         if not self.causal:
             return 1.0
         from .roofline import visible_pairs
@@ -264,11 +270,30 @@ class Shape:
     def of(cls, w: Any) -> Shape:
         g = (lambda k, d=None: w.get(k, d)) if isinstance(w, Mapping) else (lambda k, d=None: getattr(w, k, d))
         hq = int(g("heads_q"))
+        window, max_doc, pairs = g("window"), None, None
+        if window is not None or g("packed", False):  # the mask's work, counted as layer 1 counts it
+            window, max_doc, pairs = _mask_facts(w)
         return cls(batch=int(g("batch")), heads_q=hq, heads_kv=int(g("heads_kv") or hq), q_len=int(g("q_len")),
                    kv_len=int(g("kv_len")), head_dim=int(g("head_dim")), dtype=str(g("dtype")),
                    causal=bool(g("causal", False)), q_offset=int(g("q_offset", 0) or 0),
                    page_size=g("page_size"), family=str(g("family", "") or ""), kv_dtype=g("kv_dtype"),
-                   kv_lora_rank=g("kv_lora_rank"))
+                   kv_lora_rank=g("kv_lora_rank"), window=window, max_doc=max_doc, mask_pairs=pairs)
+
+
+def _mask_facts(w: Any) -> tuple[int | None, int | None, float | None]:
+    """``(window, longest document, visible pairs per batch row and head)`` of a workload (or a record's workload
+    dict) with a window or packed documents, from ``compare.interop.roofline_view`` / ``packed_lengths`` (the
+    documents are fixed by the workload's seed)."""
+    from . import interop
+    from .workloads import Workload
+
+    if isinstance(w, Mapping):
+        names = {f.name for f in dataclasses.fields(Workload)}
+        w = Workload(**{k: v for k, v in w.items() if k in names and k != "model_info"})
+    view = interop.roofline_view(w)
+    docs = interop.packed_lengths(w)
+    max_doc = max(max(row) for row in docs) if docs else None
+    return getattr(w, "window", None), max_doc, getattr(view, "mask_pairs", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -592,7 +617,8 @@ def _mla_tc_launches(s: Shape, plan: Mapping[str, Any], names: list[str], cfg: A
     return out
 
 
-def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
+def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
+                         hw: Hardware | None = None) -> list[Launch]:
     """fa_prefill (Mosaic GPU): one CTA = producer + two consumer warpgroups of ``block_q`` query rows each, K/V
     tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x 2 block_q x block_kv x D) at the
     datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` / ``pingpong``)."""
@@ -600,18 +626,39 @@ def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) ->
     rows = 2 * bq
     P = plan.get("ctas") or s.bh * _cdiv(s.q_len, rows)
     d = s.head_dim
-    # the busiest CTA: causal, the last query block sees all keys up to its rows (top-left with the offset)
-    last = min(s.kv_len, s.q_len + s.q_offset) if s.causal else s.kv_len
-    tiles = max(1, _cdiv(max(1, last), bk))
-    mean_tiles = max(1.0, _cdiv(s.kv_len, bk) * s.vis_frac)
+    # the busiest CTA (the first of a head): its row tiles n_q - 1, n_q - 1 - G, ... (``tiles`` of them, heavy
+    # first), each seeing the keys up to its last row (causal, top-left with the offset), from its first row's window
+    # start, within a document of at most ``max_doc`` keys
+    n_q = _cdiv(s.q_len, rows)
+    t_eff = max(1, min(int(plan.get("tiles") or 1), n_q))
+    groups = _cdiv(n_q, t_eff)
+
+    def keys_of(b: int) -> int:
+        hi = min(s.kv_len, (b + 1) * rows + s.q_offset) if s.causal else s.kv_len
+        lo = max(0, b * rows + s.q_offset - (s.window - 1)) if s.window else 0
+        if s.max_doc:
+            lo = max(lo, hi - s.max_doc - rows)
+        return max(1, hi - lo)
+
+    busiest = sum(max(1, _cdiv(keys_of(b), bk)) for b in range(n_q - 1, -1, -groups)[:t_eff])
+    per_cta = n_q / groups  # row tiles a CTA runs, on average
+    mean_tiles = max(1.0, _cdiv(s.kv_len, bk) * s.vis_frac) * per_cta  # key tiles a CTA runs, on average
+    # the CTAs are unequal under a causal mask or a window and run heavy first, so the SMs stay balanced: a round
+    # costs the mean CTA, and a single round (or a grid of one heavy CTA) the busiest one
+    steps = float(busiest)
+    if hw is not None:
+        resident, _ = occupancy(384, 168, int(plan.get("smem_bytes") or 0))
+        rounds = max(1, _cdiv(_cdiv(P, hw.num_sm), resident))
+        steps = max(mean_tiles, busiest / rounds)
     cost = "pallas_attn_fa_prefill_" + ("pingpong" if plan.get("pingpong") else
                                         "overlap" if plan.get("overlap") else "serial")
     kv = 2 * s.batch * s.heads_kv * s.kv_len * d * 2
     q_rows = s.bh * s.q_len
-    return [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 0), units=0.0, steps=tiles,
+    return [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 0), units=0.0, steps=steps,
                    mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
-                   l2_bytes=P * tiles * 2 * bk * d * 2, unit="-",
-                   note=f"{rows} rows x {bk}-key tiles, {tiles} on the busiest CTA, wgmma")]
+                   l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
+                   note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "
+                        f"busiest CTA, {mean_tiles:.1f} on the mean one; wgmma")]
 
 
 def _fa_train_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
@@ -749,7 +796,7 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
     if kname == "v12_mla_tc":
         return _mla_tc_launches(s, plan, names, cfg, hw)
     if kname == "fa_prefill":
-        return _fa_prefill_launches(s, plan, names)
+        return _fa_prefill_launches(s, plan, names, hw)
     if kname == "fa_train":
         return _fa_train_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
@@ -1102,9 +1149,23 @@ def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[s
     outside a checkout), gets ``{"error": ...}``; a prediction never costs a measurement (DESIGN.md decision 12)."""
     name = impl if isinstance(impl, str) else impl.get("name", "")
     try:
+        if name == AUTO:  # the public entry: the kernel and config its defaults chose (the plan made before the run)
+            pl = plan or {}
+            gen, cfg = pl.get("generation"), pl.get("config")
+            if not gen or not cfg:
+                return {"error": f"pallas:auto chose {pl.get('chose')!r}, which layer 2 does not model", "impl": name}
+            inner = f"pallas:{gen}:{cfg}"
+            kplan = pl.get("kernel_plan")
+            out = predict(inner, workload, hw, kplan if isinstance(kplan, Mapping) and "error" not in kplan
+                          else None).as_dict()
+            out["via"] = inner
+            return out
         return predict(name, workload, hw, plan).as_dict()
     except Exception as e:  # noqa: BLE001 -- any failure to predict is a note on the record, never a failed run
         return {"error": f"{type(e).__name__}: {e}", "impl": name}
+
+
+AUTO = "pallas:auto"  # compare/auto.py: its plan names the generation and config the defaults chose
 
 
 def hardware_of(record_env: Mapping[str, Any], ceilings: Mapping[str, Any] | None = None) -> Hardware | None:

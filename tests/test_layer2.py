@@ -259,3 +259,44 @@ def test_scoring_run_workloads_take_the_reference_shapes_causes():
     assert ref.startswith("causal imbalance")
     assert scorecard._cause("cuda:v5_wmma", "score_a_prefill_causal_n8192_d64_f16") == ref
     assert scorecard._cause("pallas:fa_train:d64", "score_a_train_n2048_d64_f16") == "open"
+
+
+def test_fa_prefill_schedule_counts_window_tiles_and_balance():
+    """fa_prefill's layer-2 work counts by hand (session 10, issue 35): the busiest CTA's key tiles under causal,
+    a window and several row tiles per CTA; the balanced rounds; pallas:auto priced as the config it chose."""
+    from compare import hardware
+
+    s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=1024, kv_len=1024, head_dim=128, causal=True)
+    plan = {"block_q": 64, "block_kv": 128, "tiles": 1, "ctas": 8, "overlap": True, "smem_bytes": 100_000}
+    (ln,) = layer2._fa_prefill_launches(s, plan, ["k"])
+    assert ln.steps == 8  # the last 128-row tile sees keys [0, 1024): 8 tiles of 128
+    # window 256: the last tile's rows 896..1023 see keys from 896 - 255 = 641: [641, 1024) = 383 keys, 3 tiles
+    (ln,) = layer2._fa_prefill_launches(dataclasses.replace(s, window=256), plan, ["k"])
+    assert ln.steps == 3
+    # 4 row tiles per CTA (2 CTAs a head): the first CTA runs row tiles 7, 5, 3, 1: 8 + 6 + 4 + 2 key tiles
+    (ln,) = layer2._fa_prefill_launches(s, dict(plan, tiles=4, ctas=2), ["k"])
+    assert ln.steps == 20
+    vis = 1025 / 2048  # the causal pair fraction at 1024 x 1024: 8 key tiles x vis on the mean row tile
+    assert ln.mma == pytest.approx(4 * 128 * 128 * 128 * 8 * vis * 4)  # x 4 row tiles a CTA
+    # balanced rounds: 64 heads x 8 tiles = 512 CTAs on 132 SMs, one resident -> 4 rounds; a round costs the mean
+    # CTA (8 x vis = 4.004 key tiles), not the busiest (8): max(4.004, 8 / 4)
+    h100 = hardware.get("h100")
+    (ln,) = layer2._fa_prefill_launches(dataclasses.replace(s, heads_q=64, heads_kv=64), dict(plan, ctas=512), ["k"],
+                                        h100)
+    assert layer2.occupancy(384, 168, 100_000)[0] == 1 and ln.steps == pytest.approx(8 * vis)
+
+
+def test_auto_is_priced_as_the_config_it_chose():
+    from compare import hardware
+
+    h100 = hardware.get("h100")
+    w = {"name": "w", "family": "prefill", "batch": 2, "heads_q": 8, "heads_kv": 8, "q_len": 2048, "kv_len": 2048,
+         "head_dim": 128, "dtype": "bfloat16", "causal": True}
+    kplan = {"block_q": 64, "block_kv": 128, "stages": 2, "pingpong": False, "overlap": True, "tiles": 1,
+             "ctas": 2 * 8 * 16, "warpgroups": 3, "smem_bytes": 150_000}
+    auto = layer2.predict_record(w, "pallas:auto", {"chose": "fa_prefill:default", "generation": "fa_prefill",
+                                                    "config": "default", "kernel_plan": kplan}, h100)
+    named = layer2.predict_record(w, "pallas:fa_prefill:default", kplan, h100)
+    assert auto["via"] == "pallas:fa_prefill:default" and auto["time_us"] == pytest.approx(named["time_us"])
+    fell = layer2.predict_record(w, "pallas:auto", {"chose": "cudnn", "generation": None, "config": None}, h100)
+    assert "cudnn" in fell["error"]
