@@ -160,9 +160,13 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_v12_mla_mosaic_pipelined": Cost(issue=0, lat=2449),
     "pallas_attn_v12_mla_triton": Cost(issue=0, lat=7864, fixed=2.254e+04, dequant=0.09652),
     # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA (shared by alias)
-    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=533.7, fixed=1.77e+04),
-    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1044),
-    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=558.2),
+    # refitted in session 10 on the H100 model-shape sweep's 45 named fa_prefill records (scripts/fit_layer2.py
+    # --only these four), after the schedule learned balanced rounds and several row tiles per CTA; scored out of
+    # sample on the H200 (docs/roofline.md, "Layer 2 on the model-shape sweep"). Were lat 533.7 / fixed 1.77e4,
+    # serial 1044, pingpong 558.2
+    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=799.9, fixed=8483),
+    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1099),
+    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=799.5),
     # fa_train's forward (Triton): per key block on top of the MMA
     "pallas_attn_fa_train_fwd": Cost(issue=0, lat=2754),
     # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
