@@ -150,6 +150,22 @@ class WorkloadResult:
         return None if self.auto_us is None or self.named is None else self.auto_us / self.named[1]
 
     @property
+    def floor_us(self) -> float | None:
+        """The workload's layer-1 floor (auto's record, measured ceilings): the same problem for every impl."""
+        f = ((self.auto or {}).get("metrics") or {}).get("floor_us")
+        return f if isinstance(f, (int, float)) and f > 0 else None
+
+    @property
+    def auto_floor(self) -> float | None:
+        """auto's fraction of the floor (floor / time): how far from the limit the default is."""
+        return None if self.floor_us is None or not self.auto_us else self.floor_us / self.auto_us
+
+    @property
+    def peer_floor(self) -> float | None:
+        """The best peer's fraction of the same floor: how far from the limit the best library is."""
+        return None if self.floor_us is None or self.peer is None else self.floor_us / self.peer[1]
+
+    @property
     def chose(self) -> str | None:
         plan = (self.auto or {}).get("impl", {}).get("plan")
         return plan.get("chose") if isinstance(plan, dict) else None
@@ -232,6 +248,8 @@ class Agg:
     with_named: int  # workloads where a named config ran (the sweep bar's denominator)
     no_peer: int  # no peer has a timed ok record
     best_peers: Counter
+    auto_floor: list[float] = dataclasses.field(default_factory=list)  # auto's fraction of the layer-1 floor
+    peer_floor: list[float] = dataclasses.field(default_factory=list)  # the best peer's, same workloads
 
     @property
     def peer_geomean(self) -> float | None:
@@ -267,7 +285,9 @@ def aggregate(results: Iterable[WorkloadResult]) -> Agg:
         no_auto_with_named=sum(1 for r in results if r.missing and r.named),
         with_named=sum(1 for r in results if r.named),
         no_peer=sum(1 for r in results if r.peer is None),
-        best_peers=Counter(r.peer[0] for r in results if r.peer))
+        best_peers=Counter(r.peer[0] for r in results if r.peer),
+        auto_floor=[r.auto_floor for r in results if r.auto_floor is not None and r.peer_floor is not None],
+        peer_floor=[r.peer_floor for r in results if r.auto_floor is not None and r.peer_floor is not None])
 
 
 def _entries(results: Iterable[WorkloadResult]) -> list[str]:
@@ -381,7 +401,8 @@ def _md_table(rows: list[list[str]], cols: list[str]) -> str:
 
 
 _MODEL_COLS = ["model", "workloads", "auto / best peer: geomean", "worst", "auto / best named: geomean", "worst",
-               f"within {100 * (SWEEP_NEAR - 1):.0f}% of named", "no timed auto", "no peer", "best peer most often"]
+               f"within {100 * (SWEEP_NEAR - 1):.0f}% of named", "no timed auto", "no peer", "best peer most often",
+               "floor / time: auto, best peer (geomean)"]
 
 
 def _most(c: Counter) -> str:
@@ -393,8 +414,11 @@ def _most(c: Counter) -> str:
 
 def _agg_row(label: str, a: Agg) -> list[str]:
     near = f"{a.near}/{a.with_named}" if a.with_named else "—"
+    fl = "—"
+    if a.auto_floor:
+        fl = f"{_geomean(a.auto_floor):.2f}, {_geomean(a.peer_floor):.2f} ({len(a.auto_floor)})"
     return [label, str(a.n), _x(a.peer_geomean), _worst(a.peer_worst), _x(a.named_geomean), _worst(a.named_worst),
-            near, str(sum(a.no_auto.values())), str(a.no_peer), _most(a.best_peers)]
+            near, str(sum(a.no_auto.values())), str(a.no_peer), _most(a.best_peers), fl]
 
 
 def _shas(results: Iterable[WorkloadResult]) -> str:
@@ -417,7 +441,9 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
              "entry's kernel; sweep bar: auto within "
              f"{100 * (SWEEP_NEAR - 1):.0f}% of the best named config on ≥ {100 * SWEEP_SHARE:.0f}% of the "
              f"workloads and never more than {100 * (SWEEP_WORST - 1):.0f}% slower (a workload where a named "
-             "config ran and auto did not counts against it).", ""]
+             "config ran and auto did not counts against it). `floor / time`: the workload's layer-1 roofline "
+             "floor (measured ceilings) over the kernel time, for auto and for the best peer, geomean over the "
+             "workloads where both ran: how far from the limit the default and the best library are.", ""]
     if notes.get("replaced"):
         parts += [f"_{notes['replaced']} workload results were replaced by a later run of the same workload on "
                   "the same chip (the last run read is used)._", ""]

@@ -377,3 +377,25 @@ def test_the_committed_readme_has_the_markers():
 
     text = sweep_report.check_readme(Path(__file__).resolve().parent.parent / "README.md")
     assert text.index(START) < text.index("## ")  # near the top, before the first section
+
+
+def test_floor_fractions_of_auto_and_the_best_peer(tmp_path):
+    """``floor / time``: the workload's layer-1 floor (auto's record) over auto's and the best peer's time, geomean
+    over the workloads where both ran; by hand: floors 60 and 50 us, auto 90 / 100, best peer 100 / 80."""
+    run, gpu = "rf", H100
+    a, b, c = (_wl("sweep_prefill_f_n1024"), _wl("sweep_prefill_f_n2048", q_len=2048, kv_len=2048),
+               _wl("sweep_prefill_f_n4096", q_len=4096, kv_len=4096))
+    ch = "fa_prefill:default"
+    recs = [_header(run, gpu), _rec(run, gpu, a, "pallas:auto", 90.0, chose=ch),
+            _rec(run, gpu, a, "torch:cudnn", 100.0), _rec(run, gpu, b, "pallas:auto", 100.0, chose=ch),
+            _rec(run, gpu, b, "jax:cudnn", 80.0),
+            _rec(run, gpu, c, "pallas:auto", 70.0, chose=ch)]
+    recs[1]["metrics"]["floor_us"], recs[3]["metrics"]["floor_us"] = 60.0, 50.0
+    recs[5]["metrics"]["floor_us"] = 35.0  # no peer: not in the geomean
+    by_chip, _ = _collect(_write(tmp_path / "f.jsonl", recs))
+    (res,) = by_chip.values()
+    agg = sweep_report.aggregate(res)
+    assert sorted(agg.auto_floor) == pytest.approx(sorted([60 / 90, 50 / 100]))
+    assert sorted(agg.peer_floor) == pytest.approx(sorted([60 / 100, 50 / 80]))
+    row = sweep_report._agg_row("all", agg)
+    assert row[-1] == f"{math.sqrt(60 / 90 * 50 / 100):.2f}, {math.sqrt(60 / 100 * 50 / 80):.2f} (2)"
