@@ -6,7 +6,7 @@ What a user of pallas_attn gets without naming a kernel or a config is what the 
 * prefill: ``pallas_attn.dot_product_attention(q, k, v, is_causal=..., local_window_size=...)`` (the drop-in;
   on Hopper fa_prefill, else fa_train, else jax.nn's XLA fallback, as ``which_implementation`` says);
 * train: ``jax.value_and_grad`` of the drop-in through the train family's program (``compare.train``), with the
-  model's window, soft-cap and sinks;
+  model's window, soft-cap and sinks, and packed documents (``segment_ids``);
 * decode, spec, quant: ``pallas_attn.attention(q, k, v, causal=..., q_offset=...)`` (generation=None);
 * paged, chunked: ``pallas_attn.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=...)``, with its
   default block-table check (a user's default);
@@ -32,7 +32,7 @@ NAME = "pallas:auto"
 # (the drop-in's local_window_size, its softcap / sinks / segment_ids extensions on the forward, and the first three
 # differentiable: fa_prefill_bwd, or fa_train's backward for a window fa_prefill_bwd has not)
 _ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks", "packed"}),
-                   "train": frozenset({"window", "softcap", "sinks"})}
+                   "train": frozenset({"window", "softcap", "sinks", "packed"})}
 
 
 def _sds(shape, dtype):
@@ -153,6 +153,8 @@ def _supports(w, ctx: Ctx) -> Support:
         return Support(False, str(e), "unsupported")
     if w.family == "train" and c.get("generation") is None:
         return Support(False, f"the drop-in falls back to {c['chose']} here ({c['why']})", "unsupported")
+    if w.family == "train" and "forward only" in c.get("why", ""):  # e.g. packed documents before their GPU run
+        return Support(False, f"the drop-in cannot differentiate this call: {c['why']}", "unsupported")
     return YES
 
 
@@ -205,8 +207,9 @@ def _prepare(w, inp, ctx: Ctx) -> Prepared:
         # the sinks as a constant of the step (its gradient is made by the custom_vjp, not returned: the train
         # family's step differentiates q, k, v)
         sinks = inp.sinks if getattr(w, "sinks", False) else None
+        seg = inp.segment_ids if getattr(w, "packed", False) else None
         attn = functools.partial(pallas_attn.dot_product_attention, scale=inp.scale, is_causal=w.causal,
-                                 local_window_size=_window(w), softcap=w.softcap, sinks=sinks)
+                                 local_window_size=_window(w), softcap=w.softcap, sinks=sinks, segment_ids=seg)
         return train.jax_step(attn, w, inp, notes=note)
     if w.family == "mla":
         fn = jax.jit(functools.partial(pallas_attn.mla_attention, kv_lora_rank=inp.kv_lora_rank, scale=inp.scale,

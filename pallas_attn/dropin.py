@@ -293,7 +293,8 @@ def _which_extension(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens, im
         return _PREFILL, (f"{names}: fa_prefill's forward and backward ({mode}; the sinks' gradient in jnp from the "
                           f"backward's delta)" if sinks is not None else
                           f"{names}: fa_prefill's forward and backward ({mode})")
-    why_not = ("segment_ids: no backward kernel has packed documents yet" if segment_ids is not None else
+    why_not = ("segment_ids: fa_prefill_bwd's packed kernels take no window and D <= 128, and run on a GPU only "
+               "once fa_prefill_bwd.PACKED_BWD_ON_GPU is on" if segment_ids is not None else
                "fa_prefill's backward has no window of this form (only a causal window, left >= 0, T <= S)")
     return _PREFILL, (f"{names}: fa_prefill's forward ({mode}); forward only ({why_not}), so differentiating the "
                       f"call raises")
@@ -307,11 +308,17 @@ def _pair_words(q, k, is_causal, window) -> str:
     return "fa_prefill's forward and backward"
 
 
+def _packed_grads(q) -> bool:
+    """Whether packed documents are differentiable here: fa_prefill_bwd's packed kernels (D <= 128), on a GPU only
+    once ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (their first GPU run), always in interpret mode."""
+    return q.shape[3] <= 128 and (fa_prefill_bwd.PACKED_BWD_ON_GPU or _compat.default_interpret(None))
+
+
 def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
-    """Whether a softcap / sinks call is differentiable: fa_prefill_bwd has the soft-cap and the sinks' gradient,
-    and the window (if any) in its causal form; packed documents have no backward."""
+    """Whether a softcap / sinks / segment_ids call is differentiable: fa_prefill_bwd has the soft-cap and the
+    sinks' gradient, the window (if any) in its causal form, packed documents without a window (``_packed_grads``)."""
     if segment_ids is not None:
-        return False
+        return window is None and _packed_grads(q)
     return window is None or _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is not None
 
 
@@ -453,8 +460,9 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
     left = _hopper_bwd_left(is_causal, window, t, s) if kernel == _PREFILL and segment_ids is None else None
-    if kernel == _PREFILL and segment_ids is None and (left is not None or (
-            (softcap is not None or sinks is not None) and window is None)):
+    packed = kernel == _PREFILL and segment_ids is not None and window is None and _packed_grads(q)
+    if kernel == _PREFILL and (packed or segment_ids is None and (left is not None or (
+            (softcap is not None or sinks is not None) and window is None))):
         # fa_prefill's forward and backward: a causal-shaped window (its band of key blocks in both), soft-cap,
         # sinks (differentiable)
         causal = bool(is_causal) or left is not None
@@ -462,7 +470,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         res = fa_prefill_bwd.attention_lse(
             q, k, v, causal=causal, scale=scale, config=prefill_config(problem, None if left is None else (left, 0)),
             bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)], interpret=_compat.default_interpret(None),
-            with_lse=return_residual, window=left, softcap=softcap, sinks=sinks)
+            with_lse=return_residual, window=left, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
         res = _no_grad(functools.partial(

@@ -290,3 +290,76 @@ def test_softcap_kernels_lower_for_cuda(config, d):
 
     text = jax.jit(f).trace(q, lse, off).lower(lowering_platforms=("cuda",)).as_text()
     assert fb.PASS_DKDV in text and fb.PASS_DQ in text
+
+
+def test_seg_query_blocks_by_brute_force(rng):
+    """``_seg_query_blocks`` against the visibility rule itself (row i sees key j iff start[i] <= j <= i, j < tk):
+    for random document mixes and every 64-key tile, rows outside [lo, hi) see none of its keys and rows in
+    [full, full_hi) see all of them (so the unmasked steps are exact); ``segment_ends`` by its definition."""
+    from pallas_attn.kernels import fa_prefill as fp
+
+    for _ in range(40):
+        t = int(rng.integers(1, 400))
+        cuts = np.sort(rng.choice(np.arange(1, t), size=min(t - 1, int(rng.integers(0, 6))), replace=False)) \
+            if t > 1 else np.zeros(0, int)
+        seg = np.zeros(t, np.int32)
+        for c in cuts:
+            seg[c:] += 1
+        starts = np.asarray(fp.segment_starts(jnp.asarray(seg[None])))[0]
+        ends = np.asarray(fb.segment_ends(jnp.asarray(starts[None])))[0]
+        assert all(ends[j] == next((i for i in range(j + 1, t) if starts[i] > j), t) for j in range(t))
+        nq = -(-t // 64)
+        i = np.arange(nq * 64)[:, None]
+        st = np.concatenate([starts, np.full(nq * 64 - t, starts[-1])])[:, None]
+        for j0 in range(0, nq * 64, 64):
+            j = np.arange(j0, j0 + 64)[None, :]
+            vis = (j <= i) & (j >= st) & (j < t)
+            e_first, e_last = ends[min(j0, t - 1)], ends[min(j0 + 63, t - 1)]
+            lo, full, full_hi, hi = (int(x) for x in fb._seg_query_blocks(j0, e_first, e_last, nq=nq, tk=t))
+            rows_any = vis.reshape(nq, 64, 64).any(axis=(1, 2))
+            rows_all = vis.reshape(nq, 64, 64).all(axis=(1, 2))
+            assert not rows_any[:lo].any() and not rows_any[hi:].any(), (t, j0, lo, hi)
+            assert rows_all[full:full_hi].all(), (t, j0, full, full_hi)
+
+
+@pytest.mark.slow
+def test_packed_backward_on_the_gpu_interpreter(rng):
+    """Packed documents (segment_ids) in the dK/dV and dQ kernels, two consumers with the pipelined dQ (wide_ovl):
+    against the float64 gradient oracle on the GPU interpreter, no race; documents of 5, 64, 70 and 61 tokens (one
+    starting on a block edge, one inside a block)."""
+    from attn_core import oracle
+
+    b, t, hq, hkv, d = 1, 200, 2, 1, 64
+    q, k, v, do = _inputs(rng, b, t, t, hq, hkv, d, "float16")
+    seg = np.repeat(np.arange(4), (5, 64, 70, 61))[None].astype(np.int32)
+    off = jnp.zeros((b,), jnp.int32)
+    o, lse = fp.forward(q, k, v, causal=True, scale=0.125, q_offset=off, interpret=True, config=fp.CONFIGS["default"],
+                        return_lse=True, segment_ids=jnp.asarray(seg))
+    dq, dk, dv, races = fb.emulate_backward(q, k, v, o, lse, do, causal=True, scale=0.125, q_offset=off,
+                                            config=fb.CONFIGS["wide_ovl"], segment_ids=jnp.asarray(seg))
+    assert not races
+    ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=0.125, q_segments=seg, kv_segments=seg)
+    for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
+        r = ref[name]
+        assert np.linalg.norm(np.asarray(ours, np.float64) - r) / np.linalg.norm(r) < 4e-3, name
+
+
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+def test_packed_kernels_lower_for_cuda_and_are_refused_while_off(config, monkeypatch):
+    q = jax.ShapeDtypeStruct((2, 300, 4, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 300, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    seg = jax.ShapeDtypeStruct((2, 300), jnp.int32)
+
+    def f(q, k, lse, seg):
+        return fb.backward(q, k, k, q, lse, q, causal=True, scale=0.1, config=fb.CONFIGS[config], segment_ids=seg)
+
+    monkeypatch.setattr(fb, "PACKED_BWD_ON_GPU", False)
+    with pytest.raises(NotImplementedError, match="PACKED_BWD_ON_GPU"):
+        jax.jit(f).trace(q, k, lse, seg)
+    monkeypatch.setattr(fb, "PACKED_BWD_ON_GPU", True)
+    text = jax.jit(f).trace(q, k, lse, seg).lower(lowering_platforms=("cuda",)).as_text()
+    assert fb.PASS_DKDV in text and fb.PASS_DQ in text
+    with pytest.raises(NotImplementedError, match="D <= 128"):
+        d256 = jax.ShapeDtypeStruct((2, 300, 4, 256), jnp.bfloat16)
+        jax.jit(f).trace(d256, jax.ShapeDtypeStruct((2, 300, 2, 256), jnp.bfloat16), lse, seg)

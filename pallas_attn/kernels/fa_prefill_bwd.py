@@ -72,6 +72,9 @@ __all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward",
            "PASS_NAMES"]
 
 GEN = "fa_prefill"
+# packed documents (segment_ids) in the backward kernels: off on a GPU until tests/gpu/test_fa_prefill_bwd_gpu.py's
+# packed case passes (built in session 10, tested on JAX's GPU interpreter only)
+PACKED_BWD_ON_GPU = False
 PASS_DKDV = f"pallas_attn_{GEN}_bwd_dkdv"
 PASS_DQ = f"pallas_attn_{GEN}_bwd_dq"
 PASS_NAMES = (PASS_DKDV, PASS_DQ, f"{PASS_DKDV}_mosaic_gpu", f"{PASS_DQ}_mosaic_gpu")
@@ -318,6 +321,30 @@ def _window_query_blocks(j0, off, *, nq: int, tk: int, left: int):
     return lo, full, full_hi.astype(jnp.int32), hi.astype(jnp.int32)
 
 
+def _seg_query_blocks(j0, e_first, e_last, *, nq: int, tk: int):
+    """Packed documents (causal self-attention, each row sees ``start[i] <= j <= i``): ``(lo, full, full_hi, hi)``
+    query blocks of 64 rows for keys ``[j0, j0 + 64)``, as ``_window_query_blocks``. ``e_first`` / ``e_last``: the end
+    of the document of key ``j0`` / of the block's last key (the first row whose document starts after it): the rows
+    before ``e_first`` see every key of the block (from the diagonal on), rows from ``e_last`` on see none."""
+    lo, full = _query_blocks(j0, 0, nq=nq, tk=tk, causal=True)
+    hi = jnp.clip(lax.div(jnp.maximum(e_last, 0) + BLOCK - 1, BLOCK), lo, nq)
+    full = jnp.minimum(full, hi)
+    full_hi = jnp.clip(lax.div(jnp.maximum(e_first, 0), BLOCK), full, hi)
+    full_hi = jnp.where(j0 + BLOCK > tk, full, full_hi)
+    return lo, full, full_hi.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+def segment_ends(starts):
+    """int32 ``[B, T]``: for each key ``j``, the end of its document (the first row whose start is after ``j``; T for
+    the last document), from the rows' document starts (``fa_prefill.segment_starts``)."""
+    t = starts.shape[1]
+    idx = lax.broadcasted_iota(jnp.int32, starts.shape, 1)
+    # row i starts a document iff starts[i] == i; the end of key j's document is the next such row after j
+    nxt = jnp.where((starts == idx) & (idx > 0), idx, t)
+    after = lax.cummin(nxt, axis=1, reverse=True)  # after[i] = the first document start at or after row i
+    return jnp.concatenate([after[:, 1:], jnp.full((starts.shape[0], 1), t, after.dtype)], axis=1).astype(jnp.int32)
+
+
 def _p_ds_(sc, dp, lse2, delta, c: float, mask=None, cap_k: float | None = None):
     """``(P, dS)`` of one block in every backward kernel: ``P = exp2(S * c - lse2)`` (``mask``: applied to the scaled
     scores; P is 0 where masked and in rows that see no key, lse2 = +inf) and ``dS = P * (dP - delta)``; the same
@@ -361,7 +388,7 @@ def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
 @functools.lru_cache(maxsize=64)
 def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                 causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                softcap: float | None = None):
+                softcap: float | None = None, segments: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -375,8 +402,20 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
-             k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free):
+    banded = left is not None or segments  # a lower key bound per row: a window, or the row's document start
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, *rest):
+        if segments:  # float32 [B, Tq_pad] row starts, [B, Tk_pad] key ends (exact below 2^24)
+            st_ref, en_ref, *rest = rest
+        dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, *seg_scr = rest
+        st_smem = seg_scr[0] if segments else None
+
+        def ends(j):  # the end of key j's document (segments)
+            return en_ref[bi, j].astype(jnp.int32)
+
+        def seg_blocks(j):
+            return _seg_query_blocks(j, ends(j), ends(j + bk - 1), nq=nq, tk=tk)
+
         ji = lax.axis_index("k")
         hk = lax.axis_index("h")
         bi = lax.axis_index("b")
@@ -386,8 +425,11 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         # later consumers' keys need (their first visible block is at or after this one)
         lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
         # a window: the last consumer's keys are the last any row of the CTA's query range sees
-        hi_last = nq if left is None else _window_query_blocks(ji * (nc * bk) + (nc - 1) * bk, off, nq=nq, tk=tk,
-                                                               left=left)[3]
+        j_last = ji * (nc * bk) + (nc - 1) * bk
+        if segments:  # packed documents: the last consumer's keys' document ends bound the CTA's query range
+            hi_last = seg_blocks(j_last)[3]
+        else:
+            hi_last = nq if left is None else _window_query_blocks(j_last, off, nq=nq, tk=tk, left=left)[3]
         per_head = hi_last - lo0  # query blocks per query head of the group
         n_steps = group * per_head
 
@@ -401,13 +443,15 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
             plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_mine, bar)
             plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_mine, bar)
             plgpu.barrier_wait(bar)
-            if left is None:
+            if segments:
+                lo, full, full_hi, hi = seg_blocks(j0)
+            elif left is None:
                 lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
                 full_hi = hi = nq
             else:
                 lo, full, full_hi, hi = _window_query_blocks(j0, off, nq=nq, tk=tk, left=left)
 
-            def mask(x, qb):
+            def mask(x, qb, st=None):
                 kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
                 qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
                 ok = kpos < tk
@@ -415,6 +459,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                     ok = ok & (kpos <= qpos + off)
                 if left is not None:
                     ok = ok & (kpos >= qpos + (off - left))
+                if st is not None:  # each query column's document start
+                    ok = ok & (kpos >= st)
                 return jnp.where(ok, x, -jnp.inf)
 
             def skip(qb, carry, *, g):
@@ -434,8 +480,11 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 st, dpt = ops.mma2(ops.zeros((bk, bq)), k_mine, qs, ops.zeros((bk, bq)), v_mine, dos, b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
+                starts = None
+                if masked and segments:
+                    starts = ops.bcast(ops.vec(st_smem.at[slot], 0).astype(jnp.int32), (bk, bq), 0)
                 pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
-                                functools.partial(mask, qb=qb) if masked else None)
+                                functools.partial(mask, qb=qb, st=starts) if masked else None)
                 dv, dk = ops.mma2(dv, pt.astype(dtype), dos, dk, dst.astype(dtype), qs, b_t=False)
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
@@ -444,9 +493,10 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 if nc > 1:
                     carry = lax.fori_loop(lo0, lo, functools.partial(skip, g=g), carry)
                 carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
-                if left is None:
+                if not banded:
                     return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
-                # a window: the unmasked band, its far edge masked, then the blocks streamed for a later consumer
+                # a window / a document: the unmasked band, its far edge masked, then the blocks streamed for a later
+                # consumer
                 carry = lax.fori_loop(full, full_hi, functools.partial(step, g=g, masked=False), carry)
                 carry = lax.fori_loop(full_hi, hi, functools.partial(step, g=g, masked=True), carry)
                 if nc > 1:
@@ -475,6 +525,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
+                if segments:
+                    plgpu.copy_gmem_to_smem(st_ref.at[bi, rows], st_smem.at[slot], q_bar.at[slot])
 
             _ring_producer(plgpu, n_steps, ns, q_free, issue)
 
@@ -488,8 +540,9 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         plgpu.SMEM((ns, bq), f32),
         plgpu.SMEM((ns, bq), f32),
         plgpu.Barrier(num_arrivals=2, num_barriers=nc),
-        plgpu.Barrier(num_arrivals=4, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=ns),
         plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
+        *([plgpu.SMEM((ns, bq), f32)] if segments else []),
     ]
     return plgpu.kernel(
         body,
@@ -507,7 +560,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 @functools.lru_cache(maxsize=64)
 def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
               causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-              softcap: float | None = None):
+              softcap: float | None = None, segments: bool = False):
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
@@ -520,8 +573,13 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
     f32 = jnp.float32
 
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
-             q_all, do_all, lse_all, dl_all, k_smem, v_smem, qd_bar, kv_bar, kv_free):
+    banded = left is not None or segments  # a lower key bound per row: a window, or the row's document start
+
+    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, *rest):
+        if segments:  # float32 [B, Tq_pad] row starts (the key ends are the dK/dV kernel's)
+            st_ref, _, *rest = rest
+        dq_ref, q_all, do_all, lse_all, dl_all, k_smem, v_smem, qd_bar, kv_bar, kv_free, *seg_scr = rest
+        st_all = seg_scr[0] if segments else None
         qi = lax.axis_index("q")
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
@@ -532,8 +590,13 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
                                    hi_off=0 if causal else None)
         # a window (causal): blocks [a_p, n_load), from the first consumer's first block (fa_prefill's schedule)
-        wbounds = functools.partial(_consumer_bounds, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left)
-        if left is not None:
+        def wbounds(r0, off):
+            seg = None
+            if segments:  # the first and the last row's document starts
+                seg = (st_ref[bi, r0].astype(jnp.int32), st_ref[bi, r0 + bq - 1].astype(jnp.int32))
+            return _consumer_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left, seg=seg)
+
+        if banded:
             a_p, n_load = wbounds(qi * (nc * bq), off)[0], wbounds(qi * (nc * bq) + (nc - 1) * bq, off)[3]
         else:
             a_p = 0
@@ -551,9 +614,13 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
             plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem, bar)
             plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem, bar)
             plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem, bar)
+            if segments:
+                st_smem = st_all.at[wg] if nc > 1 else st_all
+                plgpu.copy_gmem_to_smem(st_ref.at[bi, rows], st_smem, bar)
             plgpu.barrier_wait(bar)
             lse2 = ops.bcast(ops.vec(lse_smem, 1), (bq, bk), 1)
             delta = ops.bcast(ops.vec(dl_smem, 1), (bq, bk), 1)
+            starts = ops.bcast(ops.vec(st_smem, 1).astype(jnp.int32), (bq, bk), 1) if segments else None
 
             def mask(x, s):
                 qpos = r0 + ops.iota((bq, bk), 0)
@@ -563,6 +630,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     ok = ok & (kpos <= qpos + off)
                 if left is not None:
                     ok = ok & (kpos >= qpos + (off - left))
+                if segments:  # each row's document start
+                    ok = ok & (kpos >= starts)
                 return jnp.where(ok, x, -jnp.inf)
 
             def slot_of(s):  # block s of the producer's [a_p, n_load)
@@ -603,8 +672,9 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.barrier_arrive(kv_free.at[prev])  # K_{s-1} was read by the waited dQ wgmma
                 return dq, ds
 
-            if left is not None:
-                # a window: fa_prefill's schedule (its left band and right edge masked, serial; the band pipelined)
+            if banded:
+                # a window / a document: fa_prefill's schedule (its left band and right edge masked, serial; the band
+                # pipelined)
                 a, n_lfull, n_full, n_done = wbounds(r0, off)
                 if nc > 1:
                     _skip_blocks(a_p, a)
@@ -686,9 +756,10 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         plgpu.SMEM(vec, f32),
         _smem_tile((ns, bk, d), dtype),
         _smem_tile((ns, bk, d), dtype),
-        plgpu.Barrier(num_arrivals=4, num_barriers=nc),
+        plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=nc),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
         plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
+        *([plgpu.SMEM(vec, f32)] if segments else []),
     ]
     return plgpu.kernel(
         body,
@@ -1013,7 +1084,7 @@ def _prepare(q, k, v, o, lse, do, q_offset, dlse=None, *, rows: int = BLOCK, key
 
 
 def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdConfig, emulate: bool, dlse=None,
-         left: int | None = None, softcap: float | None = None):
+         left: int | None = None, softcap: float | None = None, segment_ids=None):
     _check(q, k, v, o, lse, do)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
@@ -1036,13 +1107,36 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
     if softcap is not None and not (float(softcap) > 0 and math.isfinite(float(softcap))):
         raise ValueError(f"{GEN} backward: softcap must be a positive finite number; got {softcap!r}")
     kw = dict(left=None if left is None else int(left), softcap=None if softcap is None else float(softcap))
-    dk, dv = build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off)
-    dq = build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off)
+    seg = ()
+    if segment_ids is not None:
+        from . import fa_prefill
+
+        if cfg.dsplit:
+            raise NotImplementedError(f"{GEN} backward: packed documents (segment_ids) are built in the D <= 128 "
+                                      f"kernels only, not the D 256 split ones; got D={d}")
+        if left is not None or not causal or tq != tk:
+            raise NotImplementedError(f"{GEN} backward: segment_ids need causal self-attention (Tq == Tk) without "
+                                      f"a window; got causal={causal}, Tq={tq}, Tk={tk}, window={left}")
+        sids = jnp.asarray(segment_ids)
+        if sids.shape != (b, tq) or not jnp.issubdtype(sids.dtype, jnp.integer):
+            raise ValueError(f"{GEN} backward: segment_ids must be int [B, Tq] = [{b}, {tq}]; got {sids.shape} "
+                             f"{sids.dtype}")
+        if tq >= 1 << 24:
+            raise ValueError(f"{GEN} backward: segment_ids carry float32 positions, exact below 2^24 tokens")
+        starts = fa_prefill.segment_starts(sids)
+        ends = segment_ends(starts)
+        edge = functools.partial(jnp.pad, mode="edge")
+        seg = (edge(starts, ((0, 0), (0, qp.shape[1] - tq))).astype(jnp.float32),
+               edge(ends, ((0, 0), (0, kp.shape[1] - tk))).astype(jnp.float32))
+        kw["segments"] = True
+    dk, dv = build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
+    dq = build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
-             interpret: bool = False, dlse=None, window: int | None = None, softcap: float | None = None):
+             interpret: bool = False, dlse=None, window: int | None = None, softcap: float | None = None,
+             segment_ids=None):
     """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
     natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). ``dlse``: the
     cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
@@ -1051,7 +1145,11 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
     sees ``i + off - left <= j <= i + off``, fa_prefill's ``window=(left, 0)``),
     in every kernel (the D 256 split kernels too); GPU-tested (tests/gpu/test_fa_prefill_bwd_gpu.py, session 10).
     ``softcap``: the forward's logit soft-cap (dS through tanh's derivative); GPU-tested the same way.
-    Sinks need no kernel change: their gradient is ``sinks_grad``, and dS is the same given the forward's LSE."""
+    Sinks need no kernel change: their gradient is ``sinks_grad``, and dS is the same given the forward's LSE.
+    ``segment_ids`` int ``[B, T]`` (packed documents, causal self-attention, offset 0, no window; D <= 128): each row
+    sees ``start[i] <= j <= i`` (fa_prefill's forward with the same ids); the dK/dV kernel's query band per key tile
+    ends at the tile's documents' ends, the dQ kernel runs the forward's schedule. Interpreter-tested; refused on a GPU
+    while ``PACKED_BWD_ON_GPU`` is off (its first GPU run decides)."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
@@ -1062,14 +1160,17 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
         if need > _SMEM_LIMIT:
             raise ValueError(f"{GEN} backward: config {cfg} needs {need} bytes of shared memory (limit "
                              f"{_SMEM_LIMIT}); use fewer stages")
+        if segment_ids is not None and not PACKED_BWD_ON_GPU:
+            raise NotImplementedError(f"{GEN} backward: packed documents (segment_ids) have not run on a GPU yet "
+                                      f"(fa_prefill_bwd.PACKED_BWD_ON_GPU is off; docs/fa_prefill.md)")
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=scale, cfg=cfg, emulate=False, dlse=dlse,
-                    left=window, softcap=softcap)
+                    left=window, softcap=softcap, segment_ids=segment_ids)
     # the same kernels on the GPU interpreter, traced under its mode (so this composes with jit / grad /
     # vmap; emulate_backward is the eager variant that also reports races)
     gpu_interpret, _ = _interpreter()
     with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=False)):
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=float(scale), cfg=cfg, emulate=True,
-                    dlse=dlse, left=window, softcap=softcap)
+                    dlse=dlse, left=window, softcap=softcap, segment_ids=segment_ids)
 
 
 def _interpreter():
@@ -1095,7 +1196,7 @@ def sinks_grad(o, lse, do, sinks, dlse=None):
 
 def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
                      config: BwdConfig | None = None, detect_races: bool = True, dlse=None, window: int | None = None,
-                     softcap: float | None = None):
+                     softcap: float | None = None, segment_ids=None):
     """The two Mosaic kernels (``emulate=True``) on jax's GPU interpreter. Returns ``(dq, dk, dv, races_found)``.
     ``window``: ``left`` of a causal window (row ``i`` sees ``i + off - left <= j <= i + off``)."""
     gpu_interpret, gpu_callbacks = _interpreter()
@@ -1106,7 +1207,7 @@ def emulate_backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offse
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             dq, dk, dv = jax.block_until_ready(_run(q, k, v, o, lse, do, q_offset, causal=causal,
                                                     scale=float(scale), cfg=cfg, emulate=True, dlse=dlse,
-                                                    left=window, softcap=softcap))
+                                                    left=window, softcap=softcap, segment_ids=segment_ids))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()
@@ -1129,32 +1230,34 @@ class _Static:
     softcap: float | None = None
 
 
-def _fwd_call(q, k, v, off, sinks, st: _Static, with_lse: bool = True):
+def _fwd_call(q, k, v, off, sinks, seg, st: _Static, with_lse: bool = True):
     from . import fa_prefill
 
     return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=off, interpret=st.interpret,
                               config=st.fwd_config, return_lse=with_lse,
-                              window=None if st.left is None else (st.left, 0), softcap=st.softcap, sinks=sinks)
+                              window=None if st.left is None else (st.left, 0), softcap=st.softcap, sinks=sinks,
+                              segment_ids=seg)
 
 
 def _bwd_call(st: _Static, res, dout, dlse=None):
-    q, k, v, off, sinks, out, lse = res
+    q, k, v, off, sinks, seg, out, lse = res
     dq, dk, dv = backward(q, k, v, out, lse, dout, causal=st.causal, scale=st.scale, q_offset=off,
                           config=st.bwd_config, interpret=st.interpret, dlse=dlse, window=st.left,
-                          softcap=st.softcap)
+                          softcap=st.softcap, segment_ids=seg)
     # the sinks' gradient from the same delta (dS needs no change: the forward's LSE includes the sinks)
     dsinks = None if sinks is None else sinks_grad(out, lse, dout, sinks, dlse).astype(jnp.asarray(sinks).dtype)
-    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0), dsinks
+    dseg = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
+    return dq, dk, dv, np.zeros(off.shape, dtype=jax.dtypes.float0), dsinks, dseg
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attn(q, k, v, off, sinks, st: _Static):
-    return _fwd_call(q, k, v, off, sinks, st)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attn(q, k, v, off, sinks, seg, st: _Static):
+    return _fwd_call(q, k, v, off, sinks, seg, st)
 
 
-def _attn_fwd(q, k, v, off, sinks, st: _Static):
-    out, lse = _fwd_call(q, k, v, off, sinks, st)
-    return (out, lse), (q, k, v, off, sinks, out, lse)
+def _attn_fwd(q, k, v, off, sinks, seg, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, sinks, seg, st)
+    return (out, lse), (q, k, v, off, sinks, seg, out, lse)
 
 
 def _attn_bwd(st: _Static, res, cts):
@@ -1169,14 +1272,14 @@ _attn.defvjp(_attn_fwd, _attn_bwd)
 # runs when nothing differentiates the call, is the forward without the LSE; the LSE is made (and kept as a
 # residual) only under differentiation. A forward-only prefill through the drop-in then costs what fa_prefill's own
 # forward does.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attn_out(q, k, v, off, sinks, st: _Static):
-    return _fwd_call(q, k, v, off, sinks, st, with_lse=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attn_out(q, k, v, off, sinks, seg, st: _Static):
+    return _fwd_call(q, k, v, off, sinks, seg, st, with_lse=False)
 
 
-def _attn_out_fwd(q, k, v, off, sinks, st: _Static):
-    out, lse = _fwd_call(q, k, v, off, sinks, st)
-    return out, (q, k, v, off, sinks, out, lse)
+def _attn_out_fwd(q, k, v, off, sinks, seg, st: _Static):
+    out, lse = _fwd_call(q, k, v, off, sinks, seg, st)
+    return out, (q, k, v, off, sinks, seg, out, lse)
 
 
 def _attn_out_bwd(st: _Static, res, dout):
@@ -1188,7 +1291,7 @@ _attn_out.defvjp(_attn_out_fwd, _attn_out_bwd)
 
 def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=None,
                   bwd_config: BwdConfig | None = None, interpret: bool = False, with_lse: bool = True,
-                  window: int | None = None, softcap: float | None = None, sinks=None):
+                  window: int | None = None, softcap: float | None = None, sinks=None, segment_ids=None):
     """``(out, lse)`` of fa_prefill's forward (natural-log LSE, fp32 ``[B, Hq, Tq]``), differentiable in q, k, v
     (and through the LSE) by this module's backward: the pair ``pallas_attn.dot_product_attention`` uses on
     Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic); ``bwd_config``: a
@@ -1197,7 +1300,8 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     that is not differentiated then runs the forward without the LSE. Features, forward and backward:
     ``window=left`` (causal only: row ``i`` sees ``i + off - left <= j <= i + off``, fa_prefill's
     ``window=(left, 0)``), ``softcap`` (logit soft-cap), ``sinks`` ``[Hq]`` (differentiable: its gradient is
-    ``sinks_grad``)."""
+    ``sinks_grad``), ``segment_ids`` int ``[B, T]`` (packed documents: causal self-attention, no ``q_offset``, no
+    window, D <= 128; not differentiated; on a GPU only while ``PACKED_BWD_ON_GPU`` is on)."""
     from . import fa_prefill
     from .contract import Problem
 
@@ -1224,4 +1328,13 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
     st = _Static(causal=bool(causal), scale=float(scale), fwd_config=config, bwd_config=bwd,
                  interpret=bool(interpret), left=None if fwd_window is None else fwd_window[0], softcap=softcap)
-    return _attn(q, k, v, off, sinks, st) if with_lse else _attn_out(q, k, v, off, sinks, st)
+    seg = None
+    if segment_ids is not None:
+        if q_offset is not None or window is not None or not causal:
+            raise NotImplementedError(f"{GEN} attention_lse: segment_ids take causal self-attention without a "
+                                      f"q_offset or a window")
+        if not interpret and not PACKED_BWD_ON_GPU:
+            raise NotImplementedError(f"{GEN} attention_lse: packed documents' backward has not run on a GPU yet "
+                                      f"(PACKED_BWD_ON_GPU is off)")
+        seg = jnp.asarray(segment_ids, jnp.int32)
+    return _attn(q, k, v, off, sinks, seg, st) if with_lse else _attn_out(q, k, v, off, sinks, seg, st)

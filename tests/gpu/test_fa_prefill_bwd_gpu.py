@@ -288,3 +288,31 @@ def test_softcap_and_sinks_backward_matches_oracle(config):
             assert np.linalg.norm(ours - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, (config, left, name)
         ds = np.asarray(fb.sinks_grad(o, lse, do, sinks), np.float64)
         assert np.linalg.norm(ds - ref["dsinks"]) / np.linalg.norm(ref["dsinks"]) < 2e-2, (config, left)
+
+
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+def test_packed_backward_matches_oracle(config, monkeypatch):
+    """Packed documents (segment_ids) in fa_prefill_bwd (built in session 10, interpreter-tested), after fa_prefill's
+    packed forward, against the float64 gradient oracle: short and long documents, boundaries inside a block and on
+    a tile edge, GQA. This test is the gate of ``fa_prefill_bwd.PACKED_BWD_ON_GPU``: it runs the kernels either way."""
+    from attn_core import oracle
+    from pallas_attn.kernels import fa_prefill as fp
+
+    monkeypatch.setattr(fb, "PACKED_BWD_ON_GPU", True)
+    key = jax.random.PRNGKey(23)
+    b, t, hq, hkv, d = 2, 1000, 8, 2, 128
+    kq, kk, kv, kd = jax.random.split(key, 4)
+    q, k, v, do = (jax.random.normal(x, s, jnp.float32).astype(jnp.bfloat16)
+                   for x, s in ((kq, (b, t, hq, d)), (kk, (b, t, hkv, d)), (kv, (b, t, hkv, d)), (kd, (b, t, hq, d))))
+    seg = np.stack([np.repeat(np.arange(4), (128, 37, 700, 135)), np.repeat(np.arange(3), (5, 900, 95))])
+    seg = jnp.asarray(seg, jnp.int32)
+    off = jnp.zeros((b,), jnp.int32)
+    o, lse = fp.forward(q, k, v, causal=True, scale=d ** -0.5, q_offset=off, interpret=False,
+                        config=fp.CONFIGS["default"], return_lse=True, segment_ids=seg)
+    dq, dk, dv = fb.backward(q, k, v, o, lse, do, causal=True, scale=d ** -0.5, q_offset=off,
+                             config=fb.CONFIGS[config], segment_ids=seg)
+    ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=d ** -0.5, q_segments=np.asarray(seg),
+                                          kv_segments=np.asarray(seg))
+    for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
+        ours = np.asarray(jnp.asarray(ours, jnp.float32), np.float64)
+        assert np.linalg.norm(ours - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, (config, name)
