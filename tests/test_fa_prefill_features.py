@@ -406,20 +406,27 @@ def test_dropin_segment_ids_extension(rng, monkeypatch):
     assert impl == "pallas:fa_prefill" and "forward only" in why and "PACKED_BWD_ON_GPU" in why, why
 
 
-def test_dropin_packed_documents_grads_match_oracle(rng):
+@pytest.mark.parametrize("with_cap_sinks", [False, True])
+def test_dropin_packed_documents_grads_match_oracle(rng, with_cap_sinks):
     """segment_ids through the drop-in, differentiated (interpret mode: fa_prefill's twin forward and fa_prefill_bwd's
-    packed kernels on JAX's GPU interpreter, the drop-in's backward config): output and dq / dk / dv against the
-    float64 oracle, documents of 5, 60 and 31 tokens (a boundary inside a 64-row block and one near a tile edge)."""
+    packed kernels on JAX's GPU interpreter, the drop-in's backward config), alone and with soft-cap + sinks: output,
+    dq / dk / dv (and the sinks' gradient) against the float64 oracle, documents of 5, 60 and 31 tokens (a boundary
+    inside a 64-row block and one near a tile edge)."""
     q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
                    for s in ((1, 96, 2, 64), (1, 96, 1, 64), (1, 96, 1, 64), (1, 96, 2, 64)))
     seg = np.repeat(np.arange(3), (5, 60, 31))[None].astype(np.int32)
+    sinks = jnp.asarray([0.3, -0.5], jnp.float32)
+    kw = dict(softcap=20.0) if with_cap_sinks else {}
 
-    def f(q, k, v):
-        return pallas_attn.dot_product_attention(q, k, v, is_causal=True, segment_ids=jnp.asarray(seg))
+    def f(q, k, v, s):
+        return pallas_attn.dot_product_attention(q, k, v, is_causal=True, segment_ids=jnp.asarray(seg),
+                                                 sinks=s if with_cap_sinks else None, **kw)
 
-    out, vjp = jax.vjp(f, q, k, v)
+    out, vjp = jax.vjp(f, q, k, v, sinks)
     ref = oracle.attention_grad_reference(q, k, v, do, causal=True, scale=64 ** -0.5, q_segments=seg,
-                                          kv_segments=seg)
-    for name, a in zip(("out", "dq", "dk", "dv"), (out, *vjp(do))):
+                                          kv_segments=seg, sinks=np.asarray(sinks) if with_cap_sinks else None, **kw)
+    grads = vjp(do)
+    names = ("out", "dq", "dk", "dv") + (("dsinks",) if with_cap_sinks else ())
+    for name, a in zip(names, (out, *grads)):
         a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
         assert np.linalg.norm(a - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, name
