@@ -10,8 +10,9 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
-  backward kernels. The extensions ``softcap`` and ``sinks`` are differentiable there too; ``segment_ids`` is
-  forward only.
+  backward kernels. The extensions ``softcap`` and ``sinks`` are differentiable there too; ``segment_ids``' backward
+  (fa_prefill_bwd's packed kernels, D <= 128, no window) runs in interpret mode and, on a GPU, once
+  ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (until then a GPU call with it is forward only).
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
 
 ``implementation``:
@@ -464,7 +465,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     if kernel == _PREFILL and (packed or segment_ids is None and (left is not None or (
             (softcap is not None or sinks is not None) and window is None))):
         # fa_prefill's forward and backward: a causal-shaped window (its band of key blocks in both), soft-cap,
-        # sinks (differentiable)
+        # sinks (differentiable), packed documents
         causal = bool(is_causal) or left is not None
         problem = dataclasses.replace(problem, causal=causal)
         res = fa_prefill_bwd.attention_lse(
