@@ -396,8 +396,9 @@ def _window_bwd_call(st: _WindowStatic, q, k, v, out, lse, dout, dlse=None):
                              interpret=st.interpret, config=st.bwd_config, dlse=dlse)
 
 
-# a window on sm_90: fa_prefill's forward (which skips the key blocks outside the band), fa_train's backward kernels
-# (fa_prefill_bwd's causal window, built in session 9, has not run on a GPU yet). Two custom_vjps as fa_prefill_bwd
+# a window fa_prefill_bwd does not take (not causal-shaped, or T > S) on sm_90: fa_prefill's forward (which skips the
+# key blocks outside the band), fa_train's backward kernels (a causal-shaped window runs fa_prefill_bwd's band through
+# fa_prefill_bwd.attention_lse, in _pallas). Two custom_vjps as fa_prefill_bwd
 # has them: with the LSE as an output, and the output alone (a call that is not differentiated then runs the forward
 # without the LSE)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

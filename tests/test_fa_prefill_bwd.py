@@ -214,7 +214,7 @@ def test_attention_lse_custom_vjp_interpret(rng):
 def test_window_backward_on_the_gpu_interpreter(rng, config, case):
     """A causal window (``window=left``: row i sees i + off - left <= j <= i + off): the dK/dV kernels' band of query
     blocks and the dQ kernels' band of key blocks (fa_prefill's schedule), the split kernels at D 256 too, against
-    the float64 gradient oracle, no race reported. Not yet run on a GPU."""
+    the float64 gradient oracle, no race reported. GPU-run in session 10 (tests/gpu/test_fa_prefill_bwd_gpu.py)."""
     from attn_core import oracle
 
     b, tq, tk, hq, hkv, d, left, offs = case
@@ -256,7 +256,7 @@ def test_window_kernels_lower_for_cuda(config, d):
 def test_softcap_and_sinks_backward_on_the_gpu_interpreter(rng, config, kw):
     """The soft-cap's backward (dS through tanh's derivative, in the kernels' shared _p_ds) and the sinks' gradient
     (``sinks_grad``, plain jnp; the kernels need no change, the forward's LSE holds the sink) against the float64
-    gradient oracle, on the GPU interpreter, no race. Not yet run on a GPU."""
+    gradient oracle, on the GPU interpreter, no race. GPU-run in session 10."""
     from attn_core import oracle
 
     b, tq, tk, hq, hkv, d, offs = 1, 150, 230, 2, 1, 64, (80,)
