@@ -43,7 +43,9 @@ def _sds(shape, dtype):
 
 
 def _window(w) -> tuple[int, int] | None:
-    return None if w.window is None else (w.window - 1, 0)
+    from .impls import window_pair
+
+    return window_pair(w)
 
 
 def _config_name(gen: str, cfg: Any, head_dim: int | None = None) -> str:

@@ -218,6 +218,12 @@ def _pallas_mla_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
 
 # ------------------------------------------------------------------------------- train and features
 
+
+def window_pair(w):
+    """The workload's window as the kernels and jax.nn take it: ``(W - 1, 0)`` (W keys up to the query's own), or
+    None."""
+    return None if w.window is None else (w.window - 1, 0)
+
 _FA_TRAIN = "fa_train"
 
 
@@ -230,7 +236,7 @@ def _fa_train_attn(config: str, w, inp, ctx: Ctx):
     from pallas_attn.kernels import fa_train
 
     cfg = registry.configs(_FA_TRAIN)[config]
-    window = None if w.window is None else (w.window - 1, 0)
+    window = window_pair(w)
 
     def attn(q, k, v):
         with _compat.quiet_triton():
@@ -283,7 +289,7 @@ def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
     if not (w.features & _PREFILL_FEATURES):
         return _pallas_prepare(_FA_PREFILL, config, w, inp, ctx)
     cfg = registry.configs(_FA_PREFILL)[config]
-    window = None if w.window is None else (w.window - 1, 0)
+    window = window_pair(w)
     off = jnp.full((w.batch,), w.q_offset, jnp.int32)
     sinks = inp.sinks if getattr(w, "sinks", False) else None
     seg = inp.segment_ids if getattr(w, "packed", False) else None
@@ -322,8 +328,6 @@ def _dropin_problem(w):
 _DROPIN_FEATURES = frozenset({"window", "softcap", "sinks"})
 
 
-def _dropin_window(w):
-    return None if w.window is None else (w.window - 1, 0)
 
 
 def _dropin_forward(w):
@@ -332,7 +336,7 @@ def _dropin_forward(w):
     from pallas_attn import dropin, registry
 
     kern = registry.kernel("fa_prefill")
-    cfg = dropin.prefill_config(_dropin_problem(w), _dropin_window(w))
+    cfg = dropin.prefill_config(_dropin_problem(w), window_pair(w))
     name = next((n for n, c in registry.configs("fa_prefill").items() if c == cfg), repr(cfg))
     return kern, cfg, name
 
@@ -351,9 +355,9 @@ def _dropin_supports(bwd: str, w, ctx: Ctx) -> Support:
                               f"{w.q_offset}")
     q = jax.ShapeDtypeStruct((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype)
     kv = jax.ShapeDtypeStruct((w.batch, w.kv_len, w.heads_kv, w.head_dim), w.dtype)
-    why = dropin._prefill_unsupported(q, kv, None, None, is_causal=bool(w.causal), window=_dropin_window(w),
+    why = dropin._prefill_unsupported(q, kv, None, None, is_causal=bool(w.causal), window=window_pair(w),
                                       q_lens=None, kv_lens=None)
-    if not why and w.window is not None and dropin._hopper_bwd_left(bool(w.causal), _dropin_window(w), w.q_len,
+    if not why and w.window is not None and dropin._hopper_bwd_left(bool(w.causal), window_pair(w), w.q_len,
                                                                     w.kv_len) is None:
         why = "fa_prefill_bwd has no window of this form (causal-shaped, T <= S only); the drop-in pairs fa_train's"
     if why:

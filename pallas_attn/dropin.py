@@ -463,10 +463,9 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
                       heads_kv=kh, head_dim=h, causal=bool(is_causal))
     left = _hopper_bwd_left(is_causal, window, t, s) if kernel == _PREFILL and segment_ids is None else None
     packed = kernel == _PREFILL and segment_ids is not None and window is None and _packed_grads(q)
-    if kernel == _PREFILL and (packed or segment_ids is None and (left is not None or (
-            (softcap is not None or sinks is not None) and window is None))):
-        # fa_prefill's forward and backward: a causal-shaped window (its band of key blocks in both), soft-cap,
-        # sinks (differentiable), packed documents
+    if kernel == _PREFILL and (packed or segment_ids is None and (left is not None or window is None)):
+        # fa_prefill's forward and backward (which_implementation checked: no lengths): the causal mask, a
+        # causal-shaped window (its band of key blocks in both), soft-cap, sinks (differentiable), packed documents
         causal = bool(is_causal) or left is not None
         problem = dataclasses.replace(problem, causal=causal)
         res = fa_prefill_bwd.attention_lse(
@@ -489,14 +488,6 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
             lse = None
         else:
             out, lse = _window_lse(q, k, v, st)
-    elif kernel == _PREFILL:  # which_implementation checked: no lengths (no empty rows without a window)
-        res = fa_prefill_bwd.attention_lse(
-            q, k, v, causal=bool(is_causal), scale=scale, config=fa_prefill.KERNEL.heuristic(problem),
-            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)],
-            interpret=_compat.default_interpret(None), with_lse=return_residual)
-        if not return_residual:  # the output alone: a forward-only call runs no LSE (attention_lse's with_lse)
-            return res
-        out, lse = res
     else:
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(

@@ -3,16 +3,16 @@
 The constants in ``compare/layer2.py`` (``pallas_attn_fa_prefill_*``) were fitted on the H100 model-shape sweep's
 named fa_prefill records only. This scores layer 2 (recomputed with today's model) on the fa_prefill records of other
 runs: the H200 ones (the other chip) and the earlier H100 named-shape runs, plus the sweep's ``pallas:auto`` rows.
-Usage: ``python scripts/layer2_prefill_oos.py`` from the repository root.
+Rows from ``compare.scorecard.rows(..., recompute=True)`` (the run's measured ceilings where it has them). Usage:
+``python scripts/layer2_prefill_oos.py`` from the repository root.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import statistics
 
-from compare import layer2
+from compare import scorecard
 
 GROUPS = {
     "H200 s6 pf_m (other chip)": ["results/fa_prefill/20261123_s6_h200_pf_m/records.jsonl"],
@@ -30,19 +30,14 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, files in GROUPS.items():
         errs = []
-        for f in files:
-            for line in open(f):
-                r = json.loads(line)
-                if r.get("type") != "result" or r["status"] != "ok" or r["workload"]["family"] != "prefill":
-                    continue
-                impl = r["impl"]["name"]
-                if name.startswith("H100 sweep") and impl != "pallas:auto":
-                    continue
-                if not (impl.startswith("pallas:fa_prefill") or impl == "pallas:auto"):
-                    continue
-                sc = layer2.score(r, recompute=True)
-                if sc["layer2_err"] is not None:
-                    errs.append(sc["layer2_err"])
+        for r in scorecard.rows(scorecard.load(files), recompute=True):
+            if not r["family"].startswith("prefill/") or r["layer2_err"] is None:
+                continue
+            impl = r["impl"]
+            if (name.startswith("H100 sweep") and impl != "pallas:auto") or not (
+                    impl.startswith("pallas:fa_prefill") or impl == "pallas:auto"):
+                continue
+            errs.append(r["layer2_err"])
         if errs:
             a = [abs(e) for e in errs]
             print(f"| {name} | {len(a)} | {statistics.median(a):.3f} | {max(a):.3f} | "

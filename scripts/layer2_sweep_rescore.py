@@ -3,7 +3,8 @@
 Per family, for ``pallas:auto`` and the named configs apart: the median and worst |error| of layer 2 against the
 measured p50 (error = predicted / measured - 1), how many are within 25%, the mean signed error, and the three worst
 records. Train records are left out (layer 2 does not model the backward). This runs AFTER the records were made: it
-checks the model, it is not the before-the-run score issue 35 asks for (a sweep run records that itself).
+checks the model, it is not the before-the-run score issue 35 asks for (a sweep run records that itself). The rows
+are ``compare.scorecard.rows(..., recompute=True)`` (the run's measured ceilings where it has them).
 
 Usage: ``python scripts/layer2_sweep_rescore.py [record files ...]`` (default: ``results/sweep/*/*.records.jsonl``).
 """
@@ -12,41 +13,34 @@ from __future__ import annotations
 
 import collections
 import glob
-import json
 import statistics
 import sys
 
-from compare import layer2
+from compare import scorecard
 
 
 def main(files: list[str]) -> None:
-    errs: dict[tuple[str, str], list[tuple[float, str, str, float, float]]] = collections.defaultdict(list)
+    errs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     unpriced: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for f in files:
-        for line in open(f):
-            r = json.loads(line)
-            if r.get("type") != "result" or r["status"] != "ok" or not r["impl"]["name"].startswith("pallas:"):
-                continue
-            fam = r["workload"]["family"]
-            if fam == "train":
-                continue
-            sc = layer2.score(r, recompute=True)
-            if sc["layer2_err"] is None:
-                unpriced[fam][str(sc["layer2_error"])[:80]] += 1
-                continue
-            side = "auto" if r["impl"]["name"] == "pallas:auto" else "named"
-            errs[(fam, side)].append((sc["layer2_err"], r["workload"]["name"], r["impl"]["name"], sc["measured_us"],
-                                      sc["layer2_us"]))
+    for r in scorecard.rows(scorecard.load(files), recompute=True):
+        fam = r["family"].split("/")[0]
+        if fam == "train" or not r["impl"].startswith("pallas:"):
+            continue
+        if r["layer2_err"] is None:
+            unpriced[fam][str(r["layer2_error"])[:80]] += 1
+            continue
+        errs[(fam, "auto" if r["impl"] == "pallas:auto" else "named")].append(r)
     print("| family | rows | records | median abs err | worst abs err | within 25% | mean signed |")
     print("|---|---|---|---|---|---|---|")
     for (fam, side), v in sorted(errs.items()):
-        a = [abs(e[0]) for e in v]
+        a = [abs(r["layer2_err"]) for r in v]
         print(f"| {fam} | {side} | {len(v)} | {statistics.median(a):.3f} | {max(a):.3f} | "
-              f"{sum(x <= 0.25 for x in a)}/{len(a)} | {statistics.mean(e[0] for e in v):+.3f} |")
+              f"{sum(x <= 0.25 for x in a)}/{len(a)} | {statistics.mean(r['layer2_err'] for r in v):+.3f} |")
     print()
     for (fam, side), v in sorted(errs.items()):
-        for e in sorted(v, key=lambda e: -abs(e[0]))[:3]:
-            print(f"worst {fam}/{side}: {e[0]:+.2f} {e[1]} {e[2]} measured {e[3]:.1f} us, layer 2 {e[4]:.1f} us")
+        for r in sorted(v, key=lambda r: -abs(r["layer2_err"]))[:3]:
+            print(f"worst {fam}/{side}: {r['layer2_err']:+.2f} {r['workload']} {r['impl']} measured "
+                  f"{r['measured_us']:.1f} us, layer 2 {r['layer2_us']:.1f} us")
     for fam, c in sorted(unpriced.items()):
         print(f"not priced ({fam}): {dict(c)}")
 

@@ -313,7 +313,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if sinks:
             sink_ref, *rest = rest
-        if segments:  # int32 [B, Tq_pad]: each row's document start (packed sequences)
+        if segments:  # float32 [B, Tq_pad]: each row's document start (packed sequences; exact below 2^24)
             seg_ref, *rest = rest
         if with_lse:
             o_ref, lse_ref, *scratch = rest
@@ -374,8 +374,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 plgpu.barrier_wait(q_bar.at[wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
-                if segments:  # this consumer's rows' document starts, in the row layout of the scores (from shared
-                    # memory: session 10's first GPU run of a direct load from global memory never finished)
+                if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
+                    # shared memory by TMA, as every other per-row vector)
                     plgpu.barrier_wait(seg_bar.at[wg])
                     seg_rows = _compat.mgpu_load(seg_smem.at[wg], layout=row_layout).astype(jnp.int32)
                 m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)

@@ -309,24 +309,18 @@ def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
 def _window_query_blocks(j0, off, *, nq: int, tk: int, left: int):
     """Causal with a window of ``left`` keys behind the diagonal (row ``i`` sees ``i + off - left <= j <= i + off``):
     ``(lo, full, full_hi, hi)`` query blocks of 64 rows for keys ``[j0, j0 + 64)``: rows in ``[lo, hi)`` see one of
-    them, ``[full, full_hi)`` see all of them (no mask), ``[lo, full)`` and ``[full_hi, hi)`` need the mask."""
+    them, ``[full, full_hi)`` see all of them (no mask), ``[lo, full)`` and ``[full_hi, hi)`` need the mask. Key ``j``
+    is seen up to row ``j + left - off``: its band ends (exclusive) at row ``j + left - off + 1``."""
+    return _seg_query_blocks(j0, j0 + left - off + 1, j0 + BLOCK + left - off, nq=nq, tk=tk, off=off)
+
+
+def _seg_query_blocks(j0, e_first, e_last, *, nq: int, tk: int, off=0):
+    """A causal band that ends per key: ``(lo, full, full_hi, hi)`` query blocks of 64 rows for keys ``[j0, j0 + 64)``
+    (as ``_window_query_blocks``), where ``e_first`` / ``e_last`` is the row at which key ``j0`` / the block's last key
+    stops being seen (exclusive): rows before ``e_first`` see every key of the block (from the diagonal on), rows from
+    ``e_last`` on see none. Packed documents (offset 0): the end of the key's document (``segment_ends``); a window:
+    the key plus the window (``_window_query_blocks``)."""
     lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=True)
-    # the last row that sees key j0 + 63 is j0 + 63 + left - off; every key of the block is visible to rows up to
-    # j0 + left - off (the window's far edge for the block's first key)
-    hi = jnp.clip(lax.div(jnp.maximum(j0 + BLOCK - 1 + left - off + 1, 0) + BLOCK - 1, BLOCK), lo, nq)
-    full = jnp.minimum(full, hi)
-    full_hi = jnp.clip(lax.div(jnp.maximum(j0 + left - off + 1, 0), BLOCK), full, hi)
-    ragged = j0 + BLOCK > tk
-    full_hi = jnp.where(ragged, full, full_hi)
-    return lo, full, full_hi.astype(jnp.int32), hi.astype(jnp.int32)
-
-
-def _seg_query_blocks(j0, e_first, e_last, *, nq: int, tk: int):
-    """Packed documents (causal self-attention, each row sees ``start[i] <= j <= i``): ``(lo, full, full_hi, hi)``
-    query blocks of 64 rows for keys ``[j0, j0 + 64)``, as ``_window_query_blocks``. ``e_first`` / ``e_last``: the end
-    of the document of key ``j0`` / of the block's last key (the first row whose document starts after it): the rows
-    before ``e_first`` see every key of the block (from the diagonal on), rows from ``e_last`` on see none."""
-    lo, full = _query_blocks(j0, 0, nq=nq, tk=tk, causal=True)
     hi = jnp.clip(lax.div(jnp.maximum(e_last, 0) + BLOCK - 1, BLOCK), lo, nq)
     full = jnp.minimum(full, hi)
     full_hi = jnp.clip(lax.div(jnp.maximum(e_first, 0), BLOCK), full, hi)
@@ -424,7 +418,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         # the producer streams the query blocks that see the CTA's first 64 keys: a superset of what the
         # later consumers' keys need (their first visible block is at or after this one)
         lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
-        # a window: the last consumer's keys are the last any row of the CTA's query range sees
+        # a window / documents: the last consumer's keys are the last any row of the CTA's query range sees
         j_last = ji * (nc * bk) + (nc - 1) * bk
         if segments:  # packed documents: the last consumer's keys' document ends bound the CTA's query range
             hi_last = seg_blocks(j_last)[3]
@@ -589,7 +583,8 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
         # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
         *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
                                    hi_off=0 if causal else None)
-        # a window (causal): blocks [a_p, n_load), from the first consumer's first block (fa_prefill's schedule)
+        # a window / documents (causal): blocks [a_p, n_load), from the first consumer's first block (fa_prefill's
+        # schedule)
         def wbounds(r0, off):
             seg = None
             if segments:  # the first and the last row's document starts
