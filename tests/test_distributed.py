@@ -204,8 +204,8 @@ def test_inner_compare_runs_the_multi_device_impls(tmp_path):
         cp = [r for r in res if r["workload"]["devices"] == n and r["impl"]["name"].startswith("pallas:fa_decode_cp:")]
         assert {r["impl"]["config"] for r in cp} == {"all_gather", "psum"}
         call = [r for r in res if r["workload"]["devices"] == n
-                and r["impl"]["name"].startswith("pallas:fa_decode_cp_call:")]  # the public wrapper per call
-        assert {r["impl"]["config"] for r in call} == {"all_gather", "psum"}
+                and r["impl"]["name"].startswith("pallas:fa_decode_cp_call:")]  # the public wrapper per call (one
+        assert {r["impl"]["config"] for r in call} == {"psum"}  # merge in the smoke set: the merges are the program's)
         cp += call
         for r in cp:
             assert r["status"] == "ok", r["reason"]
