@@ -12,7 +12,8 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
   backward kernels. The extensions ``softcap`` and ``sinks`` are differentiable there too; ``segment_ids``' backward
   (fa_prefill_bwd's packed kernels, D <= 128, no window) runs in interpret mode and, on a GPU, once
-  ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (until then a GPU call with it is forward only).
+  ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (it is, since its first GPU run; off, a GPU call with it is forward
+  only).
 * ``pallas:fa_train`` otherwise (Triton-lowered; every mask, fp32, D 16-256; also in interpret mode on a CPU).
 
 ``implementation``:
@@ -311,7 +312,7 @@ def _pair_words(q, k, is_causal, window) -> str:
 
 def _packed_grads(q) -> bool:
     """Whether packed documents are differentiable here: fa_prefill_bwd's packed kernels (D <= 128), on a GPU only
-    once ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (their first GPU run), always in interpret mode."""
+    while ``fa_prefill_bwd.PACKED_BWD_ON_GPU`` is on (on since their first GPU run), always in interpret mode."""
     return q.shape[3] <= 128 and (fa_prefill_bwd.PACKED_BWD_ON_GPU or _compat.default_interpret(None))
 
 

@@ -72,9 +72,9 @@ __all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward",
            "PASS_NAMES"]
 
 GEN = "fa_prefill"
-# packed documents (segment_ids) in the backward kernels: off on a GPU until tests/gpu/test_fa_prefill_bwd_gpu.py's
-# packed case passes (built in session 10, tested on JAX's GPU interpreter only)
-PACKED_BWD_ON_GPU = False
+# packed documents (segment_ids) in the backward kernels on a GPU: on since tests/gpu/test_fa_prefill_bwd_gpu.py's
+# packed case passed on an H100 (session 11, results/sweep/20261127_s11_h100_call1/); a switch to turn them off
+PACKED_BWD_ON_GPU = True
 PASS_DKDV = f"pallas_attn_{GEN}_bwd_dkdv"
 PASS_DQ = f"pallas_attn_{GEN}_bwd_dq"
 PASS_NAMES = (PASS_DKDV, PASS_DQ, f"{PASS_DKDV}_mosaic_gpu", f"{PASS_DQ}_mosaic_gpu")
@@ -1143,8 +1143,8 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
     Sinks need no kernel change: their gradient is ``sinks_grad``, and dS is the same given the forward's LSE.
     ``segment_ids`` int ``[B, T]`` (packed documents, causal self-attention, offset 0, no window; D <= 128): each row
     sees ``start[i] <= j <= i`` (fa_prefill's forward with the same ids); the dK/dV kernel's query band per key tile
-    ends at the tile's documents' ends, the dQ kernel runs the forward's schedule. Interpreter-tested; refused on a GPU
-    while ``PACKED_BWD_ON_GPU`` is off (its first GPU run decides)."""
+    ends at the tile's documents' ends, the dQ kernel runs the forward's schedule. Interpreter- and GPU-tested (H100);
+    refused on a GPU while ``PACKED_BWD_ON_GPU`` is off."""
     cfg = CONFIGS["default"] if config is None else config
     if not isinstance(cfg, BwdConfig):
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
