@@ -1,0 +1,105 @@
+"""Where the public context-parallel decode wrapper's per-call time goes, on the GPUs of this host (issue 36).
+
+Per-call wall time (50 calls issued back to back, one sync; median of 5 batches) for the bare program with every
+input pre-placed, the wrapper's cached step with q pre-placed, and the wrapper with q as a caller holds it (committed
+to device 0, uncommitted, numpy), at a smoke shape (host-bound: the per-call floor) and at B1 S1M, on 1, 2, 4, 8
+devices as the host has them.
+
+Usage: ``PYTHONPATH=. python scripts/cp_host_probe.py OUT.json`` on a GPU host (``CP_INTERP=1`` runs the smoke shape
+on one CPU device in interpret mode: a check that the script runs, not a measurement). The JSON carries the GPU names,
+jax version and ``PALLAS_ATTN_GIT_SHA``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pallas_attn import distributed
+
+INTERP = bool(os.environ.get("CP_INTERP"))
+SHAPES = {"smoke_b2_s512_h8_d64": (2, 512, 8, 2, 64), "b1_s1048576_h32_d128": (1, 1048576, 32, 8, 128)}
+
+
+def per_call(f, calls: int = 50, reps: int = 5) -> float:
+    """Median over ``reps`` batches of the wall time per call of ``calls`` calls issued back to back, one sync."""
+    jax.block_until_ready(f())
+    jax.block_until_ready(f())
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        r = None
+        for _ in range(calls):
+            r = f()
+        jax.block_until_ready(r)
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return float(np.median(samples))
+
+
+def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
+    b, s, _, _, _ = shape
+    mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
+    k, v = distributed.shard_kv(mesh, k_host), distributed.shard_kv(mesh, v_host)
+    rep = NamedSharding(mesh, P())
+    qs = jax.device_put(q_host, rep)
+    q0 = jax.device_put(q_host, jax.devices()[0])
+    qu = jnp.asarray(q_host)
+    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
+    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
+    opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
+                generation="fa_decode", config=None, interpret=INTERP)
+    prog = distributed.decode_program(mesh, **opts)
+    step = distributed.step_program(mesh, tq=1, has_len=False, has_off=False, **opts)
+    kw = dict(causal=True, merge="all_gather", interpret=INTERP)
+
+    def call(q):
+        return distributed.context_parallel_decode(mesh, q, k, v, **kw)
+
+    outer = jax.jit(call)
+    return {
+        "program, all pre-placed": lambda: prog(qs, k, v, lens, off)[0],
+        "step, q pre-placed": lambda: step(qs, k, v)[0],
+        "wrapper, q pre-placed": lambda: call(qs),
+        "wrapper, q committed dev0": lambda: call(q0),
+        "wrapper, q uncommitted": lambda: call(qu),
+        "wrapper, q numpy": lambda: call(q_host),
+        "wrapper in caller jit, q dev0": lambda: outer(q0),
+        "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
+    }
+
+
+def main(out: str) -> None:
+    shapes = {"smoke_b2_s512_h8_d64": SHAPES["smoke_b2_s512_h8_d64"]} if INTERP else SHAPES
+    ndev = [n for n in (1, 2, 4, 8) if n <= len(jax.devices())]
+    rows = []
+    for sname, shape in shapes.items():
+        b, s, hq, hkv, d = shape
+        rng = np.random.default_rng(0)
+        q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+        k_host = jnp.asarray(rng.standard_normal((b, s, hkv, d), dtype=np.float32).astype(np.float16))
+        v_host = jnp.asarray(rng.standard_normal((b, s, hkv, d), dtype=np.float32).astype(np.float16))
+        for n in ndev:
+            for cname, f in cases(n, shape, q_host, k_host, v_host).items():
+                try:
+                    t = per_call(f)
+                except Exception as e:  # noqa: BLE001 - recorded, the probe goes on
+                    t = None
+                    print("ERR", sname, n, cname, repr(e)[:200], flush=True)
+                rows.append(dict(shape=sname, devices=n, case=cname, us_per_call=t))
+                print(f"{sname:24s} dev{n} {cname:34s} {t if t is None else round(t, 1)}", flush=True)
+    env = dict(gpu=[dv.device_kind for dv in jax.devices()], jax=jax.__version__,
+               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), interpret=INTERP)
+    with open(out, "w") as fh:
+        json.dump(dict(env=env, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
