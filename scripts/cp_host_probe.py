@@ -63,7 +63,9 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
     def call(q):
         return distributed.context_parallel_decode(mesh, q, k, v, **kw)
 
-    outer = jax.jit(call)
+    # a caller's own jit takes the cache as an argument (closing over it would bake it in as a constant); JAX refuses
+    # a q committed to one device beside a cache on the mesh there, so the caller's q is uncommitted
+    outer = jax.jit(lambda q, k, v: distributed.context_parallel_decode(mesh, q, k, v, **kw))
     return {
         "program, all pre-placed": lambda: prog(qs, k, v, lens, off)[0],
         "step, q pre-placed": lambda: step(qs, k, v)[0],
@@ -71,7 +73,7 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
         "wrapper, q committed dev0": lambda: call(q0),
         "wrapper, q uncommitted": lambda: call(qu),
         "wrapper, q numpy": lambda: call(q_host),
-        "wrapper in caller jit, q dev0": lambda: outer(q0),
+        "wrapper in caller jit, q uncommitted": lambda: outer(qu, k, v),
         "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
     }
 
@@ -80,6 +82,8 @@ def main(out: str) -> None:
     shapes = {"smoke_b2_s512_h8_d64": SHAPES["smoke_b2_s512_h8_d64"]} if INTERP else SHAPES
     ndev = [n for n in (1, 2, 4, 8) if n <= len(jax.devices())]
     rows = []
+    env = dict(gpu=[dv.device_kind for dv in jax.devices()], jax=jax.__version__,
+               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), interpret=INTERP)
     for sname, shape in shapes.items():
         b, s, hq, hkv, d = shape
         rng = np.random.default_rng(0)
@@ -94,11 +98,9 @@ def main(out: str) -> None:
                     t = None
                     print("ERR", sname, n, cname, repr(e)[:200], flush=True)
                 rows.append(dict(shape=sname, devices=n, case=cname, us_per_call=t))
-                print(f"{sname:24s} dev{n} {cname:34s} {t if t is None else round(t, 1)}", flush=True)
-    env = dict(gpu=[dv.device_kind for dv in jax.devices()], jax=jax.__version__,
-               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), interpret=INTERP)
-    with open(out, "w") as fh:
-        json.dump(dict(env=env, rows=rows), fh, indent=1)
+                print(f"{sname:24s} dev{n} {cname:36s} {t if t is None else round(t, 1)}", flush=True)
+                with open(out, "w") as fh:  # after every row: a run cut short keeps what it measured
+                    json.dump(dict(env=env, rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":
