@@ -121,11 +121,20 @@ CONFIGS = {
 }
 
 
-def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True) -> int:
-    """Shared memory of one CTA: two Q/O tiles, the K and V rings, the LSE staging and the barriers."""
-    tiles = (2 * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize
+def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True, q_buffers: int = 1) -> int:
+    """Shared memory of one CTA: ``q_buffers`` pairs of Q/O tiles (one per consumer), the K and V rings, the LSE
+    staging and the barriers."""
+    tiles = (2 * q_buffers * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize
     # + Mosaic GPU's own scratch (2 KiB of reduction space by default), the barriers and alignment
     return tiles + (2 * cfg.block_q * 4 if with_lse else 0) + 2700
+
+
+def q_buffers(d: int, itemsize: int, cfg: PrefillConfig, tiles: int, with_lse: bool = True) -> int:
+    """Q/O buffers per consumer: 2 when a CTA runs several row tiles and a second pair fits shared memory (the next
+    tile's Q streams in while the current one computes, and its O leaves without a wait), else 1."""
+    if tiles > 1 and smem_bytes(d, itemsize, cfg, with_lse, q_buffers=2) <= _SMEM_LIMIT:
+        return 2
+    return 1
 
 
 def fit(cfg: PrefillConfig, d: int, itemsize: int = 2, with_lse: bool = True) -> PrefillConfig:
@@ -300,6 +309,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     n_qblocks = tq_pad // (2 * bq)
     tiles = min(cfg.tiles, n_qblocks)
     n_groups = -(-n_qblocks // tiles)
+    nqb = q_buffers(d, dtype.itemsize, cfg, tiles, with_lse)
     hi_off, lo_off = _mask_bounds(causal, window)
     bounded = hi_off is not None or lo_off is not None
     # soft-cap: the kernel keeps t = tanh(scale * s / cap) in [-1, 1] and folds cap and log2(e) into the exponent's
@@ -359,6 +369,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
 
+            def q_load(t, buf):  # this consumer's rows of tile t into Q/O buffer buf
+                r = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq) + wg * bq
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_smem.at[buf, wg], q_bar.at[2 * buf + wg])
+
+            if nqb == 2:  # double-buffered Q/O (several tiles per CTA): the first tile's Q before the loop
+                q_load(0, 0)
+
             def tile(t, base):
                 q0, a_p, n_load = tile_span(t)
 
@@ -366,12 +383,24 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     return lax.rem(base + s - a_p, ns)
 
                 r0 = q0 + wg * bq
-                q_smem = qo_smem.at[wg]
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bq), h], q_smem, q_bar.at[wg])
+                if nqb == 2:
+                    # tile t computes in buffer t % 2 while tile t + 1's Q streams into the other one, which held
+                    # tile t - 1's O: its store (and the LSE's) must have left shared memory first (only the smem
+                    # read, not the global write: the O of tile t - 1 was issued just before this point)
+                    buf = lax.rem(t, 2)
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                    @pl.when(t + 1 < n_tiles)
+                    def _():
+                        q_load(t + 1, 1 - buf)
+                else:
+                    buf = 0
+                    q_load(t, 0)
+                q_smem = qo_smem.at[buf, wg]
                 if segments:
                     plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
                 a, n_lfull, n_full, n_done = bounds(r0, off)
-                plgpu.barrier_wait(q_bar.at[wg])
+                plgpu.barrier_wait(q_bar.at[2 * buf + wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
                 if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
@@ -578,10 +607,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 plgpu.copy_smem_to_gmem(q_smem, o_ref.at[bi, pl.ds(r0, bq), h])
                 if with_lse:
                     plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[bi, h, pl.ds(r0, bq)])
-                plgpu.wait_smem_to_gmem(0)
+                if nqb == 1:
+                    plgpu.wait_smem_to_gmem(0)
                 return base + (n_load - a_p)
 
             over_tiles(tile)
+            if nqb == 2:
+                plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == 2)
         def _producer():
@@ -617,11 +649,11 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     if with_lse:
         out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
     scratch = [
-        _smem_tile((2, bq, d), dtype),
+        _smem_tile((nqb, 2, bq, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         *([plgpu.SMEM((2, bq), jnp.float32)] if with_lse else []),
-        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        plgpu.Barrier(num_arrivals=1, num_barriers=2 * nqb),
         plgpu.Barrier(num_arrivals=1, num_barriers=ns),
         plgpu.Barrier(num_arrivals=1, num_barriers=ns),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
@@ -886,9 +918,10 @@ def _plan(p: Problem, cfg: PrefillConfig):
     rows = 2 * cfg.block_q
     n_q = -(-p.q_len // rows)
     ctas = p.batch * p.heads_q * (-(-n_q // min(cfg.tiles, n_q)))
+    nqb = q_buffers(p.head_dim, 2, cfg, min(cfg.tiles, n_q))
     return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
-            "overlap": cfg.overlap, "tiles": cfg.tiles, "ctas": ctas, "warpgroups": 3,
-            "smem_bytes": smem_bytes(p.head_dim, 2, cfg)}
+            "overlap": cfg.overlap, "tiles": cfg.tiles, "ctas": ctas, "warpgroups": 3, "q_buffers": nqb,
+            "smem_bytes": smem_bytes(p.head_dim, 2, cfg, q_buffers=nqb)}
 
 
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
