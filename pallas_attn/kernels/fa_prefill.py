@@ -369,9 +369,12 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
 
+            def qo_buf(buf):  # this consumer's Q/O buffer (one buffer: the layout and indexing of before)
+                return qo_smem.at[wg] if nqb == 1 else qo_smem.at[buf, wg]
+
             def q_load(t, buf):  # this consumer's rows of tile t into Q/O buffer buf
                 r = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq) + wg * bq
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_smem.at[buf, wg], q_bar.at[2 * buf + wg])
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[2 * buf + wg])
 
             if nqb == 2:  # double-buffered Q/O (several tiles per CTA): the first tile's Q before the loop
                 q_load(0, 0)
@@ -396,7 +399,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 else:
                     buf = 0
                     q_load(t, 0)
-                q_smem = qo_smem.at[buf, wg]
+                q_smem = qo_buf(buf)
                 if segments:
                     plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
                 a, n_lfull, n_full, n_done = bounds(r0, off)
@@ -649,7 +652,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     if with_lse:
         out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
     scratch = [
-        _smem_tile((nqb, 2, bq, d), dtype),
+        _smem_tile((2, bq, d) if nqb == 1 else (nqb, 2, bq, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         *([plgpu.SMEM((2, bq), jnp.float32)] if with_lse else []),
