@@ -82,17 +82,28 @@ def _ensure_4d(x):
     return x[(None,) * (4 - x.ndim)] if x.ndim < 4 else x
 
 
-def _window(local_window_size):
+def _window(local_window_size, is_causal=False, t: int | None = None, s: int | None = None):
+    """``(left, right)`` from jax.nn's ``local_window_size``; None for no window. Given the lengths ``t`` / ``s``, a
+    window that masks nothing is None too: jax.nn keeps ``i - left <= j <= i + right`` (top-left), so ``left >=
+    t - 1`` excludes no key, and ``right`` excludes none when ``right >= s - 1`` or the call is causal (``j <= i``
+    is tighter). Mistral's 4096-key window over a 4096-token prompt is such a window; the kernels' plain causal
+    schedule then runs instead of a band (session 11: 416 vs 369 us at B64 N 512 on an H100)."""
     if local_window_size is None:
         return None
     if isinstance(local_window_size, (int, np.integer)) and not isinstance(local_window_size, bool):
-        return (int(local_window_size), int(local_window_size))
-    try:
-        left, right = local_window_size
-        return (int(left), int(right))
-    except (TypeError, ValueError):
-        raise ValueError(f"local_window_size must be an int or a (left, right) pair of ints; "
-                         f"got {local_window_size!r}") from None
+        win = (int(local_window_size), int(local_window_size))
+    else:
+        try:
+            left, right = local_window_size
+            win = (int(left), int(right))
+        except (TypeError, ValueError):
+            raise ValueError(f"local_window_size must be an int or a (left, right) pair of ints; "
+                             f"got {local_window_size!r}") from None
+    if t is not None and s is not None and t >= 1 and s >= 1:
+        left, right = win
+        if left >= t - 1 and (right >= s - 1 or (bool(is_causal) and right >= 0)):
+            return None
+    return win
 
 
 def _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation):
@@ -213,7 +224,8 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     del scale, return_residual
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
     if softcap is not None or sinks is not None or segment_ids is not None:
-        return _which_extension(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
+        win = _window(local_window_size, is_causal, q.shape[1], k.shape[1])
+        return _which_extension(q, k, bias, mask, is_causal=is_causal, window=win,
                                 q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths,
                                 implementation=implementation, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
     if implementation in ("xla", "cudnn"):
@@ -225,7 +237,8 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
                                       f"returns jax.nn's result for it")
         return "xla", f"fallback: {why_empty} (jax.nn's XLA path gives its exact result: no work to launch)"
     interpret = _compat.default_interpret(None)
-    why_prefill = _prefill_unsupported(q, k, bias, mask, is_causal=is_causal, window=_window(local_window_size),
+    win = _window(local_window_size, is_causal, q.shape[1], k.shape[1])
+    why_prefill = _prefill_unsupported(q, k, bias, mask, is_causal=is_causal, window=win,
                                        q_lens=query_seq_lengths, kv_lens=key_value_seq_lengths)
     sm90 = _is_sm90()
     if implementation == _PREFILL:
@@ -235,17 +248,17 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
             raise NotImplementedError(f"implementation={_PREFILL!r}: its Mosaic GPU kernels (wgmma, TMA) need a "
                                       f"Hopper GPU (compute capability 9.0)")
         mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
-        pair = _pair_words(q, k, is_causal, _window(local_window_size))
+        pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"forced: {pair} support the call ({mode})"
     if implementation in (None, "pallas") and sm90 and not why_prefill:
-        pair = _pair_words(q, k, is_causal, _window(local_window_size))
+        pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
     if why:
         if implementation is not None:
             raise NotImplementedError(f"implementation={implementation!r}: {why}")
         if not interpret and _cudnn_takes(q, bias, mask, query_seq_lengths, key_value_seq_lengths,
-                                          is_causal=is_causal, window=_window(local_window_size)):
+                                          is_causal=is_causal, window=win):
             return "cudnn", f"fallback to jax.nn's cuDNN (it takes the call on this GPU): {why}"
         return "xla", f"fallback: {why}"
     mode = "interpret mode: no GPU" if interpret else "Triton on the GPU"
@@ -568,7 +581,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     res = _pallas(q, k, v, kernel=impl, scale=sc, is_causal=bool(is_causal),
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
-                  window=_window(local_window_size), return_residual=bool(return_residual), softcap=softcap,
+                  window=_window(local_window_size, is_causal, q.shape[1], k.shape[1]),
+                  return_residual=bool(return_residual), softcap=softcap,
                   sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32),
                   segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))
     if len(out_shape) == 4:

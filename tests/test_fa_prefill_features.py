@@ -245,6 +245,35 @@ def test_dropin_window_pair_grads_match_jax_nn(rng, causal, window):
         assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-3
 
 
+def test_a_window_that_masks_nothing_is_no_window(rng):
+    """jax.nn keeps i - left <= j <= i + right (top-left): left >= T - 1 with a causal (or right >= S - 1) right side
+    masks no key, and the drop-in then runs the plain schedule (Mistral's 4096-key window at N <= 4096). One key less
+    on either side keeps the window. The answer equals jax.nn's with the window (interpret mode)."""
+    w = dropin._window
+    assert w((79, 0), True, 80, 80) is None and w((100, 5), True, 80, 80) is None  # causal: right >= 0 is implied
+    assert w((79, 79), False, 80, 80) is None and w(79, False, 80, 120) == (79, 79)  # right 79 < S - 1 = 119
+    assert w((78, 0), True, 80, 80) == (78, 0) and w((79, 78), False, 80, 80) == (79, 78)
+    assert w((79, -1), True, 80, 80) == (79, -1) and w((79, 0), False, 80, 80) == (79, 0)  # right 0: causal in effect
+    assert w((4095, 0), True, 4096, 4096) is None and w((4095, 0), True, 8192, 8192) == (4095, 0)  # Mistral
+    assert w((5, 0)) == (5, 0) and w(None, True, 8, 8) is None  # without the lengths: as given
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float16) for s in ((1, 80, 2, 64), (1, 80, 1, 64),
+                                                                            (1, 80, 1, 64)))
+    impl, why = dropin.which_implementation(q, k, v, is_causal=True, local_window_size=(79, 0),
+                                            implementation="pallas:fa_prefill")
+    assert impl == "pallas:fa_prefill" and "window" not in why, why
+    _, why = dropin.which_implementation(q, k, v, is_causal=True, local_window_size=(78, 0),
+                                         implementation="pallas:fa_prefill")
+    assert "window" in why, why
+    for window in ((79, 0), (78, 0)):
+        out = pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=window,
+                                                implementation="pallas:fa_prefill")
+        f32 = jnp.float32
+        ref = jax.nn.dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), is_causal=True,
+                                           local_window_size=window)
+        a, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+        assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-3, window
+
+
 @pytest.mark.parametrize("tiles", [1, 2, 3, 4, 8, 16])
 def test_multi_tile_ctas_cover_every_row_block_once(tiles):
     """cfg.tiles: the CTAs of a head (the grid's q axis, ``ceil(n_qblocks / tiles)`` of them) run every row block
