@@ -159,14 +159,15 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1523, fixed=2.727e+04),
     "pallas_attn_v12_mla_mosaic_pipelined": Cost(issue=0, lat=2449),
     "pallas_attn_v12_mla_triton": Cost(issue=0, lat=7864, fixed=2.254e+04, dequant=0.09652),
-    # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA (shared by alias)
-    # refitted in session 10 on the H100 model-shape sweep's 45 named fa_prefill records (scripts/fit_layer2.py
-    # --only these four), after the schedule learned balanced rounds and several row tiles per CTA; scored out of
-    # sample on the H200 (docs/roofline.md, "Layer 2 on the model-shape sweep"). Were lat 533.7 / fixed 1.77e4,
-    # serial 1044, pingpong 558.2
-    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=799.9, fixed=8483),
-    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1099),
-    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=799.5),
+    # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA and ``key`` per row tile
+    # a CTA runs (shared by alias). Refitted in session 11 on 94 named H100 fa_prefill records (the sweep's default /
+    # pingpong / serial of session 8, the double-buffered multi-tile configs of session 11; scripts/fit_layer2.py
+    # --only these five), after the second Q/O buffer changed what a row tile costs; scored out of sample in
+    # docs/roofline.md ("Session 11 refit"). Session 10: lat 799.9 / fixed 8483 / no per-row-tile cost, serial 1099,
+    # pingpong 799.5 (before that: lat 533.7 / fixed 1.77e4, serial 1044, pingpong 558.2)
+    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=709.3, fixed=4018, key=4636),
+    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1092),
+    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=794.2),
     # fa_train's forward (Triton): per key block on top of the MMA
     "pallas_attn_fa_train_fwd": Cost(issue=0, lat=2754),
     # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
@@ -187,10 +188,13 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
     # cuda v8_gqa_tc: v5's WMMA block (one warp, softmax and running O in shared memory)
     "paged_wmma": {"issue": ("v5_wmma_kernel", "issue"), "lat": ("v5_wmma_kernel", "lat")},
     # issue 16: the Mosaic configs share their CTA's prologue / epilogue (Q load, output stores) with the default
+    # (and, since session 11, the per-row-tile cost ``key`` on the row tiles a CTA runs)
     "pallas_attn_fa_prefill_serial": {"lat": ("pallas_attn_fa_prefill_serial", "lat"),
-                                      "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
+                                      "fixed": ("pallas_attn_fa_prefill_overlap", "fixed"),
+                                      "key": ("pallas_attn_fa_prefill_overlap", "key")},
     "pallas_attn_fa_prefill_pingpong": {"lat": ("pallas_attn_fa_prefill_pingpong", "lat"),
-                                        "fixed": ("pallas_attn_fa_prefill_overlap", "fixed")},
+                                        "fixed": ("pallas_attn_fa_prefill_overlap", "fixed"),
+                                        "key": ("pallas_attn_fa_prefill_overlap", "key")},
     # fa_decode on quantized KV: one per-tile latency (the decode, the [rows, block_k] softmax step and the dots of
     # one tile in order; hidden under the HBM time at 16-bit KV) shared by the four (format, decode) dataflows
     **{f"pallas_attn_fa_decode_{f}": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
@@ -658,8 +662,10 @@ def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
                                         "overlap" if plan.get("overlap") else "serial")
     kv = 2 * s.batch * s.heads_kv * s.kv_len * d * 2
     q_rows = s.bh * s.q_len
+    # each row tile a CTA runs pays its own prologue / epilogue (the Q wait, the first and the masked diagonal steps,
+    # the normalisation and O store): Cost.key per row tile on ``key_steps``; Cost.fixed once per CTA
     return [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 0), units=0.0, steps=steps,
-                   mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
+                   key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
                    l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
                    note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "
                         f"busiest CTA, {mean_tiles:.1f} on the mean one; wgmma")]

@@ -6,7 +6,11 @@ records. Train records are left out (layer 2 does not model the backward). This 
 checks the model, it is not the before-the-run score issue 35 asks for (a sweep run records that itself). The rows
 are ``compare.scorecard.rows(..., recompute=True)`` (the run's measured ceilings where it has them).
 
-Usage: ``python scripts/layer2_sweep_rescore.py [record files ...]`` (default: ``results/sweep/*/*.records.jsonl``).
+``--before`` scores the prediction each record carries from before its run instead (layer 2 as it stood when the run
+started: the before-the-run score issue 35 asks for, on runs that recorded one).
+
+Usage: ``python scripts/layer2_sweep_rescore.py [--before] [record files ...]`` (default:
+``results/sweep/*/*.records.jsonl``).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import sys
 from compare import scorecard
 
 
-def main(files: list[str]) -> None:
+def main(files: list[str], before: bool = False) -> None:
     errs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     unpriced: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in scorecard.rows(scorecard.load(files), recompute=True):
+    for r in scorecard.rows(scorecard.load(files), recompute=not before):
         fam = r["family"].split("/")[0]
         if fam == "train" or not r["impl"].startswith("pallas:"):
             continue
@@ -46,4 +50,7 @@ def main(files: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or sorted(glob.glob("results/sweep/*/*.records.jsonl")))
+    args = sys.argv[1:]
+    flag = "--before" in args
+    args = [a for a in args if a != "--before"]
+    main(args or sorted(glob.glob("results/sweep/*/*.records.jsonl")), before=flag)

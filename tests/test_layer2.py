@@ -286,6 +286,29 @@ def test_fa_prefill_schedule_counts_window_tiles_and_balance():
     assert layer2.occupancy(384, 168, 100_000)[0] == 1 and ln.steps == pytest.approx(8 * vis)
 
 
+def test_fa_prefill_prices_each_row_tile_a_cta_runs():
+    """Session 11: every row tile a CTA runs pays Cost.key (its Q wait, first and diagonal steps, epilogue), the CTA
+    once Cost.fixed; serial and ping-pong share both with the pipelined dataflow. By hand on one round."""
+    from compare import hardware
+
+    h100 = hardware.get("h100")
+    s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=1024, kv_len=1024, head_dim=128, causal=True)
+    plan = {"block_q": 64, "block_kv": 128, "tiles": 4, "ctas": 2, "overlap": True, "smem_bytes": 200_000}
+    (ln,) = layer2._fa_prefill_launches(s, plan, ["k"], h100)
+    assert ln.key_steps == 4  # 8 row tiles of 128 over 2 CTAs
+    (one,) = layer2._fa_prefill_launches(s, dict(plan, tiles=1, ctas=8), ["k"], h100)
+    assert one.key_steps == 1
+    c = layer2.COSTS["pallas_attn_fa_prefill_overlap"]
+    assert c.key > 0 and c.fixed > 0
+    for name in ("pallas_attn_fa_prefill_serial", "pallas_attn_fa_prefill_pingpong"):
+        assert layer2.cost_of(name).key == c.key and layer2.cost_of(name).fixed == c.fixed
+    clk = h100.clock_mhz * 1e6
+    t = layer2.time_launch(ln, h100)
+    mma = ln.mma / layer2.mma_per_clk_sm(h100)
+    assert t.rounds == 1
+    assert t.t_latency == pytest.approx((ln.steps * c.lat + 4 * c.key + c.fixed + mma) / clk)
+
+
 def test_auto_is_priced_as_the_config_it_chose():
     from compare import hardware
 
