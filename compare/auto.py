@@ -120,6 +120,20 @@ def choice(w) -> dict[str, Any]:
         return _dropin_choice(w)
     if w.window is not None or w.softcap is not None or w.sinks or w.packed:
         raise NotImplementedError(f"pallas_attn's {w.family} entry has no {', '.join(sorted(w.features))}")
+    if w.family == "paged_decode":
+        from pallas_attn.kernels import fa_decode
+
+        if w.q_len > fa_decode.KERNEL.max_q_len:  # paged_attention's chunked prefill (pallas_attn.chunked)
+            if not w.causal or w.kv_dtype:
+                raise NotImplementedError(f"paged_attention's chunked prefill (Tq={w.q_len}) is causal over a 16-bit "
+                                          f"cache only")
+            from pallas_attn import _compat, chunked
+
+            path = "fa_prefill" if chunked.uses_fa_prefill(w.dtype, w.head_dim, _compat.default_interpret(None)) \
+                else "fa_train"
+            return {"chose": f"chunked:{path}", "generation": None, "config": None,
+                    "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: the pages gathered "
+                           f"into a dense cache, then {path} (pallas_attn.chunked)"}
     problem = problem_of(w)
     if w.family == "mla":
         # the MLA entry's own problem (pallas_attn.mla.problem_mla: it carries kv_lora_rank, a key of the table)

@@ -248,20 +248,55 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,
                     q_offset=None, generation: str = "fa_decode", interpret: bool | None = None, config=None,
-                    return_lse: bool = False, check_block_table: bool = True):
+                    return_lse: bool = False, check_block_table: bool = True, q_lens=None):
     """Paged-KV attention (ragged batch). q ``[B, Tq, Hq, D]``; pools ``[num_blocks, page, Hkv, D]``;
     block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``. The pools may be quantized
     (``pallas_attn.quant.Fp8Tensor`` / ``Nvfp4Tensor`` of that logical shape; generations serving "quantized").
 
     Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
-    ``j <= i + q_offset[b]``; ``q_offset=None`` (default) means ``kv_lens - Tq`` (decode: the last query sits
-    on the last key). With ``check_block_table`` (default) a page index outside the pool raises (eagerly) or
-    poisons that sequence's output with NaN (under jit); a kernel never reads out of bounds.
+    ``j <= i + q_offset[b]``; ``q_offset=None`` (default) means ``kv_lens - q_lens`` (decode: the last query sits
+    on the last key; a chunk: its queries are the last ``q_lens[b]`` cached tokens). With ``check_block_table``
+    (default) a page index outside the pool raises (eagerly) or poisons that sequence's output with NaN (under jit);
+    a kernel never reads out of bounds.
+
+    ``q_lens`` (int32 ``[B]``, optional, each in ``[0, Tq]``): each sequence's real query count (a batch mixing chunks
+    and single-token decodes); rows past it are padding and return 0 (LSE -inf). Chunked prefill: with the default
+    generation, more than fa_decode's 16 queries per sequence (causal only) run ``pallas_attn.chunked`` (the pages
+    gathered, then fa_prefill, or fa_train off Hopper; docs/serving.md).
     """
     s = validate_paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=scale)
+    b, tq = q.shape[0], q.shape[1]
+    from .kernels import fa_decode
+
+    if generation == "fa_decode" and config is None and tq > fa_decode.KERNEL.max_q_len:
+        if not causal:
+            raise NotImplementedError(f"paged_attention with Tq={tq} > {fa_decode.KERNEL.max_q_len} (chunked prefill) "
+                                      f"is causal only: a chunk attends to the cache before it; pass causal=True")
+        if quant.kv_format(k_pool):
+            raise NotImplementedError(f"paged_attention: chunked prefill (Tq={tq}) over a quantized cache is not "
+                                      f"built; dequantize the pool or send at most {fa_decode.KERNEL.max_q_len} "
+                                      f"queries")
+        from . import chunked
+
+        def chunk_call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset):
+            return chunked.chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, scale=s,
+                                                   q_offset=q_offset, q_lens=q_lens, interpret=interpret,
+                                                   return_lse=bool(return_lse), check_block_table=check_block_table)
+
+        call = _no_backward("chunked", chunk_call, entry="paged_attention", hint=_DECODE_HINT)
+        with _compat.quiet_triton():
+            return call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset)
     kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
-    b = q.shape[0]
-    offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
+    if q_lens is not None:
+        from . import chunked
+
+        q_lens = chunked._check_q_lens(q_lens, b, tq)
+    if q_offset is not None:
+        offs = seqlen.q_offsets(q_offset, b)
+    elif q_lens is not None:
+        offs = kv_lens.astype(jnp.int32) - q_lens
+    else:
+        offs = seqlen.paged_q_offsets(kv_lens, tq)
 
     def call(q, k_pool, v_pool, block_table, kv_lens, offs):
         return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=s, q_offset=offs,
@@ -270,4 +305,10 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
 
     call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
     with _compat.quiet_triton():
-        return call(q, k_pool, v_pool, block_table, kv_lens, offs)
+        res = call(q, k_pool, v_pool, block_table, kv_lens, offs)
+    if q_lens is None:
+        return res
+    real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # padding rows: 0, LSE -inf
+    out, lse = res if return_lse else (res, None)
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return (out, jnp.where(real[:, None, :], lse, -jnp.inf)) if return_lse else out

@@ -1,0 +1,124 @@
+"""Chunked prefill over a paged KV cache: ``paged_attention`` with more queries per sequence than a decode kernel
+serves (issue 32, first path; docs/serving.md).
+
+A serving engine appends a chunk of new tokens to each sequence's paged cache and attends the chunk to everything
+cached so far, causally; a batch may mix long chunks and single-token decodes (``q_lens``: each sequence's real
+query count, the rest of its ``Tq`` rows padding). This path gathers each sequence's pages into a dense
+``[B, pages_per_seq * page, Hkv, D]`` K and V (one XLA gather: the whole cache is read once and written once), then
+runs a dense kernel with the per-sequence query offsets:
+
+* ``fa_prefill`` (the Mosaic GPU kernels, a Hopper; interpret mode on a CPU) for fp16 / bf16 at D 64 / 128 / 256.
+  It takes the offsets but no key lengths: the keys past a sequence's ``kv_len`` (the rest of its last page and
+  unused pages) are invisible to every real row because a real row ``i < q_len`` sits at ``i + q_offset <= kv_len - 1``
+  (checked: eagerly when the arrays are concrete, else the sequence's output is poisoned with NaN); padding rows are
+  cut to 0 (LSE -inf) after the kernel.
+* ``fa_train`` (Triton) otherwise (fp32, other head dims, a GPU that is not a Hopper): it masks ``q_lens`` and
+  ``kv_lens`` itself.
+
+Semantics are ``paged_attention``'s: query ``i`` of sequence ``b`` sees key ``j`` iff ``j < kv_lens[b]`` and ``j <=
+i + q_offset[b]``; ``q_offset`` defaults to ``kv_lens - q_lens`` (the chunk is the last ``q_lens[b]`` tokens of its
+cache, what a serving engine appends). Only causal: a non-causal chunk would see the whole padded gather. Cost
+(predicted, not yet measured on a GPU): the gather moves ``2 x`` the cache once per call, 3-15% of a chunk's attention
+time at the sweep's chunked shapes (chunks of 512-2048 over 8k-32k keys); a tensor-core path that reads K/V through
+the block table in-kernel (no gather) is the next step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _compat
+from .kernels import seqlen
+
+__all__ = ["chunked_paged_attention", "uses_fa_prefill"]
+
+
+def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
+    """Whether the chunked path runs fa_prefill (else fa_train): fp16 / bf16, D 64 / 128 / 256, on a Hopper or in
+    interpret mode."""
+    from . import dropin
+    from .kernels import fa_prefill
+
+    return (dtype_name in fa_prefill.KERNEL.dtypes and head_dim in fa_prefill._HEAD_DIMS
+            and (interpret or dropin._is_sm90()))
+
+
+def _check_q_lens(q_lens, b: int, tq: int):
+    if q_lens is None:
+        return jnp.full((b,), tq, jnp.int32)
+    if not hasattr(q_lens, "shape") or tuple(q_lens.shape) != (b,) or jnp.dtype(q_lens.dtype) != jnp.int32:
+        raise ValueError(f"q_lens must be int32 [B={b}]; got {getattr(q_lens, 'shape', q_lens)!r}, "
+                         f"{getattr(q_lens, 'dtype', None)}")
+    try:
+        ql = np.asarray(q_lens)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return q_lens
+    if np.any(ql < 0) or np.any(ql > tq):
+        bad = int(np.argmax((ql < 0) | (ql > tq)))
+        raise ValueError(f"q_lens must lie in [0, Tq={tq}]; got q_lens[{bad}]={int(ql[bad])}")
+    return q_lens
+
+
+def _concrete(x):
+    try:
+        return np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float, q_offset=None, q_lens=None,
+                            interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True):
+    """Causal paged attention for any ``Tq`` (validated pools ``[num_pages, page, Hkv, D]``, int32 tables). Returns
+    ``out [B, Tq, Hq, D]`` (padding rows 0) and, with ``return_lse``, ``lse [B, Hq, Tq]`` float32 (padding rows
+    -inf). See the module docstring."""
+    from .kernels import fa_prefill, fa_train, kv_source
+
+    b, tq, hq, d = q.shape
+    num_pages, page, hkv, _ = k_pool.shape
+    pps = block_table.shape[1]
+    interp = _compat.default_interpret(interpret)
+    q_lens = _check_q_lens(q_lens, b, tq)
+    offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
+    # a real row i < q_len sits at i + offset: past the cache (offset + q_len > kv_len) it would see keys that are
+    # not there; concrete arrays raise, traced ones poison that sequence (no silent wrong answer)
+    ql, kl, of = _concrete(q_lens), _concrete(kv_lens), _concrete(offs)
+    if ql is not None and kl is not None and of is not None and np.any(of + ql > kl):
+        bad = int(np.argmax(of + ql > kl))
+        raise ValueError(f"sequence {bad}: q_offset + q_lens = {int(of[bad] + ql[bad])} exceeds kv_lens = "
+                         f"{int(kl[bad])} (a chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
+    bad = (offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page)
+    if check_block_table:
+        from .kernels import common
+
+        common.validate_table_if_concrete(kv_source.validate_block_table, block_table, kv_lens,
+                                          num_pages=num_pages, page_size=page)
+        used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
+        bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
+    # the gather: every page of the table, clamped into the pool (a kernel never reads out of bounds)
+    tbl = jnp.clip(block_table, 0, num_pages - 1)
+    k = k_pool[tbl].reshape(b, pps * page, hkv, d)
+    v = v_pool[tbl].reshape(b, pps * page, hkv, d)
+    if uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp):
+        from . import dropin
+
+        cfg = dropin.prefill_config(_problem(q, k), None)  # this GPU's table / the kernel's rule, as the drop-in
+        out, lse = fa_prefill.forward(q, k, v, causal=True, scale=scale, q_offset=offs, interpret=interp,
+                                      config=cfg, return_lse=True)
+    else:
+        out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
+                                          kv_lens=kv_lens, interpret=interp, config=fa_train.heuristic(_problem(q, k)))
+    real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    lse = jnp.where(real[:, None, :], lse, -jnp.inf)
+    out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
+    lse = jnp.where(bad[:, None, None], jnp.nan, lse)
+    return (out, lse) if return_lse else out
+
+
+def _problem(q, k):
+    from .kernels.contract import Problem
+
+    return Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=q.shape[0], q_len=q.shape[1],
+                   kv_len=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], causal=True)
