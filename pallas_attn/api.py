@@ -248,7 +248,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,
                     q_offset=None, generation: str = "fa_decode", interpret: bool | None = None, config=None,
-                    return_lse: bool = False, check_block_table: bool = True, q_lens=None):
+                    return_lse: bool = False, check_block_table: bool = True, q_lens=None, window: int | None = None,
+                    softcap: float | None = None, sinks=None):
     """Paged-KV attention (ragged batch). q ``[B, Tq, Hq, D]``; pools ``[num_blocks, page, Hkv, D]``;
     block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``. The pools may be quantized
     (``pallas_attn.quant.Fp8Tensor`` / ``Nvfp4Tensor`` of that logical shape; generations serving "quantized").
@@ -262,7 +263,9 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
     ``q_lens`` (int32 ``[B]``, optional, each in ``[0, Tq]``): each sequence's real query count (a batch mixing chunks
     and single-token decodes); rows past it are padding and return 0 (LSE -inf). Chunked prefill: with the default
     generation, more than fa_decode's 16 queries per sequence (causal only) run ``pallas_attn.chunked`` (the pages
-    gathered, then fa_prefill, or fa_train off Hopper; docs/serving.md).
+    gathered, then fa_prefill, or fa_train off Hopper; docs/serving.md). There, ``window=W`` (a query sees its last W
+    positions), ``softcap`` and ``sinks [Hq]`` (fa_prefill's path) are taken; fa_decode (Tq <= 16) has none of them
+    yet and refuses them.
     """
     s = validate_paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=scale)
     b, tq = q.shape[0], q.shape[1]
@@ -278,14 +281,20 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
                                       f"queries")
         from . import chunked
 
-        def chunk_call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset):
+        def chunk_call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset, sinks):
             return chunked.chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, scale=s,
                                                    q_offset=q_offset, q_lens=q_lens, interpret=interpret,
-                                                   return_lse=bool(return_lse), check_block_table=check_block_table)
+                                                   return_lse=bool(return_lse), check_block_table=check_block_table,
+                                                   window=window, softcap=softcap, sinks=sinks)
 
         call = _no_backward("chunked", chunk_call, entry="paged_attention", hint=_DECODE_HINT)
         with _compat.quiet_triton():
-            return call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset)
+            return call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset,
+                        None if sinks is None else jnp.asarray(sinks, jnp.float32))
+    if window is not None or softcap is not None or sinks is not None:
+        raise NotImplementedError(f"paged_attention: window / softcap / sinks are not built in {generation} (Tq={tq} "
+                                  f"<= {fa_decode.KERNEL.max_q_len}); they run on the chunked path (Tq > "
+                                  f"{fa_decode.KERNEL.max_q_len}, default generation)")
     kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
     if q_lens is not None:
         from . import chunked

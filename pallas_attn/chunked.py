@@ -16,11 +16,12 @@ runs a dense kernel with the per-sequence query offsets:
   ``kv_lens`` itself.
 
 Semantics are ``paged_attention``'s: query ``i`` of sequence ``b`` sees key ``j`` iff ``j < kv_lens[b]`` and ``j <=
-i + q_offset[b]``; ``q_offset`` defaults to ``kv_lens - q_lens`` (the chunk is the last ``q_lens[b]`` tokens of its
-cache, what a serving engine appends). Only causal: a non-causal chunk would see the whole padded gather. Cost
-(predicted, not yet measured on a GPU): the gather moves ``2 x`` the cache once per call, 3-15% of a chunk's attention
-time at the sweep's chunked shapes (chunks of 512-2048 over 8k-32k keys); a tensor-core path that reads K/V through
-the block table in-kernel (no gather) is the next step.
+i + q_offset[b]`` (and, with ``window=W``, ``j > i + q_offset[b] - W``; ``softcap`` and ``sinks`` as fa_prefill's);
+``q_offset`` defaults to ``kv_lens - q_lens`` (the chunk is the last ``q_lens[b]`` tokens of its cache, what a serving
+engine appends). Only causal: a non-causal chunk would see the whole padded gather. Cost (predicted, not yet measured
+on a GPU; docs/serving.md): the gather moves the cache twice (read, write) per call, ~5% of a chunk's attention time
+at chunks of 2048 and ~20% at 512 (8k-32k cached keys); a tensor-core path that reads K/V through the block table
+in-kernel (no gather) is the next step.
 """
 
 from __future__ import annotations
@@ -69,16 +70,26 @@ def _concrete(x):
 
 
 def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float, q_offset=None, q_lens=None,
-                            interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True):
+                            interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True,
+                            window: int | None = None, softcap: float | None = None, sinks=None):
     """Causal paged attention for any ``Tq`` (validated pools ``[num_pages, page, Hkv, D]``, int32 tables). Returns
     ``out [B, Tq, Hq, D]`` (padding rows 0) and, with ``return_lse``, ``lse [B, Hq, Tq]`` float32 (padding rows
-    -inf). See the module docstring."""
+    -inf). ``window=W``: a query sees its last ``W`` positions (``i + off - W < j <= i + off``; Mistral's 4096);
+    ``softcap`` / ``sinks [Hq]``: fa_prefill's (Gemma-2, gpt-oss; on fa_prefill's path only). See the module
+    docstring."""
     from .kernels import fa_prefill, fa_train, kv_source
 
     b, tq, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     pps = block_table.shape[1]
     interp = _compat.default_interpret(interpret)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
+        raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
+    on_prefill = uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp)
+    if (softcap is not None or sinks is not None) and not on_prefill:
+        raise NotImplementedError(f"paged_attention: softcap / sinks run on fa_prefill's path only (fp16 / bf16, D 64 /"
+                                  f" 128 / 256, a Hopper or interpret mode); got {jnp.dtype(q.dtype).name}, D {d}")
+    band = None if window is None else (int(window) - 1, 0)
     q_lens = _check_q_lens(q_lens, b, tq)
     offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
     # a real row i < q_len sits at i + offset: past the cache (offset + q_len > kv_len) it would see keys that are
@@ -100,15 +111,16 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     tbl = jnp.clip(block_table, 0, num_pages - 1)
     k = k_pool[tbl].reshape(b, pps * page, hkv, d)
     v = v_pool[tbl].reshape(b, pps * page, hkv, d)
-    if uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp):
+    if on_prefill:
         from . import dropin
 
-        cfg = dropin.prefill_config(_problem(q, k), None)  # this GPU's table / the kernel's rule, as the drop-in
+        cfg = dropin.prefill_config(_problem(q, k), band)  # this GPU's table / the kernel's rule, as the drop-in
         out, lse = fa_prefill.forward(q, k, v, causal=True, scale=scale, q_offset=offs, interpret=interp,
-                                      config=cfg, return_lse=True)
+                                      config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks)
     else:
         out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
-                                          kv_lens=kv_lens, interpret=interp, config=fa_train.heuristic(_problem(q, k)))
+                                          kv_lens=kv_lens, window=band, interpret=interp,
+                                          config=fa_train.heuristic(_problem(q, k)))
     real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
     out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
     lse = jnp.where(real[:, None, :], lse, -jnp.inf)

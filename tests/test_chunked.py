@@ -131,3 +131,38 @@ peers = []
     assert r["status"] == "ok", r.get("reason")
     assert r["impl"]["plan"]["chose"] == "chunked:fa_prefill"
     assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"]
+
+
+@pytest.mark.parametrize("dt,feats", [(jnp.bfloat16, dict(window=20, softcap=5.0, sinks=True)),
+                                      (jnp.bfloat16, dict(window=7)), (jnp.float32, dict(window=20))],
+                         ids=["bf16-window-softcap-sinks", "bf16-narrow-window", "fp32-window-fa_train"])
+def test_window_softcap_and_sinks_on_the_chunked_path(rng, dt, feats):
+    """Mistral's window (a query sees its last W positions, across pages), Gemma-2's soft-cap and gpt-oss's sinks on
+    the chunked path, against the float64 oracle with the same features; fa_decode's path refuses them by name."""
+    kv, ql = [100, 40, 64], [30, 1, 17]
+    arrs, cast, table, kvl = _case(rng, 3, 30, 4, 2, 64, 16, 8, kv, dt)
+    sinks = jnp.asarray(rng.standard_normal(4), jnp.float32) if feats.get("sinks") else None
+    kw = {k: v for k, v in feats.items() if k != "sinks"}
+    out, lse = pallas_attn.paged_attention(*arrs, table, kvl, causal=True, q_lens=jnp.asarray(np.asarray(ql, np.int32)),
+                                           return_lse=True, sinks=sinks, **kw)
+    q, kp, vp = cast
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    for b, n in enumerate(ql):
+        k = oracle.gather_paged_kv(kp, np.asarray(table)[b], kv[b])[None]
+        v = oracle.gather_paged_kv(vp, np.asarray(table)[b], kv[b])[None]
+        ro, rl = oracle.attention_reference(q[b:b + 1, :n], k, v, causal=True, q_offset=kv[b] - n,
+                                            window=kw.get("window"), softcap=kw.get("softcap"),
+                                            sinks=None if sinks is None else np.asarray(sinks))
+        tol = 1e-5 if dt == jnp.float32 else 1e-2
+        assert np.linalg.norm(out[b, :n] - ro[0]) / np.linalg.norm(ro[0]) < tol, b
+        assert np.allclose(lse[b, :, :n], rl[0], atol=10 * tol), b
+        assert np.all(out[b, n:] == 0.0)
+    small, _, t2, k2 = _case(rng, 1, 4, 4, 2, 64, 16, 4, [40], dt)
+    with pytest.raises(NotImplementedError, match="not built in fa_decode"):
+        pallas_attn.paged_attention(*small, t2, k2, causal=True, window=8)
+
+
+def test_softcap_off_fa_prefill_refuses(rng):
+    arrs, _, table, kvl = _case(rng, 1, 20, 2, 1, 64, 16, 4, [64], jnp.float32)
+    with pytest.raises(NotImplementedError, match="fa_prefill's path only"):
+        pallas_attn.paged_attention(*arrs, table, kvl, causal=True, softcap=30.0)
