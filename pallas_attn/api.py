@@ -264,8 +264,8 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
     and single-token decodes); rows past it are padding and return 0 (LSE -inf). Chunked prefill: with the default
     generation, more than fa_decode's 16 queries per sequence (causal only) run ``pallas_attn.chunked`` (the pages
     gathered, then fa_prefill, or fa_train off Hopper; docs/serving.md). There, ``window=W`` (a query sees its last W
-    positions), ``softcap`` and ``sinks [Hq]`` (fa_prefill's path) are taken; fa_decode (Tq <= 16) has none of them
-    yet and refuses them.
+    positions), ``softcap`` and ``sinks [Hq]`` (fa_prefill's path) are taken; fa_decode (Tq <= 16) takes them too
+    (its splits then tile only the window's band: a windowed decode reads the window, not the cache).
     """
     s = validate_paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=scale)
     b, tq = q.shape[0], q.shape[1]
@@ -291,10 +291,13 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         with _compat.quiet_triton():
             return call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset,
                         None if sinks is None else jnp.asarray(sinks, jnp.float32))
+    feats = {}
     if window is not None or softcap is not None or sinks is not None:
-        raise NotImplementedError(f"paged_attention: window / softcap / sinks are not built in {generation} (Tq={tq} "
-                                  f"<= {fa_decode.KERNEL.max_q_len}); they run on the chunked path (Tq > "
-                                  f"{fa_decode.KERNEL.max_q_len}, default generation)")
+        if generation != "fa_decode":
+            raise NotImplementedError(f"paged_attention: window / softcap / sinks are not built in {generation}; "
+                                      f"fa_decode (the default, Tq <= {fa_decode.KERNEL.max_q_len}) and the chunked "
+                                      f"path (Tq > {fa_decode.KERNEL.max_q_len}) take them")
+        feats = dict(window=window, softcap=softcap, sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
     kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
     if q_lens is not None:
         from . import chunked
@@ -310,7 +313,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
     def call(q, k_pool, v_pool, block_table, kv_lens, offs):
         return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=s, q_offset=offs,
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
-                          check_block_table=check_block_table)
+                          check_block_table=check_block_table, **feats)
 
     call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
     with _compat.quiet_triton():

@@ -138,7 +138,7 @@ peers = []
                          ids=["bf16-window-softcap-sinks", "bf16-narrow-window", "fp32-window-fa_train"])
 def test_window_softcap_and_sinks_on_the_chunked_path(rng, dt, feats):
     """Mistral's window (a query sees its last W positions, across pages), Gemma-2's soft-cap and gpt-oss's sinks on
-    the chunked path, against the float64 oracle with the same features; fa_decode's path refuses them by name."""
+    the chunked path, against the float64 oracle with the same features (fa_decode's path: test_decode_features)."""
     kv, ql = [100, 40, 64], [30, 1, 17]
     arrs, cast, table, kvl = _case(rng, 3, 30, 4, 2, 64, 16, 8, kv, dt)
     sinks = jnp.asarray(rng.standard_normal(4), jnp.float32) if feats.get("sinks") else None
@@ -157,9 +157,6 @@ def test_window_softcap_and_sinks_on_the_chunked_path(rng, dt, feats):
         assert np.linalg.norm(out[b, :n] - ro[0]) / np.linalg.norm(ro[0]) < tol, b
         assert np.allclose(lse[b, :, :n], rl[0], atol=10 * tol), b
         assert np.all(out[b, n:] == 0.0)
-    small, _, t2, k2 = _case(rng, 1, 4, 4, 2, 64, 16, 4, [40], dt)
-    with pytest.raises(NotImplementedError, match="not built in fa_decode"):
-        pallas_attn.paged_attention(*small, t2, k2, causal=True, window=8)
 
 
 def test_softcap_off_fa_prefill_refuses(rng):

@@ -41,6 +41,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _compat, quant, tuning
 from .._compat import pl
@@ -150,7 +151,8 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 
 
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
-                   tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast"):
+                   tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
+                   window: int | None = None, softcap: float | None = None):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
@@ -182,9 +184,14 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     _, i_q = gqa.row_position(r, tq)
 
     lo = s * (p.chunk_blocks * bk)
-    hi = jnp.minimum(kv_len, lo + p.chunk_blocks * bk)
     if causal:
         q_off = seqlen.offset_of(off_ref, b)
+    if window is not None:
+        # a sliding window (causal): the splits tile the band [first row's window start, last row], not the cache,
+        # from a key-tile boundary; keys before the band are never loaded (the time follows the window)
+        lo = lo + jnp.maximum(q_off - (window - 1), 0) // bk * bk
+    hi = jnp.minimum(kv_len, lo + p.chunk_blocks * bk)
+    if causal:
         # No row of this program sees a key past the last query position: stop loading there.
         hi = jnp.minimum(hi, q_off + tq)
     n_tiles = jnp.maximum(hi - lo + bk - 1, 0) // bk
@@ -209,10 +216,15 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         kmask = j < hi
         k, v, bad = src.tile(j0, j, kmask)
         sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        sc = sc * qk_scale
+        if softcap is not None:  # cap * tanh(scale * s / cap), in the base-2 domain of the online softmax
+            sc = jnp.tanh(sc * (scale_log2 / (softmax.LOG2E * softcap))) * (softcap * softmax.LOG2E)
+        else:
+            sc = sc * qk_scale
         vis = kmask[None, :]
         if causal:
             vis = vis & (j[None, :] <= (i_q + q_off)[:, None])
+        if window is not None:
+            vis = vis & (j[None, :] > (i_q + q_off - window)[:, None])
         m_new, l_new, alpha, pr = softmax.step(m_run, l_run, sc, vis, base2=True)
         acc = acc * alpha[:, None] + jnp.dot(pr.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return m_new, l_new, acc, bad_run | bad
@@ -243,14 +255,25 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
 
 def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale: float,
             b: int, tq: int, hq: int, hkv: int, interpret: bool, config: DecodeConfig, return_lse: bool,
-            fmt: str | None = None, quant_args: tuple = ()):
+            fmt: str | None = None, quant_args: tuple = (), window: int | None = None, softcap: float | None = None,
+            sinks=None):
+    if sinks is not None:  # the sink joins each row's denominator after the merge: o *= e^lse / (e^lse + e^sink)
+        out, lse = _launch(q, k2, v2, extra, p=p, lay=lay, causal=causal, check=check, scale=scale, b=b, tq=tq, hq=hq,
+                           hkv=hkv, interpret=interpret, config=config, return_lse=True, fmt=fmt,
+                           quant_args=quant_args, window=window, softcap=softcap)
+        sk = jnp.asarray(sinks, jnp.float32)[None, :, None]  # [1, Hq, 1] against lse [B, Hq, Tq]
+        tot = jnp.logaddexp(lse, sk)
+        w = jnp.exp(lse - tot)  # 0 for a row with no visible key (lse -inf)
+        out = (out.astype(jnp.float32) * jnp.transpose(w, (0, 2, 1))[..., None]).astype(out.dtype)
+        return (out, tot) if return_lse else out
     d = lay.d
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
-        rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode)
+        rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
+        softcap=softcap)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     args = (gqa.pack_q(q, hkv), k2, v2, *quant_args, *extra)
@@ -330,37 +353,73 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
                    return_lse=return_lse, fmt=fmt, quant_args=qargs)
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("causal", "scale", "interpret", "config", "return_lse", "check_block_table"))
-def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, *, causal, scale, interpret, config, return_lse,
-           check_block_table):
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse",
+                                             "check_block_table", "window", "softcap"))
+def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, causal, scale, interpret, config,
+           return_lse, check_block_table, window=None, softcap=None):
     b, tq, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     pages_per_seq = block_table.shape[1]
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=pages_per_seq * page, config=config,
-             page_size=page)
+    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=_band(pages_per_seq * page, tq, window),
+             config=config, page_size=page)
     fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
                    num_pages=num_pages, gather=p.paged_gather, width=width, micro=micro)
     extra = (block_table.reshape(-1), kv_lens) + ((q_offset,) if causal else ())
     return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal),
                    check=bool(check_block_table), scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret,
-                   config=config, return_lse=return_lse, fmt=fmt, quant_args=qargs)
+                   config=config, return_lse=return_lse, fmt=fmt, quant_args=qargs, window=window, softcap=softcap,
+                   sinks=sinks)
+
+
+def _band(max_kv: int, tq: int, window: int | None) -> int:
+    """Keys the splits must cover: the whole cache, or with a window the band of ``window + tq - 1`` keys from a
+    key-tile boundary (a tile is at most 512 keys), so the split plan follows the window, not the cache length."""
+    return max_kv if window is None else min(max_kv, window + tq - 1 + 512)
+
+
+def check_features(causal: bool, window, softcap, sinks, hq: int, quantized: bool):
+    """fa_decode's features (``window`` keys a query sees, itself included, causal; ``softcap``; ``sinks [Hq]``),
+    validated: ``(window, softcap, sinks)``."""
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
+        if not causal:
+            raise NotImplementedError("fa_decode's window is causal (a query's last W positions); pass causal=True")
+        window = int(window)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0:
+            raise ValueError(f"softcap must be a positive float; got {softcap!r}")
+        if quantized:
+            raise NotImplementedError("fa_decode: softcap over a quantized cache is not built")
+        softcap = float(softcap)
+    if sinks is not None:
+        sinks = jnp.asarray(sinks, jnp.float32)
+        if sinks.shape != (hq,):
+            raise ValueError(f"sinks must be float [Hq={hq}]; got shape {sinks.shape}")
+    return window, softcap, sinks
 
 
 def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
-                  interpret: bool, config: DecodeConfig, return_lse: bool = False, check_block_table: bool = True):
+                  interpret: bool, config: DecodeConfig, return_lse: bool = False, check_block_table: bool = True,
+                  window: int | None = None, softcap: float | None = None, sinks=None):
     """Paged decode on validated arrays (``contract`` calling convention): pools ``[num_pages, page, Hkv, D]``,
-    int32 ``block_table [B, pages_per_seq]``, int32 ``kv_lens [B]`` (ragged), int32 ``q_offset [B]``."""
+    int32 ``block_table [B, pages_per_seq]``, int32 ``kv_lens [B]`` (ragged), int32 ``q_offset [B]``.
+    Features (keyword-only; session 11, issue 32): ``window=W`` (causal: query ``i`` sees keys ``i + off - W < j <=
+    i + off``; the splits tile only that band, so the keys before it are never read), ``softcap`` (fp16 / bf16
+    caches), ``sinks [Hq]`` (joined to each row's denominator after the merge; the LSE includes it)."""
     num_pages, page, hkv, dk = k_pool.shape
     _check_quantized(q, k_pool, v_pool)
+    window, softcap, sinks = check_features(causal, window, softcap, sinks, q.shape[2],
+                                            quant.kv_format(k_pool) is not None)
     _check_common(q, hkv, dk, getattr(k_pool, "dtype", None))
     if not _is_pow2(page):
         raise ValueError(f"page_size must be a power of two; got {page}")
     if check_block_table:
         c.validate_table_if_concrete(validate_block_table, block_table, kv_lens, num_pages=num_pages, page_size=page)
-    return _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, causal=bool(causal), scale=scale,
-                  interpret=interpret, config=config, return_lse=return_lse, check_block_table=check_block_table)
+    return _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks, causal=bool(causal), scale=scale,
+                  interpret=interpret, config=config, return_lse=return_lse, check_block_table=check_block_table,
+                  window=window, softcap=softcap)
 
 
 def _plan_record(problem: Problem, config: DecodeConfig) -> dict:

@@ -1,0 +1,112 @@
+"""fa_decode's features on the paged entry (issue 32; session 11): a sliding window whose splits tile only the
+band (a windowed decode never reads the keys before it), soft-cap and sinks, against the float64 oracle with the same
+features on the CPU (interpret mode), with the default plan and with forced splits; bad arguments refuse by name."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_attn
+from attn_core import oracle
+from pallas_attn.kernels import fa_decode
+
+
+def _pools(rng, b, pps, page, hkv, d, dt):
+    npg = b * pps + 2
+    kp = rng.standard_normal((npg, page, hkv, d)).astype(np.float32)
+    vp = rng.standard_normal((npg, page, hkv, d)).astype(np.float32)
+    tbl = rng.permutation(npg)[: b * pps].reshape(b, pps).astype(np.int32)
+    return kp, vp, tbl
+
+
+@pytest.mark.parametrize("feats", [dict(window=40), dict(window=40, softcap=3.0, sinks=True), dict(softcap=3.0),
+                                   dict(sinks=True), dict(window=1)],
+                         ids=["window", "window-softcap-sinks", "softcap", "sinks", "window1"])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_decode_features_match_the_oracle(rng, feats, splits):
+    b, tq, hq, hkv, d, page, pps, dt = 3, 3, 4, 2, 64, 16, 16, jnp.bfloat16
+    kp, vp, tbl = _pools(rng, b, pps, page, hkv, d, dt)
+    kv = np.array([250, 37, 3], np.int32)  # the last: fewer keys than the queries (a row sees none)
+    q = rng.standard_normal((b, tq, hq, d)).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32) if feats.get("sinks") else None
+    kw = {k: v for k, v in feats.items() if k != "sinks"}
+    cast = [np.asarray(jnp.asarray(x, dt), np.float32) for x in (q, kp, vp)]
+    cfg = None if splits is None else fa_decode.DecodeConfig(splits=splits)
+    out, lse = pallas_attn.paged_attention(*(jnp.asarray(x, dt) for x in (q, kp, vp)), jnp.asarray(tbl),
+                                           jnp.asarray(kv), causal=True, return_lse=True, config=cfg,
+                                           sinks=None if sinks is None else jnp.asarray(sinks), **kw)
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    for i in range(b):
+        k = oracle.gather_paged_kv(cast[1], tbl[i], kv[i])[None]
+        v = oracle.gather_paged_kv(cast[2], tbl[i], kv[i])[None]
+        ro, rl = oracle.attention_reference(cast[0][i:i + 1], k, v, causal=True, q_offset=int(kv[i]) - tq,
+                                            window=kw.get("window"), softcap=kw.get("softcap"),
+                                            sinks=None if sinks is None else sinks.astype(np.float64))
+        assert np.linalg.norm(out[i] - ro[0]) <= 1e-2 * max(np.linalg.norm(ro[0]), 1e-30) + 1e-6, i
+        fin = np.isfinite(rl[0])
+        assert np.array_equal(np.isfinite(lse[i]), fin) and np.allclose(lse[i][fin], rl[0][fin], atol=1e-2), i
+
+
+def test_a_windowed_decode_never_reads_the_keys_before_its_band(rng):
+    """Keys before the band (the first row's window start, down to a 16-key tile) are NaN in the pool: a kernel that
+    loaded them would return NaN (a masked key's zero weight times NaN is NaN). The answer is finite and right, and
+    the split plan covers the band, not the 4096-key cache."""
+    b, tq, hq, hkv, d, page, pps, w = 1, 2, 4, 2, 64, 16, 256, 64
+    kp, vp, tbl = _pools(rng, b, pps, page, hkv, d, jnp.bfloat16)
+    kv = np.array([3000], np.int32)
+    first = (int(kv[0]) - tq - (w - 1)) // 16 * 16  # the band's first tile
+    kg, vg = oracle.gather_paged_kv(kp, tbl[0], int(kv[0])), oracle.gather_paged_kv(vp, tbl[0], int(kv[0]))
+    for pool in (kp, vp):
+        for j in range(first):  # poison every key before the band through the table
+            pool[tbl[0, j // page], j % page] = np.nan
+    q = rng.standard_normal((b, tq, hq, d)).astype(np.float32)
+    cfg = fa_decode.DecodeConfig(block_k=16)
+    out = pallas_attn.paged_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, kp, vp)), jnp.asarray(tbl),
+                                      jnp.asarray(kv), causal=True, window=w, config=cfg)
+    out = np.asarray(out, np.float64)
+    assert np.isfinite(out).all()
+    cast = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (q, kg, vg)]
+    ro, _ = oracle.attention_reference(cast[0], cast[1][None], cast[2][None], causal=True, q_offset=int(kv[0]) - tq,
+                                       window=w)
+    assert np.linalg.norm(out - ro) / np.linalg.norm(ro) < 1e-2
+    assert fa_decode._band(pps * page, tq, w) == w + tq - 1 + 512 < pps * page
+
+
+def test_decode_feature_arguments_refuse_by_name(rng):
+    kp, vp, tbl = _pools(rng, 1, 4, 16, 2, 64, jnp.bfloat16)
+    arrs = [jnp.asarray(x, jnp.bfloat16) for x in (rng.standard_normal((1, 1, 4, 64)), kp, vp)]
+    kv = jnp.asarray(np.array([40], np.int32))
+    with pytest.raises(NotImplementedError, match="causal"):
+        pallas_attn.paged_attention(*arrs, jnp.asarray(tbl), kv, causal=False, window=8)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        pallas_attn.paged_attention(*arrs, jnp.asarray(tbl), kv, causal=True, window=0)
+    with pytest.raises(ValueError, match="sinks must be float"):
+        pallas_attn.paged_attention(*arrs, jnp.asarray(tbl), kv, causal=True, sinks=jnp.zeros(3))
+    with pytest.raises(ValueError, match="softcap must be a positive"):
+        pallas_attn.paged_attention(*arrs, jnp.asarray(tbl), kv, causal=True, softcap=-1.0)
+
+
+def test_decode_features_and_the_chunked_path_lower_for_cuda(monkeypatch):
+    """The Triton kernels with a window, soft-cap and sinks (fa_decode) lower for CUDA on this CPU machine, and the
+    chunked path's fa_prefill (Mosaic GPU) with its window / soft-cap / sinks too (the device query faked to a
+    Hopper: nothing runs)."""
+    import jax
+
+    from pallas_attn import dropin
+
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+
+    pool = jax.ShapeDtypeStruct((64, 16, 2, 128), jnp.bfloat16)
+    bt = jax.ShapeDtypeStruct((2, 32), jnp.int32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    sinks = jax.ShapeDtypeStruct((8,), jnp.float32)
+    for tq in (4, 64):  # fa_decode; the chunked path (gather + fa_prefill)
+        qs = jax.ShapeDtypeStruct((2, tq, 8, 128), jnp.bfloat16)
+        f = jax.jit(lambda q, kp, bt, lens, s: pallas_attn.paged_attention(
+            q, kp, kp, bt, lens, causal=True, interpret=False, check_block_table=False, window=100, softcap=30.0,
+            sinks=s))
+        text = f.trace(qs, pool, bt, lens, sinks).lower(lowering_platforms=("cuda",)).as_text()
+        want = "pallas_attn_fa_decode_partial" if tq == 4 else "pallas_attn_fa_prefill"
+        assert want in text, tq
