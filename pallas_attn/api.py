@@ -220,7 +220,8 @@ _DECODE_HINT = ("the paged and MLA entries are inference-only (no generation of 
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset=0,
-              generation: str | None = None, interpret: bool | None = None, config=None, return_lse: bool = False):
+              generation: str | None = None, interpret: bool | None = None, config=None, return_lse: bool = False,
+              window: int | None = None, softcap: float | None = None, sinks=None):
     """Attention on JAX BTNH arrays: q ``[B, Tq, Hq, D]``, k/v ``[B, Tk, Hkv, D]`` -> ``[B, Tq, Hq, D]``.
 
     Causal is top-left with an offset: key ``j`` is visible to query ``i`` of sequence ``b`` iff
@@ -228,6 +229,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
     docstring for ``config``, ``return_lse``, ``scale`` and ``interpret``. Output has q's dtype.
     ``generation=None`` picks the best built kernel for the input (``default_generation``). ``jax.grad``
     works through fa_train (its Pallas backward); other generations have no backward and say so.
+    ``window=W`` (causal: a query sees its last W positions), ``softcap``, ``sinks [Hq]``: on fa_decode (the decode
+    shapes, Tq <= 16; session 11) only; any other generation refuses them (the drop-in has them for prefill).
     """
     s = validate_dense(q, k, v, causal=causal, scale=scale)
     problem = problem_dense(q, k, causal=causal)
@@ -235,10 +238,18 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
         generation = default_generation(problem)
     kern, cfg = resolve(generation, problem, config)
     offs = seqlen.q_offsets(q_offset, q.shape[0])
+    feats = {}
+    if window is not None or softcap is not None or sinks is not None:
+        if generation != "fa_decode":
+            raise NotImplementedError(f"pallas_attn.attention: window / softcap / sinks run on fa_decode only (Tq <= "
+                                      f"16); {generation} has none (for prefill: pallas_attn.dot_product_attention's "
+                                      f"local_window_size / softcap / sinks)")
+        feats = dict(window=window, softcap=softcap, sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
 
     def call(q, k, v, offs):
         return kern.dense(q, k, v, causal=causal, scale=s, q_offset=offs,
-                          interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse))
+                          interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
+                          **feats)
 
     if generation != "fa_train":  # fa_train's entry is a jax.custom_vjp with its Pallas backward
         call = _no_backward(generation, call)

@@ -110,3 +110,26 @@ def test_decode_features_and_the_chunked_path_lower_for_cuda(monkeypatch):
         text = f.trace(qs, pool, bt, lens, sinks).lower(lowering_platforms=("cuda",)).as_text()
         want = "pallas_attn_fa_decode_partial" if tq == 4 else "pallas_attn_fa_prefill"
         assert want in text, tq
+
+
+@pytest.mark.parametrize("feats", [dict(window=33), dict(window=33, softcap=4.0, sinks=True)], ids=["window", "all"])
+def test_dense_decode_features_match_the_oracle(rng, feats):
+    """pallas_attn.attention (dense cache, fa_decode chosen by default at Tq 2) with the features, per-sequence offsets
+    (the decode positions), forced splits: against the oracle; another generation refuses them by name."""
+    b, tq, tk, hq, hkv, d = 2, 2, 300, 4, 2, 64
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((b, tq, hq, d), (b, tk, hkv, d), (b, tk, hkv, d)))
+    sinks = rng.standard_normal(hq).astype(np.float32) if feats.get("sinks") else None
+    kw = {x: y for x, y in feats.items() if x != "sinks"}
+    off = np.array([tk - tq, 120], np.int32)
+    cast = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (q, k, v)]
+    out, lse = pallas_attn.attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)), causal=True,
+                                     q_offset=jnp.asarray(off), return_lse=True,
+                                     config=fa_decode.DecodeConfig(splits=3),
+                                     sinks=None if sinks is None else jnp.asarray(sinks), **kw)
+    ro, rl = oracle.attention_reference(*cast, causal=True, q_offset=off, window=kw.get("window"),
+                                        softcap=kw.get("softcap"), sinks=None if sinks is None else sinks.astype(float))
+    assert np.linalg.norm(np.asarray(out, np.float64) - ro) / np.linalg.norm(ro) < 1e-2
+    assert np.allclose(np.asarray(lse, np.float64), rl, atol=1e-2)
+    with pytest.raises(NotImplementedError, match="fa_decode only"):
+        pallas_attn.attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), causal=True, window=8,
+                              generation="fa_train")

@@ -336,21 +336,29 @@ def _check_common(q, hkv: int, d_kv: int, dtype) -> None:
         raise NotImplementedError(f"fa_decode is a decode kernel for 1 <= Tq <= 16; got Tq={tq}")
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse"))
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: DecodeConfig,
-            return_lse: bool = False):
-    """Dense decode on validated BTNH arrays (``contract`` calling convention)."""
+            return_lse: bool = False, window: int | None = None, softcap: float | None = None, sinks=None):
+    """Dense decode on validated BTNH arrays (``contract`` calling convention). Features as ``paged_forward``'s:
+    ``window=W`` (causal; the splits tile only the band), ``softcap`` (16-bit KV), ``sinks [Hq]``."""
+    window, softcap, sinks = check_features(causal, window, softcap, sinks, q.shape[2], quant.kv_format(k) is not None)
+    return _dense(q, k, v, q_offset, sinks, causal=bool(causal), scale=scale, interpret=interpret, config=config,
+                  return_lse=return_lse, window=window, softcap=softcap)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse", "window",
+                                             "softcap"))
+def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, return_lse, window=None, softcap=None):
     b, tq, hq, d = q.shape
     _, tk, hkv, dk = k.shape
     _check_quantized(q, k, v)
     _check_common(q, hkv, dk, getattr(k, "dtype", None))
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=tk, config=config)
+    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=_band(tk, tq, window), config=config)
     fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
     lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro)
     extra = (q_offset,) if causal else ()
     return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal), check=False,
                    scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret, config=config,
-                   return_lse=return_lse, fmt=fmt, quant_args=qargs)
+                   return_lse=return_lse, fmt=fmt, quant_args=qargs, window=window, softcap=softcap, sinks=sinks)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse",
