@@ -32,7 +32,10 @@ NAME = "pallas:auto"
 # (the drop-in's local_window_size, its softcap / sinks / segment_ids extensions on the forward, and the first three
 # differentiable: fa_prefill_bwd, or fa_train's backward for a window fa_prefill_bwd has not)
 _ENTRY_FEATURES = {"prefill": frozenset({"window", "softcap", "sinks", "packed"}),
-                   "train": frozenset({"window", "softcap", "sinks", "packed"})}
+                   "train": frozenset({"window", "softcap", "sinks", "packed"}),
+                   # attention / paged_attention on fa_decode (session 11): a causal window, soft-cap, sinks
+                   "decode": frozenset({"window", "softcap", "sinks"}),
+                   "paged_decode": frozenset({"window", "softcap", "sinks"})}
 
 
 def _sds(shape, dtype):
@@ -118,7 +121,8 @@ def choice(w) -> dict[str, Any]:
 
     if w.family in ("prefill", "train"):
         return _dropin_choice(w)
-    if w.window is not None or w.softcap is not None or w.sinks or w.packed:
+    feats = w.window is not None or w.softcap is not None or w.sinks
+    if w.packed or (feats and w.family not in ("decode", "paged_decode")):
         raise NotImplementedError(f"pallas_attn's {w.family} entry has no {', '.join(sorted(w.features))}")
     if w.family == "paged_decode":
         from pallas_attn.kernels import fa_decode
@@ -148,6 +152,11 @@ def choice(w) -> dict[str, Any]:
         gen = "fa_decode"  # paged_attention's default generation
     else:
         gen = api.default_generation(problem)
+    if feats and gen != "fa_decode":
+        raise NotImplementedError(f"pallas_attn's {w.family} entry takes window / softcap / sinks on fa_decode only; "
+                                  f"its default here is {gen}")
+    if feats and w.window is not None and not w.causal:
+        raise NotImplementedError("fa_decode's window is causal")
     kern, cfg = api.resolve(gen, problem, None)
     name = _config_name(gen, cfg)
     why = {"mla": "mla_attention's default generation fa_mla; config from its heuristic (this GPU's tuning table, "
@@ -231,16 +240,22 @@ def _prepare(w, inp, ctx: Ctx) -> Prepared:
         fn = jax.jit(functools.partial(pallas_attn.mla_attention, kv_lora_rank=inp.kv_lora_rank, scale=inp.scale,
                                        causal=w.causal, interpret=ctx.interpret))
         return Prepared(fn, (inp.q, inp.latent_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH", notes=note)
+    # the model's window (keys a query sees), soft-cap and sinks on the decode entries (fa_decode); the sinks an
+    # argument of the jitted call
+    fkw = dict(window=w.window, softcap=w.softcap) if w.window is not None or w.softcap is not None else {}
+    sinks = (inp.sinks,) if getattr(w, "sinks", False) else ()
     if w.family == "paged_decode":
-        fn = jax.jit(functools.partial(pallas_attn.paged_attention, scale=inp.scale, causal=w.causal,
-                                       interpret=ctx.interpret))
-        return Prepared(fn, (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax()), "jax", "BTNH",
-                        notes=note + "; default check_block_table=True (a user's default)")
-    fn = jax.jit(functools.partial(pallas_attn.attention, causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
-                                   interpret=ctx.interpret))
+        fn = jax.jit(lambda *a: pallas_attn.paged_attention(*a[:5], scale=inp.scale, causal=w.causal,
+                                                            interpret=ctx.interpret, **fkw,
+                                                            **({"sinks": a[5]} if len(a) > 5 else {})))
+        return Prepared(fn, (inp.q, inp.k_pool, inp.v_pool, inp.block_table, inp.kv_lens_jax(), *sinks), "jax",
+                        "BTNH", notes=note + "; default check_block_table=True (a user's default)")
+    fn = jax.jit(lambda *a: pallas_attn.attention(*a[:3], causal=w.causal, scale=inp.scale, q_offset=w.q_offset,
+                                                  interpret=ctx.interpret, **fkw,
+                                                  **({"sinks": a[3]} if len(a) > 3 else {})))
     if w.kv_dtype:
-        return Prepared(fn, (inp.q, inp.k_quant, inp.v_quant), "jax", "BTNH", notes=note)
-    return Prepared(fn, (inp.q, inp.k, inp.v), "jax", "BTNH", notes=note)
+        return Prepared(fn, (inp.q, inp.k_quant, inp.v_quant, *sinks), "jax", "BTNH", notes=note)
+    return Prepared(fn, (inp.q, inp.k, inp.v, *sinks), "jax", "BTNH", notes=note)
 
 
 def auto_impl() -> Impl:

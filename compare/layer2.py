@@ -777,10 +777,19 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                           note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
         return out
     if kname == "fa_decode":
+        band = tk
+        if s.window and s.causal:  # the kernel's splits tile only the window's band (session 11): plan it so
+            from pallas_attn.kernels import fa_decode as _fd
+
+            band = _fd._band(tk, tq, s.window)
+            plan = _fd.plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=d, max_kv=band,
+                            config=cfg or _fd.CONFIGS["default"], page_size=s.page_size,
+                            sm_count=hw.num_sm).as_dict()
+            band = min(tk, s.window + tq - 1 + plan["block_k"])  # keys read: the band from a tile boundary
         bm, bk, cb = plan["block_m"], plan["block_k"], plan["chunk_blocks"]
         P = plan["programs"]
         warps, stages = plan["num_warps"], plan["num_stages"]
-        kv = 2 * s.batch * s.heads_kv * tk * d * _kvb(s)
+        kv = 2 * s.batch * s.heads_kv * band * d * _kvb(s)
         ws = s.batch * s.heads_kv * plan["row_tiles"] * bm * plan["splits"] * (d + 1) * 4 if plan["splits"] > 1 else 0
         cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
         if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers

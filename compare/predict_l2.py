@@ -75,7 +75,7 @@ def run(a: argparse.Namespace) -> dict:
 def model_workload(model: str, entry: str, q_len: int, kv_len: int | None = None, *, tokens: int | None = None,
                    batch: int | None = None, dtype: str = "bfloat16"):
     """The compare workload of ``model`` (configs/sweep.toml's [models]) at this entry and size, built as the sweep
-    builds its own (the model's heads, head dim and features; causal prefill / train; decode: one query row)."""
+    builds its own (the model's heads, head dim and features; causal; decode: one query row on the last key)."""
     import tomllib
 
     from . import workloads
@@ -89,7 +89,7 @@ def model_workload(model: str, entry: str, q_len: int, kv_len: int | None = None
     kv = kv_len or q_len
     size = f"s{kv}" if entry == "decode" else f"n{q_len}"
     raw = {"name": f"predict_{entry}_{model}_{size}", "family": fam, "entry": entry, "model": model, "q_len": q,
-           "kv_len": kv, "causal": entry != "decode", "dtype": dtype}
+           "kv_len": kv, "causal": True, "dtype": dtype}
     if batch:
         raw["batch"] = batch
     elif entry == "decode":

@@ -133,3 +133,44 @@ def test_dense_decode_features_match_the_oracle(rng, feats):
     with pytest.raises(NotImplementedError, match="fa_decode only"):
         pallas_attn.attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), causal=True, window=8,
                               generation="fa_train")
+
+
+def test_compare_auto_times_the_decode_entries_with_features_on_cpu(tmp_path):
+    """compare's pallas:auto on decode workloads with a model's features (a dense cache and a paged one: window,
+    soft-cap, sinks), which it recorded as unsupported before session 11: ok, fa_decode chosen, oracle agreement."""
+    from compare import cli, records
+
+    cfg = tmp_path / "dec.toml"
+    common = '''heads_q = 4
+heads_kv = 2
+head_dim = 64
+q_len = 1
+kv_len = 200
+causal = true
+dtype = "bfloat16"
+window = 64
+softcap = 30.0
+sinks = true
+generations = ["pallas:auto"]
+peers = []
+'''
+    cfg.write_text(f'''description = "decode with a model's features"
+[[workload]]
+name = "dec_feats"
+family = "decode"
+batch = 2
+{common}
+[[workload]]
+name = "paged_feats"
+family = "paged_decode"
+batch = 2
+page_size = 16
+{common}''')
+    out = tmp_path / "out"
+    assert cli.main(["run", "--config", str(cfg), "--quiet", "--out", str(out)]) == 0
+    res = {r["workload"]["name"]: r for r in records.read_jsonl(out / "records.jsonl") if r["type"] == "result"}
+    for name in ("dec_feats", "paged_feats"):
+        r = res[name]
+        assert r["status"] == "ok", (name, r.get("reason"))
+        assert r["impl"]["plan"]["chose"].startswith("fa_decode"), r["impl"]["plan"]
+        assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"], name

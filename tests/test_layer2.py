@@ -323,3 +323,19 @@ def test_auto_is_priced_as_the_config_it_chose():
     assert auto["via"] == "pallas:fa_prefill:default" and auto["time_us"] == pytest.approx(named["time_us"])
     fell = layer2.predict_record(w, "pallas:auto", {"chose": "cudnn", "generation": None, "config": None}, h100)
     assert "cudnn" in fell["error"]
+
+
+def test_windowed_decode_is_priced_by_its_band():
+    """fa_decode with a window tiles only the band (session 11): layer 2 plans the splits over the band and charges
+    its keys, so Mistral's decode at 32k cached tokens costs what it costs at 4k, an eighth of Llama's full read."""
+    from compare import hardware
+
+    h100 = hardware.get("h100")
+
+    def t(kv, window):
+        s = layer2.Shape(batch=32, heads_q=32, heads_kv=8, q_len=1, kv_len=kv, head_dim=128, dtype="bfloat16",
+                         causal=True, q_offset=kv - 1, window=window)
+        return layer2.predict("pallas:fa_decode:default", s, h100).time_s
+
+    assert t(32768, 4096) == pytest.approx(t(4096 + 512, 4096), rel=0.1)
+    assert t(32768, 4096) < 0.2 * t(32768, None)

@@ -27,7 +27,7 @@ def test_model_workload_is_the_sweeps_own():
                   "softcap", "sinks"):
             assert getattr(ours, f) == getattr(theirs, f), (model, f)
     dec = predict_l2.model_workload("llama-3.1-8b", "decode", 1, 32768, batch=8)
-    assert (dec.q_len, dec.kv_len, dec.batch, dec.causal) == (1, 32768, 8, False)
+    assert (dec.q_len, dec.kv_len, dec.batch, dec.causal, dec.q_offset) == (1, 32768, 8, True, 32767)
     with pytest.raises(ValueError, match="llama-3.1-8b"):
         predict_l2.model_workload("llama-9", "prefill", 512)
 
