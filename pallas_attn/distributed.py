@@ -34,10 +34,11 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import api
+from . import _compat, api
 from .kernels import splitkv
 
 __all__ = ["context_parallel_attention", "context_parallel_decode", "decode_program", "step_program", "merge_across",
+           "ring_attention", "ring_attention_sharded",
            "shard_kv", "MERGES"]
 
 MERGES = ("all_gather", "psum")
@@ -218,3 +219,83 @@ def shard_kv(mesh, k, *, axis: str = "cp", head_axis: str | None = None):
     """Place a dense cache ``[B, Tk, Hkv, D]`` on ``mesh`` split along the sequence (helper for callers)."""
     return jax.device_put(k, NamedSharding(mesh, P(None, axis, head_axis, None)))
 
+
+
+# --------------------------------------------------------------------------------------------------------
+# Ring (context-parallel) attention for training: issue 34, first version (session 11; CPU-verified only)
+# --------------------------------------------------------------------------------------------------------
+
+def _merge2(o_a, lse_a, o_b, lse_b):
+    """Two normalized partial states (o [B, T, H, D] f32, lse [B, H, T] f32) merged with the LSE identity, written so
+    that its gradient is finite when a state is empty (LSE -inf: weight 0) or both are."""
+    m = jnp.maximum(lse_a, lse_b)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    wa, wb = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+    den = wa + wb
+    pos = den > 0
+    safe = jnp.where(pos, den, 1.0)
+    tr = (0, 2, 1)  # [B, H, T] -> [B, T, H]
+    o = (jnp.transpose(wa / safe, tr)[..., None] * o_a + jnp.transpose(wb / safe, tr)[..., None] * o_b)
+    return o, jnp.where(pos, m + jnp.log(safe), -jnp.inf)
+
+
+def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float | None = None,
+                   interpret: bool | None = None, config=None):
+    """Ring attention inside ``jax.shard_map``: q ``[B, T_loc, Hq, D]``, k / v ``[B, T_loc, Hkv, D]``, the device's
+    contiguous chunk of the sequence (chunk index = its index on ``axis_name``). Returns the chunk's output.
+
+    ``n`` steps (``n`` = the axis size): each attends the local queries to the K/V block it holds with fa_train's
+    differentiable ``attention_lse`` (the block's global offset as ``q_offset``: a causal block past the queries gives
+    empty rows, LSE -inf), merges the partial state with the LSE identity, and passes K/V to the next device with
+    ``ppermute``. The backward is JAX's reverse of that program: the kernel's Pallas backward per block (through the
+    LSE too) and the transposed ``ppermute``, which carries dK / dV back around the ring to the device that owns them.
+
+    Session-11 version: contiguous layout (a causal ring is unbalanced: device ``n - 1`` computes ``n`` blocks,
+    device 0 one; zig-zag is the planned layout), fa_train on every device (fa_prefill's pair is the sm_90 path to
+    wire), the K/V transfer not yet overlapped with the block's compute by hand (XLA schedules the ``ppermute``). No
+    GPU run yet."""
+    from .kernels import fa_train
+    from .kernels.contract import Problem
+
+    n = jax.lax.axis_size(axis_name)
+    i = jax.lax.axis_index(axis_name)
+    b, t, hq, d = q.shape
+    sc = float(scale) if scale is not None else 1.0 / float(np.sqrt(d))
+    cfg = config or fa_train.heuristic(Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t,
+                                               kv_len=t, heads_q=hq, heads_kv=k.shape[2], head_dim=d, causal=causal))
+    interp = _compat.default_interpret(interpret)
+    perm = [(j, (j + 1) % n) for j in range(n)]
+
+    def step(carry, s):
+        o_acc, lse_acc, kc, vc = carry
+        j = (i - s) % n  # the chunk this device holds at step s
+        off = jnp.full((b,), (i - j) * t, jnp.int32)  # key c of chunk j is visible to row r of chunk i iff c <= r + off
+        o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
+                                            interpret=interp, config=cfg)
+        o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
+        kc, vc = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
+        return (o_acc, lse_acc, kc, vc), None
+
+    init = (jnp.zeros((b, t, hq, d), jnp.float32), jnp.full((b, hq, t), -jnp.inf, jnp.float32), k, v)
+    (o, _, _, _), _ = jax.lax.scan(step, init, jnp.arange(n))
+    return o.astype(q.dtype)
+
+
+def ring_attention_sharded(mesh, q, k, v, *, axis: str = "cp", causal: bool = True, scale: float | None = None,
+                           interpret: bool | None = None, config=None):
+    """``ring_attention`` over ``mesh``'s ``axis`` for global BTNH arrays whose sequence (T) is split in equal
+    contiguous chunks along that axis (q, k, v of the same length: self-attention, as in training). Differentiable
+    (``jax.grad`` through it gives dq, dk, dv sharded like the inputs). Returns the output sharded like q."""
+    n = mesh.shape[axis]
+    if q.shape[1] != k.shape[1] or k.shape != v.shape:
+        raise ValueError(f"ring attention is self-attention: q, k, v must share the sequence length; got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if q.shape[1] % n:
+        raise ValueError(f"the sequence ({q.shape[1]}) must split into {n} equal chunks over mesh axis {axis!r}")
+    spec = P(None, axis, None, None)
+
+    def local(q, k, v):
+        return ring_attention(q, k, v, axis_name=axis, causal=causal, scale=scale, interpret=interpret,
+                              config=config)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)

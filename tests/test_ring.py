@@ -1,0 +1,71 @@
+"""Ring attention (``pallas_attn.distributed.ring_attention``, issue 34, first version) on a mesh of virtual CPU
+devices, in interpret mode: the output against the float64 oracle and the gradients against jax.nn's on one device,
+causal and not, GQA. The outer test re-runs this file in a subprocess with 4 virtual devices (the flag must be set
+before JAX starts); the ``test_inner_*`` tests run there and skip in a one-device process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from attn_core import oracle
+from pallas_attn import distributed as dist
+
+N = 4
+inner = pytest.mark.skipif(jax.device_count() < N, reason="runs in the virtual-device subprocess (outer test)")
+
+
+@pytest.mark.slow
+def test_ring_on_virtual_devices():
+    if jax.device_count() >= N:
+        pytest.skip("already inside the virtual-device process")
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={N}", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "inner"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+
+def _mesh():
+    return Mesh(np.array(jax.devices()[:N]), ("cp",))
+
+
+@inner
+@pytest.mark.parametrize("causal", [True, False])
+def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, causal):
+    b, t, hq, hkv, d = 1, 64, 4, 2, 32  # 16 tokens a device
+    q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+                   for s in ((b, t, hq, d), (b, t, hkv, d), (b, t, hkv, d), (b, t, hq, d)))
+    mesh = _mesh()
+    out = jax.jit(lambda q, k, v: dist.ring_attention_sharded(mesh, q, k, v, causal=causal))(q, k, v)
+    ref, _ = oracle.attention_reference(np.asarray(q), np.asarray(k), np.asarray(v), causal=causal)
+    assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 1e-5
+
+    def ours(q, k, v):
+        return jnp.sum(dist.ring_attention_sharded(mesh, q, k, v, causal=causal) * do)
+
+    def theirs(q, k, v):
+        return jnp.sum(jax.nn.dot_product_attention(q, k, v, is_causal=causal) * do)
+
+    g = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(q, k, v)
+    r = jax.grad(theirs, argnums=(0, 1, 2))(q, k, v)
+    for name, a, e in zip(("dq", "dk", "dv"), g, r):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        assert np.isfinite(a).all() and np.linalg.norm(a - e) / np.linalg.norm(e) < 1e-4, name
+
+
+@inner
+def test_inner_ring_refuses_uneven_and_cross_attention(rng):
+    mesh = _mesh()
+    q = jnp.zeros((1, 30, 2, 16), jnp.float32)
+    with pytest.raises(ValueError, match="equal chunks"):
+        dist.ring_attention_sharded(mesh, q, q[:, :, :1], q[:, :, :1])
+    with pytest.raises(ValueError, match="self-attention"):
+        dist.ring_attention_sharded(mesh, q[:, :16], q[:, :, :1], q[:, :, :1])
