@@ -239,10 +239,19 @@ def _merge2(o_a, lse_a, o_b, lse_b):
     return o, jnp.where(pos, m + jnp.log(safe), -jnp.inf)
 
 
+RING_LAYOUTS = ("striped", "contiguous")
+
+
 def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float | None = None,
-                   interpret: bool | None = None, config=None):
+                   interpret: bool | None = None, config=None, layout: str = "striped"):
     """Ring attention inside ``jax.shard_map``: q ``[B, T_loc, Hq, D]``, k / v ``[B, T_loc, Hkv, D]``, the device's
-    contiguous chunk of the sequence (chunk index = its index on ``axis_name``). Returns the chunk's output.
+    share of the sequence. Returns the share's output.
+
+    ``layout`` says which tokens a device holds (device ``i`` of ``n``, local row ``r``): ``"striped"`` (default)
+    the global token ``r * n + i`` (every ``n``-th token: each block of a causal ring is then a near-triangle on
+    every device, so the devices do equal work: Striped Attention, Brandon et al. 2023); ``"contiguous"`` the token
+    ``i * T_loc + r`` (a causal ring is unbalanced: device ``n - 1`` computes ``n`` blocks, device 0 one).
+    ``ring_attention_sharded`` reorders global arrays into the layout and back.
 
     ``n`` steps (``n`` = the axis size): each attends the local queries to the K/V block it holds with fa_train's
     differentiable ``attention_lse`` (the block's global offset as ``q_offset``: a causal block past the queries gives
@@ -250,12 +259,13 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
     ``ppermute``. The backward is JAX's reverse of that program: the kernel's Pallas backward per block (through the
     LSE too) and the transposed ``ppermute``, which carries dK / dV back around the ring to the device that owns them.
 
-    Session-11 version: contiguous layout (a causal ring is unbalanced: device ``n - 1`` computes ``n`` blocks,
-    device 0 one; zig-zag is the planned layout), fa_train on every device (fa_prefill's pair is the sm_90 path to
-    wire), the K/V transfer not yet overlapped with the block's compute by hand (XLA schedules the ``ppermute``). No
-    GPU run yet."""
+    Session-11 version: fa_train on every device (fa_prefill's pair is the sm_90 path to wire), the K/V transfer
+    left to XLA's scheduler (the ``ppermute`` does not depend on the step's block). No GPU run yet."""
     from .kernels import fa_train
     from .kernels.contract import Problem
+
+    if layout not in RING_LAYOUTS:
+        raise ValueError(f"layout must be one of {RING_LAYOUTS}; got {layout!r}")
 
     n = jax.lax.axis_size(axis_name)
     i = jax.lax.axis_index(axis_name)
@@ -268,8 +278,11 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
 
     def step(carry, s):
         o_acc, lse_acc, kc, vc = carry
-        j = (i - s) % n  # the chunk this device holds at step s
-        off = jnp.full((b,), (i - j) * t, jnp.int32)  # key c of chunk j is visible to row r of chunk i iff c <= r + off
+        j = (i - s) % n  # the device whose K/V this device holds at step s
+        if layout == "contiguous":  # key c of chunk j (token j*t + c) is visible to row r (token i*t + r): c <= r + off
+            off = jnp.full((b,), (i - j) * t, jnp.int32)
+        else:  # striped: token c*n + j <= r*n + i  <=>  c <= r (j <= i) or c <= r - 1 (j > i)
+            off = jnp.full((b,), jnp.where(j <= i, 0, -1), jnp.int32)
         o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
                                             interpret=interp, config=cfg)
         o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
@@ -282,10 +295,15 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
 
 
 def ring_attention_sharded(mesh, q, k, v, *, axis: str = "cp", causal: bool = True, scale: float | None = None,
-                           interpret: bool | None = None, config=None):
-    """``ring_attention`` over ``mesh``'s ``axis`` for global BTNH arrays whose sequence (T) is split in equal
-    contiguous chunks along that axis (q, k, v of the same length: self-attention, as in training). Differentiable
-    (``jax.grad`` through it gives dq, dk, dv sharded like the inputs). Returns the output sharded like q."""
+                           interpret: bool | None = None, config=None, layout: str = "striped"):
+    """``ring_attention`` over ``mesh``'s ``axis`` for global BTNH arrays in sequence order (q, k, v of the same
+    length: self-attention, as in training). With ``layout="striped"`` the tokens are reordered so device ``i`` holds
+    every ``n``-th token from ``i`` (a transpose of T, and its inverse on the output: an all-to-all when the inputs
+    are already sharded; a model that keeps its activations striped calls ``ring_attention`` inside its own
+    ``shard_map`` and pays none); ``"contiguous"`` splits T in order. Differentiable (``jax.grad`` gives dq, dk, dv
+    like the inputs). Returns the output in sequence order."""
+    if layout not in RING_LAYOUTS:
+        raise ValueError(f"layout must be one of {RING_LAYOUTS}; got {layout!r}")
     n = mesh.shape[axis]
     if q.shape[1] != k.shape[1] or k.shape != v.shape:
         raise ValueError(f"ring attention is self-attention: q, k, v must share the sequence length; got {q.shape}, "
@@ -296,6 +314,17 @@ def ring_attention_sharded(mesh, q, k, v, *, axis: str = "cp", causal: bool = Tr
 
     def local(q, k, v):
         return ring_attention(q, k, v, axis_name=axis, causal=causal, scale=scale, interpret=interpret,
-                              config=config)
+                              config=config, layout=layout)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(q, k, v)
+    def stripe(x):  # token r*n + i -> device i, local row r
+        b, t = x.shape[:2]
+        return x.reshape(b, t // n, n, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
+
+    def unstripe(x):
+        b, t = x.shape[:2]
+        return x.reshape(b, n, t // n, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
+
+    ring = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+    if layout == "contiguous":
+        return ring(q, k, v)
+    return unstripe(ring(stripe(q), stripe(k), stripe(v)))

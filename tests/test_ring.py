@@ -38,18 +38,18 @@ def _mesh():
 
 
 @inner
-@pytest.mark.parametrize("causal", [True, False])
-def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, causal):
+@pytest.mark.parametrize("causal,layout", [(True, "striped"), (True, "contiguous"), (False, "striped")])
+def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, causal, layout):
     b, t, hq, hkv, d = 1, 64, 4, 2, 32  # 16 tokens a device
     q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float32)
                    for s in ((b, t, hq, d), (b, t, hkv, d), (b, t, hkv, d), (b, t, hq, d)))
     mesh = _mesh()
-    out = jax.jit(lambda q, k, v: dist.ring_attention_sharded(mesh, q, k, v, causal=causal))(q, k, v)
+    out = jax.jit(lambda q, k, v: dist.ring_attention_sharded(mesh, q, k, v, causal=causal, layout=layout))(q, k, v)
     ref, _ = oracle.attention_reference(np.asarray(q), np.asarray(k), np.asarray(v), causal=causal)
     assert np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref) < 1e-5
 
     def ours(q, k, v):
-        return jnp.sum(dist.ring_attention_sharded(mesh, q, k, v, causal=causal) * do)
+        return jnp.sum(dist.ring_attention_sharded(mesh, q, k, v, causal=causal, layout=layout) * do)
 
     def theirs(q, k, v):
         return jnp.sum(jax.nn.dot_product_attention(q, k, v, is_causal=causal) * do)
@@ -69,3 +69,5 @@ def test_inner_ring_refuses_uneven_and_cross_attention(rng):
         dist.ring_attention_sharded(mesh, q, q[:, :, :1], q[:, :, :1])
     with pytest.raises(ValueError, match="self-attention"):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :, :1], q[:, :, :1])
+    with pytest.raises(ValueError, match="layout"):
+        dist.ring_attention_sharded(mesh, q[:, :16], q[:, :16, :1], q[:, :16, :1], layout="zigzag")
