@@ -219,6 +219,15 @@ _DECODE_HINT = ("the paged and MLA entries are inference-only (no generation of 
                 "differentiate a dense gather of the cache through pallas_attn.dot_product_attention instead")
 
 
+def _decode_features(generation: str, window, softcap, sinks, refusal: str) -> dict:
+    """The feature keywords for fa_decode's entry functions (empty without features); other generations refuse."""
+    if window is None and softcap is None and sinks is None:
+        return {}
+    if generation != "fa_decode":
+        raise NotImplementedError(refusal)
+    return dict(window=window, softcap=softcap, sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
+
+
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_offset=0,
               generation: str | None = None, interpret: bool | None = None, config=None, return_lse: bool = False,
               window: int | None = None, softcap: float | None = None, sinks=None):
@@ -238,13 +247,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
         generation = default_generation(problem)
     kern, cfg = resolve(generation, problem, config)
     offs = seqlen.q_offsets(q_offset, q.shape[0])
-    feats = {}
-    if window is not None or softcap is not None or sinks is not None:
-        if generation != "fa_decode":
-            raise NotImplementedError(f"pallas_attn.attention: window / softcap / sinks run on fa_decode only (Tq <= "
-                                      f"16); {generation} has none (for prefill: pallas_attn.dot_product_attention's "
-                                      f"local_window_size / softcap / sinks)")
-        feats = dict(window=window, softcap=softcap, sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
+    feats = _decode_features(generation, window, softcap, sinks,
+                             "pallas_attn.attention: window / softcap / sinks run on fa_decode only (Tq <= 16); "
+                             f"{generation} has none (for prefill: pallas_attn.dot_product_attention's "
+                             "local_window_size / softcap / sinks)")
 
     def call(q, k, v, offs):
         return kern.dense(q, k, v, causal=causal, scale=s, q_offset=offs,
@@ -302,13 +308,10 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         with _compat.quiet_triton():
             return call(q, k_pool, v_pool, block_table, kv_lens, q_lens, q_offset,
                         None if sinks is None else jnp.asarray(sinks, jnp.float32))
-    feats = {}
-    if window is not None or softcap is not None or sinks is not None:
-        if generation != "fa_decode":
-            raise NotImplementedError(f"paged_attention: window / softcap / sinks are not built in {generation}; "
-                                      f"fa_decode (the default, Tq <= {fa_decode.KERNEL.max_q_len}) and the chunked "
-                                      f"path (Tq > {fa_decode.KERNEL.max_q_len}) take them")
-        feats = dict(window=window, softcap=softcap, sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32))
+    feats = _decode_features(generation, window, softcap, sinks,
+                             f"paged_attention: window / softcap / sinks are not built in {generation}; fa_decode "
+                             f"(the default, Tq <= {fa_decode.KERNEL.max_q_len}) and the chunked path (Tq > "
+                             f"{fa_decode.KERNEL.max_q_len}) take them")
     kern, cfg = resolve(generation, problem_paged(q, k_pool, block_table, causal=causal), config)
     if q_lens is not None:
         from . import chunked

@@ -212,3 +212,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_on_virtual_devices():
+    """``run(path, n)``: run ``path``'s ``-k inner`` tests again in a subprocess with ``n`` virtual CPU devices
+    (``--xla_force_host_platform_device_count`` must be set before JAX starts); fail with their output unless they
+    all passed and none skipped (a skip there would mean the devices did not appear). The outer tests of
+    tests/test_distributed.py and tests/test_ring.py."""
+    import os
+    import subprocess
+    import sys
+
+    def run(path: str, n: int) -> None:
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path, "-k", "inner"],
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+
+    return run

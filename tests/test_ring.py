@@ -5,10 +5,6 @@ before JAX starts); the ``test_inner_*`` tests run there and skip in a one-devic
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,14 +19,10 @@ inner = pytest.mark.skipif(jax.device_count() < N, reason="runs in the virtual-d
 
 
 @pytest.mark.slow
-def test_ring_on_virtual_devices():
+def test_ring_on_virtual_devices(run_on_virtual_devices):
     if jax.device_count() >= N:
         pytest.skip("already inside the virtual-device process")
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={N}", "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "inner"],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
+    run_on_virtual_devices(__file__, N)
 
 
 def _mesh():
