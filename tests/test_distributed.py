@@ -25,8 +25,6 @@ inner = pytest.mark.skipif(jax.device_count() < N, reason="runs in the virtual-d
 
 @pytest.mark.slow
 def test_on_virtual_devices(run_on_virtual_devices):
-    if jax.device_count() >= N:
-        pytest.skip("already inside the virtual-device process")
     run_on_virtual_devices(__file__, N)
 
 
