@@ -9,7 +9,10 @@ under CUPTI reads 3.18-3.20; 3.97-4.22 on an H200 where it reads 4.59-4.67), so 
 has no note yet, the note the runner writes today (``ceilings.over_ceiling_note``) followed by that cause, and
 touches nothing else: measured numbers and fractions stay as recorded (re-basing them would need a ceiling the run
 did not measure). Compute-limited fractions above 1 get ``ceilings.over_compute_note`` (an fp32 peer on TF32 tensor
-cores, priced at the fp32 FMA rate). ``--check`` only reports (exit status 1 when a record lacks its note).
+cores, priced at the fp32 FMA rate). One exception re-bases a derived fraction: a workload over ``devices > 1``
+GPUs divided by ONE GPU's measured ceiling before session 11 (211-423% "of the ceiling"); its HBM and tensor-core
+fractions are divided by the device count (the aggregate, as the runner computes them now), the recorded values
+kept as ``*_one_gpu_ceiling``. ``--check`` only reports (exit status 1 when a record lacks its note).
 """
 
 from __future__ import annotations
@@ -34,6 +37,38 @@ def _single_method(ceilings: dict | None) -> bool:
     return bool(meas.get("hbm_read_Bps")) and not meas.get("hbm_read_methods")
 
 
+def _rebase_multi_device(rec: dict | None, ceil: dict | None = None) -> bool:
+    """A result over ``devices > 1`` GPUs whose fractions were taken against ONE GPU's measured ceilings (the runner
+    before session 11): the fractions re-based on the aggregate of its GPUs (a division by the device count, what
+    the runner computes today), the recorded values kept as ``*_one_gpu_ceiling``, and the note replaced. True when
+    it changed the record."""
+    if rec is None or rec.get("type") != "result":
+        return False
+    ndev = int(((rec.get("workload") or {}).get("devices")) or 1)
+    m = rec.get("metrics") or {}
+    # already re-based, or written by today's runner (its ceiling label names the GPUs it aggregates)
+    if ndev <= 1 or "hbm_fraction_one_gpu_ceiling" in m or "GPUs" in str(m.get("hbm_ceiling", "")):
+        return False
+    changed = False
+    for k in ("hbm_fraction", "tc_fraction"):
+        if isinstance(m.get(k), (int, float)):
+            m[f"{k}_one_gpu_ceiling"] = m[k]
+            m[k] = m[k] / ndev
+            changed = True
+    if not changed:
+        return False
+    if "hbm_ceiling" in m:
+        m["hbm_ceiling"] = f"{m['hbm_ceiling']}, x {ndev} GPUs"
+    m["hbm_fraction_note"] = (f"re-based: the run divided by one GPU's measured HBM read ceiling "
+                              f"({100 * m['hbm_fraction_one_gpu_ceiling']:.1f}%) for a workload over {ndev} GPUs; "
+                              f"against their aggregate it is {100 * m['hbm_fraction']:.1f}% "
+                              f"(compare.annotate_ceilings)")
+    bw = ((ceil or {}).get("measured") or {}).get("hbm_read_Bps")
+    if m["hbm_fraction"] > 1.0 and _single_method(ceil) and bw:  # still above: the one-method ceiling reads low
+        m["hbm_fraction_note"] += _CAUSE.format(bw=bw / 1e12)
+    return True
+
+
 def annotate_lines(lines: list[str]) -> tuple[list[str], int]:
     """``(new_lines, n_annotated)``: the notes added to a run's records (one JSONL file)."""
     recs = [json.loads(ln) if ln.strip() else None for ln in lines]
@@ -43,6 +78,10 @@ def annotate_lines(lines: list[str]) -> tuple[list[str], int]:
     l2_bytes = l2 * 2**20 if l2 else None
     out, n = [], 0
     for line, rec in zip(lines, recs):
+        if _rebase_multi_device(rec, ceil):  # its own cause first: one GPU's ceiling for a workload over several
+            n += 1
+            out.append(json.dumps(rec, allow_nan=True) + ("\n" if line.endswith("\n") else ""))
+            continue
         m = (rec or {}).get("metrics") or {}
         pred = (rec or {}).get("prediction") or {}
         basis = pred.get(pred.get("basis") or "") or {}

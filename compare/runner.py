@@ -790,9 +790,13 @@ class _Run:
             m["hbm_fraction_datasheet"] = ds["bytes"] / t / ds["bw_Bps"]
             m["tc_fraction_datasheet"] = ds["flops"] / t / ds["peak_flops"]
         if self.ceil:
+            # a workload over several GPUs is read against their aggregate (the ceilings are measured on one GPU;
+            # its prediction's basis is hardware.aggregate's, docs/compare.md)
+            ndev = max(1, int(rec.workload.get("devices") or 1))
             if self.ceil.get("hbm_read_Bps"):
-                m["hbm_fraction"] = basis["bytes"] / t / self.ceil["hbm_read_Bps"]
-                m["hbm_ceiling"] = f"measured HBM read, best method: {self.ceil.get('hbm_read_best', 'torch_sum')}"
+                m["hbm_fraction"] = basis["bytes"] / t / (ndev * self.ceil["hbm_read_Bps"])
+                m["hbm_ceiling"] = f"measured HBM read, best method: {self.ceil.get('hbm_read_best', 'torch_sum')}" + (
+                    f", x {ndev} GPUs" if ndev > 1 else "")
                 l2 = _l2_bytes(self.hw_ds)
                 note = ceilings.over_ceiling_note(m["hbm_fraction"], what="HBM read ceiling", bytes_=basis["bytes"],
                                                   l2_bytes=l2, datasheet_fraction=m.get("hbm_fraction_datasheet"))
@@ -807,7 +811,7 @@ class _Run:
                     m["roofline_fraction"], engine=basis.get("engine"), impl=rec.impl)
             peak = self.ceil.get("flops", {}).get(basis["engine"])
             if peak:
-                m["tc_fraction"] = basis["flops"] / t / peak
+                m["tc_fraction"] = basis["flops"] / t / (ndev * peak)
             m["tc_ceiling"] = f"measured {basis['engine']} matmul" if peak else f"no measured {basis['engine']} rate"
 
     # -- summarize: per workload, then the run -------------------------------------------------------

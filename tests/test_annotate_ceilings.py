@@ -47,3 +47,26 @@ def test_fp32_peer_above_the_compute_floor_is_explained_as_tf32():
     rec["impl"] = {"name": "pallas:v4_fused:faithful", "kind": "generation"}  # ours: not the TF32 story
     m = json.loads(annotate_lines([lines[0], json.dumps(rec) + "\n"])[0][1])["metrics"]
     assert "TF32" not in m["roofline_fraction_note"] and "more FLOPs" in m["roofline_fraction_note"]
+
+
+def test_multi_device_fractions_are_rebased_on_the_aggregate_ceiling():
+    """A workload over 4 GPUs whose fraction was taken against one GPU's measured ceiling (357%): re-based to the
+    aggregate (89.2%), the recorded value kept, the note saying why; a second pass and one-GPU records change
+    nothing."""
+    import json
+
+    import pytest
+
+    rec = {"type": "result", "workload": {"devices": 4}, "prediction": {},
+           "metrics": {"hbm_fraction": 3.568, "tc_fraction": 0.24, "hbm_ceiling": "measured HBM read, best method: x",
+                       "hbm_fraction_note": "356.8% of the measured HBM read ceiling but 84.9% of the datasheet"}}
+    one = {"type": "result", "workload": {"devices": 1}, "prediction": {}, "metrics": {"hbm_fraction": 0.9}}
+    new, n = annotate_lines([json.dumps(rec) + "\n", json.dumps(one) + "\n"])
+    assert n == 1
+    m = json.loads(new[0])["metrics"]
+    assert m["hbm_fraction"] == pytest.approx(0.892) and m["hbm_fraction_one_gpu_ceiling"] == 3.568
+    assert m["tc_fraction"] == pytest.approx(0.06) and "re-based" in m["hbm_fraction_note"]
+    assert "x 4 GPUs" in m["hbm_ceiling"]
+    assert json.loads(new[1]) == one
+    again, n2 = annotate_lines(new)
+    assert n2 == 0 and again == new

@@ -414,3 +414,26 @@ def test_multi_device_building_blocks():
         _build({**base, "devices": 3}, "t")  # 1024 keys do not split into 3
     with pytest.raises(ConfigError, match="devices"):
         _build({**base, "family": "prefill", "devices": 2}, "t")
+
+
+def test_multi_device_fractions_are_against_the_aggregate_ceiling(tmp_path):
+    """A workload over 4 GPUs is read against 4 x the one-GPU measured ceilings (session 11: the cp_decode records
+    read 211-423% of one GPU's): the same bytes and time give a quarter of the one-GPU fraction."""
+    import types
+
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path), reps=3, warmup=1, e2e_reps=2,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                             no_ceilings=True, quiet=True, argv=[])
+    run = runner._Run(opts)
+    run.hw_ds = hardware.get("h100")
+    run.ceil = {"hbm_read_Bps": 3.0e12, "flops": {"fp16": 700e12}}
+    basis = {"flops": 1e12, "bytes": 4e9, "floor_us": 300.0, "limiter": "HBM", "engine": "fp16"}
+    got = {}
+    for n in (1, 4):
+        rec = types.SimpleNamespace(metrics={"time_us_p50": 400.0}, prediction={"basis": "measured", "measured": basis},
+                                    workload={"devices": n}, impl={"name": "x"})
+        run.fill_rates(rec)
+        got[n] = rec.metrics
+    assert got[1]["hbm_fraction"] == pytest.approx(4e9 / 400e-6 / 3.0e12)
+    assert got[4]["hbm_fraction"] == pytest.approx(got[1]["hbm_fraction"] / 4)
+    assert got[4]["tc_fraction"] == pytest.approx(got[1]["tc_fraction"] / 4) and "x 4 GPUs" in got[4]["hbm_ceiling"]
