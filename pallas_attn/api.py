@@ -334,7 +334,5 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         res = call(q, k_pool, v_pool, block_table, kv_lens, offs)
     if q_lens is None:
         return res
-    real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # padding rows: 0, LSE -inf
-    out, lse = res if return_lse else (res, None)
-    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-    return (out, jnp.where(real[:, None, :], lse, -jnp.inf)) if return_lse else out
+    out, lse = chunked.cut_padding(*(res if return_lse else (res, None)), q_lens)  # padding rows: 0, LSE -inf
+    return (out, lse) if return_lse else out

@@ -62,6 +62,13 @@ def _check_q_lens(q_lens, b: int, tq: int):
     return q_lens
 
 
+def cut_padding(out, lse, q_lens):
+    """Rows past each sequence's ``q_lens`` (padding): output 0, LSE -inf (``lse`` may be None)."""
+    real = jnp.arange(out.shape[1], dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return out, None if lse is None else jnp.where(real[:, None, :], lse, -jnp.inf)
+
+
 def _concrete(x):
     try:
         return np.asarray(x)
@@ -121,9 +128,7 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
         out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
                                           kv_lens=kv_lens, window=band, interpret=interp,
                                           config=fa_train.heuristic(_problem(q, k)))
-    real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
-    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-    lse = jnp.where(real[:, None, :], lse, -jnp.inf)
+    out, lse = cut_padding(out, lse, q_lens)
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)
     return (out, lse) if return_lse else out
