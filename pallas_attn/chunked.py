@@ -33,7 +33,11 @@ import numpy as np
 from . import _compat
 from .kernels import seqlen
 
-__all__ = ["chunked_paged_attention", "uses_fa_prefill"]
+__all__ = ["chunked_paged_attention", "uses_fa_prefill", "paged_in_kernel"]
+
+# fa_prefill's producer reads K / V pages through the block table on the GPU (TMA per page; no gather). Off: every
+# page is gathered into a dense cache first (the path of session 11). GPU-tested: tests/gpu/test_serving_gpu.py.
+PAGED_IN_KERNEL = True
 
 
 def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
@@ -114,28 +118,45 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
                                           num_pages=num_pages, page_size=page)
         used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
         bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
-    # the gather: every page of the table, clamped into the pool (a kernel never reads out of bounds)
+    # every table entry clamped into the pool (a kernel never reads out of bounds; a bad entry poisons above)
     tbl = jnp.clip(block_table, 0, num_pages - 1)
-    k = k_pool[tbl].reshape(b, pps * page, hkv, d)
-    v = v_pool[tbl].reshape(b, pps * page, hkv, d)
     if on_prefill:
         from . import dropin
 
-        cfg = dropin.prefill_config(_problem(q, k), band)  # this GPU's table / the kernel's rule, as the drop-in
-        out, lse = fa_prefill.forward(q, k, v, causal=True, scale=scale, q_offset=offs, interpret=interp,
-                                      config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks)
+        cfg = dropin.prefill_config(_problem(q, pps * page, hkv), band)  # this GPU's table / the rule, as the drop-in
+        if interp or not paged_in_kernel(page, cfg):  # gather the pages into a dense cache
+            k_in, v_in, bt = _gather(k_pool, tbl), _gather(v_pool, tbl), None
+        else:  # fa_prefill's producer reads the pages through the table (TMA per page), no gather
+            k_in, v_in, bt = k_pool, v_pool, tbl
+        out, lse = fa_prefill.forward(q, k_in, v_in, causal=True, scale=scale, q_offset=offs, interpret=interp,
+                                      config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks,
+                                      block_table=bt, q_lens=q_lens)
     else:
+        k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
         out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
                                           kv_lens=kv_lens, window=band, interpret=interp,
-                                          config=fa_train.heuristic(_problem(q, k)))
+                                          config=fa_train.heuristic(_problem(q, pps * page, hkv)))
     out, lse = cut_padding(out, lse, q_lens)
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)
     return (out, lse) if return_lse else out
 
 
-def _problem(q, k):
+def _gather(pool, tbl):
+    """``[B, pages_per_seq * page, Hkv, D]``: each sequence's pages in order (one XLA gather)."""
+    b, pps = tbl.shape
+    return pool[tbl].reshape((b, pps * pool.shape[1]) + tuple(pool.shape[2:]))
+
+
+def paged_in_kernel(page: int, cfg) -> bool:
+    """Whether fa_prefill reads this page size through the table itself (``PAGED_IN_KERNEL`` on, the page a multiple
+    of 8 that divides or is divided by the config's ``block_kv``); else the pages are gathered first."""
+    bkv = cfg.block_kv
+    return PAGED_IN_KERNEL and page % 8 == 0 and (page % bkv == 0 or bkv % page == 0)
+
+
+def _problem(q, kv_len: int, hkv: int):
     from .kernels.contract import Problem
 
     return Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=q.shape[0], q_len=q.shape[1],
-                   kv_len=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2], head_dim=q.shape[3], causal=True)
+                   kv_len=kv_len, heads_q=q.shape[2], heads_kv=hkv, head_dim=q.shape[3], causal=True)

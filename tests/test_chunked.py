@@ -163,3 +163,60 @@ def test_softcap_off_fa_prefill_refuses(rng):
     arrs, _, table, kvl = _case(rng, 1, 20, 2, 1, 64, 16, 4, [64], jnp.float32)
     with pytest.raises(NotImplementedError, match="fa_prefill's path only"):
         pallas_attn.paged_attention(*arrs, table, kvl, causal=True, softcap=30.0)
+
+
+def test_fa_prefill_block_table_equals_the_dense_cache(rng):
+    """fa_prefill.forward with a block table over page pools (interpret mode gathers the pages: the GPU kernel's
+    producer reads them through the table, tests/gpu/test_serving_gpu.py) equals the dense call on the gathered
+    cache, entries out of the pool are clamped (a wrong page, never an out-of-bounds read), and bad pools, tables
+    and page sizes refuse by name."""
+    from pallas_attn.kernels import fa_prefill
+
+    b, tq, hq, hkv, d, page, pps = 2, 48, 4, 2, 64, 16, 6
+    arrs, _, table, _ = _case(rng, b, tq, hq, hkv, d, page, pps, [96, 96], jnp.bfloat16)
+    q, kp, vp = arrs
+    cfg = fa_prefill.fit(fa_prefill.PrefillConfig(block_kv=64), d)
+    off = jnp.asarray(np.array([48, 10], np.int32))
+    kw = dict(causal=True, scale=0.125, q_offset=off, interpret=True, config=cfg, return_lse=True)
+    o1, l1 = fa_prefill.forward(q, kp, vp, block_table=table, **kw)
+    kd = kp[table].reshape(b, pps * page, hkv, d)
+    vd = vp[table].reshape(b, pps * page, hkv, d)
+    o2, l2 = fa_prefill.forward(q, kd, vd, **kw)
+    assert np.array_equal(np.asarray(o1, np.float32), np.asarray(o2, np.float32))
+    assert np.array_equal(np.asarray(l1), np.asarray(l2))
+    wild = table.at[1, 0].set(10_000)
+    o3 = fa_prefill.forward(q, kp, vp, block_table=wild, **kw)[0]
+    assert np.isfinite(np.asarray(o3, np.float32)).all()
+    with pytest.raises(ValueError, match="block_table must be int32"):
+        fa_prefill.forward(q, kp, vp, block_table=table.astype(jnp.int16), **kw)
+    with pytest.raises(ValueError, match="page size that is a multiple of 8"):
+        fa_prefill.forward(q, kp[:, :12], vp[:, :12], block_table=table, **kw)
+    with pytest.raises(ValueError, match="pools"):
+        fa_prefill.forward(q, kp, vp[:, :8], block_table=table, **kw)
+    with pytest.raises(NotImplementedError, match="segment_ids"):
+        fa_prefill.forward(q, kp, vp, block_table=table, segment_ids=jnp.zeros((b, tq), jnp.int32), **kw)
+
+
+@pytest.mark.parametrize("d,page", [(128, 16), (128, 64), (128, 256), (64, 8), (256, 64)])
+def test_the_in_kernel_paged_fa_prefill_lowers_for_cuda(monkeypatch, d, page):
+    """The chunked path on a Hopper (faked: nothing runs) hands fa_prefill the pools and the table, no gather: one TMA
+    copy per page of a key block (pages smaller than block_kv) or one copy inside a page; the Mosaic GPU kernel
+    lowers for CUDA at each page size. With PAGED_IN_KERNEL off the pages are gathered (an XLA gather in the HLO)."""
+    from pallas_attn import dropin
+
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    qs = jax.ShapeDtypeStruct((2, 512, 8, d), jnp.bfloat16)
+    pool = jax.ShapeDtypeStruct((300, page, 2, d), jnp.bfloat16)
+    bt = jax.ShapeDtypeStruct((2, 2048 // page), jnp.int32)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def text():
+        f = jax.jit(lambda q, kp, bt, lens: pallas_attn.paged_attention(q, kp, kp, bt, lens, causal=True,
+                                                                       interpret=False, check_block_table=False))
+        return f.trace(qs, pool, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
+
+    paged = text()
+    assert "pallas_attn_fa_prefill" in paged and "gather" not in paged
+    monkeypatch.setattr(chunked, "PAGED_IN_KERNEL", False)
+    gathered = text()
+    assert "pallas_attn_fa_prefill" in gathered and "gather" in gathered

@@ -300,7 +300,14 @@ def _smem_tile(shape, dtype):
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                   causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool, window=None,
-                  softcap: float | None = None, sinks: bool = False, segments: bool = False):
+                  softcap: float | None = None, sinks: bool = False, segments: bool = False,
+                  paged: tuple[int, int] | None = None, rowlim: bool = False):
+    """``paged=(page, pages_per_seq)``: K and V are page pools ``[num_pages, page, Hkv, D]`` read through a flat
+    int32 block table ``[B * pages_per_seq]`` (entries already clamped into the pool); the producer issues one TMA
+    copy per page of a key block (``block_kv // page`` of them, all arriving on the block's barrier) or one copy
+    from inside a page (``page`` a multiple of ``block_kv``). ``rowlim``: an int32 ``[B]`` input of real rows per
+    sequence (causal only): a consumer whose rows all lie at or past it sees no key and runs one masked block (its
+    output is padding, cut by the caller), so a batch of short chunks padded to a long one costs its real rows."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     dtype = jnp.dtype(dtype_name)
@@ -321,6 +328,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
+        if paged:
+            bt_ref, *rest = rest
+        if rowlim:
+            rl_ref, *rest = rest
         if sinks:
             sink_ref, *rest = rest
         if segments:  # float32 [B, Tq_pad]: each row's document start (packed sequences; exact below 2^24)
@@ -351,12 +362,23 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         g = lax.axis_index("q")
         n_tiles = _n_tiles(g, tiles, n_qblocks, n_groups) if tiles > 1 else 1
 
+        def row_off(r0):
+            """The offset a consumer's rows ``[r0, r0 + bq)`` use: the sequence's, or with ``rowlim`` for rows all
+            past the sequence's real ones an offset that hides every key (one masked block, output cut later)."""
+            if not rowlim:
+                return off
+            return jnp.where(r0 < rl_ref[bi], off, jnp.int32(_PAD_ROW_OFF))
+
         def tile_span(t):
             """(q0, a_p, n_load) of tile t: the producer loads the union of both consumers' blocks, from the first
             one's start (warpgroup 0, the smaller rows) to the later one's end (warpgroup 1). The K/V ring counts
             blocks over the CTA's tiles: block s of a tile whose loads start after ``base`` earlier ones uses slot
-            (base + s - a_p) % stages in every warpgroup."""
+            (base + s - a_p) % stages in every warpgroup. With ``rowlim`` either consumer may be padding (one block
+            from 0): the union is taken both ways."""
             q0 = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq)
+            if rowlim:
+                b0, b1 = bounds(q0, row_off(q0)), bounds(q0 + bq, row_off(q0 + bq))
+                return q0, jnp.minimum(b0[0], b1[0]), jnp.maximum(b0[3], b1[3])
             return q0, bounds(q0, off)[0], bounds(q0 + bq, off)[3]
 
         def over_tiles(fn):
@@ -402,7 +424,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 q_smem = qo_buf(buf)
                 if segments:
                     plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
-                a, n_lfull, n_full, n_done = bounds(r0, off)
+                off_t = row_off(r0)
+                a, n_lfull, n_full, n_done = bounds(r0, off_t)
                 plgpu.barrier_wait(q_bar.at[2 * buf + wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -454,9 +477,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     kpos = s * bkv + cols
                     ok = kpos < tk
                     if hi_off is not None:
-                        ok = ok & (kpos <= r0 + rows + (off + hi_off))
+                        ok = ok & (kpos <= r0 + rows + (off_t + hi_off))
                     if lo_off is not None:
-                        ok = ok & (kpos >= r0 + rows + (off - lo_off))
+                        ok = ok & (kpos >= r0 + rows + (off_t - lo_off))
                     if segments:
                         ok = ok & (kpos >= lax.broadcast_in_dim(seg_rows, (bq, bkv), (0,)))
                     return jnp.where(ok, sc, -jnp.inf)
@@ -618,6 +641,20 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             if nqb == 2:
                 plgpu.wait_smem_to_gmem(0)
 
+        def load_block(src, s, dst, bar):  # key block s of this (batch, kv head) into one ring slot
+            if not paged:
+                plgpu.copy_gmem_to_smem(src.at[bi, pl.ds(s * bkv, bkv), hk], dst, bar)
+            elif paged[0] >= bkv:  # the block lies inside one page
+                page, pps = paged
+                pg = bt_ref[bi * pps + lax.div(s * bkv, page)]
+                plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(lax.rem(s * bkv, page), bkv), hk], dst, bar)
+            else:  # the block spans block_kv // page pages: one copy each, all arriving on the block's barrier
+                page, pps = paged
+                per = bkv // page
+                for c in range(per):
+                    pg = bt_ref[bi * pps + s * per + c]
+                    plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(0, page), hk], dst.at[pl.ds(c * page, page)], bar)
+
         @pl.when(wg == 2)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
@@ -634,20 +671,19 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     def _():
                         plgpu.barrier_wait(k_free.at[slot])
 
-                    plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(s * bkv, bkv), hk], k_smem.at[slot],
-                                            k_bar.at[slot])
+                    load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot])
 
                     @pl.when(rel >= ns)
                     def _():
                         plgpu.barrier_wait(v_free.at[slot])
 
-                    plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(s * bkv, bkv), hk], v_smem.at[slot],
-                                            v_bar.at[slot])
+                    load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])
 
                 return base + (n_load - a_p)
 
             over_tiles(tile)
 
+    copies = max(bkv // paged[0], 1) if paged else 1  # TMA copies per key block (each one arrival)
     out_type = [jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype)]
     if with_lse:
         out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
@@ -657,8 +693,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         _smem_tile((ns, bkv, d), dtype),
         *([plgpu.SMEM((2, bq), jnp.float32)] if with_lse else []),
         plgpu.Barrier(num_arrivals=1, num_barriers=2 * nqb),
-        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=1, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
         plgpu.Barrier(num_arrivals=2, num_barriers=ns),
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
@@ -813,6 +849,7 @@ def _pad(x, axis: int, mult: int):
 
 
 _SIDE_LIMIT = 1 << 30  # a window side beyond this is unbounded in effect (int32 bound arithmetic stays in range)
+_PAD_ROW_OFF = -(1 << 29)  # a padding consumer's offset (rowlim): every key past its rows' causal bound
 
 
 def check_features(window, softcap, sinks, hq: int):
@@ -856,8 +893,28 @@ def segment_starts(segment_ids):
     return lax.cummax(jnp.where(new, idx, 0), axis=1).astype(jnp.int32)
 
 
+def _check_paged(q, k_pool, v_pool, block_table, cfg: PrefillConfig) -> tuple[int, int]:
+    """Pools ``[num_pages, page, Hkv, D]`` and an int32 ``[B, pages_per_seq]`` table for the in-kernel paged path:
+    ``(page, pages_per_seq)``."""
+    if k_pool.ndim != 4 or v_pool.shape != k_pool.shape:
+        raise ValueError(f"{GEN}: paged K / V must be pools [num_pages, page, Hkv, D] of one shape; got {k_pool.shape}"
+                         f", {v_pool.shape}")
+    per_seq = jax.ShapeDtypeStruct((q.shape[0], k_pool.shape[1]) + tuple(k_pool.shape[2:]), k_pool.dtype)
+    _check(q, per_seq, jax.ShapeDtypeStruct(per_seq.shape, v_pool.dtype))
+    page = k_pool.shape[1]
+    if block_table.ndim != 2 or block_table.shape[0] != q.shape[0] or jnp.dtype(block_table.dtype) != jnp.int32:
+        raise ValueError(f"{GEN}: block_table must be int32 [B={q.shape[0]}, pages_per_seq]; got "
+                         f"{block_table.shape} {block_table.dtype}")
+    bkv = cfg.block_kv
+    if page % 8 or (page % bkv and bkv % page):
+        raise ValueError(f"{GEN}: the paged path needs a page size that is a multiple of 8 and divides or is divided "
+                         f"by block_kv={bkv}; got page {page}")
+    return page, block_table.shape[1]
+
+
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
-            return_lse: bool = False, window=None, softcap: float | None = None, sinks=None, segment_ids=None):
+            return_lse: bool = False, window=None, softcap: float | None = None, sinks=None, segment_ids=None,
+            block_table=None, q_lens=None):
     """Dense prefill forward on validated BTNH arrays (``contract`` calling convention).
 
     Features beyond the contract (keyword-only, each priced in docs/fa_prefill.md): ``window=(left, right)``: row
@@ -868,7 +925,40 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     it; ``segment_ids`` int ``[B, T]`` (packed documents, self-attention: ``Tq == Tk``, causal): a key is visible
     only from the query's own contiguous segment (causal within each document; key blocks before the first row's
     document are never loaded). A row with no visible key: output 0, LSE -inf (with sinks: output 0, LSE = the
-    sink)."""
+    sink).
+
+    ``block_table`` int32 ``[B, pages_per_seq]``: ``k`` and ``v`` are page pools ``[num_pages, page, Hkv, D]`` and
+    sequence ``b``'s key ``j`` is ``k[block_table[b, j // page], j % page]`` (``Tk = pages_per_seq * page``; entries are
+    clamped into the pool, so a bad entry reads a wrong page, never out of bounds: validate the table first, as
+    ``paged_attention`` does). On the GPU the producer reads the pages through the table (no gather); in interpret mode
+    the pages are gathered first. The page size must be a multiple of 8 that divides or is divided by ``block_kv``.
+
+    ``q_lens`` int32 ``[B]`` (causal only): sequence ``b``'s rows at or past ``q_lens[b]`` are padding. On the GPU a
+    consumer's 64 rows that are all padding see no key and cost one masked key block (a batch of chunks padded to the
+    longest costs its real rows); their output and LSE are unspecified (the caller cuts them). Interpret mode computes
+    them in full."""
+    if q_lens is not None:
+        if not causal:
+            raise ValueError(f"{GEN}: q_lens (padding rows) needs causal attention")
+        q_lens = jnp.asarray(q_lens)
+        if q_lens.shape != (q.shape[0],) or q_lens.dtype != jnp.int32:
+            raise ValueError(f"{GEN}: q_lens must be int32 [B={q.shape[0]}]; got {q_lens.shape} {q_lens.dtype}")
+        if interpret:
+            q_lens = None
+    if block_table is not None:
+        if segment_ids is not None:
+            raise NotImplementedError(f"{GEN}: segment_ids with a paged cache")
+        b, pps = q.shape[0], block_table.shape[1] if block_table.ndim == 2 else -1
+        cfg0 = fit(config, q.shape[3], q.dtype.itemsize, bool(return_lse))
+        page, pps = _check_paged(q, k, v, block_table, cfg0)
+        tbl = jnp.clip(block_table, 0, k.shape[0] - 1)
+        if interpret:  # the interpret twin reads a dense cache: gather the pages
+            k = k[tbl].reshape(b, pps * page, *k.shape[2:])
+            v = v[tbl].reshape(b, pps * page, *v.shape[2:])
+        else:
+            return _forward_paged(q, k, v, tbl, page=page, causal=causal, scale=scale, q_offset=q_offset,
+                                  config=config, return_lse=return_lse, window=window, softcap=softcap, sinks=sinks,
+                                  q_lens=q_lens)
     _check(q, k, v)
     b, tq, hq, d = q.shape
     tk, hkv = k.shape[1], k.shape[2]
@@ -905,11 +995,40 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         qp = _pad(q, 1, 2 * cfg.block_q)
         call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
-                             starts is not None)
-        extra = (() if sinks is None else (sinks,)) + (
+                             starts is not None, rowlim=q_lens is not None)
+        extra = (() if q_lens is None else (q_lens,)) + (() if sinks is None else (sinks,)) + (
             () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
         res = call(qp, kp, vp, off, *extra)
         out, lse = res if return_lse else (res, None)
+    out = out[:, :tq] if out.shape[1] != tq else out
+    if not return_lse:
+        return out
+    return out, (lse[:, :, :tq] if lse.shape[2] != tq else lse)
+
+
+def _forward_paged(q, k_pool, v_pool, tbl, *, page: int, causal: bool, scale: float, q_offset, config: PrefillConfig,
+                   return_lse: bool, window, softcap, sinks, q_lens=None):
+    """The Mosaic GPU kernel over page pools (``forward``'s ``block_table`` path; validated arguments)."""
+    b, tq, hq, d = q.shape
+    hkv = k_pool.shape[2]
+    window, softcap, sinks = check_features(window, softcap, sinks, hq)
+    cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
+    if smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
+        raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
+                         f"bytes of shared memory at D={d} (limit {_SMEM_LIMIT})")
+    pps = tbl.shape[1]
+    tk = pps * page
+    per = max(cfg.block_kv // page, 1)
+    if pps % per:  # whole key blocks: the table padded with page 0 (keys past tk, masked by the kernel)
+        tbl = jnp.pad(tbl, ((0, 0), (0, per - pps % per)))
+    off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
+    qp = _pad(q, 1, 2 * cfg.block_q)
+    call = _build_mosaic(b, qp.shape[1], tbl.shape[1] * page, tk, hq, hkv, d, q.dtype.name, bool(causal),
+                         float(scale), cfg, bool(return_lse), window, softcap, sinks is not None, False,
+                         paged=(page, tbl.shape[1]), rowlim=q_lens is not None)
+    res = call(qp, k_pool, v_pool, off, tbl.reshape(-1), *(() if q_lens is None else (q_lens,)),
+               *(() if sinks is None else (sinks,)))
+    out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
     if not return_lse:
         return out

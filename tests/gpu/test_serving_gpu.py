@@ -24,12 +24,12 @@ pytestmark = pytest.mark.gpu
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
 
-def _pools(seed, b, pps, d=D, dt=jnp.bfloat16, spare=7):
+def _pools(seed, b, pps, d=D, dt=jnp.bfloat16, spare=7, page=PAGE):
     """A shuffled table over a pool with ``spare`` NaN pages nobody's table names (a kernel that read them: NaN)."""
     rng = np.random.default_rng(seed)
     npg = b * pps + spare
-    kp = rng.standard_normal((npg, PAGE, HKV, d), np.float32)
-    vp = rng.standard_normal((npg, PAGE, HKV, d), np.float32)
+    kp = rng.standard_normal((npg, page, HKV, d), np.float32)
+    vp = rng.standard_normal((npg, page, HKV, d), np.float32)
     tbl = rng.permutation(npg)[: b * pps].reshape(b, pps).astype(np.int32)
     unused = np.setdiff1d(np.arange(npg), tbl)
     kp[unused] = np.nan
@@ -90,13 +90,14 @@ def test_chunked_prefill_mixed_batch_on_fa_prefill(feats):
                 _check_rows(out, lse, q, kp, vp, tbl, kv, bi, np.arange(*rows), off, [0, HKV - 1], 1e-2, **ref_kw)
 
 
-@pytest.mark.parametrize("d", [64, 256])
-def test_chunked_prefill_other_head_dims(d):
-    """D 64 (GPT-2-like heads) and D 256 (Gemma) on the chunked fa_prefill path, a ragged batch of two chunks."""
-    b, tq, pps = 2, 512, 4096 // PAGE
+@pytest.mark.parametrize("d,page", [(64, 16), (256, 64), (128, 64), (128, 256), (128, 8)])
+def test_chunked_prefill_other_head_dims_and_pages(d, page):
+    """D 64 (GPT-2-like heads) and D 256 (Gemma), pages of 8 to 256 keys (one TMA copy per page of a key block, or
+    one copy from inside a page) on the chunked fa_prefill path, a ragged batch of two chunks."""
+    b, tq, pps = 2, 512, 4096 // page
     kv = np.array([4096, 700], np.int32)
     ql = np.array([512, 129], np.int32)
-    kp, vp, tbl = _pools(4, b, pps, d=d)
+    kp, vp, tbl = _pools(4, b, pps, d=d, page=page)
     q = np.asarray(jnp.asarray(np.random.default_rng(5).standard_normal((b, tq, HQ, d), np.float32), jnp.bfloat16),
                    np.float32)
     out, lse = pallas_attn.paged_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, kp, vp)), jnp.asarray(tbl),
@@ -105,6 +106,27 @@ def test_chunked_prefill_other_head_dims(d):
     for bi in range(b):
         n = int(ql[bi])
         _check_rows(out, lse, q, kp, vp, tbl, kv, bi, np.arange(n - 64, n), int(kv[bi]) - n, [0, 3], 1e-2)
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_in_kernel_paging_equals_the_gather_path(monkeypatch, page):
+    """fa_prefill reading the pages through the table (TMA per page) computes what it computes on the gathered dense
+    cache: the same tiles, the same arithmetic, bit for bit (window, soft-cap and sinks on)."""
+    b, tq, pps = 3, 1024, 8192 // page
+    kv = np.array([8192, 2000, 1100], np.int32)
+    ql = np.array([1024, 700, 1], np.int32)
+    kp, vp, tbl = _pools(15, b, pps, page=page)
+    q = jnp.asarray(np.random.default_rng(16).standard_normal((b, tq, HQ, D), np.float32), jnp.bfloat16)
+    args = (q, jnp.asarray(kp, jnp.bfloat16), jnp.asarray(vp, jnp.bfloat16), jnp.asarray(tbl), jnp.asarray(kv))
+    kw = dict(causal=True, q_lens=jnp.asarray(ql), return_lse=True, window=3000, softcap=30.0,
+              sinks=jnp.asarray(_sinks(17)))
+    assert chunked.PAGED_IN_KERNEL
+    o1, l1 = pallas_attn.paged_attention(*args, **kw)
+    monkeypatch.setattr(chunked, "PAGED_IN_KERNEL", False)
+    o2, l2 = pallas_attn.paged_attention(*args, **kw)
+    assert np.isfinite(np.asarray(o1, np.float32)).all()
+    assert np.array_equal(np.asarray(o1, np.float32), np.asarray(o2, np.float32))
+    assert np.array_equal(np.asarray(l1), np.asarray(l2))
 
 
 def test_chunked_prefill_fp32_runs_fa_train():

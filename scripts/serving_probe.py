@@ -1,0 +1,166 @@
+"""Serving-path timings the sweep does not take (issue 32; docs/serving.md): where a chunk's time goes, a mixed batch
+against its parts, and a windowed decode against the cache length.
+
+    PYTHONPATH=. python scripts/serving_probe.py --out $OUT/serving      # the GPU run
+    PYTHONPATH=. python scripts/serving_probe.py --smoke                 # CPU, tiny, interpret mode
+
+Llama-3.1-8B heads (Hq 32, Hkv 8, D 128, bf16), page 16, shuffled tables. Three parts, each record one timing on
+compare's clock (``compare.timing.time_kernels``: CUPTI, L2 flushed before every repetition, p10/p50/p90; the sum of
+all kernels of one call, the gather included):
+
+* ``chunk``: B 4 chunks of C queries at the end of S cached keys (the sweep's chunked shapes): ``paged_attention`` as a
+  user calls it (fa_prefill reading the pages through the table), the same with the pages gathered first
+  (``chunked.PAGED_IN_KERNEL`` off), the gather alone, and fa_prefill on the dense cache already gathered (the
+  issue's "dense fa_prefill at the same shape");
+* ``mixed``: one call over [a 2048-query chunk over 8k, two decodes over 8k and 32k, a 512-query chunk over 8k]
+  (``q_lens``, Tq 2048) against the sum of its parts called separately (each chunk alone; the two decodes together on
+  fa_decode);
+* ``window``: fa_decode, B 8, Tq 1, a 4096-key window against no window at S 8k / 32k / 128k.
+
+Records (JSONL, with the environment) go to ``--out/records.jsonl``; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pallas_attn  # noqa: E402
+from compare import records, timing  # noqa: E402
+from pallas_attn import _compat, chunked, dropin  # noqa: E402
+from pallas_attn.kernels import fa_prefill  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+
+
+def _pool(rng, b, pps, page):
+    n = b * pps + 3
+    kp = jnp.asarray(rng.standard_normal((n, page, HKV, D), np.float32), jnp.bfloat16)
+    vp = jnp.asarray(rng.standard_normal((n, page, HKV, D), np.float32), jnp.bfloat16)
+    tbl = jnp.asarray(rng.permutation(n)[: b * pps].reshape(b, pps).astype(np.int32))
+    return kp, vp, tbl
+
+
+def _q(rng, b, tq):
+    return jnp.asarray(rng.standard_normal((b, tq, HQ, D), np.float32), jnp.bfloat16)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--parts", default="chunk,mixed,window")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode on the CPU")
+    args = ap.parse_args(argv)
+    interpret = args.smoke or not _compat.has_gpu()
+    page = 16
+    scale = 1.0 / np.sqrt(D)
+    out_f = None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "records.jsonl")
+        if os.path.exists(path):
+            raise SystemExit(f"{path} exists; pick a new --out")
+        out_f = open(path, "w")  # noqa: SIM115
+    env = records.collect_env()
+    flush = timing.default_flush_bytes(None if interpret else 50 << 20)
+    rows = []
+
+    def timed(part, name, fn, fargs, **info):
+        jax.block_until_ready(fn(*fargs))
+        if interpret:
+            t = timing.time_cpu(fn, fargs, reps=1)
+        else:
+            t = timing.time_kernels(fn, fargs, framework="jax", reps=args.reps, flush_bytes=flush)
+        st = t.stats
+        rec = {"type": "serving_probe", "part": part, "name": name, "info": info, "clock": t.clock,
+               "l2_flushed": t.l2_flushed, "time_us_p50": st["p50"], "time_us_p10": st["p10"],
+               "time_us_p90": st["p90"], "notes": list(t.notes), "env": env}
+        if out_f:
+            out_f.write(json.dumps(rec) + "\n")
+            out_f.flush()
+        rows.append((part, name, st["p50"], info))
+        print(f"{part:7s} {name:44s} {st['p50']:10.1f} us  {info}", flush=True)
+        return st["p50"]
+
+    rng = np.random.default_rng(0)
+    parts = set(args.parts.split(","))
+    chunk_shapes = [(512, 8192), (2048, 8192), (512, 32768), (2048, 32768)] if not args.smoke else [(32, 128)]
+    b = 4 if not args.smoke else 2
+
+    if "chunk" in parts:
+        for c, s in chunk_shapes:
+            pps = s // page
+            kp, vp, tbl = _pool(rng, b, pps, page)
+            q = _q(rng, b, c)
+            kv = jnp.full((b,), s, jnp.int32)
+            info = dict(batch=b, chunk=c, cached=s, page=page)
+            user = jax.jit(lambda q, kp, vp, t, kv: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True))
+            timed("chunk", f"c{c}_s{s} paged_attention (in-kernel pages)", user, (q, kp, vp, tbl, kv), **info)
+            chunked.PAGED_IN_KERNEL = False
+            try:
+                gathered = jax.jit(lambda q, kp, vp, t, kv: pallas_attn.paged_attention(q, kp, vp, t, kv,
+                                                                                        causal=True))
+                timed("chunk", f"c{c}_s{s} paged_attention (gather first)", gathered, (q, kp, vp, tbl, kv), **info)
+            finally:
+                chunked.PAGED_IN_KERNEL = True
+            gather = jax.jit(lambda kp, vp, t: (chunked._gather(kp, t), chunked._gather(vp, t)))
+            timed("chunk", f"c{c}_s{s} gather alone", gather, (kp, vp, tbl), **info)
+            kd, vd = gather(kp, vp, tbl)
+            cfg = dropin.prefill_config(chunked._problem(q, s, HKV), None)
+            off = jnp.full((b,), s - c, jnp.int32)
+            dense = jax.jit(lambda q, k, v, off, cfg=cfg: fa_prefill.forward(
+                q, k, v, causal=True, scale=scale, q_offset=off, interpret=interpret, config=cfg))
+            timed("chunk", f"c{c}_s{s} fa_prefill on the dense cache", dense, (q, kd, vd, off), **info)
+
+    if "mixed" in parts:
+        big, small, s8, s32 = (2048, 512, 8192, 32768) if not args.smoke else (64, 16, 128, 256)
+        pps = s32 // page
+        kp, vp, tbl = _pool(rng, 4, pps, page)
+        kv = jnp.asarray(np.array([s8, s8, s32, s8], np.int32))
+        ql = jnp.asarray(np.array([big, 1, 1, small], np.int32))
+        q = _q(rng, 4, big)
+        f = jax.jit(lambda q, kp, vp, t, kv, ql: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True,
+                                                                             q_lens=ql))
+        t_mixed = timed("mixed", f"one call: chunk {big} + 2 decodes + chunk {small}", f, (q, kp, vp, tbl, kv, ql),
+                        q_lens=[big, 1, 1, small])
+        one = jax.jit(lambda q, kp, vp, t, kv: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True))
+        p1 = timed("mixed", f"part: chunk {big} over {s8}", one, (q[:1], kp, vp, tbl[:1], kv[:1]))
+        p2 = timed("mixed", f"part: chunk {small} over {s8}", one, (q[3:4, :small], kp, vp, tbl[3:4], kv[3:4]))
+        p3 = timed("mixed", f"part: 2 decodes ({s8}, {s32})", one, (q[1:3, :1], kp, vp, tbl[1:3], kv[1:3]))
+        rows.append(("mixed", "ratio one call / sum of parts", t_mixed / (p1 + p2 + p3), {}))
+        print(f"mixed   ratio one call / sum of parts: {t_mixed / (p1 + p2 + p3):.3f}", flush=True)
+
+    if "window" in parts:
+        bd = 8 if not args.smoke else 2
+        for s in ((8192, 32768, 131072) if not args.smoke else (256,)):
+            pps = s // page
+            kp, vp, tbl = _pool(rng, bd, pps, page)
+            q = _q(rng, bd, 1)
+            kv = jnp.full((bd,), s, jnp.int32)
+            for w in (None, 4096 if not args.smoke else 64):
+                f = jax.jit(lambda q, kp, vp, t, kv, w=w: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True,
+                                                                                      window=w))
+                timed("window", f"decode b{bd} s{s} window {w}", f, (q, kp, vp, tbl, kv), batch=bd, cached=s,
+                      window=w)
+            del kp, vp
+
+    if out_f:
+        out_f.close()
+    print("\npart    name                                         p50 us")
+    for part, name, t, _ in rows:
+        print(f"{part:7s} {name:44s} {t:10.3f}" if "ratio" in name else f"{part:7s} {name:44s} {t:10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
