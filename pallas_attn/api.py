@@ -302,7 +302,10 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
             return chunked.chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, scale=s,
                                                    q_offset=q_offset, q_lens=q_lens, interpret=interpret,
                                                    return_lse=bool(return_lse), check_block_table=check_block_table,
-                                                   window=window, softcap=softcap, sinks=sinks)
+                                                   window=window, softcap=softcap, sinks=sinks,
+                                                   mixed_decodes=mixed)
+
+        mixed = q_lens is not None  # a batch that may mix decodes into the chunks (chunked.py splits them off)
 
         call = _no_backward("chunked", chunk_call, entry="paged_attention", hint=_DECODE_HINT)
         with _compat.quiet_triton():

@@ -82,12 +82,15 @@ def _concrete(x):
 
 def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float, q_offset=None, q_lens=None,
                             interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True,
-                            window: int | None = None, softcap: float | None = None, sinks=None):
+                            window: int | None = None, softcap: float | None = None, sinks=None,
+                            mixed_decodes: bool = False):
     """Causal paged attention for any ``Tq`` (validated pools ``[num_pages, page, Hkv, D]``, int32 tables). Returns
     ``out [B, Tq, Hq, D]`` (padding rows 0) and, with ``return_lse``, ``lse [B, Hq, Tq]`` float32 (padding rows
     -inf). ``window=W``: a query sees its last ``W`` positions (``i + off - W < j <= i + off``; Mistral's 4096);
     ``softcap`` / ``sinks [Hq]``: fa_prefill's (Gemma-2, gpt-oss; on fa_prefill's path only). See the module
-    docstring."""
+    docstring. ``mixed_decodes`` (the caller passed ``q_lens``): sequences with 1 to 16 queries run on fa_decode
+    (one extra launch; skipped when concrete ``q_lens`` hold no such sequence) and fa_prefill skips their rows, so a
+    decode in a batch of chunks costs a decode, not a 64-row tile over its whole cache."""
     from .kernels import fa_prefill, fa_train, kv_source
 
     b, tq, hq, d = q.shape
@@ -120,6 +123,13 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
         bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
     # every table entry clamped into the pool (a kernel never reads out of bounds; a bad entry poisons above)
     tbl = jnp.clip(block_table, 0, num_pages - 1)
+    dec = _decode_rows(q_lens, tq) if (mixed_decodes and on_prefill and page & (page - 1) == 0) else None
+    if dec is not None:  # the batch's decodes run on fa_decode; fa_prefill sees their rows as padding
+        q_lens_pf = jnp.where(dec, 0, q_lens)
+        out_d, lse_d = _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, scale=scale, interpret=interp,
+                                    window=window, softcap=softcap, sinks=sinks)
+    else:
+        q_lens_pf = q_lens
     if on_prefill:
         from . import dropin
 
@@ -130,7 +140,11 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
             k_in, v_in, bt = k_pool, v_pool, tbl
         out, lse = fa_prefill.forward(q, k_in, v_in, causal=True, scale=scale, q_offset=offs, interpret=interp,
                                       config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks,
-                                      block_table=bt, q_lens=q_lens)
+                                      block_table=bt, q_lens=q_lens_pf)
+        if dec is not None:
+            n = out_d.shape[1]
+            out = out.at[:, :n].set(jnp.where(dec[:, None, None, None], out_d, out[:, :n]))
+            lse = lse.at[:, :, :n].set(jnp.where(dec[:, None, None], lse_d, lse[:, :, :n]))
     else:
         k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
         out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
@@ -140,6 +154,38 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)
     return (out, lse) if return_lse else out
+
+
+def _decode_rows(q_lens, tq: int):
+    """bool ``[B]``: the sequences with 1 to fa_decode's 16 queries (None when there are none, known eagerly)."""
+    from .kernels import fa_decode
+
+    n = fa_decode.KERNEL.max_q_len
+    if tq <= n:
+        return None
+    ql = _concrete(q_lens)
+    if ql is not None and not np.any((ql > 0) & (ql <= n)):
+        return None
+    return (q_lens > 0) & (q_lens <= n)
+
+
+def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, *, scale, interpret, window, softcap, sinks):
+    """fa_decode over the first 16 rows of the decoding sequences (the others get no key: nothing read):
+    ``(out [B, 16, Hq, D], lse [B, Hq, 16])``."""
+    from .kernels import fa_decode
+    from .kernels.contract import Problem
+
+    n = fa_decode.KERNEL.max_q_len
+    qd = q[:, :n]
+    b, _, hq, d = qd.shape
+    num_pages, page, hkv, _ = k_pool.shape
+    problem = Problem(entry="paged", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=n, kv_len=tbl.shape[1] * page,
+                      heads_q=hq, heads_kv=hkv, head_dim=d, causal=True, page_size=page)
+    kv_d = jnp.where(dec, kv_lens, 0).astype(jnp.int32)
+    off_d = jnp.where(dec, offs, 0).astype(jnp.int32)
+    return fa_decode.paged_forward(qd, k_pool, v_pool, tbl, kv_d, causal=True, scale=scale, q_offset=off_d,
+                                   interpret=interpret, config=fa_decode.KERNEL.heuristic(problem), return_lse=True,
+                                   check_block_table=False, window=window, softcap=softcap, sinks=sinks)
 
 
 def _gather(pool, tbl):

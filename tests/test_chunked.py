@@ -220,3 +220,24 @@ def test_the_in_kernel_paged_fa_prefill_lowers_for_cuda(monkeypatch, d, page):
     monkeypatch.setattr(chunked, "PAGED_IN_KERNEL", False)
     gathered = text()
     assert "pallas_attn_fa_prefill" in gathered and "gather" in gathered
+
+
+def test_a_mixed_batch_sends_its_decodes_to_fa_decode(rng, monkeypatch):
+    """q_lens with sequences of 1-16 queries: those run on fa_decode (fa_prefill sees their rows as padding), the
+    answer still the oracle's (the ragged test above covers it); concrete q_lens with no such sequence, or no q_lens,
+    make no fa_decode call; traced q_lens always make it (its non-decoding sequences read no key)."""
+    calls = []
+    real = chunked._decode_part
+    monkeypatch.setattr(chunked, "_decode_part", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kv, ql = [120, 64, 90], [40, 3, 0]
+    arrs, cast, table, kvl = _case(rng, 3, 40, 4, 2, 64, 16, 8, kv, jnp.bfloat16)
+    out, lse = pallas_attn.paged_attention(*arrs, table, kvl, causal=True, q_lens=jnp.asarray(np.asarray(ql, np.int32)),
+                                           return_lse=True)
+    assert calls == [1]
+    _check(out, lse, cast, table, kvl, ql, 1e-2)
+    pallas_attn.paged_attention(*arrs, table, kvl, causal=True, q_lens=jnp.asarray(np.array([40, 30, 0], np.int32)))
+    pallas_attn.paged_attention(*arrs, table, kvl, causal=True)
+    assert calls == [1]
+    jax.jit(lambda ql: pallas_attn.paged_attention(*arrs, table, kvl, causal=True, q_lens=ql,
+                                                   check_block_table=False))(jnp.asarray(np.asarray(ql, np.int32)))
+    assert calls == [1, 1]
