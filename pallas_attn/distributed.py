@@ -242,6 +242,23 @@ def _merge2(o_a, lse_a, o_b, lse_b):
 RING_LAYOUTS = ("striped", "contiguous")
 
 
+def ring_kernel(dtype_name: str, head_dim: int, interpret: bool, config=None) -> str:
+    """The kernel each ring step runs: ``"fa_prefill"`` (its forward with the LSE and its backward, the drop-in's pair:
+    2.8x fa_train's training step on an H100 at N 32k) on a Hopper for fp16 / bf16 at its backward's head dims with no
+    fa_train ``config`` given, while ``RING_FA_PREFILL`` is on; else ``"fa_train"`` (any GPU, interpret mode)."""
+    from . import dropin
+    from .kernels import fa_prefill, fa_prefill_bwd
+
+    if (RING_FA_PREFILL and config is None and not interpret and dtype_name in fa_prefill.KERNEL.dtypes
+            and head_dim in fa_prefill_bwd.HEAD_DIMS and dropin._is_sm90()):
+        return "fa_prefill"
+    return "fa_train"
+
+
+# Ring steps on fa_prefill's pair on a Hopper (session 12; off: fa_train everywhere, the session-11 path).
+RING_FA_PREFILL = True
+
+
 def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float | None = None,
                    interpret: bool | None = None, config=None, layout: str = "striped"):
     """Ring attention inside ``jax.shard_map``: q ``[B, T_loc, Hq, D]``, k / v ``[B, T_loc, Hkv, D]``, the device's
@@ -259,9 +276,10 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
     ``ppermute``. The backward is JAX's reverse of that program: the kernel's Pallas backward per block (through the
     LSE too) and the transposed ``ppermute``, which carries dK / dV back around the ring to the device that owns them.
 
-    Session-11 version: fa_train on every device (fa_prefill's pair is the sm_90 path to wire), the K/V transfer
-    left to XLA's scheduler (the ``ppermute`` does not depend on the step's block). No GPU run yet."""
-    from .kernels import fa_train
+    The kernel per step: ``ring_kernel`` (fa_prefill's forward + backward pair on a Hopper, fa_train otherwise or
+    when ``config``, a fa_train config, is given). The K/V transfer is left to XLA's scheduler (the ``ppermute`` does
+    not depend on the step's block). GPU runs: docs/distributed.md, "Ring attention"."""
+    from .kernels import fa_prefill_bwd, fa_train
     from .kernels.contract import Problem
 
     if layout not in RING_LAYOUTS:
@@ -275,6 +293,7 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
                                                kv_len=t, heads_q=hq, heads_kv=k.shape[2], head_dim=d, causal=causal))
     interp = _compat.default_interpret(interpret)
     perm = [(j, (j + 1) % n) for j in range(n)]
+    kernel = ring_kernel(jnp.dtype(q.dtype).name, d, interp, config)
 
     def step(carry, s):
         o_acc, lse_acc, kc, vc = carry
@@ -283,8 +302,12 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
             off = jnp.full((b,), (i - j) * t, jnp.int32)
         else:  # striped: token c*n + j <= r*n + i  <=>  c <= r (j <= i) or c <= r - 1 (j > i)
             off = jnp.full((b,), jnp.where(j <= i, 0, -1), jnp.int32)
-        o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
-                                            interpret=interp, config=cfg)
+        if kernel == "fa_prefill":
+            o_s, lse_s = fa_prefill_bwd.attention_lse(q, kc, vc, causal=causal, scale=sc,
+                                                      q_offset=off if causal else None)
+        else:
+            o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc,
+                                                q_offset=off if causal else None, interpret=interp, config=cfg)
         o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
         kc, vc = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
         return (o_acc, lse_acc, kc, vc), None

@@ -61,3 +61,22 @@ def test_inner_ring_refuses_uneven_and_cross_attention(rng):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :, :1], q[:, :, :1])
     with pytest.raises(ValueError, match="layout"):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :16, :1], q[:, :16, :1], layout="zigzag")
+
+
+def test_ring_steps_run_fa_prefill_s_pair_on_a_hopper(monkeypatch):
+    """ring_kernel: fa_prefill's forward + backward on a Hopper (faked here) for fp16 / bf16 at its backward's head
+    dims; fa_train in interpret mode, for fp32, other head dims, a fa_train config, another GPU, or the switch off."""
+    from pallas_attn import dropin
+
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    assert dist.ring_kernel("bfloat16", 128, False) == "fa_prefill"
+    assert dist.ring_kernel("float16", 64, False) == "fa_prefill"
+    assert dist.ring_kernel("bfloat16", 128, True) == "fa_train"
+    assert dist.ring_kernel("float32", 128, False) == "fa_train"
+    assert dist.ring_kernel("bfloat16", 96, False) == "fa_train"
+    assert dist.ring_kernel("bfloat16", 128, False, config=object()) == "fa_train"
+    monkeypatch.setattr(dist, "RING_FA_PREFILL", False)
+    assert dist.ring_kernel("bfloat16", 128, False) == "fa_train"
+    monkeypatch.setattr(dist, "RING_FA_PREFILL", True)
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: False)
+    assert dist.ring_kernel("bfloat16", 128, False) == "fa_train"
