@@ -294,6 +294,13 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
     interp = _compat.default_interpret(interpret)
     perm = [(j, (j + 1) % n) for j in range(n)]
     kernel = ring_kernel(jnp.dtype(q.dtype).name, d, interp, config)
+    if kernel == "fa_prefill":  # the drop-in's configs at the block's shape (its tuned backward, not the default)
+        from . import dropin
+
+        block = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=t, heads_q=hq,
+                        heads_kv=k.shape[2], head_dim=d, causal=causal)
+        fwd_cfg = dropin.prefill_config(block, None)
+        bwd_cfg = fa_prefill_bwd.CONFIGS[dropin.bwd_config_name(block)]
 
     def step(carry, s):
         o_acc, lse_acc, kc, vc = carry
@@ -304,7 +311,8 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
             off = jnp.full((b,), jnp.where(j <= i, 0, -1), jnp.int32)
         if kernel == "fa_prefill":
             o_s, lse_s = fa_prefill_bwd.attention_lse(q, kc, vc, causal=causal, scale=sc,
-                                                      q_offset=off if causal else None)
+                                                      q_offset=off if causal else None, config=fwd_cfg,
+                                                      bwd_config=bwd_cfg)
         else:
             o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc,
                                                 q_offset=off if causal else None, interpret=interp, config=cfg)

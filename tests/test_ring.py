@@ -80,3 +80,23 @@ def test_ring_steps_run_fa_prefill_s_pair_on_a_hopper(monkeypatch):
     monkeypatch.setattr(dist, "RING_FA_PREFILL", True)
     monkeypatch.setattr(dropin, "_is_sm90", lambda: False)
     assert dist.ring_kernel("bfloat16", 128, False) == "fa_train"
+
+
+def test_the_ring_s_training_step_lowers_with_fa_prefill_s_pair_for_cuda(monkeypatch):
+    """On a Hopper (faked: nothing runs) the ring's forward and backward lower for CUDA with fa_prefill's forward and
+    both backward passes (dK/dV, dQ) in the program, under jax.grad inside shard_map."""
+    from pallas_attn import dropin
+    from pallas_attn.kernels import fa_prefill, fa_prefill_bwd
+
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("cp",))
+
+    def loss(q, k, v):
+        out = dist.ring_attention_sharded(mesh, q, k, v, axis="cp", causal=True, interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    qs = jax.ShapeDtypeStruct((1, 1024, 8, 128), jnp.bfloat16)
+    ks = jax.ShapeDtypeStruct((1, 1024, 2, 128), jnp.bfloat16)
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(qs, ks, ks).lower(lowering_platforms=("cuda",)).as_text()
+    for name in (fa_prefill.PASS_FWD, fa_prefill_bwd.PASS_DKDV, fa_prefill_bwd.PASS_DQ):
+        assert name in text, name
