@@ -31,3 +31,12 @@ def test_paged_decode_loop_matches_jax_nn_and_compiles_once():
     worst = mod.main(steps=2)
     assert worst < 2e-3  # fp16 operands and output against jax.nn in float32 on the same fp16 values
     assert mod.step._cache_size() == 1
+
+
+def test_serving_loop_mixes_chunks_and_decodes_matches_jax_nn_and_compiles_once():
+    """Prompts of 70 and 23 tokens in chunks of 32, then 3 and 5 decodes, chunks and decodes in one batch (step 2: a
+    chunk beside a decode), one compile; every real row against jax.nn on the dense cache, padding rows 0."""
+    mod = _load("serving_loop")
+    worst = mod.main()
+    assert worst < 2e-2  # bf16 operands and output (P cast to bf16 for P V) against jax.nn in float32
+    assert mod.step._cache_size() == 1
