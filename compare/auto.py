@@ -133,11 +133,25 @@ def choice(w) -> dict[str, Any]:
                                           f"cache only")
             from pallas_attn import _compat, chunked
 
-            path = "fa_prefill" if chunked.uses_fa_prefill(w.dtype, w.head_dim, _compat.default_interpret(None)) \
-                else "fa_train"
-            return {"chose": f"chunked:{path}", "generation": None, "config": None,
-                    "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: the pages gathered "
-                           f"into a dense cache, then {path} (pallas_attn.chunked)"}
+            interp = _compat.default_interpret(None)
+            path = "fa_prefill" if chunked.uses_fa_prefill(w.dtype, w.head_dim, interp) else "fa_train"
+            if path == "fa_train":
+                return {"chose": "chunked:fa_train", "generation": None, "config": None,
+                        "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: the pages gathered "
+                               f"into a dense cache, then fa_train (pallas_attn.chunked)"}
+            from pallas_attn import dropin
+
+            page = w.page_size or 1
+            cfg = dropin.prefill_config(chunked._problem(_sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype),
+                                                         -(-w.kv_len // page) * page, w.heads_kv),
+                                        None if w.window is None else (int(w.window) - 1, 0))
+            in_kernel = not interp and chunked.paged_in_kernel(page, cfg)
+            name = _config_name("fa_prefill", cfg, w.head_dim)
+            # layer 2 prices it as fa_prefill at the dense shape with this config (the page copies are not modelled)
+            return {"chose": "chunked:fa_prefill", "generation": "fa_prefill", "config": name,
+                    "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: fa_prefill ({name}) "
+                           + ("reading the pages through the block table" if in_kernel
+                              else "over the pages gathered into a dense cache") + " (pallas_attn.chunked)"}
     problem = problem_of(w)
     if w.family == "mla":
         # the MLA entry's own problem (pallas_attn.mla.problem_mla: it carries kv_lora_rank, a key of the table)

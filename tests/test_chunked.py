@@ -131,6 +131,13 @@ peers = []
     assert r["status"] == "ok", r.get("reason")
     assert r["impl"]["plan"]["chose"] == "chunked:fa_prefill"
     assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"]
+    # the plan names fa_prefill's config, so layer 2 prices the call (as fa_prefill at the dense shape) on an H100
+    from compare import hardware, layer2
+
+    gen, cfg_name = r["impl"]["plan"]["generation"], r["impl"]["plan"]["config"]
+    assert gen == "fa_prefill" and cfg_name
+    l2 = layer2.predict_record(r["workload"], r["impl"], r["impl"]["plan"], hardware.get("h100"))
+    assert "error" not in l2 and l2["via"] == f"pallas:fa_prefill:{cfg_name}" and l2["time_us"] > 0
 
 
 @pytest.mark.parametrize("dt,feats", [(jnp.bfloat16, dict(window=20, softcap=5.0, sinks=True)),
