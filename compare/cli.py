@@ -23,7 +23,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     from . import predict, report, runner, tune
 
-    parser = argparse.ArgumentParser(prog="python -m compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__ or 'compare'}", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     predict.add_parser(sub)
     runner.add_parser(sub)

@@ -117,7 +117,7 @@ class RunOptions(types.SimpleNamespace):
                    warmup=a.warmup, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
                    max_run_s=a.max_run_s, clock=a.clock, allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
-                   argv=["python", "-m", "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
+                   argv=["python", "-m", __package__ or "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
 
     def repro_flags(self) -> list[str]:
         """Every option that differs from its default, as flags (what a record's ``repro`` must repeat;
@@ -345,8 +345,9 @@ class _Run:
 
     def repro(self, w: Workload, impl_name: str) -> str:
         flags = self.opts.repro_flags() if isinstance(self.opts, RunOptions) else []
-        return " ".join([f"python -m compare {self.command} --config", shlex.quote(self.config_path), "--only",
-                         shlex.quote(f"{w.name}:{impl_name}"), *map(shlex.quote, flags)])
+        return " ".join([f"python -m {__package__ or 'compare'} {self.command} --config",
+                         shlex.quote(self.config_path), "--only", shlex.quote(f"{w.name}:{impl_name}"),
+                         *map(shlex.quote, flags)])
 
     # -- ceilings and clock check --------------------------------------------------------------
     def measure_ceilings(self) -> None:
@@ -920,7 +921,7 @@ class _Run:
                               "only, no kernel times); on a GPU the same command times every implementation.",
                               highlight=False)
             self.summarize(all_recs, console)
-            console.print(f"render: python -m compare report {self.path}")
+            console.print(f"render: python -m {__package__ or 'compare'} report {self.path}")
         if self.clock_fallbacks:
             print(f"clock fallback: {self.clock_fallbacks} records were timed by a clock other than the one requested "
                   f"(--clock {self.opts.clock}); they carry metrics.clock_fallback with the reason, in {self.path}"

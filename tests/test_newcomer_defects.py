@@ -271,6 +271,28 @@ def test_py_typed_is_shipped():
     assert "py.typed" in data["pallas_attn"]
 
 
+@pytest.mark.slow
+def test_the_wheel_has_no_generic_top_level_package(tmp_path):
+    """The built wheel installs pallas_attn, attn_core, cuda_ref and the harness as pallas_attn_compare (its configs
+    as package data, its script pointing there): no top-level `compare` to collide in a user's environment."""
+    import subprocess
+    import sys
+    import zipfile
+
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"pallas_attn", "attn_core", "cuda_ref", "pallas_attn_compare"}, tops
+    assert "pallas_attn_compare/configs/smoke.toml" in names and "pallas_attn_compare/__main__.py" in names
+    assert "pallas_attn/tuning/h100.json" in names and "pallas_attn/py.typed" in names
+    assert any(n.startswith("cuda_ref/csrc/") and n.endswith(".cu") for n in names)  # the twins' sources
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "pallas-attn-compare = pallas_attn_compare.cli:main" in zipfile.ZipFile(whl).read(entry).decode()
+
+
 def test_jax_bound_and_supported_versions_line():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     jax_dep = [d for d in deps if d.split(">")[0].split("<")[0].split("=")[0].strip() == "jax"]
