@@ -248,7 +248,7 @@ def test_decode_gqa_peer_is_timed_without_its_kv_transposes():
 
 def test_configs_ship_as_package_data(tmp_path):
     """The packages copied as a wheel installs them (links resolved), run from another folder: --config smoke
-    is found in compare's package data, not in a checkout."""
+    is found in the installed harness's package data (pallas_attn_compare), not in a checkout."""
     import os
     import shutil
     import subprocess
@@ -257,21 +257,23 @@ def test_configs_ship_as_package_data(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    assert "configs/*.toml" in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["compare"]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "configs/*.toml" in setup["package-data"]["pallas_attn_compare"]
+    assert setup["package-dir"]["pallas_attn_compare"] == "compare"  # installed under a name that cannot collide
     site = tmp_path / "site"
-    for pkg in ("compare", "attn_core", "pallas_attn", "cuda_ref"):
-        shutil.copytree(root / pkg, site / pkg, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
-    assert (site / "compare" / "configs" / "smoke.toml").is_file() and not (site / "configs").exists()
+    for pkg, src in (("pallas_attn_compare", "compare"), ("attn_core", "attn_core"), ("pallas_attn", "pallas_attn"),
+                     ("cuda_ref", "cuda_ref")):
+        shutil.copytree(root / src, site / pkg, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    assert (site / "pallas_attn_compare" / "configs" / "smoke.toml").is_file() and not (site / "configs").exists()
     work = tmp_path / "elsewhere"
     work.mkdir()
-    code = ("from compare import workloads; d = workloads.config_dir(); ws = workloads.load_config('smoke'); "
-            "print(d, len(ws))")
+    code = ("from pallas_attn_compare import workloads; d = workloads.config_dir(); "
+            "ws = workloads.load_config('smoke'); print(d, len(ws))")
     env = {**os.environ, "PYTHONPATH": str(site)}
     p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     where, n = p.stdout.split()
-    assert Path(where) == site / "compare" / "configs" and int(n) >= 5
+    assert Path(where) == site / "pallas_attn_compare" / "configs" and int(n) >= 5
 
 
 # ----------------------------------------------------------------------------- 8. a CPU run, for a newcomer
