@@ -146,9 +146,10 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
     (sharded over ``head_axis``).
 
     One call is one jitted program (cached per mesh, shapes and options; ``step_program``): the lengths and offsets
-    are computed inside it and q is placed on the mesh by the program's input sharding, so a decode loop pays no
-    eager host work per step beyond the dispatch. Inside a caller's ``jax.jit`` it inlines into the caller's
-    program with the same result. Pass the cache placed by ``shard_kv`` (a cache on one device is moved every call).
+    are computed inside it. A q that is not yet on the mesh is moved there first with one explicit ``device_put``
+    (``EXPLICIT_Q_PUT``; cheaper than the program's input resharding at 4 devices); a q already placed there costs
+    nothing more. Inside a caller's ``jax.jit`` it inlines into the caller's program with the same result. Pass the
+    cache placed by ``shard_kv`` (a cache on one device is moved every call).
     """
     n = mesh.shape[axis]
     b, tk = k.shape[0], k.shape[1]
@@ -158,8 +159,19 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
                         scale=scale, merge=merge, generation=generation, config=config, interpret=interpret,
                         has_len=kv_len is not None, has_off=q_offset is not None)
     extra = tuple(_int32(x) for x in (kv_len, q_offset) if x is not None)
+    if EXPLICIT_Q_PUT and not isinstance(q, jax.core.Tracer):
+        # a q on one device (or on the host) moves onto the mesh with one explicit device_put: at 4 devices that
+        # measured 124 us alone against ~300 us through the program's input resharding (docs/distributed.md)
+        q_sh = NamedSharding(mesh, P(None, None, head_axis, None))
+        if not (isinstance(q, jax.Array) and q.sharding.is_equivalent_to(q_sh, q.ndim)):
+            q = jax.device_put(q, q_sh)
     out, lse = step(q, k, v, *extra)
     return (out, lse) if return_lse else out
+
+
+# context_parallel_decode moves a caller's q onto the mesh with an explicit device_put (session 12; predicted ~400 us
+# a call at 4 GPUs for the B1 S1M step instead of 667; not yet measured). Off: the program's input sharding moves it.
+EXPLICIT_Q_PUT = True
 
 
 def _int32(x):

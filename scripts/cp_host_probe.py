@@ -75,7 +75,18 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
         "wrapper, q numpy": lambda: call(q_host),
         "wrapper in caller jit, q uncommitted": lambda: outer(qu, k, v),
         "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
+        "wrapper, q committed dev0, no explicit put": lambda: _no_put(call, q0),
+        "wrapper, q uncommitted, no explicit put": lambda: _no_put(call, qu),
     }
+
+
+def _no_put(call, q):
+    """The wrapper as before session 12: q moved by the program's input sharding (distributed.EXPLICIT_Q_PUT off)."""
+    distributed.EXPLICIT_Q_PUT = False
+    try:
+        return call(q)
+    finally:
+        distributed.EXPLICIT_Q_PUT = True
 
 
 def main(out: str) -> None:

@@ -154,8 +154,14 @@ def test_inner_wrapper_is_one_program_and_composes_with_jit(rng):
     assert [e.primitive.name for e in jaxpr.eqns] in (["pjit"], ["jit"]), jaxpr
     out, lse = call(q, k, v, lens)
     assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
-    q0 = jax.device_put(q, jax.devices()[0])  # q committed to one device: the program places it
+    q0 = jax.device_put(q, jax.devices()[0])  # q committed to one device: moved onto the mesh by one device_put
     np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
+    assert dist.EXPLICIT_Q_PUT
+    dist.EXPLICIT_Q_PUT = False  # the path before: the program's input sharding moves it, the same values
+    try:
+        np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
+    finally:
+        dist.EXPLICIT_Q_PUT = True
     inner_jit = jax.jit(lambda q, k, v, lens: call(q, k, v, lens)[0] * 2)
     np.testing.assert_array_equal(np.asarray(inner_jit(q, k, v, lens)), np.asarray(want) * 2)
     host = dist.context_parallel_decode(mesh, q, k, v, causal=True, kv_len=[256, 70], q_offset=5, merge="psum")
