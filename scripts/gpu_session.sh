@@ -2,7 +2,8 @@
 # One device call: build, GPU tests and measurements, stage by stage, each under its own time limit.
 # Usage (on the GPU machine, from the checkout): scripts/gpu_session.sh STAGE [STAGE ...]
 #   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune fa-tune-splits
-#           compare:<config>[:<only-glob>]
+#           serving-tests dropin-tests ring-tests serving-probe ring-probe compare:<config>[:<only-glob>]
+#   (ring-tests / ring-probe want 2+ GPUs: a 2-GPU machine)
 # Timings and sweeps are compare's (one clock, one record schema): cuda-time / pallas-time run
 # configs/time_generations.toml, fa-tune / fa-tune-splits the grids of configs/tune_fa_decode*.toml.
 # Logs go to $OUT (or ./gpu_out); a summary table is printed last.
@@ -36,6 +37,12 @@ for s in "$@"; do
                      --out "$OUT/fa-tune" ;;
     fa-tune-splits) stage fa-tune-splits 300 python3 -m compare tune --config tune_fa_decode_paged_splits \
                      --max-run-s 270 --out "$OUT/fa-tune-splits" ;;
+    serving-tests) stage serving-tests ${SERVING_TESTS_LIMIT:-330} python3 -m pytest -m gpu -q -rs \
+                     tests/gpu/test_serving_gpu.py ;;
+    dropin-tests)  stage dropin-tests ${DROPIN_TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -rs tests/gpu/test_dropin_gpu.py ;;
+    ring-tests)    stage ring-tests ${RING_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_ring_gpu.py ;;
+    serving-probe) stage serving-probe 200 python3 scripts/serving_probe.py --out "$OUT/serving-probe" ;;
+    ring-probe)    stage ring-probe 150 python3 scripts/ring_probe.py --out "$OUT/ring-probe" ;;
     compare:*)     IFS=: read -r _ cfg only <<< "$s"
                    stage "compare-$cfg" 540 python3 -m compare run --config "$cfg" ${only:+--only "$only"} --out "$OUT/compare-$cfg" ;;
     *) echo "unknown stage $s"; exit 2 ;;
