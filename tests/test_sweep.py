@@ -305,3 +305,21 @@ peers = []
     assert autos["a_paged"]["impl"]["plan"]["chose"] == "fa_decode:default"
     assert autos["a_mla"]["impl"]["plan"]["chose"] == "fa_mla:default"  # no table on a CPU: the reference's plan
     assert autos["a_decode"]["workload"]["model"] == "m" and autos["a_mla"]["workload"]["entry"] == "mla"
+
+
+def test_on_an_h100_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatch, ws):
+    """The default is the best path: at every sweep prefill workload the shipped H100 table has a row for, pallas:auto
+    (the drop-in as a user calls it, on a faked Hopper) chooses that row's config, the fastest named config of the
+    records the row was made from (e.g. Llama-3.1-70B N 512 -> tiles8, which the run before the rebuild timed at
+    714.9 us where auto's default took 923.5)."""
+    from pallas_attn import dropin, tuning
+
+    monkeypatch.setattr(tuning, "chip", lambda: "h100")
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # nothing runs: the choice only
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+    ws = {w.name: w for w in ws}
+    rows = [r for r in tuning.table()["kernels"]["fa_prefill"]["rows"] if r["workload"].startswith("sweep_prefill_")]
+    assert any(r["workload"] == "sweep_prefill_llama-3.1-70b_n512" and r["config"] == "tiles8" for r in rows)
+    for r in rows:
+        assert min(r["time_us"], key=r["time_us"].get) == r["config"] or r["config"] == r["default"], r["workload"]
+        assert auto.choice(ws[r["workload"]])["chose"] == f"fa_prefill:{r['config']}", r["workload"]
