@@ -151,6 +151,19 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
             f.write(json.dumps(r, default=_json_default, allow_nan=True) + "\n")
 
 
+def open_new(out_dir: str | Path | None):
+    """A probe script's ``out_dir/records.jsonl``, opened for writing, or None without ``out_dir``; a file already
+    there is never overwritten (SystemExit naming it)."""
+    if not out_dir:
+        return None
+    path = Path(out_dir) / "records.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return path.open("x")
+    except FileExistsError:
+        raise SystemExit(f"{path} exists; pick a new --out") from None
+
+
 def _json_default(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()

@@ -30,7 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from attn_core import formats, oracle  # noqa: E402
-from compare import timing  # noqa: E402
+from compare import records, timing  # noqa: E402
 from pallas_attn import _compat, quant  # noqa: E402
 from pallas_attn.kernels import fa_decode as fd  # noqa: E402
 
@@ -115,13 +115,7 @@ def main(argv=None) -> int:
     _compat.silence_triton_deprecation()
     interpret = args.smoke or not _compat.has_gpu()
     shapes = {k: SHAPES[k] for k in args.shapes.split(",")} if not args.smoke else {"smoke_b2_s256": (2, 256)}
-    out_f = None
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "records.jsonl")
-        if os.path.exists(path):
-            raise SystemExit(f"{path} exists; pick a new --out")
-        out_f = open(path, "w")  # noqa: SIM115
+    out_f = records.open_new(args.out)
     env = _env()
     flush = timing.default_flush_bytes(None if interpret else 50 << 20)
 

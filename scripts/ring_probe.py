@@ -60,10 +60,7 @@ def main(argv=None) -> int:
     interpret = True if args.smoke else None
     devs = jax.devices()
     env = records.collect_env()
-    out_f = None
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        out_f = open(os.path.join(args.out, "records.jsonl"), "x")  # noqa: SIM115
+    out_f = records.open_new(args.out)
     rng = np.random.default_rng(0)
     q, k, v, do = (jnp.asarray(rng.standard_normal((1, n, h, d), np.float32), jnp.bfloat16)
                    for h in (hq, hkv, hkv, hq))

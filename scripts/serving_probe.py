@@ -64,13 +64,7 @@ def main(argv=None) -> int:
     interpret = args.smoke or not _compat.has_gpu()
     page = 16
     scale = 1.0 / np.sqrt(D)
-    out_f = None
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "records.jsonl")
-        if os.path.exists(path):
-            raise SystemExit(f"{path} exists; pick a new --out")
-        out_f = open(path, "w")  # noqa: SIM115
+    out_f = records.open_new(args.out)
     env = records.collect_env()
     flush = timing.default_flush_bytes(None if interpret else 50 << 20)
     rows = []

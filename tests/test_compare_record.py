@@ -95,3 +95,15 @@ def test_execute_fills_agreement_and_cpu_timing_in_schema_order(run):
     assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"]
     assert r["metrics"]["clock"] == "cpu-interpret" and r["metrics"]["time_us_p50"] is None
     assert all(records.validate(x) == [] for x in recs)
+
+
+def test_open_new_never_overwrites_a_records_file(tmp_path):
+    """The probe scripts' records file: created under --out, None without one, and never written over."""
+    from compare import records as recs
+
+    assert recs.open_new(None) is None
+    with recs.open_new(tmp_path / "run") as f:
+        f.write("{}\n")
+    with pytest.raises(SystemExit, match="exists; pick a new --out"):
+        recs.open_new(tmp_path / "run")
+    assert (tmp_path / "run" / "records.jsonl").read_text() == "{}\n"
