@@ -174,15 +174,11 @@ def _decode_rows(q_lens, tq: int):
 def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, *, scale, interpret, window, softcap, sinks):
     """fa_decode over the first 16 rows of the decoding sequences (the others get no key: nothing read):
     ``(out [B, 16, Hq, D], lse [B, Hq, 16])``."""
+    from .api import problem_paged
     from .kernels import fa_decode
-    from .kernels.contract import Problem
 
-    n = fa_decode.KERNEL.max_q_len
-    qd = q[:, :n]
-    b, _, hq, d = qd.shape
-    num_pages, page, hkv, _ = k_pool.shape
-    problem = Problem(entry="paged", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=n, kv_len=tbl.shape[1] * page,
-                      heads_q=hq, heads_kv=hkv, head_dim=d, causal=True, page_size=page)
+    qd = q[:, :fa_decode.KERNEL.max_q_len]
+    problem = problem_paged(qd, k_pool, tbl, causal=True)
     kv_d = jnp.where(dec, kv_lens, 0).astype(jnp.int32)
     off_d = jnp.where(dec, offs, 0).astype(jnp.int32)
     return fa_decode.paged_forward(qd, k_pool, v_pool, tbl, kv_d, causal=True, scale=scale, q_offset=off_d,
