@@ -945,23 +945,20 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
             raise ValueError(f"{GEN}: q_lens must be int32 [B={q.shape[0]}]; got {q_lens.shape} {q_lens.dtype}")
         if interpret:
             q_lens = None
+    tbl = None  # a block table the kernel reads (page pools on the GPU)
     if block_table is not None:
         if segment_ids is not None:
             raise NotImplementedError(f"{GEN}: segment_ids with a paged cache")
-        b, pps = q.shape[0], block_table.shape[1] if block_table.ndim == 2 else -1
-        cfg0 = fit(config, q.shape[3], q.dtype.itemsize, bool(return_lse))
-        page, pps = _check_paged(q, k, v, block_table, cfg0)
+        page, pps = _check_paged(q, k, v, block_table, fit(config, q.shape[3], q.dtype.itemsize, bool(return_lse)))
         tbl = jnp.clip(block_table, 0, k.shape[0] - 1)
         if interpret:  # the interpret twin reads a dense cache: gather the pages
-            k = k[tbl].reshape(b, pps * page, *k.shape[2:])
-            v = v[tbl].reshape(b, pps * page, *v.shape[2:])
-        else:
-            return _forward_paged(q, k, v, tbl, page=page, causal=causal, scale=scale, q_offset=q_offset,
-                                  config=config, return_lse=return_lse, window=window, softcap=softcap, sinks=sinks,
-                                  q_lens=q_lens)
-    _check(q, k, v)
+            k = k[tbl].reshape(q.shape[0], pps * page, *k.shape[2:])
+            v = v[tbl].reshape(q.shape[0], pps * page, *v.shape[2:])
+            tbl = None
+    if tbl is None:
+        _check(q, k, v)
     b, tq, hq, d = q.shape
-    tk, hkv = k.shape[1], k.shape[2]
+    tk, hkv = (k.shape[1] if tbl is None else pps * page), k.shape[2]
     window, softcap, sinks = check_features(window, softcap, sinks, hq)
     starts = None
     if segment_ids is not None:
@@ -986,49 +983,26 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
                          f"bytes of shared memory at D={d} (limit {_SMEM_LIMIT}); use fewer stages or a smaller "
                          f"block_kv")
     off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
-    kp, vp = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv)
+    if tbl is None:
+        kp, vp, paged, table_in = _pad(k, 1, cfg.block_kv), _pad(v, 1, cfg.block_kv), None, ()
+        tk_pad = kp.shape[1]
+    else:  # page pools: whole key blocks, the table padded with page 0 (keys past tk, masked by the kernel)
+        per = max(cfg.block_kv // page, 1)
+        tbl = jnp.pad(tbl, ((0, 0), (0, -pps % per))) if pps % per else tbl
+        kp, vp, tk_pad, paged, table_in = k, v, tbl.shape[1] * page, (page, tbl.shape[1]), (tbl.reshape(-1),)
     if interpret:
         qp = _pad(q, 1, cfg.block_q)
         out, lse = _fallback(qp, kp, vp, off, sinks, _pad_edge(starts, qp.shape[1]), causal=bool(causal),
                              scale=scale, tk=tk, cfg=cfg, window=window, softcap=softcap)
     else:
         qp = _pad(q, 1, 2 * cfg.block_q)
-        call = _build_mosaic(b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal),
+        call = _build_mosaic(b, qp.shape[1], tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
-                             starts is not None, rowlim=q_lens is not None)
+                             starts is not None, paged=paged, rowlim=q_lens is not None)
         extra = (() if q_lens is None else (q_lens,)) + (() if sinks is None else (sinks,)) + (
             () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
-        res = call(qp, kp, vp, off, *extra)
+        res = call(qp, kp, vp, off, *table_in, *extra)
         out, lse = res if return_lse else (res, None)
-    out = out[:, :tq] if out.shape[1] != tq else out
-    if not return_lse:
-        return out
-    return out, (lse[:, :, :tq] if lse.shape[2] != tq else lse)
-
-
-def _forward_paged(q, k_pool, v_pool, tbl, *, page: int, causal: bool, scale: float, q_offset, config: PrefillConfig,
-                   return_lse: bool, window, softcap, sinks, q_lens=None):
-    """The Mosaic GPU kernel over page pools (``forward``'s ``block_table`` path; validated arguments)."""
-    b, tq, hq, d = q.shape
-    hkv = k_pool.shape[2]
-    window, softcap, sinks = check_features(window, softcap, sinks, hq)
-    cfg = fit(config, d, q.dtype.itemsize, bool(return_lse))
-    if smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse)) > _SMEM_LIMIT:
-        raise ValueError(f"{GEN}: config {cfg} needs {smem_bytes(d, q.dtype.itemsize, cfg, bool(return_lse))} "
-                         f"bytes of shared memory at D={d} (limit {_SMEM_LIMIT})")
-    pps = tbl.shape[1]
-    tk = pps * page
-    per = max(cfg.block_kv // page, 1)
-    if pps % per:  # whole key blocks: the table padded with page 0 (keys past tk, masked by the kernel)
-        tbl = jnp.pad(tbl, ((0, 0), (0, per - pps % per)))
-    off = jnp.asarray(q_offset, jnp.int32).reshape((b,))
-    qp = _pad(q, 1, 2 * cfg.block_q)
-    call = _build_mosaic(b, qp.shape[1], tbl.shape[1] * page, tk, hq, hkv, d, q.dtype.name, bool(causal),
-                         float(scale), cfg, bool(return_lse), window, softcap, sinks is not None, False,
-                         paged=(page, tbl.shape[1]), rowlim=q_lens is not None)
-    res = call(qp, k_pool, v_pool, off, tbl.reshape(-1), *(() if q_lens is None else (q_lens,)),
-               *(() if sinks is None else (sinks,)))
-    out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
     if not return_lse:
         return out
