@@ -25,7 +25,7 @@ from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
 __all__ = ["cp_impls", "MERGES"]
 
-MERGES = ("all_gather", "psum")
+MERGES = ("all_gather", "psum", "packed")
 _GEN = "fa_decode"
 
 

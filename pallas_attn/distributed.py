@@ -41,7 +41,10 @@ __all__ = ["context_parallel_attention", "context_parallel_decode", "decode_prog
            "ring_attention", "ring_attention_sharded",
            "shard_kv", "MERGES"]
 
-MERGES = ("all_gather", "psum")
+# "all_gather": two all_gathers (o, lse) then the merge on every device; "psum": a pmax then a psum of the weighted
+# states; "packed" (session 13): ONE all_gather of o and lse packed into one fp32 array [B, Tq, Hq, D + 1], then the
+# merge: a decode step's merge moves a few KB, so its cost is the collectives' latency, and this pays it once.
+MERGES = ("all_gather", "psum", "packed")
 
 
 def merge_across(o, lse, *, axis_name, merge: str = "all_gather"):
@@ -50,7 +53,11 @@ def merge_across(o, lse, *, axis_name, merge: str = "all_gather"):
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
     lse_t = jnp.transpose(lse, (0, 2, 1)).astype(jnp.float32)  # [B, Tq, Hq], aligned with o's rows
-    if merge == "all_gather":
+    if merge == "packed":
+        both = lax.all_gather(jnp.concatenate([o.astype(jnp.float32), lse_t[..., None]], axis=-1), axis_name)
+        out, lse_m = splitkv.merge_jnp(both[..., :-1], both[..., -1], axis=0)
+        out = out.astype(o.dtype)
+    elif merge == "all_gather":
         o_all = lax.all_gather(o, axis_name)  # [n, B, Tq, Hq, D]
         l_all = lax.all_gather(lse_t, axis_name)  # [n, B, Tq, Hq]
         out, lse_m = splitkv.merge_jnp(o_all, l_all, axis=0)
@@ -269,6 +276,9 @@ def ring_kernel(dtype_name: str, head_dim: int, interpret: bool, config=None) ->
 
 # Ring steps on fa_prefill's pair on a Hopper (session 12; off: fa_train everywhere, the session-11 path).
 RING_FA_PREFILL = True
+# The ring's steps unrolled with each step's transfer issued before its kernel and none after the last (session 13;
+# off: the session-12 scan, which sends after the kernel and once more than needed).
+RING_UNROLLED = True
 
 
 def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float | None = None,
@@ -309,25 +319,45 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
     if kernel == "fa_prefill":  # the drop-in's configs at the block's shape (its tuned backward, not the default)
         from . import dropin
 
-        block = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=t, heads_q=hq,
+        shape = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=t, heads_q=hq,
                         heads_kv=k.shape[2], head_dim=d, causal=causal)
-        fwd_cfg = dropin.prefill_config(block, None)
-        bwd_cfg = fa_prefill_bwd.CONFIGS[dropin.bwd_config_name(block)]
+        fwd_cfg = dropin.prefill_config(shape, None)
+        bwd_cfg = fa_prefill_bwd.CONFIGS[dropin.bwd_config_name(shape)]
 
-    def step(carry, s):
-        o_acc, lse_acc, kc, vc = carry
+    def block(kc, vc, s):
         j = (i - s) % n  # the device whose K/V this device holds at step s
         if layout == "contiguous":  # key c of chunk j (token j*t + c) is visible to row r (token i*t + r): c <= r + off
             off = jnp.full((b,), (i - j) * t, jnp.int32)
         else:  # striped: token c*n + j <= r*n + i  <=>  c <= r (j <= i) or c <= r - 1 (j > i)
             off = jnp.full((b,), jnp.where(j <= i, 0, -1), jnp.int32)
         if kernel == "fa_prefill":
-            o_s, lse_s = fa_prefill_bwd.attention_lse(q, kc, vc, causal=causal, scale=sc,
-                                                      q_offset=off if causal else None, config=fwd_cfg,
-                                                      bwd_config=bwd_cfg)
-        else:
-            o_s, lse_s = fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc,
-                                                q_offset=off if causal else None, interpret=interp, config=cfg)
+            return fa_prefill_bwd.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
+                                                config=fwd_cfg, bwd_config=bwd_cfg)
+        return fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
+                                      interpret=interp, config=cfg)
+
+    # The n steps unrolled (n is the mesh axis size, a small static int; RING_UNROLLED, session 13): step s sends the
+    # block it holds on before computing on it, so the transfer has the step's kernel to hide behind; the last step
+    # sends nothing (a scan sent K/V all the way round, back to their owners, for nothing); step 0's state is the
+    # block's own (no merge with an empty state).
+    if RING_UNROLLED:
+        kc, vc = k, v
+        o_acc = lse_acc = None
+        for s in range(n):
+            if s + 1 < n:
+                k_next, v_next = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
+            o_s, lse_s = block(kc, vc, s)
+            if o_acc is None:
+                o_acc, lse_acc = o_s.astype(jnp.float32), lse_s
+            else:
+                o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
+            if s + 1 < n:
+                kc, vc = k_next, v_next
+        return o_acc.astype(q.dtype)
+
+    def step(carry, s):
+        o_acc, lse_acc, kc, vc = carry
+        o_s, lse_s = block(kc, vc, s)
         o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
         kc, vc = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
         return (o_acc, lse_acc, kc, vc), None

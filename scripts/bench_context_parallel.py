@@ -1,6 +1,6 @@
 """Context-parallel decode on 1, 2, 4 ... GPUs of one host: correctness, time per step, the merge's own time.
 
-    python scripts/bench_context_parallel.py --out results/<dir> [--devices 1,2,4] [--merges all_gather,psum]
+    python scripts/bench_context_parallel.py --out results/<dir> [--devices 1,2,4] [--merges all_gather,psum,packed]
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python scripts/bench_context_parallel.py --smoke  # CPU check
 
 Workloads (names as in the issue): ``cp_decode_b1_s1048576`` and ``cp_decode_b8_s262144``: Hq 32, Hkv 8,
@@ -95,7 +95,7 @@ def _call_times(fn, args, iters: int) -> tuple[float, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", default="1,2,4")
-    ap.add_argument("--merges", default="all_gather,psum")
+    ap.add_argument("--merges", default="all_gather,psum,packed")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=None, help="directory for records.jsonl (default: print only)")

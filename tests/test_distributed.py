@@ -198,7 +198,7 @@ def test_inner_compare_runs_the_multi_device_impls(tmp_path):
     res = [r for r in recs if r.get("type") == "result"]
     for n in (1, 2, 4):
         cp = [r for r in res if r["workload"]["devices"] == n and r["impl"]["name"].startswith("pallas:fa_decode_cp:")]
-        assert {r["impl"]["config"] for r in cp} == {"all_gather", "psum"}
+        assert {r["impl"]["config"] for r in cp} == {"all_gather", "psum", "packed"}
         call = [r for r in res if r["workload"]["devices"] == n
                 and r["impl"]["name"].startswith("pallas:fa_decode_cp_call:")]  # the public wrapper per call (one
         assert {r["impl"]["config"] for r in call} == {"psum"}  # merge in the smoke set: the merges are the program's)
