@@ -75,23 +75,30 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
         "wrapper, q numpy": lambda: call(q_host),
         "wrapper in caller jit, q uncommitted": lambda: outer(qu, k, v),
         "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
-        "wrapper, q committed dev0, no explicit put": lambda: _no_put(call, q0),
-        "wrapper, q uncommitted, no explicit put": lambda: _no_put(call, qu),
+        "wrapper, q committed dev0, explicit put (s12)": lambda: _with(call, q0, dev0=False, put=True),
+        "wrapper, q uncommitted, explicit put (s12)": lambda: _with(call, qu, dev0=False, put=True),
+        "wrapper, q committed dev0, no explicit put": lambda: _with(call, q0, dev0=False, put=False),
+        "wrapper, q uncommitted, no explicit put": lambda: _with(call, qu, dev0=False, put=False),
     }
 
 
-def _no_put(call, q):
-    """The wrapper as before session 12: q moved by the program's input sharding (distributed.EXPLICIT_Q_PUT off)."""
-    distributed.EXPLICIT_Q_PUT = False
+def _with(call, q, *, dev0: bool, put: bool):
+    """The wrapper with the q paths of before: ``dev0`` off (session 13's in-program broadcast of device 0's q) and
+    ``put`` off (session 12's explicit device_put): the program's input sharding moves q."""
+    distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT = dev0, put
     try:
         return call(q)
     finally:
-        distributed.EXPLICIT_Q_PUT = True
+        distributed.Q_FROM_DEVICE0 = distributed.EXPLICIT_Q_PUT = True
 
 
 def main(out: str) -> None:
     shapes = {"smoke_b2_s512_h8_d64": SHAPES["smoke_b2_s512_h8_d64"]} if INTERP else SHAPES
+    if os.environ.get("CP_SHAPES"):  # e.g. CP_SHAPES=b1_s1048576_h32_d128
+        shapes = {k: SHAPES[k] for k in os.environ["CP_SHAPES"].split(",")}
     ndev = [n for n in (1, 2, 4, 8) if n <= len(jax.devices())]
+    if os.environ.get("CP_DEVICES"):  # e.g. CP_DEVICES=1,4
+        ndev = [int(x) for x in os.environ["CP_DEVICES"].split(",")]
     rows = []
     env = dict(gpu=[dv.device_kind for dv in jax.devices()], jax=jax.__version__,
                git=os.environ.get("PALLAS_ATTN_GIT_SHA"), interpret=INTERP)
@@ -109,7 +116,7 @@ def main(out: str) -> None:
                     t = None
                     print("ERR", sname, n, cname, repr(e)[:200], flush=True)
                 rows.append(dict(shape=sname, devices=n, case=cname, us_per_call=t))
-                print(f"{sname:24s} dev{n} {cname:36s} {t if t is None else round(t, 1)}", flush=True)
+                print(f"{sname:24s} dev{n} {cname:44s} {t if t is None else round(t, 1)}", flush=True)
                 with open(out, "w") as fh:  # after every row: a run cut short keeps what it measured
                     json.dump(dict(env=env, rows=rows), fh, indent=1)
 

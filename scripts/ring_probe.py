@@ -62,6 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--devices", default=None, help="comma-separated device counts (default: 1 and all)")
+    ap.add_argument("--fa3", action="store_true",
+                    help="also FlashAttention-3's JAX ring attention (flash_attn3_jax.flash_mha on inputs sharded "
+                         "along the sequence: its custom partitioning runs a contiguous ring) and FA3 on one GPU")
+    ap.add_argument("--peers-only", action="store_true", help="skip our ring's rows (the drop-in and --fa3 only)")
     ap.add_argument("--scan-too", action="store_true",
                     help="also time the session-12 scan ring (RING_UNROLLED off) on pre-sharded inputs")
     args = ap.parse_args(argv)
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     counts = sorted({int(x) for x in args.devices.split(",")}) if args.devices else sorted({1, len(devs)})
     if 1 not in counts:
         counts = [1] + counts  # the ring on one GPU is the table's base
-    for nd in counts:
+    for nd in [] if args.peers_only else counts:
         mesh = jax.sharding.Mesh(np.array(devs[:nd]), ("cp",))
 
         def ring(q, k, v, mesh=mesh):
@@ -138,11 +142,35 @@ def main(argv=None) -> int:
             finally:
                 distributed.RING_UNROLLED = True
         del qs, ks, vs, dos
+    if args.fa3:  # the peer: FA3's JAX binding; on one GPU its kernel pair, on a mesh its ring (contiguous layout)
+        try:
+            from flash_attn3_jax import flash_mha
+        except ImportError as e:
+            print(f"fa3: not importable ({e}); the peer is not run", flush=True)
+        else:
+            def fa3(q, k, v):
+                return flash_mha(q, k, v, is_causal=True)
+
+            for nd in counts:
+                mesh = jax.sharding.Mesh(np.array(devs[:nd]), ("cp",))
+                sh = jax.sharding.NamedSharding(mesh, P(None, "cp", None, None))
+                qs, ks, vs, dos = (jax.device_put(x, sh) for x in (q, k, v, do))
+                try:
+                    out = jax.jit(fa3)(qs, ks, vs)
+                    grads = step_of(fa3)(qs, ks, vs, dos)
+                    agree = {"out_rel_l2": _rel(out, ref_out),
+                             **{f"d{x}_rel_l2": _rel(g, r) for x, g, r in zip("qkv", grads, ref_grads)}}
+                    del out, grads
+                    emit("fa3 step, sharded in", nd, _wall(step_of(fa3), (qs, ks, vs, dos), args.reps), **agree)
+                    emit("fa3 forward, sharded in", nd, _wall(jax.jit(fa3), (qs, ks, vs), args.reps))
+                except Exception as e:  # noqa: BLE001 - the peer's failure is recorded, the probe goes on
+                    print(f"fa3 on {nd} GPU(s) failed: {e!r}"[:400], flush=True)
+                del qs, ks, vs, dos
     # one block's kernel on one GPU (the ring's step at nd devices does this once per step: the ideal is nd of them)
     from pallas_attn import dropin
     from pallas_attn.kernels import fa_prefill_bwd
     from pallas_attn.kernels.contract import Problem
-    for nd in [c for c in counts if c > 1]:
+    for nd in [] if args.peers_only else [c for c in counts if c > 1]:
         t = n // nd
         if interpret or not dropin._is_sm90():
             break
@@ -172,6 +200,12 @@ def main(argv=None) -> int:
             continue
         base = "ring step (fwd+bwd)" if "step" in name else "ring forward"
         drop = "drop-in step (fwd+bwd)" if "step" in name else "drop-in forward"
+        if name.startswith(("fa3", "drop-in")) and (name, 1) not in t or name.startswith("fa3"):
+            base = name  # a peer's scaling: against itself on one GPU
+            if (base, 1) not in t:
+                continue
+        elif (base, 1) not in t:
+            continue
         print(f"{name:34s} {nd:5d} {us / 1e3:9.2f} {t[(base, 1)] / us:10.2f}x {t[(drop, 1)] / us:12.2f}x")
     return 0
 

@@ -162,6 +162,25 @@ def test_inner_wrapper_is_one_program_and_composes_with_jit(rng):
         np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
     finally:
         dist.EXPLICIT_Q_PUT = True
+    # q on the mesh's first device (uncommitted or committed) enters as device 0's shard of a stacked array and is
+    # broadcast inside the program (Q_FROM_DEVICE0): the same values as the program, and as the path without it
+    assert dist.Q_FROM_DEVICE0 and dist._on_first_device(mesh, "cp", None, q)
+    assert dist._on_first_device(mesh, "cp", None, q0)
+    assert not dist._on_first_device(mesh, "cp", None, jax.device_put(q, jax.devices()[1]))
+    assert not dist._on_first_device(mesh, "cp", "tp", q) and not dist._on_first_device(mesh, "cp", None, np.ones(3))
+    pads_before = dist._q_pads.cache_info().misses
+    for qq in (q, q0):
+        o_dev0, l_dev0 = call(qq, k, v, lens)
+        assert np.array_equal(np.asarray(o_dev0), np.asarray(want))
+        assert np.array_equal(np.asarray(l_dev0), np.asarray(want_lse))
+    assert dist._q_pads.cache_info().misses <= pads_before + 1  # the zero shards: allocated once per mesh and shape
+    dist.Q_FROM_DEVICE0 = False
+    try:
+        np.testing.assert_array_equal(np.asarray(call(q, k, v, lens)[0]), np.asarray(want))
+    finally:
+        dist.Q_FROM_DEVICE0 = True
+    q1 = jax.device_put(q, jax.devices()[1])  # on the mesh's other device: the device_put path, the same values
+    np.testing.assert_array_equal(np.asarray(call(q1, k, v, lens)[0]), np.asarray(want))
     inner_jit = jax.jit(lambda q, k, v, lens: call(q, k, v, lens)[0] * 2)
     np.testing.assert_array_equal(np.asarray(inner_jit(q, k, v, lens)), np.asarray(want) * 2)
     host = dist.context_parallel_decode(mesh, q, k, v, causal=True, kv_len=[256, 70], q_offset=5, merge="psum")
