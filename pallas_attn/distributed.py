@@ -153,10 +153,11 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
     (sharded over ``head_axis``).
 
     One call is one jitted program (cached per mesh, shapes and options; ``step_program``): the lengths and offsets
-    are computed inside it. A q that is not yet on the mesh is moved there first with one explicit ``device_put``
-    (``EXPLICIT_Q_PUT``; cheaper than the program's input resharding at 4 devices); a q already placed there costs
-    nothing more. Inside a caller's ``jax.jit`` it inlines into the caller's program with the same result. Pass the
-    cache placed by ``shard_kv`` (a cache on one device is moved every call).
+    are computed inside it. A q not yet on the mesh (replicated over ``axis``) is moved there by the program's input
+    sharding: on 4 GPUs that costs ~300 us of host time a call (docs/distributed.md), so a decode loop that keeps q
+    on the mesh (``jax.device_put(q, NamedSharding(mesh, P()))``, or q computed by a program on the mesh) pays none.
+    Inside a caller's ``jax.jit`` it inlines into the caller's program with the same result. Pass the cache placed by
+    ``shard_kv`` (a cache on one device is moved every call).
     """
     n = mesh.shape[axis]
     b, tk = k.shape[0], k.shape[1]
@@ -189,8 +190,10 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
 
 
 # A q on the mesh's first device enters the program as device 0's shard of a stacked array and is broadcast inside it
-# (session 13; off: EXPLICIT_Q_PUT's host-side device_put, or the program's input resharding).
-Q_FROM_DEVICE0 = True
+# (session 13; predicted ~300 us a call at 4 GPUs). Measured on 4 H200s at B1 S1M: 591.7 / 587.2 us against 557.4 /
+# 596.8 through the program's input resharding, no gain (the host-side cost is not the copy: every path that does not
+# find q already on the mesh pays ~300 us over the pre-placed 290), so off. Kept as a switch, tested on virtual devices.
+Q_FROM_DEVICE0 = False
 
 
 def _on_first_device(mesh, axis: str, head_axis: str | None, q) -> bool:
@@ -209,9 +212,11 @@ def _q_pads(mesh, axis: str, shape: tuple, dtype: str) -> list:
     return [jax.device_put(jnp.zeros(shape, dtype), dev) for dev in list(mesh.devices.flat)[1:]]
 
 
-# context_parallel_decode moves a caller's q onto the mesh with an explicit device_put (session 12; predicted ~400 us
-# a call at 4 GPUs for the B1 S1M step instead of 667; not yet measured). Off: the program's input sharding moves it.
-EXPLICIT_Q_PUT = True
+# context_parallel_decode moves a caller's q onto the mesh with an explicit device_put (session 12; predicted ~400 us a
+# call at 4 GPUs instead of 667). Measured in session 13 on 4 H200s at B1 S1M: no gain, worse in 3 of 4 comparisons
+# (702.7 / 671.3 us against 557.4 / 596.8 without it, q committed / uncommitted), so off: the program's input
+# sharding moves q (docs/distributed.md, "the wrapper's q").
+EXPLICIT_Q_PUT = False
 
 
 def _int32(x):

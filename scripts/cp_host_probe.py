@@ -77,19 +77,21 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
         "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
         "wrapper, q committed dev0, explicit put (s12)": lambda: _with(call, q0, dev0=False, put=True),
         "wrapper, q uncommitted, explicit put (s12)": lambda: _with(call, qu, dev0=False, put=True),
-        "wrapper, q committed dev0, no explicit put": lambda: _with(call, q0, dev0=False, put=False),
-        "wrapper, q uncommitted, no explicit put": lambda: _with(call, qu, dev0=False, put=False),
+        "wrapper, q committed dev0, broadcast in-program (s13)": lambda: _with(call, q0, dev0=True, put=False),
+        "wrapper, q uncommitted, broadcast in-program (s13)": lambda: _with(call, qu, dev0=True, put=False),
     }
 
 
 def _with(call, q, *, dev0: bool, put: bool):
-    """The wrapper with the q paths of before: ``dev0`` off (session 13's in-program broadcast of device 0's q) and
-    ``put`` off (session 12's explicit device_put): the program's input sharding moves q."""
+    """The wrapper with another q path switched on: ``dev0`` (session 13's in-program broadcast of device 0's q,
+    ``distributed.Q_FROM_DEVICE0``) or ``put`` (session 12's explicit device_put, ``EXPLICIT_Q_PUT``); both off (the
+    default) the program's input sharding moves q."""
+    before = distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT
     distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT = dev0, put
     try:
         return call(q)
     finally:
-        distributed.Q_FROM_DEVICE0 = distributed.EXPLICIT_Q_PUT = True
+        distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT = before
 
 
 def main(out: str) -> None:
@@ -116,7 +118,7 @@ def main(out: str) -> None:
                     t = None
                     print("ERR", sname, n, cname, repr(e)[:200], flush=True)
                 rows.append(dict(shape=sname, devices=n, case=cname, us_per_call=t))
-                print(f"{sname:24s} dev{n} {cname:44s} {t if t is None else round(t, 1)}", flush=True)
+                print(f"{sname:24s} dev{n} {cname:52s} {t if t is None else round(t, 1)}", flush=True)
                 with open(out, "w") as fh:  # after every row: a run cut short keeps what it measured
                     json.dump(dict(env=env, rows=rows), fh, indent=1)
 
