@@ -41,7 +41,7 @@ from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, 
 from .impls import all_impls
 from .record import PairPlan, Refusal, ResultRecord
 from .schema import Ctx, Impl, Support
-from .workloads import UsageError, Workload, ensure_writable, load_config
+from .workloads import CPU_ONLY, UsageError, Workload, ensure_writable, load_config
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
 
@@ -298,6 +298,10 @@ class _Run:
                 except ValueError as e:
                     raise UsageError(f"--arch: {e}") from None
         self.ctx = detect_ctx()
+        # a config's cpu_include workloads (the interpret-mode checks) are left out of a GPU run's plan
+        self.cpu_only_left_out = [w.name for w, _ in self.plan if CPU_ONLY in w.tags] if self.ctx.jax_gpu else []
+        if self.cpu_only_left_out:
+            self.plan = [(w, lst) for w, lst in self.plan if CPU_ONLY not in w.tags]
         self.env = records.collect_env()
         self.gpu = self.ctx.jax_gpu
         stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -846,10 +850,21 @@ class _Run:
             if not self.opts.quiet:
                 console.print(f"[bold]compare run[/] {self.run_id}: {len(plan)} workloads, {total} (workload, impl) "
                               f"pairs -> {self.path}")
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                if self.cpu_only_left_out:
+                    console.print(f"({len(self.cpu_only_left_out)} interpret-mode check workloads of this config are "
+                                  "for machines without a GPU and are left out here; --config smoke runs them)")
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
 
                 progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), console=console, transient=True)
+                                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=console,
+                                    transient=True)
                 progress.start()
                 task = progress.add_task("", total=total)
             not_run: list[str] = []  # CPU runs: one line per workload where nothing ran, after the tables

@@ -327,6 +327,9 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
     return Workload(**e, model_info=tuple(model_info), source=where)
 
 
+CPU_ONLY = "cpu-only"  # the tag of a workload that came in through a config's cpu_include
+
+
 def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) -> list[Workload]:
     """All workloads of a config file (includes followed), in file order; names must be unique."""
     path = resolve_config(path_or_name)
@@ -336,14 +339,20 @@ def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) 
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    extra = set(data) - {"workload", "include", "description", "models"} - TUNE_KEYS
+    extra = set(data) - {"workload", "include", "cpu_include", "description", "models"} - TUNE_KEYS
     if extra:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, description, "
-                          f"models (and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by compare.tune)")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, cpu_include, "
+                          f"description, models (and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by "
+                          "compare.tune)")
     models = _check_models(data.get("models", {}), path)
     out: list[Workload] = []
     for inc in data.get("include", []):
         out.extend(load_config(path.parent / inc, _seen | {path}))
+    # cpu_include: configs whose workloads run only where there is no GPU (the interpret-mode checks of the default
+    # config); tagged CPU_ONLY, and a GPU run leaves them out of its plan and says so
+    for inc in data.get("cpu_include", []):
+        out.extend(dataclasses.replace(w, tags=tuple(w.tags) + (CPU_ONLY,))
+                   for w in load_config(path.parent / inc, _seen | {path}) if CPU_ONLY not in w.tags)
     dropped: list[str] = []
     for i, raw in enumerate(data.get("workload", [])):
         if not isinstance(raw, dict):

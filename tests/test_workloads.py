@@ -15,8 +15,45 @@ def test_shipped_configs_load(name):
     assert ws and all(w.heads_q % w.heads_kv == 0 for w in ws)
 
 
+def test_the_default_is_the_headline_set_and_its_cpu_checks_are_tagged():
+    """configs/default.toml (issue 33): one headline shape per sweep entry with pallas:auto, the generation ladder at
+    one prefill and one decode shape, and smoke.toml's interpret-mode checks tagged cpu-only (a GPU run leaves them
+    out: tests/test_workloads.py::test_a_gpu_run_leaves_the_cpu_only_workloads_out)."""
+    from compare.workloads import CPU_ONLY
+
+    ws = load_config("default")
+    head = [w for w in ws if "headline" in w.tags]
+    assert {w.entry for w in head if w.entry} == {"prefill", "train", "decode", "paged", "quant", "chunked", "mla"}
+    assert all("pallas:auto" in (w.generations or ()) for w in head if w.entry)
+    ladder = [w for w in head if "reference" in w.tags]
+    assert {w.family for w in ladder} == {"prefill", "decode"}
+    assert all("cuda:*" in w.generations and "pallas:*:faithful" in w.generations for w in ladder)
+    smoke = [w for w in ws if w.name.startswith("smoke_")]
+    assert smoke and all(CPU_ONLY in w.tags for w in smoke) and not any(CPU_ONLY in w.tags for w in head)
+    assert len(ws) == len(head) + len(smoke)
+
+
+def test_a_gpu_run_leaves_the_cpu_only_workloads_out(monkeypatch, tmp_path):
+    from compare import runner
+    from compare.schema import Ctx
+    from compare.workloads import CPU_ONLY
+
+    def opts(out):
+        return runner.RunOptions(config="default", only=[], out=str(out), reps=1, warmup=0, e2e_reps=1, budget_s=60.0,
+                                 max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8, no_ceilings=True,
+                                 quiet=True, argv=[])
+
+    cpu = runner._Run(opts(tmp_path / "cpu"))
+    assert cpu.cpu_only_left_out == [] and any(CPU_ONLY in w.tags for w, _ in cpu.plan)
+    monkeypatch.setattr(runner, "detect_ctx", lambda: Ctx(jax_gpu=True, torch_cuda=True, hopper=True, interpret=False))
+    gpu = runner._Run(opts(tmp_path / "gpu"))
+    assert gpu.cpu_only_left_out and all(n.startswith("smoke_") for n in gpu.cpu_only_left_out)
+    assert not any(CPU_ONLY in w.tags for w, _ in gpu.plan)
+    assert len(gpu.plan) + len(gpu.cpu_only_left_out) == len(cpu.plan)
+
+
 def test_required_workload_names_present():
-    names = {w.name for w in load_config("default")}
+    names = {w.name for w in load_config("full")}
     for n in ("decode_gqa_b32_s8192", "decode_gqa_b64_s4096", "decode_gqa_b1_s131072"):
         assert n in names
     prefill = [w for w in load_config("reference_prefill") if not w.causal]
