@@ -3,7 +3,8 @@
 #   make test      the CPU test suite (what CI runs through .ci/run), on $(TEST_JOBS) pytest-xdist workers
 #   make test-fast the same without the tests marked slow: the edit loop (under 2 minutes on 2 cores)
 # On the GPU machine nothing is installed: run from the checkout with NO_VENV=1 (uses $(PYTHON) and
-# PYTHONPATH=.), e.g. `make compare NO_VENV=1 PYTHON=python3`.
+# PYTHONPATH=. ahead of any PYTHONPATH you set, e.g. one holding a peer's wheel), e.g.
+# `make compare NO_VENV=1 PYTHON=python3`.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +13,7 @@ ARGS   ?=
 TEST_JOBS ?= 2
 
 ifeq ($(NO_VENV),1)
-  PY    := PYTHONPATH=. $(PYTHON)
+  PY    := PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON)
   SETUP :=
   # no venv: the workers only where pytest-xdist is installed (the [test] extra brings it into .venv)
   XDIST = $(if $(shell $(PYTHON) -c "import xdist" 2>/dev/null && echo y),-n $(TEST_JOBS))
