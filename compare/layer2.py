@@ -54,7 +54,19 @@ __all__ = ["SM90", "Cost", "COSTS", "GLOBAL", "Shape", "Launch", "LaunchTime", "
            "time_launch", "launches_for", "predict", "predict_record", "score", "CUDA_LAUNCHES"]
 
 ROOT = Path(__file__).resolve().parent.parent
-PTXAS_REPORT = ROOT / "results" / "ptxas" / "ptxas_sm90a.txt"
+
+
+def _ptxas_report_path() -> Path:
+    """cuda_ref's ptxas resource report, shipped inside the cuda_ref package (``cuda_ref/resources``: written from the
+    sources by tests/test_cuda_ref_cpu.py, which fails when it is stale), found without importing cuda_ref."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cuda_ref")
+    base = Path(spec.origin).parent if spec is not None and spec.origin else ROOT / "cuda_ref"
+    return base / "resources" / "ptxas_sm90a.txt"
+
+
+PTXAS_REPORT = _ptxas_report_path()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -845,10 +857,10 @@ _PTXAS_LINE = re.compile(r"^(\S+\.cu)\s+(\S+(?:<[^>]*>)?)\s+(\d+)\s+\d+\s+\d+\s+
 
 @lru_cache(maxsize=1)
 def ptxas_resources() -> dict[str, tuple[int, int]]:
-    """kernel -> (registers per thread, static shared memory bytes), from the committed ptxas report."""
+    """kernel -> (registers per thread, static shared memory bytes), from cuda_ref's ptxas report (package data)."""
     out = {}
-    if not PTXAS_REPORT.is_file():  # an installed package, or a copy without results/: a note on the record
-        raise LookupError(f"the ptxas report {PTXAS_REPORT} is not here (a copy without results/): the CUDA "
+    if not PTXAS_REPORT.is_file():  # cuda_ref installed without its data files: a note on the record
+        raise LookupError(f"the ptxas report {PTXAS_REPORT} is not here (cuda_ref without its resources/): the CUDA "
                           "kernels' registers and shared memory are unknown, so layer 2 cannot price them")
     for line in PTXAS_REPORT.read_text().splitlines():
         if line.startswith("#") or not line.strip():

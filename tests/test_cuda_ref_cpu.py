@@ -6,7 +6,8 @@ torch and JAX.
 
 nvcc runs once per session for all sources, in parallel (conftest's ``nvcc_sm90a``, shared with test_cuda_mla.py;
 the host-compiler jobs of fixture ``compiled`` run beside it). The ptxas resource report is written to
-results/ptxas/ptxas_sm90a.txt (committed; docs/cuda_ref.md summarises it).
+cuda_ref/resources/ptxas_sm90a.txt (committed, shipped with the package: compare's layer 2 reads it; docs/cuda_ref.md
+summarises it).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _drop_unbuilt(monkeypatch):
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-PTXAS_REPORT = ROOT / "results" / "ptxas" / "ptxas_sm90a.txt"
+PTXAS_REPORT = ROOT / "cuda_ref" / "resources" / "ptxas_sm90a.txt"  # package data: layer 2 prices from it
 # Every kernel the six generations launch, with the static shared memory the specification implies
 # (docs/reference.md §2.1-§2.6): v2-v4/v6 stage 32 KB of fp32 tiles, v5 carries its six buffers (44 KB / 46 KB).
 EXPECTED_SMEM = {

@@ -124,6 +124,16 @@ def test_predict_record_reports_what_it_cannot_model():
     assert ok["time_us"] > 0 and ok["limiter"] in ("issue", "latency", "dram", "l2")
 
 
+def test_the_ptxas_report_is_cuda_ref_package_data_not_a_results_file():
+    """Layer 2 reads cuda_ref's registers and shared memory from the report shipped in the cuda_ref package (issue 26
+    item 1, issue 33: a copy without results/, as on a GPU machine or an installed package, still prices CUDA rows)."""
+    assert layer2.PTXAS_REPORT.parts[-3:] == ("cuda_ref", "resources", "ptxas_sm90a.txt")
+    assert layer2.PTXAS_REPORT.is_file() and "results" not in layer2.PTXAS_REPORT.parts
+    w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048, "head_dim": 64, "dtype": "float16"}
+    out = layer2.predict_record(w, {"name": "cuda:v6_splitkv"}, None, H200)
+    assert "error" not in out and out["time_us"] > 0
+
+
 def test_predict_record_without_the_ptxas_report_is_a_note(monkeypatch, tmp_path):
     """A copy without results/ (an installed package, a GPU machine's checkout copy): the CUDA rows' layer 2 is an
     error note naming the missing report, never an exception that fails the measurement."""

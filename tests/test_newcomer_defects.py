@@ -287,6 +287,8 @@ def test_the_wheel_has_no_generic_top_level_package(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"pallas_attn", "attn_core", "cuda_ref", "pallas_attn_compare"}, tops
     assert "pallas_attn_compare/configs/smoke.toml" in names and "pallas_attn_compare/__main__.py" in names
+    assert "pallas_attn_compare/configs/default.toml" in names and "pallas_attn_compare/configs/headline.toml" in names
+    assert "cuda_ref/resources/ptxas_sm90a.txt" in names  # layer 2 prices the CUDA rows from it, installed too
     assert "pallas_attn/tuning/h100.json" in names and "pallas_attn/py.typed" in names
     assert any(n.startswith("cuda_ref/csrc/") and n.endswith(".cu") for n in names)  # the twins' sources
     entry = next(n for n in names if n.endswith("entry_points.txt"))
