@@ -33,7 +33,7 @@ from typing import Any
 
 from . import layer2
 
-__all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha"]
+__all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha", "latest"]
 
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
@@ -139,10 +139,29 @@ def model_sha() -> str:
     return sha + ("-dirty" if dirty else "")
 
 
-def rows(records: Iterable[Mapping[str, Any]], recompute: bool = False) -> list[dict[str, Any]]:
-    """One scored row per ok pallas/cuda result record (``recompute``: layer 2 with the current constants,
-    not the prediction the record carries from before its run)."""
+def latest(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records with each result replaced by the latest one for the same (GPU, workload, implementation): the
+    sweep report's rule (compare/sweep_report.py: a later run of a workload on the same chip takes its place), so a
+    measurement a later run superseded (an old default, a path since changed) is not scored twice. Other records
+    (headers, ceilings) are kept as they are. "Latest": the greatest run id (it starts with the run's start time),
+    then the position in the input."""
     recs = list(records)
+    last: dict[tuple, tuple[str, int]] = {}
+    for i, r in enumerate(recs):
+        if r.get("type") == "result":
+            key = ((r.get("env") or {}).get("gpu"), (r.get("workload") or {}).get("name"),
+                   (r.get("impl") or {}).get("name"))
+            last[key] = max(last.get(key, ("", -1)), (str(r.get("run_id") or ""), i))
+    keep = {i for _, i in last.values()}
+    return [r for i, r in enumerate(recs) if r.get("type") != "result" or i in keep]
+
+
+def rows(records: Iterable[Mapping[str, Any]], recompute: bool = False, latest_only: bool = False
+         ) -> list[dict[str, Any]]:
+    """One scored row per ok pallas/cuda result record (``recompute``: layer 2 with the current constants,
+    not the prediction the record carries from before its run; ``latest_only``: only the last record of each
+    (GPU, workload, implementation), ``latest``)."""
+    recs = latest(records) if latest_only else list(records)
     ceilings = {r.get("run_id"): r for r in recs if r.get("type") == "ceilings"}
     out = []
     for r in recs:

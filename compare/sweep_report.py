@@ -22,8 +22,9 @@ git shas the numbers come from; a README without both markers is refused, and th
 block (no dates).
 
 A ratio is always formed inside one run: a workload's auto, peer and named records all come from the run that
-holds it. When one chip's records hold a workload in several runs, the last run read (file order, then order in
-the file) is the one used, and the section says how many were replaced. CPU-interpret records carry no kernel
+holds it. When one chip's records hold a workload in several runs, the latest run is the one used (runs in the order
+of their run id, which starts with the run's start time, whatever the order of the files on the command line), and
+the section says how many were replaced. CPU-interpret records carry no kernel
 times and stay out of the sweep tables.
 """
 
@@ -191,12 +192,13 @@ def _chip(r: dict) -> str | None:
 
 
 def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[WorkloadResult]], dict[str, int]]:
-    """``{chip: [WorkloadResult, ...]}`` from ``report.load_runs``'s runs (in their order), and counts of what was
+    """``{chip: [WorkloadResult, ...]}`` from ``report.load_runs``'s runs (taken in the order of their run ids: the
+    start time first, so a later run replaces an earlier one whatever the order of the files), and counts of what was
     left out: ``replaced`` (a workload a later run of the same chip holds again), ``cpu`` (CPU-interpret sweep
     records). Only sweep workloads (``is_sweep``)."""
     by_key: dict[tuple[str, str], WorkloadResult] = {}
     notes = {"replaced": 0, "cpu": 0}
-    for run_id, run in runs.items():
+    for run_id, run in sorted(runs.items(), key=lambda kv: str(kv[0])):
         groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in run["results"]:
             w = r.get("workload") or {}
@@ -446,7 +448,7 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
              "workloads where both ran: how far from the limit the default and the best library are.", ""]
     if notes.get("replaced"):
         parts += [f"_{notes['replaced']} workload results were replaced by a later run of the same workload on "
-                  "the same chip (the last run read is used)._", ""]
+                  "the same chip (the latest run, by its start time, is used)._", ""]
     if notes.get("cpu"):
         parts += [f"_{notes['cpu']} CPU-interpret sweep records (no kernel times) are not in these tables._", ""]
     written: list[Path] = []

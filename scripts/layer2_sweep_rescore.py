@@ -9,7 +9,10 @@ are ``compare.scorecard.rows(..., recompute=True)`` (the run's measured ceilings
 ``--before`` scores the prediction each record carries from before its run instead (layer 2 as it stood when the run
 started: the before-the-run score issue 35 asks for, on runs that recorded one).
 
-Usage: ``python scripts/layer2_sweep_rescore.py [--before] [record files ...]`` (default:
+Only the latest record of each (GPU, workload, implementation) is scored (``scorecard.latest``: the sweep report's
+rule, a later run replaces an earlier one); ``--all-runs`` scores every record, superseded ones too.
+
+Usage: ``python scripts/layer2_sweep_rescore.py [--before] [--all-runs] [record files ...]`` (default:
 ``results/sweep/*/*.records.jsonl``).
 """
 
@@ -23,10 +26,10 @@ import sys
 from compare import scorecard
 
 
-def main(files: list[str], before: bool = False) -> None:
+def main(files: list[str], before: bool = False, all_runs: bool = False) -> None:
     errs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
     unpriced: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in scorecard.rows(scorecard.load(files), recompute=not before):
+    for r in scorecard.rows(scorecard.load(files), recompute=not before, latest_only=not all_runs):
         fam = r["family"].split("/")[0]
         if fam == "train" or not r["impl"].startswith("pallas:"):
             continue
@@ -51,6 +54,6 @@ def main(files: list[str], before: bool = False) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    flag = "--before" in args
-    args = [a for a in args if a != "--before"]
-    main(args or sorted(glob.glob("results/sweep/*/*.records.jsonl")), before=flag)
+    flag, every = "--before" in args, "--all-runs" in args
+    args = [a for a in args if a not in ("--before", "--all-runs")]
+    main(args or sorted(glob.glob("results/sweep/*/*.records.jsonl")), before=flag, all_runs=every)

@@ -157,6 +157,34 @@ def test_a_later_run_of_the_same_chip_replaces_a_workload(tmp_path):
     assert gpt.run_id == "r2" and gpt.vs_peer == pytest.approx(0.8) and gpt.named is None  # not r1's named
 
 
+def test_the_later_run_wins_whatever_the_order_of_the_files(tmp_path):
+    """Run ids start with the run's start time: the later run replaces the earlier one when its file is read first
+    (the README's report command listed session 10's files before session 8's, which let older records win)."""
+    older = _prefill_run("20261126T100000_h100")
+    newer = [_header("20261126T200000_h100", H100),
+             _rec("20261126T200000_h100", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:auto", 80.0),
+             _rec("20261126T200000_h100", H100, _wl("p_gpt_n1024", model="gpt"), "torch:cudnn", 100.0)]
+    p_new = _write(tmp_path / "a_new" / "records.jsonl", newer)
+    p_old = _write(tmp_path / "b_old" / "records.jsonl", older)
+    for order in ((p_new, p_old), (p_old, p_new)):
+        by_chip, notes = _collect(*order)
+        gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+        assert notes["replaced"] == 1 and gpt.run_id == "20261126T200000_h100" and gpt.vs_peer == pytest.approx(0.8)
+
+
+def test_the_scorecard_scores_the_latest_record_of_each_workload_and_impl():
+    from compare import scorecard
+
+    w = _wl("p_llama_n1024")
+    old = _rec("20261126T100000_h100", H100, w, "pallas:fa_prefill:default", 100.0)
+    new = _rec("20261127T100000_h100", H100, w, "pallas:fa_prefill:default", 90.0)
+    other = _rec("20261126T100000_h100", H100, w, "pallas:fa_train:default", 200.0)
+    for recs in ([old, new, other], [new, other, old]):
+        kept = [r for r in scorecard.latest(recs) if r.get("type") == "result"]
+        assert {(r["impl"]["name"], r["metrics"]["time_us_p50"]) for r in kept} == {
+            ("pallas:fa_prefill:default", 90.0), ("pallas:fa_train:default", 200.0)}
+
+
 # ------------------------------------------------------------------------------ missing auto and peers
 
 
