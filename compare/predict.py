@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from . import hardware, roofline
 from .schema import RooflineFacts
@@ -247,6 +248,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workloads", default=None, metavar="CONFIG",
                    help="layer-1 table of every workload of a config (e.g. mla) on --arch (default h100,h200), "
                         "datasheet and measured ceilings")
+    p.add_argument("--model", default=None,
+                   help="a sweep model (configs/sweep.toml: llama-3.1-8b, deepseek-v3, ...) at any size: layer 1 and "
+                        "layer 2 for --entry with --q-len / --kv-len / --batch or --tokens on --arch (default "
+                        "h100,h200)")
+    p.add_argument("--entry", default="prefill",
+                   help="with --model: prefill | train | decode | spec | quant | paged | chunked | mla")
+    p.add_argument("--batch", type=int, default=None, help="with --model: the batch (default: --tokens // q_len for "
+                   "prefill / train, else 1)")
+    p.add_argument("--tokens", type=int, default=None, help="with --model: tokens per batch (prefill / train; 32768)")
+    p.add_argument("--non-causal", action="store_true", help="with --model: no causal mask (default causal)")
+    p.add_argument("--impl", action="append", default=None, metavar="IMPL",
+                   help="with --model: layer 2 for this implementation (repeatable; pallas:GEN:CONFIG or cuda:GEN); "
+                        "default pallas:auto: the kernel and config the public entry picks on each --arch's table")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.set_defaults(func=run)
 
@@ -271,6 +285,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):
+        return model_cli(args)
     if getattr(args, "workloads", None):
         return workloads_cli(args)
     if getattr(args, "capacity", False):
@@ -507,13 +523,19 @@ def workload_table(config: str, archs: list[str], *, tensor_cores: bool = True) 
     arch) measured: a peer's prediction as compare run makes it (``roofline.problem_for`` with no declaration:
     the workload's dtype and KV / latent format, fused; ragged batches count their real keys).
     ``tensor_cores=False``: the products on the fp32 CUDA cores (a CUDA-core kernel such as v11_mla)."""
+    from .workloads import load_config
+
+    return layer1_rows(load_config(config), archs, tensor_cores=tensor_cores)
+
+
+def layer1_rows(workloads, archs: list[str], *, tensor_cores: bool = True) -> list[dict]:
+    """``workload_table``'s rows for a list of workloads."""
     import dataclasses
 
     from . import interop
-    from .workloads import load_config
 
     rows = []
-    for w in load_config(config):
+    for w in workloads:
         # as compare run counts it (interop.roofline_view): ragged batches their real keys, a window or packed
         # documents their visible pairs, a soft-cap its tanh
         prob = roofline.problem_for(interop.roofline_view(w))
@@ -551,4 +573,103 @@ def workloads_cli(args: argparse.Namespace) -> int:
         print(f"{r['workload']:30.30s} {r['arch']:5s} {r['basis']:9s} {r['precision']:5s} {r['ai']:7.1f} "
               f"{r['ridge']:7.1f} {r['t_mma_us']:9.2f} {r['t_hbm_us']:9.2f} {r['t_mufu_us']:9.2f} "
               f"{r['floor_us']:9.2f} {r['limiter']}")
+    return 0
+
+
+def auto_impl(w, arch: str) -> tuple[str, str]:
+    """``(impl, why)``: the kernel and config ``pallas:auto`` (the public entry with its defaults) runs on workload
+    ``w`` on a Hopper of table ``arch`` (h100 / h200), from any machine: the heuristics read that chip's tuning table
+    (``tuning.use_chip``). Prefill and training steps take the drop-in's forward config on sm_90 (fa_prefill's; the
+    drop-in's other routes, cuDNN or XLA for what fa_prefill refuses, are not modelled here); a chunk of a paged
+    cache fa_prefill's at the chunk's dense shape; the decode and MLA entries their default generation and the
+    config its heuristic picks."""
+    from pallas_attn import dropin, tuning
+    from pallas_attn.kernels.contract import Problem
+
+    from . import auto
+
+    with tuning.use_chip(arch):
+        if w.family in ("prefill", "train") or w.entry == "chunked":
+            window = None if w.window is None else (int(w.window) - 1, 0)
+            p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len,
+                        heads_q=w.heads_q, heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal))
+            name = auto._config_name("fa_prefill", dropin.prefill_config(p, window), w.head_dim)
+            return f"pallas:fa_prefill:{name}", f"the drop-in's fa_prefill config on a Hopper ({arch} table)"
+        ch = auto.choice(w)
+    if not ch.get("generation") or not ch.get("config"):
+        raise NotImplementedError(f"pallas:auto chose {ch.get('chose')!r}, which layer 2 does not model")
+    return f"pallas:{ch['generation']}:{ch['config']}", f"{ch.get('why', '')} ({arch} table)"
+
+
+def model_rows(args: argparse.Namespace) -> tuple[Any, list[dict], list[dict]]:
+    """``(workload, layer-1 rows, layer-2 rows)`` of ``--model``: the workload from the sweep's model tables at the
+    asked size, layer 1 as ``--workloads`` prints it, layer 2 (``compare.layer2.predict``) per ``--impl`` per arch
+    on the datasheet row with the measured HBM bandwidth where there is one (the scorecard's basis); a layer-2
+    failure is a row with its error."""
+    from . import layer2
+    from .workloads import model_workload
+
+    archs = [a.strip() for a in (args.arch if args.arch != "t4" else "h100,h200").split(",") if a.strip()]
+    try:
+        archs = [hardware.get(a).key for a in archs]
+    except ValueError as e:
+        raise UsageError(f"--arch: {e}") from None
+    for flag, v in (("--batch", args.batch), ("--tokens", args.tokens), ("--q-len", args.q_len),
+                    ("--kv-len", args.kv_len)):
+        if v is not None and v < 1:
+            raise UsageError(f"{flag} must be >= 1; got {v}")
+    w = model_workload(args.model, args.entry, q_len=args.q_len, kv_len=args.kv_len, batch=args.batch,
+                       tokens=args.tokens, page_size=args.page_size, kv_dtype=args.kv_dtype,
+                       causal=not args.non_causal, dtype=args.dtype)
+    l1 = layer1_rows([w], archs)
+    impls = args.impl or ["pallas:auto"]
+    l2 = []
+    for impl in impls:
+        for key in archs:
+            # layer 2's basis as the scorecard scores it (layer2.hardware_of): the datasheet row with the measured
+            # HBM bandwidth; its fitted constants carry the rest
+            hw = hardware.get(key)
+            measured = key in MEASURED_CEILINGS
+            if measured:
+                hw = hw.with_measured(hbm_bw=MEASURED_CEILINGS[key]["hbm_bw"])
+            row = {"impl": impl, "arch": key, "basis": "meas. HBM" if measured else "datasheet"}
+            try:
+                inner = impl
+                if impl == "pallas:auto":
+                    inner, row["why"] = auto_impl(w, key)
+                    row["via"] = inner
+                if w.family == "train":
+                    raise NotImplementedError("layer 2 does not model the backward (a training step)")
+                pr = layer2.predict(inner, w, hw).as_dict()
+                row.update(time_us=pr["time_us"], limiter=pr.get("limiter"))
+            except Exception as e:  # noqa: BLE001 - a prediction that cannot be made is a row that says why
+                row.update(time_us=None, error=f"{type(e).__name__}: {e}"[:200])
+            l2.append(row)
+    return w, l1, l2
+
+
+def model_cli(args: argparse.Namespace) -> int:
+    """``--model``: the workload, then layer 1 and layer 2 (or JSON)."""
+    w, l1, l2 = model_rows(args)
+    if args.json:
+        print(json.dumps({"workload": {k: getattr(w, k) for k in ("name", "family", "entry", "model", "batch",
+                                                                   "heads_q", "heads_kv", "q_len", "kv_len",
+                                                                   "head_dim", "dtype", "causal", "page_size",
+                                                                   "kv_dtype", "window", "softcap")},
+                          "layer1": l1, "layer2": l2}))
+        return 0
+    feats = ", ".join(f"{k} {getattr(w, k)}" for k in ("window", "softcap", "page_size", "kv_dtype")
+                      if getattr(w, k) is not None)
+    print(f"{w.model} {w.entry}: B {w.batch} Hq {w.heads_q} Hkv {w.heads_kv} Tq {w.q_len} Tk {w.kv_len} "
+          f"D {w.head_dim} {w.dtype}{' causal' if w.causal else ''}{', ' + feats if feats else ''}")
+    print("layer 1 (floor = max(t_mma, t_hbm, t_mufu)):")
+    print(f"  {'arch':5s} {'basis':9s} {'t_mma us':>9s} {'t_hbm us':>9s} {'t_mufu us':>9s} {'floor us':>9s} limiter")
+    for r in l1:
+        print(f"  {r['arch']:5s} {r['basis']:9s} {r['t_mma_us']:9.2f} {r['t_hbm_us']:9.2f} {r['t_mufu_us']:9.2f} "
+              f"{r['floor_us']:9.2f} {r['limiter']}")
+    print("layer 2 (the kernel's launches on the machine model, docs/roofline.md):")
+    for r in l2:
+        t = f"{r['time_us']:9.2f} us  {r.get('limiter')}" if r["time_us"] is not None else f"-  {r['error']}"
+        name = r["impl"] + (f" -> {r['via']}" if r.get("via") else "")
+        print(f"  {name:50s} {r['arch']:5s} {r['basis']:9s} {t}")
     return 0

@@ -327,6 +327,59 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
     return Workload(**e, model_info=tuple(model_info), source=where)
 
 
+# ``compare predict --model``: a workload at any size from the sweep's model tables (configs/sweep.toml)
+_ENTRY_FAMILY = {"prefill": "prefill", "train": "train", "decode": "decode", "spec": "decode", "quant": "decode",
+                 "paged": "paged_decode", "chunked": "paged_decode", "mla": "mla"}
+
+
+def sweep_models() -> dict[str, dict[str, Any]]:
+    """The ``[models.<name>]`` tables of configs/sweep.toml (heads, head dim, window, soft-cap, MLA ranks)."""
+    path = resolve_config("sweep")
+    return _check_models(tomllib.loads(path.read_text()).get("models", {}), path)
+
+
+def model_workload(model: str, entry: str, *, q_len: int | None = None, kv_len: int | None = None,
+                   batch: int | None = None, tokens: int | None = None, page_size: int | None = None,
+                   kv_dtype: str | None = None, causal: bool = True, dtype: str | None = None) -> Workload:
+    """One workload of sweep model ``model`` (configs/sweep.toml) for ``entry`` at any size, as the sweep would
+    write it: prefill / train default to kv_len = q_len and a batch of ``tokens`` (32768) // q_len; the decode
+    entries to one query (spec: 4) and batch 1; quant to fp16 queries over ``kv_dtype`` (fp8_e4m3 by default);
+    paged / chunked to page 16. A bad model, entry or size is a UsageError naming what is allowed."""
+    models = sweep_models()
+    if model not in models:
+        raise UsageError(f"--model: {model!r} is not a sweep model; one of {', '.join(sorted(models))}")
+    if entry not in _ENTRY_FAMILY:
+        raise UsageError(f"--entry: {entry!r}; one of {', '.join(_ENTRY_FAMILY)}")
+    if (entry == "mla") != (models[model].get("kv_lora_rank") is not None):
+        raise UsageError(f"--entry {entry} does not fit model {model!r} ("
+                         + ("an MLA model takes --entry mla)" if entry != "mla" else "not an MLA model)"))
+    dense = entry in ("prefill", "train")
+    if q_len is None:
+        q_len = 4096 if dense else 512 if entry == "chunked" else 4 if entry == "spec" else 1
+    if kv_len is None:
+        kv_len = q_len if dense else 8192
+    raw: dict[str, Any] = {"name": f"predict_{entry}_{model}_n{q_len}_s{kv_len}", "family": _ENTRY_FAMILY[entry],
+                           "entry": entry, "model": model, "q_len": q_len, "kv_len": kv_len, "causal": causal,
+                           "dtype": dtype or ("float16" if entry == "quant" else "bfloat16")}
+    if batch is not None:
+        raw["batch"] = batch
+    elif dense:
+        raw["tokens"] = tokens or 32768
+    else:
+        raw["batch"] = 1
+    if entry in ("paged", "chunked"):
+        raw["page_size"] = page_size or 16
+    if entry == "quant":
+        raw["kv_dtype"] = kv_dtype or "fp8_e4m3"
+    where = f"compare predict --model {model} --entry {entry}"
+    try:
+        raw = _with_model(raw, models, where)
+        raw.pop("tokens", None)
+        return _build(raw, where)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 CPU_ONLY = "cpu-only"  # the tag of a workload that came in through a config's cpu_include
 
 

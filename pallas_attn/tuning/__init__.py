@@ -17,6 +17,7 @@ tables buy; ``PALLAS_ATTN_TUNING=<path.json>`` reads that table instead of the s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "chip", "chip_of", "table", "choose", "bucket", "CHIPS"]
+__all__ = ["KEYS", "chip", "chip_of", "table", "choose", "bucket", "CHIPS", "use_chip"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
 KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -59,9 +60,30 @@ def chip_of(device_kind: str | None) -> str | None:
     return None
 
 
-@functools.cache
+_CHIP_OVERRIDE: list[str | None] = []
+
+
+@contextlib.contextmanager
+def use_chip(name: str | None):
+    """Inside the block the heuristics read chip ``name``'s table whatever GPU (if any) this is: what the defaults
+    choose on an H100 or H200, asked from any machine (``compare predict --model``). Not thread-safe; nests."""
+    _CHIP_OVERRIDE.append(name)
+    try:
+        yield
+    finally:
+        _CHIP_OVERRIDE.pop()
+
+
 def chip() -> str | None:
-    """The table name of the GPU jax computes on (``CHIPS``), None without a GPU or for another chip."""
+    """The table name of the GPU jax computes on (``CHIPS``), None without a GPU or for another chip; inside
+    ``use_chip(name)``, ``name``."""
+    if _CHIP_OVERRIDE:
+        return _CHIP_OVERRIDE[-1]
+    return _gpu_chip()
+
+
+@functools.cache
+def _gpu_chip() -> str | None:
     try:
         import jax
 
