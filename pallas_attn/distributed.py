@@ -159,6 +159,15 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
     Inside a caller's ``jax.jit`` it inlines into the caller's program with the same result. Pass the cache placed by
     ``shard_kv`` (a cache on one device is moved every call).
     """
+    for ax in (axis, head_axis):
+        if ax is not None and ax not in mesh.shape:
+            raise ValueError(f"axis {ax!r} is not an axis of the mesh (its axes: {tuple(mesh.shape)})")
+    if any(getattr(x, "ndim", None) != 4 for x in (q, k, v)):
+        shapes = ", ".join(str(getattr(x, "shape", None)) for x in (q, k, v))
+        raise ValueError(f"context_parallel_decode takes BTNH arrays q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D]; got "
+                         f"shapes {shapes}")
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}; got {merge!r}")
     n = mesh.shape[axis]
     b, tk = k.shape[0], k.shape[1]
     if tk % n:
@@ -426,6 +435,11 @@ def ring_attention_sharded(mesh, q, k, v, *, axis: str = "cp", causal: bool = Tr
     like the inputs). Returns the output in sequence order."""
     if layout not in RING_LAYOUTS:
         raise ValueError(f"layout must be one of {RING_LAYOUTS}; got {layout!r}")
+    if axis not in mesh.shape:
+        raise ValueError(f"axis {axis!r} is not an axis of the mesh (its axes: {tuple(mesh.shape)})")
+    if any(x.ndim != 4 for x in (q, k, v)):
+        raise ValueError(f"ring attention takes BTNH arrays q [B, T, Hq, D], k and v [B, T, Hkv, D]; got ranks "
+                         f"{q.ndim}, {k.ndim}, {v.ndim} (shapes {q.shape}, {k.shape}, {v.shape})")
     n = mesh.shape[axis]
     if q.shape[1] != k.shape[1] or k.shape != v.shape:
         raise ValueError(f"ring attention is self-attention: q, k, v must share the sequence length; got {q.shape}, "

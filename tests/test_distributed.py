@@ -201,6 +201,13 @@ def test_inner_bad_arguments():
     k = jnp.zeros((1, 10, 2, 64), jnp.float16)
     with pytest.raises(ValueError, match="equal slices"):
         dist.context_parallel_decode(_mesh(), q, k, k)
+    k = jnp.zeros((1, 16, 2, 64), jnp.float16)
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        dist.context_parallel_decode(_mesh(), q, k, k, axis="tp")
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        dist.context_parallel_decode(_mesh(), q, k, k, head_axis="tp")
+    with pytest.raises(ValueError, match="BTNH arrays"):
+        dist.context_parallel_decode(_mesh(), q[0], k[0], k[0])
 
 
 @inner

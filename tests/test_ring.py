@@ -78,6 +78,10 @@ def test_inner_ring_refuses_uneven_and_cross_attention(rng):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :, :1], q[:, :, :1])
     with pytest.raises(ValueError, match="layout"):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :16, :1], q[:, :16, :1], layout="zigzag")
+    with pytest.raises(ValueError, match="BTNH arrays"):
+        dist.ring_attention_sharded(mesh, q[0, :16], q[0, :16, :1], q[0, :16, :1])
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        dist.ring_attention_sharded(mesh, q[:, :16], q[:, :16, :1], q[:, :16, :1], axis="tp")
 
 
 def test_ring_steps_run_fa_prefill_s_pair_on_a_hopper(monkeypatch):
