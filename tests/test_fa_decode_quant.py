@@ -77,6 +77,44 @@ def test_matches_same_quantized_oracle(rng, case):
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=2e-3, atol=2e-3)
 
 
+# bf16 q over a quantized cache (session 13): (fmt, B, Tq, Hq, Hkv, D, Tk, page, causal, config)
+BF16_CASES = [
+    ("fp8", 2, 1, 8, 2, 128, 77, 16, True, fd.DecodeConfig(block_k=32)),
+    ("fp8", 1, 2, 16, 1, 64, 100, None, True, fd.DecodeConfig(block_k=16, splits=3, fp8_decode="bits")),
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_decode="cast")),
+    ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2)),
+]
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=lambda c: f"{c[0]}-D{c[5]}{'p' + str(c[7]) if c[7] else 'dense'}")
+def test_bf16_q_matches_the_same_quantized_oracle(rng, case):
+    """A bf16 q reads the fp8 / NVFP4 cache too (the tiles convert to bf16 exactly): the output is bf16 and agrees
+    with the float64 oracle on the same quantized operands to bf16's tolerance (2e-2, as fp16 KV's bf16 cases), and
+    with the fp16-q kernel on the same cache to bf16's rounding."""
+    fmt, b, tq, hq, hkv, d, tk, page, causal, cfg = case
+    q16, k, v = _case(rng, b, tq, hq, hkv, d, tk)
+    q = q16.astype(jnp.bfloat16)
+    kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
+    qn = np.asarray(q.astype(jnp.float32))
+    if page is None:
+        off = tk - tq if causal else 0
+        run = lambda q: pallas_attn.attention(q, kq, vq, causal=causal, q_offset=off,  # noqa: E731
+                                              generation="fa_decode", interpret=True, config=cfg)
+        ref, _ = oracle.quantized_attention_reference(qn, k, v, kv_format=fmt, causal=causal, q_offset=off)
+    else:
+        lens = np.full(b, tk, np.int32)
+        lens[1:] = tk - 13
+        kp, vp, bt = quant.build_paged_quantized(kq, vq, page, seed=3, kv_lens=lens)
+        run = lambda q: pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), causal=causal,  # noqa: E731
+                                                    interpret=True, config=cfg)
+        ref, _ = oracle.quantized_attention_reference(qn, k, v, kv_format=fmt, causal=causal,
+                                                      q_offset=lens - tq if causal else 0, kv_len=lens)
+    out = run(q)
+    assert out.dtype == jnp.bfloat16 and out.shape == q.shape
+    assert _rel(out, ref) < 2e-2
+    assert _rel(out, np.asarray(run(q.astype(jnp.float16)), np.float64)) < 2e-2
+
+
 @pytest.mark.parametrize("how", ks.DECODES)
 def test_tile_decoders_are_exact(rng, how):
     """decode(tile) * 2^fold * scale is bit-identical to the float32 dequantization (fp8: all 256 bytes)."""
@@ -115,8 +153,8 @@ def test_errors(rng):
         pallas_attn.attention(q, k8, v4, generation="fa_decode", interpret=True)
     with pytest.raises(ValueError, match="stored alike"):
         pallas_attn.attention(q, k8, jnp.asarray(v, jnp.float16), generation="fa_decode", interpret=True)
-    with pytest.raises(NotImplementedError, match="q dtypes"):
-        pallas_attn.attention(q.astype(jnp.bfloat16), k8, k8, generation="fa_decode", interpret=True)
+    with pytest.raises(NotImplementedError, match="takes dtypes .*float32"):
+        pallas_attn.attention(q.astype(jnp.float32), k8, k8, generation="fa_decode", interpret=True)
     with pytest.raises(ValueError, match="uint8"):
         pallas_attn.attention(q, quant.Fp8Tensor(k8.data.astype(jnp.int8), k8.scale), k8, generation="fa_decode",
                               interpret=True)
@@ -143,16 +181,18 @@ def test_contract_declares_the_quantized_entry():
     assert k.roofline(Problem(entry="paged", page_size=64, **base)).dequant_ops == 0
     ok, why = k.supports(Problem(entry="quantized", kv_dtype="int4", **base))
     assert not ok and "int4" in why
-    ok, why = k.supports(Problem(entry="quantized", kv_dtype="nvfp4", **{**base, "dtype": "bfloat16"}))
-    assert not ok and "bfloat16" in why
+    assert k.supports(Problem(entry="quantized", kv_dtype="nvfp4", **{**base, "dtype": "bfloat16"})) == (True, "")
+    ok, why = k.supports(Problem(entry="quantized", kv_dtype="nvfp4", **{**base, "dtype": "float32"}))
+    assert not ok and "float32" in why
     q = jnp.zeros((1, 1, 4, 64), jnp.float16)
     k8 = quant.quantize_fp8_e4m3(jnp.ones((1, 8, 2, 64)))
     assert api.problem_dense(q, k8, causal=False).kv_dtype == "fp8_e4m3"
 
 
+@pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
-def test_lowers_for_cuda(fmt, config):
+def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""
     b, hq, hkv, d, tk = 2, 8, 2, 128, 1000
@@ -165,7 +205,7 @@ def test_lowers_for_cuda(fmt, config):
                                  jax.ShapeDtypeStruct((*lead, hkv, d // 16), jnp.uint8),
                                  jax.ShapeDtypeStruct((), jnp.float32))
 
-    q = jax.ShapeDtypeStruct((b, 1, hq, d), jnp.float16)
+    q = jax.ShapeDtypeStruct((b, 1, hq, d), jnp.dtype(qdtype))
     lens = jax.ShapeDtypeStruct((b,), jnp.int32)
     traced = [jax.jit(lambda q, k: pallas_attn.attention(q, k, k, generation="fa_decode", config=config,
                                                          interpret=False)).trace(q, pool_struct((b, tk)))]

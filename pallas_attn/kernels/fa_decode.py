@@ -22,12 +22,14 @@ paged entry's default offset is ``kv_len - Tq`` (set by the API). A row with no 
 -inf). Keys at or past the length are never read (masked loads; splits past the length issue no loads).
 
 Quantized KV (docs/quantized_kv.md): ``Fp8Tensor`` / ``Nvfp4Tensor`` pools (``pallas_attn.quant``) in place of
-fp16 ones, dense or paged, with float16 q. The KV tile source loads the storage bytes (1 B / element, or the
+fp16 ones, dense or paged, with float16 or bfloat16 q. The KV tile source loads the storage bytes (1 B / element, or the
 0.5 B packed nibbles + a micro-scale byte per 16) and decodes them in registers into *exact* fp16 tiles short
 of a power of two (``kv_source.e4m3_tile`` / ``nvfp4_tile``); the per-tensor scales and that power of two fold
 into the one scalar the scores are already multiplied by (``scale * log2(e) * scale_k``) and into the output
 (``* scale_v``), so dequantization costs no multiply by the tensor scale per element. Scores and ``p V`` run
-on fp16 tensor cores with fp32 accumulation, as for fp16 KV.
+on fp16 tensor cores with fp32 accumulation, as for fp16 KV. With a bf16 q (session 13) the exact fp16 tile is
+converted to bf16, exactly (at most 7 significant bits, bf16 holds 8), one more convert per element, and both dots
+run in bf16 (CPU-verified in interpret mode; not yet run on a GPU).
 
 Block tables: page indices are clamped in-kernel (no out-of-bounds read, ever). With ``check_block_table``
 an index outside ``[0, num_blocks)`` (or a ``kv_len`` the table cannot hold) raises ValueError on concrete
@@ -201,12 +203,16 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         fold = float(2.0 ** (E4M3_FOLD if fmt == "fp8_e4m3" else NVFP4_FOLD)[decode])
         qk_scale = sc_ref[0] * (scale_log2 * fold)
         o_scale = sc_ref[1] * fold
+        # a bf16 q (session 13): the exact fp16 tile converts to bf16 exactly (an E4M3 value has 4 significant bits,
+        # an NVFP4 level x micro-scale product at most 7, bf16 holds 8, and bf16's exponent range covers fp16's), so
+        # both dots run in q's dtype on the same values
+        to_q = (lambda x: x) if q_ref.dtype == jnp.float16 else (lambda x: x.astype(q_ref.dtype))
         if fmt == "fp8_e4m3":
             def dequant(k, v):
-                return e4m3_tile(k, decode), e4m3_tile(v, decode)
+                return to_q(e4m3_tile(k, decode)), to_q(e4m3_tile(v, decode))
         else:
             def dequant(k, v):
-                return nvfp4_tile(*k, decode), nvfp4_tile(*v, decode)
+                return to_q(nvfp4_tile(*k, decode)), to_q(nvfp4_tile(*v, decode))
     src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref)
 
     def body(i, carry):
@@ -316,8 +322,9 @@ def _check_quantized(q, k, v) -> None:
     fk, fv = quant.kv_format(k), quant.kv_format(v)
     if fk != fv:
         raise ValueError(f"k and v must be stored alike (both fp16, both fp8_e4m3 or both nvfp4); got {fk}, {fv}")
-    if fk is not None and jnp.dtype(q.dtype).name != "float16":
-        raise NotImplementedError(f"fa_decode reads quantized KV with float16 q (tiles decode to fp16); got "
+    if fk is not None and jnp.dtype(q.dtype).name not in KERNEL.quantized_q_dtypes:
+        raise NotImplementedError(f"fa_decode reads quantized KV with {' or '.join(KERNEL.quantized_q_dtypes)} q "
+                                  f"(tiles decode exactly to fp16, then to q's dtype); got "
                                   f"q.dtype={jnp.dtype(q.dtype).name}")
 
 
@@ -436,8 +443,8 @@ def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
 
 
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"
-_QNOTE = ("q float16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score and output "
-          "scalars), then as fp16")
+_QNOTE = ("q float16 or bfloat16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score "
+          "and output scalars), then as fp16 (bf16 q: converted to bf16, exactly)")
 
 # ALU instructions per KV element of the default decodes (docs/quantized_kv.md counts them): fp8 "cast" is one
 # cvt.rn.f16x2.e4m3x2 per two elements plus the byte permute feeding it; NVFP4 "bits" is per packed byte two
@@ -466,7 +473,7 @@ KERNEL = Kernel(
     paged=paged_forward,
     kv_precision={"fp8_e4m3": Precision("fp8", "fp32", "tensor", _QNOTE),
                   "nvfp4": Precision("nvfp4", "fp32", "tensor", _QNOTE)},
-    quantized_q_dtypes=("float16",),
+    quantized_q_dtypes=("float16", "bfloat16"),
     kv_dequant_ops=_DEQUANT_OPS,
     heuristic=lambda problem: CONFIGS[_table_choice(problem)],  # then the plan sizes tiles and splits per call
     plan=_plan_record,

@@ -29,7 +29,7 @@ def _inputs(seed, b, s, hq=32, hkv=8, d=128):
     return q, jax.random.normal(kk, (b, s, hkv, d), jnp.float32), jax.random.normal(kv, (b, s, hkv, d), jnp.float32)
 
 
-def _check(out, q, kq, vq, fmt, rows, heads, lens=None):
+def _check(out, q, kq, vq, fmt, rows, heads, lens=None, tol=1e-2):
     out = np.asarray(jnp.asarray(out, jnp.float32))
     assert np.all(np.isfinite(out)), "non-finite output"
     g = q.shape[2] // kq.shape[2]
@@ -44,7 +44,7 @@ def _check(out, q, kq, vq, fmt, rows, heads, lens=None):
         ref, _ = oracle.attention_reference(np.asarray(q[b : b + 1][:, :, qh], np.float32), ks, vs)
         got = out[b : b + 1][:, :, qh].astype(np.float64)
         rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-        assert rel < 1e-2 and np.max(np.abs(got - ref)) < 0.05, (b, rel)
+        assert rel < tol and np.max(np.abs(got - ref)) < 5 * tol, (b, rel)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
@@ -81,3 +81,22 @@ def test_paged_ragged(fmt, config, page):
         q, kp, vp, bt, jnp.asarray(lens))
     # paged default offset kv_len - 1 with Tq = 1: every row sees its whole sequence (the dense oracle)
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
+
+
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
+def test_bf16_q_dense_and_paged(fmt, config):
+    """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
+    with the oracle on the same operands to bf16's tolerance, dense (B8 S8192) and paged (page 16, ragged)."""
+    q, k, v = _inputs(4, 8, 8192)
+    q = q.astype(jnp.bfloat16)
+    kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
+    out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", config=config))(q, kq, vq)
+    assert out.dtype == jnp.bfloat16
+    _check(out, q, kq, vq, fmt, rows=[0, 7], heads=[0, 7], tol=2e-2)
+    lens = np.array([8192, 1, 5000, 63, 2048, 3333, 8000, 17], np.int32)
+    kp, vp, bt = quant.build_paged_quantized(kq, vq, 16, seed=9, kv_lens=lens)
+    out = jax.jit(lambda q, kp, vp, bt, l: pallas_attn.paged_attention(q, kp, vp, bt, l, config=config,
+                                                                       check_block_table=False))(
+        q, kp, vp, bt, jnp.asarray(lens))
+    _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 7], heads=[0, 7], lens=lens, tol=2e-2)
