@@ -2,7 +2,8 @@
 # One device call: build, GPU tests and measurements, stage by stage, each under its own time limit.
 # Usage (on the GPU machine, from the checkout): scripts/gpu_session.sh STAGE [STAGE ...]
 #   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune fa-tune-splits
-#           serving-tests dropin-tests ring-tests serving-probe ring-probe compare:<config>[:<only-glob>]
+#           serving-tests dropin-tests ring-tests quant-tests serving-probe ring-probe make-compare
+#           compare:<config>[:<only-glob>]
 #   (ring-tests / ring-probe want 2+ GPUs: a 2-GPU machine)
 # Timings and sweeps are compare's (one clock, one record schema): cuda-time / pallas-time run
 # configs/time_generations.toml, fa-tune / fa-tune-splits the grids of configs/tune_fa_decode*.toml.
@@ -41,6 +42,9 @@ for s in "$@"; do
                      tests/gpu/test_serving_gpu.py ;;
     dropin-tests)  stage dropin-tests ${DROPIN_TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -rs tests/gpu/test_dropin_gpu.py ;;
     ring-tests)    stage ring-tests ${RING_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs tests/gpu/test_ring_gpu.py ;;
+    quant-tests)   stage quant-tests ${QUANT_TESTS_LIMIT:-200} python3 -m pytest -m gpu -q -rs \
+                     tests/gpu/test_fa_decode_quant_gpu.py ;;
+    make-compare)  stage make-compare 540 make compare NO_VENV=1 PYTHON=python3 ARGS="--out $OUT/make-compare" ;;
     serving-probe) stage serving-probe 200 python3 scripts/serving_probe.py --out "$OUT/serving-probe" ;;
     ring-probe)    stage ring-probe 150 python3 scripts/ring_probe.py --out "$OUT/ring-probe" ;;
     compare:*)     IFS=: read -r _ cfg only <<< "$s"
