@@ -298,8 +298,10 @@ class _Run:
                 except ValueError as e:
                     raise UsageError(f"--arch: {e}") from None
         self.ctx = detect_ctx()
-        # a config's cpu_include workloads (the interpret-mode checks) are left out of a GPU run's plan
-        self.cpu_only_left_out = [w.name for w, _ in self.plan if CPU_ONLY in w.tags] if self.ctx.jax_gpu else []
+        # a config's cpu_include workloads (the interpret-mode checks) are left out of a GPU run's plan, unless the
+        # run names what it wants with --only (a workload asked for by name runs)
+        self.cpu_only_left_out = ([w.name for w, _ in self.plan if CPU_ONLY in w.tags]
+                                  if self.ctx.jax_gpu and not opts.only else [])
         if self.cpu_only_left_out:
             self.plan = [(w, lst) for w, lst in self.plan if CPU_ONLY not in w.tags]
         self.env = records.collect_env()

@@ -50,6 +50,10 @@ def test_a_gpu_run_leaves_the_cpu_only_workloads_out(monkeypatch, tmp_path):
     assert gpu.cpu_only_left_out and all(n.startswith("smoke_") for n in gpu.cpu_only_left_out)
     assert not any(CPU_ONLY in w.tags for w, _ in gpu.plan)
     assert len(gpu.plan) + len(gpu.cpu_only_left_out) == len(cpu.plan)
+    named = opts(tmp_path / "named")
+    named.only = ["smoke_*"]  # asked for by name: they run on the GPU too
+    run = runner._Run(named)
+    assert run.cpu_only_left_out == [] and run.plan and all(CPU_ONLY in w.tags for w, _ in run.plan)
 
 
 def test_required_workload_names_present():
