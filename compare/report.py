@@ -394,6 +394,20 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, r
         section, pngs = sweep_report.render_section(by_chip, notes, out, img_dir, plots=plots)
         parts += [section, ""]
         written += pngs
+        try:  # layer 2 on the sweep (issue 35): before the runs and with today's model, latest records only
+            every = [r for run in runs.values()
+                     for r in run["results"] + ([run["ceilings"]] if run["ceilings"] else [])]
+            table = scorecard.render_sweep_layer2(every)
+        except Exception as e:  # the scorecard failing must not lose the tables
+            table = f"_layer-2 table failed: {type(e).__name__}: {e}_"
+        if table:
+            parts += ["### Layer 2 on the sweep", "",
+                      "Layer 2's prediction against the measured p50 (|predicted / measured - 1|), the latest record "
+                      "of each sweep workload and Pallas implementation, training steps left out (layer 2 has no "
+                      "backward): as each record carries it from before its run, and recomputed with today's model "
+                      f"and constants (model {scorecard.model_sha()}). `pallas:auto` is priced as the kernel and "
+                      "config its plan says it chose; a record made before auto had a layer 2 is \"not priced\" "
+                      "before. docs/roofline.md explains the misses.", "", table, ""]
     for run_id, run in runs.items():
         gpu = _is_gpu(run)
         parts += [f"## Run `{run_id}`" + ("" if gpu else " (CPU interpret)"), "", _env_md(run), ""]

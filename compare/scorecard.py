@@ -33,7 +33,8 @@ from typing import Any
 
 from . import layer2
 
-__all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha", "latest"]
+__all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha", "latest",
+           "sweep_layer2", "render_sweep_layer2"]
 
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
@@ -177,6 +178,61 @@ def rows(records: Iterable[Mapping[str, Any]], recompute: bool = False, latest_o
         out.append({"gpu": (r.get("env") or {}).get("gpu", "?"), "family": fam, "workload": w["name"], "impl": impl,
                     **sc})
     return out
+
+
+def sweep_layer2(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Layer 2 on the model-shape sweep (issue 35), per (GPU, entry, side): the latest record of each sweep workload
+    and Pallas implementation (``latest``), ``side`` "auto" (``pallas:auto``, priced as the kernel and config its
+    plan says it chose) or "named" (the named configs). For each group: how many records, and for the prediction the
+    records carry from before their runs (``before``) and for today's model (``now``): how many were priced, the
+    median and worst |error|, how many within 25%, and the limiters layer 2 named. Training steps are left out
+    (layer 2 has no backward)."""
+    recs = [r for r in latest(records) if r.get("type") != "result"
+            or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
+    groups: dict[tuple, dict[str, list]] = collections.defaultdict(lambda: {"before": [], "now": []})
+    entry_of = {}  # a sweep workload's name says its entry (the same name, the same workload)
+    for r in recs:
+        if r.get("type") == "result":
+            w = r.get("workload") or {}
+            entry_of[w.get("name")] = w.get("entry") or w.get("family")
+    for when, rec in (("before", False), ("now", True)):
+        for row in rows(recs, recompute=rec):
+            if not row["impl"].startswith("pallas:") or row["family"].startswith("train"):
+                continue
+            entry = entry_of.get(row["workload"], row["family"])
+            side = "auto" if row["impl"] == layer2.AUTO else "named"
+            groups[(row["gpu"], entry, side)][when].append(row)
+    out = []
+    for (gpu, entry, side), g in sorted(groups.items()):
+        item: dict[str, Any] = {"gpu": gpu, "entry": entry, "side": side, "records": len(g["now"])}
+        for when in ("before", "now"):
+            errs = [abs(r["layer2_err"]) for r in g[when] if r["layer2_err"] is not None]
+            item[when] = {"priced": len(errs), "median": statistics.median(errs) if errs else None,
+                          "worst": max(errs) if errs else None, "within_25": sum(e <= 0.25 for e in errs),
+                          "limiters": dict(collections.Counter(r["layer2_limiter"] for r in g[when]
+                                                               if r["layer2_err"] is not None))}
+        out.append(item)
+    return out
+
+
+def render_sweep_layer2(records: Iterable[Mapping[str, Any]]) -> str:
+    """``sweep_layer2`` as a markdown table (empty string when the records hold no sweep result)."""
+    items = sweep_layer2(records)
+    if not items:
+        return ""
+
+    def cell(d):
+        if not d["priced"]:
+            return "not priced"
+        return f"{d['priced']}: {_pct(d['median'])} / {_pct(d['worst'])}, {d['within_25']} within 25%"
+
+    lines = ["| GPU | entry | side | records | before the run: priced, median / worst, within 25% | "
+             "today's model: same | limiters (today) |", "|---|---|---|---|---|---|---|"]
+    for it in items:
+        lim = ", ".join(f"{k} {v}" for k, v in sorted(it["now"]["limiters"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {it['gpu']} | {it['entry']} | {it['side']} | {it['records']} | {cell(it['before'])} | "
+                     f"{cell(it['now'])} | {lim or '—'} |")
+    return "\n".join(lines)
 
 
 def _stats(errs: list[float]) -> tuple[float, float]:

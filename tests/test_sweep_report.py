@@ -185,6 +185,32 @@ def test_the_scorecard_scores_the_latest_record_of_each_workload_and_impl():
             ("pallas:fa_prefill:default", 90.0), ("pallas:fa_train:default", 200.0)}
 
 
+def test_layer2_on_the_sweep_scores_the_latest_records_before_and_now():
+    """scorecard.sweep_layer2: per (GPU, entry, side) the carried (before-the-run) layer 2 against the measured p50 of
+    the latest record of each workload and implementation; auto and named apart; training steps left out."""
+    from compare import scorecard
+
+    def rec(run, name, impl, t, pred_us, entry="decode", family="decode"):
+        w = _wl(name, entry=entry, family=family)
+        r = _rec(run, H100, w, impl, t)
+        r["prediction"] = {"layer2": {"time_us": pred_us, "limiter": "dram"}}
+        return r
+
+    recs = [rec("20261126T100000_h100", "sweep_decode_a", "pallas:fa_decode:default", 100.0, 50.0),  # superseded
+            rec("20261127T100000_h100", "sweep_decode_a", "pallas:fa_decode:default", 100.0, 110.0),
+            rec("20261127T100000_h100", "sweep_decode_b", "pallas:fa_decode:default", 100.0, 130.0),
+            rec("20261127T100000_h100", "sweep_decode_a", "pallas:auto", 100.0, 95.0),
+            rec("20261127T100000_h100", "sweep_train_c", "pallas:dropin:wide", 100.0, 10.0, "train", "train"),
+            rec("20261127T100000_h100", "other_decode", "pallas:fa_decode:default", 100.0, 10.0)]  # not a sweep one
+    items = {(i["entry"], i["side"]): i for i in scorecard.sweep_layer2(recs)}
+    assert set(items) == {("decode", "named"), ("decode", "auto")}
+    named = items[("decode", "named")]["before"]
+    assert named["priced"] == 2 and named["median"] == pytest.approx(0.2) and named["worst"] == pytest.approx(0.3)
+    assert named["within_25"] == 1 and named["limiters"] == {"dram": 2}
+    assert items[("decode", "auto")]["before"]["median"] == pytest.approx(0.05)
+    assert "| decode | named | 2 | 2: 20% / 30%, 1 within 25% |" in scorecard.render_sweep_layer2(recs)
+
+
 # ------------------------------------------------------------------------------ missing auto and peers
 
 
