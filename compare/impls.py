@@ -737,4 +737,5 @@ def all_impls() -> list[Impl]:
     from . import auto, multidevice, peers
 
     return ([auto.auto_impl()] + pallas_impls() + dropin_impls() + cuda_impls() + multidevice.cp_impls()
+            + multidevice.ring_impls()
             + peers.peer_impls())

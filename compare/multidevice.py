@@ -1,4 +1,11 @@
-"""Implementations that span several devices: context-parallel decode (``pallas_attn.distributed``).
+"""Implementations that span several devices: context-parallel decode and ring attention (``pallas_attn.distributed``).
+
+``pallas:ring:<layout>`` (session 13, issue 34) runs a training-step workload (``family = "train"``, self-attention)
+with ring attention over the first ``w.devices`` devices: ``distributed.ring_attention_sharded`` under the train
+family's step (``compare.train``: value_and_grad of sum(out * w)), the inputs placed on the mesh split along the
+sequence once, outside the timed region (a model's activations already live there), the striped layout's reorder
+inside the step. On ``devices = 1`` it is the ring on a one-device mesh. Clock: host wall-clock per synchronized call
+(``clock = "wall"``; a training step is milliseconds to seconds, so one call's dispatch is noise).
 
 ``pallas:fa_decode_cp:<merge>`` runs a dense decode workload with its KV cache split into ``w.devices``
 equal contiguous slices over the first ``w.devices`` devices of this process: fa_decode on each slice, the
@@ -23,7 +30,7 @@ from typing import Any
 
 from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
-__all__ = ["cp_impls", "MERGES"]
+__all__ = ["cp_impls", "ring_impls", "MERGES"]
 
 MERGES = ("all_gather", "psum", "packed")
 _GEN = "fa_decode"
@@ -131,6 +138,79 @@ def _prepare_call(merge: str, w, inp, ctx: Ctx) -> Prepared:
     return Prepared(fn, (inp.q, k, v), "jax", "BTNH", clock="pipelined",
                     notes=f"the public wrapper per call (q not pre-placed; {w.devices} device(s), {merge} merge); "
                           "host wall-clock per call over 50 pipelined calls")
+
+
+RING_LAYOUTS = ("striped", "contiguous")
+
+
+def _ring_supports(layout: str, w, ctx: Ctx) -> Support:
+    if w.family != "train":
+        return Support(False, "", "n/a")
+    if w.q_len != w.kv_len or w.q_offset:
+        return Support(False, f"ring attention is self-attention (q_len = kv_len, no offset); got q_len {w.q_len}, "
+                              f"kv_len {w.kv_len}, q_offset {w.q_offset}", "unsupported")
+    if w.features:
+        return Support(False, f"ring attention has no {', '.join(sorted(w.features))} yet", "unsupported")
+    if w.q_len % w.devices:
+        return Support(False, f"q_len {w.q_len} does not split into {w.devices} equal chunks", "unsupported")
+    import jax
+
+    if jax.device_count() < w.devices:
+        return Support(False, f"needs {w.devices} devices; this process sees {jax.device_count()}", "unavailable")
+    return YES
+
+
+def _ring_kernel(w, ctx: Ctx) -> str:
+    from pallas_attn import distributed
+
+    return distributed.ring_kernel(w.dtype, w.head_dim, bool(ctx.interpret))
+
+
+def _ring_roofline(w) -> RooflineFacts:
+    prec = {"float32": "fp32", "bfloat16": "bf16"}.get(w.dtype, "fp16")
+    return RooflineFacts(prec, False, (1, 1), w.dtype != "float32",
+                         f"ring attention (each step fa_prefill's pair on a Hopper, else fa_train) on {w.devices} "
+                         "device(s)")
+
+
+def _ring_plan(layout: str, w, ctx: Ctx) -> dict[str, Any]:
+    return {"devices": w.devices, "layout": layout, "tokens_per_device": w.q_len // w.devices,
+            "steps": w.devices, "kernel_per_step": _ring_kernel(w, ctx)}
+
+
+def _ring_prepare(layout: str, w, inp, ctx: Ctx) -> Prepared:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from pallas_attn import distributed
+
+    from . import train
+
+    mesh = Mesh(np.array(jax.devices()[: w.devices]), ("cp",))
+    sh = NamedSharding(mesh, P(None, "cp"))
+    args = tuple(jax.device_put(x, sh) for x in (inp.q, inp.k, inp.v, inp.w))
+
+    def attn(q, k, v):
+        return distributed.ring_attention_sharded(mesh, q, k, v, axis="cp", causal=bool(w.causal), scale=inp.scale,
+                                                  interpret=ctx.interpret, layout=layout)
+
+    return Prepared(train.train_step(attn), args, "jax", "BTNH", clock="wall",
+                    notes=f"ring attention over {w.devices} device(s), {layout} layout, "
+                          f"{_ring_kernel(w, ctx)} per step; inputs split along the sequence on the mesh (untimed); "
+                          + train.TRAIN_NOTE)
+
+
+def ring_impls() -> list[Impl]:
+    import functools
+
+    return [Impl(f"pallas:ring:{lay}", "pallas", None, lay, "frontier", "mosaic-gpu",
+                 f"ring attention (pallas_attn.distributed.ring_attention_sharded), {lay} layout: a training step "
+                 "over the workload's devices",
+                 functools.partial(_ring_supports, lay), functools.partial(_ring_prepare, lay), _ring_roofline,
+                 functools.partial(_ring_plan, lay), multi_device=True, families=frozenset({"train"}))
+            for lay in RING_LAYOUTS]
 
 
 def cp_impls() -> list[Impl]:

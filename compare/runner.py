@@ -743,6 +743,8 @@ class _Run:
             m["reps_reduced_for_budget"] = True
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
             kt = timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
+        elif prep.clock == "wall":  # a long multi-device call (a ring training step): host wall per synced call
+            kt = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=max(3, min(reps, 10)))
         elif prep.clock == "pipelined":  # a public call as a loop makes it: host wall per call, pipelined
             kt = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=50,
                                        reps=max(3, min(reps, 10)))
@@ -760,7 +762,8 @@ class _Run:
         pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
         st = kt.stats
         requested = ("host-wall:in-jit-loop-diff" if prep.clock == "loop" else
-                     "host-wall-pipelined" if prep.clock == "pipelined" else kt.requested)
+                     "host-wall-pipelined" if prep.clock == "pipelined" else
+                     "host-wall-e2e" if prep.clock == "wall" else kt.requested)
         m.update(clock=kt.clock, clock_requested=requested, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed,
                  reps=len(kt.samples_us), time_us_p50=st["p50"], time_us_p10=st["p10"], time_us_p90=st["p90"],
                  time_us_mean=st["mean"], e2e_us_p50=e2e.stats["p50"], e2e_synced_us=e2e.stats["p50"],

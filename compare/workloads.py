@@ -284,9 +284,10 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
             raise ConfigError(f"{where}: {e['family']} needs page_size, a power of two; got {ps!r}")
     elif e["page_size"] is not None or e["ragged"]:
         raise ConfigError(f"{where}: page_size/ragged only apply to families {PAGED_FAMILIES}")
-    if e["devices"] > 1 and (e["family"] != "decode" or e["kv_len"] % e["devices"]):
-        raise ConfigError(f"{where}: devices > 1 (context-parallel) takes family 'decode' with kv_len a multiple of "
-                          f"devices; got family {e['family']!r}, kv_len {e['kv_len']}, devices {e['devices']}")
+    if e["devices"] > 1 and (e["family"] not in ("decode", "train") or e["kv_len"] % e["devices"]):
+        raise ConfigError(f"{where}: devices > 1 takes family 'decode' (context-parallel decode) or 'train' (ring "
+                          f"attention) with kv_len a multiple of devices; got family {e['family']!r}, kv_len "
+                          f"{e['kv_len']}, devices {e['devices']}")
     if e["family"] == "mla":
         if not e["kv_lora_rank"] or e["rope_dim"] is None:
             raise ConfigError(f"{where}: mla needs kv_lora_rank and rope_dim")
@@ -320,8 +321,11 @@ def _build(raw: dict[str, Any], where: str) -> Workload:
                         or e["q_offset"]):
         raise ConfigError(f"{where}: packed takes a causal prefill or train workload with q_len == kv_len and no "
                           f"q_offset")
-    if e["family"] == "train" and (e["kv_dtype"] is not None or e["devices"] > 1):
-        raise ConfigError(f"{where}: train runs plain KV on one device")
+    if e["family"] == "train" and e["kv_dtype"] is not None:
+        raise ConfigError(f"{where}: train runs plain KV (no kv_dtype)")
+    if e["family"] == "train" and e["devices"] > 1 and (e["q_len"] != e["kv_len"] or e["q_offset"]):
+        raise ConfigError(f"{where}: train over several devices is ring attention: self-attention, q_len == kv_len "
+                          "and no q_offset")
     for k in _LOAD_ONLY:
         e.pop(k, None)
     return Workload(**e, model_info=tuple(model_info), source=where)

@@ -153,7 +153,7 @@ def test_a_misspelt_generation_or_peer_in_a_config_is_an_error(tmp_path, capsys,
     # the configs in the repository all name known implementations
     from compare.impls import all_impls
 
-    for name in ("default", "full", "cp_decode"):
+    for name in ("default", "full", "cp_decode", "ring_train"):
         runner.check_workload_lists(load_config(name), all_impls())
 
 

@@ -84,6 +84,33 @@ def test_inner_ring_refuses_uneven_and_cross_attention(rng):
         dist.ring_attention_sharded(mesh, q[:, :16], q[:, :16, :1], q[:, :16, :1], axis="tp")
 
 
+@inner
+def test_inner_compare_runs_the_ring_on_1_2_4_devices(tmp_path):
+    """compare's multi-device train workloads (configs/ring_train.toml, the smoke rows): pallas:ring:striped and
+    :contiguous on 1, 2 and 4 devices, each record ok with the output and dq / dk / dv checked against the float64
+    oracle, the plan naming the devices and the layout; the single-device peer only on the one-device row."""
+    import json
+
+    from compare import runner
+
+    opts = runner.RunOptions(config="ring_train", only=["ring_smoke*"], out=str(tmp_path), reps=1, warmup=0,
+                             e2e_reps=1, budget_s=60.0, max_run_s=None, clock="cupti", arch="h100",
+                             cpu_max_flops=1e9, no_ceilings=True, quiet=True, argv=[])
+    assert runner.run(opts) == 0
+    res = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    res = [r for r in res if r.get("type") == "result"]
+    for n in (1, 2, 4):
+        ring = [r for r in res if r["workload"]["devices"] == n and r["impl"]["name"].startswith("pallas:ring:")]
+        assert {r["impl"]["config"] for r in ring} == {"striped", "contiguous"}
+        for r in ring:
+            assert r["status"] == "ok", r["reason"]
+            assert r["impl"]["plan"]["devices"] == n and r["impl"]["plan"]["layout"] == r["impl"]["config"]
+            assert r["agreement"]["rel_l2_err"] < 1e-5
+            g = r["agreement"]["grads"]
+            assert all(g[x]["rel_l2_err"] < g["tol_rel_l2"] for x in ("dq", "dk", "dv"))
+    assert [r["workload"]["devices"] for r in res if r["impl"]["name"] == "jax:xla"] == [1]
+
+
 def test_ring_steps_run_fa_prefill_s_pair_on_a_hopper(monkeypatch):
     """ring_kernel: fa_prefill's forward + backward on a Hopper (faked here) for fp16 / bf16 at its backward's head
     dims; fa_train in interpret mode, for fp32, other head dims, a fa_train config, another GPU, or the switch off."""
