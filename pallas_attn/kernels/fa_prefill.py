@@ -53,6 +53,9 @@ from jax import lax
 from .. import _compat, tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
+from .mosaic_kit import acc_load as _acc_load
+from .mosaic_kit import pad as _pad
+from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes", "fit"]
 
@@ -276,25 +279,6 @@ def _mask_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     if right is not None:
         hi = right if hi is None else min(hi, right)
     return hi, left
-
-
-def _acc_load(acc_ref, *, wait_n: int):
-    """Read a wgmma accumulator once at most ``wait_n`` wgmma groups are still in flight."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    load = getattr(plgpu, "wgmma_accumulator_load", None)
-    if load is None:  # jax 0.10 has the primitive but does not export it
-        from jax._src.pallas.mosaic_gpu.primitives import wgmma_accumulator_load as load
-    return load(acc_ref, wait_n=wait_n)
-
-
-def _smem_tile(shape, dtype):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    itemsize = jnp.dtype(dtype).itemsize
-    swizzle = 128
-    elems = swizzle // itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -836,16 +820,6 @@ def _pad_edge(starts, t_pad: int):
     if starts is None or starts.shape[1] == t_pad:
         return starts
     return jnp.pad(starts, ((0, 0), (0, t_pad - starts.shape[1])), mode="edge")
-
-
-def _pad(x, axis: int, mult: int):
-    n = x.shape[axis]
-    extra = -n % mult
-    if not extra:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(x, widths)
 
 
 _SIDE_LIMIT = 1 << 30  # a window side beyond this is unbounded in effect (int32 bound arithmetic stays in range)

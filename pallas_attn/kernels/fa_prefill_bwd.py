@@ -66,7 +66,10 @@ from jax import lax
 
 from .. import _compat
 from .._compat import pl
-from .fa_prefill import _block_bounds, _consumer_bounds, _pad, _pipeline_plan, _serial_plan, _smem_tile
+from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
+from .mosaic_kit import pad as _pad
+from .mosaic_kit import ring_producer as _ring_producer
+from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward", "attention_lse", "smem_bytes",
            "PASS_NAMES"]
@@ -265,7 +268,7 @@ class _Ops:
             x1, x2 = self._dot(a1, b1, True), self._dot(a2, b2, True)
             return acc + self._dot(a, b, False), fn(x1, x2)
         plgpu = self.plgpu
-        from .fa_prefill import _acc_load
+        from .mosaic_kit import acc_load as _acc_load
 
         def issue(refs):
             r1, r2, r_acc, a_ref = refs
@@ -357,26 +360,6 @@ def _p_ds_(sc, dp, lse2, delta, c: float, mask=None, cap_k: float | None = None)
     if t is not None:
         ds = ds * (1.0 - t * t)
     return p, ds
-
-
-def _ring_producer(plgpu, n, ns: int, free, issue) -> None:
-    """The producer warpgroup's loop over an ``ns``-slot ring: step ``s`` (of ``n``) waits until slot ``s % ns`` is
-    free (from its second use on) and calls ``issue(s, slot)``, the TMA copies into it; then it observes the last
-    frees too (every phase of a barrier it waits on; idle time on the GPU anyway). Every backward kernel's producer."""
-
-    @pl.loop(0, n)
-    def _load(s):
-        slot = lax.rem(s, ns)
-
-        @pl.when(s >= ns)
-        def _():
-            plgpu.barrier_wait(free.at[slot])
-
-        issue(s, slot)
-
-    @pl.loop(jnp.maximum(n - ns, 0), n)
-    def _drain(s):
-        plgpu.barrier_wait(free.at[lax.rem(s, ns)])
 
 
 @functools.lru_cache(maxsize=64)

@@ -122,7 +122,6 @@ from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
 from .contract import Precision
-from .fa_prefill import _acc_load
 from .mla_common import (
     LatentLayout,
     LatentSource,
@@ -133,6 +132,8 @@ from .mla_common import (
     validate_table_eagerly,
     visible,
 )
+from .mosaic_kit import acc_load as _acc_load
+from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes", "emulate_mosaic"]
 
@@ -306,13 +307,6 @@ def _heuristic(p: MlaProblem) -> MlaTcConfig:
 # ------------------------------------------------------------------------------------------------------------
 # The Mosaic GPU kernel
 # ------------------------------------------------------------------------------------------------------------
-
-
-def _smem_tile(shape, dtype, swizzle: int = 128):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    elems = swizzle // jnp.dtype(dtype).itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle)))
 
 
 def _swizzle(tn: int, itemsize: int) -> int:

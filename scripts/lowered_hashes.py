@@ -1,0 +1,126 @@
+"""The sha256 of the lowered CUDA programs of the Mosaic GPU kernels, for refactors that must not change them
+(issue 26: "traced programs stay identical, hash them before and after"). No GPU needed.
+
+    PYTHONPATH=. python scripts/lowered_hashes.py before.json    # on the tree before the change
+    PYTHONPATH=. python scripts/lowered_hashes.py after.json     # after it
+    diff before.json after.json                                  # empty: every program is the same
+
+Programs: fa_prefill's forward at every named config and D 64 / 128 / 256, with a window, a soft-cap, q_lens and
+paged K/V (pages 16 and 64); every fa_prefill_bwd config (causal D 64 and 256, non-causal D 128); every fa_mla config
+at pages 16 and 64. Source locations are left out of the lowered text (``jax_traceback_in_locations_limit`` 0), so
+moving code between lines or files does not change a hash (the names of this script's own functions are in the text:
+compare runs of one version of it); a program that fails to lower is recorded as "ERR <type>"
+(``d256`` at D 64 is expected to). Sensitivity: changing the ring producer's drain bound by one step changed the 17
+backward hashes that use it (session 13).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+jax.config.update("jax_traceback_in_locations_limit", 0)  # no source lines in the lowered text
+
+from pallas_attn import api  # noqa: E402
+from pallas_attn.kernels import fa_prefill as fp  # noqa: E402
+from pallas_attn.kernels import fa_prefill_bwd as fb  # noqa: E402
+from pallas_attn.kernels import v12_mla_tc  # noqa: E402
+from pallas_attn.mla import mla_attention  # noqa: E402
+
+SDS = jax.ShapeDtypeStruct
+
+
+def _lower(fn, *args) -> str:
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _record(out: dict, name: str, fn, *args) -> None:
+    try:
+        out[name] = hashlib.sha256(_lower(fn, *args).encode()).hexdigest()[:16]
+    except Exception as e:  # noqa: BLE001 - a program that does not lower is a row saying so
+        out[name] = f"ERR {type(e).__name__}"
+
+
+def forward_programs(out: dict) -> None:
+    off = SDS((2,), jnp.int32)
+    for cfg in ("default", "serial", "pingpong", "tiles2", "tiles4", "tiles8"):
+        for d in (64, 128, 256):
+            q, k = SDS((2, 200, 4, d), jnp.bfloat16), SDS((2, 333, 2, d), jnp.bfloat16)
+
+            def f(q, k, off, cfg=cfg):
+                return api.attention(q, k, k, causal=True, q_offset=off, generation="fa_prefill", config=cfg,
+                                     interpret=False, return_lse=True)
+
+            _record(out, f"fwd-{cfg}-d{d}", f, q, k, off)
+    cfg = fp.CONFIGS["default"]
+    q, k, ql = SDS((2, 256, 4, 128), jnp.bfloat16), SDS((2, 512, 2, 128), jnp.bfloat16), SDS((2,), jnp.int32)
+    for name, kw in (("window", dict(window=(100, 0))), ("softcap", dict(softcap=30.0))):
+        def g(q, k, off, kw=kw):
+            return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg, **kw)
+
+        _record(out, f"fwd-{name}", g, q, k, off)
+
+    def with_lens(q, k, off, ql):
+        return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg, q_lens=ql)
+
+    _record(out, "fwd-qlens", with_lens, q, k, off, ql)
+    for page in (16, 64):
+        pool, bt = SDS((2 * 512 // page, page, 2, 128), jnp.bfloat16), SDS((2, 512 // page), jnp.int32)
+
+        def paged(q, p, bt, off, ql):
+            return fp.forward(q, p, p, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg,
+                              block_table=bt, q_lens=ql)
+
+        _record(out, f"fwd-paged{page}", paged, q, pool, bt, off, ql)
+
+
+def backward_programs(out: dict) -> None:
+    for config in fb.CONFIGS:
+        for causal, d, dtype in ((True, 64, jnp.bfloat16), (False, 128, jnp.float16), (True, 256, jnp.bfloat16)):
+            q, k = SDS((2, 200, 4, d), dtype), SDS((2, 333, 2, d), dtype)
+            lse, off = SDS((2, 4, 200), jnp.float32), SDS((2,), jnp.int32)
+
+            def f(q, k, v, o, lse, do, off, causal=causal, config=config):
+                return fb.backward(q, k, v, o, lse, do, causal=causal, scale=0.125, q_offset=off,
+                                   config=fb.CONFIGS[config])
+
+            _record(out, f"bwd-{config}-{causal}-d{d}", f, q, k, k, q, lse, q, off)
+
+
+def mla_programs(out: dict) -> None:
+    b, dqk, dv = 2, 576, 512
+    for config in v12_mla_tc.CONFIGS:
+        for page in (64, 16):
+            pps = 256 // page
+            q, pool = SDS((b, 1, 128, dqk), jnp.bfloat16), SDS((b * pps, page, 1, dqk), jnp.bfloat16)
+            bt, lens = SDS((b, pps), jnp.int32), SDS((b,), jnp.int32)
+            cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": 2})
+
+            def f(q, p, bt, lens, cfg=cfg):
+                return mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg,
+                                     interpret=False, check_block_table=False)
+
+            _record(out, f"mla-{config}-p{page}", f, q, pool, bt, lens)
+
+
+def main(path: str) -> int:
+    out: dict[str, str] = {}
+    forward_programs(out)
+    backward_programs(out)
+    mla_programs(out)
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1, sort_keys=True)
+    errs = sorted(k for k, v in out.items() if v.startswith("ERR"))
+    print(f"{len(out)} programs, {len(errs)} that do not lower: {errs}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))
