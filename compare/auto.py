@@ -68,6 +68,31 @@ def _config_name(gen: str, cfg: Any, head_dim: int | None = None) -> str:
     return repr(cfg)
 
 
+def prefill_forward_config(w):
+    """``(problem, config name)`` of the drop-in's fa_prefill forward on workload ``w`` when it runs fa_prefill (on a
+    Hopper): the heuristic's config at the dense problem (a window that fa_prefill's backward takes counts as causal,
+    as the drop-in sends it)."""
+    from pallas_attn import dropin
+    from pallas_attn.kernels.contract import Problem
+
+    left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
+    p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
+                heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal) or left is not None)
+    return p, _config_name("fa_prefill", dropin.prefill_config(p, _window(w)), w.head_dim)
+
+
+def chunk_prefill_config(w) -> tuple[Any, str]:
+    """``(config, name)`` of fa_prefill for a chunk of a paged cache (``paged_attention`` with Tq > 16 on a
+    Hopper): the drop-in's heuristic at the chunk's dense shape over the page-rounded cache."""
+    from pallas_attn import chunked, dropin
+
+    page = w.page_size or 1
+    cfg = dropin.prefill_config(chunked._problem(_sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype),
+                                                 -(-w.kv_len // page) * page, w.heads_kv),
+                                None if w.window is None else (int(w.window) - 1, 0))
+    return cfg, _config_name("fa_prefill", cfg, w.head_dim)
+
+
 def _dropin_choice(w) -> dict[str, Any]:
     import pallas_attn
     from pallas_attn import dropin
@@ -85,10 +110,8 @@ def _dropin_choice(w) -> dict[str, Any]:
                                                  softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
     if impl == "pallas:fa_prefill":
+        p, fwd = prefill_forward_config(w)
         left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
-        p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
-                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal) or left is not None)
-        fwd = _config_name("fa_prefill", dropin.prefill_config(p, _window(w)), w.head_dim)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
         if w.family == "train" and w.window is not None and left is None:  # this window's backward: fa_train's
             from pallas_attn.kernels import fa_train
@@ -139,14 +162,8 @@ def choice(w) -> dict[str, Any]:
                 return {"chose": "chunked:fa_train", "generation": None, "config": None,
                         "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: the pages gathered "
                                f"into a dense cache, then fa_train (pallas_attn.chunked)"}
-            from pallas_attn import dropin
-
-            page = w.page_size or 1
-            cfg = dropin.prefill_config(chunked._problem(_sds((w.batch, w.q_len, w.heads_q, w.head_dim), w.dtype),
-                                                         -(-w.kv_len // page) * page, w.heads_kv),
-                                        None if w.window is None else (int(w.window) - 1, 0))
-            in_kernel = not interp and chunked.paged_in_kernel(page, cfg)
-            name = _config_name("fa_prefill", cfg, w.head_dim)
+            cfg, name = chunk_prefill_config(w)
+            in_kernel = not interp and chunked.paged_in_kernel(w.page_size or 1, cfg)
             # layer 2 prices it as fa_prefill at the dense shape with this config (the page copies are not modelled)
             return {"chose": "chunked:fa_prefill", "generation": "fa_prefill", "config": name,
                     "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: fa_prefill ({name}) "

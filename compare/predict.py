@@ -583,17 +583,16 @@ def auto_impl(w, arch: str) -> tuple[str, str]:
     drop-in's other routes, cuDNN or XLA for what fa_prefill refuses, are not modelled here); a chunk of a paged
     cache fa_prefill's at the chunk's dense shape; the decode and MLA entries their default generation and the
     config its heuristic picks."""
-    from pallas_attn import dropin, tuning
-    from pallas_attn.kernels.contract import Problem
+    from pallas_attn import tuning
 
     from . import auto
 
     with tuning.use_chip(arch):
-        if w.family in ("prefill", "train") or w.entry == "chunked":
-            window = None if w.window is None else (int(w.window) - 1, 0)
-            p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len,
-                        heads_q=w.heads_q, heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal))
-            name = auto._config_name("fa_prefill", dropin.prefill_config(p, window), w.head_dim)
+        if w.entry == "chunked":
+            _, name = auto.chunk_prefill_config(w)
+            return f"pallas:fa_prefill:{name}", f"paged_attention's chunk on fa_prefill, on a Hopper ({arch} table)"
+        if w.family in ("prefill", "train"):
+            _, name = auto.prefill_forward_config(w)
             return f"pallas:fa_prefill:{name}", f"the drop-in's fa_prefill config on a Hopper ({arch} table)"
         ch = auto.choice(w)
     if not ch.get("generation") or not ch.get("config"):

@@ -172,60 +172,17 @@ def context_parallel_decode(mesh, q, k, v, *, axis: str = "cp", head_axis: str |
     b, tk = k.shape[0], k.shape[1]
     if tk % n:
         raise ValueError(f"k.shape[1] = {tk} must divide into {n} equal slices over mesh axis {axis!r}")
-    opts = dict(mesh=mesh, axis=axis, head_axis=head_axis, t_local=tk // n, batch=b, tq=q.shape[1], causal=causal,
-                scale=scale, merge=merge, generation=generation, config=config, interpret=interpret,
-                has_len=kv_len is not None, has_off=q_offset is not None)
+    step = step_program(mesh, axis=axis, head_axis=head_axis, t_local=tk // n, batch=b, tq=q.shape[1], causal=causal,
+                        scale=scale, merge=merge, generation=generation, config=config, interpret=interpret,
+                        has_len=kv_len is not None, has_off=q_offset is not None)
     extra = tuple(_int32(x) for x in (kv_len, q_offset) if x is not None)
-    if Q_FROM_DEVICE0 and _on_first_device(mesh, axis, head_axis, q):
-        # q on the mesh's first device (a caller's usual q): no copy outside the program. q becomes device 0's shard
-        # of a [n * B, ...] array whose other shards are cached zero buffers on the other devices (a host-side view,
-        # no device work), and the program's first op hands device 0's shard to every device (one all_gather of a
-        # few KB). Measured before it: a host-side device_put onto the mesh cost 220-280 us a call at 4 GPUs.
-        pads = _q_pads(mesh, axis, q.shape, jnp.dtype(q.dtype).name)
-        devs = list(mesh.devices.flat)
-        stacked = jax.make_array_from_single_device_arrays(
-            (n * q.shape[0],) + tuple(q.shape[1:]), NamedSharding(mesh, P(axis)), [q] + pads[: len(devs) - 1])
-        out, lse = step_program(**opts, q_stacked=True)(stacked, k, v, *extra)
-        return (out, lse) if return_lse else out
-    step = step_program(**opts)
-    if EXPLICIT_Q_PUT and not isinstance(q, jax.core.Tracer):
-        # a q on one device (or on the host) moves onto the mesh with one explicit device_put: at 4 devices that
-        # measured 124 us alone against ~300 us through the program's input resharding (docs/distributed.md)
-        q_sh = NamedSharding(mesh, P(None, None, head_axis, None))
-        if not (isinstance(q, jax.Array) and q.sharding.is_equivalent_to(q_sh, q.ndim)):
-            q = jax.device_put(q, q_sh)
     out, lse = step(q, k, v, *extra)
     return (out, lse) if return_lse else out
 
 
-# A q on the mesh's first device enters the program as device 0's shard of a stacked array and is broadcast inside it
-# (session 13; predicted ~300 us a call at 4 GPUs). Measured on 4 H200s at B1 S1M: 591.7 / 587.2 us against 557.4 /
-# 596.8 through the program's input resharding, no gain (the host-side cost is not the copy: every path that does not
-# find q already on the mesh pays ~300 us over the pre-placed 290), so off. Kept as a switch, tested on virtual devices.
-Q_FROM_DEVICE0 = False
-
-
-def _on_first_device(mesh, axis: str, head_axis: str | None, q) -> bool:
-    """True for a concrete q on exactly the mesh's first device, the mesh one-dimensional along ``axis``."""
-    if head_axis is not None or isinstance(q, jax.core.Tracer) or not isinstance(q, jax.Array):
-        return False
-    if mesh.devices.size != mesh.shape[axis] or not q.is_fully_addressable:
-        return False
-    qd = q.devices()
-    return len(qd) == 1 and next(iter(qd)) == mesh.devices.flat[0]
-
-
-@functools.cache
-def _q_pads(mesh, axis: str, shape: tuple, dtype: str) -> list:
-    """Zero buffers of q's shape on the mesh's devices after the first (allocated once per mesh, shape and dtype)."""
-    return [jax.device_put(jnp.zeros(shape, dtype), dev) for dev in list(mesh.devices.flat)[1:]]
-
-
-# context_parallel_decode moves a caller's q onto the mesh with an explicit device_put (session 12; predicted ~400 us a
-# call at 4 GPUs instead of 667). Measured in session 13 on 4 H200s at B1 S1M: no gain, worse in 3 of 4 comparisons
-# (702.7 / 671.3 us against 557.4 / 596.8 without it, q committed / uncommitted), so off: the program's input
-# sharding moves q (docs/distributed.md, "the wrapper's q").
-EXPLICIT_Q_PUT = False
+# Two ways of moving a caller's q onto the mesh were built and measured against the program's own input resharding
+# (session 12: an explicit device_put; session 13: device 0's q broadcast inside the program). Neither gained on 4
+# H200s at B1 S1M (docs/distributed.md, "the wrapper's q"), so both were removed; git has them (commit 9926468).
 
 
 def _int32(x):
@@ -238,11 +195,10 @@ def _int32(x):
 @functools.cache
 def step_program(mesh, *, axis: str, head_axis: str | None, t_local: int, batch: int, tq: int, causal: bool,
                  scale: float | None, merge: str, generation: str, config, interpret: bool | None, has_len: bool,
-                 has_off: bool, q_stacked: bool = False):
+                 has_off: bool):
     """The jitted step of ``context_parallel_decode``: ``(q, k, v[, kv_len][, q_offset]) -> (out, lse)``, the lengths
     (default: every key), the offsets (default: ``kv_len - Tq``) and q's placement (replicated over ``axis``, heads
-    over ``head_axis``) inside the program, around ``decode_program``'s shard_map. With ``q_stacked`` (a 1-D mesh, no
-    ``head_axis``) q is ``[n * B, ...]`` split over ``axis`` and device 0's shard is the query: broadcast in-program."""
+    over ``head_axis``) inside the program, around ``decode_program``'s shard_map."""
     prog = decode_program(mesh, axis=axis, head_axis=head_axis, t_local=t_local, batch=batch, causal=causal,
                           scale=scale, merge=merge, generation=generation, config=config, interpret=interpret)
     h = head_axis
@@ -251,14 +207,7 @@ def step_program(mesh, *, axis: str, head_axis: str | None, t_local: int, batch:
     rep = NamedSharding(mesh, P())
     tk = t_local * mesh.shape[axis]
 
-    if q_stacked:
-        q_sh = NamedSharding(mesh, P(axis))
-        bcast = jax.shard_map(lambda x: lax.all_gather(x, axis)[0], mesh=mesh, in_specs=P(axis), out_specs=P(),
-                              check_vma=False)
-
     def step(q, k, v, *extra):
-        if q_stacked:
-            q = bcast(q)  # device 0's shard (the caller's q) on every device
         it = iter(extra)
         lens = jnp.asarray(next(it), jnp.int32).reshape((batch,)) if has_len else jnp.full((batch,), tk, jnp.int32)
         if has_off:

@@ -75,23 +75,7 @@ def cases(n: int, shape: tuple, q_host, k_host, v_host) -> dict:
         "wrapper, q numpy": lambda: call(q_host),
         "wrapper in caller jit, q uncommitted": lambda: outer(qu, k, v),
         "device_put(q dev0 -> mesh) alone": lambda: jax.device_put(q0, rep),
-        "wrapper, q committed dev0, explicit put (s12)": lambda: _with(call, q0, dev0=False, put=True),
-        "wrapper, q uncommitted, explicit put (s12)": lambda: _with(call, qu, dev0=False, put=True),
-        "wrapper, q committed dev0, broadcast in-program (s13)": lambda: _with(call, q0, dev0=True, put=False),
-        "wrapper, q uncommitted, broadcast in-program (s13)": lambda: _with(call, qu, dev0=True, put=False),
     }
-
-
-def _with(call, q, *, dev0: bool, put: bool):
-    """The wrapper with another q path switched on: ``dev0`` (session 13's in-program broadcast of device 0's q,
-    ``distributed.Q_FROM_DEVICE0``) or ``put`` (session 12's explicit device_put, ``EXPLICIT_Q_PUT``); both off (the
-    default) the program's input sharding moves q."""
-    before = distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT
-    distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT = dev0, put
-    try:
-        return call(q)
-    finally:
-        distributed.Q_FROM_DEVICE0, distributed.EXPLICIT_Q_PUT = before
 
 
 def main(out: str) -> None:

@@ -133,18 +133,6 @@ def test_inner_paged_pools_per_device(rng):
     _close(out, lse, ref_o, ref_lse)
 
 
-def _check_q_from_device0(mesh, q, q0, k, v, lens, call, want, want_lse):
-    assert dist._on_first_device(mesh, "cp", None, q) and dist._on_first_device(mesh, "cp", None, q0)
-    assert not dist._on_first_device(mesh, "cp", None, jax.device_put(q, jax.devices()[1]))
-    assert not dist._on_first_device(mesh, "cp", "tp", q) and not dist._on_first_device(mesh, "cp", None, np.ones(3))
-    pads_before = dist._q_pads.cache_info().misses
-    for qq in (q, q0):
-        o_dev0, l_dev0 = call(qq, k, v, lens)
-        assert np.array_equal(np.asarray(o_dev0), np.asarray(want))
-        assert np.array_equal(np.asarray(l_dev0), np.asarray(want_lse))
-    assert dist._q_pads.cache_info().misses <= pads_before + 1  # the zero shards: allocated once per mesh and shape
-
-
 @inner
 def test_inner_wrapper_is_one_program_and_composes_with_jit(rng):
     """The public wrapper (issue 36): one jitted program per call (its jaxpr is a single call, no eager op around it),
@@ -168,19 +156,6 @@ def test_inner_wrapper_is_one_program_and_composes_with_jit(rng):
     assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
     q0 = jax.device_put(q, jax.devices()[0])  # q committed to one device: the program's input sharding moves it
     np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
-    assert not dist.EXPLICIT_Q_PUT and not dist.Q_FROM_DEVICE0  # the defaults (measured: docs/distributed.md)
-    dist.EXPLICIT_Q_PUT = True  # session 12's explicit device_put: the same values
-    try:
-        np.testing.assert_array_equal(np.asarray(call(q0, k, v, lens)[0]), np.asarray(want))
-    finally:
-        dist.EXPLICIT_Q_PUT = False
-    # the switch Q_FROM_DEVICE0: q on the mesh's first device (uncommitted or committed) enters as device 0's shard of
-    # a stacked array and is broadcast inside the program: the same values as the program
-    dist.Q_FROM_DEVICE0 = True
-    try:
-        _check_q_from_device0(mesh, q, q0, k, v, lens, call, want, want_lse)
-    finally:
-        dist.Q_FROM_DEVICE0 = False
     q1 = jax.device_put(q, jax.devices()[1])  # on the mesh's other device: the same values
     np.testing.assert_array_equal(np.asarray(call(q1, k, v, lens)[0]), np.asarray(want))
     inner_jit = jax.jit(lambda q, k, v, lens: call(q, k, v, lens)[0] * 2)
