@@ -860,7 +860,8 @@ def ptxas_resources() -> dict[str, tuple[int, int]]:
     """kernel -> (registers per thread, static shared memory bytes), from cuda_ref's ptxas report (package data)."""
     out = {}
     if not PTXAS_REPORT.is_file():  # cuda_ref installed without its data files: a note on the record
-        raise LookupError(f"the ptxas report {PTXAS_REPORT} is not here (cuda_ref without its resources/): the CUDA "
+        shown = "/".join(PTXAS_REPORT.parts[-3:])  # package-relative: a record never carries this machine's path
+        raise LookupError(f"the ptxas report {shown} is not here (cuda_ref without its resources/): the CUDA "
                           "kernels' registers and shared memory are unknown, so layer 2 cannot price them")
     for line in PTXAS_REPORT.read_text().splitlines():
         if line.startswith("#") or not line.strip():

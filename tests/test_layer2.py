@@ -145,6 +145,7 @@ def test_predict_record_without_the_ptxas_report_is_a_note(monkeypatch, tmp_path
     finally:
         layer2.ptxas_resources.cache_clear()
     assert "error" in out and "absent.txt" in out["error"] and "ptxas" in out["error"]
+    assert str(tmp_path) not in out["error"]  # no path of this machine in a record
 
 
 def test_score_errors():
