@@ -280,9 +280,6 @@ def ring_kernel(dtype_name: str, head_dim: int, interpret: bool, config=None) ->
 
 # Ring steps on fa_prefill's pair on a Hopper (session 12; off: fa_train everywhere, the session-11 path).
 RING_FA_PREFILL = True
-# The ring's steps unrolled with each step's transfer issued before its kernel and none after the last (session 13;
-# off: the session-12 scan, which sends after the kernel and once more than needed).
-RING_UNROLLED = True
 
 
 def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float | None = None,
@@ -303,9 +300,9 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
     LSE too) and the transposed ``ppermute``, which carries dK / dV back around the ring to the device that owns them.
 
     The kernel per step: ``ring_kernel`` (fa_prefill's forward + backward pair on a Hopper, fa_train otherwise or
-    when ``config``, a fa_train config, is given). The steps are unrolled (``RING_UNROLLED``; ``n`` is a small static
-    int): step ``s`` issues its ``ppermute`` before its kernel (the transfer hides behind it), the last step sends
-    nothing, and JAX's reverse of the straight-line program overlaps the dK/dV sends with the next backward kernels
+    when ``config``, a fa_train config, is given). The steps are unrolled (``n`` is a small static int): step ``s``
+    issues its ``ppermute`` before its kernel (the transfer hides behind it), the last step sends nothing, and JAX's
+    reverse of the straight-line program overlaps the dK/dV sends with the next backward kernels
     (the scan it replaced was 1.26-1.28x slower on the training step at N 128k). GPU runs: docs/distributed.md,
     "Ring attention"."""
     from .kernels import fa_prefill_bwd, fa_train
@@ -343,35 +340,23 @@ def ring_attention(q, k, v, *, axis_name: str, causal: bool = True, scale: float
         return fa_train.attention_lse(q, kc, vc, causal=causal, scale=sc, q_offset=off if causal else None,
                                       interpret=interp, config=cfg)
 
-    # The n steps unrolled (n is the mesh axis size, a small static int; RING_UNROLLED, session 13): step s sends the
-    # block it holds on before computing on it, so the transfer has the step's kernel to hide behind; the last step
-    # sends nothing (a scan sent K/V all the way round, back to their owners, for nothing); step 0's state is the
-    # block's own (no merge with an empty state).
-    if RING_UNROLLED:
-        kc, vc = k, v
-        o_acc = lse_acc = None
-        for s in range(n):
-            if s + 1 < n:
-                k_next, v_next = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
-            o_s, lse_s = block(kc, vc, s)
-            if o_acc is None:
-                o_acc, lse_acc = o_s.astype(jnp.float32), lse_s
-            else:
-                o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
-            if s + 1 < n:
-                kc, vc = k_next, v_next
-        return o_acc.astype(q.dtype)
-
-    def step(carry, s):
-        o_acc, lse_acc, kc, vc = carry
+    # The n steps unrolled (n is the mesh axis size, a small static int): step s sends the block it holds on before
+    # computing on it, so the transfer has the step's kernel to hide behind; the last step sends nothing; step 0's
+    # state is the block's own (no merge with an empty state). The jax.lax.scan of session 12 (send after the kernel,
+    # once more than needed) measured 1.26-1.28x slower on the training step at N 128k (docs/distributed.md).
+    kc, vc = k, v
+    o_acc = lse_acc = None
+    for s in range(n):
+        if s + 1 < n:
+            k_next, v_next = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
         o_s, lse_s = block(kc, vc, s)
-        o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
-        kc, vc = jax.lax.ppermute(kc, axis_name, perm), jax.lax.ppermute(vc, axis_name, perm)
-        return (o_acc, lse_acc, kc, vc), None
-
-    init = (jnp.zeros((b, t, hq, d), jnp.float32), jnp.full((b, hq, t), -jnp.inf, jnp.float32), k, v)
-    (o, _, _, _), _ = jax.lax.scan(step, init, jnp.arange(n))
-    return o.astype(q.dtype)
+        if o_acc is None:
+            o_acc, lse_acc = o_s.astype(jnp.float32), lse_s
+        else:
+            o_acc, lse_acc = _merge2(o_acc, lse_acc, o_s.astype(jnp.float32), lse_s)
+        if s + 1 < n:
+            kc, vc = k_next, v_next
+    return o_acc.astype(q.dtype)
 
 
 def ring_attention_sharded(mesh, q, k, v, *, axis: str = "cp", causal: bool = True, scale: float | None = None,

@@ -66,8 +66,6 @@ def main(argv=None) -> int:
                     help="also FlashAttention-3's JAX ring attention (flash_attn3_jax.flash_mha on inputs sharded "
                          "along the sequence: its custom partitioning runs a contiguous ring) and FA3 on one GPU")
     ap.add_argument("--peers-only", action="store_true", help="skip our ring's rows (the drop-in and --fa3 only)")
-    ap.add_argument("--scan-too", action="store_true",
-                    help="also time the session-12 scan ring (RING_UNROLLED off) on pre-sharded inputs")
     args = ap.parse_args(argv)
     hq, hkv, d = (32, 8, 128) if not args.smoke else (4, 2, 32)
     n = args.seq if not args.smoke else 64
@@ -128,44 +126,14 @@ def main(argv=None) -> int:
             return x.reshape(b_, t_ // nd, nd, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
 
         qs, ks, vs, dos = (jax.device_put(striped(x), sh) for x in (q, k, v, do))
-        variants = [("", True)] + ([(" scan", False)] if args.scan_too and nd > 1 else [])
-        for tag, unrolled in variants:
-            distributed.RING_UNROLLED = unrolled
-            try:
-                def local(q, k, v):
-                    return distributed.ring_attention(q, k, v, axis_name="cp", causal=True, interpret=interpret)
+        def local(q, k, v):
+            return distributed.ring_attention(q, k, v, axis_name="cp", causal=True, interpret=interpret)
 
-                inner = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "cp"),) * 3, out_specs=P(None, "cp"),
-                                      check_vma=False)
-                emit(f"ring step, sharded in{tag}", nd, _wall(step_of(inner), (qs, ks, vs, dos), args.reps))
-                emit(f"ring forward, sharded in{tag}", nd, _wall(jax.jit(inner), (qs, ks, vs), args.reps))
-            finally:
-                distributed.RING_UNROLLED = True
+        inner = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "cp"),) * 3, out_specs=P(None, "cp"),
+                              check_vma=False)
+        emit("ring step, sharded in", nd, _wall(step_of(inner), (qs, ks, vs, dos), args.reps))
+        emit("ring forward, sharded in", nd, _wall(jax.jit(inner), (qs, ks, vs), args.reps))
         del qs, ks, vs, dos
-    if args.fa3:  # the peer: FA3's JAX binding; on one GPU its kernel pair, on a mesh its ring (contiguous layout)
-        try:
-            from flash_attn3_jax import flash_mha
-        except ImportError as e:
-            print(f"fa3: not importable ({e}); the peer is not run", flush=True)
-        else:
-            def fa3(q, k, v):
-                return flash_mha(q, k, v, is_causal=True)
-
-            for nd in counts:
-                mesh = jax.sharding.Mesh(np.array(devs[:nd]), ("cp",))
-                sh = jax.sharding.NamedSharding(mesh, P(None, "cp", None, None))
-                qs, ks, vs, dos = (jax.device_put(x, sh) for x in (q, k, v, do))
-                try:
-                    out = jax.jit(fa3)(qs, ks, vs)
-                    grads = step_of(fa3)(qs, ks, vs, dos)
-                    agree = {"out_rel_l2": _rel(out, ref_out),
-                             **{f"d{x}_rel_l2": _rel(g, r) for x, g, r in zip("qkv", grads, ref_grads)}}
-                    del out, grads
-                    emit("fa3 step, sharded in", nd, _wall(step_of(fa3), (qs, ks, vs, dos), args.reps), **agree)
-                    emit("fa3 forward, sharded in", nd, _wall(jax.jit(fa3), (qs, ks, vs), args.reps))
-                except Exception as e:  # noqa: BLE001 - the peer's failure is recorded, the probe goes on
-                    print(f"fa3 on {nd} GPU(s) failed: {e!r}"[:400], flush=True)
-                del qs, ks, vs, dos
     # one block's kernel on one GPU (the ring's step at nd devices does this once per step: the ideal is nd of them)
     from pallas_attn import dropin
     from pallas_attn.kernels import fa_prefill_bwd

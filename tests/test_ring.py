@@ -28,10 +28,8 @@ def _mesh():
 
 
 @inner
-@pytest.mark.parametrize("causal,layout,unrolled", [(True, "striped", True), (True, "contiguous", True),
-                                                    (False, "striped", True), (True, "striped", False)])
-def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, monkeypatch, causal, layout, unrolled):
-    monkeypatch.setattr(dist, "RING_UNROLLED", unrolled)  # False: the session-12 scan
+@pytest.mark.parametrize("causal,layout", [(True, "striped"), (True, "contiguous"), (False, "striped")])
+def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, causal, layout):
     b, t, hq, hkv, d = 1, 64, 4, 2, 32  # 16 tokens a device
     q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float32)
                    for s in ((b, t, hq, d), (b, t, hkv, d), (b, t, hkv, d), (b, t, hq, d)))
@@ -54,18 +52,15 @@ def test_inner_ring_matches_the_oracle_and_jax_nn_gradients(rng, monkeypatch, ca
 
 
 @inner
-@pytest.mark.parametrize("unrolled,sends", [(True, 2 * (N - 1)), (False, 2)])
-def test_inner_the_unrolled_ring_sends_each_block_n_minus_1_times_before_its_kernel(monkeypatch, unrolled, sends):
-    """The unrolled forward has 2 (n - 1) ppermutes (K and V, none after the last step), each issued before the
-    kernel of its step in program order; the scan has one K and one V ppermute in its body, run n times."""
-    monkeypatch.setattr(dist, "RING_UNROLLED", unrolled)
+def test_inner_the_ring_sends_each_block_n_minus_1_times_before_its_kernel():
+    """The unrolled forward has 2 (n - 1) ppermutes (K and V, none after the last step), the first issued before the
+    first kernel call in program order."""
     mesh = _mesh()
     q = jax.ShapeDtypeStruct((1, 64, 4, 32), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, 64, 2, 32), jnp.float32)
     text = str(jax.make_jaxpr(lambda q, k, v: dist.ring_attention_sharded(mesh, q, k, v, causal=True))(q, kv, kv))
-    assert text.count("ppermute[") == sends
-    if unrolled:  # the first send comes before the first kernel call
-        assert text.index("ppermute[") < text.index("pallas_call[")
+    assert text.count("ppermute[") == 2 * (N - 1)
+    assert text.index("ppermute[") < text.index("pallas_call[")
 
 
 @inner
