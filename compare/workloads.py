@@ -377,9 +377,7 @@ def model_workload(model: str, entry: str, *, q_len: int | None = None, kv_len: 
         raw["kv_dtype"] = kv_dtype or "fp8_e4m3"
     where = f"compare predict --model {model} --entry {entry}"
     try:
-        raw = _with_model(raw, models, where)
-        raw.pop("tokens", None)
-        return _build(raw, where)
+        return _build(_with_model(raw, models, where), where)
     except ConfigError as e:
         raise UsageError(str(e)) from None
 
@@ -408,8 +406,8 @@ def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) 
     # cpu_include: configs whose workloads run only where there is no GPU (the interpret-mode checks of the default
     # config); tagged CPU_ONLY, and a GPU run leaves them out of its plan and says so
     for inc in data.get("cpu_include", []):
-        out.extend(dataclasses.replace(w, tags=tuple(w.tags) + (CPU_ONLY,))
-                   for w in load_config(path.parent / inc, _seen | {path}) if CPU_ONLY not in w.tags)
+        out.extend(w if CPU_ONLY in w.tags else dataclasses.replace(w, tags=tuple(w.tags) + (CPU_ONLY,))
+                   for w in load_config(path.parent / inc, _seen | {path}))
     dropped: list[str] = []
     for i, raw in enumerate(data.get("workload", [])):
         if not isinstance(raw, dict):
