@@ -639,11 +639,13 @@ def _mla_tc_launches(s: Shape, plan: Mapping[str, Any], names: list[str], cfg: A
 
 def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
                          hw: Hardware | None = None) -> list[Launch]:
-    """fa_prefill (Mosaic GPU): one CTA = producer + two consumer warpgroups of ``block_q`` query rows each, K/V
-    tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x 2 block_q x block_kv x D) at the
-    datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` / ``pingpong``)."""
+    """fa_prefill (Mosaic GPU): one CTA = producer + two (or ``consumers``) consumer warpgroups of ``block_q`` query
+    rows each, K/V tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x rows x block_kv x D)
+    at the datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` / ``pingpong``)."""
     bq, bk = plan["block_q"], plan["block_kv"]
-    rows = 2 * bq
+    nc = int(plan.get("consumers") or 2)
+    rows = nc * bq
+    threads = 128 * (nc + 1)
     P = plan.get("ctas") or s.bh * _cdiv(s.q_len, rows)
     d = s.head_dim
     # the busiest CTA (the first of a head): its row tiles n_q - 1, n_q - 1 - G, ... (``tiles`` of them, heavy
@@ -667,7 +669,7 @@ def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
     # costs the mean CTA, and a single round (or a grid of one heavy CTA) the busiest one
     steps = float(busiest)
     if hw is not None:
-        resident, _ = occupancy(384, 168, int(plan.get("smem_bytes") or 0))
+        resident, _ = occupancy(threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0))
         rounds = max(1, _cdiv(_cdiv(P, hw.num_sm), resident))
         steps = max(mean_tiles, busiest / rounds)
     cost = "pallas_attn_fa_prefill_" + ("pingpong" if plan.get("pingpong") else
@@ -676,7 +678,8 @@ def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
     q_rows = s.bh * s.q_len
     # each row tile a CTA runs pays its own prologue / epilogue (the Q wait, the first and the masked diagonal steps,
     # the normalisation and O store): Cost.key per row tile on ``key_steps``; Cost.fixed once per CTA
-    return [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 0), units=0.0, steps=steps,
+    return [Launch(names[0], cost, P, threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0),
+                   units=0.0, steps=steps,
                    key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
                    l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
                    note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "

@@ -117,3 +117,41 @@ def test_mosaic_kernel_lowers_for_cuda(cfg, d):
     names = set(re.findall(r"pallas_attn_\w+", text))
     assert fp.PASS_FWD in names and names <= set(K.passes), names
     assert fp.PASS_FALLBACK not in names
+
+
+def test_three_consumers_config_and_plan():
+    """consumers=3: 192 rows a CTA, four warpgroups sharing 512 registers a thread slot; refused with a reason when
+    the budgets do not fit four warpgroups or with ping-pong (a two-consumer handshake)."""
+    c3 = fp.PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32)
+    for bad, match in ((dict(consumers=4), "consumers must be 2 or 3"), (dict(consumers=True), "consumers"),
+                       (dict(consumers=3), "exceed the 512"), (dict(consumer_regs=240), "exceed the 504"),
+                       (dict(consumers=3, consumer_regs=160, producer_regs=32, pingpong=True), "needs consumers=2")):
+        with pytest.raises(ValueError, match=match):
+            fp.PrefillConfig(**bad)
+    # three Q/O tiles and three LSE rows instead of two
+    assert fp.smem_bytes(64, 2, c3) - fp.smem_bytes(64, 2, fp.CONFIGS["default"]) == 64 * 64 * 2 + 64 * 4
+    plan = fp._plan(_p(q_len=500, kv_len=500, head_dim=64, batch=2, heads_q=4, heads_kv=2), c3)
+    assert plan["consumers"] == 3 and plan["warpgroups"] == 4 and plan["ctas"] == 2 * 4 * 3  # 500 rows: 3 x 192
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tiles=3), dict(overlap=False)], ids=["c3", "c3tiles3", "c3serial"])
+@pytest.mark.parametrize("feat", [dict(), dict(window=(100, 0), softcap=30.0), dict(q_lens=True)],
+                         ids=["plain", "window-softcap", "q_lens"])
+def test_three_consumers_lower_for_cuda(kw, feat):
+    """The three-consumer kernel lowers (D 64, causal, ragged, GQA, LSE) with its four warpgroups and a ring freed
+    by three arrivals."""
+    cfg = fp.PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32, **kw)
+    q = jax.ShapeDtypeStruct((2, 500, 4, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 500, 2, 64), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((2,), jnp.int32)
+    feat = dict(feat)
+    lens = feat.pop("q_lens", None)
+
+    def f(q, k, off):
+        extra = {"q_lens": off} if lens else {}
+        return fp.forward(q, k, k, causal=True, scale=0.125, q_offset=off, interpret=False, config=cfg,
+                          return_lse=True, **feat, **extra)
+
+    text = jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
+    assert fp.PASS_FWD in set(re.findall(r"pallas_attn_\w+", text))
+    assert "tensor<2x576x4x64xbf16>" in text  # the rows padded to whole 192-row tiles

@@ -76,15 +76,19 @@ _HEAD_DIMS = (64, 128, 256)
 class PrefillConfig:
     """Knobs of the Hopper forward.
 
-    block_q: query rows per consumer warpgroup (64: one wgmma M tile; the CTA holds 2 * block_q rows).
+    block_q: query rows per consumer warpgroup (64: one wgmma M tile; the CTA holds consumers * block_q rows).
     block_kv: keys per K/V tile (a multiple of 64, 64..256). stages: depth of the K/V shared-memory ring
     (2..4). overlap: software-pipeline each consumer (issue S_s = Q K_s^T and O += P_{s-1} V_{s-1} together,
     softmax of block s under the P V wgmma; FA-3 §3.2); without it a consumer waits for each wgmma before
     its softmax. pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
     producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256). tiles: row
-    tiles (2 * block_q rows each) one CTA runs in turn, strided over the head's row tiles; the producer streams the
-    next tile's K/V while the consumers finish the current one (short sequences and narrow windows, where one tile is
-    a few microseconds of latency and the H100 holds one CTA per SM).
+    tiles (consumers * block_q rows each) one CTA runs in turn, strided over the head's row tiles; the producer
+    streams the next tile's K/V while the consumers finish the current one (short sequences and narrow windows, where
+    one tile is a few microseconds of latency and the H100 holds one CTA per SM). consumers: consumer warpgroups per
+    CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
+    warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
+    as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
+    512``), and ping-pong (a two-consumer handshake) is refused.
     """
 
     block_q: int = 64
@@ -95,6 +99,7 @@ class PrefillConfig:
     consumer_regs: int = 232
     producer_regs: int = 40
     tiles: int = 1
+    consumers: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -112,6 +117,18 @@ class PrefillConfig:
         for name in ("overlap", "pingpong"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
+        if isinstance(self.consumers, bool) or self.consumers not in (2, 3):
+            raise ValueError(f"PrefillConfig.consumers must be 2 or 3; got {self.consumers!r}")
+        # setmaxnreg moves registers between the warpgroups of a CTA launched with 65536 / (128 x warpgroups) per
+        # thread (rounded down to 8): 3 x 168 = 504 for two consumers, 4 x 128 = 512 for three
+        wgs = self.consumers + 1
+        budget = wgs * (65536 // (128 * wgs) // 8 * 8)
+        if self.consumers * self.consumer_regs + self.producer_regs > budget:
+            raise ValueError(f"PrefillConfig: {self.consumers} x consumer_regs {self.consumer_regs} + producer_regs "
+                             f"{self.producer_regs} exceed the {budget} registers per thread that {wgs} warpgroups "
+                             f"share (65536 per CTA)")
+        if self.consumers != 2 and self.pingpong:
+            raise ValueError("PrefillConfig: pingpong alternates two consumers; it needs consumers=2")
 
 
 CONFIGS = {
@@ -127,9 +144,10 @@ CONFIGS = {
 def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True, q_buffers: int = 1) -> int:
     """Shared memory of one CTA: ``q_buffers`` pairs of Q/O tiles (one per consumer), the K and V rings, the LSE
     staging and the barriers."""
-    tiles = (2 * q_buffers * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize
+    nc = cfg.consumers
+    tiles = (nc * q_buffers * cfg.block_q * d + 2 * cfg.stages * cfg.block_kv * d) * itemsize
     # + Mosaic GPU's own scratch (2 KiB of reduction space by default), the barriers and alignment
-    return tiles + (2 * cfg.block_q * 4 if with_lse else 0) + 2700
+    return tiles + (nc * cfg.block_q * 4 if with_lse else 0) + 2700
 
 
 def q_buffers(d: int, itemsize: int, cfg: PrefillConfig, tiles: int, with_lse: bool = True) -> int:
@@ -241,8 +259,8 @@ def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off, seg
 
 
 def _tile_qblock(g, t, n_qblocks: int, n_groups: int):
-    """The row block (of 2 * block_q rows) that CTA ``g`` runs as its tile ``t``: heavy (late) blocks first, strided
-    by the number of CTAs per head."""
+    """The row block (of consumers * block_q rows) that CTA ``g`` runs as its tile ``t``: heavy (late) blocks first,
+    strided by the number of CTAs per head."""
     return n_qblocks - 1 - (g + t * n_groups)
 
 
@@ -295,9 +313,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     dtype = jnp.dtype(dtype_name)
-    bq, bkv, ns = cfg.block_q, cfg.block_kv, cfg.stages
+    bq, bkv, ns, nc = cfg.block_q, cfg.block_kv, cfg.stages, cfg.consumers
+    rows = nc * bq  # one row tile: nc consumers of bq rows
     group = hq // hkv
-    n_qblocks = tq_pad // (2 * bq)
+    n_qblocks = tq_pad // rows
     tiles = min(cfg.tiles, n_qblocks)
     n_groups = -(-n_qblocks // tiles)
     nqb = q_buffers(d, dtype.itemsize, cfg, tiles, with_lse)
@@ -340,7 +359,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             seg = (seg_ref[bi, r0].astype(jnp.int32), seg_ref[bi, r0 + bq - 1].astype(jnp.int32)) if segments else None
             return _consumer_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off, seg=seg)
 
-        # this CTA's row tiles (2 * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
+        # this CTA's row tiles (nc * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
         # causal) tiles first, strided so that every CTA gets a mix of heavy and light ones; q is the launch's
         # fastest-varying axis (see the grid). With cfg.tiles == 1 one tile per CTA.
         g = lax.axis_index("q")
@@ -354,16 +373,17 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             return jnp.where(r0 < rl_ref[bi], off, jnp.int32(_PAD_ROW_OFF))
 
         def tile_span(t):
-            """(q0, a_p, n_load) of tile t: the producer loads the union of both consumers' blocks, from the first
-            one's start (warpgroup 0, the smaller rows) to the later one's end (warpgroup 1). The K/V ring counts
+            """(q0, a_p, n_load) of tile t: the producer loads the union of the consumers' blocks, from the first
+            one's start (warpgroup 0, the smallest rows) to the last one's end (warpgroup nc - 1). The K/V ring counts
             blocks over the CTA's tiles: block s of a tile whose loads start after ``base`` earlier ones uses slot
-            (base + s - a_p) % stages in every warpgroup. With ``rowlim`` either consumer may be padding (one block
-            from 0): the union is taken both ways."""
-            q0 = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq)
+            (base + s - a_p) % stages in every warpgroup. With ``rowlim`` any consumer may be padding (one block
+            from 0): the union is taken over all of them."""
+            q0 = _tile_qblock(g, t, n_qblocks, n_groups) * rows
             if rowlim:
-                b0, b1 = bounds(q0, row_off(q0)), bounds(q0 + bq, row_off(q0 + bq))
-                return q0, jnp.minimum(b0[0], b1[0]), jnp.maximum(b0[3], b1[3])
-            return q0, bounds(q0, off)[0], bounds(q0 + bq, off)[3]
+                bs = [bounds(q0, row_off(q0))] + [bounds(q0 + w * bq, row_off(q0 + w * bq)) for w in range(1, nc)]
+                return q0, functools.reduce(jnp.minimum, [x[0] for x in bs]), functools.reduce(
+                    jnp.maximum, [x[3] for x in bs])
+            return q0, bounds(q0, off)[0], bounds(q0 + (nc - 1) * bq, off)[3]
 
         def over_tiles(fn):
             if tiles == 1:
@@ -371,7 +391,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             else:
                 lax.fori_loop(0, n_tiles, fn, jnp.int32(0))
 
-        @pl.when(wg < 2)
+        @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
 
@@ -379,8 +399,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 return qo_smem.at[wg] if nqb == 1 else qo_smem.at[buf, wg]
 
             def q_load(t, buf):  # this consumer's rows of tile t into Q/O buffer buf
-                r = _tile_qblock(g, t, n_qblocks, n_groups) * (2 * bq) + wg * bq
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[2 * buf + wg])
+                r = _tile_qblock(g, t, n_qblocks, n_groups) * rows + wg * bq
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
 
             if nqb == 2:  # double-buffered Q/O (several tiles per CTA): the first tile's Q before the loop
                 q_load(0, 0)
@@ -410,7 +430,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
                 off_t = row_off(r0)
                 a, n_lfull, n_full, n_done = bounds(r0, off_t)
-                plgpu.barrier_wait(q_bar.at[2 * buf + wg])
+                plgpu.barrier_wait(q_bar.at[nc * buf + wg])
 
                 row_layout = plgpu.Layout.WGMMA.reduce(1)
                 if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
@@ -639,7 +659,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     pg = bt_ref[bi * pps + s * per + c]
                     plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(0, page), hk], dst.at[pl.ds(c * page, page)], bar)
 
-        @pl.when(wg == 2)
+        @pl.when(wg == nc)
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
@@ -672,20 +692,20 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     if with_lse:
         out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
     scratch = [
-        _smem_tile((2, bq, d) if nqb == 1 else (nqb, 2, bq, d), dtype),
+        _smem_tile((nc, bq, d) if nqb == 1 else (nqb, nc, bq, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
         _smem_tile((ns, bkv, d), dtype),
-        *([plgpu.SMEM((2, bq), jnp.float32)] if with_lse else []),
-        plgpu.Barrier(num_arrivals=1, num_barriers=2 * nqb),
+        *([plgpu.SMEM((nc, bq), jnp.float32)] if with_lse else []),
+        plgpu.Barrier(num_arrivals=1, num_barriers=nc * nqb),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
     ]
     if segments:
         # float32 starts (exact below 2^24 tokens): an int32 vector through this path gave wrong output on the GPU
-        scratch += [plgpu.SMEM((2, bq), jnp.float32), plgpu.Barrier(num_arrivals=1, num_barriers=2)]
+        scratch += [plgpu.SMEM((nc, bq), jnp.float32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
     return plgpu.kernel(
         body,
         out_type=tuple(out_type) if with_lse else out_type[0],
@@ -695,7 +715,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         # wave spanned 64 (batch, head) pairs whose 128 MB of K/V streamed from HBM again in every wave)
         grid=(b, hq, n_groups),
         grid_names=("b", "h", "q"),
-        num_threads=3,
+        num_threads=nc + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name=PASS_FWD,
@@ -969,7 +989,7 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         out, lse = _fallback(qp, kp, vp, off, sinks, _pad_edge(starts, qp.shape[1]), causal=bool(causal),
                              scale=scale, tk=tk, cfg=cfg, window=window, softcap=softcap)
     else:
-        qp = _pad(q, 1, 2 * cfg.block_q)
+        qp = _pad(q, 1, cfg.consumers * cfg.block_q)
         call = _build_mosaic(b, qp.shape[1], tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
                              starts is not None, paged=paged, rowlim=q_lens is not None)
@@ -985,12 +1005,13 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
 
 def _plan(p: Problem, cfg: PrefillConfig):
     cfg = fit(cfg, p.head_dim)
-    rows = 2 * cfg.block_q
+    rows = cfg.consumers * cfg.block_q
     n_q = -(-p.q_len // rows)
     ctas = p.batch * p.heads_q * (-(-n_q // min(cfg.tiles, n_q)))
     nqb = q_buffers(p.head_dim, 2, cfg, min(cfg.tiles, n_q))
     return {"block_q": cfg.block_q, "block_kv": cfg.block_kv, "stages": cfg.stages, "pingpong": cfg.pingpong,
-            "overlap": cfg.overlap, "tiles": cfg.tiles, "ctas": ctas, "warpgroups": 3, "q_buffers": nqb,
+            "overlap": cfg.overlap, "tiles": cfg.tiles, "ctas": ctas, "warpgroups": cfg.consumers + 1,
+            "consumers": cfg.consumers, "q_buffers": nqb,
             "smem_bytes": smem_bytes(p.head_dim, 2, cfg, q_buffers=nqb)}
 
 
