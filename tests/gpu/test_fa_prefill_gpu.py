@@ -255,7 +255,7 @@ def test_three_consumers_q_lens_rows(cfg):
     """q_lens (rows past a sequence's real ones are padding; each of the three consumers may be padding alone or with
     the others): the real rows match the oracle, causal with offsets."""
     key = jax.random.PRNGKey(31)
-    b, tq, tk, hq, hkv, d = 3, 600, 900, 4, 2, 64
+    b, tq, tk, hq, hkv, d = 3, 600, 896, 4, 2, 64
     kq, kk, kv = jax.random.split(key, 3)
     q, k, v = (_rand(kq, (b, tq, hq, d), "bfloat16"), _rand(kk, (b, tk, hkv, d), "bfloat16"),
                _rand(kv, (b, tk, hkv, d), "bfloat16"))
@@ -269,3 +269,15 @@ def test_three_consumers_q_lens_rows(cfg):
         err = np.linalg.norm(o64[i, :n] - ro[i, :n]) / np.linalg.norm(ro[i, :n])
         assert err < TOL["bfloat16"], (cfg, i, err)
         np.testing.assert_allclose(np.asarray(lse, np.float64)[i, :, :n], rl[i, :, :n], atol=1e-2)
+    # the same call through page pools (pages of 64 keys in a shuffled table; the chunked-prefill path): the real rows
+    # equal the dense call's
+    page = 64
+    perm = np.random.default_rng(0).permutation(b * tk // page).astype(np.int32)
+    inv = np.argsort(perm)
+    pool = lambda x: x.reshape(b * tk // page, page, hkv, d)[inv]  # noqa: E731 - pool[perm[j]] = page j
+    o2, lse2 = fp.forward(q, pool(k), pool(v), causal=True, scale=d ** -0.5, q_offset=jnp.asarray(offs, jnp.int32),
+                          interpret=False, config=_cfg(cfg, d), return_lse=True, q_lens=jnp.asarray(lens, jnp.int32),
+                          block_table=jnp.asarray(perm.reshape(b, tk // page)))
+    for i, n in enumerate(lens):
+        np.testing.assert_allclose(np.asarray(o2[i, :n], np.float32), np.asarray(o[i, :n], np.float32), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse2)[i, :, :n], np.asarray(lse)[i, :, :n], atol=1e-6)
