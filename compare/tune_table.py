@@ -11,7 +11,9 @@ margin (second best / best) and the records it came from. Which records count fo
   backward: the step a user pays for).
 
 Records of several runs of one chip are pooled: a workload measured twice keeps the later run's times (the order of
-the files given). Timing-tie policy: a config replaces the kernel's current default only when it is faster by more
+the files given). The choice compares ratios within one run: each config's time over the default's in the latest run
+that timed both (a config never timed beside the default falls back to a cross-run ratio); the row's ``time_us`` are
+the latest absolute times. Timing-tie policy: a config replaces the kernel's current default only when it is faster by more
 than ``--min-gain`` (default 1%) at that workload; within the noise the default stays, so a table never flips a
 default on noise. Tuning points (``impl.overrides``) are never table entries: a table names named configs only.
 """
@@ -95,10 +97,26 @@ def _read(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _relative_times(cfgs: dict[str, dict[str, Any]], by_run: dict[Any, dict[str, float]], dflt: str) -> dict[str, float]:
+    """Each config's time over the default's, both from one run: the latest run (in the order the files were given)
+    that timed the config beside the default; a config never timed beside the default keeps its time over the
+    default's latest (a cross-run ratio, the only one there is). Without the default anywhere: the times themselves.
+    Ratios within one run keep a machine's run-to-run drift (2-3% between H100 machines) out of the choice."""
+    if dflt not in cfgs:
+        return {c: v["time_us"] for c, v in cfgs.items()}
+    rel = {c: v["time_us"] / cfgs[dflt]["time_us"] for c, v in cfgs.items()}
+    for run_times in by_run.values():  # insertion order = file order: later runs override
+        if dflt in run_times:
+            for c, t in run_times.items():
+                rel[c] = t / run_times[dflt]
+    return rel
+
+
 def build_tables(records: list[dict[str, Any]], *, min_gain: float = 0.01) -> dict[str, dict[str, Any]]:
     """chip -> table (the JSON ``pallas_attn.tuning`` reads)."""
     # chip -> kernel -> workload name -> {config: (time, record file, git sha)}
     times: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    runs: dict[tuple[str, str, str], dict[Any, dict[str, float]]] = {}  # (chip, kernel, workload) -> run -> cfg -> us
     wls: dict[str, dict[str, Any]] = {}
     for r in records:
         k = kernel_of(r)
@@ -111,7 +129,8 @@ def build_tables(records: list[dict[str, Any]], *, min_gain: float = 0.01) -> di
         wls[wname] = r["workload"]
         sha = (r.get("env") or {}).get("git_sha")
         times.setdefault(chip, {}).setdefault(kern, {}).setdefault(wname, {})[cfg] = {
-            "time_us": float(t), "file": r["_file"], "git_sha": sha}
+            "time_us": float(t), "file": r["_file"], "git_sha": sha, "run": r.get("run_id")}
+        runs.setdefault((chip, kern, wname), {}).setdefault(r.get("run_id"), {})[cfg] = float(t)
     out: dict[str, dict[str, Any]] = {}
     for chip, kernels in times.items():
         tbl: dict[str, Any] = {"chip": chip, "made_by": "python -m compare tune --table", "min_gain": min_gain,
@@ -121,13 +140,14 @@ def build_tables(records: list[dict[str, Any]], *, min_gain: float = 0.01) -> di
             for wname, cfgs in sorted(by_wl.items()):
                 if len(cfgs) < 2:
                     continue
-                ranked = sorted(cfgs, key=lambda c: cfgs[c]["time_us"])
-                best = ranked[0]
                 dflt = _default_of(kern, wls[wname])
-                if dflt in cfgs and best != dflt and cfgs[dflt]["time_us"] <= cfgs[best]["time_us"] * (1 + min_gain):
+                rel = _relative_times(cfgs, runs[(chip, kern, wname)], dflt)
+                ranked = sorted(cfgs, key=lambda c: rel[c])
+                best = ranked[0]
+                if dflt in cfgs and best != dflt and rel[dflt] <= rel[best] * (1 + min_gain):
                     best = dflt  # within the noise of the default: keep the default
                 rows.append({"key": bucket_of(kern, wls[wname]), "config": best, "default": dflt, "workload": wname,
-                             "margin": round(cfgs[ranked[1]]["time_us"] / cfgs[ranked[0]]["time_us"], 4),
+                             "margin": round(rel[ranked[1]] / rel[ranked[0]], 4),
                              "time_us": {c: round(v["time_us"], 2) for c, v in cfgs.items()},
                              "records": sorted({v["file"] for v in cfgs.values()}),
                              "git_sha": sorted({str(v["git_sha"]) for v in cfgs.values()})})

@@ -211,6 +211,27 @@ def test_tune_table_from_records(tmp_path):
     assert set(rows[mla["name"]]["time_us"]) == {"default", "kv64_mc", "kv64_ws_mc"}
 
 
+def test_tune_table_compares_configs_within_one_run():
+    """A config is chosen by its time over the default's in one run, not by absolute times from different runs: a later
+    run that timed the default 3% slower (another machine) does not make an older run's pingpong the choice, and a
+    config timed beside the default in the latest run is judged by that run."""
+    w = load_config("sweep")
+    pre = next(x for x in w if x.name == "sweep_prefill_llama-3.1-8b_n16384").as_dict()
+    run1 = [_rec(pre, "pallas:fa_prefill:default", 6749.0), _rec(pre, "pallas:fa_prefill:pingpong", 6690.0)]
+    run2 = [_rec(pre, "pallas:fa_prefill:default", 6906.0), _rec(pre, "pallas:fa_prefill:c3", 10246.0)]
+    for i, r in enumerate(run1 + run2):
+        r["_file"], r["run_id"] = "x.jsonl", "r1" if i < 2 else "r2"
+    row = tune_table.build_tables(run1 + run2, min_gain=0.02)["h100"]["kernels"]["fa_prefill"]["rows"][0]
+    assert row["config"] == "default"  # pingpong 0.9% ahead in its own run; 3.1% ahead of run 2's default
+    assert row["time_us"] == {"default": 6906.0, "pingpong": 6690.0, "c3": 10246.0}  # the latest absolute times
+    assert row["margin"] == round(6749.0 / 6690.0, 4)
+    run3 = [_rec(pre, "pallas:fa_prefill:default", 7000.0), _rec(pre, "pallas:fa_prefill:pingpong", 6790.0)]
+    for r in run3:
+        r["_file"], r["run_id"] = "y.jsonl", "r3"
+    row = tune_table.build_tables(run1 + run2 + run3, min_gain=0.02)["h100"]["kernels"]["fa_prefill"]["rows"][0]
+    assert row["config"] == "pingpong"  # 3% ahead of the default within run 3
+
+
 def test_tune_table_cli(tmp_path):
     from compare import cli
 
