@@ -11,11 +11,11 @@ margin (second best / best) and the records it came from. Which records count fo
   backward: the step a user pays for).
 
 Records of several runs of one chip are pooled: a workload measured twice keeps the later run's times (the order of
-the files given). The choice compares ratios within one run: each config's time over the default's in the latest run
-that timed both (a config never timed beside the default falls back to a cross-run ratio); the row's ``time_us`` are
-the latest absolute times. Timing-tie policy: a config replaces the kernel's current default only when it is faster by more
-than ``--min-gain`` (default 1%) at that workload; within the noise the default stays, so a table never flips a
-default on noise. Tuning points (``impl.overrides``) are never table entries: a table names named configs only.
+the files given). The choice compares ratios within one run: each config's time over the default's in the latest
+run that timed both (a config never timed beside the default falls back to a cross-run ratio); the row's ``time_us``
+are the latest absolute times. Timing-tie policy: a config replaces the kernel's current default only when it is
+faster by more than ``--min-gain`` (default 1%) at that workload; within the noise the default stays, so a table never
+flips a default on noise. Tuning points (``impl.overrides``) are never table entries: a table names named configs only.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def _read(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _relative_times(cfgs: dict[str, dict[str, Any]], by_run: dict[Any, dict[str, float]], dflt: str) -> dict[str, float]:
+def _relative_times(cfgs: dict[str, dict[str, Any]], by_run: dict[Any, dict[str, float]],
+                    dflt: str) -> dict[str, float]:
     """Each config's time over the default's, both from one run: the latest run (in the order the files were given)
     that timed the config beside the default; a config never timed beside the default keeps its time over the
     default's latest (a cross-run ratio, the only one there is). Without the default anywhere: the times themselves.

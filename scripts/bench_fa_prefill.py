@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--configs", default="default,pingpong")
-    ap.add_argument("--shapes", default="4x16x4096x128", help="BxHxNxD[,...]")
+    ap.add_argument("--shapes", default="4x16x4096x128", help="BxHxNxD or BxHqxHkvxNxD (GQA)[,...]")
     ap.add_argument("--dtypes", default="float16")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--check", action="store_true")
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             kw = {}
             for part in name.split(":"):
                 k, v = part.split("=")
-                kw[k] = bool(int(v)) if k in ("pingpong", "overlap") else int(v)
+                kw[k] = bool(int(v)) if k in ("pingpong", "overlap", "diag_first") else int(v)
             return fp.PrefillConfig(**kw)
         return fp.CONFIGS[name]
 
@@ -127,14 +127,15 @@ def main(argv=None) -> int:
 
     if a.time:
         for shp in a.shapes.split(","):
-            b, h, n, d = (int(x) for x in shp.split("x"))
+            dims = [int(x) for x in shp.split("x")]
+            b, h, hkv, n, d = dims if len(dims) == 5 else (dims[0], dims[1], dims[1], dims[2], dims[3])
             for dt in a.dtypes.split(","):
                 dtype = jnp.dtype(dt)
                 key = jax.random.PRNGKey(1)
                 kq, kk, kv = jax.random.split(key, 3)
                 q = jax.random.normal(kq, (b, n, h, d), dtype)
-                k = jax.random.normal(kk, (b, n, h, d), dtype)
-                v = jax.random.normal(kv, (b, n, h, d), dtype)
+                k = jax.random.normal(kk, (b, n, hkv, d), dtype)
+                v = jax.random.normal(kv, (b, n, hkv, d), dtype)
                 off = jnp.zeros((b,), jnp.int32)
                 for causal in (bool(int(x)) for x in a.causal.split(",")):
                     flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
@@ -148,8 +149,9 @@ def main(argv=None) -> int:
                             _ours, fp=fp, causal=causal, scale=d ** -0.5, off=off, cfg=cfg)))
                     ref = None
                     for name, f in impls:
-                        tag = f"{name:44s} b{b} h{h} n{n} d{d} {dt:8s} causal={int(causal)}"
-                        rec = {"kind": "time", "impl": name, "batch": b, "heads": h, "n": n, "d": d, "dtype": dt,
+                        tag = f"{name:44s} b{b} h{h}/{hkv} n{n} d{d} {dt:8s} causal={int(causal)}"
+                        rec = {"kind": "time", "impl": name, "batch": b, "heads": h, "heads_kv": hkv, "n": n, "d": d,
+                               "dtype": dt,
                                "causal": causal, "flops": flops, "env": env}
                         try:
                             fj = jax.jit(f)
