@@ -317,6 +317,10 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     for causal, window in ((True, (4095, 0)), (True, None), (False, (100, None)), (True, (None, 0))):
         assert fp.config_for_window(d, causal, window) is d, (causal, window)
     assert fp.config_for_window(fp.CONFIGS["tiles2"], True, (127, 0)) is fp.CONFIGS["tiles2"]
+    # three consumers (the H100 table's D 64 N >= 8192 choice) give way to two at a narrow band: a tile of a few key
+    # blocks is where three lose (short N, docs/fa_prefill.md)
+    assert fp.config_for_window(fp.CONFIGS["c3"], True, (127, 0)) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(fp.CONFIGS["c3"], True, (4095, 0)) is fp.CONFIGS["c3"]
     monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs
     monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
     monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")  # the kernel's own rule (no GPU, no table here anyway)

@@ -203,12 +203,15 @@ NARROW_WINDOW_TILES = 8
 def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig:
     """The config for a call with ``window`` (``(left, right)`` or None) given the shape's config ``cfg``: with a
     band of at most ``NARROW_WINDOW`` keys per row and a one-tile config, the same config with
-    ``NARROW_WINDOW_TILES`` row tiles per CTA; otherwise ``cfg``."""
+    ``NARROW_WINDOW_TILES`` row tiles per CTA (two consumers in place of three); otherwise ``cfg``."""
     if window is None or cfg.tiles != 1:
         return cfg
     hi_off, lo_off = _mask_bounds(causal, tuple(window))
     if hi_off is None or lo_off is None or hi_off + lo_off + 1 > NARROW_WINDOW:
         return cfg
+    if cfg.consumers == 3:  # three consumers lose where a tile is a few key blocks (short N: 1.1-1.6x two consumers)
+        return CONFIGS["tiles8"] if NARROW_WINDOW_TILES == 8 else dataclasses.replace(
+            CONFIGS["default"], tiles=NARROW_WINDOW_TILES)
     return dataclasses.replace(cfg, tiles=NARROW_WINDOW_TILES)
 
 
