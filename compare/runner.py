@@ -148,11 +148,18 @@ class RunOptions(types.SimpleNamespace):
 _NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback"})
 
 
-def parse_only(specs: list[str]) -> list[tuple[str, str]]:
-    """``["wl_glob:impl_glob", "wl_glob"]`` -> ``[(wl_glob, impl_glob)]``; split at the first ':' only."""
+def parse_only(specs: list[str], names: list[str] | None = None) -> list[tuple[str, str]]:
+    """``["wl_glob:impl_glob", "wl_glob"]`` -> ``[(wl_glob, impl_glob)]``; split at the first ':'. With the workload
+    ``names``, a workload part may itself hold ':' (the sweep's ``gpt-oss-20b:local`` models): where the part before
+    the first ':' matches no workload, the split moves to the longest left side that does (the whole spec first)."""
     out = []
     for s in specs:
         wl, _, impl = s.partition(":")
+        if names is not None and wl and not any(fnmatch.fnmatchcase(n, wl) for n in names):
+            for i in [len(s)] + [i for i in range(len(s) - 1, len(wl), -1) if s[i] == ":"]:
+                if any(fnmatch.fnmatchcase(n, s[:i]) for n in names):
+                    wl, impl = s[:i], s[i + 1:]
+                    break
         out.append((wl or "*", impl or "*"))
     return out
 
@@ -199,7 +206,7 @@ def make_plan(workloads: list[Workload], impls: list[Impl], only_specs: list[str
     for g in impl_globs:
         if not any(fnmatch.fnmatchcase(i.name, g) for i in impls):
             raise UsageError(f"--impl {g!r} matches no implementation (names look like {_name_examples(impls)})")
-    only = parse_only(only_specs)
+    only = parse_only(only_specs, [w.name for w in workloads])
     for spec, (a, b) in zip(only_specs, only):
         wls = [w for w in workloads if fnmatch.fnmatchcase(w.name, a)]
         if not wls:

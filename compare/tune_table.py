@@ -13,9 +13,11 @@ margin (second best / best) and the records it came from. Which records count fo
 Records of several runs of one chip are pooled: a workload measured twice keeps the later run's times (the order of
 the files given). The choice compares ratios within one run: each config's time over the default's in the latest
 run that timed both (a config never timed beside the default falls back to a cross-run ratio); the row's ``time_us``
-are the latest absolute times. Timing-tie policy: a config replaces the kernel's current default only when it is
-faster by more than ``--min-gain`` (default 1%) at that workload; within the noise the default stays, so a table never
-flips a default on noise. Tuning points (``impl.overrides``) are never table entries: a table names named configs only.
+are the latest absolute times. Workloads with a window or packed documents make no row: a bucket has neither key, and
+their schedules follow rules (``fa_prefill.config_for_window``), so a windowed row would overrule the plain shape's.
+Timing-tie policy: a config replaces the kernel's current default only when it is faster by more than ``--min-gain``
+(default 1%) at that workload; within the noise the default stays, so a table never flips a default on noise. Tuning
+points (``impl.overrides``) are never table entries: a table names named configs only.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def build_tables(records: list[dict[str, Any]], *, min_gain: float = 0.01) -> di
         if k is None or chip is None or r.get("status") != "ok" or not isinstance(t, (int, float)):
             continue
         kern, cfg = k
+        if r["workload"].get("window") or r["workload"].get("packed"):
+            continue  # a bucket does not see a window or packing (their schedules follow rules, not the table)
         wname = r["workload"]["name"]
         wls[wname] = r["workload"]
         sha = (r.get("env") or {}).get("git_sha")

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             kw = {}
             for part in name.split(":"):
                 k, v = part.split("=")
-                kw[k] = bool(int(v)) if k in ("pingpong", "overlap", "diag_first") else int(v)
+                kw[k] = bool(int(v)) if k in ("pingpong", "overlap") else int(v)
             return fp.PrefillConfig(**kw)
         return fp.CONFIGS[name]
 

@@ -7,8 +7,9 @@
 
 The profiled range is opened with ``cudaProfilerStart`` (through torch's binding) after three warm-up calls, so
 compilation, autotuning and the inputs' creation stay outside it; the range holds one call and its sync.
-Prefill shape: B4 H16 N4096 D128 (the issue's forward shape); MLA: the DeepSeek-V3 decode shape (h_q 128,
-512 + 64, page 64).
+Prefill shape: B4 H16 N4096 D128 (the issue's forward shape) unless ``--batch / --heads / --seq / --head-dim`` say
+otherwise (GPT-2 N 4096: ``--batch 8 --heads 12 --head-dim 64 --causal --dtype bfloat16``); MLA: the DeepSeek-V3
+decode shape (h_q 128, 512 + 64, page 64).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 def _prefill_call(a):
     from pallas_attn.kernels import fa_prefill as fp
 
-    b, h, n, d = a.batch, 16, a.seq, 128
+    b, h, n, d = a.batch, a.heads, a.seq, a.head_dim
     key = jax.random.PRNGKey(0)
     kq, kk, kv = jax.random.split(key, 3)
     dt = jnp.dtype(a.dtype)
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=16, help="prefill / cudnn: heads (default 16)")
+    ap.add_argument("--head-dim", type=int, default=128, help="prefill / cudnn: head dim (default 128)")
     a = ap.parse_args(argv)
     if a.case == "mla":
         a.batch, a.seq, a.config = a.batch or 64, a.seq or 8192, a.config or "kv64"
@@ -81,7 +84,8 @@ def main(argv=None) -> int:
     prof.start()
     jax.block_until_ready(call())
     prof.stop()
-    print(f"ncu_case {a.case} config={a.config} causal={a.causal} dtype={a.dtype} B={a.batch} N={a.seq}: done",
+    print(f"ncu_case {a.case} config={a.config} causal={a.causal} dtype={a.dtype} B={a.batch} N={a.seq} "
+          f"H={a.heads} D={a.head_dim}: done",
           file=sys.stderr)
     return 0
 

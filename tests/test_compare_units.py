@@ -219,6 +219,13 @@ def test_only_filters_split_at_the_first_colon():
     assert runner._selected(runner.parse_only(["smoke_*:pallas:*"]), w, impl)
     assert not runner._selected(runner.parse_only(["smoke_*:torch:*"]), w, impl)
     assert runner._selected([], w, impl)
+    # a workload name with ':' in it (the sweep's gpt-oss-20b:local layers): taken whole where the first split matches
+    # no workload; a first split that matches keeps the old meaning
+    names = ["sweep_prefill_gpt-oss-20b:local_n8192", "sweep_prefill_gpt-oss-20b_n8192", "smoke_prefill"]
+    assert runner.parse_only(["sweep_prefill_gpt-oss-20b:local_n8192", "sweep_prefill_gpt-oss-20b:local_n8192:pallas:*",
+                              "sweep_*:*", "smoke_*:pallas:*"], names) == [
+        ("sweep_prefill_gpt-oss-20b:local_n8192", "*"), ("sweep_prefill_gpt-oss-20b:local_n8192", "pallas:*"),
+        ("sweep_*", "*"), ("smoke_*", "pallas:*")]
 
 
 # ------------------------------------------------------------------------ implementations and entries

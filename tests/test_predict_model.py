@@ -67,12 +67,14 @@ def _args(**kw):
 
 
 def test_auto_resolves_through_the_chip_s_table_and_layer2_prices_it():
-    """pallas:auto at Llama-3.1-8B N 4096 B 8 on an H100 is fa_prefill tiles2 (the shipped table's row); layer 2
+    """pallas:auto at Llama-3.1-8B N 512 B 64 on an H100 is fa_prefill tiles8 (the shipped table's row); layer 2
     prices that config; a training step is a row saying layer 2 has no backward, never an exception."""
     w, l1, l2 = predict.model_rows(_args(q_len=4096, batch=8))
     assert [r["basis"] for r in l1] == ["datasheet", "measured"] and l1[0]["limiter"] == "MMA"
+    assert l2[0]["time_us"] > l1[0]["floor_us"]
+    w, l1, l2 = predict.model_rows(_args(q_len=512, batch=64))
     (row,) = l2
-    assert row["via"] == "pallas:fa_prefill:tiles2" and row["time_us"] > l1[0]["floor_us"]
+    assert row["via"] == "pallas:fa_prefill:tiles8" and row["time_us"] > l1[0]["floor_us"]
     _, _, l2 = predict.model_rows(_args(entry="train", q_len=4096, batch=8))
     assert l2[0]["time_us"] is None and "backward" in l2[0]["error"]
     _, _, l2 = predict.model_rows(_args(model="deepseek-v3", entry="mla", batch=64, arch="h100,h200"))

@@ -230,6 +230,15 @@ def test_tune_table_compares_configs_within_one_run():
         r["_file"], r["run_id"] = "y.jsonl", "r3"
     row = tune_table.build_tables(run1 + run2 + run3, min_gain=0.02)["h100"]["kernels"]["fa_prefill"]["rows"][0]
     assert row["config"] == "pingpong"  # 3% ahead of the default within run 3
+    # a windowed or packed workload makes no row (its bucket would overrule the plain shape's)
+    loc = next(x for x in w if x.name == "sweep_prefill_gpt-oss-20b:local_n8192").as_dict()
+    pk = next(x for x in w if x.name == "sweep_prefill_packed_gpt-2_n16384").as_dict()
+    extra = [_rec(x, f"pallas:fa_prefill:{c}", t) for x in (loc, pk)
+             for c, t in (("default", 800.0), ("serial", 700.0))]
+    for r in extra:
+        r["_file"], r["run_id"] = "z.jsonl", "r4"
+    rows = tune_table.build_tables(run1 + extra, min_gain=0.02)["h100"]["kernels"]["fa_prefill"]["rows"]
+    assert [r["workload"] for r in rows] == [pre["name"]]
 
 
 def test_tune_table_cli(tmp_path):

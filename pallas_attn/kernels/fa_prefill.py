@@ -88,11 +88,7 @@ class PrefillConfig:
     CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
     warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
     as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
-    512``), and ping-pong (a two-consumer handshake) is refused. diag_first: every consumer runs its key blocks
-    from the last to the first (the producer loads them in that order), so a causal tile's masked diagonal block is
-    the pipeline's prologue, which runs alone anyway, instead of one more serial step after the pipeline; the
-    window's left band and a second masked block at the right edge (an offset that splits a consumer's rows over
-    two key blocks) stay serial steps.
+    512``), and ping-pong (a two-consumer handshake) is refused.
     """
 
     block_q: int = 64
@@ -104,7 +100,6 @@ class PrefillConfig:
     producer_regs: int = 40
     tiles: int = 1
     consumers: int = 2
-    diag_first: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -119,7 +114,7 @@ class PrefillConfig:
             r = getattr(self, name)
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"PrefillConfig.{name} must be a multiple of 8 in [24, 256]; got {r}")
-        for name in ("overlap", "pingpong", "diag_first"):
+        for name in ("overlap", "pingpong"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
         if isinstance(self.consumers, bool) or self.consumers not in (2, 3):
@@ -345,10 +340,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     f32 = jnp.float32
 
     banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
-    desc = cfg.diag_first
-
-    def run_desc(lo, hi, fn, carry):  # fn over blocks hi - 1 down to lo
-        return lax.fori_loop(0, jnp.maximum(hi - lo, 0), lambda i, c: fn(hi - 1 - i, c), carry)
 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if paged:
@@ -428,12 +419,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             def tile(t, base):
                 q0, a_p, n_load = tile_span(t)
 
-                if desc:  # block s is load number n_load - 1 - s of the tile
-                    def slot_of(s):
-                        return lax.rem(base + (n_load - 1 - s), ns)
-                else:
-                    def slot_of(s):
-                        return lax.rem(base + s - a_p, ns)
+                def slot_of(s):
+                    return lax.rem(base + s - a_p, ns)
 
                 r0 = q0 + wg * bq
                 if nqb == 2:
@@ -483,11 +470,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                 def drain(lo, hi):
                     # blocks the producer loaded for the other consumer only: release them (never early: each arrival
-                    # waits for its load, so no slot's phase can complete before the other consumer's turn); in the
-                    # order they were loaded
-                    @pl.loop(lo, hi) if not desc else pl.loop(0, jnp.maximum(hi - lo, 0))
+                    # waits for its load, so no slot's phase can complete before the other consumer's turn)
+                    @pl.loop(lo, hi)
                     def _drain(s):
-                        slot = slot_of(s if not desc else hi - 1 - s)
+                        slot = slot_of(s)
                         turn_wait()
                         turn_pass()
                         plgpu.barrier_wait(k_bar.at[slot])
@@ -557,49 +543,29 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     return acc, m_new, l_new
 
                 masked_step = functools.partial(step, masked=True)
-                if desc:
-                    drain(n_done, n_load)  # the later consumers' right edge: loaded first
-                elif banded:
+                if banded:
                     drain(a_p, a)  # warpgroup 1 (a window, a later document): the first rows' left band is not ours
                 if not cfg.overlap:
                     bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
                     carry = (acc0, m0, l0)
-                    if desc:
-                        carry = run_desc(f, n_done, masked_step, carry)
-                        carry = run_desc(bm, f, functools.partial(step, masked=False), carry)
-                        acc, m_i, l_i = run_desc(a, bm, masked_step, carry)
-                    else:
-                        if banded:
-                            carry = lax.fori_loop(a, bm, masked_step, carry)
-                        carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
-                        acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
+                    if banded:
+                        carry = lax.fori_loop(a, bm, masked_step, carry)
+                    carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
+                    acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
                 else:
                     # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
                     # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
                     # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                    # Ascending order: the window's left band [a, bm) as serial masked steps; block bm is the prologue
-                    # (masked when it needs it, with no wgmma in flight; with no visible block at all the mask hides
-                    # every key and the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks
+                    # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue (masked
+                    # when it needs it, with no wgmma in flight; with no visible block at all the mask hides every key
+                    # and the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks
                     # [lo, n_done) (the causal diagonal, the window's right edge, a ragged last key block) serial again.
-                    # Descending order (diag_first): the right edge's masked blocks above its lowest one as serial
-                    # steps (usually none), that lowest one (the diagonal) the masked prologue, the unmasked blocks
-                    # below it pipelined, the left band serial last.
+                    bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
                     carry = (acc0, m0, l0)
-                    if desc:
-                        bm = jnp.clip(n_lfull, a, n_done) if banded else a  # [a, bm): the left band
-                        f = jnp.clip(n_full, bm, n_done)  # [f, n_done): the right edge
-                        pro = jnp.where(f < n_done, f, n_done - 1)
-                        pro_masked = (pro >= f) | (pro < bm)
-                        e = jnp.clip(bm, a, pro)  # blocks [e, pro) pipelined, [a, e) the left band after
-                        carry = run_desc(pro + 1, n_done, masked_step, carry)
-                        prev_of = lambda s: s + 1  # noqa: E731 - the block run before s
-                    else:
-                        pro, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
-                        if banded:
-                            carry = lax.fori_loop(a, pro, masked_step, carry)
-                        prev_of = lambda s: s - 1  # noqa: E731
+                    if banded:
+                        carry = lax.fori_loop(a, bm, masked_step, carry)
                     acc1, m_i, l_i = carry
-                    slot0 = slot_of(pro)
+                    slot0 = slot_of(bm)
                     plgpu.barrier_wait(k_bar.at[slot0])
                     turn_wait()
 
@@ -609,13 +575,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                     sc = logits(pl.run_state(qk0)(plgpu.ACC.init(zeros_s())))
                     plgpu.barrier_arrive(k_free.at[slot0])
-                    sc = lax.cond(pro_masked, lambda x: mask(x, pro), lambda x: x, sc)
+                    sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
                     p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
-                    acc1 = rescale(acc1, alpha0) if banded or desc else acc1
+                    acc1 = rescale(acc1, alpha0) if banded else acc1
 
                     def ostep(s, carry):  # an unmasked block
                         acc, m_i, l_i, p_prev = carry
-                        slot, prev = slot_of(s), slot_of(prev_of(s))
+                        slot, prev = slot_of(s), slot_of(s - 1)
                         plgpu.barrier_wait(k_bar.at[slot])
                         plgpu.barrier_wait(v_bar.at[prev])
                         turn_wait()
@@ -641,12 +607,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every
                     # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal
                     # pipeline")
-                    if desc:
-                        acc, m_i, l_i, p_last = run_desc(e, pro, ostep, (acc1, m_i, l_i, p0))
-                        last = slot_of(e)
-                    else:
-                        acc, m_i, l_i, p_last = lax.fori_loop(pro + 1, lo, ostep, (acc1, m_i, l_i, p0))
-                        last = slot_of(lo - 1)
+                    acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
+                    last = slot_of(lo - 1)
                     plgpu.barrier_wait(v_bar.at[last])
                     turn_wait()
 
@@ -656,16 +618,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                     acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
                     plgpu.barrier_arrive(v_free.at[last])
-                    if desc:
-                        acc, m_i, l_i = run_desc(a, e, masked_step, (acc, m_i, l_i))
-                    else:
-                        acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
+                    acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
 
-                if desc:
-                    if banded:
-                        drain(a_p, a)  # the earlier consumers' left band: loaded last
-                else:
-                    drain(n_done, n_load)
+                drain(n_done, n_load)
 
                 if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
                     @pl.when(wg == 0)
@@ -722,12 +677,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             def tile(t, base):
                 _, a_p, n_load = tile_span(t)
 
-                @pl.loop(a_p, n_load) if not desc else pl.loop(0, n_load - a_p)
+                @pl.loop(a_p, n_load)
                 def _load(s):
-                    if desc:  # the last block first
-                        rel, s = base + s, n_load - 1 - s
-                    else:
-                        rel = base + s - a_p
+                    rel = base + s - a_p
                     slot = lax.rem(rel, ns)
 
                     @pl.when(rel >= ns)
