@@ -22,10 +22,12 @@ module models the schedule, one launch at a time:
 * plus a fixed **launch cost** per launch (ramp-up and drain of a kernel on CUPTI's clock; gaps between
   kernels are not on that clock).
 
-Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) are a
-small table of builders keyed by the launch's name: the Pallas kernel's ``pallas_call`` names from its
-contract (``Kernel.passes``) and cuda_ref's kernel names (the ptxas report). cuda_ref's table gives no list
-of kernels per generation, so ``CUDA_LAUNCHES`` below is keyed by generation id (the one place we do so).
+Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
+kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects:
+fa_prefill, fa_decode and v12_mla_tc so far); for the others they are a small table of builders keyed by the
+launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel
+names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is
+keyed by generation id (the one place we do so).
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -46,6 +48,13 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from pallas_attn.kernels.launches import KV_STORAGE_BYTES, SM90, Launch, occupancy
+from pallas_attn.kernels.launches import cdiv as _cdiv
+from pallas_attn.kernels.launches import kv_bytes as _kvb
+from pallas_attn.kernels.launches import merge_launch as _merge_launch
+from pallas_attn.kernels.launches import mla_dims as _mla_dims
+from pallas_attn.kernels.launches import xla_glue as _xla_glue
 
 from . import hardware as _hardware
 from .hardware import Hardware
@@ -72,22 +81,6 @@ PTXAS_REPORT = _ptxas_report_path()
 # --------------------------------------------------------------------------------------------------------
 # Machine limits and constants
 # --------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class SMLimits:
-    """Per-SM residency limits of sm_90 (CUDA C++ Programming Guide, compute capability 9.0 table)."""
-
-    threads: int = 2048
-    regs: int = 65536
-    smem: int = 228 * 1024  # per SM; a block may use up to 227 KB
-    smem_reserved: int = 1024  # the runtime's per-block reservation
-    blocks: int = 32
-    reg_alloc: int = 256  # registers are allocated per warp in units of 256
-    schedulers: int = 4
-
-
-SM90 = SMLimits()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,11 +214,6 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
 # on record holds <= 128 and shows no penalty; the 4-warp `tuned` plans hold 256). docs/roofline.md.
 PAGED_LIVE_VALUES = 128
 
-# Storage bytes per K/V element of the quantized formats (docs/quantized_kv.md): fp8 E4M3 one byte; NVFP4 half a byte
-# of packed E2M1 codes plus one E4M3 micro-scale byte per 16 elements (the per-tensor scale is 4 bytes in all)
-KV_STORAGE_BYTES: dict[str, float] = {"fp8_e4m3": 1.0, "nvfp4": 0.5 + 1.0 / 16}
-
-
 def cost_of(name: str, costs: Mapping[str, Cost] | None = None) -> Cost:
     """The ``Cost`` of dataflow ``name`` in ``costs`` (default ``COSTS``), resolving ``ALIASES``."""
     costs = costs or COSTS
@@ -317,29 +305,6 @@ def _mask_facts(w: Any) -> tuple[int | None, int | None, float | None]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Launch:
-    """One kernel launch as the schedule sees it. ``cost`` names the ``COSTS`` entry (the dataflow)."""
-
-    name: str
-    cost: str
-    programs: int
-    threads: int
-    regs: int  # per thread
-    smem: int  # bytes per program
-    units: float  # work units per program (priced by Cost.issue)
-    steps: float  # serial steps per program (priced by Cost.lat)
-    dram_bytes: float
-    l2_bytes: float = 0.0
-    unit: str = ""  # what a work unit is (for the report)
-    note: str = ""
-    key_steps: float = 0.0  # serial one-key updates per program (priced by Cost.key)
-    gather_steps: float = 0.0  # serial block-table -> pool gather steps per program (priced by GLOBAL gather_lat)
-    spill_units: float = 0.0  # work units whose operands spill (priced by Cost.spill on the issue side)
-    mma: float = 0.0  # 16-bit tensor-core FLOPs per program, priced at the SM's datasheet MMA rate (not fitted)
-    dequant_elems: float = 0.0  # quantized K/V elements a program decodes (priced by Cost.dequant, issue side)
-
-
-@dataclasses.dataclass(frozen=True)
 class LaunchTime:
     launch: Launch
     resident: int  # programs per SM
@@ -384,26 +349,6 @@ class Prediction:
 # --------------------------------------------------------------------------------------------------------
 
 
-def occupancy(threads: int, regs: int, smem: int, lim: SMLimits = SM90) -> tuple[int, str]:
-    """Programs resident per SM and the limit that binds (threads, regs, smem or blocks)."""
-    if threads < 1 or threads > 1024:
-        raise ValueError(f"threads per program must be in 1..1024; got {threads}")
-    warps = -(-threads // 32)
-    regs_per_warp = -(-max(regs, 1) * 32 // lim.reg_alloc) * lim.reg_alloc
-    by = {
-        "threads": lim.threads // (warps * 32),
-        "regs": lim.regs // (regs_per_warp * warps),
-        "blocks": lim.blocks,
-    }
-    if smem > 0:
-        by["smem"] = lim.smem // (smem + lim.smem_reserved)
-    limit = min(by, key=by.__getitem__)
-    if by[limit] < 1:
-        raise ValueError(f"a program of {threads} threads x {regs} regs with {smem} B of shared memory does not fit "
-                         f"on one SM ({by})")
-    return by[limit], limit
-
-
 def mma_per_clk_sm(hw: Hardware) -> float:
     """16-bit dense tensor-core FLOPs per SM-cycle from the datasheet (3786 on the H100 / H200 SXM at 1.98 GHz)."""
     return hw.peak("bf16") / (hw.num_sm * hw.clock_mhz * 1e6)
@@ -445,10 +390,6 @@ def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = Non
 # --------------------------------------------------------------------------------------------------------
 
 
-def _cdiv(a: float, b: float) -> int:
-    return int(-(-int(a) // int(b)))
-
-
 def _resident_cap(hw: Hardware) -> float:
     return GLOBAL["l2_resident_fraction"] * hw.l2_mb * 1e6
 
@@ -456,11 +397,6 @@ def _resident_cap(hw: Hardware) -> float:
 def _split_dram_l2(nbytes: float, buffer_bytes: float, hw: Hardware) -> tuple[float, float]:
     """Re-reads of a buffer an earlier launch wrote: from L2 when it fits, else from HBM."""
     return (0.0, nbytes) if buffer_bytes <= _resident_cap(hw) else (nbytes, 0.0)
-
-
-def _kvb(s: Shape) -> float:
-    """Bytes per K/V element a 16-bit kernel reads: the quantized storage format's, else 2."""
-    return KV_STORAGE_BYTES[s.kv_dtype] if s.kv_dtype else 2.0
 
 
 def _cast_launches(s: Shape, what: str, to_bytes: int = 2) -> list[Launch]:
@@ -488,16 +424,6 @@ def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> L
                   regs=64, smem=0, units=rows * s.kv_len, steps=2 * vis_steps + n_steps, dram_bytes=dram,
                   l2_bytes=l2, unit="S element",
                   note=f"{rows} rows x {cols} columns per step, one step in flight per program")
-
-
-def _merge_launch(name: str, rows: int, warps: int, splits: int, d: int, dram_bytes: float,
-                  block: int = 64) -> Launch:
-    """The shared split-state merge (``kernels.splitkv.merge``): one program per output row, ``sb =
-    min(block, next_pow2(S))`` splits per serial step (a ``[sb, D]`` FP32 load and one online-softmax step)."""
-    sb = min(block, 1 << max(0, (int(splits) - 1).bit_length()))
-    return Launch(name, "pallas_attn_merge", rows, 32 * warps, 32, 0, units=splits * (d + 1),
-                  steps=_cdiv(splits, sb), dram_bytes=dram_bytes, unit="float",
-                  note=f"LSE merge of {splits} split states, {sb} per step")
 
 
 def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
@@ -548,23 +474,6 @@ def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list
     return out
 
 
-MLA_TEMPLATES = {96: 64, 160: 128, 576: 512}  # DQK -> DV (kv_lora_rank) of the MLA templates (docs/mla.md)
-
-
-def _mla_dims(s: Shape) -> tuple[int, int]:
-    dqk = s.head_dim
-    dv = s.kv_lora_rank or MLA_TEMPLATES.get(dqk)
-    if not dv:
-        raise ValueError(f"MLA head_dim {dqk} has no template DV (kv_lora_rank)")
-    return dqk, int(dv)
-
-
-def _xla_glue(name: str, s: Shape, read: float, write: float, note: str) -> Launch:
-    """An XLA kernel inside the timed call (a jnp merge, the unpack / poison select): DRAM bytes and a launch."""
-    return Launch(name, "xla_glue", programs=max(1, _cdiv(write / 2, 1024)), threads=256, regs=32, smem=0, units=0.0,
-                  steps=0.0, dram_bytes=read + write, unit="-", note=note)
-
-
 def _mla_cuda_core_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
     """v11_mla (Pallas, Triton): v8_gqa_ss's CUDA-core program on ONE latent head (H_kv = 1, G = h_q): grid (row
     tiles, S, B), R packed rows, TN-key tiles, one update per tile. The same issue-bound dataflow as the paged
@@ -594,98 +503,6 @@ def _mla_cuda_core_launches(s: Shape, plan: Mapping[str, Any], names: list[str])
     return out
 
 
-def _mla_tc_launches(s: Shape, plan: Mapping[str, Any], names: list[str], cfg: Any, hw: Hardware) -> list[Launch]:
-    """v12_mla_tc / fa_mla: 64 packed heads x TN latent keys per tile on tensor cores, grid (row tiles, S, B).
-
-    Mosaic (``engine`` mosaic): one CTA = producer + two consumer warpgroups, 1 CTA per SM (shared memory). Per
-    tile the serial chain is the MMA work on the tensor cores (priced at the datasheet rate, ``Launch.mma``) plus a
-    fitted per-tile latency (barriers, TMA wait, softmax). MMA per tile: ``faithful`` / ``pipelined`` compute S in
-    both consumers (2 x 2 x 64 x TN x DQK) + P V (2 x 64 x TN x DV); ``split_qk`` and ``kv64`` compute S once.
-    Triton twin (``triton``): the same tiles through ``pl.dot``; an fp8 latent is decoded at the gather
-    (``Cost.dequant`` per element). Then the jnp merge (XLA) and the unpack / poison select."""
-    dqk, dv = _mla_dims(s)
-    engine = plan.get("engine", "mosaic")
-    tn, bm, splits = plan["block_kv"], plan.get("block_m", 64), plan["splits"]
-    rows = s.heads_q * s.q_len
-    row_tiles = _cdiv(rows, bm)
-    P = plan.get("ctas") or row_tiles * splits * s.batch
-    keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
-    tiles = max(1, math.ceil(keys / tn))
-    latent = s.batch * s.kv_len * dqk * _kvb(s)
-    ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
-    split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
-    qk = 2 * bm * tn * dqk * (1 if (split_qk or engine != "mosaic") else 2)
-    mma = tiles * (qk + 2 * bm * tn * dv)
-    common = dict(dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
-                  mma=mma, unit="-")
-    if engine == "mosaic":
-        cost = "pallas_attn_v12_mla_mosaic"
-        if getattr(cfg, "overlap", False):
-            cost = "pallas_attn_v12_mla_mosaic_pipelined"
-        out = [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 220 * 1024), units=0.0,
-                      steps=tiles, note=f"64 heads x {tn}-key latent tiles, {tiles} per CTA, wgmma (3 warpgroups)"
-                      + (", S once" if split_qk else ", S in both consumers"), **common)]
-    else:
-        deq = tiles * tn * dqk if s.kv_dtype else 0.0
-        out = [Launch(names[0], "pallas_attn_v12_mla_triton", P, 32 * getattr(cfg, "num_warps", 4), 255,
-                      (bm * dqk + tn * dqk * max(1, getattr(cfg, "num_stages", 2) - 1)) * 2, units=0.0, steps=tiles,
-                      dequant_elems=deq, note=f"64 heads x {tn}-key latent tiles, pl.dot in 64-column chunks"
-                      + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
-    o = s.batch * rows * dv * s.in_bytes
-    out.append(_xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
-    out.append(_xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
-    return out
-
-
-def _fa_prefill_launches(s: Shape, plan: Mapping[str, Any], names: list[str],
-                         hw: Hardware | None = None) -> list[Launch]:
-    """fa_prefill (Mosaic GPU): one CTA = producer + two (or ``consumers``) consumer warpgroups of ``block_q`` query
-    rows each, K/V tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x rows x block_kv x D)
-    at the datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` / ``pingpong``)."""
-    bq, bk = plan["block_q"], plan["block_kv"]
-    nc = int(plan.get("consumers") or 2)
-    rows = nc * bq
-    threads = 128 * (nc + 1)
-    P = plan.get("ctas") or s.bh * _cdiv(s.q_len, rows)
-    d = s.head_dim
-    # the busiest CTA (the first of a head): its row tiles n_q - 1, n_q - 1 - G, ... (``tiles`` of them, heavy
-    # first), each seeing the keys up to its last row (causal, top-left with the offset), from its first row's window
-    # start, within a document of at most ``max_doc`` keys
-    n_q = _cdiv(s.q_len, rows)
-    t_eff = max(1, min(int(plan.get("tiles") or 1), n_q))
-    groups = _cdiv(n_q, t_eff)
-
-    def keys_of(b: int) -> int:
-        hi = min(s.kv_len, (b + 1) * rows + s.q_offset) if s.causal else s.kv_len
-        lo = max(0, b * rows + s.q_offset - (s.window - 1)) if s.window else 0
-        if s.max_doc:
-            lo = max(lo, hi - s.max_doc - rows)
-        return max(1, hi - lo)
-
-    busiest = sum(max(1, _cdiv(keys_of(b), bk)) for b in range(n_q - 1, -1, -groups)[:t_eff])
-    per_cta = n_q / groups  # row tiles a CTA runs, on average
-    mean_tiles = max(1.0, _cdiv(s.kv_len, bk) * s.vis_frac) * per_cta  # key tiles a CTA runs, on average
-    # the CTAs are unequal under a causal mask or a window and run heavy first, so the SMs stay balanced: a round
-    # costs the mean CTA, and a single round (or a grid of one heavy CTA) the busiest one
-    steps = float(busiest)
-    if hw is not None:
-        resident, _ = occupancy(threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0))
-        rounds = max(1, _cdiv(_cdiv(P, hw.num_sm), resident))
-        steps = max(mean_tiles, busiest / rounds)
-    cost = "pallas_attn_fa_prefill_" + ("pingpong" if plan.get("pingpong") else
-                                        "overlap" if plan.get("overlap") else "serial")
-    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * 2
-    q_rows = s.bh * s.q_len
-    # each row tile a CTA runs pays its own prologue / epilogue (the Q wait, the first and the masked diagonal steps,
-    # the normalisation and O store): Cost.key per row tile on ``key_steps``; Cost.fixed once per CTA
-    return [Launch(names[0], cost, P, threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0),
-                   units=0.0, steps=steps,
-                   key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
-                   l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
-                   note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "
-                        f"busiest CTA, {mean_tiles:.1f} on the mean one; wgmma")]
-
-
 def _fa_train_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
     """fa_train's forward (Triton; the timed call is the forward): grid (query blocks, B*Hq), ``block_n``-key
     blocks, two tensor-core dots per block; the MMA work at the datasheet rate and a fitted latency per block.
@@ -711,6 +528,8 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
     qkv_f32 = bh * (tq + 2 * tk) * d * 4
     vf = s.vis_frac
     names = list(kernel.passes)
+    if getattr(kernel, "launches", None) is not None:  # the kernel declares its launches (pallas_attn.kernels.launches)
+        return kernel.launches(s, plan, names, hw=hw, cfg=cfg)
     by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
     out: list[Launch] = []
     kname = kernel.name
@@ -791,46 +610,10 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                           l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",
                           note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
         return out
-    if kname == "fa_decode":
-        band = tk
-        if s.window and s.causal:  # the kernel's splits tile only the window's band (session 11): plan it so
-            from pallas_attn.kernels import fa_decode as _fd
-
-            band = _fd._band(tk, tq, s.window)
-            plan = _fd.plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=d, max_kv=band,
-                            config=cfg or _fd.CONFIGS["default"], page_size=s.page_size,
-                            sm_count=hw.num_sm).as_dict()
-            band = min(tk, s.window + tq - 1 + plan["block_k"])  # keys read: the band from a tile boundary
-        bm, bk, cb = plan["block_m"], plan["block_k"], plan["chunk_blocks"]
-        P = plan["programs"]
-        warps, stages = plan["num_warps"], plan["num_stages"]
-        kv = 2 * s.batch * s.heads_kv * band * d * _kvb(s)
-        ws = s.batch * s.heads_kv * plan["row_tiles"] * bm * plan["splits"] * (d + 1) * 4 if plan["splits"] > 1 else 0
-        cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
-        if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
-            how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or \
-                ("cast" if s.kv_dtype == "fp8_e4m3" else "bits")
-            cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
-            note = f"; {s.kv_dtype} KV decoded ({how}) per element"
-        # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
-        out.append(Launch(names[0], cost, P, 32 * warps, 128,
-                          int(bm * d * 2 + 2 * bk * d * max(1, stages - 1) * _kvb(s)),
-                          units=4 * bm * bk * d * cb, steps=cb,
-                          dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
-                          note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
-        if plan["splits"] > 1:
-            rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
-            out.append(_merge_launch(names[1], rows_all, plan.get("merge_num_warps", 4), plan["splits"], d,
-                                     ws + rows_all * d * 2, block=plan.get("merge_block", 64)))
-        return out
     if kname in ("v7_paged", "v8_gqa", "v8_gqa_ss", "v8_gqa_tc", "v9_fp8", "v10_nvfp4"):
         return _paged_launches(s, plan, names)
     if kname == "v11_mla":
         return _mla_cuda_core_launches(s, plan, names)
-    if kname == "v12_mla_tc":
-        return _mla_tc_launches(s, plan, names, cfg, hw)
-    if kname == "fa_prefill":
-        return _fa_prefill_launches(s, plan, names, hw)
     if kname == "fa_train":
         return _fa_train_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")

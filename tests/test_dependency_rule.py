@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = ROOT / "pallas_attn" / "kernels"
 
 # The blocks docs/architecture.md lists under pallas_attn/kernels, plus the shared modules it does not list one by one.
-DOC_BLOCKS = {"contract", "softmax", "splitkv", "kv_source", "gqa", "seqlen", "planner"}
+DOC_BLOCKS = {"contract", "softmax", "splitkv", "kv_source", "gqa", "seqlen", "planner", "launches"}
 BLOCKS = DOC_BLOCKS | {"common", "mla_common"}
 
 

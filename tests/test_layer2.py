@@ -9,6 +9,7 @@ import pytest
 
 from compare import hardware, layer2, scorecard
 from compare.layer2 import Cost, Launch, occupancy, time_launch
+from pallas_attn.kernels import fa_prefill
 
 H200 = hardware.get("h200")
 CLK = H200.clock_mhz * 1e6  # 1.98 GHz
@@ -279,21 +280,20 @@ def test_fa_prefill_schedule_counts_window_tiles_and_balance():
 
     s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=1024, kv_len=1024, head_dim=128, causal=True)
     plan = {"block_q": 64, "block_kv": 128, "tiles": 1, "ctas": 8, "overlap": True, "smem_bytes": 100_000}
-    (ln,) = layer2._fa_prefill_launches(s, plan, ["k"])
+    (ln,) = fa_prefill.launches(s, plan, ["k"])
     assert ln.steps == 8  # the last 128-row tile sees keys [0, 1024): 8 tiles of 128
     # window 256: the last tile's rows 896..1023 see keys from 896 - 255 = 641: [641, 1024) = 383 keys, 3 tiles
-    (ln,) = layer2._fa_prefill_launches(dataclasses.replace(s, window=256), plan, ["k"])
+    (ln,) = fa_prefill.launches(dataclasses.replace(s, window=256), plan, ["k"])
     assert ln.steps == 3
     # 4 row tiles per CTA (2 CTAs a head): the first CTA runs row tiles 7, 5, 3, 1: 8 + 6 + 4 + 2 key tiles
-    (ln,) = layer2._fa_prefill_launches(s, dict(plan, tiles=4, ctas=2), ["k"])
+    (ln,) = fa_prefill.launches(s, dict(plan, tiles=4, ctas=2), ["k"])
     assert ln.steps == 20
     vis = 1025 / 2048  # the causal pair fraction at 1024 x 1024: 8 key tiles x vis on the mean row tile
     assert ln.mma == pytest.approx(4 * 128 * 128 * 128 * 8 * vis * 4)  # x 4 row tiles a CTA
     # balanced rounds: 64 heads x 8 tiles = 512 CTAs on 132 SMs, one resident -> 4 rounds; a round costs the mean
     # CTA (8 x vis = 4.004 key tiles), not the busiest (8): max(4.004, 8 / 4)
     h100 = hardware.get("h100")
-    (ln,) = layer2._fa_prefill_launches(dataclasses.replace(s, heads_q=64, heads_kv=64), dict(plan, ctas=512), ["k"],
-                                        h100)
+    (ln,) = fa_prefill.launches(dataclasses.replace(s, heads_q=64, heads_kv=64), dict(plan, ctas=512), ["k"], h100)
     assert layer2.occupancy(384, 168, 100_000)[0] == 1 and ln.steps == pytest.approx(8 * vis)
 
 
@@ -305,9 +305,9 @@ def test_fa_prefill_prices_each_row_tile_a_cta_runs():
     h100 = hardware.get("h100")
     s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=1024, kv_len=1024, head_dim=128, causal=True)
     plan = {"block_q": 64, "block_kv": 128, "tiles": 4, "ctas": 2, "overlap": True, "smem_bytes": 200_000}
-    (ln,) = layer2._fa_prefill_launches(s, plan, ["k"], h100)
+    (ln,) = fa_prefill.launches(s, plan, ["k"], h100)
     assert ln.key_steps == 4  # 8 row tiles of 128 over 2 CTAs
-    (one,) = layer2._fa_prefill_launches(s, dict(plan, tiles=1, ctas=8), ["k"], h100)
+    (one,) = fa_prefill.launches(s, dict(plan, tiles=1, ctas=8), ["k"], h100)
     assert one.key_steps == 1
     c = layer2.COSTS["pallas_attn_fa_prefill_overlap"]
     assert c.key > 0 and c.fixed > 0

@@ -42,9 +42,9 @@ def test_fa_decode_quantized_bytes_decode_work_and_stages():
     s16 = Shape(32, 32, 8, 1, 8192, 128)
     s8 = Shape(32, 32, 8, 1, 8192, 128, kv_dtype="fp8_e4m3")
     names = ["partial", "merge"]
-    from pallas_attn.kernels.fa_decode import CONFIGS
+    from pallas_attn.kernels.fa_decode import CONFIGS, KERNEL
 
-    k = type("K", (), {"passes": names, "name": "fa_decode"})()
+    k = type("K", (), {"passes": names, "name": "fa_decode", "launches": staticmethod(KERNEL.launches)})()
     (a,) = layer2._pallas_launches("fa_decode", k, s16, plan, H100, CONFIGS["default"])
     (b,) = layer2._pallas_launches("fa_decode", k, s8, plan, H100, CONFIGS["default"])
     kv16 = 2 * 32 * 8 * 8192 * 128 * 2
@@ -59,13 +59,14 @@ def test_fa_decode_quantized_bytes_decode_work_and_stages():
 
 
 def test_mla_mosaic_tile_mma_per_config():
-    from pallas_attn.kernels.v12_mla_tc import CONFIGS
+    from pallas_attn.kernels.v12_mla_tc import CONFIGS, KERNEL, launches
 
+    assert KERNEL.launches is launches  # declared beside the kernel; layer 2 prices them
     plan = {"engine": "mosaic", "splits": 1, "chunk": 8192, "block_m": 64, "block_kv": 32, "ctas": 128,
             "smem_bytes": 220044}
     names = ["twin", "mosaic", "mosaic_gpu"]
-    f = layer2._mla_tc_launches(MLA, plan, names, CONFIGS["faithful"], H100)
-    q = layer2._mla_tc_launches(MLA, plan, names, CONFIGS["split_qk"], H100)
+    f = launches(MLA, plan, names, H100, CONFIGS["faithful"])
+    q = launches(MLA, plan, names, H100, CONFIGS["split_qk"])
     tiles = 8192 // 32
     qk, pv = 2 * 64 * 32 * 576, 2 * 64 * 32 * 512
     assert f[0].steps == tiles and f[0].programs == 128 and f[0].threads == 384
@@ -76,7 +77,7 @@ def test_mla_mosaic_tile_mma_per_config():
     assert f[0].l2_bytes == latent  # the second 64-head row tile re-reads the latent
     assert [ln.cost for ln in f[1:]] == ["xla_glue", "xla_glue"]  # jnp merge, unpack + poison select
     # kv64: 64-key tiles, S once
-    k64 = layer2._mla_tc_launches(MLA, dict(plan, block_kv=64), names, CONFIGS["kv64"], H100)
+    k64 = launches(MLA, dict(plan, block_kv=64), names, H100, CONFIGS["kv64"])
     assert k64[0].steps == 128 and k64[0].mma == 128 * (2 * 64 * 64 * 576 + 2 * 64 * 64 * 512)
     # the fitted chain: one round of steps x lat + fixed + MMA at the datasheet rate
     lt = time_launch(f[0], H100)
@@ -124,14 +125,17 @@ def test_fa_prefill_tiles_and_mma():
     plan = {"block_q": 64, "block_kv": 128, "stages": 2, "pingpong": False, "overlap": True, "ctas": 256,
             "warpgroups": 3, "smem_bytes": 85132}
     s = Shape(1, 8, 8, 2048, 2048, 64)
-    (ln,) = layer2._fa_prefill_launches(s, plan, ["fwd"])
+    from pallas_attn.kernels import fa_prefill
+
+    assert fa_prefill.KERNEL.launches is fa_prefill.launches  # the kernel declares them; layer 2 only prices them
+    (ln,) = fa_prefill.launches(s, plan, ["fwd"])
     assert ln.cost == "pallas_attn_fa_prefill_overlap" and ln.steps == 16
     assert ln.mma == 4 * 128 * 128 * 64 * 16
-    serial = layer2._fa_prefill_launches(s, {**plan, "overlap": False}, ["fwd"])[0]
+    serial = fa_prefill.launches(s, {**plan, "overlap": False}, ["fwd"])[0]
     assert serial.cost == "pallas_attn_fa_prefill_serial"
     assert layer2.cost_of("pallas_attn_fa_prefill_serial").fixed == layer2.COSTS["pallas_attn_fa_prefill_overlap"].fixed
     # causal, no offset: the busiest CTA (the last query block) sees every key tile; the MMA is the mean
-    c = layer2._fa_prefill_launches(Shape(1, 8, 8, 2048, 2048, 64, causal=True), plan, ["fwd"])[0]
+    c = fa_prefill.launches(Shape(1, 8, 8, 2048, 2048, 64, causal=True), plan, ["fwd"])[0]
     assert c.steps == 16 and c.mma < ln.mma
 
 

@@ -62,6 +62,7 @@ from .kv_source import (
     nvfp4_tile,
     validate_block_table,
 )
+from .launches import Launch, kv_bytes, merge_launch
 
 __all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward"]
 
@@ -456,6 +457,44 @@ def _table_choice(problem: Problem) -> str:
     return tuning.choose("fa_decode", problem, names=CONFIGS) or "default"
 
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``s`` a ``compare.layer2.Shape``,
+    ``hw`` its ``Hardware``, ``lp`` the call's plan, ``_plan_record``): the partial kernel over the packed rows' key
+    tiles (a split's chunk of them), then the shared merge when the plan splits the keys. A causal window re-plans
+    over its band (the splits tile only the window's keys). ``cfg`` names the quantized decode path (``fp8_decode``
+    / ``nvfp4_decode``)."""
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    out: list[Launch] = []
+    band = tk
+    if s.window and s.causal:  # the kernel's splits tile only the window's band (session 11): plan it so
+        band = _band(tk, tq, s.window)
+        lp = plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=d, max_kv=band,
+                  config=cfg or CONFIGS["default"], page_size=s.page_size, sm_count=hw.num_sm).as_dict()
+        band = min(tk, s.window + tq - 1 + lp["block_k"])  # keys read: the band from a tile boundary
+    bm, bk, cb = lp["block_m"], lp["block_k"], lp["chunk_blocks"]
+    P = lp["programs"]
+    warps, stages = lp["num_warps"], lp["num_stages"]
+    kv = 2 * s.batch * s.heads_kv * band * d * kv_bytes(s)
+    ws = s.batch * s.heads_kv * lp["row_tiles"] * bm * lp["splits"] * (d + 1) * 4 if lp["splits"] > 1 else 0
+    cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
+    if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
+        how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or \
+            ("cast" if s.kv_dtype == "fp8_e4m3" else "bits")
+        cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
+        note = f"; {s.kv_dtype} KV decoded ({how}) per element"
+    # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
+    out.append(Launch(names[0], cost, P, 32 * warps, 128,
+                      int(bm * d * 2 + 2 * bk * d * max(1, stages - 1) * kv_bytes(s)),
+                      units=4 * bm * bk * d * cb, steps=cb,
+                      dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
+                      note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
+    if lp["splits"] > 1:
+        rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
+        out.append(merge_launch(names[1], rows_all, lp.get("merge_num_warps", 4), lp["splits"], d,
+                                ws + rows_all * d * 2, block=lp.get("merge_block", 64)))
+    return out
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -477,4 +516,5 @@ KERNEL = Kernel(
     kv_dequant_ops=_DEQUANT_OPS,
     heuristic=lambda problem: CONFIGS[_table_choice(problem)],  # then the plan sizes tiles and splits per call
     plan=_plan_record,
+    launches=launches,
 )

@@ -45,6 +45,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +55,7 @@ from jax import lax
 from .. import _compat, tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
+from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import acc_load as _acc_load
 from .mosaic_kit import pad as _pad
 from .mosaic_kit import smem_tile as _smem_tile
@@ -1026,6 +1029,57 @@ def _plan(p: Problem, cfg: PrefillConfig):
             "smem_bytes": smem_bytes(p.head_dim, 2, cfg, q_buffers=nqb)}
 
 
+def launches(s, plan: Mapping[str, Any], names: list[str], hw=None, cfg=None) -> list[Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``s`` a ``compare.layer2.Shape``,
+    ``hw`` its ``Hardware`` or None). One CTA = producer + two (or ``consumers``) consumer warpgroups of ``block_q``
+    query rows each, K/V tiles of ``block_kv`` keys through a TMA ring. Per key tile the MMA work (4 x rows x
+    block_kv x D) at the datasheet rate plus a fitted per-tile latency (one per dataflow: ``overlap`` / ``serial`` /
+    ``pingpong``). ``cfg`` is not read: the plan holds what the launch needs."""
+    del cfg
+    bq, bk = plan["block_q"], plan["block_kv"]
+    nc = int(plan.get("consumers") or 2)
+    rows = nc * bq
+    threads = 128 * (nc + 1)
+    P = plan.get("ctas") or s.bh * cdiv(s.q_len, rows)
+    d = s.head_dim
+    # the busiest CTA (the first of a head): its row tiles n_q - 1, n_q - 1 - G, ... (``tiles`` of them, heavy
+    # first), each seeing the keys up to its last row (causal, top-left with the offset), from its first row's window
+    # start, within a document of at most ``max_doc`` keys
+    n_q = cdiv(s.q_len, rows)
+    t_eff = max(1, min(int(plan.get("tiles") or 1), n_q))
+    groups = cdiv(n_q, t_eff)
+
+    def keys_of(b: int) -> int:
+        hi = min(s.kv_len, (b + 1) * rows + s.q_offset) if s.causal else s.kv_len
+        lo = max(0, b * rows + s.q_offset - (s.window - 1)) if s.window else 0
+        if s.max_doc:
+            lo = max(lo, hi - s.max_doc - rows)
+        return max(1, hi - lo)
+
+    busiest = sum(max(1, cdiv(keys_of(b), bk)) for b in range(n_q - 1, -1, -groups)[:t_eff])
+    per_cta = n_q / groups  # row tiles a CTA runs, on average
+    mean_tiles = max(1.0, cdiv(s.kv_len, bk) * s.vis_frac) * per_cta  # key tiles a CTA runs, on average
+    # the CTAs are unequal under a causal mask or a window and run heavy first, so the SMs stay balanced: a round
+    # costs the mean CTA, and a single round (or a grid of one heavy CTA) the busiest one
+    steps = float(busiest)
+    if hw is not None:
+        resident, _ = occupancy(threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0))
+        rounds = max(1, cdiv(cdiv(P, hw.num_sm), resident))
+        steps = max(mean_tiles, busiest / rounds)
+    cost = "pallas_attn_fa_prefill_" + ("pingpong" if plan.get("pingpong") else
+                                        "overlap" if plan.get("overlap") else "serial")
+    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * 2
+    q_rows = s.bh * s.q_len
+    # each row tile a CTA runs pays its own prologue / epilogue (the Q wait, the first and the masked diagonal steps,
+    # the normalisation and O store): Cost.key per row tile on ``key_steps``; Cost.fixed once per CTA
+    return [Launch(names[0], cost, P, threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0),
+                   units=0.0, steps=steps,
+                   key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
+                   l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
+                   note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "
+                        f"busiest CTA, {mean_tiles:.1f} on the mean one; wgmma")]
+
+
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
 
 class _PrefillKernel(Kernel):
@@ -1050,4 +1104,5 @@ KERNEL = _PrefillKernel(
     dense=forward,
     heuristic=_heuristic,
     plan=_plan,
+    launches=launches,
 )

@@ -122,6 +122,7 @@ from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
 from .contract import Precision
+from .launches import Launch, cdiv, kv_bytes, mla_dims, xla_glue
 from .mla_common import (
     LatentLayout,
     LatentSource,
@@ -1177,6 +1178,51 @@ _FP8 = ("fp8 E4M3 latent decoded at the gather to q's 16-bit dtype (exact: every
         "value), tensor-core dots with fp32 accumulation, the tensor scale applied to S and O in fp32 (the triton "
         "config)")
 
+def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``s`` a ``compare.layer2.Shape``).
+    v12_mla_tc / fa_mla: 64 packed heads x TN latent keys per tile on tensor cores, grid (row tiles, S, B).
+
+    Mosaic (``engine`` mosaic): one CTA = producer + two consumer warpgroups, 1 CTA per SM (shared memory). Per
+    tile the serial chain is the MMA work on the tensor cores (priced at the datasheet rate, ``Launch.mma``) plus a
+    fitted per-tile latency (barriers, TMA wait, softmax). MMA per tile: ``faithful`` / ``pipelined`` compute S in
+    both consumers (2 x 2 x 64 x TN x DQK) + P V (2 x 64 x TN x DV); ``split_qk`` and ``kv64`` compute S once.
+    Triton twin (``triton``): the same tiles through ``pl.dot``; an fp8 latent is decoded at the gather
+    (``Cost.dequant`` per element). Then the jnp merge (XLA) and the unpack / poison select."""
+    del hw
+    dqk, dv = mla_dims(s)
+    engine = plan.get("engine", "mosaic")
+    tn, bm, splits = plan["block_kv"], plan.get("block_m", 64), plan["splits"]
+    rows = s.heads_q * s.q_len
+    row_tiles = cdiv(rows, bm)
+    P = plan.get("ctas") or row_tiles * splits * s.batch
+    keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
+    tiles = max(1, math.ceil(keys / tn))
+    latent = s.batch * s.kv_len * dqk * kv_bytes(s)
+    ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
+    split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
+    qk = 2 * bm * tn * dqk * (1 if (split_qk or engine != "mosaic") else 2)
+    mma = tiles * (qk + 2 * bm * tn * dv)
+    common = dict(dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
+                  mma=mma, unit="-")
+    if engine == "mosaic":
+        cost = "pallas_attn_v12_mla_mosaic"
+        if getattr(cfg, "overlap", False):
+            cost = "pallas_attn_v12_mla_mosaic_pipelined"
+        out = [Launch(names[0], cost, P, 384, 168, int(plan.get("smem_bytes") or 220 * 1024), units=0.0,
+                      steps=tiles, note=f"64 heads x {tn}-key latent tiles, {tiles} per CTA, wgmma (3 warpgroups)"
+                      + (", S once" if split_qk else ", S in both consumers"), **common)]
+    else:
+        deq = tiles * tn * dqk if s.kv_dtype else 0.0
+        out = [Launch(names[0], "pallas_attn_v12_mla_triton", P, 32 * getattr(cfg, "num_warps", 4), 255,
+                      (bm * dqk + tn * dqk * max(1, getattr(cfg, "num_stages", 2) - 1)) * 2, units=0.0, steps=tiles,
+                      dequant_elems=deq, note=f"64 heads x {tn}-key latent tiles, pl.dot in 64-column chunks"
+                      + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
+    o = s.batch * rows * dv * s.in_bytes
+    out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
+    out.append(xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
+    return out
+
+
 KERNEL = MlaKernel(
     name=GEN,
     lowering="mosaic-gpu",
@@ -1193,6 +1239,7 @@ KERNEL = MlaKernel(
     mla=mla_forward,
     heuristic=_heuristic,
     plan=_plan,
+    launches=launches,
     templates=TEMPLATES,
     latent_precision={"fp8_e4m3": Precision("fp8", "fp32", "tensor", _FP8)},
     latent_q_dtypes={"fp8_e4m3": ("float16", "bfloat16")},
