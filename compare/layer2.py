@@ -24,10 +24,10 @@ module models the schedule, one launch at a time:
 
 Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
 kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects:
-fa_prefill, fa_decode and v12_mla_tc so far); for the others they are a small table of builders keyed by the
-launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel
-names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is
-keyed by generation id (the one place we do so).
+fa_prefill, fa_decode, v12_mla_tc and fa_train so far); for the others they are a small table of builders keyed by
+the launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's
+kernel names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES``
+below is keyed by generation id (the one place we do so).
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -503,24 +503,6 @@ def _mla_cuda_core_launches(s: Shape, plan: Mapping[str, Any], names: list[str])
     return out
 
 
-def _fa_train_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
-    """fa_train's forward (Triton; the timed call is the forward): grid (query blocks, B*Hq), ``block_n``-key
-    blocks, two tensor-core dots per block; the MMA work at the datasheet rate and a fitted latency per block.
-    fp32 inputs run the fp32 dot (not modelled apart: see docs/roofline.md)."""
-    f = plan["fwd"]
-    bm, bn = f["block_m"], f["block_n"]
-    P = math.prod(f["grid"])
-    d = s.head_dim
-    tiles = max(1.0, _cdiv(s.kv_len, bn) * (s.vis_frac if s.q_len > bm else 1.0))
-    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * s.in_bytes
-    pad_m = max(bm, 16)
-    return [Launch(names[0], "pallas_attn_fa_train_fwd", P, 32 * f["num_warps"], 128,
-                   (bm * d + 2 * bn * d * max(1, f["num_stages"] - 1)) * s.in_bytes, units=0.0, steps=tiles,
-                   mma=4 * pad_m * bn * d * tiles, dram_bytes=kv + s.bh * s.q_len * d * s.in_bytes * 2,
-                   l2_bytes=P * tiles * 2 * bn * d * s.in_bytes, unit="-",
-                   note=f"{bm} rows x {bn}-key blocks, {tiles:.0f} per program")]
-
-
 def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware,
                      cfg: Any = None) -> list[Launch]:
     d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
@@ -614,8 +596,6 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
         return _paged_launches(s, plan, names)
     if kname == "v11_mla":
         return _mla_cuda_core_launches(s, plan, names)
-    if kname == "fa_train":
-        return _fa_train_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
 
 

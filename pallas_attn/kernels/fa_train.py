@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -55,6 +56,7 @@ from .._compat import load, pl, store
 from . import common as c
 from . import seqlen, softmax
 from .contract import Kernel, Precision, Problem
+from .launches import Launch, cdiv
 
 __all__ = ["TrainConfig", "CONFIGS", "KERNEL", "forward", "attention_lse", "heuristic", "HEAD_DIMS"]
 
@@ -511,6 +513,26 @@ def plan(problem: Problem, config: TrainConfig) -> dict[str, Any]:
 
 _TC = "tensor cores, fp32 accumulation, base-2 online softmax; P rounded to the operand dtype before P V"
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan). fa_train's
+    forward (Triton; the timed call is the forward): grid (query blocks, B*Hq), ``block_n``-key
+    blocks, two tensor-core dots per block; the MMA work at the datasheet rate and a fitted latency per block.
+    fp32 inputs run the fp32 dot (not modelled apart: see docs/roofline.md)."""
+    del hw, cfg
+    f = lp["fwd"]
+    bm, bn = f["block_m"], f["block_n"]
+    P = math.prod(f["grid"])
+    d = s.head_dim
+    tiles = max(1.0, cdiv(s.kv_len, bn) * (s.vis_frac if s.q_len > bm else 1.0))
+    kv = 2 * s.batch * s.heads_kv * s.kv_len * d * s.in_bytes
+    pad_m = max(bm, 16)
+    return [Launch(names[0], "pallas_attn_fa_train_fwd", P, 32 * f["num_warps"], 128,
+                   (bm * d + 2 * bn * d * max(1, f["num_stages"] - 1)) * s.in_bytes, units=0.0, steps=tiles,
+                   mma=4 * pad_m * bn * d * tiles, dram_bytes=kv + s.bh * s.q_len * d * s.in_bytes * 2,
+                   l2_bytes=P * tiles * 2 * bn * d * s.in_bytes, unit="-",
+                   note=f"{bm} rows x {bn}-key blocks, {tiles:.0f} per program")]
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -531,4 +553,5 @@ KERNEL = Kernel(
     dense=forward,
     heuristic=heuristic,
     plan=plan,
+    launches=launches,
 )
