@@ -23,11 +23,11 @@ module models the schedule, one launch at a time:
   kernels are not on that clock).
 
 Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
-kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects:
-fa_prefill, fa_decode, v12_mla_tc and fa_train so far); for the others they are a small table of builders keyed by
-the launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's
-kernel names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES``
-below is keyed by generation id (the one place we do so).
+kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects: every
+Pallas kernel but v1-v6 so far); for the others they are a small table of builders keyed by the launch's name: the
+Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel names (the ptxas
+report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is keyed by generation
+id (the one place we do so).
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -50,11 +50,11 @@ from pathlib import Path
 from typing import Any
 
 from pallas_attn.kernels.launches import KV_STORAGE_BYTES, SM90, Launch, occupancy
+from pallas_attn.kernels.launches import cast_launches as _cast_launches
 from pallas_attn.kernels.launches import cdiv as _cdiv
 from pallas_attn.kernels.launches import kv_bytes as _kvb
 from pallas_attn.kernels.launches import merge_launch as _merge_launch
 from pallas_attn.kernels.launches import mla_dims as _mla_dims
-from pallas_attn.kernels.launches import xla_glue as _xla_glue
 
 from . import hardware as _hardware
 from .hardware import Hardware
@@ -399,19 +399,6 @@ def _split_dram_l2(nbytes: float, buffer_bytes: float, hw: Hardware) -> tuple[fl
     return (0.0, nbytes) if buffer_bytes <= _resident_cap(hw) else (nbytes, 0.0)
 
 
-def _cast_launches(s: Shape, what: str, to_bytes: int = 2) -> list[Launch]:
-    """fp32 inputs cast to 16 bits inside the timed call: one elementwise kernel per tensor (q, k, v)."""
-    if s.dtype != "float32":
-        return []
-    out = []
-    for name, n in (("q", s.bh * s.q_len * s.head_dim), ("k", s.batch * s.heads_kv * s.kv_len * s.head_dim),
-                    ("v", s.batch * s.heads_kv * s.kv_len * s.head_dim)):
-        out.append(Launch(f"{what}_cast_{name}", "cast", programs=max(1, _cdiv(n, 1024)), threads=256, regs=32,
-                          smem=0, units=0, steps=0, dram_bytes=n * (4 + to_bytes), unit="-",
-                          note=f"{what}: {name} fp32 -> 16 bit inside the timed call"))
-    return out
-
-
 def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> Launch:
     """v1/v2 Pallas pass 2: max sweep, exp sweep (read + write), normalise sweep (read + write) over S."""
     rows, cols = pl["rows_per_program"], pl["cols_per_step"]
@@ -426,81 +413,12 @@ def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> L
                   note=f"{rows} rows x {cols} columns per step, one step in flight per program")
 
 
-def _paged_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
-    """The paged family (v7_paged, v8_gqa and its db / occ / ilp knobs, v8_gqa_ss, v8_gqa_tc), from the
-    plan ``kernels.v7_paged.make_plan`` writes: grid (row tiles, splits, B*Hkv), R packed rows per program,
-    key tiles of TN, ``keys_per_update`` keys per online-softmax update (1: per key; TN: per tile)."""
-    d, tk = s.head_dim, s.kv_len
-    pp = plan["partial"]
-    P, R, tn = pp["programs"], pp["rows_per_program"], pp["key_tile"]
-    grp = pp.get("keys_per_update") or tn
-    row_tiles = pp["grid"][0]
-    keys = max(1.0, min(plan["chunk"], tk) * s.vis_frac)  # the busiest program's keys
-    tiles = max(1, math.ceil(keys / tn))
-    # fp16 pools (fp32 input is cast before the kernel); v9_fp8 / v10_nvfp4 read their storage bytes and decode
-    # in the gather (a few ALU ops per element against R x D FMA units per key: under 1% here, not priced)
-    kv = 2 * s.batch * s.heads_kv * tk * d * _kvb(s)
-    ws = s.batch * s.heads_kv * pp["packed_rows"] * plan["splits"] * (d + 1) * 4
-    dram = kv + s.bh * s.q_len * d * 2 + ws
-    l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
-    out = _cast_launches(s, "host")
-    st = pp.get("num_stages", 1)
-    if "padded_rows" in pp:  # v8_gqa_tc: one 16-row M tile per program, both products 16-bit MMAs
-        # unpipelined (num_stages 1): each block's K/V load waits on its block-table read, one exposed gather
-        out.append(Launch(names[0], "pallas_attn_paged_tc", P, 32 * pp["num_warps"], 128,
-                          (R * d + 2 * tn * d * max(1, st - 1)) * 2, units=4 * R * tn * d * tiles, steps=tiles,
-                          gather_steps=tiles if st <= 1 else 0.0, dram_bytes=dram, l2_bytes=l2, unit="MMA FLOP",
-                          note=f"{R} padded rows x {tn}-key blocks, one update per block"))
-    else:
-        per_key = grp == 1
-        steps = tiles if per_key else tiles * max(1, tn // grp)
-        # per tile: R x TN x D scores and p.V; a per-key update also sweeps the [R, TN] tile twice (masked
-        # row-sum for key c's score, rescale of the weight vector). Issue-bound on the SM (the co-resident
-        # programs of the busiest SM share it); the live [R, width, D] FP32 product beyond PAGED_LIVE_VALUES per
-        # thread spills, that share of the units pays Cost.spill on top
-        units = R * tiles * tn * (d + (2 * tn if per_key else 0))
-        width = tn if per_key else grp
-        live = R * width * d / (32 * pp["num_warps"])
-        spill = units * max(0.0, 1.0 - PAGED_LIVE_VALUES / live)
-        out.append(Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp["num_warps"], 128, 0,
-                          units=units, steps=steps, spill_units=spill, dram_bytes=dram,
-                          l2_bytes=l2, unit="row x key x dim",
-                          note=(f"{R} rows vectorized, {tn}-key tiles, one update per "
-                                + ("key" if per_key else f"{grp} keys")
-                                + f"; {live:.0f} live product values per thread")))
-    m = plan["merge"]
-    out.append(_merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], plan["splits"], d,
-                             ws + s.bh * s.q_len * d * s.in_bytes))
-    return out
-
-
-def _mla_cuda_core_launches(s: Shape, plan: Mapping[str, Any], names: list[str]) -> list[Launch]:
-    """v11_mla (Pallas, Triton): v8_gqa_ss's CUDA-core program on ONE latent head (H_kv = 1, G = h_q): grid (row
-    tiles, S, B), R packed rows, TN-key tiles, one update per tile. The same issue-bound dataflow as the paged
-    partial (``pallas_attn_paged_cuda_cores``, no new constant): per key a row does DQK score FMAs and DV output
-    FMAs, i.e. (DQK + DV) / 2 of the paged family's row x key x dim units (each one QK and one PV FMA)."""
-    dqk, dv = _mla_dims(s)
-    pp = plan["partial"]
-    P, R, tn = math.prod(pp["grid"]), pp["rows_per_program"], pp["key_tile"]
-    row_tiles, splits = pp["grid"][0], plan["splits"]
-    keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
-    tiles = max(1, math.ceil(keys / tn))
-    latent = s.batch * s.kv_len * dqk * _kvb(s)
-    rows = s.heads_q * s.q_len
-    ws = s.batch * rows * splits * (dv + 1) * 4
-    units = R * tiles * tn * (dqk + dv) / 2
-    # the live [R, TN, 64-column chunk] fp32 product per thread (8 x 32 x 64 / 256 = 64): under PAGED_LIVE_VALUES
-    live = R * tn * 64 / (32 * pp.get("num_warps", 8))
-    out = [Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp.get("num_warps", 8), 128, 0, units=units,
-                  steps=tiles, spill_units=units * max(0.0, 1.0 - PAGED_LIVE_VALUES / live),
-                  dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
-                  unit="row x key x dim", note=f"{R} heads x {tn}-key latent tiles (DQK {dqk}, DV {dv}), one update "
-                  f"per tile; {s.kv_dtype or 'fp16/bf16'} latent")]
-    out.append(_merge_launch(names[1], math.prod(plan["merge"]["grid"]), 4, splits, dv,
-                             ws + s.batch * rows * dv * s.in_bytes))
-    out.append(_xla_glue("mla_unpack_poison", s, s.batch * rows * dv * s.in_bytes, s.batch * rows * dv * s.in_bytes,
-                         "unpack [B*Hq*Tq, DV] -> [B, Tq, Hq, DV] and the bad-table NaN select (XLA)"))
-    return out
+def _with_spill(ln: Launch) -> Launch:
+    """A declared launch with its spilled work: the share of its units whose live fp32 products per thread exceed
+    ``PAGED_LIVE_VALUES`` (the launch declares ``live_values``; the threshold is this model's choice)."""
+    if not ln.live_values:
+        return ln
+    return dataclasses.replace(ln, spill_units=ln.units * max(0.0, 1.0 - PAGED_LIVE_VALUES / ln.live_values))
 
 
 def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware,
@@ -511,7 +429,7 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
     vf = s.vis_frac
     names = list(kernel.passes)
     if getattr(kernel, "launches", None) is not None:  # the kernel declares its launches (pallas_attn.kernels.launches)
-        return kernel.launches(s, plan, names, hw=hw, cfg=cfg)
+        return [_with_spill(ln) for ln in kernel.launches(s, plan, names, hw=hw, cfg=cfg)]
     by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
     out: list[Launch] = []
     kname = kernel.name
@@ -592,10 +510,6 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                           l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",
                           note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
         return out
-    if kname in ("v7_paged", "v8_gqa", "v8_gqa_ss", "v8_gqa_tc", "v9_fp8", "v10_nvfp4"):
-        return _paged_launches(s, plan, names)
-    if kname == "v11_mla":
-        return _mla_cuda_core_launches(s, plan, names)
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
 
 

@@ -9,7 +9,8 @@ facts of the kernel itself. The vocabulary lives here, below both, so a kernel n
 * ``SMLimits`` / ``SM90`` and ``occupancy``: programs resident per SM under the sm_90 limits;
 * ``KV_STORAGE_BYTES`` / ``kv_bytes``: bytes per stored K/V element of the quantized formats;
 * ``merge_launch``: the shared split-state merge (``kernels.splitkv.merge``) every split kernel launches after its
-  partials; ``xla_glue``: an XLA kernel inside the timed call (a jnp merge, an unpack);
+  partials; ``xla_glue``: an XLA kernel inside the timed call (a jnp merge, an unpack); ``cast_launches``: fp32 inputs
+  cast to 16 bits inside the timed call;
 * ``MLA_TEMPLATES`` / ``mla_dims``: an MLA shape's (DQK, DV).
 
 The problem arrives as ``compare.layer2.Shape`` (batch, heads, lengths, head dim, dtype, causal, offset, page, window,
@@ -22,7 +23,7 @@ import dataclasses
 from typing import Any
 
 __all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "merge_launch",
-           "xla_glue", "MLA_TEMPLATES", "mla_dims"]
+           "xla_glue", "cast_launches", "MLA_TEMPLATES", "mla_dims"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,8 @@ class Launch:
     key_steps: float = 0.0  # serial one-key updates per program (priced by Cost.key)
     gather_steps: float = 0.0  # serial block-table -> pool gather steps per program (priced by GLOBAL gather_lat)
     spill_units: float = 0.0  # work units whose operands spill (priced by Cost.spill on the issue side)
+    live_values: float = 0.0  # live fp32 product values per thread (layer 2 turns the share beyond its threshold into
+    # spill_units: the threshold is a modelling choice, compare.layer2.PAGED_LIVE_VALUES)
     mma: float = 0.0  # 16-bit tensor-core FLOPs per program, priced at the SM's datasheet MMA rate (not fitted)
     dequant_elems: float = 0.0  # quantized K/V elements a program decodes (priced by Cost.dequant, issue side)
 
@@ -124,3 +127,16 @@ def mla_dims(s: Any) -> tuple[int, int]:
     if not dv:
         raise ValueError(f"MLA head_dim {dqk} has no template DV (kv_lora_rank)")
     return dqk, int(dv)
+
+
+def cast_launches(s: Any, what: str, to_bytes: int = 2) -> list[Launch]:
+    """fp32 inputs cast to 16 bits inside the timed call: one elementwise kernel per tensor (q, k, v)."""
+    if s.dtype != "float32":
+        return []
+    out = []
+    for name, n in (("q", s.bh * s.q_len * s.head_dim), ("k", s.batch * s.heads_kv * s.kv_len * s.head_dim),
+                    ("v", s.batch * s.heads_kv * s.kv_len * s.head_dim)):
+        out.append(Launch(f"{what}_cast_{name}", "cast", programs=max(1, cdiv(n, 1024)), threads=256, regs=32,
+                          smem=0, units=0, steps=0, dram_bytes=n * (4 + to_bytes), unit="-",
+                          note=f"{what}: {name} fp32 -> 16 bit inside the timed call"))
+    return out

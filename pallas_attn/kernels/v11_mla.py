@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,7 @@ from attn_core import splits as split_plan
 
 from .. import _compat
 from . import common as c
+from . import launches as _l
 from . import softmax
 from .contract import Precision
 from .mla_common import MlaKernel, MlaProblem, run, visible
@@ -146,6 +148,38 @@ def _plan(p: MlaProblem, cfg: MlaConfig) -> dict:
 _NOTE = ("16-bit latent tile (one tile serves K and V = its first DV columns); CUDA-core fp32 scores and p V, one "
          "online-softmax update per 32 keys")
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan). v11_mla
+    (Pallas, Triton): v8_gqa_ss's CUDA-core program on ONE latent head (H_kv = 1, G = h_q): grid (row
+    tiles, S, B), R packed rows, TN-key tiles, one update per tile. The same issue-bound dataflow as the paged
+    partial (``pallas_attn_paged_cuda_cores``, no new constant): per key a row does DQK score FMAs and DV output
+    FMAs, i.e. (DQK + DV) / 2 of the paged family's row x key x dim units (each one QK and one PV FMA)."""
+    del hw, cfg
+    dqk, dv = _l.mla_dims(s)
+    pp = lp["partial"]
+    P, R, tn = math.prod(pp["grid"]), pp["rows_per_program"], pp["key_tile"]
+    row_tiles, splits = pp["grid"][0], lp["splits"]
+    keys = max(1.0, min(lp["chunk"], s.kv_len) * s.vis_frac)
+    tiles = max(1, math.ceil(keys / tn))
+    latent = s.batch * s.kv_len * dqk * _l.kv_bytes(s)
+    rows = s.heads_q * s.q_len
+    ws = s.batch * rows * splits * (dv + 1) * 4
+    units = R * tiles * tn * (dqk + dv) / 2
+    # the live [R, TN, 64-column chunk] fp32 product per thread (8 x 32 x 64 / 256 = 64): under layer 2's threshold
+    live = R * tn * 64 / (32 * pp.get("num_warps", 8))
+    out = [_l.Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp.get("num_warps", 8), 128, 0, units=units,
+                     steps=tiles, live_values=live,
+                     dram_bytes=latent + s.batch * rows * dqk * s.in_bytes + ws, l2_bytes=(row_tiles - 1) * latent,
+                     unit="row x key x dim", note=f"{R} heads x {tn}-key latent tiles (DQK {dqk}, DV {dv}), one update "
+                     f"per tile; {s.kv_dtype or 'fp16/bf16'} latent")]
+    out.append(_l.merge_launch(names[1], math.prod(lp["merge"]["grid"]), 4, splits, dv,
+                               ws + s.batch * rows * dv * s.in_bytes))
+    o = s.batch * rows * dv * s.in_bytes
+    out.append(_l.xla_glue("mla_unpack_poison", s, o, o,
+                           "unpack [B*Hq*Tq, DV] -> [B, Tq, Hq, DV] and the bad-table NaN select (XLA)"))
+    return out
+
+
 KERNEL = MlaKernel(
     name=GEN,
     lowering="triton",
@@ -161,6 +195,7 @@ KERNEL = MlaKernel(
     max_q_len=None,
     mla=mla_forward,
     plan=_plan,
+    launches=launches,
     templates=TEMPLATES,
     latent_precision={"nvfp4": Precision("nvfp4", "fp32", "fp32", "NVFP4 latent decoded at the gather to an fp16 "
                                          "tile (level x micro x tensor scale, rounded to fp16); then " + _NOTE)},

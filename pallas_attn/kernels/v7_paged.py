@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -52,6 +53,7 @@ from .. import _compat
 from .._compat import pl
 from . import common as c
 from . import gqa, seqlen, softmax, splitkv
+from . import launches as _l
 from .contract import Kernel, Precision, Problem
 from .kv_source import KVLayout, KVSource, flat_pool, validate_block_table
 
@@ -494,6 +496,55 @@ def cuda_core_precision() -> dict[str, Precision]:
     }
 
 
+def paged_launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan). The paged
+    family (v7_paged, v8_gqa and its db / occ / ilp knobs, v8_gqa_ss, v8_gqa_tc), from the
+    plan ``kernels.v7_paged.make_plan`` writes: grid (row tiles, splits, B*Hkv), R packed rows per program,
+    key tiles of TN, ``keys_per_update`` keys per online-softmax update (1: per key; TN: per tile)."""
+    del hw, cfg
+    d, tk = s.head_dim, s.kv_len
+    pp = lp["partial"]
+    P, R, tn = pp["programs"], pp["rows_per_program"], pp["key_tile"]
+    grp = pp.get("keys_per_update") or tn
+    row_tiles = pp["grid"][0]
+    keys = max(1.0, min(lp["chunk"], tk) * s.vis_frac)  # the busiest program's keys
+    tiles = max(1, math.ceil(keys / tn))
+    # fp16 pools (fp32 input is cast before the kernel); v9_fp8 / v10_nvfp4 read their storage bytes and decode
+    # in the gather (a few ALU ops per element against R x D FMA units per key: under 1% here, not priced)
+    kv = 2 * s.batch * s.heads_kv * tk * d * _l.kv_bytes(s)
+    ws = s.batch * s.heads_kv * pp["packed_rows"] * lp["splits"] * (d + 1) * 4
+    dram = kv + s.bh * s.q_len * d * 2 + ws
+    l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
+    out = _l.cast_launches(s, "host")
+    st = pp.get("num_stages", 1)
+    if "padded_rows" in pp:  # v8_gqa_tc: one 16-row M tile per program, both products 16-bit MMAs
+        # unpipelined (num_stages 1): each block's K/V load waits on its block-table read, one exposed gather
+        out.append(_l.Launch(names[0], "pallas_attn_paged_tc", P, 32 * pp["num_warps"], 128,
+                             (R * d + 2 * tn * d * max(1, st - 1)) * 2, units=4 * R * tn * d * tiles, steps=tiles,
+                             gather_steps=tiles if st <= 1 else 0.0, dram_bytes=dram, l2_bytes=l2, unit="MMA FLOP",
+                             note=f"{R} padded rows x {tn}-key blocks, one update per block"))
+    else:
+        per_key = grp == 1
+        steps = tiles if per_key else tiles * max(1, tn // grp)
+        # per tile: R x TN x D scores and p.V; a per-key update also sweeps the [R, TN] tile twice (masked
+        # row-sum for key c's score, rescale of the weight vector). Issue-bound on the SM (the co-resident
+        # programs of the busiest SM share it); the live [R, width, D] FP32 product per thread (``live_values``:
+        # layer 2 prices the share beyond its threshold as spilled)
+        units = R * tiles * tn * (d + (2 * tn if per_key else 0))
+        width = tn if per_key else grp
+        live = R * width * d / (32 * pp["num_warps"])
+        out.append(_l.Launch(names[0], "pallas_attn_paged_cuda_cores", P, 32 * pp["num_warps"], 128, 0,
+                             units=units, steps=steps, live_values=live, dram_bytes=dram,
+                             l2_bytes=l2, unit="row x key x dim",
+                             note=(f"{R} rows vectorized, {tn}-key tiles, one update per "
+                                   + ("key" if per_key else f"{grp} keys")
+                                   + f"; {live:.0f} live product values per thread")))
+    m = lp["merge"]
+    out.append(_l.merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], lp["splits"], d,
+                               ws + s.bh * s.q_len * d * s.in_bytes))
+    return out
+
+
 def family_kernel(gen: str, *, configs, paged, config_cls=None, dtypes=("float16",), precision=None, gqa=True,
                   plan=None) -> Kernel:
     """The declaration every paged-family kernel shares (two passes, partial + merge, on the paged entry, head
@@ -513,6 +564,7 @@ def family_kernel(gen: str, *, configs, paged, config_cls=None, dtypes=("float16
         max_q_len=None,
         paged=paged,
         plan=plan or cuda_core_plan,
+        launches=paged_launches,
     )
 
 

@@ -32,7 +32,7 @@ from .. import quant
 from . import v8_gqa_ss
 from .contract import Kernel, Precision, Problem
 from .kv_source import DECODES, E4M3_FOLD, NVFP4_FOLD, e4m3_tile, nvfp4_tile
-from .v7_paged import PagedConfig, cuda_core_plan, cuda_core_precision
+from .v7_paged import PagedConfig, cuda_core_plan, cuda_core_precision, paged_launches
 
 __all__ = ["LowpConfig", "CONFIGS", "KERNEL", "paged_forward", "lowp_forward", "lowp_kernel", "HOOKS"]
 
@@ -175,6 +175,7 @@ def lowp_kernel(gen: str, fmt: str, operand: str, *, configs, paged) -> Kernel:
         quantized_q_dtypes=("float16",),
         kv_dequant_ops={fmt: DEQUANT_OPS[fmt]},
         plan=_plan,
+        launches=paged_launches,
     )
 
 
