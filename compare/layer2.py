@@ -24,10 +24,10 @@ module models the schedule, one launch at a time:
 
 Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
 kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects: every
-Pallas kernel but v1-v6 so far); for the others they are a small table of builders keyed by the launch's name: the
-Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel names (the ptxas
-report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is keyed by generation
-id (the one place we do so).
+Pallas kernel but v1_naive and v2_tiled so far); for the others they are a small table of builders keyed by the
+launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel
+names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is
+keyed by generation id (the one place we do so).
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -53,7 +53,6 @@ from pallas_attn.kernels.launches import KV_STORAGE_BYTES, SM90, Launch, occupan
 from pallas_attn.kernels.launches import cast_launches as _cast_launches
 from pallas_attn.kernels.launches import cdiv as _cdiv
 from pallas_attn.kernels.launches import kv_bytes as _kvb
-from pallas_attn.kernels.launches import merge_launch as _merge_launch
 from pallas_attn.kernels.launches import mla_dims as _mla_dims
 
 from . import hardware as _hardware
@@ -426,7 +425,6 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
     d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
     s_bytes = bh * tq * tk * 4
     qkv_f32 = bh * (tq + 2 * tk) * d * 4
-    vf = s.vis_frac
     names = list(kernel.passes)
     if getattr(kernel, "launches", None) is not None:  # the kernel declares its launches (pallas_attn.kernels.launches)
         return [_with_spill(ln) for ln in kernel.launches(s, plan, names, hw=hw, cfg=cfg)]
@@ -465,50 +463,6 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
                               2 * t * max(t, d) * 4, units=t * t * d * steps, steps=steps,
                               dram_bytes=p_dram + qkv_f32 / 3 + bh * tq * d * 4,
                               l2_bytes=p_l2 + P * steps * t * d * 4, unit="FMA", note="TxD output tile"))
-        return out
-    if kname == "v3_online":
-        t = plan["tile"]
-        P = math.prod(plan["stats"]["grid"])
-        steps = max(1.0, _cdiv(tk, t) * vf)
-        w = 32 * plan["stats"]["num_warps"]
-        out.append(Launch(by_suffix["stats"], "pallas_attn_v3_online_stats", P, w, 128, 2 * t * d * 4,
-                          units=t * t * d * steps, steps=steps, dram_bytes=bh * (tq + tk) * d * 4,
-                          l2_bytes=P * steps * t * d * 4, unit="FMA", note="(M, L) over key tiles"))
-        out.append(Launch(by_suffix["out"], "pallas_attn_v3_online_out", P, w, 128, 3 * t * d * 4,
-                          units=2 * t * t * d * steps, steps=steps, dram_bytes=qkv_f32 + bh * tq * d * 4,
-                          l2_bytes=P * steps * 2 * t * d * 4, unit="FMA", note="output with the final stats"))
-        return out
-    if kname in ("v4_fused", "v6_splitkv"):
-        pp = plan if kname == "v4_fused" else plan["partial"]
-        rows, bk = pp["rows_per_program"], pp["key_tile"]
-        P = math.prod(pp["grid"])
-        keys = tk if kname == "v4_fused" else plan["chunk"]
-        tiles = max(1.0, _cdiv(min(keys, tk), bk) * vf)
-        kvb = 4 if kname == "v4_fused" else 2
-        if kname == "v6_splitkv":
-            out += _cast_launches(s, "stage")
-        ws = bh * tq * plan.get("splits", 1) * (d + 1) * 4 if kname == "v6_splitkv" else 0
-        active = min(rows, tq)  # idle rows (past Tq) skip their update (skip_idle_rows)
-        out.append(Launch(names[0], "pallas_attn_rows_attend", P, 32 * pp["num_warps"], 128, 0,
-                          units=active * tiles * bk * d, steps=active * tiles,
-                          dram_bytes=bh * (tq + 2 * tk) * d * kvb + bh * tq * d * 4 + ws,
-                          l2_bytes=P * tiles * 2 * bk * d * kvb, unit="row x key x dim",
-                          note=f"{rows} rows, each a serial vector update per {bk}-key tile"))
-        if kname == "v6_splitkv":
-            m = plan["merge"]
-            out.append(_merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], plan["splits"], d,
-                                     ws + bh * tq * d * s.in_bytes))
-        return out
-    if kname == "v5_wmma":
-        bm, bn, warps, stages = plan["block_m"], plan["block_n"], plan["num_warps"], plan["num_stages"]
-        P = math.prod(plan["grid"])
-        steps = max(1.0, _cdiv(tk, bn) * (vf if tq > bm else 1.0))
-        out += _cast_launches(s, "stage")
-        out.append(Launch(names[0], "pallas_attn_v5_wmma_fwd", P, 32 * warps, 128,
-                          (bm * d + 2 * bn * d * max(1, stages - 1)) * 2, units=4 * bm * bn * d * steps, steps=steps,
-                          dram_bytes=bh * (tq + 2 * tk) * d * 2 + bh * tq * d * s.in_bytes,
-                          l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",
-                          note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
         return out
     raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
 

@@ -10,6 +10,7 @@ import pytest
 from compare import hardware, layer2, scorecard
 from compare.layer2 import Cost, Launch, occupancy, time_launch
 from pallas_attn.kernels import fa_prefill
+from pallas_attn.kernels.launches import merge_launch
 
 H200 = hardware.get("h200")
 CLK = H200.clock_mhz * 1e6  # 1.98 GHz
@@ -221,7 +222,7 @@ def test_aliases_follow_their_sources():
 @pytest.mark.parametrize("splits,steps", [(1, 1), (20, 1), (64, 1), (65, 2), (256, 4)])
 def test_merge_serial_steps(splits, steps):
     # splitkv.merge: sb = min(64, next_pow2(S)) splits per step of one program per row
-    ln = layer2._merge_launch("m", rows=8, warps=4, splits=splits, d=128, dram_bytes=0.0)
+    ln = merge_launch("m", rows=8, warps=4, splits=splits, d=128, dram_bytes=0.0)
     assert (ln.steps, ln.units, ln.threads) == (steps, splits * 129, 128)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,7 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen, softmax
 from .contract import Kernel, Precision, Problem
 
@@ -159,6 +161,25 @@ def plan(problem: Problem, config: OnlineConfig) -> dict:
     return {"tile": t, "stats": dict(per), "out": dict(per)}
 
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): the
+    stats pass ((M, L) over the key tiles) and the output pass (the output with the final stats), both fp32 dots."""
+    del hw, cfg
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    qkv_f32 = bh * (tq + 2 * tk) * d * 4
+    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    t = lp["tile"]
+    P = math.prod(lp["stats"]["grid"])
+    steps = max(1.0, _l.cdiv(tk, t) * s.vis_frac)
+    w = 32 * lp["stats"]["num_warps"]
+    return [_l.Launch(by_suffix["stats"], "pallas_attn_v3_online_stats", P, w, 128, 2 * t * d * 4,
+                      units=t * t * d * steps, steps=steps, dram_bytes=bh * (tq + tk) * d * 4,
+                      l2_bytes=P * steps * t * d * 4, unit="FMA", note="(M, L) over key tiles"),
+            _l.Launch(by_suffix["out"], "pallas_attn_v3_online_out", P, w, 128, 3 * t * d * 4,
+                      units=2 * t * t * d * steps, steps=steps, dram_bytes=qkv_f32 + bh * tq * d * 4,
+                      l2_bytes=P * steps * 2 * t * d * 4, unit="FMA", note="output with the final stats")]
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -174,4 +195,5 @@ KERNEL = Kernel(
     max_q_len=None,
     dense=forward,
     plan=plan,
+    launches=launches,
 )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen, softmax
 from .contract import Kernel, Precision, Problem
 
@@ -165,6 +167,39 @@ def plan(problem: Problem, config: FusedConfig) -> dict:
             "skip_idle_rows": config.skip_idle_rows}
 
 
+def rows_attend_launches(s, lp, names: list[str], *, split: bool) -> list[_l.Launch]:
+    """The launches of ``rows_attend`` (v4_fused; v6_splitkv's partial with ``split``, then its merge): programs of
+    ``rows_per_program`` rows, each a serial vector update per key tile (``lp`` the call's plan)."""
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    out: list[_l.Launch] = []
+    pp = lp if not split else lp["partial"]
+    rows, bk = pp["rows_per_program"], pp["key_tile"]
+    P = math.prod(pp["grid"])
+    keys = tk if not split else lp["chunk"]
+    tiles = max(1.0, _l.cdiv(min(keys, tk), bk) * s.vis_frac)
+    kvb = 4 if not split else 2
+    if split:
+        out += _l.cast_launches(s, "stage")
+    ws = bh * tq * lp.get("splits", 1) * (d + 1) * 4 if split else 0
+    active = min(rows, tq)  # idle rows (past Tq) skip their update (skip_idle_rows)
+    out.append(_l.Launch(names[0], "pallas_attn_rows_attend", P, 32 * pp["num_warps"], 128, 0,
+                         units=active * tiles * bk * d, steps=active * tiles,
+                         dram_bytes=bh * (tq + 2 * tk) * d * kvb + bh * tq * d * 4 + ws,
+                         l2_bytes=P * tiles * 2 * bk * d * kvb, unit="row x key x dim",
+                         note=f"{rows} rows, each a serial vector update per {bk}-key tile"))
+    if split:
+        m = lp["merge"]
+        out.append(_l.merge_launch(names[1], math.prod(m["grid"]), m["num_warps"], lp["splits"], d,
+                                   ws + bh * tq * d * s.in_bytes))
+    return out
+
+
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``): ``rows_attend_launches``."""
+    del hw, cfg
+    return rows_attend_launches(s, lp, names, split=False)
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -180,4 +215,5 @@ KERNEL = Kernel(
     max_q_len=None,
     dense=forward,
     plan=plan,
+    launches=launches,
 )

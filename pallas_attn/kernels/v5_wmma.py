@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen, softmax
 from .contract import Kernel, Precision, Problem
 
@@ -158,6 +160,23 @@ def plan(problem: Problem, config: WmmaConfig) -> dict:
 _FP32_REFUSED = ("float32 input is refused (no silent cast); WmmaConfig(host_cast=True) casts it to fp16 before "
                  "the kernel, as the reference host does")
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): the
+    staging casts (fp32 input) and one BM x BN tile program with two 16-bit dots per key block."""
+    del hw, cfg
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    bm, bn, warps, stages = lp["block_m"], lp["block_n"], lp["num_warps"], lp["num_stages"]
+    P = math.prod(lp["grid"])
+    steps = max(1.0, _l.cdiv(tk, bn) * (s.vis_frac if tq > bm else 1.0))
+    out = _l.cast_launches(s, "stage")
+    out.append(_l.Launch(names[0], "pallas_attn_v5_wmma_fwd", P, 32 * warps, 128,
+                         (bm * d + 2 * bn * d * max(1, stages - 1)) * 2, units=4 * bm * bn * d * steps, steps=steps,
+                         dram_bytes=bh * (tq + 2 * tk) * d * 2 + bh * tq * d * s.in_bytes,
+                         l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",
+                         note=f"BM={bm} x BN={bn} tile, two 16-bit dots per key block"))
+    return out
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -177,4 +196,5 @@ KERNEL = Kernel(
     max_q_len=None,
     dense=forward,
     plan=plan,
+    launches=launches,
 )

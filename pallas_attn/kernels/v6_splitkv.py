@@ -49,9 +49,10 @@ from attn_core import splits as split_plan
 
 from .._compat import device_sm_count, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen, splitkv
 from .contract import Kernel, Precision, Problem
-from .v4_fused import rows_attend
+from .v4_fused import rows_attend, rows_attend_launches
 
 GEN = "v6_splitkv"
 
@@ -205,6 +206,13 @@ _UPCAST = ("16-bit staged K/V/Q tiles upcast to fp32; CUDA-core fp32 arithmetic 
            "refused (no silent cast): SplitKVConfig(host_cast=True) casts it to fp16 before the kernel, as the "
            "reference host does")
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``): the fp16 staging casts, the
+    partials (``v4_fused.rows_attend_launches``) and the merge."""
+    del hw, cfg
+    return rows_attend_launches(s, lp, names, split=True)
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -222,4 +230,5 @@ KERNEL = Kernel(
     max_q_len=None,
     dense=forward,
     plan=plan,
+    launches=launches,
 )
