@@ -23,11 +23,10 @@ module models the schedule, one launch at a time:
   kernels are not on that clock).
 
 Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
-kernel where it declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects: every
-Pallas kernel but v1_naive and v2_tiled so far); for the others they are a small table of builders keyed by the
-launch's name: the Pallas kernel's ``pallas_call`` names from its contract (``Kernel.passes``) and cuda_ref's kernel
-names (the ptxas report). cuda_ref's table gives no list of kernels per generation, so ``CUDA_LAUNCHES`` below is
-keyed by generation id (the one place we do so).
+Pallas kernel, which declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects;
+``_priced`` applies this model's spill threshold and L2 residency rule), and for cuda_ref from a small table of
+builders keyed by cuda_ref's kernel names (the ptxas report). cuda_ref's table gives no list of kernels per
+generation, so ``CUDA_LAUNCHES`` below is keyed by generation id (the one place we do so).
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -398,73 +397,26 @@ def _split_dram_l2(nbytes: float, buffer_bytes: float, hw: Hardware) -> tuple[fl
     return (0.0, nbytes) if buffer_bytes <= _resident_cap(hw) else (nbytes, 0.0)
 
 
-def _softmax_rows(s: Shape, pl: Mapping[str, Any], hw: Hardware, name: str) -> Launch:
-    """v1/v2 Pallas pass 2: max sweep, exp sweep (read + write), normalise sweep (read + write) over S."""
-    rows, cols = pl["rows_per_program"], pl["cols_per_step"]
-    s_bytes = s.bh * s.q_len * s.kv_len * 4
-    n_steps = _cdiv(s.kv_len, cols)
-    vis_steps = max(1, round(n_steps * s.vis_frac)) if s.causal else n_steps
-    dram, l2 = _split_dram_l2(s_bytes * (2 * vis_steps + n_steps) / n_steps + s_bytes * 2 * vis_steps / n_steps,
-                              s_bytes, hw)
-    return Launch(name, "pallas_attn_row_softmax", programs=math.prod(pl["grid"]), threads=32 * pl["num_warps"],
-                  regs=64, smem=0, units=rows * s.kv_len, steps=2 * vis_steps + n_steps, dram_bytes=dram,
-                  l2_bytes=l2, unit="S element",
-                  note=f"{rows} rows x {cols} columns per step, one step in flight per program")
-
-
-def _with_spill(ln: Launch) -> Launch:
-    """A declared launch with its spilled work: the share of its units whose live fp32 products per thread exceed
-    ``PAGED_LIVE_VALUES`` (the launch declares ``live_values``; the threshold is this model's choice)."""
-    if not ln.live_values:
-        return ln
-    return dataclasses.replace(ln, spill_units=ln.units * max(0.0, 1.0 - PAGED_LIVE_VALUES / ln.live_values))
+def _priced(ln: Launch, hw: Hardware) -> Launch:
+    """A declared launch with this model's choices applied: its spilled work (the share of its units whose live fp32
+    products per thread exceed ``PAGED_LIVE_VALUES``, from ``live_values``) and where its re-reads come from (L2 when
+    the buffer fits the residency cap, else HBM: ``reread_bytes`` of a ``reread_buffer``)."""
+    if ln.live_values:
+        ln = dataclasses.replace(ln, spill_units=ln.units * max(0.0, 1.0 - PAGED_LIVE_VALUES / ln.live_values))
+    if ln.reread_bytes:
+        dram, l2 = _split_dram_l2(ln.reread_bytes, ln.reread_buffer, hw)
+        ln = dataclasses.replace(ln, dram_bytes=dram + ln.dram_bytes, l2_bytes=l2 + ln.l2_bytes)
+    return ln
 
 
 def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware,
                      cfg: Any = None) -> list[Launch]:
-    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
-    s_bytes = bh * tq * tk * 4
-    qkv_f32 = bh * (tq + 2 * tk) * d * 4
-    names = list(kernel.passes)
-    if getattr(kernel, "launches", None) is not None:  # the kernel declares its launches (pallas_attn.kernels.launches)
-        return [_with_spill(ln) for ln in kernel.launches(s, plan, names, hw=hw, cfg=cfg)]
-    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
-    out: list[Launch] = []
-    kname = kernel.name
-    if kname == "v1_naive" or kname == "v2_tiled":
-        qk, pv = plan["qk"], plan["pv"]
-        if kname == "v1_naive":
-            bk = qk["keys_per_program"]
-            P = math.prod(qk["grid"])
-            out.append(Launch(by_suffix["qk"], "pallas_attn_v1_naive_qk", P, 32 * qk["num_warps"], 64, 0,
-                              units=bk * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
-                              l2_bytes=P * (bk + 1) * d * 4, unit="FMA",
-                              note="one query row x key chunk; K rows re-read from L2 by every query row"))
-        else:
-            t = plan["tile"]
-            P = math.prod(qk["grid"])
-            out.append(Launch(by_suffix["qk"], "pallas_attn_v2_tiled_qk", P, 32 * qk["num_warps"], 128,
-                              2 * t * d * 4, units=t * t * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
-                              l2_bytes=P * 2 * t * d * 4, unit="FMA", note="one TxT tile of S, fp32 dot"))
-        out.append(_softmax_rows(s, plan["softmax"], hw, by_suffix["softmax"]))
-        p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
-        if kname == "v1_naive":
-            bk = pv["keys_per_step"]
-            P = math.prod(pv["grid"])
-            out.append(Launch(by_suffix["pv"], "pallas_attn_v1_naive_pv", P, 32 * pv["num_warps"], 64, 0,
-                              units=tk * d, steps=_cdiv(tk, bk), dram_bytes=p_dram + qkv_f32 / 3 + bh * tq * d * 4,
-                              l2_bytes=p_l2 + P * tk * d * 4, unit="FMA",
-                              note="one output row; V re-read from L2 by every row"))
-        else:
-            t = plan["tile"]
-            P = math.prod(pv["grid"])
-            steps = _cdiv(tk, t)
-            out.append(Launch(by_suffix["pv"], "pallas_attn_v2_tiled_pv", P, 32 * pv["num_warps"], 128,
-                              2 * t * max(t, d) * 4, units=t * t * d * steps, steps=steps,
-                              dram_bytes=p_dram + qkv_f32 / 3 + bh * tq * d * 4,
-                              l2_bytes=p_l2 + P * steps * t * d * 4, unit="FMA", note="TxD output tile"))
-        return out
-    raise NotImplementedError(f"layer 2 has no launch builder for the Pallas kernel {kname!r} ({gen})")
+    """The launches a Pallas kernel declares (``Kernel.launches``: pallas_attn.kernels.launches), with this model's
+    choices applied (``_priced``); layer 2 holds no kernel's facts."""
+    if getattr(kernel, "launches", None) is None:
+        raise NotImplementedError(f"layer 2 has no launches for the Pallas kernel {kernel.name!r} ({gen}): it declares "
+                                  f"none (Kernel.launches)")
+    return [_priced(ln, hw) for ln in kernel.launches(s, plan, list(kernel.passes), hw=hw, cfg=cfg)]
 
 
 # cuda_ref: the kernels each generation launches, in order (read off cuda_ref/csrc/kernels/<id>.cu; the

@@ -92,7 +92,7 @@ def test_v11_mla_pallas_units_are_the_paged_partials():
     s = Shape(1, 128, 1, 1, 8192, 576, dtype="bfloat16", page_size=64, family="mla", kv_lora_rank=512)
     from pallas_attn.kernels import v11_mla
 
-    part, merge, glue = (layer2._with_spill(ln) for ln in v11_mla.KERNEL.launches(s, plan, ["p", "m"]))
+    part, merge, glue = (layer2._priced(ln, H100) for ln in v11_mla.KERNEL.launches(s, plan, ["p", "m"]))
     assert part.cost == "pallas_attn_paged_cuda_cores" and part.programs == 256
     assert part.units == 8 * 16 * 32 * (576 + 512) / 2 and part.spill_units == 0  # 16 tiles of 32 keys
     assert merge.cost == "pallas_attn_merge" and merge.programs == 128 and glue.cost == "xla_glue"

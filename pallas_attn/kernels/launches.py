@@ -98,6 +98,8 @@ class Launch:
     spill_units: float = 0.0  # work units whose operands spill (priced by Cost.spill on the issue side)
     live_values: float = 0.0  # live fp32 product values per thread (layer 2 turns the share beyond its threshold into
     # spill_units: the threshold is a modelling choice, compare.layer2.PAGED_LIVE_VALUES)
+    reread_bytes: float = 0.0  # bytes re-read from a buffer of ``reread_buffer`` bytes an earlier launch wrote: layer 2
+    reread_buffer: float = 0.0  # adds them to l2_bytes when the buffer fits its L2 residency cap, else to dram_bytes
     mma: float = 0.0  # 16-bit tensor-core FLOPs per program, priced at the SM's datasheet MMA rate (not fitted)
     dequant_elems: float = 0.0  # quantized K/V elements a program decodes (priced by Cost.dequant, issue side)
 

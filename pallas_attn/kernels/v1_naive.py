@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +39,7 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen, softmax
 from .contract import Kernel, Precision, Problem
 
@@ -265,6 +269,46 @@ def plan(problem: Problem, config: NaiveConfig) -> dict:
     }
 
 
+def softmax_launch(s, pl_: Mapping[str, Any], name: str) -> _l.Launch:
+    """Pass 2 of v1 and v2: max sweep, exp sweep (read + write), normalise sweep (read + write) over S, which the
+    first pass wrote (its re-reads come from L2 or HBM by layer 2's residency rule)."""
+    rows, cols = pl_["rows_per_program"], pl_["cols_per_step"]
+    s_bytes = s.bh * s.q_len * s.kv_len * 4
+    n_steps = _l.cdiv(s.kv_len, cols)
+    vis_steps = max(1, round(n_steps * s.vis_frac)) if s.causal else n_steps
+    return _l.Launch(name, "pallas_attn_row_softmax", programs=math.prod(pl_["grid"]),
+                     threads=32 * pl_["num_warps"], regs=64, smem=0, units=rows * s.kv_len,
+                     steps=2 * vis_steps + n_steps, dram_bytes=0.0,
+                     reread_bytes=s_bytes * (2 * vis_steps + n_steps) / n_steps + s_bytes * 2 * vis_steps / n_steps,
+                     reread_buffer=s_bytes, unit="S element",
+                     note=f"{rows} rows x {cols} columns per step, one step in flight per program")
+
+
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): S = Q K^T
+    to HBM (one query row x a key chunk per program), the row softmax over S, then P V (one output row a program)."""
+    del hw, cfg
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    s_bytes = bh * tq * tk * 4
+    qkv_f32 = bh * (tq + 2 * tk) * d * 4
+    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    qk, pv = lp["qk"], lp["pv"]
+    bk = qk["keys_per_program"]
+    P = math.prod(qk["grid"])
+    out = [_l.Launch(by_suffix["qk"], "pallas_attn_v1_naive_qk", P, 32 * qk["num_warps"], 64, 0,
+                     units=bk * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
+                     l2_bytes=P * (bk + 1) * d * 4, unit="FMA",
+                     note="one query row x key chunk; K rows re-read from L2 by every query row"),
+           softmax_launch(s, lp["softmax"], by_suffix["softmax"])]
+    bk = pv["keys_per_step"]
+    P = math.prod(pv["grid"])
+    out.append(_l.Launch(by_suffix["pv"], "pallas_attn_v1_naive_pv", P, 32 * pv["num_warps"], 64, 0,
+                         units=tk * d, steps=_l.cdiv(tk, bk), dram_bytes=qkv_f32 / 3 + bh * tq * d * 4,
+                         l2_bytes=P * tk * d * 4, reread_bytes=s_bytes, reread_buffer=s_bytes, unit="FMA",
+                         note="one output row; V re-read from L2 by every row"))
+    return out
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -283,4 +327,5 @@ KERNEL = Kernel(
     materializes_s=True,
     s_tile=lambda problem, config: (1, 1),  # no reuse: every S element reads its Q row and K row
     plan=plan,
+    launches=launches,
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +30,10 @@ from jax import lax
 
 from .._compat import load, pl, store, triton_params
 from . import common as c
+from . import launches as _l
 from . import seqlen
 from .contract import Kernel, Precision, Problem
-from .v1_naive import NaiveConfig, softmax_pass, softmax_plan
+from .v1_naive import NaiveConfig, softmax_launch, softmax_pass, softmax_plan
 
 GEN = "v2_tiled"
 
@@ -127,6 +129,30 @@ def plan(problem: Problem, config: TiledConfig) -> dict:
     }
 
 
+def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
+    """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): S = Q K^T
+    in T x T tiles to HBM, v1's row softmax over S, then P V in T x D output tiles."""
+    del hw, cfg
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    s_bytes = bh * tq * tk * 4
+    qkv_f32 = bh * (tq + 2 * tk) * d * 4
+    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    qk, pv = lp["qk"], lp["pv"]
+    t = lp["tile"]
+    P = math.prod(qk["grid"])
+    out = [_l.Launch(by_suffix["qk"], "pallas_attn_v2_tiled_qk", P, 32 * qk["num_warps"], 128,
+                     2 * t * d * 4, units=t * t * d, steps=1, dram_bytes=qkv_f32 * 2 / 3 + s_bytes,
+                     l2_bytes=P * 2 * t * d * 4, unit="FMA", note="one TxT tile of S, fp32 dot"),
+           softmax_launch(s, lp["softmax"], by_suffix["softmax"])]
+    P = math.prod(pv["grid"])
+    steps = _l.cdiv(tk, t)
+    out.append(_l.Launch(by_suffix["pv"], "pallas_attn_v2_tiled_pv", P, 32 * pv["num_warps"], 128,
+                         2 * t * max(t, d) * 4, units=t * t * d * steps, steps=steps,
+                         dram_bytes=qkv_f32 / 3 + bh * tq * d * 4, l2_bytes=P * steps * t * d * 4,
+                         reread_bytes=s_bytes, reread_buffer=s_bytes, unit="FMA", note="TxD output tile"))
+    return out
+
+
 KERNEL = Kernel(
     name=GEN,
     lowering="triton",
@@ -144,4 +170,5 @@ KERNEL = Kernel(
     materializes_s=True,
     s_tile=lambda problem, config: (config.tile(problem.head_dim),) * 2,  # TM x TN reuse of Q and K
     plan=plan,
+    launches=launches,
 )
