@@ -153,3 +153,16 @@ def test_quantized_kv_is_refused_where_no_builder_reads_it():
     with pytest.raises(NotImplementedError, match="quantized KV"):
         layer2.predict("pallas:v8_gqa:faithful", w, H100)
     assert "error" in layer2.predict_record(w, "cuda:v9_fp8", None, H100)
+
+
+def test_every_built_pallas_kernel_declares_its_launches():
+    """Issue 26 item 1: layer 2 holds no Pallas kernel's facts; every built generation's kernel declares its launches
+    (``Kernel.launches``), and a kernel that declares none is refused by name, not priced by a guess."""
+    from pallas_attn import registry
+
+    built = [g for g in registry.ids() if registry.built(g)]
+    assert built and all(registry.kernel(g).launches is not None for g in built), [
+        g for g in built if registry.kernel(g).launches is None]
+    bare = type("K", (), {"name": "nope", "passes": ("p",), "launches": None})()
+    with pytest.raises(NotImplementedError, match="'nope'.*declares none"):
+        layer2._pallas_launches("nope", bare, Shape(1, 1, 1, 1, 64, 64), {}, H100)
