@@ -284,14 +284,18 @@ def softmax_launch(s, pl_: Mapping[str, Any], name: str) -> _l.Launch:
                      note=f"{rows} rows x {cols} columns per step, one step in flight per program")
 
 
+def three_pass_sizes(s, names: list[str]):
+    """What the three-pass launches of v1 and v2 share: ``(d, bh, tq, tk, S bytes, fp32 Q/K/V bytes, pass name by
+    suffix)``."""
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    return d, bh, tq, tk, bh * tq * tk * 4, bh * (tq + 2 * tk) * d * 4, {n.rsplit("_", 1)[-1]: n for n in names}
+
+
 def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
     """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): S = Q K^T
     to HBM (one query row x a key chunk per program), the row softmax over S, then P V (one output row a program)."""
     del hw, cfg
-    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
-    s_bytes = bh * tq * tk * 4
-    qkv_f32 = bh * (tq + 2 * tk) * d * 4
-    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    d, bh, tq, tk, s_bytes, qkv_f32, by_suffix = three_pass_sizes(s, names)
     qk, pv = lp["qk"], lp["pv"]
     bk = qk["keys_per_program"]
     P = math.prod(qk["grid"])

@@ -33,7 +33,7 @@ from . import common as c
 from . import launches as _l
 from . import seqlen
 from .contract import Kernel, Precision, Problem
-from .v1_naive import NaiveConfig, softmax_launch, softmax_pass, softmax_plan
+from .v1_naive import NaiveConfig, softmax_launch, softmax_pass, softmax_plan, three_pass_sizes
 
 GEN = "v2_tiled"
 
@@ -133,10 +133,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
     """The launches of one call (``Kernel.launches``, priced by ``compare.layer2``; ``lp`` the call's plan): S = Q K^T
     in T x T tiles to HBM, v1's row softmax over S, then P V in T x D output tiles."""
     del hw, cfg
-    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
-    s_bytes = bh * tq * tk * 4
-    qkv_f32 = bh * (tq + 2 * tk) * d * 4
-    by_suffix = {n.rsplit("_", 1)[-1]: n for n in names}
+    d, bh, tq, tk, s_bytes, qkv_f32, by_suffix = three_pass_sizes(s, names)
     qk, pv = lp["qk"], lp["pv"]
     t = lp["tile"]
     P = math.prod(qk["grid"])
