@@ -206,5 +206,7 @@ def run_table(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(tbl, indent=1, sort_keys=True) + "\n")
         n = {k: len(v["rows"]) for k, v in tbl["kernels"].items()}
         changed = {k: sum(1 for r in v["rows"] if r["config"] != r["default"]) for k, v in tbl["kernels"].items()}
-        print(f"{chip}: {path} rows {n}; rows away from the kernel's default: {changed}")
+        here, full = Path.cwd().resolve(), path.resolve()
+        shown = full.relative_to(here) if full.is_relative_to(here) else path.name  # no machine path in a kept log
+        print(f"{chip}: {shown} rows {n}; rows away from the kernel's default: {changed}")
     return 0
