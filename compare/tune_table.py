@@ -134,7 +134,7 @@ def build_tables(records: list[dict[str, Any]], *, min_gain: float = 0.01) -> di
         wls[wname] = r["workload"]
         sha = (r.get("env") or {}).get("git_sha")
         times.setdefault(chip, {}).setdefault(kern, {}).setdefault(wname, {})[cfg] = {
-            "time_us": float(t), "file": r["_file"], "git_sha": sha, "run": r.get("run_id")}
+            "time_us": float(t), "file": r["_file"], "git_sha": sha}
         runs.setdefault((chip, kern, wname), {}).setdefault(r.get("run_id"), {})[cfg] = float(t)
     out: dict[str, dict[str, Any]] = {}
     for chip, kernels in times.items():

@@ -125,7 +125,7 @@ class Kernel:
     # (problem, config) -> the launch plan (grid, splits, waves ...), recorded by compare
     plan: Callable[[Problem, Any], Mapping[str, Any]] = _no_plan
     # (shape, plan, pass names, hw=, cfg=) -> [launches.Launch]: what one call launches, for the schedule model
-    # (compare.layer2 prices it; None: layer 2's own builder for this kernel, the older way)
+    # (compare.layer2 prices it; None: layer 2 refuses to price the kernel, by name)
     launches: Callable[..., list] | None = None
     # the "quantized" entry: KV storage format (Problem.kv_dtype, e.g. "fp8_e4m3", "nvfp4") -> how the kernel
     # computes on it (operand = the storage precision the roofline charges), the q dtypes it takes with a

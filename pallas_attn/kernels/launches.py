@@ -3,7 +3,8 @@
 A kernel module that declares ``Kernel.launches`` returns, for one problem and its plan, the ``Launch`` list one call
 runs: programs, threads, registers, shared memory, work units and serial steps per program, bytes. ``compare.layer2``
 prices the list with its fitted constants (a launch's ``cost`` names the dataflow whose constants apply); it holds no
-facts of the kernel itself. The vocabulary lives here, below both, so a kernel never imports compare:
+facts of the kernel itself. The vocabulary is a block of pallas_attn (compare imports it from here), so a kernel
+never imports compare:
 
 * ``Launch``: one kernel launch as the schedule sees it;
 * ``SMLimits`` / ``SM90`` and ``occupancy``: programs resident per SM under the sm_90 limits;
