@@ -179,3 +179,49 @@ def test_lse_and_traced_per_sequence_offsets(splits):
                                                      q_offset=int(offs[bi]))
         assert np.linalg.norm(out[bi:bi + 1] - ref) / np.linalg.norm(ref) < TOL["float16"]
         np.testing.assert_allclose(lse[bi:bi + 1], ref_lse, atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("cfg", [fd.CONFIGS["default"], fd.DecodeConfig(splits=1)])
+def test_dense_lens_ragged_causal(cfg):
+    """The dense layout with a lengths operand (context-parallel decode's slice, session 15), compiled: ragged
+    lengths (one empty, one not a tile multiple), per-sequence causal offsets, the tail past each length poisoned
+    with NaN so a read past it would show."""
+    b, tq, hq, hkv, d, s = 4, 2, 32, 8, 128, 20000
+    q, k, v = _inputs(21, b, tq, hq, hkv, d, s, "float16")
+    lens = np.array([20000, 7777, 0, 1], np.int32)
+    offs = lens - tq
+    tail = jnp.asarray(np.arange(s)[None, :, None, None] >= lens[:, None, None, None])
+    kp, vp = (jnp.where(tail, jnp.nan, x).astype(x.dtype) for x in (k, v))
+    out, lse = fd.dense_lens_forward(q, kp, vp, jnp.asarray(lens), causal=True, scale=1.0 / np.sqrt(d),
+                                     q_offset=jnp.asarray(offs), interpret=False, config=cfg, return_lse=True)
+    o = np.asarray(jnp.asarray(out, jnp.float32))
+    assert not np.any(o[2]) and np.all(np.isneginf(np.asarray(lse[2])))
+    _subset_check(out[[0, 1, 3]], q[[0, 1, 3]], k[[0, 1, 3]], v[[0, 1, 3]], rows=[0, 1, 2], kv_heads=[0, 7],
+                  dtype="float16", kv_lens=lens[[0, 1, 3]], causal=True)
+
+
+def test_context_parallel_dense_slice_equals_paged_view():
+    """context_parallel_decode over every visible GPU: the dense slice (default since session 15) and the
+    identity-table paged view agree with each other and with one GPU's fa_decode."""
+    from jax.sharding import Mesh
+
+    from pallas_attn import distributed as dist
+
+    n = jax.device_count()
+    mesh = Mesh(np.array(jax.devices()), ("cp",))
+    b, hq, hkv, d, s = 2, 32, 8, 128, 8192 * n
+    q, k, v = _inputs(22, b, 1, hq, hkv, d, s, "float16")
+    lens = jnp.asarray([s, s // 2 + 77], jnp.int32)
+    outs = []
+    for dense in (True, False):
+        dist.DENSE_SLICE = dense
+        dist.step_program.cache_clear()
+        dist.decode_program.cache_clear()
+        outs.append(np.asarray(jnp.asarray(dist.context_parallel_decode(mesh, q, k, v, causal=True, kv_len=lens),
+                                           jnp.float32)))
+    dist.DENSE_SLICE = True
+    dist.step_program.cache_clear()
+    dist.decode_program.cache_clear()
+    np.testing.assert_allclose(outs[0], outs[1], atol=2e-3)
+    _subset_check(outs[0], q, k, v, rows=[0, 1], kv_heads=[0, 7], dtype="float16", kv_lens=np.asarray(lens),
+                  causal=True)
