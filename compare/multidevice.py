@@ -37,15 +37,11 @@ _GEN = "fa_decode"
 
 
 def _local_problem(w):
-    """Each device's problem: its slice through the dense layout with lengths (``distributed.DENSE_SLICE``, session
-    15), else through the identity-table paged view."""
-    from pallas_attn import distributed
     from pallas_attn.kernels.contract import Problem
 
-    dense = distributed.DENSE_SLICE
-    return Problem(entry="dense" if dense else "paged", dtype=w.dtype, batch=w.batch, q_len=w.q_len,
-                   kv_len=w.kv_len // w.devices, heads_q=w.heads_q, heads_kv=w.heads_kv, head_dim=w.head_dim,
-                   causal=bool(w.causal), page_size=None if dense else _page(w))
+    return Problem(entry="paged", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len // w.devices,
+                   heads_q=w.heads_q, heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal),
+                   page_size=_page(w))
 
 
 def _page(w) -> int:
@@ -89,8 +85,7 @@ def _plan(merge: str, w, ctx: Ctx) -> dict[str, Any]:
     k = registry.kernel(_GEN)
     p = _local_problem(w)
     return {"devices": w.devices, "merge": merge, "keys_per_device": w.kv_len // w.devices,
-            "slice": "paged view" if p.page_size else "dense with lengths", "page_view": p.page_size,
-            "local": dict(k.plan(p, k.config(None, p)))}
+            "page_view": p.page_size, "local": dict(k.plan(p, k.config(None, p)))}
 
 
 def _prepare(merge: str, w, inp, ctx: Ctx) -> Prepared:

@@ -73,24 +73,6 @@ def merge_across(o, lse, *, axis_name, merge: str = "all_gather"):
     return out, jnp.transpose(lse_m, (0, 2, 1))
 
 
-# A dense slice runs fa_decode's dense layout with a lengths operand (``fa_decode.dense_lens_forward``): its plan and
-# loads are the dense cache's, no block table. False: the identity-table paged view every generation takes (the
-# path before session 15, kept for the other generations and for the before/after measurement).
-DENSE_SLICE = True
-
-
-def _dense_slice(q, k, v, kv_len, q_offset, *, causal: bool, scale, config, interpret):
-    """fa_decode on a dense slice whose first ``kv_len[b]`` keys are valid: ``(o, lse [B, Hq, Tq])``."""
-    from .kernels import fa_decode
-
-    s = api.validate_dense(q, k, v, causal=causal, scale=scale)
-    _, cfg = api.resolve("fa_decode", api.problem_dense(q, k, causal=causal), config)
-    with _compat.quiet_triton():
-        return fa_decode.dense_lens_forward(q, k, v, kv_len, causal=causal, scale=s, q_offset=q_offset,
-                                            interpret=_compat.default_interpret(interpret), config=cfg,
-                                            return_lse=True, check=False)
-
-
 def _page_for(t: int) -> int:
     """The largest power of two <= 256 dividing ``t`` (the identity-table view needs whole pages)."""
     page = 1
@@ -152,13 +134,9 @@ def context_parallel_attention(q, k, v, *, axis_name, kv_len=None, kv_start=None
         local_off = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (b,)) - jnp.asarray(kv_start, jnp.int32)
     else:
         local_off = jnp.zeros((b,), jnp.int32)
-    if not paged and generation == "fa_decode" and DENSE_SLICE:
-        o, lse = _dense_slice(q, k, v, kv_len, local_off, causal=causal, scale=scale, config=config,
-                              interpret=interpret)
-    else:
-        o, lse = api.paged_attention(q, pool_k, pool_v, table, kv_len, causal=causal, scale=scale,
-                                     q_offset=local_off, generation=generation, config=config, interpret=interpret,
-                                     return_lse=True, check_block_table=False)
+    o, lse = api.paged_attention(q, pool_k, pool_v, table, kv_len, causal=causal, scale=scale, q_offset=local_off,
+                                 generation=generation, config=config, interpret=interpret, return_lse=True,
+                                 check_block_table=False)
     out, lse_m = merge_across(o, lse, axis_name=axis_name, merge=merge)
     return (out, lse_m) if return_lse else out
 

@@ -2,17 +2,18 @@
 
 Session 15 (issue 34). Context-parallel decode on 4 H200s ran at 3.52x one GPU (bar 3.72x); session 13 traced the
 gap to the local kernel at a quarter of the keys streaming at 3.87 TB/s where one GPU's whole cache streams at 4.5.
-That local kernel was fa_decode's *paged* entry over an identity block table (the dense slice viewed as 256-key
-pages); ``fa_decode.dense_lens_forward`` runs the dense layout with a lengths operand instead. This probe times, on
-one GPU with compare's CUPTI clock (cold L2, p50 of ``--reps``), at B1 Hq32 Hkv8 D128 fp16 and each ``--seq``:
+That local kernel is fa_decode's *paged* entry over an identity block table (the dense slice viewed as pages). This
+probe times, on one GPU with compare's CUPTI clock (cold L2, p50 of ``--reps``), at B1 Hq32 Hkv8 D128 fp16 and each
+``--seq``:
 
-* ``dense``: fa_decode's dense entry (every key, no lengths): the kernel's own best;
-* ``dense_lens``: the dense layout with lengths (the new slice path), at the plan's split count and at ``--splits``;
-* ``paged_view``: the identity-table paged view (the slice path before session 15), and with 3 stages (the dense
-  plan's depth; the paged plan takes 5);
+* ``dense``: fa_decode's dense entry (every key): the kernel's own best;
+* ``dense_splits<n>``: the same with forced split counts (``--splits``);
+* ``paged_view``: the identity-table paged view the slice runs through, and with 3 stages (the dense plan's depth;
+  the paged plan takes 5);
 
 then the context-parallel program (``distributed.decode_program``, compare's in-jit loop clock) on 1, 2, 4 devices
-(those present) at B1 S``--cp-seq``, with the dense slice and with the paged view. JSONL to ``--out``, a table last.
+(those present) at B1 S``--cp-seq``. JSONL to ``--out``, a table last. (Session 15 also timed a dense slice with a
+lengths operand, git 53533aa: equal to the paged view at every length tried, so it was removed.)
 
     PYTHONPATH=. python scripts/cp_slice_probe.py --out $OUT/cp_slice.jsonl
 """
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seq", default="262144,524288,1048576", help="keys per device for the one-GPU rows")
-    ap.add_argument("--splits", default="48,66", help="forced split counts for dense_lens")
+    ap.add_argument("--splits", default="48,66", help="forced split counts for the dense rows")
     ap.add_argument("--cp-seq", type=int, default=1048576, help="whole cache of the context-parallel rows")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--devices", default="1,2,4")
@@ -74,20 +75,14 @@ def main(argv=None) -> int:
         page = dist._page_for(s)
         kp, vp = dist._as_pool(k, page), dist._as_pool(v, page)
         table = jnp.arange(s // page, dtype=jnp.int32)[None, :]
-        cases = {
-            "dense": (lambda q, k, v: fd.forward(q, k, v, causal=False, scale=scale, q_offset=zero, interpret=a.interpret,
-                                                 config=fd.CONFIGS["default"], return_lse=True), (q, k, v)),
-            "dense_lens": (lambda q, k, v, n: fd.dense_lens_forward(q, k, v, n, causal=False, scale=scale,
-                                                                    q_offset=zero, interpret=a.interpret,
-                                                                    config=fd.CONFIGS["default"], return_lse=True,
-                                                                    check=False), (q, k, v, lens)),
-        }
+        cases = {"dense": (lambda q, k, v: fd.forward(q, k, v, causal=False, scale=scale, q_offset=zero,
+                                                   interpret=a.interpret, config=fd.CONFIGS["default"],
+                                                   return_lse=True), (q, k, v))}
         for sp in [int(x) for x in a.splits.split(",") if x]:
             cfg = fd.DecodeConfig(splits=sp)
-            cases[f"dense_lens_splits{sp}"] = (
-                lambda q, k, v, n, _c=cfg: fd.dense_lens_forward(q, k, v, n, causal=False, scale=scale, q_offset=zero,
-                                                                 interpret=a.interpret, config=_c, return_lse=True,
-                                                                 check=False), (q, k, v, lens))
+            cases[f"dense_splits{sp}"] = (
+                lambda q, k, v, _c=cfg: fd.forward(q, k, v, causal=False, scale=scale, q_offset=zero,
+                                                   interpret=a.interpret, config=_c, return_lse=True), (q, k, v))
         for name, cfg in (("paged_view", fd.CONFIGS["default"]), ("paged_view_st3", fd.DecodeConfig(num_stages=3))):
             cases[name] = (lambda q, kp, vp, t, n, _c=cfg: fd.paged_forward(
                 q, kp, vp, t, n, causal=False, scale=scale, q_offset=zero, interpret=a.interpret, config=_c,
@@ -114,23 +109,13 @@ def main(argv=None) -> int:
         vs = jax.device_put(v, NamedSharding(mesh, P(None, "cp")))
         lens = jax.device_put(jnp.full((b,), s, jnp.int32), NamedSharding(mesh, P()))
         off = jax.device_put(jnp.zeros((b,), jnp.int32), NamedSharding(mesh, P()))
-        res = {}
-        for dense in (True, False):
-            dist.DENSE_SLICE = dense
-            dist.decode_program.cache_clear()
-            prog = dist.decode_program(mesh, axis="cp", head_axis=None, t_local=s // n, batch=b, causal=False,
-                                       scale=scale, merge="all_gather", generation="fa_decode", config=None,
-                                       interpret=a.interpret)
-            res[dense] = np.asarray(prog(qs, ks, vs, lens, off)[0], np.float32)
-            t = timing.time_loop(lambda q, k, v, n_, o_, _p=prog: _p(q, k, v, n_, o_)[0], (qs, ks, vs, lens, off),
-                                 reps=5)
-            emit({"type": "cp_program", "slice": "dense_lens" if dense else "paged_view", "devices": n, "seq": s,
-                  "us": float(np.median(t.samples_us)), "clock": t.clock})
-        emit({"type": "cp_agree", "devices": n,
-              "max_abs_dense_vs_paged": float(np.max(np.abs(res[True] - res[False])))})
+        prog = dist.decode_program(mesh, axis="cp", head_axis=None, t_local=s // n, batch=b, causal=False,
+                                   scale=scale, merge="all_gather", generation="fa_decode", config=None,
+                                   interpret=a.interpret)
+        t = timing.time_loop(lambda q, k, v, n_, o_, _p=prog: _p(q, k, v, n_, o_)[0], (qs, ks, vs, lens, off), reps=5)
+        emit({"type": "cp_program", "slice": "paged_view", "devices": n, "seq": s,
+              "us": float(np.median(t.samples_us)), "clock": t.clock})
         del qs, ks, vs
-    dist.DENSE_SLICE = True
-    dist.decode_program.cache_clear()
 
     print("\none GPU, B1 Hq32 Hkv8 D128 fp16, CUPTI p50 (cold L2)")
     print(f"{'case':<22}" + "".join(f"{s:>16}" for s in sorted({r['seq'] for r in rows if r['type'] == 'slice'})))

@@ -160,8 +160,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
     sc_ref = next(it) if fmt is not None else None
-    bt_ref = next(it) if lay.paged else None
-    lens_ref = next(it) if lay.paged or lay.lens else None
+    bt_ref, lens_ref = (next(it), next(it)) if lay.paged else (None, None)
     off_ref = next(it) if causal else None
     out_refs = list(it)
     bm, bk, d = p.block_m, p.block_k, lay.d
@@ -174,8 +173,8 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     b = bh // hkv
     h = bh % hkv
 
-    if lay.paged or lay.lens:
-        # A length the table (or the dense cache) cannot hold is bad: clamp (no read past the end) and flag.
+    if lay.paged:
+        # A length the table cannot hold is a bad table too: clamp (no read past the table) and flag.
         kv_len, bad0 = seqlen.clamp_len(lens_ref[b], lay.capacity)
     else:
         kv_len, bad0 = lay.tk, jnp.zeros((), jnp.bool_)
@@ -242,7 +241,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
     if o_scale is not None:
         o = o * o_scale
-    if check and (lay.paged or lay.lens):
+    if check and lay.paged:
         o = jnp.where(bad, jnp.nan, o)
     omask = jnp.broadcast_to(row_ok[:, None], (bm, d))
     if p.splits == 1:
@@ -368,31 +367,6 @@ def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, r
     return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal), check=False,
                    scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret, config=config,
                    return_lse=return_lse, fmt=fmt, quant_args=qargs, window=window, softcap=softcap, sinks=sinks)
-
-
-def dense_lens_forward(q, k, v, kv_lens, *, causal: bool, scale: float, q_offset, interpret: bool,
-                       config: DecodeConfig, return_lse: bool = False, check: bool = True):
-    """Dense decode where sequence ``b`` holds only its first ``kv_lens[b]`` keys of ``k, v [B, T, Hkv, D]``
-    (int32 ``kv_lens [B]``, ``q_offset [B]``): the dense layout and plan (no block table), the lengths bounding
-    each split's loads as the paged path's do. A length outside ``[0, T]`` gives NaN rows with ``check``.
-    Context-parallel decode runs each device's slice through it (session 15)."""
-    _check_quantized(q, k, v)
-    _check_common(q, k.shape[2], k.shape[3], getattr(k, "dtype", None))
-    return _dense_lens(q, k, v, kv_lens, q_offset, causal=bool(causal), scale=scale, interpret=interpret,
-                       config=config, return_lse=return_lse, check=bool(check))
-
-
-@functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse", "check"))
-def _dense_lens(q, k, v, kv_lens, q_offset, *, causal, scale, interpret, config, return_lse, check):
-    b, tq, hq, d = q.shape
-    _, tk, hkv, _ = k.shape
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=tk, config=config)
-    fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
-    lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro, lens=True)
-    extra = (jnp.asarray(kv_lens, jnp.int32).reshape(b),) + ((q_offset,) if causal else ())
-    return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal), check=check, scale=scale, b=b, tq=tq,
-                   hq=hq, hkv=hkv, interpret=interpret, config=config, return_lse=return_lse, fmt=fmt,
-                   quant_args=qargs)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse",

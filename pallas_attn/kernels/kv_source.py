@@ -65,7 +65,6 @@ class KVLayout:
     gather: bool = False  # paged with page < block_k
     width: int = 0  # storage columns per head in the K/V pools (0: d; NVFP4 packed: d // 2)
     micro: int = 0  # columns per head of the micro-scale pools (NVFP4: d // 16; 0: no micro pools)
-    lens: bool = False  # dense with a lengths operand: sequence b holds its first lens[b] of the tk keys
 
     @property
     def data_width(self) -> int:
