@@ -55,7 +55,8 @@ def summary(path: str) -> str:
         by_i[o] += i
     out = [f"== {path}: {len(rows)} SASS lines, {sum(samples)} stall samples, {sum(execd)} warp instructions"]
     for o, c in by.most_common(16):
-        out.append(f"   {o:<22} samples {c:>8} ({100 * c / tot:4.1f}%)  not issued {by_n[o]:>8}  executed {by_i[o]:>11}")
+        share = 100 * c / tot
+        out.append(f"   {o:<22} samples {c:>8} ({share:4.1f}%)  not issued {by_n[o]:>8}  executed {by_i[o]:>11}")
     for k in sorted(range(len(rows)), key=lambda k: -samples[k])[:14]:
         out.append(f"     {samples[k]:>7} {execd[k]:>10}  {rows[k]['Source'].strip()[:90]}")
     return "\n".join(out)
