@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Generation", "GENERATIONS", "FAMILIES", "ENTRIES", "REFERENCE_IDS", "ids", "get"]
+__all__ = ["Generation", "GENERATIONS", "FAMILIES", "ENTRIES", "REFERENCE_IDS", "MLA_TEMPLATES", "ids", "get"]
 
 FAMILIES = ("prefill", "decode", "paged_gqa", "lowp_kv", "mla", "frontier_decode", "frontier_prefill")
 ENTRIES = ("dense", "paged", "quantized", "mla")
@@ -98,6 +98,10 @@ GENERATIONS: tuple[Generation, ...] = (
 
 _BY_ID = {g.id: g for g in GENERATIONS}
 REFERENCE_IDS: tuple[str, ...] = tuple(g.id for g in GENERATIONS if not g.frontier)
+
+# (DQK, DV = kv_lora_rank) the reference's MLA kernels are instantiated for (docs/reference.md §2.16, docs/mla.md):
+# v11_mla in both twins and cuda_ref's v12_mla_tc take these; the one definition both twins and compare import.
+MLA_TEMPLATES: tuple[tuple[int, int], ...] = ((96, 64), (160, 128), (576, 512))
 
 
 def ids() -> tuple[str, ...]:

@@ -5,10 +5,10 @@ names the largest; the reference found it names the limiter right and misses the
 occupancy, waves, per-program latency, launch cost and L2 live in the schedule (docs/reference.md §3.4). This
 module models the schedule, one launch at a time:
 
-* **launches**: the kernels one call runs (a Pallas kernel's declared passes, cuda_ref's kernels of a
-  generation, and the host-side casts that sit inside the timed call);
-* **programs, warps, registers, shared memory** per launch, from the plan (``Kernel.plan``; cuda_ref's table,
-  its split heuristic and the ptxas report for registers and static shared memory);
+* **launches**: the kernels one call runs (a Pallas kernel's declared passes, a CUDA twin's declared kernels,
+  and the host-side casts that sit inside the timed call);
+* **programs, warps, registers, shared memory** per launch, from the plan (``Kernel.plan``; for a CUDA twin
+  ``cuda_ref.launches.plan``: its table row, its split heuristic and the ptxas report);
 * **residency**: programs per SM under the sm_90 limits (2048 threads, 64K registers, 228 KB shared memory,
   32 blocks), then ``rounds`` = how many times the busiest SM refills its slots, and ``waves``;
 * per launch, the largest of four times, each a named limiter:
@@ -23,10 +23,10 @@ module models the schedule, one launch at a time:
   kernels are not on that clock).
 
 Generation-specific facts (what one program of a launch does: its work units, serial steps and bytes) come from the
-Pallas kernel, which declares them (``Kernel.launches``, returning ``pallas_attn.kernels.launches.Launch`` objects;
-``_priced`` applies this model's spill threshold and L2 residency rule), and for cuda_ref from a small table of
-builders keyed by cuda_ref's kernel names (the ptxas report). cuda_ref's table gives no list of kernels per
-generation, so ``CUDA_LAUNCHES`` below is keyed by generation id (the one place we do so).
+kernel, which declares them in the vocabulary both twins share (``attn_core.launches.Launch``): a Pallas kernel in
+``Kernel.launches``, a CUDA twin in ``cuda_ref.launches`` (with its registers and shared memory from cuda_ref's ptxas
+report). ``_priced`` applies this model's spill threshold and L2 residency rule to what either declares; this module
+names no generation.
 
 Constants: ``GLOBAL`` (L2 bandwidth per SM-cycle, L2 residency fraction, launch cost) and one
 ``Cost(issue, lat, fixed)`` per launch dataflow in ``COSTS``. Every one was fitted once on the H200 run
@@ -41,39 +41,20 @@ Hooks for the runner: ``predict_record(workload, impl, plan, hardware) -> dict``
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pallas_attn.kernels.launches import KV_STORAGE_BYTES, SM90, Launch, occupancy
-from pallas_attn.kernels.launches import cast_launches as _cast_launches
-from pallas_attn.kernels.launches import cdiv as _cdiv
-from pallas_attn.kernels.launches import kv_bytes as _kvb
-from pallas_attn.kernels.launches import mla_dims as _mla_dims
+from attn_core.launches import KV_STORAGE_BYTES, SM90, Launch, occupancy
 
 from . import hardware as _hardware
 from .hardware import Hardware
 
 __all__ = ["SM90", "Cost", "COSTS", "GLOBAL", "Shape", "Launch", "LaunchTime", "Prediction", "occupancy",
-           "time_launch", "launches_for", "predict", "predict_record", "score", "CUDA_LAUNCHES"]
+           "time_launch", "launches_for", "predict", "predict_record", "score"]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _ptxas_report_path() -> Path:
-    """cuda_ref's ptxas resource report, shipped inside the cuda_ref package (``cuda_ref/resources``: written from the
-    sources by tests/test_cuda_ref_cpu.py, which fails when it is stale), found without importing cuda_ref."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("cuda_ref")
-    base = Path(spec.origin).parent if spec is not None and spec.origin else ROOT / "cuda_ref"
-    return base / "resources" / "ptxas_sm90a.txt"
-
-
-PTXAS_REPORT = _ptxas_report_path()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -419,232 +400,13 @@ def _pallas_launches(gen: str, kernel: Any, s: Shape, plan: Mapping[str, Any], h
     return [_priced(ln, hw) for ln in kernel.launches(s, plan, list(kernel.passes), hw=hw, cfg=cfg)]
 
 
-# cuda_ref: the kernels each generation launches, in order (read off cuda_ref/csrc/kernels/<id>.cu; the
-# generation table does not list launches, so this is keyed by generation id) and threads per CTA.
-CUDA_LAUNCHES: dict[str, tuple[str, ...]] = {
-    "v1_naive": ("v1_qk_kernel", "v1_softmax_kernel", "v1_pv_kernel"),
-    "v2_tiled": ("v2_qk_kernel<D>", "v1_softmax_kernel", "v2_pv_kernel<D>"),
-    "v3_online": ("v3_stats_kernel<D>", "v3_output_kernel<D>"),
-    "v4_fused": ("v4_fused_kernel<D>",),
-    "v5_wmma": ("v5_wmma_kernel<D>",),
-    "v6_splitkv": ("v6_partial_kernel<D>", "v6_merge_kernel"),
-    # the paged twins (issue 16): one partial kernel each, then the shared paged merge (kernels/v7_paged.cu)
-    **{g: (f"{g}_partial_kernel<D>", "paged_merge_kernel")
-       for g in ("v7_paged", "v8_gqa", "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss", "v8_gqa_tc")},
-    # the MLA twins (issue 16; kernels/v11_mla.cu, v12_mla_tc.cu): template <DQK, DV[, T], latent format>, then v7's
-    # paged merge with DV threads
-    "v11_mla": ("v11_mla_partial_kernel<DQK, DV, F>", "paged_merge_kernel"),
-    "v12_mla_tc": ("v12_mla_tc_partial_kernel<DQK, DV, T, F>", "paged_merge_kernel"),
-}
+def _cuda_launches(gen: str, s: Shape, plan: Mapping[str, Any] | None, hw: Hardware) -> tuple[list[Launch], dict]:
+    """The launches a CUDA twin declares (``cuda_ref.launches``) for the plan it runs (the record's, completed by
+    the twin's own split heuristic on ``hw``'s SMs), with this model's choices applied (``_priced``)."""
+    from cuda_ref import launches as twins
 
-
-_PTXAS_LINE = re.compile(r"^(\S+\.cu)\s+(\S+(?:<[^>]*>)?)\s+(\d+)\s+\d+\s+\d+\s+\d+\s+(\d+)\s+\d+\s*$")
-
-
-@lru_cache(maxsize=1)
-def ptxas_resources() -> dict[str, tuple[int, int]]:
-    """kernel -> (registers per thread, static shared memory bytes), from cuda_ref's ptxas report (package data)."""
-    out = {}
-    if not PTXAS_REPORT.is_file():  # cuda_ref installed without its data files: a note on the record
-        shown = "/".join(PTXAS_REPORT.parts[-3:])  # package-relative: a record never carries this machine's path
-        raise LookupError(f"the ptxas report {shown} is not here (cuda_ref without its resources/): the CUDA "
-                          "kernels' registers and shared memory are unknown, so layer 2 cannot price them")
-    for line in PTXAS_REPORT.read_text().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        m = _PTXAS_LINE.match(line)  # a template name may hold spaces: <576, 512, __half, 0>
-        if m:
-            out[m.group(2)] = (int(m.group(3)), int(m.group(4)))
-    return out
-
-
-def _cuda_res(kernel: str, d: int) -> tuple[int, int]:
-    res = ptxas_resources()
-    key = kernel.replace("<D>", f"<{d}>")
-    if key not in res:
-        raise KeyError(f"{key} is not in the ptxas report {PTXAS_REPORT.name}")
-    return res[key]
-
-
-def _cuda_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
-    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
-    s_bytes = bh * tq * tk * 4
-    vf = s.vis_frac
-    tm, tn = row.tile(d)
-    out: list[Launch] = []
-    if row.operand == "fp16":
-        out += _cast_launches(s, "host")
-    ob = 4 if row.operand == "fp32" else 2
-    qkv = bh * (tq + 2 * tk) * d * ob
-    o_bytes = bh * tq * d * 4
-    for k in CUDA_LAUNCHES[gen]:
-        regs, smem = _cuda_res(k, d)
-        base = k.split("<")[0]
-        if base == "v1_qk_kernel":
-            total = bh * tq * tk
-            P = min(_cdiv(total, 256), 1 << 30)
-            out.append(Launch(k, base, P, 256, regs, smem, units=256 * d, steps=d,
-                              dram_bytes=qkv * 2 / 3 + s_bytes, l2_bytes=total * d * 4 * 2, unit="FMA",
-                              note="thread per S element, Q and K rows from global"))
-        elif base == "v1_softmax_kernel":
-            rows = bh * tq
-            dram, l2 = _split_dram_l2(5 * s_bytes * (0.6 + 0.4 * vf), s_bytes, hw)
-            out.append(Launch(k, base, _cdiv(rows, 256), 256, regs, smem, units=256 * 3 * tk, steps=3 * tk,
-                              dram_bytes=dram, l2_bytes=l2, unit="S element",
-                              note="thread per row, three serial sweeps"))
-        elif base == "v1_pv_kernel":
-            total = bh * tq * d
-            p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
-            out.append(Launch(k, base, _cdiv(total, 256), 256, regs, smem, units=256 * tk, steps=tk,
-                              dram_bytes=p_dram + qkv / 3 + o_bytes, l2_bytes=p_l2 + total * tk * 4, unit="FMA",
-                              note="thread per output element, sums all keys"))
-        elif base == "v2_qk_kernel":
-            P = _cdiv(tk, tn) * _cdiv(tq, tm) * bh
-            out.append(Launch(k, base, P, 256, regs, smem, units=tm * tn * d, steps=tm * tn * d / 256,
-                              dram_bytes=qkv * 2 / 3 + s_bytes, l2_bytes=P * (tm + tn) * d * 4, unit="FMA",
-                              note="TMxTN tile of S, d-long dots from shared memory"))
-        elif base == "v2_pv_kernel":
-            P = _cdiv(tq, tm) * bh
-            steps = _cdiv(tk, tn)
-            p_dram, p_l2 = _split_dram_l2(s_bytes, s_bytes, hw)
-            out.append(Launch(k, base, P, 256, regs, smem, units=tm * d * tk, steps=steps * tn * tm * d / 256,
-                              dram_bytes=p_dram + qkv / 3 + o_bytes, l2_bytes=p_l2 + P * tk * d * 4, unit="FMA",
-                              note="TMxD output tile, keys in chunks of TN"))
-        elif base in ("v3_stats_kernel", "v3_output_kernel"):
-            P = _cdiv(tq, tm) * bh
-            keys = tk * vf
-            mult = 1 if base == "v3_stats_kernel" else 2
-            out.append(Launch(k, base, P, 256, regs, smem, units=mult * tm * keys * d, steps=mult * keys * d,
-                              dram_bytes=qkv * (2 if mult == 2 else 1) / 3 + (o_bytes if mult == 2 else 0),
-                              l2_bytes=P * keys * d * 4 * mult, unit="FMA",
-                              note="thread per query row (TM of 256 threads active), serial over keys x d"))
-        elif base in ("v4_fused_kernel", "v6_partial_kernel"):
-            if base == "v4_fused_kernel":
-                splits, chunk = 1, tk
-            else:
-                splits, chunk = plan.get("splits"), plan.get("chunk")
-                if not splits:
-                    from attn_core.splits import choose_splits
-
-                    splits, chunk = choose_splits(bh=bh, n_q=tq, n_k=tk, num_sm=hw.num_sm)
-            P = _cdiv(tq, 8) * splits * bh
-            keys = max(1.0, min(chunk, tk) * vf)
-            ws = bh * tq * splits * (d + 2) * 4 if splits > 1 or base == "v6_partial_kernel" else 0
-            out.append(Launch(k, "warp_rows", P, 256, regs, smem, units=min(8, tq) * keys, steps=keys,
-                              dram_bytes=qkv + (ws if ws else o_bytes), l2_bytes=P * keys * 2 * d * 4,
-                              unit="warp x key", note="warp per query row: per key a shuffle all-reduce + update"))
-            if base == "v6_partial_kernel":
-                out.append(Launch("v6_merge_kernel", "v6_merge_kernel", tq * bh, d, *_cuda_res("v6_merge_kernel", d),
-                                  units=splits, steps=splits, dram_bytes=ws + o_bytes, unit="split",
-                                  note="thread per output dim"))
-        elif base == "v5_wmma_kernel":
-            P = _cdiv(tq, tm) * bh
-            steps = max(1.0, _cdiv(tk, tn) * (vf if tq > tm else 1.0))
-            out.append(Launch(k, base, P, tm // 16 * 32, regs, smem, units=4 * tm * tn * d * steps, steps=steps,
-                              dram_bytes=qkv + o_bytes, l2_bytes=P * steps * 2 * tn * d * 2, unit="MMA FLOP",
-                              note="WMMA 16x16x16, softmax and running O in shared memory"))
-        elif base == "v6_merge_kernel":
-            continue  # added with its partial
-        else:
-            raise NotImplementedError(f"layer 2 has no launch builder for the cuda_ref kernel {k}")
-    return out
-
-
-def _cuda_paged_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
-    """cuda_ref's paged twins (common/paged_warp_rows.cuh, common/ss_tile.cuh, kernels/v8_gqa_tc.cu): grid
-    ``(ceil(G*Tq / rows), S, B*Hkv)``; every key tile is first gathered through the block table by the whole CTA,
-    ``TN*D / threads`` strided iterations, each a table read then the K/V pool reads it addresses (a serial
-    chain: ordinary loads, then a shared-memory store), then computed; then the shared paged merge."""
-    d, tk = s.head_dim, s.kv_len
-    rows_tile, tn = row.tile(d)
-    packed = (s.heads_q // s.heads_kv) * s.q_len
-    row_tiles = _cdiv(packed, rows_tile)
-    splits, chunk = plan["splits"], plan["chunk"]
-    P = row_tiles * splits * s.batch * s.heads_kv
-    keys = max(1.0, min(chunk, tk) * s.vis_frac)  # the busiest program's keys
-    tiles = max(1, math.ceil(keys / tn))
-    kname = CUDA_LAUNCHES[gen][0]
-    regs, smem = _cuda_res(kname, d)
-    threads = 32 if gen == "v8_gqa_tc" else 256
-    gather = tiles * _cdiv(tn * d, threads)
-    kv = 2 * s.batch * s.heads_kv * tk * d * 2
-    ws = s.bh * s.q_len * splits * (d + 2) * 4
-    dram = kv + s.bh * s.q_len * d * 2 + ws
-    l2 = (row_tiles - 1) * kv
-    out = _cast_launches(s, "host") if row.operand == "fp16" else []
-    common = dict(dram_bytes=dram, l2_bytes=l2, gather_steps=gather)
-    if gen == "v8_gqa_ss":
-        groups = tiles * max(1, tn // 32)
-        out.append(Launch(kname.replace("<D>", f"<{d}>"), "v8_gqa_ss_group", P, threads, regs, smem, units=0.0,
-                          steps=groups * (d + 32), unit="-", note=f"lane per key: {groups} groups of 32 keys, "
-                          f"D + 32 dependent lane steps each; {tiles} gathered {tn}-key tiles", **common))
-    elif gen == "v8_gqa_tc":
-        out.append(Launch(kname.replace("<D>", f"<{d}>"), "paged_wmma", P, threads, regs, smem,
-                          units=4 * rows_tile * tn * d * tiles, steps=tiles, unit="MMA FLOP",
-                          note=f"one warp, WMMA 16x16x16 on a 16-row tile, {tn}-key blocks gathered by 32 lanes",
-                          **common))
-    else:
-        active = min(rows_tile, packed)
-        out.append(Launch(kname.replace("<D>", f"<{d}>"), "paged_warp_rows", P, threads, regs, smem,
-                          units=active * keys, steps=keys, unit="warp x key",
-                          note=f"warp per packed row, per key a shuffle all-reduce + update; {tiles} gathered "
-                          f"{tn}-key tiles", **common))
-    m_regs, m_smem = _cuda_res("paged_merge_kernel", d)
-    # lse_merge: a max pass over the S split maxima, then a weighted pass over (m, l, o); the loads of a pass
-    # are independent (unrolled), so the chain is two dependent memory round trips = one gather step
-    out.append(Launch("paged_merge_kernel", "paged_merge", s.bh * s.q_len, d, m_regs, m_smem, units=splits,
-                      steps=0.0, gather_steps=1.0, dram_bytes=ws + s.bh * s.q_len * d * 4, unit="split",
-                      note="thread per output dim: two dependent passes over the splits"))
-    return out
-
-
-def _cuda_mla_launches(gen: str, row: Any, s: Shape, plan: Mapping[str, Any], hw: Hardware) -> list[Launch]:
-    """cuda_ref's MLA twins (common/mla.cuh): grid ``(ceil(h_q Tq / rows), S, B)``, the latent tile staged by the
-    whole CTA through the block table, then v7's paged merge (DV threads per row).
-
-    * v11_mla (256 threads, 8 heads, ``v11_mla_group``): lane per key, a DQK-long dot from shared memory, then 32
-      broadcast steps of DV / 32 FMAs each: ``DQK + DV`` dependent lane steps per 32-key tile, and the staging of
-      ``TN x DQK / 256`` elements per tile (global loads, coalesced, one table read per key: not the paged twins'
-      serial table walk; priced inside the lane-step constant).
-    * v12_mla_tc (256 threads, 64 heads, mma.sync, 224 registers, ~190 KB dynamic shared memory: 1 CTA per SM,
-      ``v12_mla_tc_mma``): a fitted latency per 32-key tile (cp.async ring, mma.sync QK over DQK and PV over DV,
-      two shared-memory reductions); an fp8 latent adds an in-shared-memory convert of ``TN x DQK`` elements per
-      tile (``Cost.dequant`` per element, on the chain)."""
-    dqk, dv = _mla_dims(s)
-    rows_tile, tn = row.tile(dqk)
-    rows = s.heads_q * s.q_len
-    row_tiles = _cdiv(rows, rows_tile)
-    splits, chunk = plan["splits"], plan["chunk"]
-    P = row_tiles * splits * s.batch
-    keys = max(1.0, min(chunk, s.kv_len) * s.vis_frac)
-    tiles = max(1, math.ceil(keys / tn))
-    fmt = {"nvfp4": 3, "fp8_e4m3": 2}.get(s.kv_dtype or "", 1 if s.dtype == "bfloat16" else 0)
-    tname = "__nv_bfloat16" if s.dtype == "bfloat16" else "__half"
-    kname = CUDA_LAUNCHES[gen][0].replace("DQK", str(dqk)).replace("DV", str(dv)).replace("T,", f"{tname},")
-    kname = kname.replace("F>", f"{fmt}>")
-    regs, smem = _cuda_res(kname, dqk)
-    latent = s.batch * s.kv_len * dqk * _kvb(s)
-    ws = s.batch * rows * splits * (dv + 2) * 4
-    common = dict(dram_bytes=latent + s.batch * rows * dqk * 2 + ws, l2_bytes=(row_tiles - 1) * latent)
-    out = _cast_launches(s, "host") if s.dtype == "float32" else []
-    if gen == "v11_mla":
-        out.append(Launch(kname, "v11_mla_group", P, 256, regs, smem, units=0.0, steps=tiles * (dqk + dv), unit="-",
-                          note=f"lane per key: {tiles} tiles of {tn} keys, DQK + DV = {dqk + dv} lane steps each",
-                          **common))
-    else:
-        pad = 8
-        if s.kv_dtype == "fp8_e4m3":
-            smem = 64 * (dqk + pad) * 2 + 3 * tn * dqk + tn * (dqk + pad) * 2 + 64 * (tn + pad) * 2 + 4 * 64 * 4
-        else:
-            smem = 64 * (dqk + pad) * 2 + 3 * tn * (dqk + pad) * 2 + 64 * (tn + pad) * 2 + 4 * 64 * 4
-        out.append(Launch(kname, "v12_mla_tc_mma", P, 256, regs, smem, units=0.0, steps=tiles,
-                          dequant_elems=tiles * tn * dqk if s.kv_dtype else 0.0, unit="-",
-                          note=f"64 heads x {tn}-key tiles, mma.sync m16n8k16, {tiles} per CTA", **common))
-    m_regs, m_smem = _cuda_res("paged_merge_kernel", dqk)
-    out.append(Launch("paged_merge_kernel", "paged_merge", s.batch * rows, dv, m_regs, m_smem, units=splits,
-                      steps=0.0, gather_steps=1.0, dram_bytes=ws + s.batch * rows * dv * 4, unit="split",
-                      note="thread per output dim: two dependent passes over the splits"))
-    return out
+    pl = twins.plan(gen, s, plan, num_sm=hw.num_sm)
+    return [_priced(ln, hw) for ln in twins.launches(gen, s, pl)], pl
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -702,55 +464,28 @@ def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | No
             pl = dict(plan)
         return _pallas_launches(gen, k, s, pl, hw, _pallas_config(gen, config, s, entry)), pl
     if fw == "cuda":
-        import cuda_ref
-
-        gen = parts[1]
-        row = next((r for r in cuda_ref.table() if r.id == gen), None)
-        if row is None:
-            raise NotImplementedError(f"cuda_ref has no row {gen!r}")
-        pl = dict(plan or {})
-        if row.entry == "mla":
-            if not (isinstance(pl.get("splits"), int) and pl.get("chunk")):
-                from attn_core.splits import choose_splits
-
-                sms = pl.get("num_sm") if isinstance(pl.get("num_sm"), int) else hw.num_sm
-                sp, ch = choose_splits(bh=s.batch, n_q=s.heads_q * s.q_len, n_k=s.kv_len, num_sm=sms,
-                                       rows_per_program=row.tile(s.head_dim)[0])
-                pl.update(splits=sp, chunk=ch)
-            pl["launches"] = list(CUDA_LAUNCHES[gen])
-            return _cuda_mla_launches(gen, row, s, pl, hw), pl
-        if row.entry == "paged":
-            if not (pl.get("splits") and pl.get("chunk")):
-                from attn_core.splits import choose_splits
-
-                sms = pl.get("num_sm") if isinstance(pl.get("num_sm"), int) else hw.num_sm
-                sp, ch = choose_splits(bh=s.batch * s.heads_kv, n_q=(s.heads_q // s.heads_kv) * s.q_len,
-                                       n_k=s.kv_len, num_sm=sms, rows_per_program=row.tile(s.head_dim)[0])
-                pl.update(splits=sp, chunk=ch, num_sm=sms)
-            pl.setdefault("tile", list(row.tile(s.head_dim)))
-            pl["launches"] = list(CUDA_LAUNCHES[gen])
-            return _cuda_paged_launches(gen, row, s, pl, hw), pl
-        if row.split_kv and not pl.get("splits"):
-            from attn_core.splits import choose_splits
-
-            sp, ch = choose_splits(bh=s.bh, n_q=s.q_len, n_k=s.kv_len, num_sm=hw.num_sm)
-            pl.update(splits=sp, chunk=ch, num_sm=hw.num_sm)
-        pl.setdefault("tile", list(row.tile(s.head_dim)))
-        pl["launches"] = list(CUDA_LAUNCHES[gen])
-        return _cuda_launches(gen, row, s, pl, hw), pl
+        return _cuda_launches(parts[1], s, plan, hw)
     raise NotImplementedError(f"layer 2 models pallas:* and cuda:* implementations, not {impl!r} (peers excluded)")
 
 
-# the implementations whose builders read ``Shape.kv_dtype`` (storage bytes, decode work)
-QUANT_READERS = re.compile(r"^(pallas:(fa_decode|v9_fp8|v10_nvfp4|v11_mla|v12_mla_tc|fa_mla)"
-                           r"|cuda:(v11_mla|v12_mla_tc))(:|$)")
+# the Pallas implementations whose builders read ``Shape.kv_dtype`` (storage bytes, decode work); a CUDA twin says so
+# in its declaration (``cuda_ref.launches.reads_kv_dtype``)
+QUANT_READERS = re.compile(r"^pallas:(fa_decode|v9_fp8|v10_nvfp4|v11_mla|v12_mla_tc|fa_mla)(:|$)")
+
+
+def _reads_kv_dtype(impl: str) -> bool:
+    if impl.startswith("cuda:"):
+        from cuda_ref import launches as twins
+
+        return twins.reads_kv_dtype(impl.split(":")[1])
+    return bool(QUANT_READERS.match(impl))
 
 
 def predict(impl: str, workload: Any, hw: Hardware | str, plan: Mapping[str, Any] | None = None) -> Prediction:
     """Layer 2 for ``impl`` on ``workload`` (a Workload, a record's workload dict or a ``Shape``)."""
     hw = _hardware.get(hw) if isinstance(hw, str) else hw
     s = workload if isinstance(workload, Shape) else Shape.of(workload)
-    if s.kv_dtype and not QUANT_READERS.match(impl):  # it would charge a quantized cache at 16-bit bytes
+    if s.kv_dtype and not _reads_kv_dtype(impl):  # it would charge a quantized cache at 16-bit bytes
         raise NotImplementedError(f"layer 2 models quantized KV (kv_dtype={s.kv_dtype}) for the kernels that read it "
                                   f"(fa_decode, v9_fp8, v10_nvfp4, the MLA latents), not {impl!r}")
     lns, pl = launches_for(impl, s, hw, plan)

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from attn_core import generations as _known
 from attn_core import splits as _splits
+from attn_core.generations import MLA_TEMPLATES
 
 # The module cuda_ref.table (the package attribute ``cuda_ref.table`` is its table() function).
 _table = importlib.import_module(".table", __package__)
@@ -623,9 +624,8 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, generation: str 
 
 # --- MLA entry (cuda_ref.mla_attention; v11_mla, v12_mla_tc) -------------------------------------------------------
 
-# (DQK, kv_lora_rank = DV) the MLA kernels are instantiated for (docs/reference.md §2.16), and the latent formats each
-# MLA row reads (the launchers and the binding check the same).
-MLA_TEMPLATES: tuple[tuple[int, int], ...] = ((96, 64), (160, 128), (576, 512))
+# The MLA kernels are instantiated for attn_core.generations.MLA_TEMPLATES (DQK, kv_lora_rank = DV; docs/reference.md
+# §2.16); the latent formats each MLA row reads (the launchers and the binding check the same).
 _MLA_FORMATS = {"v11_mla": ("float16", "bfloat16", "nvfp4"), "v12_mla_tc": ("float16", "bfloat16", "fp8")}
 _MLA_Q_DTYPES = ("float16", "bfloat16")
 

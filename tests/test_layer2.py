@@ -127,10 +127,13 @@ def test_predict_record_reports_what_it_cannot_model():
 
 
 def test_the_ptxas_report_is_cuda_ref_package_data_not_a_results_file():
-    """Layer 2 reads cuda_ref's registers and shared memory from the report shipped in the cuda_ref package (issue 26
-    item 1, issue 33: a copy without results/, as on a GPU machine or an installed package, still prices CUDA rows)."""
-    assert layer2.PTXAS_REPORT.parts[-3:] == ("cuda_ref", "resources", "ptxas_sm90a.txt")
-    assert layer2.PTXAS_REPORT.is_file() and "results" not in layer2.PTXAS_REPORT.parts
+    """The CUDA twins' registers and shared memory come from the report shipped in the cuda_ref package, read where the
+    twins declare their launches (cuda_ref.launches; issue 26 item 1, issue 33: a copy without results/, as on a GPU
+    machine or an installed package, still prices CUDA rows)."""
+    from cuda_ref import launches as twins
+
+    assert twins.PTXAS_REPORT.parts[-3:] == ("cuda_ref", "resources", "ptxas_sm90a.txt")
+    assert twins.PTXAS_REPORT.is_file() and "results" not in twins.PTXAS_REPORT.parts
     w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048, "head_dim": 64, "dtype": "float16"}
     out = layer2.predict_record(w, {"name": "cuda:v6_splitkv"}, None, H200)
     assert "error" not in out and out["time_us"] > 0
@@ -140,12 +143,14 @@ def test_predict_record_without_the_ptxas_report_is_a_note(monkeypatch, tmp_path
     """A copy without results/ (an installed package, a GPU machine's checkout copy): the CUDA rows' layer 2 is an
     error note naming the missing report, never an exception that fails the measurement."""
     w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 2048, "head_dim": 64, "dtype": "float16"}
-    monkeypatch.setattr(layer2, "PTXAS_REPORT", tmp_path / "absent.txt")
-    layer2.ptxas_resources.cache_clear()
+    from cuda_ref import launches as twins
+
+    monkeypatch.setattr(twins, "PTXAS_REPORT", tmp_path / "absent.txt")
+    twins.ptxas_resources.cache_clear()
     try:
         out = layer2.predict_record(w, {"name": "cuda:v6_splitkv"}, None, H200)
     finally:
-        layer2.ptxas_resources.cache_clear()
+        twins.ptxas_resources.cache_clear()
     assert "error" in out and "absent.txt" in out["error"] and "ptxas" in out["error"]
     assert str(tmp_path) not in out["error"]  # no path of this machine in a record
 

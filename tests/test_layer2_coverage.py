@@ -102,22 +102,20 @@ def test_v11_mla_pallas_units_are_the_paged_partials():
 
 
 def test_cuda_mla_twins_launches():
-    import cuda_ref
+    from cuda_ref import launches as twins
 
-    row = next(r for r in cuda_ref.table() if r.id == "v12_mla_tc")
-    lns = layer2._cuda_mla_launches("v12_mla_tc", row, MLA, {"splits": 3, "chunk": 2731}, H100)
+    lns = twins.launches("v12_mla_tc", MLA, {"splits": 3, "chunk": 2731})
     part, merge = lns
     assert part.name == "v12_mla_tc_partial_kernel<576, 512, __nv_bfloat16, 1>"
     assert part.regs == 224 and part.programs == 2 * 3 * 64
     # dynamic shared memory: sQ 64 x 584 + ring 3 x 32 x 584 (16-bit) + sP 64 x 40 + sRed 4 x 64 fp32
     assert part.smem == 193_024 and part.steps == 86  # ceil(2731 / 32) tiles
     assert merge.name == "paged_merge_kernel" and merge.threads == 512 and merge.gather_steps == 1.0
-    fp8 = layer2._cuda_mla_launches("v12_mla_tc", row, Shape(**{**MLA.__dict__, "kv_dtype": "fp8_e4m3"}),
-                                    {"splits": 3, "chunk": 2731}, H100)[0]
+    fp8 = twins.launches("v12_mla_tc", Shape(**{**MLA.__dict__, "kv_dtype": "fp8_e4m3"}),
+                         {"splits": 3, "chunk": 2731})[0]
     assert fp8.smem == 173_568 and fp8.dequant_elems == 86 * 32 * 576 and fp8.name.endswith(", 2>")
-    row11 = next(r for r in cuda_ref.table() if r.id == "v11_mla")
     s11 = Shape(1, 128, 1, 1, 8192, 96, dtype="float16", page_size=64, family="mla", kv_dtype="nvfp4")
-    p11 = layer2._cuda_mla_launches("v11_mla", row11, s11, {"splits": 17, "chunk": 482}, H100)[0]
+    p11 = twins.launches("v11_mla", s11, {"splits": 17, "chunk": 482})[0]
     assert p11.name == "v11_mla_partial_kernel<96, 64, 3>" and p11.smem == 7872
     assert p11.steps == 16 * (96 + 64) and p11.programs == 16 * 17  # lane steps: DQK dot + DV broadcast FMAs
     assert p11.dram_bytes == 8192 * 96 * (0.5 + 1 / 16) + 128 * 96 * 2 + 128 * 17 * 66 * 4
@@ -142,7 +140,9 @@ def test_fa_prefill_tiles_and_mma():
 
 
 def test_ptxas_template_names_with_spaces():
-    res = layer2.ptxas_resources()
+    from cuda_ref import launches as twins
+
+    res = twins.ptxas_resources()
     assert res["v11_mla_partial_kernel<576, 512, 0>"] == (63, 47232)
     assert res["v5_wmma_kernel<64>"][0] > 0  # the single-argument names still parse
 
@@ -166,3 +166,60 @@ def test_every_built_pallas_kernel_declares_its_launches():
     bare = type("K", (), {"name": "nope", "passes": ("p",), "launches": None})()
     with pytest.raises(NotImplementedError, match="'nope'.*declares none"):
         layer2._pallas_launches("nope", bare, Shape(1, 1, 1, 1, 64, 64), {}, H100)
+
+
+def test_every_cuda_twin_declares_its_launches_in_cuda_ref():
+    """Issue 26 item 1, the CUDA side: each twin declares its launches in cuda_ref (``cuda_ref.launches``), its kernels
+    read off its .cu; compare.layer2 names no CUDA generation; a twin that declares none is refused by name."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import cuda_ref
+    from cuda_ref import launches as twins
+
+    root = Path(layer2.__file__).resolve().parent.parent
+    ids = {r.id for r in cuda_ref.table()}
+    declared = twins.twins()
+    assert set(declared) == {r.id for r in cuda_ref.table() if r.entry in ("dense", "paged", "mla")}
+    # the kernels read off the sources, pinned (what layer 2 held by hand before the move)
+    assert declared["v1_naive"].kernels == ("v1_qk_kernel", "v1_softmax_kernel", "v1_pv_kernel")
+    assert declared["v2_tiled"].kernels == ("v2_qk_kernel<D>", "v1_softmax_kernel", "v2_pv_kernel<D>")
+    assert declared["v6_splitkv"].kernels == ("v6_partial_kernel<D>", "v6_merge_kernel")
+    assert declared["v8_gqa_tc"].kernels == ("v8_gqa_tc_partial_kernel<D>", "paged_merge_kernel")
+    assert declared["v11_mla"].kernels == ("v11_mla_partial_kernel<DQK, DV, F>", "paged_merge_kernel")
+    assert declared["v12_mla_tc"].kernels == ("v12_mla_tc_partial_kernel<DQK, DV, T, F>", "paged_merge_kernel")
+    assert (declared["v8_gqa_tc"].threads, declared["v8_gqa_tc"].partial) == (32, "wmma")
+    assert declared["v8_gqa_ss"].partial == "ss_group" and declared["v8_gqa_occ"].partial == "warp_rows"
+    csrc = root / "cuda_ref" / "csrc"
+    defined = "".join(p.read_text() for p in sorted(csrc.rglob("*.cu*")))
+    for gen, twin in declared.items():
+        assert twins.kernels(gen) == twin.kernels and twin.kernels
+        own = (csrc / "kernels" / f"{gen}.cu").read_text()
+        for i, k in enumerate(twin.kernels):  # a shared kernel (v1's softmax, v7's merge) is defined by its owner
+            base = k.split("<")[0]
+            assert re.search(rf"__global__[^;{{]*\b{re.escape(base)}\s*\(", defined), (gen, k)
+            assert i or base in own, (gen, k)  # the first kernel is the twin's own
+    assert set(twins.PARTIALS) <= {twin.kernels[0].split("<")[0] for twin in declared.values()}
+    assert {g for g in ids if twins.reads_kv_dtype(g)} == {"v11_mla", "v12_mla_tc"}
+    # layer 2 holds no CUDA generation id (the old CUDA_LAUNCHES keys, `gen == "v8_gqa_tc"`, "cuda:(v11_mla|...)")
+    tree = ast.parse((root / "compare" / "layer2.py").read_text())
+    consts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    assert not [c for c in consts if c in ids or "cuda:(" in c], [c for c in consts if c in ids or "cuda:(" in c]
+    assert not hasattr(layer2, "CUDA_LAUNCHES")
+    # the plan the twin runs, and what layer 2 records of it
+    s = Shape(2, 8, 2, 1, 4096, 128, page_size=16)
+    pl = twins.plan("v8_gqa_tc", s, None, num_sm=132)
+    assert pl["launches"] == list(declared["v8_gqa_tc"].kernels) and pl["tile"] == [16, 32]
+    part, merge = twins.launches("v8_gqa_tc", s, pl)
+    assert part.name == "v8_gqa_tc_partial_kernel<128>" and part.threads == 32 and part.cost == "paged_wmma"
+    lns, got = layer2.launches_for("cuda:v8_gqa_tc", s, H100)
+    assert got == pl and [ln.name for ln in lns] == [part.name, merge.name]
+    # v1/v2 declare S's re-reads; layer 2's residency rule places them (here: 8 MB of S stays in L2)
+    soft = twins.launches("v1_naive", Shape(1, 8, 8, 512, 512, 64, "float32"), {})[1]
+    assert soft.reread_buffer == 8 * 512 * 512 * 4 and soft.dram_bytes == 0.0
+    assert layer2._priced(soft, H100).l2_bytes == soft.reread_bytes
+    # a row with no declaration, and no row at all
+    w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 256, "head_dim": 64, "dtype": "float16"}
+    assert "'v9_fp8': it declares none" in layer2.predict_record(w, "cuda:v9_fp8", None, H100)["error"]
+    assert "no row 'v99'" in layer2.predict_record(w, "cuda:v99", None, H100)["error"]

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from attn_core import splits as split_plan
+from attn_core.generations import MLA_TEMPLATES as TEMPLATES
 
 from .. import _compat
 from . import common as c
@@ -43,7 +44,7 @@ from .mla_common import MlaKernel, MlaProblem, run, visible
 __all__ = ["MlaConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES"]
 
 GEN = "v11_mla"
-TEMPLATES = ((96, 64), (160, 128), (576, 512))
+# TEMPLATES: the (DQK, kv_lora_rank) pairs it takes, the reference's MLA templates (attn_core.generations)
 TN = 32
 
 

@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 
 import cuda_ref  # noqa: E402
 from attn_core import formats  # noqa: E402
+from attn_core.generations import MLA_TEMPLATES  # noqa: E402
 from attn_core.oracle import gather_paged_kv, mla_attention_reference  # noqa: E402
 from attn_core.paging import build_paged_latent  # noqa: E402
 from cuda_ref import api  # noqa: E402
@@ -43,7 +44,7 @@ pytestmark = [
 TOL = {("v11_mla", "float16"): 2e-4, ("v11_mla", "bfloat16"): 2e-4,
        ("v12_mla_tc", "float16"): 2e-3, ("v12_mla_tc", "bfloat16"): 1e-2}
 LSE_TOL = 1e-3
-TEMPLATES = ((96, 64), (160, 128), (576, 512))
+TEMPLATES = MLA_TEMPLATES
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
