@@ -91,11 +91,7 @@ class PrefillConfig:
     CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
     warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
     as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
-    512``), and ping-pong (a two-consumer handshake) is refused. masked_pipeline: the pipelined consumer runs its
-    masked blocks (the causal diagonal, a ragged last key block) as pipelined steps too, with a mask built from one
-    ``col - row`` pattern and scalars (session 15; without it they run serially after the pipeline drains, because the
-    index-array mask inside the pipeline made ptxas serialise every wgmma); causal and the key bound only: with a
-    window's left edge or packed documents the masked blocks stay serial.
+    512``), and ping-pong (a two-consumer handshake) is refused.
     """
 
     block_q: int = 64
@@ -107,7 +103,6 @@ class PrefillConfig:
     producer_regs: int = 40
     tiles: int = 1
     consumers: int = 2
-    masked_pipeline: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -122,7 +117,7 @@ class PrefillConfig:
             r = getattr(self, name)
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"PrefillConfig.{name} must be a multiple of 8 in [24, 256]; got {r}")
-        for name in ("overlap", "pingpong", "masked_pipeline"):
+        for name in ("overlap", "pingpong"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
         if isinstance(self.consumers, bool) or self.consumers not in (2, 3):
@@ -149,10 +144,6 @@ CONFIGS = {
     # three consumers (192 rows a CTA); H100, GPT-2 shapes (D 64, causal, bf16): 0.90x default at B2 N16384, 1.10-1.45x
     # at N 512-2048 (results/fa_prefill/20261127_s14_h100_c3/)
     "c3": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32),
-    # the masked blocks inside the pipeline (session 15, issue 28: an experiment at D 64, where the masked diagonal
-    # and the un-overlapped prologue are the per-tile code cuDNN does not pay; docs/fa_prefill.md)
-    "mpipe": PrefillConfig(masked_pipeline=True),
-    "mpipe_t4": PrefillConfig(masked_pipeline=True, tiles=4),
 }
 
 
@@ -352,7 +343,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     f32 = jnp.float32
 
     banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
-    lean_pipe = cfg.masked_pipeline and cfg.overlap and not banded  # masked blocks pipelined with the lean mask
 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if paged:
@@ -512,16 +502,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                         ok = ok & (kpos >= lax.broadcast_in_dim(seg_rows, (bq, bkv), (0,)))
                     return jnp.where(ok, sc, -jnp.inf)
 
-                def mask_lean(sc, s):
-                    # the causal test key <= row + offset as (col - row) <= one scalar, and the key bound as col < one
-                    # scalar: one index pattern (a per-thread constant in the WGMMA layout) instead of two arrays
-                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                    ok = cols < tk - s * bkv
-                    if hi_off is not None:
-                        ok = ok & (cols - rows <= r0 + off_t + hi_off - s * bkv)
-                    return jnp.where(ok, sc, -jnp.inf)
-
                 def softmax(sc, m_i, l_i):
                     m_new = jnp.maximum(m_i, sc.max(axis=1))
                     # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
@@ -602,7 +582,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
                     acc1 = rescale(acc1, alpha0) if banded else acc1
 
-                    def ostep(s, carry, masked: bool = False):  # an unmasked block (masked: masked_pipeline's)
+                    def ostep(s, carry):  # an unmasked block
                         acc, m_i, l_i, p_prev = carry
                         slot, prev = slot_of(s), slot_of(s - 1)
                         plgpu.barrier_wait(k_bar.at[slot])
@@ -616,8 +596,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                             turn_pass()
                             sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
                             plgpu.barrier_arrive(k_free.at[slot])
-                            if masked:
-                                sc = mask_lean(sc, s)
                             p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
                             p_ref[...] = p
                             m_ref[...] = m_new
@@ -633,12 +611,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal
                     # pipeline")
                     acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
-                    piped = lo
-                    if lean_pipe:  # the masked blocks [lo, n_done) pipelined as well; the last P V drains them all
-                        acc, m_i, l_i, p_last = lax.fori_loop(lo, n_done, functools.partial(ostep, masked=True),
-                                                              (acc, m_i, l_i, p_last))
-                        piped = n_done
-                    last = slot_of(piped - 1)
+                    last = slot_of(lo - 1)
                     plgpu.barrier_wait(v_bar.at[last])
                     turn_wait()
 
@@ -648,7 +621,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                     acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
                     plgpu.barrier_arrive(v_free.at[last])
-                    acc, m_i, l_i = lax.fori_loop(piped, n_done, masked_step, (acc, m_i, l_i))
+                    acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
 
                 drain(n_done, n_load)
 

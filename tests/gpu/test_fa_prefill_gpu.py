@@ -59,9 +59,6 @@ _MATRIX += [("tiles2", "float16", 128), ("tiles4", "bfloat16", 64), ("tiles8", "
             ("tiles4", "float16", 256)]
 # three consumers (the rows of a tile are 192: every shape above leaves a partial tile)
 _MATRIX += [("c3", "bfloat16", 64), ("c3", "float16", 128), ("c3tiles3", "bfloat16", 64), ("c3serial", "float16", 64)]
-# the masked blocks inside the pipeline (session 15): the causal diagonal, ragged key ends and negative offsets
-_MATRIX += [("mpipe", "bfloat16", 64), ("mpipe", "float16", 128), ("mpipe", "float16", 256),
-            ("mpipe_t4", "bfloat16", 64)]
 
 
 @pytest.mark.parametrize("cfg,dtype,d", _MATRIX)
@@ -133,7 +130,7 @@ _FEATURES = [
 # every config at D 128, the pipelined default at D 64 / 256 too; each feature on one of two shapes in turn (GQA,
 # ragged lengths, per-sequence offsets; negative offsets: rows that see no key): one compile per feature and config
 @pytest.mark.parametrize("cfg,d", [("default", 64), ("default", 128), ("default", 256), ("serial", 128),
-                                   ("pingpong", 128), ("tiles4", 64), ("tiles8", 128), ("c3", 64), ("mpipe", 64)])
+                                   ("pingpong", 128), ("tiles4", 64), ("tiles8", 128), ("c3", 64)])
 def test_features_match_oracle(cfg, d):
     key = jax.random.PRNGKey(100 + d)
     dtype = "bfloat16"
@@ -232,7 +229,7 @@ def test_multi_tile_ragged_grid(cfg):
         np.testing.assert_allclose(np.asarray(lse, np.float64), rl, atol=1e-2)
 
 
-@pytest.mark.parametrize("cfg", ["default", "serial", "pingpong", "tiles4", "c3", "mpipe"])
+@pytest.mark.parametrize("cfg", ["default", "serial", "pingpong", "tiles4", "c3"])
 def test_packed_documents_match_oracle(cfg, monkeypatch):
     """segment_ids (packed documents, causal within each): document mixes with short and long documents, a
     boundary inside a row tile and one on a tile edge, with and without a window, against the oracle."""
