@@ -116,6 +116,10 @@ def _time(r: dict) -> float | None:
     return float(t) if math.isfinite(t) and t > 0 else None
 
 
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
 def _one_line(s: Any, n: int = 160) -> str:
     s = " ".join(str(s or "").split())
     return s if len(s) <= n else s[: n - 1] + "…"
@@ -137,6 +141,17 @@ class WorkloadResult:
     named: tuple[str, float] | None  # (impl name, p50 µs) of the best timed ok named Pallas config
     peers_tried: int  # peer records of the workload, any status
     git: tuple[str | None, bool | None]
+    named_p10: float | None = None  # p10 µs of the best named config's record (the spread note below)
+
+    @property
+    def same_config(self) -> bool:
+        """auto ran the config that is also the best named one (its choice recorded as ``kernel:config``)."""
+        return bool(self.named and self.chose and self.named[0] == f"pallas:{self.chose}")
+
+    @property
+    def auto_p10(self) -> float | None:
+        t = ((self.auto or {}).get("metrics") or {}).get("time_us_p10") if self.auto_us is not None else None
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
     @property
     def auto_us(self) -> float | None:
@@ -214,6 +229,7 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
             auto = next((r for r in autos if _time(r) is not None), autos[0] if autos else None)
             peers = sorted((t, r["impl"]["name"]) for r in recs if _is_peer(r) and (t := _time(r)) is not None)
             named = sorted((t, r["impl"]["name"]) for r in recs if _is_named(r) and (t := _time(r)) is not None)
+            p10 = {r["impl"]["name"]: (r.get("metrics") or {}).get("time_us_p10") for r in recs if _is_named(r)}
             env = recs[0].get("env") or {}
             res = WorkloadResult(
                 chip=chip, run_id=run_id, path=str(run["path"]), name=name,
@@ -221,7 +237,8 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
                 model=w.get("model") or "—", workload=w, auto=auto,
                 peer=(peers[0][1], peers[0][0]) if peers else None,
                 named=(named[0][1], named[0][0]) if named else None,
-                peers_tried=sum(1 for r in recs if _is_peer(r)), git=(env.get("git_sha"), env.get("dirty")))
+                peers_tried=sum(1 for r in recs if _is_peer(r)), git=(env.get("git_sha"), env.get("dirty")),
+                named_p10=_finite(p10.get(named[0][1])) if named else None)
             if (chip, name) in by_key:
                 notes["replaced"] += 1
                 del by_key[(chip, name)]  # re-inserted: the workload takes the later run's place in the order
@@ -477,9 +494,14 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
             wn = max(((r.vs_named, r) for r in sel if r.vs_named is not None), default=None, key=lambda t: t[0])
             if wn is not None:
                 r = wn[1]
-                parts.append(f"- worst against the named configs: `{r.name}`, auto chose "
-                             f"`{r.chose or 'not recorded'}`, best named `{r.named[0]}` ({r.named[1]:.1f} µs vs "
-                             f"auto {r.auto_us:.1f} µs)")
+                line = (f"- worst against the named configs: `{r.name}`, auto chose `{r.chose or 'not recorded'}`, "
+                        f"best named `{r.named[0]}` ({r.named[1]:.1f} µs vs auto {r.auto_us:.1f} µs)")
+                if r.same_config and r.vs_named > SWEEP_NEAR:  # the verdict counts it; the reader learns what it is
+                    spread = (f"; p10 {r.auto_p10:.1f} vs {r.named_p10:.1f} µs"
+                              if r.auto_p10 is not None and r.named_p10 is not None else "")
+                    line += (f": the same config as auto's choice, so the gap is the run's timing spread, not the "
+                             f"routing{spread}")
+                parts.append(line)
             if a.no_auto or wn is not None:
                 parts.append("")
             if plots:

@@ -117,6 +117,10 @@ def test_ratios_geomeans_and_worst_by_hand(tmp_path):
     all_row = next(line for line in md.splitlines() if line.startswith("| **all models** |"))
     assert f"| {g:.3f}× | 1.100× (p_llama_n2048) |" in all_row and "torch:cudnn (2 of 3)" in all_row
     assert "auto chose `fa_train:default`, best named `pallas:fa_train:default`" in md
+    # auto ran the best named config itself: the line says the gap is the timing spread (the verdict still counts it)
+    assert ("(100.0 µs vs auto 110.0 µs): the same config as auto's choice, so the gap is the run's timing spread, "
+            "not the routing; p10 110.0 vs 100.0 µs") in md
+    assert res["p_llama_n2048"].same_config and not res["p_llama_n1024"].same_config  # default chosen, wide best
     assert md.index("## Model-shape sweep") < md.index("## Run `r1`")  # the summary comes first
 
 
