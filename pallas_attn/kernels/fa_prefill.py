@@ -659,27 +659,18 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             if nqb == 2:
                 plgpu.wait_smem_to_gmem(0)
 
-        def block_pages(s):
-            """The table entries of key block s (read once for its K and its V copies, all before the first copy, so
-            the reads are in flight together): None (dense), one page (the block inside one page), or one per page
-            the block spans."""
-            if not paged:
-                return None
-            page, pps = paged
-            if page >= bkv:
-                return [bt_ref[bi * pps + lax.div(s * bkv, page)]]
-            per = bkv // page
-            return [bt_ref[bi * pps + s * per + c] for c in range(per)]
-
-        def load_block(src, s, dst, bar, pgs):  # key block s of this (batch, kv head) into one ring slot
+        def load_block(src, s, dst, bar):  # key block s of this (batch, kv head) into one ring slot
             if not paged:
                 plgpu.copy_gmem_to_smem(src.at[bi, pl.ds(s * bkv, bkv), hk], dst, bar)
             elif paged[0] >= bkv:  # the block lies inside one page
-                page, _ = paged
-                plgpu.copy_gmem_to_smem(src.at[pgs[0], pl.ds(lax.rem(s * bkv, page), bkv), hk], dst, bar)
+                page, pps = paged
+                pg = bt_ref[bi * pps + lax.div(s * bkv, page)]
+                plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(lax.rem(s * bkv, page), bkv), hk], dst, bar)
             else:  # the block spans block_kv // page pages: one copy each, all arriving on the block's barrier
-                page, _ = paged
-                for c, pg in enumerate(pgs):
+                page, pps = paged
+                per = bkv // page
+                for c in range(per):
+                    pg = bt_ref[bi * pps + s * per + c]
                     plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(0, page), hk], dst.at[pl.ds(c * page, page)], bar)
 
         @pl.when(wg == nc)
@@ -693,19 +684,18 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 def _load(s):
                     rel = base + s - a_p
                     slot = lax.rem(rel, ns)
-                    pgs = block_pages(s)
 
                     @pl.when(rel >= ns)
                     def _():
                         plgpu.barrier_wait(k_free.at[slot])
 
-                    load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot], pgs)
+                    load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot])
 
                     @pl.when(rel >= ns)
                     def _():
                         plgpu.barrier_wait(v_free.at[slot])
 
-                    load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot], pgs)
+                    load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])
 
                 return base + (n_load - a_p)
 
