@@ -42,8 +42,9 @@ rows have ``lse2 = +inf``, so ``P = 0`` there; padded keys are masked). D 64, 12
 ``d256``, chosen by ``config_for`` whatever config was asked) a consumer owning 64 keys would hold two 64 x 256 fp32
 accumulators (256 registers per thread): there the two consumers of a CTA own the same 64 keys / rows and split D
 (each holds half of dK and dV, or of dQ, and recomputes the full S and dP); every tile is stored as two 64 x 128
-column halves (``_build_dkdv_split``, ``_build_dq_split``; docs/fa_prefill.md, "Backward at D 256"). D 256 passed its
-GPU tests on an H100 (2026-11-23; 0.85x jax cuDNN's backward non-causal, 0.76x causal: the recompute).
+column halves: the head-dim split mode (``_Cols``) of the one ``_build_dkdv`` and the one ``_build_dq``
+(docs/fa_prefill.md, "Backward at D 256"). D 256 passed its GPU tests on an H100 (2026-11-23; 0.85x jax cuDNN's
+backward non-causal, 0.76x causal: the recompute).
 
 CPU. ``emulate_backward`` runs the same two kernels on jax's Mosaic GPU interpreter (warpgroups as threads;
 TMA, barriers and shared memory simulated, uninitialised shared memory NaN, race detection on), with the
@@ -139,6 +140,11 @@ class BwdConfig:
         return 2 if self.wide else 1
 
     @property
+    def blocks_per_cta(self) -> int:
+        """64-key (dK/dV) or 64-row (dQ) blocks a CTA owns: one per consumer, or one shared by both (dsplit)."""
+        return 1 if self.dsplit else self.consumers
+
+    @property
     def dq_ring(self) -> int:
         """Depth of the dQ kernel's K/V ring (``dq_stages``, else ``stages``)."""
         return self.stages if self.dq_stages is None else self.dq_stages
@@ -226,21 +232,12 @@ class _Ops:
         """``(acc1 + a1 @ op(b1), acc2 + a2 @ op(b2))``, op the transpose when ``b_t``: two wgmmas issued back
         to back, fp32 accumulators, waited for together (``run_state`` waits). ``a``: a shared-memory ref or a
         16-bit register array; ``b``: a shared-memory ref."""
-        if self.emulate:
-            return acc1 + self._dot(a1, b1, b_t), acc2 + self._dot(a2, b2, b_t)
-        plgpu = self.plgpu
-
-        def issue(refs):
-            r1, r2 = refs
-            plgpu.wgmma(r1, a1, b1.transpose((1, 0)) if b_t else b1)
-            plgpu.wgmma(r2, a2, b2.transpose((1, 0)) if b_t else b2)
-
-        return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
+        return self.mma2_sum(acc1, [(a1, b1)], acc2, [(a2, b2)], b_t=b_t)
 
     def mma2_sum(self, acc1, terms1, acc2, terms2, *, b_t: bool):
         """``(acc1 + sum a @ op(b) over terms1, acc2 + the same over terms2)``: ``mma2`` with each product split
-        along the contraction into several (a, b) pairs of shared-memory refs (the column halves of the
-        dsplit tiles), all wgmmas issued back to back and waited for together."""
+        along the contraction into (a, b) pairs (one pair, or the column halves of the dsplit tiles), all wgmmas
+        issued back to back and waited for together."""
         if self.emulate:
             for a, b in terms1:
                 acc1 = acc1 + self._dot(a, b, b_t)
@@ -362,17 +359,96 @@ def _p_ds_(sc, dp, lse2, delta, c: float, mask=None, cap_k: float | None = None)
     return p, ds
 
 
+def _visible(x, kpos, qpos, *, tk: int, causal: bool, off, left: int | None, st=None):
+    """``x`` where key ``kpos`` is visible to query ``qpos`` (int32 tiles of x's shape), ``-inf`` elsewhere: the mask
+    of every block of both kernels (the dK/dV kernel's blocks are transposed: keys are its rows). Visible: ``kpos <
+    tk``; causal, ``kpos <= qpos + off``; a window, ``kpos >= qpos + off - left``; ``st`` (packed documents: the
+    query's document start), ``kpos >= st``."""
+    ok = kpos < tk
+    if causal:
+        ok = ok & (kpos <= qpos + off)
+    if left is not None:
+        ok = ok & (kpos >= qpos + (off - left))
+    if st is not None:
+        ok = ok & (kpos >= st)
+    return jnp.where(ok, x, -jnp.inf)
+
+
+class _Cols:
+    """The head-dim mode of both kernels (``BwdConfig.dsplit``; docs/fa_prefill.md, "Backward at D 256").
+
+    Whole (D 64 / 128): every 64 x D tile is one shared-memory tile; each consumer owns its own 64 keys (dK/dV) or
+    64 query rows (dQ) and all D columns of their accumulators. Split (D 256, where a 64 x D fp32 accumulator pair
+    would not fit a consumer's registers): the two consumers own the SAME 64 keys / rows and split D, consumer ``w``
+    holding the accumulator columns ``[w D/2, (w + 1) D/2)`` (dK and dV: 2 x 64 x 128 fp32, 128 registers per thread
+    at D 256; dQ: 64). Each computes the full S and dP (the contraction over all of D: the two consumers repeat that
+    work), then its half of the output products. Every 64 x D tile lives in shared memory as two 64 x D/2 column
+    halves (TMA boxes of the gmem array's minor dim), so each wgmma operand is a whole tile of the D 128 kernels'
+    shape: the S / dP products are two wgmmas each (one per half of the contraction). Each consumer loads its half of
+    the resident tiles, waits for both halves, and stages its half of the output in its half of a resident tile once
+    both consumers are done reading (the "done" barrier)."""
+
+    def __init__(self, split: bool, d: int):
+        self.split = split
+        self.parts = 2 if split else 1  # shared-memory parts of a 64 x D tile
+        self.dh = d // self.parts  # columns of a part: of each consumer's accumulators and output
+
+    def gmem(self, i) -> tuple:
+        """The column index of part ``i`` (a Python int, or a consumer's warpgroup index for its own half), to
+        append to a ``[b, t, h]`` index of a gmem array: nothing when the tile is whole."""
+        return (pl.ds(i * self.dh, self.dh),) if self.split else ()
+
+    def smem(self, i) -> tuple:
+        """The index of part ``i`` in a shared-memory tile (after a ring slot's index): nothing when whole."""
+        return (i,) if self.split else ()
+
+    def ring(self, ns: int, rows: int) -> tuple:
+        """The shape of an ``ns``-slot ring of 64 x D tiles."""
+        return (ns, self.parts, rows, self.dh) if self.split else (ns, rows, self.dh)
+
+    def terms(self, a, b, halves) -> list:
+        """``a @ b^T`` over all of D as (a, b) pairs of shared-memory refs for ``_Ops.mma2_sum``: one pair, or one
+        per column half (``halves``: the traced part indices, ref indices that reach a ``run_state``)."""
+        return [(a.at[i], b.at[i]) for i in halves] if self.split else [(a, b)]
+
+    def mine(self, ref, wg):
+        """The part of a tile that consumer ``wg``'s output product reads: its column half, or the whole tile."""
+        return ref.at[wg] if self.split else ref
+
+
+def _load_resident(plgpu, copies, bars, wg, nc: int, split: bool) -> None:
+    """A consumer loads its resident tiles (``copies``: (gmem ref, shared-memory ref) pairs) on its barrier of
+    ``bars`` (one per consumer) and waits; split: for both consumers' barriers, every product contracting over both
+    column halves."""
+    bar = bars.at[wg] if nc > 1 else bars.at[0]
+    for src, dst in copies:
+        plgpu.copy_gmem_to_smem(src, dst, bar)
+    if split:
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.barrier_wait(bars.at[1])
+    else:
+        plgpu.barrier_wait(bar)
+
+
 @functools.lru_cache(maxsize=64)
 def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                 causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
                 softcap: float | None = None, segments: bool = False):
+    """The dK/dV kernel. ``cfg.dsplit`` (D 256) is its head-dim split mode (``_Cols``): a CTA's two consumers
+    own the same 64 keys; otherwise each of its ``cfg.consumers`` consumers owns 64 keys of the CTA's. The mode
+    switches the tile layout, the resident loads, the S / dP contraction, the CTA's query-block bounds (split: the
+    consumers', computed once before the warpgroups fork), the loads skipped for another consumer's keys (none
+    split) and the staging of the outputs (split: after the "done" barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.stages
-    nc = cfg.consumers  # consumer warpgroups, 64 keys each; warpgroup nc is the producer
+    nc = cfg.consumers  # consumer warpgroups; warpgroup nc is the producer
+    split = cfg.dsplit
+    cols = _Cols(split, d)
+    multi = nc > 1 and not split  # consumers owning different keys: each skips the blocks streamed for the others
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
@@ -384,8 +460,9 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, *rest):
         if segments:  # float32 [B, Tq_pad] row starts, [B, Tk_pad] key ends (exact below 2^24)
             st_ref, en_ref, *rest = rest
-        dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, *seg_scr = rest
-        st_smem = seg_scr[0] if segments else None
+        dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, *extra = rest
+        st_smem = extra[0] if segments else None
+        done = extra[0] if split else None
 
         def ends(j):  # the end of key j's document (segments)
             return en_ref[bi, j].astype(jnp.int32)
@@ -393,52 +470,54 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         def seg_blocks(j):
             return _seg_query_blocks(j, ends(j), ends(j + bk - 1), nq=nq, tk=tk)
 
+        def key_bounds(j):  # (lo, full, full_hi, hi) query blocks of keys [j, j + 64)
+            if segments:
+                return seg_blocks(j)
+            if left is None:
+                lo, full = _query_blocks(j, off, nq=nq, tk=tk, causal=causal)
+                return lo, full, nq, nq
+            return _window_query_blocks(j, off, nq=nq, tk=tk, left=left)
+
         ji = lax.axis_index("k")
         hk = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
+        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg)) if split else None
         off = off_ref[bi] if causal else jnp.int32(0)
-        # the producer streams the query blocks that see the CTA's first 64 keys: a superset of what the
-        # later consumers' keys need (their first visible block is at or after this one)
-        lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
-        # a window / documents: the last consumer's keys are the last any row of the CTA's query range sees
-        j_last = ji * (nc * bk) + (nc - 1) * bk
-        if segments:  # packed documents: the last consumer's keys' document ends bound the CTA's query range
-            hi_last = seg_blocks(j_last)[3]
+        if split:  # both consumers own the CTA's 64 keys: its query blocks are theirs
+            j_cta = ji * bk
+            bounds = key_bounds(j_cta)
+            lo0, hi_last = bounds[0], bounds[3]
         else:
-            hi_last = nq if left is None else _window_query_blocks(j_last, off, nq=nq, tk=tk, left=left)[3]
+            # the producer streams the query blocks that see the CTA's first 64 keys: a superset of what the
+            # later consumers' keys need (their first visible block is at or after this one)
+            lo0, _ = _query_blocks(ji * (nc * bk), off, nq=nq, tk=tk, causal=causal)
+            # a window / documents: the last consumer's keys are the last any row of the CTA's query range sees
+            j_last = ji * (nc * bk) + (nc - 1) * bk
+            if segments:  # packed documents: the last consumer's keys' document ends bound the CTA's query range
+                hi_last = seg_blocks(j_last)[3]
+            else:
+                hi_last = nq if left is None else _window_query_blocks(j_last, off, nq=nq, tk=tk, left=left)[3]
         per_head = hi_last - lo0  # query blocks per query head of the group
         n_steps = group * per_head
 
         @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            j0 = ji * (nc * bk) + (wg * bk if nc > 1 else 0)  # this consumer's 64 keys
+            j0 = j_cta if split else ji * (nc * bk) + (wg * bk if nc > 1 else 0)  # this consumer's 64 keys
+            keys = pl.ds(j0, bk)
+            mine = cols.gmem(wg)  # split: this consumer's column half
             k_mine = k_smem.at[wg] if nc > 1 else k_smem
             v_mine = v_smem.at[wg] if nc > 1 else v_smem
-            bar = kv_bar.at[wg] if nc > 1 else kv_bar.at[0]
-            plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(j0, bk), hk], k_mine, bar)
-            plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(j0, bk), hk], v_mine, bar)
-            plgpu.barrier_wait(bar)
-            if segments:
-                lo, full, full_hi, hi = seg_blocks(j0)
-            elif left is None:
-                lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
-                full_hi = hi = nq
-            else:
-                lo, full, full_hi, hi = _window_query_blocks(j0, off, nq=nq, tk=tk, left=left)
+            _load_resident(plgpu, ((k_ref.at[(bi, keys, hk, *mine)], k_mine),
+                                   (v_ref.at[(bi, keys, hk, *mine)], v_mine)), kv_bar, wg, nc, split)
+            lo, full, full_hi, hi = bounds if split else key_bounds(j0)
+            k_all, v_all = (k_smem, v_smem) if split else (k_mine, v_mine)  # the S^T / dP^T operands
 
             def mask(x, qb, st=None):
                 kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
                 qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
-                ok = kpos < tk
-                if causal:
-                    ok = ok & (kpos <= qpos + off)
-                if left is not None:
-                    ok = ok & (kpos >= qpos + (off - left))
-                if st is not None:  # each query column's document start
-                    ok = ok & (kpos >= st)
-                return jnp.where(ok, x, -jnp.inf)
+                return _visible(x, kpos, qpos, tk=tk, causal=causal, off=off, left=left, st=st)
 
             def skip(qb, carry, *, g):
                 # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
@@ -454,7 +533,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 slot = lax.rem(s, ns)
                 plgpu.barrier_wait(q_bar.at[slot])
                 qs, dos = q_smem.at[slot], do_smem.at[slot]
-                st, dpt = ops.mma2(ops.zeros((bk, bq)), k_mine, qs, ops.zeros((bk, bq)), v_mine, dos, b_t=True)
+                st, dpt = ops.mma2_sum(ops.zeros((bk, bq)), cols.terms(k_all, qs, halves),
+                                       ops.zeros((bk, bq)), cols.terms(v_all, dos, halves), b_t=True)
                 lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
                 delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
                 starts = None
@@ -462,31 +542,36 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                     starts = ops.bcast(ops.vec(st_smem.at[slot], 0).astype(jnp.int32), (bk, bq), 0)
                 pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
                                 functools.partial(mask, qb=qb, st=starts) if masked else None)
-                dv, dk = ops.mma2(dv, pt.astype(dtype), dos, dk, dst.astype(dtype), qs, b_t=False)
+                dv, dk = ops.mma2(dv, pt.astype(dtype), cols.mine(dos, wg), dk, dst.astype(dtype), cols.mine(qs, wg),
+                                  b_t=False)
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
 
             def head(g, carry):
-                if nc > 1:
+                if multi:
                     carry = lax.fori_loop(lo0, lo, functools.partial(skip, g=g), carry)
                 carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
-                if not banded:
-                    return lax.fori_loop(full, nq, functools.partial(step, g=g, masked=False), carry)
-                # a window / a document: the unmasked band, its far edge masked, then the blocks streamed for a later
-                # consumer
                 carry = lax.fori_loop(full, full_hi, functools.partial(step, g=g, masked=False), carry)
+                if not (banded or split):
+                    return carry
+                # a window / a document: the far edge of the band masked, then the blocks streamed for a later
+                # consumer. Split traces the far-edge loop without a band too (empty there: full_hi = hi = nq), as
+                # the D 256 program always has
                 carry = lax.fori_loop(full_hi, hi, functools.partial(step, g=g, masked=True), carry)
-                if nc > 1:
+                if multi:
                     carry = lax.fori_loop(hi, hi_last, functools.partial(skip, g=g), carry)
                 return carry
 
-            dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, d)), ops.zeros((bk, d))))
+            dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, cols.dh)), ops.zeros((bk, cols.dh))))
+            if split:  # the other consumer reads both halves of K and V until its last (waited) wgmma
+                plgpu.barrier_arrive(done.at[0])
+                plgpu.barrier_wait(done.at[0])
             # epilogue: K and V were last read by the waited wgmmas above; their tiles stage the outputs
             k_mine[...] = (dk * scale).astype(dtype)
             v_mine[...] = dv.astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_mine, dk_ref.at[bi, pl.ds(j0, bk), hk])
-            plgpu.copy_smem_to_gmem(v_mine, dv_ref.at[bi, pl.ds(j0, bk), hk])
+            plgpu.copy_smem_to_gmem(k_mine, dk_ref.at[(bi, keys, hk, *mine)])
+            plgpu.copy_smem_to_gmem(v_mine, dv_ref.at[(bi, keys, hk, *mine)])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == nc)
@@ -498,8 +583,11 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 qb = lo0 + lax.rem(s, jnp.maximum(per_head, 1))
                 h = hk * group + g
                 rows = pl.ds(qb * bq, bq)
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem.at[slot], q_bar.at[slot])
-                plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem.at[slot], q_bar.at[slot])
+                for i in range(cols.parts):
+                    part = (slot, *cols.smem(i))
+                    plgpu.copy_gmem_to_smem(q_ref.at[(bi, rows, h, *cols.gmem(i))], q_smem.at[part], q_bar.at[slot])
+                    plgpu.copy_gmem_to_smem(do_ref.at[(bi, rows, h, *cols.gmem(i))], do_smem.at[part],
+                                            q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
                 plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
                 if segments:
@@ -508,24 +596,26 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
             _ring_producer(plgpu, n_steps, ns, q_free, issue)
 
     out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
-    resident = (bk, d) if nc == 1 else (nc, bk, d)
+    resident = (bk, d) if nc == 1 else (nc, bk, cols.dh)  # split: K's and V's column halves, one per consumer
     scratch = [
         _smem_tile(resident, dtype),
         _smem_tile(resident, dtype),
-        _smem_tile((ns, bq, d), dtype),
-        _smem_tile((ns, bq, d), dtype),
+        _smem_tile(cols.ring(ns, bq), dtype),
+        _smem_tile(cols.ring(ns, bq), dtype),
         plgpu.SMEM((ns, bq), f32),
         plgpu.SMEM((ns, bq), f32),
         plgpu.Barrier(num_arrivals=2, num_barriers=nc),
-        plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2 * cols.parts + (3 if segments else 2), num_barriers=ns),
         plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
         *([plgpu.SMEM((ns, bq), f32)] if segments else []),
+        *([plgpu.Barrier(num_arrivals=2, num_barriers=1)] if split else []),  # done
     ]
     return plgpu.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(b, hkv, tk_pad // (nc * bk)),  # reversed at launch: k is CUDA's x, so a wave shares its heads' Q/dO in L2
+        # reversed at launch: k is CUDA's x, so a wave shares its heads' Q/dO in L2
+        grid=(b, hkv, tk_pad // (cfg.blocks_per_cta * bk)),
         grid_names=("b", "h", "k"),
         num_threads=nc + 1,
         thread_name="wg",
@@ -538,13 +628,21 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
               causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
               softcap: float | None = None, segments: bool = False):
+    """The dQ kernel. ``cfg.dsplit`` (D 256) is its head-dim split mode (``_Cols``): a CTA's two consumers own
+    the same 64 query rows; otherwise each of its ``cfg.consumers`` consumers owns 64 rows of the CTA's. The mode
+    switches the tile layout, the resident loads, the S / dP contraction, the key-block schedule (split: the serial
+    one, computed once before the warpgroups fork, the producer's too), the loads skipped for another consumer's rows
+    (none split) and the staging of the output (split: after the "done" barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = _Ops(emulate)
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.dq_ring
-    nc = cfg.consumers  # consumer warpgroups, 64 query rows each; warpgroup nc is the producer
+    nc = cfg.consumers  # consumer warpgroups; warpgroup nc is the producer
+    split = cfg.dsplit
+    cols = _Cols(split, d)
+    multi = nc > 1 and not split  # consumers owning different rows: each skips the blocks loaded for the others
     group = hq // hkv
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
     _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
@@ -555,47 +653,64 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, *rest):
         if segments:  # float32 [B, Tq_pad] row starts (the key ends are the dK/dV kernel's)
             st_ref, _, *rest = rest
-        dq_ref, q_all, do_all, lse_all, dl_all, k_smem, v_smem, qd_bar, kv_bar, kv_free, *seg_scr = rest
-        st_all = seg_scr[0] if segments else None
+        dq_ref, q_all, do_all, lse_all, dl_all, k_smem, v_smem, qd_bar, kv_bar, kv_free, *extra = rest
+        st_all = extra[0] if segments else None
+        done = extra[0] if split else None
         qi = lax.axis_index("q")
         h = lax.axis_index("h")
         bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
+        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg)) if split else None
         hk = lax.div(h, group)
         off = off_ref[bi] if causal else jnp.int32(0)
-        # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
-        *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
-                                   hi_off=0 if causal else None)
-        # a window / documents (causal): blocks [a_p, n_load), from the first consumer's first block (fa_prefill's
-        # schedule)
+
+        # a window / documents (causal): fa_prefill's schedule
         def wbounds(r0, off):
             seg = None
             if segments:  # the first and the last row's document starts
                 seg = (st_ref[bi, r0].astype(jnp.int32), st_ref[bi, r0 + bq - 1].astype(jnp.int32))
             return _consumer_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left, seg=seg)
 
-        if banded:
-            a_p, n_load = wbounds(qi * (nc * bq), off)[0], wbounds(qi * (nc * bq) + (nc - 1) * bq, off)[3]
+        def serial_plan(r0):  # (a, bm, f, n_done): blocks [a, bm) masked, [bm, f) not, [f, n_done) masked
+            if banded:
+                a, n_lfull, n_full, n_done = wbounds(r0, off)
+                return (a, *_serial_plan(a, n_lfull, n_full, n_done, banded=True), n_done)
+            _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
+            return 0, 0, n_full, n_total
+
+        if split:  # both consumers own the CTA's 64 rows: their schedule is the CTA's (the serial one)
+            r_cta = qi * bq
+            plan = serial_plan(r_cta)
+            a_p, n_load = plan[0], plan[3]
         else:
-            a_p = 0
+            # the producer loads the key blocks the CTA's last 64 rows see: a superset of the earlier rows' blocks
+            *_, n_load = _block_bounds(qi * (nc * bq) + (nc - 1) * bq, off, bq=bq, bkv=bk, tk=tk,
+                                       hi_off=0 if causal else None)
+            # a window / documents: blocks [a_p, n_load), from the first consumer's first block
+            if banded:
+                a_p, n_load = wbounds(qi * (nc * bq), off)[0], wbounds(qi * (nc * bq) + (nc - 1) * bq, off)[3]
+            else:
+                a_p = 0
 
         @pl.when(wg < nc)
         def _consumer():
             plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            r0 = qi * (nc * bq) + (wg * bq if nc > 1 else 0)  # this consumer's 64 rows
-            _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
+            if split:
+                r0 = r_cta
+            else:
+                r0 = qi * (nc * bq) + (wg * bq if nc > 1 else 0)  # this consumer's 64 rows
+                _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
+            mine = cols.gmem(wg)  # split: this consumer's column half
             q_smem, do_smem = (q_all.at[wg], do_all.at[wg]) if nc > 1 else (q_all, do_all)
-            lse_smem, dl_smem = (lse_all.at[wg], dl_all.at[wg]) if nc > 1 else (lse_all, dl_all)
-            bar = qd_bar.at[wg] if nc > 1 else qd_bar.at[0]
+            lse_smem, dl_smem = (lse_all.at[wg], dl_all.at[wg]) if nc > 1 else (lse_all, dl_all)  # split: a copy each
             rows = pl.ds(r0, bq)
-            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h], q_smem, bar)
-            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h], do_smem, bar)
-            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem, bar)
-            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem, bar)
+            copies = [(q_ref.at[(bi, rows, h, *mine)], q_smem), (do_ref.at[(bi, rows, h, *mine)], do_smem),
+                      (lse_ref.at[bi, h, rows], lse_smem), (dl_ref.at[bi, h, rows], dl_smem)]
             if segments:
                 st_smem = st_all.at[wg] if nc > 1 else st_all
-                plgpu.copy_gmem_to_smem(st_ref.at[bi, rows], st_smem, bar)
-            plgpu.barrier_wait(bar)
+                copies.append((st_ref.at[bi, rows], st_smem))
+            _load_resident(plgpu, copies, qd_bar, wg, nc, split)
+            q_op, do_op = (q_all, do_all) if split else (q_smem, do_smem)  # the S / dP operands
             lse2 = ops.bcast(ops.vec(lse_smem, 1), (bq, bk), 1)
             delta = ops.bcast(ops.vec(dl_smem, 1), (bq, bk), 1)
             starts = ops.bcast(ops.vec(st_smem, 1).astype(jnp.int32), (bq, bk), 1) if segments else None
@@ -603,14 +718,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
             def mask(x, s):
                 qpos = r0 + ops.iota((bq, bk), 0)
                 kpos = s * bk + ops.iota((bq, bk), 1)
-                ok = kpos < tk
-                if causal:
-                    ok = ok & (kpos <= qpos + off)
-                if left is not None:
-                    ok = ok & (kpos >= qpos + (off - left))
-                if segments:  # each row's document start
-                    ok = ok & (kpos >= starts)
-                return jnp.where(ok, x, -jnp.inf)
+                return _visible(x, kpos, qpos, tk=tk, causal=causal, off=off, left=left, st=starts)
 
             def slot_of(s):  # block s of the producer's [a_p, n_load)
                 return lax.rem(s - a_p, ns)
@@ -622,15 +730,25 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     plgpu.barrier_wait(kv_bar.at[slot])
                     plgpu.barrier_arrive(kv_free.at[slot])
 
+            def s_dp(slot):  # S = Q K^T and dP = dO V^T with the K / V tiles of ring slot ``slot``
+                return ops.mma2_sum(ops.zeros((bq, bk)), cols.terms(q_op, k_smem.at[slot], halves),
+                                    ops.zeros((bq, bk)), cols.terms(do_op, v_smem.at[slot], halves), b_t=True)
+
             def step(s, dq, *, masked: bool):
                 slot = slot_of(s)
                 plgpu.barrier_wait(kv_bar.at[slot])
-                ks, vs = k_smem.at[slot], v_smem.at[slot]
-                sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, ks, ops.zeros((bq, bk)), do_smem, vs, b_t=True)
+                sc, dp = s_dp(slot)
                 _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
-                dq = ops.mma(dq, ds.astype(dtype), ks)
+                dq = ops.mma(dq, ds.astype(dtype), cols.mine(k_smem.at[slot], wg))
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq
+
+            def serial(a, bm, f, n_done, *, banded: bool):  # fa_prefill's serial schedule (a window's band masked)
+                dq = ops.zeros((bq, cols.dh))
+                if banded:
+                    dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), dq)
+                dq = lax.fori_loop(bm, f, functools.partial(step, masked=False), dq)
+                return lax.fori_loop(f, n_done, functools.partial(step, masked=True), dq)
 
             def ds_of(s, *, masked: bool):
                 def f(sc, dp):
@@ -650,24 +768,22 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.barrier_arrive(kv_free.at[prev])  # K_{s-1} was read by the waited dQ wgmma
                 return dq, ds
 
-            if banded:
+            if split:  # the schedule computed before the fork (serial: dsplit excludes dq_overlap)
+                dq = serial(*plan, banded=banded)
+            elif banded:
                 # a window / a document: fa_prefill's schedule (its left band and right edge masked, serial; the band
                 # pipelined)
                 a, n_lfull, n_full, n_done = wbounds(r0, off)
-                if nc > 1:
+                if multi:
                     _skip_blocks(a_p, a)
                 if not cfg.dq_overlap:
-                    bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=True)
-                    dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), ops.zeros((bq, d)))
-                    dq = lax.fori_loop(bm, f, functools.partial(step, masked=False), dq)
-                    dq = lax.fori_loop(f, n_done, functools.partial(step, masked=True), dq)
+                    dq = serial(a, *_serial_plan(a, n_lfull, n_full, n_done, banded=True), n_done, banded=True)
                 else:
                     bm, _, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=True)
                     dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), ops.zeros((bq, d)))
                     slot0 = slot_of(bm)
                     plgpu.barrier_wait(kv_bar.at[slot0])
-                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
-                                      v_smem.at[slot0], b_t=True)
+                    sc, dp = s_dp(slot0)
                     ds0 = ds_of(bm, masked=True)(sc, dp)  # the prologue is always masked (exact for any block)
                     dq, ds_last = lax.fori_loop(bm + 1, lo, ostep, (dq, ds0))
                     last = slot_of(lo - 1)
@@ -676,8 +792,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     dq = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), dq)
                 n_total = n_done
             elif not cfg.dq_overlap:
-                dq = lax.fori_loop(0, n_full, functools.partial(step, masked=False), ops.zeros((bq, d)))
-                dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
+                dq = serial(0, 0, n_full, n_total, banded=False)
             else:
                 dq = None  # staged in the Q tile inside the pipelined branch
 
@@ -687,8 +802,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     # dQ += dS_0 K_0 in the next step; epilogue: the last dS K alone
                     slot0 = _compat.traced_index(0, n_total)  # a ref index inside run_state
                     plgpu.barrier_wait(kv_bar.at[slot0])
-                    sc, dp = ops.mma2(ops.zeros((bq, bk)), q_smem, k_smem.at[slot0], ops.zeros((bq, bk)), do_smem,
-                                      v_smem.at[slot0], b_t=True)
+                    sc, dp = s_dp(slot0)
                     ds0 = ds_of(0, masked=True)(sc, dp)
                     # the pipeline runs the unmasked blocks [1, lo) and drains with the last dS K; the masked blocks
                     # [lo, n_total) then run as serial steps (masking under an in-flight wgmma made ptxas serialize
@@ -705,13 +819,16 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 def _no_key():  # rows that see no key (causal, negative offset): dQ = 0
                     q_smem[...] = ops.zeros((bq, d)).astype(dtype)
 
-            if nc > 1:  # key blocks loaded for a later consumer's rows only: wait for each load, hand it back
+            if multi:  # key blocks loaded for a later consumer's rows only: wait for each load, hand it back
                 _skip_blocks(n_total, n_load)
+            if split:  # the other consumer reads both halves of Q and dO until its last (waited) wgmma
+                plgpu.barrier_arrive(done.at[0])
+                plgpu.barrier_wait(done.at[0])
 
             if dq is not None:  # epilogue: Q was last read by the waited wgmmas; its tile stages dQ
                 q_smem[...] = (dq * scale).astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[bi, rows, h])
+            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[(bi, rows, h, *mine)])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == nc)
@@ -720,295 +837,36 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
 
             def issue(s, slot):  # key block a_p + s
                 keys = pl.ds((a_p + s) * bk, bk)
-                plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk], k_smem.at[slot], kv_bar.at[slot])
-                plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk], v_smem.at[slot], kv_bar.at[slot])
+                for i in range(cols.parts):
+                    part = (slot, *cols.smem(i))
+                    plgpu.copy_gmem_to_smem(k_ref.at[(bi, keys, hk, *cols.gmem(i))], k_smem.at[part], kv_bar.at[slot])
+                    plgpu.copy_gmem_to_smem(v_ref.at[(bi, keys, hk, *cols.gmem(i))], v_smem.at[part], kv_bar.at[slot])
 
             _ring_producer(plgpu, n_load - a_p, ns, kv_free, issue)
 
-    mine = (bq, d) if nc == 1 else (nc, bq, d)
+    resident = (bq, d) if nc == 1 else (nc, bq, cols.dh)  # split: Q's and dO's column halves, one per consumer
     vec = (bq,) if nc == 1 else (nc, bq)
     scratch = [
-        _smem_tile(mine, dtype),
-        _smem_tile(mine, dtype),
+        _smem_tile(resident, dtype),
+        _smem_tile(resident, dtype),
         plgpu.SMEM(vec, f32),
         plgpu.SMEM(vec, f32),
-        _smem_tile((ns, bk, d), dtype),
-        _smem_tile((ns, bk, d), dtype),
+        _smem_tile(cols.ring(ns, bk), dtype),
+        _smem_tile(cols.ring(ns, bk), dtype),
         plgpu.Barrier(num_arrivals=5 if segments else 4, num_barriers=nc),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
+        plgpu.Barrier(num_arrivals=2 * cols.parts, num_barriers=ns),
         plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
         *([plgpu.SMEM(vec, f32)] if segments else []),
+        *([plgpu.Barrier(num_arrivals=2, num_barriers=1)] if split else []),  # done
     ]
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
         scratch_types=scratch,
-        grid=(b, hq, tq_pad // (nc * bq)),  # reversed at launch: q is CUDA's x, so a wave shares its heads' K/V in L2
+        # reversed at launch: q is CUDA's x, so a wave shares its heads' K/V in L2
+        grid=(b, hq, tq_pad // (cfg.blocks_per_cta * bq)),
         grid_names=("b", "h", "q"),
         num_threads=nc + 1,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name=PASS_DQ,
-    )
-
-
-# ------------------------------------------------------------------------------------------------------------
-# D 256: the head-dim split (config dsplit; docs/fa_prefill.md, "Backward at D 256")
-# ------------------------------------------------------------------------------------------------------------
-# Both kernels: warpgroups 0 and 1 are consumers that own the SAME 64 keys (dK/dV) or 64 query rows (dQ); consumer
-# w holds the accumulator columns [w D/2, (w + 1) D/2) (dK and dV: 2 x 64 x 128 fp32, 128 registers per thread at
-# D 256; dQ: 64). Each computes the full S and dP (contraction over all of D: the two consumers repeat that work),
-# then its half of the output products. Every 64 x D tile lives in shared memory as two 64 x D/2 column halves
-# (TMA boxes of the gmem array's minor dim), so each wgmma operand is a whole tile of the D 128 kernels' shape:
-# the S / dP products are two wgmmas each (one per half of the contraction). Each consumer loads its half of the
-# resident tiles, waits for both halves, and stages its half of the output in its half of a resident tile once
-# both consumers are done reading (the "done" barrier).
-
-
-@functools.lru_cache(maxsize=64)
-def _build_dkdv_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                      causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                      softcap: float | None = None):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    ops = _Ops(emulate)
-    dtype = jnp.dtype(dtype_name)
-    bq = bk = BLOCK
-    ns = cfg.stages
-    dh = d // 2
-    group = hq // hkv
-    nq = tq_pad // bq
-    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
-    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
-    f32 = jnp.float32
-
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dk_ref, dv_ref,
-             k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, done):
-        ji = lax.axis_index("k")
-        hk = lax.axis_index("h")
-        bi = lax.axis_index("b")
-        wg = lax.axis_index("wg")
-        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg))  # ref indices inside run_state
-        off = off_ref[bi] if causal else jnp.int32(0)
-        j0 = ji * bk
-        keys = pl.ds(j0, bk)
-        if left is None:
-            lo, full = _query_blocks(j0, off, nq=nq, tk=tk, causal=causal)
-            full_hi = hi = nq
-        else:  # a causal window: the band of query blocks that see these keys, its far edge masked
-            lo, full, full_hi, hi = _window_query_blocks(j0, off, nq=nq, tk=tk, left=left)
-        per_head = hi - lo  # query blocks per query head of the group (both consumers see the same ones)
-        n_steps = group * per_head
-
-        @pl.when(wg < 2)
-        def _consumer():
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            half = pl.ds(wg * dh, dh)
-            plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, half], k_smem.at[wg], kv_bar.at[wg])
-            plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, half], v_smem.at[wg], kv_bar.at[wg])
-            plgpu.barrier_wait(kv_bar.at[0])
-            plgpu.barrier_wait(kv_bar.at[1])
-
-            def mask(x, qb):
-                kpos = j0 + ops.iota((bk, bq), 0)  # rows: keys
-                qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
-                ok = kpos < tk
-                if causal:
-                    ok = ok & (kpos <= qpos + off)
-                if left is not None:
-                    ok = ok & (kpos >= qpos + (off - left))
-                return jnp.where(ok, x, -jnp.inf)
-
-            def step(qb, carry, *, g, masked: bool):
-                dk, dv = carry
-                slot = lax.rem(g * per_head + (qb - lo), ns)
-                plgpu.barrier_wait(q_bar.at[slot])
-                qs, dos = q_smem.at[slot], do_smem.at[slot]
-                st, dpt = ops.mma2_sum(ops.zeros((bk, bq)), [(k_smem.at[i], qs.at[i]) for i in halves],
-                                       ops.zeros((bk, bq)), [(v_smem.at[i], dos.at[i]) for i in halves], b_t=True)
-                lse2 = ops.bcast(ops.vec(lse_smem.at[slot], 0), (bk, bq), 0)
-                delta = ops.bcast(ops.vec(dl_smem.at[slot], 0), (bk, bq), 0)
-                pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
-                                functools.partial(mask, qb=qb) if masked else None)
-                dv, dk = ops.mma2(dv, pt.astype(dtype), dos.at[wg], dk, dst.astype(dtype), qs.at[wg], b_t=False)
-                plgpu.barrier_arrive(q_free.at[slot])
-                return dk, dv
-
-            def head(g, carry):
-                carry = lax.fori_loop(lo, full, functools.partial(step, g=g, masked=True), carry)
-                carry = lax.fori_loop(full, full_hi, functools.partial(step, g=g, masked=False), carry)
-                return lax.fori_loop(full_hi, hi, functools.partial(step, g=g, masked=True), carry)
-
-            dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, dh)), ops.zeros((bk, dh))))
-            # the other consumer reads both halves of K and V until its last (waited) wgmma: wait for it, then
-            # stage this consumer's halves of dK, dV in its halves of K, V
-            plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])
-            k_smem.at[wg][...] = (dk * scale).astype(dtype)
-            v_smem.at[wg][...] = dv.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem.at[wg], dk_ref.at[bi, keys, hk, half])
-            plgpu.copy_smem_to_gmem(v_smem.at[wg], dv_ref.at[bi, keys, hk, half])
-            plgpu.wait_smem_to_gmem(0)
-
-        @pl.when(wg == 2)
-        def _producer():
-            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
-
-            def issue(s, slot):  # as _build_dkdv's, Q and dO as two column halves
-                g = lax.div(s, jnp.maximum(per_head, 1))
-                qb = lo + lax.rem(s, jnp.maximum(per_head, 1))
-                h = hk * group + g
-                rows = pl.ds(qb * bq, bq)
-                for i in range(2):
-                    cols = pl.ds(i * dh, dh)
-                    plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h, cols], q_smem.at[slot, i], q_bar.at[slot])
-                    plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h, cols], do_smem.at[slot, i], q_bar.at[slot])
-                plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[slot], q_bar.at[slot])
-                plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[slot], q_bar.at[slot])
-
-            _ring_producer(plgpu, n_steps, ns, q_free, issue)
-
-    out_type = (jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype), jax.ShapeDtypeStruct((b, tk_pad, hkv, d), dtype))
-    scratch = [
-        _smem_tile((2, bk, dh), dtype),
-        _smem_tile((2, bk, dh), dtype),
-        _smem_tile((ns, 2, bq, dh), dtype),
-        _smem_tile((ns, 2, bq, dh), dtype),
-        plgpu.SMEM((ns, bq), f32),
-        plgpu.SMEM((ns, bq), f32),
-        plgpu.Barrier(num_arrivals=2, num_barriers=2),
-        plgpu.Barrier(num_arrivals=6, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=1),
-    ]
-    return plgpu.kernel(
-        body,
-        out_type=out_type,
-        scratch_types=scratch,
-        grid=(b, hkv, tk_pad // bk),
-        grid_names=("b", "h", "k"),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name=PASS_DKDV,
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _build_dq_split(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
-                    causal: bool, scale: float, cfg: BwdConfig, emulate: bool = False, left: int | None = None,
-                    softcap: float | None = None):
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    ops = _Ops(emulate)
-    dtype = jnp.dtype(dtype_name)
-    bq = bk = BLOCK
-    ns = cfg.dq_ring
-    dh = d // 2
-    group = hq // hkv
-    c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
-    _p_ds = functools.partial(_p_ds_, cap_k=None if softcap is None else float(scale) / float(softcap))
-    f32 = jnp.float32
-
-    def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, dq_ref,
-             q_smem, do_smem, lse_smem, dl_smem, k_smem, v_smem, qd_bar, kv_bar, kv_free, done):
-        qi = lax.axis_index("q")
-        h = lax.axis_index("h")
-        bi = lax.axis_index("b")
-        wg = lax.axis_index("wg")
-        halves = (_compat.traced_index(0, wg), _compat.traced_index(1, wg))  # ref indices inside run_state
-        hk = lax.div(h, group)
-        off = off_ref[bi] if causal else jnp.int32(0)
-        r0 = qi * bq
-        rows = pl.ds(r0, bq)
-        if left is None:
-            _, _, n_full, n_total = _block_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0 if causal else None)
-            a = bm = 0
-        else:  # a causal window: fa_prefill's serial schedule (left band and diagonal masked)
-            a, n_lfull, n_full_w, n_total = _consumer_bounds(r0, off, bq=bq, bkv=bk, tk=tk, hi_off=0, lo_off=left)
-            bm, n_full = _serial_plan(a, n_lfull, n_full_w, n_total, banded=True)
-
-        @pl.when(wg < 2)
-        def _consumer():
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            half = pl.ds(wg * dh, dh)
-            bar = qd_bar.at[wg]
-            plgpu.copy_gmem_to_smem(q_ref.at[bi, rows, h, half], q_smem.at[wg], bar)
-            plgpu.copy_gmem_to_smem(do_ref.at[bi, rows, h, half], do_smem.at[wg], bar)
-            plgpu.copy_gmem_to_smem(lse_ref.at[bi, h, rows], lse_smem.at[wg], bar)  # a copy per consumer
-            plgpu.copy_gmem_to_smem(dl_ref.at[bi, h, rows], dl_smem.at[wg], bar)
-            plgpu.barrier_wait(qd_bar.at[0])
-            plgpu.barrier_wait(qd_bar.at[1])
-            lse2 = ops.bcast(ops.vec(lse_smem.at[wg], 1), (bq, bk), 1)
-            delta = ops.bcast(ops.vec(dl_smem.at[wg], 1), (bq, bk), 1)
-
-            def mask(x, s):
-                qpos = r0 + ops.iota((bq, bk), 0)
-                kpos = s * bk + ops.iota((bq, bk), 1)
-                ok = kpos < tk
-                if causal:
-                    ok = ok & (kpos <= qpos + off)
-                if left is not None:
-                    ok = ok & (kpos >= qpos + (off - left))
-                return jnp.where(ok, x, -jnp.inf)
-
-            def step(s, dq, *, masked: bool):
-                slot = lax.rem(s - a, ns)  # block s of the producer's [a, n_total)
-                plgpu.barrier_wait(kv_bar.at[slot])
-                ks, vs = k_smem.at[slot], v_smem.at[slot]
-                sc, dp = ops.mma2_sum(ops.zeros((bq, bk)), [(q_smem.at[i], ks.at[i]) for i in halves],
-                                      ops.zeros((bq, bk)), [(do_smem.at[i], vs.at[i]) for i in halves], b_t=True)
-                _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
-                dq = ops.mma(dq, ds.astype(dtype), ks.at[wg])
-                plgpu.barrier_arrive(kv_free.at[slot])
-                return dq
-
-            dq = ops.zeros((bq, dh))
-            if left is not None:
-                dq = lax.fori_loop(a, bm, functools.partial(step, masked=True), dq)
-            dq = lax.fori_loop(bm, n_full, functools.partial(step, masked=False), dq)
-            dq = lax.fori_loop(n_full, n_total, functools.partial(step, masked=True), dq)
-            # the other consumer reads both halves of Q and dO until its last (waited) wgmma
-            plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])
-            q_smem.at[wg][...] = (dq * scale).astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(q_smem.at[wg], dq_ref.at[bi, rows, h, half])
-            plgpu.wait_smem_to_gmem(0)
-
-        @pl.when(wg == 2)
-        def _producer():
-            plgpu.set_max_registers(cfg.producer_regs, action="decrease")
-
-            def issue(s, slot):  # K and V as two column halves, key block a + s
-                keys = pl.ds((a + s) * bk, bk)
-                for i in range(2):
-                    cols = pl.ds(i * dh, dh)
-                    plgpu.copy_gmem_to_smem(k_ref.at[bi, keys, hk, cols], k_smem.at[slot, i], kv_bar.at[slot])
-                    plgpu.copy_gmem_to_smem(v_ref.at[bi, keys, hk, cols], v_smem.at[slot, i], kv_bar.at[slot])
-
-            _ring_producer(plgpu, n_total - a, ns, kv_free, issue)
-
-    scratch = [
-        _smem_tile((2, bq, dh), dtype),
-        _smem_tile((2, bq, dh), dtype),
-        plgpu.SMEM((2, bq), f32),
-        plgpu.SMEM((2, bq), f32),
-        _smem_tile((ns, 2, bk, dh), dtype),
-        _smem_tile((ns, 2, bk, dh), dtype),
-        plgpu.Barrier(num_arrivals=4, num_barriers=2),
-        plgpu.Barrier(num_arrivals=4, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=ns),
-        plgpu.Barrier(num_arrivals=2, num_barriers=1),
-    ]
-    return plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype),
-        scratch_types=scratch,
-        grid=(b, hq, tq_pad // bq),
-        grid_names=("b", "h", "q"),
-        num_threads=3,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name=PASS_DQ,
@@ -1075,10 +933,9 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
                          f"{dlse.shape}")
     # wide: the dK/dV CTA owns 128 keys, the dQ CTA 128 query rows (padded keys are masked; padded rows have
     # lse2 = +inf, so P = 0 there)
-    tile = BLOCK if cfg.dsplit else BLOCK * cfg.consumers  # dsplit: both consumers own the same 64 keys / rows
+    tile = BLOCK * cfg.blocks_per_cta
     qp, kp, vp, dop, lse2, delta, off = _prepare(q, k, v, o, lse, do, q_offset, dlse, rows=tile, keys=tile)
     args = (b, qp.shape[1], kp.shape[1], tk, hq, hkv, d, q.dtype.name, bool(causal), float(scale), cfg, emulate)
-    build_dkdv, build_dq = (_build_dkdv_split, _build_dq_split) if cfg.dsplit else (_build_dkdv, _build_dq)
     if left is not None and not causal:
         raise NotImplementedError(f"{GEN} backward: a window is built for causal attention only (row i sees "
                                   f"i + off - left <= j <= i + off); got causal={causal}")
@@ -1107,8 +964,8 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
         seg = (edge(starts, ((0, 0), (0, qp.shape[1] - tq))).astype(jnp.float32),
                edge(ends, ((0, 0), (0, kp.shape[1] - tk))).astype(jnp.float32))
         kw["segments"] = True
-    dk, dv = build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
-    dq = build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
+    dk, dv = _build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
+    dq = _build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
 
 
