@@ -9,7 +9,11 @@ soft-cap, q_lens and paged K/V; every fa_prefill_bwd config; every fa_mla config
   a narrower one where a tile's inner dimension is shorter);
 * ``acc_load``: read a wgmma accumulator once at most ``wait_n`` wgmma groups are still in flight (the software
   pipelines' partial waits);
-* ``ring_producer``: the producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers;
+* ``ring_producer``: the producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers, and
+  ``ring_drain``, its last step (observe the last frees), for a kernel whose loads are not one such loop;
+* ``WgmmaOps``: the register side of a kernel's math (layout casts, fresh accumulators, iotas, loads into the wgmma
+  layout, wgmma products waited for), or with ``emulate`` their stand-ins on jax's GPU interpreter (v12_mla_tc's
+  schedules are written on it; fa_prefill_bwd's ``_Ops`` is the same idea and can move onto it);
 * ``pad``: zero-pad one axis of an operand to a multiple of the tile (the kernels run whole tiles).
 """
 
@@ -19,7 +23,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-__all__ = ["smem_tile", "acc_load", "ring_producer", "pad"]
+from .. import _compat
+
+__all__ = ["smem_tile", "acc_load", "ring_producer", "ring_drain", "WgmmaOps", "pad"]
 
 
 def smem_tile(shape, dtype, swizzle: int = 128):
@@ -55,9 +61,77 @@ def ring_producer(plgpu, n, ns: int, free, issue) -> None:
 
         issue(s, slot)
 
+    ring_drain(plgpu, n, ns, free)
+
+
+def ring_drain(plgpu, n, ns: int, free) -> None:
+    """The loader of an ``ns``-slot ring that filled ``n`` slots observes the last frees: it waits for every phase
+    of each "free" barrier it waits on (what jax's GPU interpreter checks; idle time on the GPU). Under a cluster
+    whose consumers arrive remotely, it also keeps this CTA alive until the last remote arrival has landed."""
+
     @pl.loop(jnp.maximum(n - ns, 0), n)
     def _drain(s):
         plgpu.barrier_wait(free.at[lax.rem(s, ns)])
+
+
+class WgmmaOps:
+    """The register side of a Mosaic kernel's math: layout casts, fresh fp32 accumulators and row vectors, iotas,
+    loads from shared memory into the wgmma layout, and wgmma products waited for (``run_state`` waits). With
+    ``emulate`` the same calls run on jax's GPU interpreter, which has no layouts, no ``run_state`` and no
+    transposed wgmma operand: a cast is the value itself, a load reads the ref, and a product is a ``jnp`` dot of
+    the same shared-memory tiles with fp32 accumulation. A kernel written on these runs on the GPU and on the CPU
+    from one source; only the tensor-core operand layouts and the register budgets go unchecked on the CPU."""
+
+    def __init__(self, emulate: bool):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        self.plgpu = plgpu
+        self.emulate = emulate
+
+    def cast(self, x, layout):
+        """``x`` in register layout ``layout`` (the interpreter: ``x``)."""
+        return x if self.emulate else self.plgpu.layout_cast(x, layout)
+
+    def zeros(self, shape, dtype=jnp.float32):
+        """A zero tile in the wgmma layout (a fresh accumulator, fp32 unless ``dtype`` says otherwise)."""
+        return self.cast(jnp.zeros(shape, dtype), self.plgpu.Layout.WGMMA)
+
+    def rows(self, value: float, n: int):
+        """An fp32 vector of ``n`` copies of ``value``, one per row of an ``n``-row wgmma tile (its row layout):
+        an online softmax's initial running max or row sum."""
+        return self.cast(jnp.full((n,), value, jnp.float32), self.plgpu.Layout.WGMMA.reduce(1))
+
+    def iota(self, shape, dim: int):
+        """int32 indices along ``dim`` of a ``shape`` tile in the wgmma layout (masks)."""
+        if self.emulate:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return self.plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.plgpu.Layout.WGMMA)
+
+    def tile(self, ref):
+        """A shared-memory tile (a ref already indexed) into registers in the wgmma layout."""
+        return ref[...] if self.emulate else _compat.mgpu_load(ref, layout=self.plgpu.Layout.WGMMA)
+
+    def vec(self, ref, axis: int = 1):
+        """A shared-memory vector into registers in the wgmma layout reduced over ``axis`` (1: one value per row of
+        a tile; 0: one per column)."""
+        return ref[...] if self.emulate else _compat.mgpu_load(ref, layout=self.plgpu.Layout.WGMMA.reduce(axis))
+
+    def mma(self, a, b, *, shape=None, acc=None, b_t: bool = False):
+        """``acc + a @ b`` (``b_t``: ``a @ b^T``) as one wgmma with an fp32 accumulator, waited for. ``acc`` None: a
+        fresh zero accumulator of ``shape`` (the interpreter: the product alone). ``a``: a shared-memory ref or a
+        16-bit register array; ``b``: a shared-memory ref."""
+        if self.emulate:
+            av = a[...] if hasattr(a, "at") else a
+            out = lax.dot_general(av, b[...], (((1,), (1 if b_t else 0,)), ((), ())),
+                                  preferred_element_type=jnp.float32)
+            return out if acc is None else acc + out
+        plgpu = self.plgpu
+        init = self.zeros(shape) if acc is None else acc
+
+        def issue(acc_ref):
+            plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if b_t else b)
+
+        return pl.run_state(issue)(plgpu.ACC.init(init))
 
 
 def pad(x, axis: int, mult: int):

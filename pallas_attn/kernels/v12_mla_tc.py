@@ -133,6 +133,7 @@ from .mla_common import (
     validate_table_eagerly,
     visible,
 )
+from .mosaic_kit import WgmmaOps, ring_drain
 from .mosaic_kit import acc_load as _acc_load
 from .mosaic_kit import smem_tile as _smem_tile
 
@@ -316,6 +317,746 @@ def _swizzle(tn: int, itemsize: int) -> int:
     return min(128, tn * itemsize)
 
 
+# The Mosaic kernel in pieces. ``_Build`` holds what one build fixes (shapes, tile sizes, the config's flags as
+# facts). ``_Cta`` is one CTA: its refs, its key range, and the pieces every schedule uses (the Q load, the latent
+# ring's copies through the block table, the mask, the online softmax, the P handoff, the epilogue). The math runs
+# on the kit's ``WgmmaOps``, so one source serves the GPU and jax's GPU interpreter (``emulate``). Then one function
+# per schedule and warpgroup role:
+#
+# * faithful / split_qk / pipelined: ``_dv_half_consumer`` (warpgroups 0 and 1; its steps ``_serial_step``, with
+#   ``_exchange_s_half`` for split_qk, or ``_pipelined_loop`` / ``_pipelined_step``) and ``_producer`` (warpgroup 2);
+# * kv64 / kv64_lazy / kv64_mc: ``_shared_p_consumer`` (consumer 0's loop ``_shared_p_scores`` with the step
+#   ``_shared_p_step`` or ``_lazy_step``; consumer 1's step ``_shared_p_pv_step``) and ``_producer``;
+# * kv64_ws / kv32_ws / kv64_wsq_mc: ``_ws_scores`` (warpgroup 0; ``_s_pipelined_loop`` for kv32_ws) and ``_ws_pv``
+#   (warpgroups 1 and 2; the first also loads).
+#
+# ``_kernel_body`` gives each warpgroup its role; ``_scratch`` and ``_grid`` lay out shared memory and the launch.
+# The split into functions left every lowered program identical (scripts/lowered_hashes.py).
+
+
+class _Build:
+    """What one Mosaic build fixes: the shapes, the tile sizes and the config's flags as the facts the pieces read
+    (which staging aliases the ring, whether row tiles pair into clusters, how many P buffers)."""
+
+    def __init__(self, b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
+                 dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig,
+                 emulate: bool):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        self.plgpu, self.ops, self.cfg, self.emulate = plgpu, WgmmaOps(emulate), cfg, emulate
+        self.b, self.rows_pad, self.tq, self.dqk, self.dv = b, rows_pad, tq, dqk, dv
+        self.num_pages, self.page, self.pps = num_pages, page, pps
+        self.splits, self.chunk, self.causal = splits, chunk, causal
+        self.dtype = jnp.dtype(dtype_name)
+        self.bm, self.tn, self.ns = BLOCK_M, cfg.block_kv, cfg.stages
+        self.dvh = dv // 2
+        self.sub = min(page, self.tn)  # rows per TMA copy: a copy never crosses a page
+        self.copies = self.tn // self.sub
+        self.cap = pps * page
+        self.n_row_tiles = rows_pad // self.bm
+        self.cl = float(scale) * _LOG2E
+        self.per_row_mask = causal and tq > 1
+        self.swz = _swizzle(self.tn, self.dtype.itemsize)
+        self.kh = dqk // 2  # split_qk: the K half each consumer contracts
+        self.aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
+        self.lazy = cfg.lazy_rescale
+        self.q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in smem
+        self.nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before
+        # P_{s-1} is read)
+        # multicast (kv64_mc): row tiles 2k and 2k + 1 of one (batch, split) form a 2-CTA cluster (cluster axis
+        # "t", grid axis "tp" = k). Each producer issues every page copy of a tile with collective_axes: Mosaic
+        # splits the copy in two along its 8-row groups, each CTA fetches one half from L2 and multicasts it into
+        # both CTAs' shared memory, and each CTA's "loaded" barrier expects the whole tile (its arrive_expect_tx
+        # counts the full copy, whoever issued the half). The slot's "free" barrier is a cluster barrier: every
+        # consumer's arrival lands in both CTAs (2 consumers x 2 CTAs), so neither producer overwrites a slot, in
+        # either CTA, before the consumers of both released it. An odd number of row tiles has no partner: kv64
+        # without the cluster (_plan records it). The GPU interpreter has no cluster barriers and no multicast:
+        # emulate keeps the pairing (the grid and cluster shape, the tile index) and degrades the copy to a plain
+        # one, the free barrier to a CTA-local one (what is checked on the CPU is everything but the cluster
+        # protocol itself).
+        self.paired = cfg.multicast and self.n_row_tiles % 2 == 0
+        self.cluster = self.paired and not emulate
+        self.mc_copy = {"collective_axes": "t"} if self.cluster else {}
+
+
+def _rescale(acc, alpha):
+    """``acc`` (an O half) with row ``i`` scaled by ``alpha[i]``."""
+    return acc * lax.broadcast_in_dim(alpha, acc.shape, (0,))
+
+
+class _Cta:
+    """One CTA of a build: its refs, its (row tile, split, batch) and key range ``[lo, hi)`` of ``n`` latent tiles,
+    and the pieces every schedule uses. Made inside the kernel body (it reads the grid indices and the lengths)."""
+
+    def __init__(self, k: _Build, refs):
+        self.k, self.plgpu, self.ops = k, k.plgpu, k.ops
+        self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.o_ref, self.lse_ref, *scratch = refs
+        if k.aliased and k.lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
+            self.q_smem, (self.lat_smem, (self.o_stage, self.lse_stage)), self.q_bar, self.l_bar, self.l_free, \
+                *self.exchange = scratch
+        elif k.aliased:
+            self.q_smem, (self.lat_smem, self.o_stage), self.lse_stage, self.q_bar, self.l_bar, self.l_free, \
+                *self.exchange = scratch
+        else:
+            self.q_smem, self.lat_smem, self.o_stage, self.lse_stage, self.q_bar, self.l_bar, self.l_free, \
+                *self.exchange = scratch
+        ti = lax.axis_index("t")
+        if k.paired:  # "t" is the CTA's rank in its cluster
+            ti = 2 * lax.axis_index("tp") + ti
+        self.sp = lax.axis_index("s")
+        self.bi = lax.axis_index("b")
+        self.wg = lax.axis_index("wg")
+        self.r0 = ti * k.bm
+        kv_len = jnp.clip(lens_ref[self.bi], 0, k.cap)
+        self.lo = self.sp * k.chunk
+        hi = jnp.minimum(kv_len, self.lo + k.chunk)
+        self.off = jnp.int32(0)
+        if k.causal:
+            self.off = jnp.clip(off_ref[self.bi], -k.tq, k.cap)
+            hi = jnp.minimum(hi, self.off + k.tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
+        self.hi = hi
+        # n depends on (batch, split) only, never on the row tile: the two CTAs of a kv64_mc cluster load, wait
+        # for and free the same number of tiles (an empty split or sequence is n = 0 in both: no multicast is
+        # issued that the partner would wait for, and no remote arrival is made)
+        self.n = lax.div(jnp.maximum(hi - self.lo, 0) + (k.tn - 1), k.tn)
+
+    def issue_q(self):
+        """The CTA's Q tile (64 packed rows x DQK) into shared memory by TMA (one warpgroup issues it)."""
+        self.plgpu.copy_gmem_to_smem(self.q_ref.at[self.bi, pl.ds(self.r0, self.k.bm)], self.q_smem,
+                                     self.q_bar.at[0])
+
+    def wait_q(self):
+        self.plgpu.barrier_wait(self.q_bar.at[0])
+
+    def mask(self, sc, s):
+        """Key tile s of this split: keys past the split or kv_len (and, causal, past the row's offset) to -inf."""
+        k = self.k
+        cols = k.ops.iota((k.bm, k.tn), 1)
+        kpos = self.lo + s * k.tn + cols
+        ok = kpos < self.hi
+        if k.per_row_mask:
+            rws = k.ops.iota((k.bm, k.tn), 0)
+            ok = ok & (kpos <= lax.rem(self.r0 + rws, k.tq) + self.off)
+        return jnp.where(ok, sc, -jnp.inf)
+
+    def load_tile(self, s):
+        """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
+        k = self.k
+        slot = lax.rem(s, k.ns)
+        j0 = self.lo + s * k.tn
+        for i in range(k.copies):
+            jj = j0 + i * k.sub
+            lp = jnp.minimum(lax.div(jj, k.page), k.pps - 1)
+            pg = jnp.clip(self.bt_ref[self.bi * k.pps + lp], 0, k.num_pages - 1)
+            row = pg * k.page + lax.rem(jj, k.page)
+            self.plgpu.copy_gmem_to_smem(self.lat_ref.at[pl.ds(row, k.sub)],
+                                         self.lat_smem.at[slot, pl.ds(i * k.sub, k.sub)], self.l_bar.at[slot],
+                                         **k.mc_copy)
+
+    def drain_frees(self, n_load):
+        """The loader observes the last frees too (the kit's ``ring_drain``). kv64_mc: the partner's consumers
+        arrive on this CTA's free barriers remotely; waiting for every phase keeps this CTA (and its shared memory)
+        alive until the last of those arrivals has landed. The partner's multicast writes into this CTA's ring all
+        completed before this CTA's consumers passed their last "loaded" wait, so the staging alias stays safe."""
+        ring_drain(self.plgpu, n_load, self.k.ns, self.l_free)
+
+    def softmax(self, sc, m_i, l_i):
+        """The online softmax of one tile's scores (base 2, the running max on raw scores): ``(P in q's dtype,
+        alpha, m, l)``."""
+        k = self.k
+        m_new = jnp.maximum(m_i, sc.max(axis=1))
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * k.cl  # no -inf - -inf for an all-masked row
+        alpha = jnp.exp2(m_i * k.cl - m_use)
+        p = jnp.exp2(sc * k.cl - lax.broadcast_in_dim(m_use, (k.bm, k.tn), (0,)))
+        return p.astype(k.dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
+
+    def tile_scores(self, s, masked: bool, q_reg=None):
+        """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked. ``q_reg``:
+        Q's first q_regs columns as a register array (the A operand of those k-steps), the rest from shared
+        memory, both products in one run_state (the refs sliced outside it). Returns ``(slot, S)``."""
+        k, plgpu, ops = self.k, self.plgpu, self.ops
+        slot = lax.rem(s, k.ns)
+        plgpu.barrier_wait(self.l_bar.at[slot])
+        if q_reg is None:
+            sc = ops.mma(self.q_smem, self.lat_smem.at[slot], shape=(k.bm, k.tn), b_t=True)
+        else:
+            kr = k.q_cols_reg
+            k_reg, q_rest = self.lat_smem.at[slot, :, pl.ds(0, kr)], self.q_smem.at[:, pl.ds(kr, k.dqk - kr)]
+            k_rest = self.lat_smem.at[slot, :, pl.ds(kr, k.dqk - kr)]
+            if k.emulate:
+                sc = ops.mma(q_rest, k_rest, acc=ops.mma(q_reg, k_reg, shape=(k.bm, k.tn), b_t=True), b_t=True)
+            else:
+                def issue(acc_ref):
+                    plgpu.wgmma(acc_ref, q_reg, k_reg.transpose((1, 0)))
+                    plgpu.wgmma(acc_ref, q_rest, k_rest.transpose((1, 0)))
+
+                sc = pl.run_state(issue)(plgpu.ACC.init(ops.zeros((k.bm, k.tn))))
+        return slot, (self.mask(sc, s) if masked else sc)
+
+    def tile_softmax(self, s, m_i, l_i, masked: bool, q_reg=None):
+        """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
+        slot, sc = self.tile_scores(s, masked, q_reg)
+        return (slot, *self.softmax(sc, m_i, l_i))
+
+    def hand_over(self, s, pt, alpha):
+        """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
+        (p_free): P_{s-1} with one buffer, P_{s-2} with two (s_pipelined: buffer s % 2)."""
+        plgpu, nbuf = self.plgpu, self.k.nbuf
+        p_smem, alpha_smem, p_ready, p_free, _ = self.exchange
+        if nbuf == 1:
+            @pl.when(s > 0)
+            def _():
+                plgpu.barrier_wait(p_free.at[0])
+
+            p_smem[...] = pt
+            alpha_smem[...] = alpha
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(p_ready.at[0])
+            return
+        k = lax.rem(s, nbuf)
+
+        @pl.when(s >= nbuf)
+        def _():
+            plgpu.barrier_wait(p_free.at[k])
+
+        p_smem.at[k][...] = pt
+        alpha_smem.at[k][...] = alpha
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(p_ready.at[k])
+
+    def touch_ring(self, first: int):
+        """emulate only: the GPU's output staging aliases the ring (RefUnion); write the slots this warpgroup's
+        staging would overlap (``first``, ``first + 2``, ...) so that the race detector sees the alias hazard (a TMA
+        load or another warpgroup's read still in flight)."""
+        k = self.k
+        if k.emulate:
+            for i in range(first, k.ns, 2):
+                self.lat_smem.at[i][...] = jnp.zeros((k.tn, k.dqk), k.dtype)
+
+    def epilogue(self, w: int, acc, m_i, l_i):
+        """Normalize DV half ``w`` of the output (``acc``; None: no output here) and write it (fp32, staged by 64
+        columns in staging buffer ``w``) and, when ``m_i`` is given, the LSE."""
+        k, plgpu = self.k, self.plgpu
+        col0 = w * k.dvh
+        empty = l_i == 0.0
+        if acc is not None:
+            inv = 1.0 / jnp.where(empty, 1.0, l_i)
+            out = acc * lax.broadcast_in_dim(inv, (k.bm, k.dvh), (0,))
+            for c0 in range(0, k.dvh, _STAGE_COLS):
+                self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    self.o_stage.at[w],
+                    self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        if m_i is not None:
+            self.lse_stage[...] = jnp.where(empty, -jnp.inf,
+                                            (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(self.lse_stage, self.lse_ref.at[self.bi, self.sp, pl.ds(self.r0, k.bm)])
+        plgpu.wait_smem_to_gmem(0)
+
+
+# --- faithful / split_qk / pipelined: two consumers, each S (or its half), the softmax and one DV half --------
+
+
+def _producer(x: _Cta):
+    """Warpgroup 2 (every schedule but s_warpgroup): drop to ``producer_regs`` and issue the latent tiles into the
+    ring, slot s % ns once both consumers freed it (pipelined: at least tile 0, its prologue's). Not the kit's
+    ``ring_producer``: this loop computes the slot index inside the wait (and again in ``load_tile``), and the
+    kit's loop would change the lowered program by that one ``rem``; the drain is the kit's ``ring_drain``."""
+    k, plgpu = x.k, x.plgpu
+    plgpu.set_max_registers(k.cfg.producer_regs, action="decrease")
+
+    n_load = jnp.maximum(x.n, 1) if k.cfg.overlap else x.n
+
+    @pl.loop(0, n_load)
+    def _load(s):
+        @pl.when(s >= k.ns)
+        def _():
+            plgpu.barrier_wait(x.l_free.at[lax.rem(s, k.ns)])
+
+        x.load_tile(s)
+
+    x.drain_frees(n_load)
+
+
+def _exchange_s_half(x: _Cta, w: int, s, sc):
+    """split_qk: hand this consumer's fp32 S half to the other consumer and add the other's half (double-buffered
+    by step parity: the other consumer read buffer k of step s before it could write its half of step s + 1, which
+    this consumer waits for before it overwrites buffer k at step s + 2). ``a + b == b + a``, bit for bit: both
+    consumers see the same S."""
+    plgpu = x.plgpu
+    sx, x_ready = x.exchange
+    k = lax.rem(s, 2)
+    sx.at[w, k][...] = sc
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(x_ready.at[w * 2 + k])
+    plgpu.barrier_wait(x_ready.at[(1 - w) * 2 + k])
+    other = x.ops.tile(sx.at[1 - w, k])
+    return sc + other
+
+
+def _serial_step(x: _Cta, w: int, s, carry, *, masked: bool):
+    """faithful / split_qk, consumer ``w``, tile s: S (all of DQK, or split_qk's half plus the other's), the mask,
+    the online softmax, the rescale and ``O += P L[:, half w]``, then the slot's free arrival."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    bm, tn, dvh = k.bm, k.tn, k.dvh
+    acc, m_i, l_i = carry
+    slot = lax.rem(s, k.ns)
+    plgpu.barrier_wait(x.l_bar.at[slot])
+
+    if k.cfg.split_qk:  # this consumer's half of the contraction
+        sc = ops.mma(x.q_smem.at[:, pl.ds(w * k.kh, k.kh)], x.lat_smem.at[slot, :, pl.ds(w * k.kh, k.kh)],
+                     shape=(bm, tn), b_t=True)
+        sc = _exchange_s_half(x, w, s, sc)
+    else:
+        sc = ops.mma(x.q_smem, x.lat_smem.at[slot], shape=(bm, tn), b_t=True)
+    if masked:
+        sc = x.mask(sc, s)
+    m_new = jnp.maximum(m_i, sc.max(axis=1))
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * k.cl  # no -inf - -inf for an all-masked row
+    alpha = jnp.exp2(m_i * k.cl - m_use)
+    p = jnp.exp2(sc * k.cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+    l_new = l_i * alpha + p.sum(axis=1)
+    acc = _rescale(acc, alpha)
+
+    acc = ops.mma(p.astype(k.dtype), x.lat_smem.at[slot, :, pl.ds(w * dvh, dvh)], acc=acc)
+    plgpu.barrier_arrive(x.l_free.at[slot])
+    return acc, m_new, l_new
+
+
+def _pipelined_step(x: _Cta, w: int, s, carry, *, masked: bool):
+    """pipelined, consumer ``w``, step s: ``S_s = Q L_s^T`` and ``O += P_{s-1} L_{s-1}[:, half]`` issued together;
+    the softmax of S_s runs while the P V wgmma does; the carry is ``(alpha_s O_{s-1}, m_s, l_s, P_s)``."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    bm, tn, dvh, col0 = k.bm, k.tn, k.dvh, w * k.dvh
+    acc, m_i, l_i, p_prev = carry
+    slot, prev = lax.rem(s, k.ns), lax.rem(s - 1, k.ns)
+    plgpu.barrier_wait(x.l_bar.at[slot])
+    if k.emulate:
+        sc = ops.mma(x.q_smem, x.lat_smem.at[slot], shape=(bm, tn), b_t=True)
+        acc = ops.mma(p_prev, x.lat_smem.at[prev, :, pl.ds(col0, dvh)], acc=acc)
+        p, alpha, m_new, l_new = x.softmax(x.mask(sc, s) if masked else sc, m_i, l_i)
+    else:
+        def both(refs):
+            s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
+            plgpu.wgmma(s_ref, x.q_smem, x.lat_smem.at[slot].transpose((1, 0)))
+            plgpu.wgmma(o_ref, p_ref[...], x.lat_smem.at[prev, :, pl.ds(col0, dvh)])
+            sc = _acc_load(s_ref, wait_n=1)  # S_s is done; the P V wgmma may still run
+            p, alpha, m_new, l_new = x.softmax(x.mask(sc, s) if masked else sc, m_ref[...], l_ref[...])
+            p_ref[...] = p
+            m_ref[...] = m_new
+            l_ref[...] = l_new
+            a_ref[...] = alpha
+
+        _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
+            (plgpu.ACC.init(ops.zeros((bm, tn))), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
+    plgpu.barrier_arrive(x.l_free.at[prev])  # run_state waited for the P V wgmma: slot s - 1 is done
+    return _rescale(acc, alpha), m_new, l_new, p
+
+
+def _pipelined_loop(x: _Cta, w: int, acc0, m0, l0):
+    """pipelined, consumer ``w``: tile 0's scores and softmax (the prologue; the producer loads tile 0 even for an
+    empty split, fully masked then), the steps 1 .. n - 1 (``_pipelined_step``), and the last P V (the epilogue).
+    Returns ``(O, m, l)``."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    nn = jnp.maximum(x.n, 1)
+    plgpu.barrier_wait(x.l_bar.at[0])
+    slot0 = _compat.traced_index(0, nn)  # a ref index inside run_state
+    p0, _, m_i, l_i = x.softmax(x.mask(ops.mma(x.q_smem, x.lat_smem.at[slot0], shape=(k.bm, k.tn), b_t=True), 0),
+                                m0, l0)
+    first_masked = 1 if k.per_row_mask else jnp.maximum(nn - 1, 1)
+    carry = lax.fori_loop(1, first_masked, functools.partial(_pipelined_step, x, w, masked=False),
+                          (acc0, m_i, l_i, p0))
+    acc, m_i, l_i, p_last = lax.fori_loop(first_masked, nn, functools.partial(_pipelined_step, x, w, masked=True),
+                                          carry)
+    last = lax.rem(nn - 1, k.ns)
+    acc = ops.mma(p_last, x.lat_smem.at[last, :, pl.ds(w * k.dvh, k.dvh)], acc=acc)
+    plgpu.barrier_arrive(x.l_free.at[last])
+    return acc, m_i, l_i
+
+
+def _dv_half_consumer(x: _Cta, w: int):
+    """faithful / split_qk / pipelined, consumer ``w`` (warpgroup 0 or 1; the first loads Q): every tile's S, its
+    softmax and the P V product over DV half ``w``; then the epilogue (consumer 0 also writes the LSE)."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
+    if w == 0:
+        x.issue_q()
+    x.wait_q()
+    m0 = ops.rows(-jnp.inf, k.bm)
+    l0 = ops.rows(0.0, k.bm)
+    acc0 = ops.zeros((k.bm, k.dvh))
+    carry = (acc0, m0, l0)
+    step = functools.partial(_serial_step, x, w)
+    if k.cfg.overlap:
+        acc, m_i, l_i = _pipelined_loop(x, w, acc0, m0, l0)
+    elif k.per_row_mask:
+        acc, m_i, l_i = lax.fori_loop(0, x.n, functools.partial(step, masked=True), carry)
+    else:
+        n_plain = jnp.maximum(x.n - 1, 0)
+        carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
+        acc, m_i, l_i = lax.fori_loop(n_plain, x.n, functools.partial(step, masked=True), carry)
+
+    x.epilogue(w, acc, m_i if w == 0 else None, l_i)
+
+
+# --- kv64 / kv64_lazy / kv64_mc: consumer 0 computes S and P once and hands P over ------------------------------
+
+
+def _plain_then_masked(x: _Cta, step, carry):
+    """Run ``step(s, carry, masked=...)`` over the split's n tiles: unmasked but the last one, or every one masked
+    when rows differ (causal Tq > 1)."""
+    n_plain = jnp.int32(0) if x.k.per_row_mask else jnp.maximum(x.n - 1, 0)
+    carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
+    return lax.fori_loop(n_plain, x.n, functools.partial(step, masked=True), carry)
+
+
+def _alpha_rows(x: _Cta):
+    """share_p: the alpha (then final l) rows of the handoff buffer (lazy_rescale: element bm is the tile's flag)."""
+    alpha_smem = x.exchange[1]
+    return alpha_smem.at[pl.ds(0, x.k.bm)] if x.k.lazy else alpha_smem
+
+
+def _shared_p_step(x: _Cta, s, carry, *, masked: bool):
+    """kv64, consumer 0, tile s: S over all DQK columns, the softmax, P and alpha handed over, then its own P V
+    half with P from registers and the slot's free arrival."""
+    acc, m_i, l_i = carry
+    slot, pt, alpha, m_new, l_new = x.tile_softmax(s, m_i, l_i, masked)
+    x.hand_over(s, pt, alpha)
+    acc = _rescale(acc, alpha)
+    acc = x.ops.mma(pt, x.lat_smem.at[slot, :, pl.ds(0, x.k.dvh)], acc=acc)
+    x.plgpu.barrier_arrive(x.l_free.at[slot])
+    return acc, m_new, l_new
+
+
+def _lazy_step(x: _Cta, s, carry, *, masked: bool, rescale):
+    """``_shared_p_step`` with a lazy running max (kv64_lazy): one warpgroup-uniform decision per tile (does any
+    row's tile max exceed its reference by more than LAZY_LOG2?); if not, m, l and both O halves keep their scale
+    (alpha = 1, no multiply) and P = exp2(s cl - m cl) <= 2^LAZY_LOG2. The row sum runs after P is handed over,
+    off consumer 1's path. ``rescale``: this warpgroup's ``_rescale`` (see ``_shared_p_consumer``)."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    bm, tn, cl = k.bm, k.tn, k.cl
+    p_smem, alpha_smem, p_ready, p_free, _ = x.exchange
+    acc, m_i, l_i = carry
+    slot, sc = x.tile_scores(s, masked)
+    mx = sc.max(axis=1)
+    # m_i = -inf (nothing seen yet): -inf + LAZY_LOG2 = -inf, so any finite max moves it; a NaN max compares False
+    # (the row's P is NaN anyway: NaN in, NaN out)
+    grow = jnp.where(mx * cl > m_i * cl + LAZY_LOG2, 1.0, 0.0)
+    need = grow.max()  # scalar, uniform over the warpgroup (cross-warp: the reduction scratch)
+    move = need > 0.0
+
+    def rescaled(m_i, mx):
+        m_new = jnp.maximum(m_i, mx)
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+        return m_new, jnp.exp2(m_i * cl - m_use)
+
+    def kept(m_i, mx):
+        del mx
+        return m_i, ops.rows(1.0, bm)
+
+    m_new, alpha = lax.cond(move, rescaled, kept, m_i, mx)
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
+    p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
+    pt = p.astype(k.dtype)
+
+    @pl.when(s > 0)
+    def _():  # consumer 1 is done with P_{s-1}, alpha_{s-1} and its flag
+        plgpu.barrier_wait(p_free.at[0])
+
+    p_smem[...] = pt
+    _alpha_rows(x)[...] = alpha
+    alpha_smem[bm] = need
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(p_ready.at[0])
+    l_new = l_i * alpha + p.sum(axis=1)
+    acc = lax.cond(move, rescale, lambda a, _: a, acc, alpha)
+    acc = ops.mma(pt, x.lat_smem.at[slot, :, pl.ds(0, k.dvh)], acc=acc)
+    plgpu.barrier_arrive(x.l_free.at[slot])
+    return acc, m_new, l_new
+
+
+def _shared_p_scores(x: _Cta, acc0, rescale):
+    """kv64, consumer 0: load Q, run every tile (``_lazy_step`` under lazy_rescale, else ``_shared_p_step``),
+    observe the last handoff's p_free, and leave the final l in the alpha buffer. Returns ``(O half 0, m, l)``."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    p_free = x.exchange[3]
+    x.issue_q()
+    x.wait_q()
+    step = functools.partial(_lazy_step, x, rescale=rescale) if k.lazy else functools.partial(_shared_p_step, x)
+    carry = (acc0, ops.rows(-jnp.inf, k.bm), ops.rows(0.0, k.bm))
+    acc, m_i, l_i = _plain_then_masked(x, step, carry)
+
+    @pl.when(x.n > 0)
+    def _():  # the last handoff consumed (every phase of p_free observed)
+        plgpu.barrier_wait(p_free.at[0])
+
+    _alpha_rows(x)[...] = l_i  # consumer 1 has read its last alpha: the buffer now carries the final l
+    return acc, m_i, l_i
+
+
+def _shared_p_pv_step(x: _Cta, s, acc, *, rescale):
+    """kv64, consumer 1, tile s: wait for the tile and for P_s, rescale (under lazy_rescale only when consumer 0's
+    flag says so) and ``O += P L[:, DV/2:]`` with P as a shared-memory operand; release P and the slot."""
+    k, plgpu = x.k, x.plgpu
+    p_smem, alpha_smem, p_ready, p_free, _ = x.exchange
+    slot = lax.rem(s, k.ns)
+    plgpu.barrier_wait(x.l_bar.at[slot])
+    plgpu.barrier_wait(p_ready.at[0])
+    alpha = x.ops.vec(_alpha_rows(x))
+    if k.lazy:  # consumer 0's uniform decision for this tile
+        acc = lax.cond(alpha_smem[k.bm] > 0.0, rescale, lambda a, _: a, acc, alpha)
+    else:
+        acc = _rescale(acc, alpha)
+    acc = x.ops.mma(p_smem, x.lat_smem.at[slot, :, pl.ds(k.dvh, k.dvh)], acc=acc)
+    plgpu.barrier_arrive(p_free.at[0])
+    plgpu.barrier_arrive(x.l_free.at[slot])
+    return acc
+
+
+def _shared_p_consumer(x: _Cta, w: int):
+    """share_p: consumer 0 computes S over all of DQK, the mask and the softmax, hands P (q's dtype) and
+    alpha to consumer 1 through shared memory (one buffer: p_ready / p_free), and both run their P V half
+    (consumer 1 with P as a shared-memory wgmma operand). After both loops (the ``done`` barrier, which also
+    publishes consumer 0's final l in the alpha buffer) the ring is idle and each consumer stages its output
+    in ring bytes."""
+    k, plgpu = x.k, x.plgpu
+    done = x.exchange[4]
+    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
+    acc0 = x.ops.zeros((k.bm, k.dvh))
+
+    def rescale(acc, alpha):  # lazy_rescale's cond branch: lax.cond caches a branch's jaxpr by its function, and
+        # one function per warpgroup keeps the traced program as it was (one shared one would only share the jaxpr)
+        return _rescale(acc, alpha)
+
+    if w == 0:
+        acc, m_i, l_i = _shared_p_scores(x, acc0, rescale)
+        plgpu.barrier_arrive(done.at[0])
+    else:
+        acc = lax.fori_loop(0, x.n, functools.partial(_shared_p_pv_step, x, rescale=rescale), acc0)
+        m_i = None
+        plgpu.barrier_arrive(done.at[0])
+    plgpu.barrier_wait(done.at[0])
+    if w == 1:
+        l_i = x.ops.vec(_alpha_rows(x))
+    x.touch_ring(w)
+    x.epilogue(w, acc, m_i, l_i)
+
+
+# --- kv64_ws / kv32_ws / kv64_wsq_mc: warpgroups by role (S and softmax; two P V halves, the first loads) -------
+
+
+def _s_pipelined_loop(x: _Cta, m0, l0):
+    """s_pipelined: tile s's softmax runs while the QK of tile s + 1 does (both in one run_state; the refs sliced
+    outside it), then P_s is published. Tiles 0 .. n - 2 in the loop, the last one after it; every tile is masked
+    when rows differ (causal Tq > 1), else only the last (a partial tile or the split's end). Returns the final
+    (m, l); n = 0 runs nothing."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    n = x.n
+
+    def step(s, carry):
+        m_i, l_i, sc = carry
+        sc = x.mask(sc, s) if k.per_row_mask else sc
+        nxt = lax.rem(s + 1, k.ns)
+        plgpu.barrier_wait(x.l_bar.at[nxt])
+        if k.emulate:
+            sc_next = ops.mma(x.q_smem, x.lat_smem.at[nxt], shape=(k.bm, k.tn), b_t=True)
+            pt, alpha, m_new, l_new = x.softmax(sc, m_i, l_i)
+        else:
+            k_next = x.lat_smem.at[nxt].transpose((1, 0))
+
+            def both(refs):
+                s_ref, m_ref, l_ref, p_ref, a_ref = refs
+                plgpu.wgmma(s_ref, x.q_smem, k_next)  # in flight during the softmax below
+                pt, alpha, m_new, l_new = x.softmax(sc, m_ref[...], l_ref[...])
+                p_ref[...] = pt
+                m_ref[...] = m_new
+                l_ref[...] = l_new
+                a_ref[...] = alpha
+
+            sc_next, m_new, l_new, pt, alpha = pl.run_state(both)(
+                (plgpu.ACC.init(ops.zeros((k.bm, k.tn))), m_i, l_i, ops.zeros((k.bm, k.tn), k.dtype), m_i))
+        x.hand_over(s, pt, alpha)
+        return m_new, l_new, sc_next
+
+    def run(carry):
+        m_i, l_i = carry
+        m_i, l_i, sc = lax.fori_loop(0, n - 1, step, (m_i, l_i, x.tile_scores(0, False)[1]))
+        pt, alpha, m_i, l_i = x.softmax(x.mask(sc, n - 1), m_i, l_i)
+        x.hand_over(n - 1, pt, alpha)
+        return m_i, l_i
+
+    return lax.cond(n > 0, run, lambda c: c, (m0, l0))
+
+
+def _ws_scores(x: _Cta):
+    """s_warpgroup, warpgroup 0: loads Q (q_regs: keeps its first columns in registers), computes S, the mask and
+    the softmax of every tile and hands P and alpha over (it holds no output); after the loop it observes the last
+    handoffs, publishes the final l in the alpha buffer, passes ``done`` and writes the LSE."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    _, alpha_smem, _, p_free, done = x.exchange
+    plgpu.set_max_registers(k.cfg.s_regs, action="decrease" if k.cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
+    x.issue_q()
+    x.wait_q()
+    q_reg = None
+    if k.q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
+        q_reg = ops.tile(x.q_smem.at[:, pl.ds(0, k.q_cols_reg)])
+
+    def step_s(s, carry, *, masked: bool):
+        _, pt, alpha, m_new, l_new = x.tile_softmax(s, *carry, masked, q_reg)
+        x.hand_over(s, pt, alpha)
+        return m_new, l_new
+
+    carry = (ops.rows(-jnp.inf, k.bm), ops.rows(0.0, k.bm))
+    if k.cfg.s_pipelined:
+        m_i, l_i = _s_pipelined_loop(x, *carry)
+    else:
+        m_i, l_i = _plain_then_masked(x, step_s, carry)
+
+    @pl.loop(jnp.maximum(x.n - k.nbuf, 0), x.n)
+    def _(s):  # the last handoffs consumed by both P V warpgroups (every phase observed)
+        plgpu.barrier_wait(p_free.at[lax.rem(s, k.nbuf)])
+
+    l_out = alpha_smem if k.nbuf == 1 else alpha_smem.at[0]
+    l_out[...] = l_i  # both have read their last alpha: the buffer now carries the final l
+    plgpu.barrier_arrive(done.at[0])
+    plgpu.barrier_wait(done.at[0])
+    x.epilogue(0, None, m_i, l_i)
+
+
+def _ws_pv(x: _Cta, w: int):
+    """s_warpgroup, warpgroup ``w`` (1 or 2): rescale and accumulate DV half ``w - 1`` of O with P as a
+    shared-memory operand and release the slot; warpgroup 1 also loads (the first ns tiles at once, then tile
+    s + ns into slot s once both P V warpgroups released it). After ``done`` it stages its half in ring bytes."""
+    k, plgpu, ops = x.k, x.plgpu, x.ops
+    ns, nbuf, n = k.ns, k.nbuf, x.n
+    p_smem, alpha_smem, p_ready, p_free, done = x.exchange
+    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
+    half = w - 1
+
+    loader = w == 1
+    if loader:  # the first ns tiles need no free slot
+        @pl.loop(0, jnp.minimum(n, ns))
+        def _first(s):
+            x.load_tile(s)
+
+    def step_pv(s, acc):
+        slot = lax.rem(s, ns)
+        i = lax.rem(s, nbuf)
+        p_k, a_k = (p_smem, alpha_smem) if nbuf == 1 else (p_smem.at[i], alpha_smem.at[i])
+        plgpu.barrier_wait(x.l_bar.at[slot])
+        plgpu.barrier_wait(p_ready.at[i])
+        acc = _rescale(acc, ops.vec(a_k))
+        acc = ops.mma(p_k, x.lat_smem.at[slot, :, pl.ds(half * k.dvh, k.dvh)], acc=acc)
+        plgpu.barrier_arrive(p_free.at[i])
+        plgpu.barrier_arrive(x.l_free.at[slot])
+        if loader:
+            @pl.when(s + ns < n)
+            def _():  # both P V warpgroups (of both CTAs under kv64_mc) released slot s: refill it
+                plgpu.barrier_wait(x.l_free.at[slot])
+                x.load_tile(s + ns)
+        return acc
+
+    acc = lax.fori_loop(0, n, step_pv, ops.zeros((k.bm, k.dvh)))
+    if loader:
+        x.drain_frees(n)
+    plgpu.barrier_arrive(done.at[0])
+    plgpu.barrier_wait(done.at[0])
+    l_i = ops.vec(alpha_smem if nbuf == 1 else alpha_smem.at[0])
+    x.touch_ring(half)
+    x.epilogue(half, acc, None, l_i)
+
+
+def _ws_consumer(x: _Cta, w: int):
+    """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
+    (``_ws_scores``); warpgroups 1 and 2 each rescale and accumulate one DV half of O (``_ws_pv``). While they run
+    the P V of tile s, warpgroup 0 already runs the scores of tile s + 1 (the other slot). After the loops
+    (``done``: three arrivals) warpgroup 0 has published the final l in the alpha buffer and the ring is idle, so
+    the P V warpgroups stage their halves in ring bytes; warpgroup 0 writes the LSE. Three warpgroups, not four:
+    with a fourth (a producer) the kernel compiles under a 128-register cap, and a 64 x 256 fp32 wgmma needs ~154
+    (ptxas refused it on the H100)."""
+    if w == 0:
+        _ws_scores(x)
+    else:
+        _ws_pv(x, w)
+
+
+# --- the kernel: roles per warpgroup, shared memory, the launch ---------------------------------------------
+
+
+def _kernel_body(k: _Build, refs):
+    """One CTA: the schedule's consumer role on warpgroups 0 and 1 (and 2 under s_warpgroup), else the producer on
+    warpgroup 2."""
+    x = _Cta(k, refs)
+    run_consumer = _ws_consumer if k.cfg.s_warpgroup else _shared_p_consumer if k.cfg.share_p else _dv_half_consumer
+
+    @pl.when(x.wg == 0)
+    def _c0():
+        run_consumer(x, 0)
+
+    @pl.when(x.wg == 1)
+    def _c1():
+        run_consumer(x, 1)
+
+    if k.cfg.s_warpgroup:
+        @pl.when(x.wg == 2)
+        def _c2():
+            run_consumer(x, 2)
+
+    if not k.cfg.s_warpgroup:  # s_warpgroup: P.V warpgroup 1 loads (_ws_pv)
+        @pl.when(x.wg == 2)
+        def _producer_wg():
+            _producer(x)
+
+
+def _scratch(k: _Build) -> list:
+    """Shared memory, in the order ``_Cta`` unpacks it: Q, the latent ring (share_p on the GPU: aliased by the
+    output staging, lazy_rescale: and the LSE staging), the barriers (Q; loaded and free per slot, free a cluster
+    barrier under kv64_mc), then split_qk's S exchange or share_p's P / alpha buffers and their barriers."""
+    plgpu, cfg, f32 = k.plgpu, k.cfg, jnp.float32
+    bm, tn, ns = k.bm, k.tn, k.ns
+    ring, stage = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz), _smem_tile((2, bm, _STAGE_COLS), f32)
+    lse_tile = plgpu.SMEM((bm,), f32)
+    if k.aliased and k.lazy:
+        staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
+    elif k.aliased:
+        staging = [plgpu.RefUnion(ring, stage), lse_tile]
+    else:
+        staging = [ring, stage, lse_tile]
+    scratch = [
+        _smem_tile((bm, k.dqk), k.dtype, k.swz),
+        *staging,
+        plgpu.Barrier(num_arrivals=1, num_barriers=1),
+        plgpu.Barrier(num_arrivals=k.copies, num_barriers=ns),
+        (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if k.cluster
+         else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
+    ]
+    if cfg.split_qk:
+        scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
+    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
+        readers = 2 if cfg.s_warpgroup else 1
+        nbuf = k.nbuf
+        if nbuf == 1:
+            p_bufs = [_smem_tile((bm, tn), k.dtype, k.swz), plgpu.SMEM((2 * bm if k.lazy else bm,), f32)]
+        else:  # s_pipelined: two P / alpha buffers
+            p_bufs = [_smem_tile((nbuf, bm, tn), k.dtype, k.swz), plgpu.SMEM((nbuf, bm), f32)]
+        scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
+                    plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
+                    plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
+    return scratch
+
+
+def _grid(k: _Build) -> dict:
+    """The launch grid: (row tiles, splits, batch), or under kv64_mc with paired row tiles 2-CTA clusters along
+    "t" (the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1))."""
+    if k.paired:
+        return dict(grid=(k.n_row_tiles // 2, k.splits, k.b), grid_names=("tp", "s", "b"), cluster=(2,),
+                    cluster_names=("t",))
+    return dict(grid=(k.n_row_tiles, k.splits, k.b), grid_names=("t", "s", "b"))
+
+
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
                   dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig,
@@ -323,618 +1064,20 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
     """The Mosaic kernel. ``emulate``: the same kernel for jax's GPU interpreter (CPU), which has no layouts, no
     ``run_state`` and no transposed wgmma operand: there the two products are ``jnp`` dots on the same shared-memory
     tiles (everything else, TMA through the table, barriers, masks, the S exchange, the epilogue, is the kernel's)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    dtype = jnp.dtype(dtype_name)
-    bm, tn, ns = BLOCK_M, cfg.block_kv, cfg.stages
-    dvh = dv // 2
-    sub = min(page, tn)  # rows per TMA copy: a copy never crosses a page
-    copies = tn // sub
-    cap = pps * page
-    n_row_tiles = rows_pad // bm
-    cl = float(scale) * _LOG2E
-    f32 = jnp.float32
-    per_row_mask = causal and tq > 1
-    swz = _swizzle(tn, dtype.itemsize)
-
-    kh = dqk // 2  # split_qk: the K half each consumer contracts
-
-    def lcast(x, layout):  # the interpreter has no layouts
-        return x if emulate else plgpu.layout_cast(x, layout)
-
-    def iota(shape, dim):
-        if emulate:
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-
-    def mma(a, b, shape, acc=None, *, b_t: bool = False):
-        """``acc + a @ b`` (``b_t``: ``a @ b^T``; ``acc`` None: zeros) as a wgmma with an fp32 accumulator, waited
-        for (``run_state`` waits). ``a``: a shared-memory ref or a register array; ``b``: a shared-memory ref."""
-        if emulate:
-            av = a[...] if hasattr(a, "at") else a
-            out = lax.dot_general(av, b[...], (((1,), (1 if b_t else 0,)), ((), ())), preferred_element_type=f32)
-            return out if acc is None else acc + out
-        init = lcast(jnp.zeros(shape, f32), plgpu.Layout.WGMMA) if acc is None else acc
-
-        def issue(acc_ref):
-            plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if b_t else b)
-
-        return pl.run_state(issue)(plgpu.ACC.init(init))
-
-    aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
-    lazy = cfg.lazy_rescale
-    # multicast (kv64_mc): row tiles 2k and 2k + 1 of one (batch, split) form a 2-CTA cluster (cluster axis "t",
-    # grid axis "tp" = k). Each producer issues every page copy of a tile with collective_axes: Mosaic splits the
-    # copy in two along its 8-row groups, each CTA fetches one half from L2 and multicasts it into both CTAs'
-    # shared memory, and each CTA's "loaded" barrier expects the whole tile (its arrive_expect_tx counts the full
-    # copy, whoever issued the half). The slot's "free" barrier is a cluster barrier: every consumer's arrival
-    # lands in both CTAs (2 consumers x 2 CTAs), so neither producer overwrites a slot, in either CTA, before the
-    # consumers of both released it. An odd number of row tiles has no partner: kv64 without the cluster (_plan
-    # records it). The GPU interpreter has no cluster barriers and no multicast: emulate keeps the pairing (the
-    # grid and cluster shape, the tile index) and degrades the copy to a plain one, the free barrier to a CTA-local
-    # one (what is checked on the CPU is everything but the cluster protocol itself).
-    q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in shared memory
-    nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before P_{s-1} is read)
+    k = _Build(b, rows_pad, tq, dqk, dv, num_pages, page, pps, dtype_name, splits, chunk, causal, scale, cfg, emulate)
+    plgpu, f32 = k.plgpu, jnp.float32
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
-    paired = cfg.multicast and n_row_tiles % 2 == 0
-    cluster = paired and not emulate
-    mc_copy = {"collective_axes": "t"} if cluster else {}
 
-    def body(q_ref, lat_ref, bt_ref, lens_ref, off_ref, o_ref, lse_ref, *scratch_refs):
-        if aliased and lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
-            q_smem, (lat_smem, (o_stage, lse_stage)), q_bar, l_bar, l_free, *exchange = scratch_refs
-        elif aliased:
-            q_smem, (lat_smem, o_stage), lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
-        else:
-            q_smem, lat_smem, o_stage, lse_stage, q_bar, l_bar, l_free, *exchange = scratch_refs
-        ti = lax.axis_index("t")
-        if paired:  # "t" is the CTA's rank in its cluster
-            ti = 2 * lax.axis_index("tp") + ti
-        sp = lax.axis_index("s")
-        bi = lax.axis_index("b")
-        wg = lax.axis_index("wg")
-        r0 = ti * bm
-        kv_len = jnp.clip(lens_ref[bi], 0, cap)
-        lo = sp * chunk
-        hi = jnp.minimum(kv_len, lo + chunk)
-        off = jnp.int32(0)
-        if causal:
-            off = jnp.clip(off_ref[bi], -tq, cap)
-            hi = jnp.minimum(hi, off + tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
-        # n depends on (batch, split) only, never on the row tile: the two CTAs of a kv64_mc cluster load, wait
-        # for and free the same number of tiles (an empty split or sequence is n = 0 in both: no multicast is
-        # issued that the partner would wait for, and no remote arrival is made)
-        n = lax.div(jnp.maximum(hi - lo, 0) + (tn - 1), tn)
-
-        def mask(sc, s):  # key tile s of this split: keys past the split or kv_len (and, causal, past the row's offset)
-            cols = iota((bm, tn), 1)
-            kpos = lo + s * tn + cols
-            ok = kpos < hi
-            if per_row_mask:
-                rws = iota((bm, tn), 0)
-                ok = ok & (kpos <= lax.rem(r0 + rws, tq) + off)
-            return jnp.where(ok, sc, -jnp.inf)
-
-        def consumer(w: int):
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            if w == 0:
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
-            plgpu.barrier_wait(q_bar.at[0])
-            col0 = w * dvh
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            m0 = lcast(jnp.full((bm,), -jnp.inf, f32), row_layout)
-            l0 = lcast(jnp.full((bm,), 0.0, f32), row_layout)
-            acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
-
-            def step(s, carry, *, masked: bool):
-                acc, m_i, l_i = carry
-                slot = lax.rem(s, ns)
-                plgpu.barrier_wait(l_bar.at[slot])
-
-                if cfg.split_qk:  # this consumer's half of the contraction
-                    sc = mma(q_smem.at[:, pl.ds(w * kh, kh)], lat_smem.at[slot, :, pl.ds(w * kh, kh)], (bm, tn),
-                             b_t=True)
-                else:
-                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-                if cfg.split_qk:
-                    # hand the half to the other consumer and take its half (double-buffered by step parity: the
-                    # other consumer read buffer k of step s before it could write its half of step s + 1, which
-                    # this consumer waits for before it overwrites buffer k at step s + 2)
-                    sx, x_ready = exchange
-                    k = lax.rem(s, 2)
-                    sx.at[w, k][...] = sc
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(x_ready.at[w * 2 + k])
-                    plgpu.barrier_wait(x_ready.at[(1 - w) * 2 + k])
-                    other = sx.at[1 - w, k][...] if emulate else _compat.mgpu_load(sx.at[1 - w, k],
-                                                                                    layout=plgpu.Layout.WGMMA)
-                    sc = sc + other  # a + b == b + a, bit for bit: both consumers see the same S
-                if masked:
-                    sc = mask(sc, s)
-                m_new = jnp.maximum(m_i, sc.max(axis=1))
-                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl  # no -inf - -inf for an all-masked row
-                alpha = jnp.exp2(m_i * cl - m_use)
-                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-                l_new = l_i * alpha + p.sum(axis=1)
-                acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
-
-                acc = mma(p.astype(dtype), lat_smem.at[slot, :, pl.ds(col0, dvh)], (bm, dvh), acc)
-                plgpu.barrier_arrive(l_free.at[slot])
-                return acc, m_new, l_new
-
-            def softmax(sc, m_i, l_i):
-                m_new = jnp.maximum(m_i, sc.max(axis=1))
-                m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-                alpha = jnp.exp2(m_i * cl - m_use)
-                p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-                return p.astype(dtype), m_new, l_i * alpha + p.sum(axis=1), alpha
-
-            def pstep(s, carry, *, masked: bool):
-                # step s: S_s = Q L_s^T and O += P_{s-1} L_{s-1}[:, half] issued together; the softmax of S_s runs
-                # while the P V wgmma does; the carry is (alpha_s O_{s-1}, m_s, l_s, P_s)
-                acc, m_i, l_i, p_prev = carry
-                slot, prev = lax.rem(s, ns), lax.rem(s - 1, ns)
-                plgpu.barrier_wait(l_bar.at[slot])
-                if emulate:
-                    sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-                    acc = mma(p_prev, lat_smem.at[prev, :, pl.ds(col0, dvh)], (bm, dvh), acc)
-                    p, m_new, l_new, alpha = softmax(mask(sc, s) if masked else sc, m_i, l_i)
-                else:
-                    def both(refs):
-                        s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
-                        plgpu.wgmma(s_ref, q_smem, lat_smem.at[slot].transpose((1, 0)))
-                        plgpu.wgmma(o_ref, p_ref[...], lat_smem.at[prev, :, pl.ds(col0, dvh)])
-                        sc = _acc_load(s_ref, wait_n=1)  # S_s is done; the P V wgmma may still run
-                        p, m_new, l_new, alpha = softmax(mask(sc, s) if masked else sc, m_ref[...], l_ref[...])
-                        p_ref[...] = p
-                        m_ref[...] = m_new
-                        l_ref[...] = l_new
-                        a_ref[...] = alpha
-
-                    _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
-                        (plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)), plgpu.ACC.init(acc),
-                         p_prev, m_i, l_i, m_i))
-                plgpu.barrier_arrive(l_free.at[prev])  # run_state waited for the P V wgmma: slot s - 1 is done
-                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,)), m_new, l_new, p
-
-            carry = (acc0, m0, l0)
-            if cfg.overlap:
-                # block 0 always runs (the producer loads it even for an empty split, fully masked then)
-                nn = jnp.maximum(n, 1)
-                plgpu.barrier_wait(l_bar.at[0])
-                slot0 = _compat.traced_index(0, nn)  # a ref index inside run_state
-                p0, m_i, l_i, _ = softmax(mask(mma(q_smem, lat_smem.at[slot0], (bm, tn), b_t=True), 0), m0, l0)
-                first_masked = 1 if per_row_mask else jnp.maximum(nn - 1, 1)
-                carry = lax.fori_loop(1, first_masked, functools.partial(pstep, masked=False), (acc0, m_i, l_i, p0))
-                acc, m_i, l_i, p_last = lax.fori_loop(first_masked, nn, functools.partial(pstep, masked=True), carry)
-                last = lax.rem(nn - 1, ns)
-                acc = mma(p_last, lat_smem.at[last, :, pl.ds(col0, dvh)], (bm, dvh), acc)
-                plgpu.barrier_arrive(l_free.at[last])
-            elif per_row_mask:
-                acc, m_i, l_i = lax.fori_loop(0, n, functools.partial(step, masked=True), carry)
-            else:
-                n_plain = jnp.maximum(n - 1, 0)
-                carry = lax.fori_loop(0, n_plain, functools.partial(step, masked=False), carry)
-                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step, masked=True), carry)
-
-            epilogue(w, acc, m_i if w == 0 else None, l_i)
-
-        def epilogue(w: int, acc, m_i, l_i):
-            """Normalize DV half ``w`` of the output (``acc``; None: no output here) and write it (fp32, staged by 64
-            columns in staging buffer ``w``) and, when ``m_i`` is given, the LSE."""
-            col0 = w * dvh
-            empty = l_i == 0.0
-            if acc is not None:
-                inv = 1.0 / jnp.where(empty, 1.0, l_i)
-                out = acc * lax.broadcast_in_dim(inv, (bm, dvh), (0,))
-                for k in range(dvh // _STAGE_COLS):
-                    o_stage.at[w][...] = out[:, k * _STAGE_COLS:(k + 1) * _STAGE_COLS]
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(
-                        o_stage.at[w], o_ref.at[bi, pl.ds(r0, bm), sp, pl.ds(col0 + k * _STAGE_COLS, _STAGE_COLS)])
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            if m_i is not None:
-                lse_stage[...] = jnp.where(empty, -jnp.inf,
-                                           (m_i * cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(lse_stage, lse_ref.at[bi, sp, pl.ds(r0, bm)])
-            plgpu.wait_smem_to_gmem(0)
-
-        def tile_scores(s, masked: bool, q_reg=None):
-            """share_p: wait for tile s's latent slot, S = Q K^T over all DQK columns, masked where asked. ``q_reg``:
-            Q's first q_regs columns as a register array (the A operand of those k-steps), the rest from shared
-            memory, both products in one run_state (the refs sliced outside it)."""
-            slot = lax.rem(s, ns)
-            plgpu.barrier_wait(l_bar.at[slot])
-            if q_reg is None:
-                sc = mma(q_smem, lat_smem.at[slot], (bm, tn), b_t=True)
-            else:
-                kr = q_cols_reg
-                k_reg, q_rest = lat_smem.at[slot, :, pl.ds(0, kr)], q_smem.at[:, pl.ds(kr, dqk - kr)]
-                k_rest = lat_smem.at[slot, :, pl.ds(kr, dqk - kr)]
-                if emulate:
-                    sc = mma(q_rest, k_rest, (bm, tn), mma(q_reg, k_reg, (bm, tn), b_t=True), b_t=True)
-                else:
-                    def issue(acc_ref):
-                        plgpu.wgmma(acc_ref, q_reg, k_reg.transpose((1, 0)))
-                        plgpu.wgmma(acc_ref, q_rest, k_rest.transpose((1, 0)))
-
-                    sc = pl.run_state(issue)(plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)))
-            return slot, (mask(sc, s) if masked else sc)
-
-        def softmax_p(sc, m_i, l_i):
-            """The online softmax of one tile's scores: ``(P in q's dtype, alpha, m, l)``."""
-            m_new = jnp.maximum(m_i, sc.max(axis=1))
-            m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-            alpha = jnp.exp2(m_i * cl - m_use)
-            p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-            return p.astype(dtype), alpha, m_new, l_i * alpha + p.sum(axis=1)
-
-        def tile_softmax(s, m_i, l_i, masked: bool, q_reg=None):
-            """share_p: tile s's scores and online softmax: ``(slot, P in q's dtype, alpha, m, l)``."""
-            slot, sc = tile_scores(s, masked, q_reg)
-            return (slot, *softmax_p(sc, m_i, l_i))
-
-        def hand_over(s, pt, alpha):
-            """share_p: publish P_s and alpha_s once the P V warpgroups are done with the buffer's previous P
-            (p_free): P_{s-1} with one buffer, P_{s-2} with two (s_pipelined: buffer s % 2)."""
-            p_smem, alpha_smem, p_ready, p_free, _ = exchange
-            if nbuf == 1:
-                @pl.when(s > 0)
-                def _():
-                    plgpu.barrier_wait(p_free.at[0])
-
-                p_smem[...] = pt
-                alpha_smem[...] = alpha
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(p_ready.at[0])
-                return
-            k = lax.rem(s, nbuf)
-
-            @pl.when(s >= nbuf)
-            def _():
-                plgpu.barrier_wait(p_free.at[k])
-
-            p_smem.at[k][...] = pt
-            alpha_smem.at[k][...] = alpha
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(p_ready.at[k])
-
-        def load_tile(s):
-            """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
-            slot = lax.rem(s, ns)
-            j0 = lo + s * tn
-            for i in range(copies):
-                jj = j0 + i * sub
-                lp = jnp.minimum(lax.div(jj, page), pps - 1)
-                pg = jnp.clip(bt_ref[bi * pps + lp], 0, num_pages - 1)
-                row = pg * page + lax.rem(jj, page)
-                plgpu.copy_gmem_to_smem(lat_ref.at[pl.ds(row, sub)], lat_smem.at[slot, pl.ds(i * sub, sub)],
-                                        l_bar.at[slot], **mc_copy)
-
-        def drain_frees(n_load):
-            """The loader observes the last frees too (every phase of a barrier it waits on: what jax's GPU
-            interpreter checks). kv64_mc: the partner's consumers arrive on this CTA's free barriers remotely;
-            waiting for every phase keeps this CTA (and its shared memory) alive until the last of those arrivals
-            has landed. The partner's multicast writes into this CTA's ring all completed before this CTA's
-            consumers passed their last "loaded" wait, so the staging alias stays safe."""
-            @pl.loop(jnp.maximum(n_load - ns, 0), n_load)
-            def _drain(s):
-                plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
-
-        def s_pipelined_loop(m0, l0, publish):
-            """s_pipelined: tile s's softmax runs while the QK of tile s + 1 does (both in one run_state; the refs
-            sliced outside it), then P_s is published. Tiles 0 .. n - 2 in the loop, the last one after it; every
-            tile is masked when rows differ (causal Tq > 1), else only the last (a partial tile or the split's end).
-            Returns the final (m, l); n = 0 runs nothing."""
-            def step(s, carry):
-                m_i, l_i, sc = carry
-                sc = mask(sc, s) if per_row_mask else sc
-                nxt = lax.rem(s + 1, ns)
-                plgpu.barrier_wait(l_bar.at[nxt])
-                if emulate:
-                    sc_next = mma(q_smem, lat_smem.at[nxt], (bm, tn), b_t=True)
-                    pt, alpha, m_new, l_new = softmax_p(sc, m_i, l_i)
-                else:
-                    k_next = lat_smem.at[nxt].transpose((1, 0))
-
-                    def both(refs):
-                        s_ref, m_ref, l_ref, p_ref, a_ref = refs
-                        plgpu.wgmma(s_ref, q_smem, k_next)  # in flight during the softmax below
-                        pt, alpha, m_new, l_new = softmax_p(sc, m_ref[...], l_ref[...])
-                        p_ref[...] = pt
-                        m_ref[...] = m_new
-                        l_ref[...] = l_new
-                        a_ref[...] = alpha
-
-                    sc_next, m_new, l_new, pt, alpha = pl.run_state(both)(
-                        (plgpu.ACC.init(lcast(jnp.zeros((bm, tn), f32), plgpu.Layout.WGMMA)), m_i, l_i,
-                         lcast(jnp.zeros((bm, tn), dtype), plgpu.Layout.WGMMA), m_i))
-                publish(s, pt, alpha)
-                return m_new, l_new, sc_next
-
-            def run(carry):
-                m_i, l_i = carry
-                m_i, l_i, sc = lax.fori_loop(0, n - 1, step, (m_i, l_i, tile_scores(0, False)[1]))
-                pt, alpha, m_i, l_i = softmax_p(mask(sc, n - 1), m_i, l_i)
-                publish(n - 1, pt, alpha)
-                return m_i, l_i
-
-            return lax.cond(n > 0, run, lambda c: c, (m0, l0))
-
-        def consumer_ws(w: int):
-            """s_warpgroup: warpgroup 0 computes S, the mask and the softmax of every tile and hands P and alpha over
-            (it holds no output); warpgroups 1 and 2 each rescale and accumulate one DV half of O with P as a
-            shared-memory operand and release the slot; warpgroup 1 also loads (tile s + ns into slot s once both
-            released it). While they run the P V of tile s, warpgroup 0 already runs the scores of tile s + 1 (the
-            other slot). After the loops (``done``: three arrivals) warpgroup 0 has published the final l in the
-            alpha buffer and the ring is idle, so the P V warpgroups stage their halves in ring bytes; warpgroup 0
-            writes the LSE. Three warpgroups, not four: with a fourth (a producer) the kernel compiles under a
-            128-register cap, and a 64 x 256 fp32 wgmma needs ~154 (ptxas refused it on the H100)."""
-            p_smem, alpha_smem, p_ready, p_free, done = exchange
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            if w == 0:
-                plgpu.set_max_registers(cfg.s_regs, action="decrease" if cfg.s_regs <= _LAUNCH_REGS_3WG else "increase")
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
-                plgpu.barrier_wait(q_bar.at[0])
-                q_reg = None
-                if q_cols_reg:  # Q's first q_regs columns stay in registers for the whole loop
-                    q_cols = q_smem.at[:, pl.ds(0, q_cols_reg)]
-                    q_reg = q_cols[...] if emulate else _compat.mgpu_load(q_cols, layout=plgpu.Layout.WGMMA)
-
-                def step_s(s, carry, *, masked: bool):
-                    _, pt, alpha, m_new, l_new = tile_softmax(s, *carry, masked, q_reg)
-                    hand_over(s, pt, alpha)
-                    return m_new, l_new
-
-                carry = (lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
-                         lcast(jnp.full((bm,), 0.0, f32), row_layout))
-                if cfg.s_pipelined:
-                    m_i, l_i = s_pipelined_loop(*carry, hand_over)
-                else:
-                    n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
-                    carry = lax.fori_loop(0, n_plain, functools.partial(step_s, masked=False), carry)
-                    m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(step_s, masked=True), carry)
-
-                @pl.loop(jnp.maximum(n - nbuf, 0), n)
-                def _(s):  # the last handoffs consumed by both P V warpgroups (every phase observed)
-                    plgpu.barrier_wait(p_free.at[lax.rem(s, nbuf)])
-
-                l_out = alpha_smem if nbuf == 1 else alpha_smem.at[0]
-                l_out[...] = l_i  # both have read their last alpha: the buffer now carries the final l
-                plgpu.barrier_arrive(done.at[0])
-                plgpu.barrier_wait(done.at[0])
-                epilogue(0, None, m_i, l_i)
-                return
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            half = w - 1
-
-            def load_row(ref):
-                return ref[...] if emulate else _compat.mgpu_load(ref, layout=row_layout)
-
-            loader = w == 1
-            if loader:  # the first ns tiles need no free slot
-                @pl.loop(0, jnp.minimum(n, ns))
-                def _first(s):
-                    load_tile(s)
-
-            def step_pv(s, acc):
-                slot = lax.rem(s, ns)
-                k = lax.rem(s, nbuf)
-                p_k, a_k = (p_smem, alpha_smem) if nbuf == 1 else (p_smem.at[k], alpha_smem.at[k])
-                plgpu.barrier_wait(l_bar.at[slot])
-                plgpu.barrier_wait(p_ready.at[k])
-                acc = acc * lax.broadcast_in_dim(load_row(a_k), (bm, dvh), (0,))
-                acc = mma(p_k, lat_smem.at[slot, :, pl.ds(half * dvh, dvh)], (bm, dvh), acc)
-                plgpu.barrier_arrive(p_free.at[k])
-                plgpu.barrier_arrive(l_free.at[slot])
-                if loader:
-                    @pl.when(s + ns < n)
-                    def _():  # both P V warpgroups (of both CTAs under kv64_mc) released slot s: refill it
-                        plgpu.barrier_wait(l_free.at[slot])
-                        load_tile(s + ns)
-                return acc
-
-            acc = lax.fori_loop(0, n, step_pv, lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA))
-            if loader:
-                drain_frees(n)
-            plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])
-            l_i = load_row(alpha_smem if nbuf == 1 else alpha_smem.at[0])
-            if emulate:  # the staging aliases the ring on the GPU: let the race detector see this half's slots
-                for k in range(half, ns, 2):
-                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
-            epilogue(half, acc, None, l_i)
-
-        def consumer_shared(w: int):
-            """share_p: consumer 0 computes S over all of DQK, the mask and the softmax, hands P (q's dtype) and
-            alpha to consumer 1 through shared memory (one buffer: p_ready / p_free), and both run their P V half
-            (consumer 1 with P as a shared-memory wgmma operand). After both loops (the ``done`` barrier, which also
-            publishes consumer 0's final l in the alpha buffer) the ring is idle and each consumer stages its output
-            in ring bytes."""
-            p_smem, alpha_smem, p_ready, p_free, done = exchange
-            plgpu.set_max_registers(cfg.consumer_regs, action="increase")
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            acc0 = lcast(jnp.zeros((bm, dvh), f32), plgpu.Layout.WGMMA)
-
-            def load_row(ref):
-                return ref[...] if emulate else _compat.mgpu_load(ref, layout=row_layout)
-
-            # lazy_rescale: alpha_smem holds alpha (rows [0, bm)) and the tile's rescale flag (element bm)
-            alpha_rows = alpha_smem.at[pl.ds(0, bm)] if lazy else alpha_smem
-
-            def scale_rows(acc, alpha):
-                return acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
-
-            if w == 0:
-                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r0, bm)], q_smem, q_bar.at[0])
-                plgpu.barrier_wait(q_bar.at[0])
-
-                def step0(s, carry, *, masked: bool):
-                    acc, m_i, l_i = carry
-                    slot, pt, alpha, m_new, l_new = tile_softmax(s, m_i, l_i, masked)
-                    hand_over(s, pt, alpha)
-                    acc = acc * lax.broadcast_in_dim(alpha, (bm, dvh), (0,))
-                    acc = mma(pt, lat_smem.at[slot, :, pl.ds(0, dvh)], (bm, dvh), acc)
-                    plgpu.barrier_arrive(l_free.at[slot])
-                    return acc, m_new, l_new
-
-                def step0_lazy(s, carry, *, masked: bool):
-                    """step0 with a lazy running max: one warpgroup-uniform decision per tile (does any row's
-                    tile max exceed its reference by more than LAZY_LOG2?); if not, m, l and both O halves keep
-                    their scale (alpha = 1, no multiply) and P = exp2(s cl - m cl) <= 2^LAZY_LOG2. The row sum
-                    runs after P is handed over, off consumer 1's path."""
-                    acc, m_i, l_i = carry
-                    slot, sc = tile_scores(s, masked)
-                    mx = sc.max(axis=1)
-                    # m_i = -inf (nothing seen yet): -inf + LAZY_LOG2 = -inf, so any finite max moves it; a NaN
-                    # max compares False (the row's P is NaN anyway: NaN in, NaN out)
-                    grow = jnp.where(mx * cl > m_i * cl + LAZY_LOG2, 1.0, 0.0)
-                    need = grow.max()  # scalar, uniform over the warpgroup (cross-warp: the reduction scratch)
-                    move = need > 0.0
-
-                    def rescaled(m_i, mx):
-                        m_new = jnp.maximum(m_i, mx)
-                        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-                        return m_new, jnp.exp2(m_i * cl - m_use)
-
-                    def kept(m_i, mx):
-                        del mx
-                        return m_i, lcast(jnp.full((bm,), 1.0, f32), row_layout)
-
-                    m_new, alpha = lax.cond(move, rescaled, kept, m_i, mx)
-                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * cl
-                    p = jnp.exp2(sc * cl - lax.broadcast_in_dim(m_use, (bm, tn), (0,)))
-                    pt = p.astype(dtype)
-
-                    @pl.when(s > 0)
-                    def _():  # consumer 1 is done with P_{s-1}, alpha_{s-1} and its flag
-                        plgpu.barrier_wait(p_free.at[0])
-
-                    p_smem[...] = pt
-                    alpha_rows[...] = alpha
-                    alpha_smem[bm] = need
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(p_ready.at[0])
-                    l_new = l_i * alpha + p.sum(axis=1)
-                    acc = lax.cond(move, scale_rows, lambda a, _: a, acc, alpha)
-                    acc = mma(pt, lat_smem.at[slot, :, pl.ds(0, dvh)], (bm, dvh), acc)
-                    plgpu.barrier_arrive(l_free.at[slot])
-                    return acc, m_new, l_new
-
-                body0 = step0_lazy if lazy else step0
-                carry = (acc0, lcast(jnp.full((bm,), -jnp.inf, f32), row_layout),
-                         lcast(jnp.full((bm,), 0.0, f32), row_layout))
-                n_plain = jnp.int32(0) if per_row_mask else jnp.maximum(n - 1, 0)
-                carry = lax.fori_loop(0, n_plain, functools.partial(body0, masked=False), carry)
-                acc, m_i, l_i = lax.fori_loop(n_plain, n, functools.partial(body0, masked=True), carry)
-
-                @pl.when(n > 0)
-                def _():  # the last handoff consumed (every phase of p_free observed)
-                    plgpu.barrier_wait(p_free.at[0])
-
-                alpha_rows[...] = l_i  # consumer 1 has read its last alpha: the buffer now carries the final l
-                plgpu.barrier_arrive(done.at[0])
-            else:
-                def step1(s, acc):
-                    slot = lax.rem(s, ns)
-                    plgpu.barrier_wait(l_bar.at[slot])
-                    plgpu.barrier_wait(p_ready.at[0])
-                    alpha = load_row(alpha_rows)
-                    if lazy:  # consumer 0's uniform decision for this tile
-                        acc = lax.cond(alpha_smem[bm] > 0.0, scale_rows, lambda a, _: a, acc, alpha)
-                    else:
-                        acc = scale_rows(acc, alpha)
-                    acc = mma(p_smem, lat_smem.at[slot, :, pl.ds(dvh, dvh)], (bm, dvh), acc)
-                    plgpu.barrier_arrive(p_free.at[0])
-                    plgpu.barrier_arrive(l_free.at[slot])
-                    return acc
-
-                acc = lax.fori_loop(0, n, step1, acc0)
-                m_i = None
-                plgpu.barrier_arrive(done.at[0])
-            plgpu.barrier_wait(done.at[0])
-            if w == 1:
-                l_i = load_row(alpha_rows)
-            if emulate:
-                # the GPU's staging aliases the ring (RefUnion): write this consumer's slots here so that the race
-                # detector sees the alias hazard (a TMA load or the other consumer's read still in flight)
-                for k in range(w, ns, 2):
-                    lat_smem.at[k][...] = jnp.zeros((tn, dqk), dtype)
-            epilogue(w, acc, m_i, l_i)
-
-        run_consumer = consumer_ws if cfg.s_warpgroup else consumer_shared if cfg.share_p else consumer
-
-        @pl.when(wg == 0)
-        def _c0():
-            run_consumer(0)
-
-        @pl.when(wg == 1)
-        def _c1():
-            run_consumer(1)
-
-        if cfg.s_warpgroup:
-            @pl.when(wg == 2)
-            def _c2():
-                run_consumer(2)
-
-
-        if not cfg.s_warpgroup:  # s_warpgroup: P.V warpgroup 1 loads (consumer_ws)
-            @pl.when(wg == 2)
-            def _producer():
-                plgpu.set_max_registers(cfg.producer_regs, action="decrease")
-
-                n_load = jnp.maximum(n, 1) if cfg.overlap else n
-
-                @pl.loop(0, n_load)
-                def _load(s):
-                    @pl.when(s >= ns)
-                    def _():
-                        plgpu.barrier_wait(l_free.at[lax.rem(s, ns)])
-
-                    load_tile(s)
-
-                drain_frees(n_load)
+    def body(*refs):
+        _kernel_body(k, refs)
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
-    ring, stage = _smem_tile((ns, tn, dqk), dtype, swz), _smem_tile((2, bm, _STAGE_COLS), f32)
-    lse_tile = plgpu.SMEM((bm,), f32)
-    if aliased and lazy:
-        staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
-    elif aliased:
-        staging = [plgpu.RefUnion(ring, stage), lse_tile]
-    else:
-        staging = [ring, stage, lse_tile]
-    scratch = [
-        _smem_tile((bm, dqk), dtype, swz),
-        *staging,
-        plgpu.Barrier(num_arrivals=1, num_barriers=1),
-        plgpu.Barrier(num_arrivals=copies, num_barriers=ns),
-        (plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=ns) if cluster
-         else plgpu.Barrier(num_arrivals=2, num_barriers=ns)),
-    ]
-    if cfg.split_qk:
-        scratch += [_smem_tile((2, 2, bm, tn), f32, min(128, tn * 4)), plgpu.Barrier(num_arrivals=1, num_barriers=4)]
-    if cfg.share_p:  # P, alpha (then consumer 0's final l); p_ready, p_free (by each reader of P), done (by all)
-        readers = 2 if cfg.s_warpgroup else 1
-        if nbuf == 1:
-            p_bufs = [_smem_tile((bm, tn), dtype, swz), plgpu.SMEM((2 * bm if lazy else bm,), f32)]
-        else:  # s_pipelined: two P / alpha buffers
-            p_bufs = [_smem_tile((nbuf, bm, tn), dtype, swz), plgpu.SMEM((nbuf, bm), f32)]
-        scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
-                    plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
-                    plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
-    if paired:  # 2-CTA clusters along "t": the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1)
-        grid = dict(grid=(n_row_tiles // 2, splits, b), grid_names=("tp", "s", "b"), cluster=(2,),
-                    cluster_names=("t",))
-    else:
-        grid = dict(grid=(n_row_tiles, splits, b), grid_names=("t", "s", "b"))
     return plgpu.kernel(
         body,
         out_type=out_type,
-        scratch_types=scratch,
-        **grid,
+        scratch_types=_scratch(k),
+        **_grid(k),
         num_threads=n_wg,
         thread_name="wg",
         # share_p: every reduction is along a WGMMA row (within a warp: no cross-warp scratch), and the 2 KiB the
@@ -942,7 +1085,7 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
         # (lazy_rescale: 1 KiB, paid for by aliasing the LSE staging into the ring)
         compiler_params=plgpu.CompilerParams(
             approx_math=True,
-            **({"reduction_scratch_bytes": _LAZY_SCRATCH if lazy else 0} if cfg.share_p else {})),
+            **({"reduction_scratch_bytes": _LAZY_SCRATCH if k.lazy else 0} if cfg.share_p else {})),
         kernel_name=PASS_MOSAIC,
     )
 
