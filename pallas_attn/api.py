@@ -257,7 +257,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           **feats)
 
-    if generation != "fa_train":  # fa_train's entry is a jax.custom_vjp with its Pallas backward
+    if kern.backward is None:  # the kernel declares its backward (fa_train: a jax.custom_vjp over its Pallas kernels)
         call = _no_backward(generation, call)
     with _compat.quiet_triton():
         return call(q, k, v, offs)
@@ -332,7 +332,8 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           check_block_table=check_block_table, **feats)
 
-    call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
+    if kern.backward is None:  # every paged kernel today
+        call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
     with _compat.quiet_triton():
         res = call(q, k_pool, v_pool, block_table, kv_lens, offs)
     if q_lens is None:

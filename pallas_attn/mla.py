@@ -124,8 +124,8 @@ def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, sc
                         scale=s, q_offset=offs, interpret=_compat.default_interpret(interpret), config=cfg,
                         return_lse=bool(return_lse), check_block_table=check_block_table)
 
-    # no MLA generation has a backward kernel: jax.grad / jax.jvp raise naming the entry and the generation
-    call = _no_backward(generation, call, entry="mla_attention", hint=_DECODE_HINT)
+    if kern.backward is None:  # no MLA kernel declares one: jax.grad / jax.jvp raise naming the entry and generation
+        call = _no_backward(generation, call, entry="mla_attention", hint=_DECODE_HINT)
     with _compat.quiet_triton():
         return call(q, latent_pool, block_table, kv_lens, offs)
 

@@ -174,6 +174,19 @@ def test_every_row_declares_a_consistent_contract():
             assert k.precision_for(dt).operand in TOL
 
 
+def test_the_declared_backward_is_what_jax_grad_sees(rng):
+    """A kernel declares its backward (``Kernel.backward``); the public entry differentiates exactly the kernels
+    that declare one and refuses every other by name: fa_train differentiates, v4_fused (no backward) raises."""
+    declared = {r.generation for r in registry.rows() if registry.built(r.generation)
+                and registry.kernel(r.generation).backward is not None}
+    assert declared == {"fa_train"}, declared
+    q = _arr(rng, (1, 8, 2, 64), "float32")
+    g = jax.grad(lambda q: pallas_attn.attention(q, q, q, generation="fa_train", interpret=True).sum())(q)
+    assert np.all(np.isfinite(np.asarray(g)))
+    with pytest.raises(NotImplementedError, match="'v4_fused' has no backward kernel"):
+        jax.grad(lambda q: pallas_attn.attention(q, q, q, generation="v4_fused", interpret=True).sum())(q)
+
+
 def test_unknown_and_unbuilt_generations_are_clear_errors(rng):
     q = _arr(rng, (1, 4, 2, 64), "float32")
     with pytest.raises(ValueError, match="unknown generation"):

@@ -127,6 +127,10 @@ class Kernel:
     # (shape, plan, pass names, hw=, cfg=) -> [launches.Launch]: what one call launches, for the schedule model
     # (compare.layer2 prices it; None: layer 2 refuses to price the kernel, by name)
     launches: Callable[..., list] | None = None
+    # how jax.grad differentiates the kernel's entries: a short description of its backward (e.g. a jax.custom_vjp over
+    # its own Pallas backward kernels), or None: no backward kernel, and the public entries make jax.grad / jax.jvp
+    # raise naming the entry and the generation (issue 26, item 2)
+    backward: str | None = None
     # the "quantized" entry: KV storage format (Problem.kv_dtype, e.g. "fp8_e4m3", "nvfp4") -> how the kernel
     # computes on it (operand = the storage precision the roofline charges), the q dtypes it takes with a
     # quantized cache, and the ALU instructions per KV element its decode costs

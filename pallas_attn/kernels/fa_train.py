@@ -554,4 +554,5 @@ KERNEL = Kernel(
     heuristic=heuristic,
     plan=plan,
     launches=launches,
+    backward="jax.custom_vjp over its Pallas dK/dV and dQ kernels (the LSE saved by the forward)",
 )
