@@ -68,6 +68,7 @@ from jax import lax
 from .. import _compat
 from .._compat import pl
 from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
+from .mosaic_kit import WgmmaOps
 from .mosaic_kit import pad as _pad
 from .mosaic_kit import ring_producer as _ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
@@ -186,110 +187,9 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Shared pieces of the two Mosaic kernels (``emulate``: jax's GPU interpreter, see the module docstring)
+# Shared pieces of the two Mosaic kernels (their register math is the kit's ``WgmmaOps``; ``emulate``: jax's GPU
+# interpreter, see the module docstring)
 # ------------------------------------------------------------------------------------------------------------
-
-
-class _Ops:
-    """wgmma products, layouts and vector loads, or their interpreter stand-ins."""
-
-    def __init__(self, emulate: bool):
-        from jax.experimental.pallas import mosaic_gpu as plgpu
-
-        self.plgpu = plgpu
-        self.emulate = emulate
-
-    def cast(self, x, layout):
-        return x if self.emulate else self.plgpu.layout_cast(x, layout)
-
-    def zeros(self, shape):
-        return self.cast(jnp.zeros(shape, jnp.float32), self.plgpu.Layout.WGMMA)
-
-    def iota(self, shape, dim):
-        if self.emulate:
-            return lax.broadcasted_iota(jnp.int32, shape, dim)
-        return self.plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.plgpu.Layout.WGMMA)
-
-    def vec(self, ref, axis: int):
-        """A length-64 fp32 vector from shared memory in the wgmma layout reduced over ``axis`` (1: one value
-        per row of a 64 x N tile; 0: one per column of an N x 64 tile)."""
-        if self.emulate:
-            return ref[...]
-        return _compat.mgpu_load(ref, layout=self.plgpu.Layout.WGMMA.reduce(axis))
-
-    def bcast(self, x, shape, axis: int):
-        """Broadcast a vector of ``vec(.., axis)`` over the other dimension of ``shape``."""
-        y = lax.broadcast_in_dim(x, shape, (1 - axis,))
-        return self.cast(y, self.plgpu.Layout.WGMMA)
-
-    @staticmethod
-    def _dot(a, b, b_t: bool):
-        a = a[...] if hasattr(a, "at") else a
-        return lax.dot_general(a, b[...], (((1,), (1 if b_t else 0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-    def mma2(self, acc1, a1, b1, acc2, a2, b2, *, b_t: bool):
-        """``(acc1 + a1 @ op(b1), acc2 + a2 @ op(b2))``, op the transpose when ``b_t``: two wgmmas issued back
-        to back, fp32 accumulators, waited for together (``run_state`` waits). ``a``: a shared-memory ref or a
-        16-bit register array; ``b``: a shared-memory ref."""
-        return self.mma2_sum(acc1, [(a1, b1)], acc2, [(a2, b2)], b_t=b_t)
-
-    def mma2_sum(self, acc1, terms1, acc2, terms2, *, b_t: bool):
-        """``(acc1 + sum a @ op(b) over terms1, acc2 + the same over terms2)``: ``mma2`` with each product split
-        along the contraction into (a, b) pairs (one pair, or the column halves of the dsplit tiles), all wgmmas
-        issued back to back and waited for together."""
-        if self.emulate:
-            for a, b in terms1:
-                acc1 = acc1 + self._dot(a, b, b_t)
-            for a, b in terms2:
-                acc2 = acc2 + self._dot(a, b, b_t)
-            return acc1, acc2
-        plgpu = self.plgpu
-
-        def issue(refs):
-            r1, r2 = refs
-            for r, terms in ((r1, terms1), (r2, terms2)):
-                for a, b in terms:
-                    plgpu.wgmma(r, a, b.transpose((1, 0)) if b_t else b)
-
-        return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
-
-    def mma2_under(self, acc, a, b, a1, b1, a2, b2, fn):
-        """One software-pipelined step: issue ``x1 = a1 @ b1^T`` and ``x2 = a2 @ b2^T`` (fresh fp32
-        accumulators), then ``acc += a @ b`` (three wgmmas, one commit group each, in that order); wait for the
-        first two only, compute ``fn(x1, x2)`` while the third still runs, then wait for it. ``a``: a 16-bit
-        register array of ``fn``'s output shape and dtype (its registers are read by the in-flight wgmma;
-        ``fn``'s result is a new value). Returns ``(acc + a @ b, fn(x1, x2))``."""
-        shape = (a1.shape[0], b1.shape[0])
-        if self.emulate:
-            x1, x2 = self._dot(a1, b1, True), self._dot(a2, b2, True)
-            return acc + self._dot(a, b, False), fn(x1, x2)
-        plgpu = self.plgpu
-        from .mosaic_kit import acc_load as _acc_load
-
-        def issue(refs):
-            r1, r2, r_acc, a_ref = refs
-            plgpu.wgmma(r1, a1, b1.transpose((1, 0)))
-            plgpu.wgmma(r2, a2, b2.transpose((1, 0)))
-            plgpu.wgmma(r_acc, a_ref[...], b)
-            x1 = _acc_load(r1, wait_n=1)  # <= 1 group in flight: x1 and x2 are done, acc += a b may run
-            x2 = _acc_load(r2, wait_n=1)
-            a_ref[...] = fn(x1, x2)
-
-        _, _, acc, out = pl.run_state(issue)(
-            (plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(acc), a))
-        return acc, out  # run_state waited for every wgmma
-
-    def mma(self, acc, a, b):
-        """``acc + a @ b`` as one wgmma, waited for."""
-        if self.emulate:
-            return acc + self._dot(a, b, False)
-        plgpu = self.plgpu
-
-        def issue(r):
-            plgpu.wgmma(r, a, b)
-
-        return pl.run_state(issue)(plgpu.ACC.init(acc))
 
 
 def _query_blocks(j0, off, *, nq: int, tk: int, causal: bool):
@@ -407,7 +307,7 @@ class _Cols:
         return (ns, self.parts, rows, self.dh) if self.split else (ns, rows, self.dh)
 
     def terms(self, a, b, halves) -> list:
-        """``a @ b^T`` over all of D as (a, b) pairs of shared-memory refs for ``_Ops.mma2_sum``: one pair, or one
+        """``a @ b^T`` over all of D as (a, b) pairs of shared-memory refs for ``WgmmaOps.mma2_sum``: one pair, or one
         per column half (``halves``: the traced part indices, ref indices that reach a ``run_state``)."""
         return [(a.at[i], b.at[i]) for i in halves] if self.split else [(a, b)]
 
@@ -441,7 +341,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     split) and the staging of the outputs (split: after the "done" barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    ops = _Ops(emulate)
+    ops = WgmmaOps(emulate)
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.stages
@@ -635,7 +535,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
     (none split) and the staging of the output (split: after the "done" barrier)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    ops = _Ops(emulate)
+    ops = WgmmaOps(emulate)
     dtype = jnp.dtype(dtype_name)
     bq = bk = BLOCK
     ns = cfg.dq_ring
@@ -739,7 +639,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                 plgpu.barrier_wait(kv_bar.at[slot])
                 sc, dp = s_dp(slot)
                 _, ds = _p_ds(sc, dp, lse2, delta, c, functools.partial(mask, s=s) if masked else None)
-                dq = ops.mma(dq, ds.astype(dtype), cols.mine(k_smem.at[slot], wg))
+                dq = ops.mma(ds.astype(dtype), cols.mine(k_smem.at[slot], wg), acc=dq)
                 plgpu.barrier_arrive(kv_free.at[slot])
                 return dq
 
@@ -787,7 +687,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     ds0 = ds_of(bm, masked=True)(sc, dp)  # the prologue is always masked (exact for any block)
                     dq, ds_last = lax.fori_loop(bm + 1, lo, ostep, (dq, ds0))
                     last = slot_of(lo - 1)
-                    dq = ops.mma(dq, ds_last, k_smem.at[last])
+                    dq = ops.mma(ds_last, k_smem.at[last], acc=dq)
                     plgpu.barrier_arrive(kv_free.at[last])
                     dq = lax.fori_loop(lo, n_done, functools.partial(step, masked=True), dq)
                 n_total = n_done
@@ -810,7 +710,7 @@ def _build_dq(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: i
                     lo = jnp.clip(n_full, 1, n_total)
                     dq, ds_last = lax.fori_loop(1, lo, ostep, (ops.zeros((bq, d)), ds0))
                     last = lax.rem(lo - 1, ns)
-                    dq = ops.mma(dq, ds_last, k_smem.at[last])
+                    dq = ops.mma(ds_last, k_smem.at[last], acc=dq)
                     plgpu.barrier_arrive(kv_free.at[last])
                     dq = lax.fori_loop(lo, n_total, functools.partial(step, masked=True), dq)
                     q_smem[...] = (dq * scale).astype(dtype)  # Q was last read by the waited wgmmas

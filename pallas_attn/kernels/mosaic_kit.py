@@ -12,8 +12,9 @@ soft-cap, q_lens and paged K/V; every fa_prefill_bwd config; every fa_mla config
 * ``ring_producer``: the producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers, and
   ``ring_drain``, its last step (observe the last frees), for a kernel whose loads are not one such loop;
 * ``WgmmaOps``: the register side of a kernel's math (layout casts, fresh accumulators, iotas, loads into the wgmma
-  layout, wgmma products waited for), or with ``emulate`` their stand-ins on jax's GPU interpreter (v12_mla_tc's
-  schedules are written on it; fa_prefill_bwd's ``_Ops`` is the same idea and can move onto it);
+  layout and broadcasts in it, wgmma products waited for: one, two issued together, sums over contraction parts,
+  and a pipelined step whose last product runs under the math on the first two), or with ``emulate`` their
+  stand-ins on jax's GPU interpreter (v12_mla_tc's schedules and fa_prefill_bwd's two kernels are written on it);
 * ``pad``: zero-pad one axis of an operand to a multiple of the tile (the kernels run whole tiles).
 """
 
@@ -116,14 +117,17 @@ class WgmmaOps:
         a tile; 0: one per column)."""
         return ref[...] if self.emulate else _compat.mgpu_load(ref, layout=self.plgpu.Layout.WGMMA.reduce(axis))
 
+    def bcast(self, x, shape, axis: int):
+        """A vector of ``vec(.., axis)`` broadcast over the other dimension of ``shape``, in the wgmma layout (a
+        per-row or per-column value against a whole tile)."""
+        return self.cast(lax.broadcast_in_dim(x, shape, (1 - axis,)), self.plgpu.Layout.WGMMA)
+
     def mma(self, a, b, *, shape=None, acc=None, b_t: bool = False):
         """``acc + a @ b`` (``b_t``: ``a @ b^T``) as one wgmma with an fp32 accumulator, waited for. ``acc`` None: a
         fresh zero accumulator of ``shape`` (the interpreter: the product alone). ``a``: a shared-memory ref or a
         16-bit register array; ``b``: a shared-memory ref."""
         if self.emulate:
-            av = a[...] if hasattr(a, "at") else a
-            out = lax.dot_general(av, b[...], (((1,), (1 if b_t else 0,)), ((), ())),
-                                  preferred_element_type=jnp.float32)
+            out = _dot(a, b, b_t)
             return out if acc is None else acc + out
         plgpu = self.plgpu
         init = self.zeros(shape) if acc is None else acc
@@ -132,6 +136,66 @@ class WgmmaOps:
             plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if b_t else b)
 
         return pl.run_state(issue)(plgpu.ACC.init(init))
+
+    def mma2(self, acc1, a1, b1, acc2, a2, b2, *, b_t: bool):
+        """``(acc1 + a1 @ op(b1), acc2 + a2 @ op(b2))``, op the transpose when ``b_t``: two wgmmas issued back to
+        back, fp32 accumulators, waited for together. ``a``: a shared-memory ref or a 16-bit register array; ``b``: a
+        shared-memory ref."""
+        return self.mma2_sum(acc1, [(a1, b1)], acc2, [(a2, b2)], b_t=b_t)
+
+    def mma2_sum(self, acc1, terms1, acc2, terms2, *, b_t: bool):
+        """``(acc1 + the sum of a @ op(b) over the (a, b) pairs of terms1, acc2 + the same over terms2)``: ``mma2``
+        with each product split along its contraction (one pair, or one per column part of tiles kept in parts), every
+        wgmma issued back to back and all waited for together. The interpreter adds each product to its accumulator
+        in turn."""
+        if self.emulate:
+            for a, b in terms1:
+                acc1 = acc1 + _dot(a, b, b_t)
+            for a, b in terms2:
+                acc2 = acc2 + _dot(a, b, b_t)
+            return acc1, acc2
+        plgpu = self.plgpu
+
+        def issue(refs):
+            r1, r2 = refs
+            for r, terms in ((r1, terms1), (r2, terms2)):
+                for a, b in terms:
+                    plgpu.wgmma(r, a, b.transpose((1, 0)) if b_t else b)
+
+        return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
+
+    def mma2_under(self, acc, a, b, a1, b1, a2, b2, fn):
+        """One software-pipelined step: issue ``x1 = a1 @ b1^T`` and ``x2 = a2 @ b2^T`` (fresh fp32 accumulators),
+        then ``acc += a @ b`` (three wgmmas, one commit group each, in that order); wait for the first two only,
+        compute ``fn(x1, x2)`` while the third still runs, then wait for it. ``a``: a 16-bit register array of
+        ``fn``'s output shape and dtype (the in-flight wgmma reads its registers, so ``fn``'s result is a new value);
+        ``a1``, ``a2``: shared-memory refs or register arrays; ``b``, ``b1``, ``b2``: shared-memory refs. Returns
+        ``(acc + a @ b, fn(x1, x2))``."""
+        shape = (a1.shape[0], b1.shape[0])
+        if self.emulate:
+            x1, x2 = _dot(a1, b1, True), _dot(a2, b2, True)
+            return acc + _dot(a, b, False), fn(x1, x2)
+        plgpu = self.plgpu
+
+        def issue(refs):
+            r1, r2, r_acc, a_ref = refs
+            plgpu.wgmma(r1, a1, b1.transpose((1, 0)))
+            plgpu.wgmma(r2, a2, b2.transpose((1, 0)))
+            plgpu.wgmma(r_acc, a_ref[...], b)
+            x1 = acc_load(r1, wait_n=1)  # <= 1 group in flight: x1 and x2 are done, acc += a b may run
+            x2 = acc_load(r2, wait_n=1)
+            a_ref[...] = fn(x1, x2)
+
+        _, _, acc, out = pl.run_state(issue)(
+            (plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(acc), a))
+        return acc, out  # run_state waited for every wgmma
+
+
+def _dot(a, b, b_t: bool):
+    """The interpreter's stand-in for one wgmma product: ``a @ b`` (``b_t``: ``a @ b^T``) with fp32 accumulation;
+    ``a`` a ref or an array, ``b`` a ref."""
+    av = a[...] if hasattr(a, "at") else a
+    return lax.dot_general(av, b[...], (((1,), (1 if b_t else 0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def pad(x, axis: int, mult: int):
