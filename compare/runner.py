@@ -41,7 +41,9 @@ from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, 
 from .impls import all_impls
 from .record import PairPlan, Refusal, ResultRecord
 from .schema import Ctx, Impl, Support
-from .workloads import CPU_ONLY, UsageError, Workload, ensure_writable, load_config
+from .workloads import CPU_ONLY, UsageError, Workload, config_budget_s, ensure_writable, load_config
+
+DEFAULT_BUDGET_S = 3.0  # seconds of calls one record may take (--budget-s; a config may set its own)
 
 __all__ = ["add_parser", "run", "RunOptions", "detect_ctx", "parse_only"]
 
@@ -78,9 +80,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-calls", type=int, default=20,
                    help="calls issued back to back, one sync, per pipelined e2e sample (metrics.e2e_pipelined_us, "
                         "median of 3 samples); default 20")
-    p.add_argument("--budget-s", type=float, default=3.0,
+    p.add_argument("--budget-s", type=float, default=None,
                    help="per-record time budget: predicted or measured time for all calls above it -> fewer reps "
-                        "(>= 3) or status 'skipped' with reason 'over time budget'; default 3")
+                        "(>= 3) or status 'skipped' with reason 'over time budget'; default: the config's top-level "
+                        f"budget_s, else {DEFAULT_BUDGET_S:g}")
     p.add_argument("--max-run-s", type=float, default=None,
                    help="whole-run budget: once elapsed, remaining records are 'skipped' (reason says so)")
     p.add_argument("--clock", choices=("cupti", "kineto", "events"), default="cupti",
@@ -110,6 +113,8 @@ class RunOptions(types.SimpleNamespace):
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
+        if a.budget_s is not None and not a.budget_s > 0:
+            raise UsageError(f"--budget-s must be > 0; got {a.budget_s}")
         if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1 or a.e2e_calls < 1:
             raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1, --e2e-calls >= 1; got {a.reps}, "
                              f"{a.warmup}, {a.e2e_reps}, {a.e2e_calls}")
@@ -294,6 +299,10 @@ class _Run:
         self.header_extra = dict(header_extra or {})
         # what the user asked for is resolved first: a mistake is one UsageError line, before anything is written
         self.workloads = load_config(opts.config) if workloads is None else workloads
+        # the per-record budget: --budget-s, else the config's own (a config of multi-second training steps says so),
+        # else the default; the header records the one in force
+        explicit = getattr(opts, "budget_s", None)
+        self.budget_s = float(explicit if explicit is not None else config_budget_s(opts.config) or DEFAULT_BUDGET_S)
         self.impls = all_impls() if impls is None else impls
         check_workload_lists(self.workloads, self.impls)
         self.plan = make_plan(self.workloads, self.impls, list(opts.only), list(opts.impl), str(opts.config))
@@ -538,10 +547,10 @@ class _Run:
                                          f"{self.opts.cpu_max_flops:.2g}); run on a GPU")
         elif self.gpu and basis.get("floor_us"):
             predicted_s = basis["floor_us"] * 1e-6 * n_calls
-            if predicted_s > self.opts.budget_s:
+            if predicted_s > self.budget_s:
                 pp.skip = Refusal("skipped", f"over time budget: predicted floor {basis['floor_us'] / 1e3:.1f} ms x "
-                                             f"{n_calls} calls = {predicted_s:.1f} s > --budget-s "
-                                             f"{self.opts.budget_s:g} s")
+                                             f"{n_calls} calls = {predicted_s:.1f} s > the per-record budget "
+                                             f"{self.budget_s:g} s (--budget-s, or the config's budget_s)")
         return pp
 
     def plan_workload(self, w: Workload, impls: list[Impl]) -> dict[int, PairPlan | BaseException | None]:
@@ -737,15 +746,16 @@ class _Run:
         one = time.perf_counter() - t0
         reps, e2e_reps = o.reps, o.e2e_reps
         e2e_calls = getattr(o, "e2e_calls", 20)
-        if one * (reps + e2e_reps + 3 * e2e_calls) > o.budget_s:
-            e2e_calls = max(1, min(e2e_calls, int(o.budget_s / one / 6)))
-        if one * (reps + e2e_reps) > o.budget_s:
-            reps = max(3, int(o.budget_s / one) - 1)
+        budget = self.budget_s
+        if one * (reps + e2e_reps + 3 * e2e_calls) > budget:
+            e2e_calls = max(1, min(e2e_calls, int(budget / one / 6)))
+        if one * (reps + e2e_reps) > budget:
+            reps = max(3, int(budget / one) - 1)
             e2e_reps = max(1, min(e2e_reps, reps // 2))
-            if one * (reps + e2e_reps) > 2 * o.budget_s:
+            if one * (reps + e2e_reps) > 2 * budget:
                 m.update(one_call_s=one)
                 rec.fail("skipped", f"over time budget: one call took {one:.2f} s; 3 reps "
-                                    f"exceed --budget-s {o.budget_s:g} s (agreement kept)")
+                                    f"exceed the per-record budget {budget:g} s (agreement kept)")
                 return
             m["reps_reduced_for_budget"] = True
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
@@ -841,6 +851,7 @@ class _Run:
         header.update({"config": self.config_path, "argv": self.opts.argv, "options": {
             k: v for k, v in vars(self.opts).items() if k != "argv"}, "ctx": dataclasses.asdict(self.ctx),
                        "flush_bytes": self.flush_bytes, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "budget_s": self.budget_s,
                        "generations": _generation_order(),
                        "clocks_requested": {fw: timing.expected_clock(self.opts.clock, fw) for fw in ("jax", "torch")}})
         header.update(self.header_extra)

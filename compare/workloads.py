@@ -385,6 +385,27 @@ def model_workload(model: str, entry: str, *, q_len: int | None = None, kv_len: 
 CPU_ONLY = "cpu-only"  # the tag of a workload that came in through a config's cpu_include
 
 
+def _check_budget(data: dict, path: Path) -> float | None:
+    b = data.get("budget_s")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0):
+        raise ConfigError(f"{path}: budget_s must be a positive number of seconds; got {b!r}")
+    return None if b is None else float(b)
+
+
+def config_budget_s(path_or_name: str | Path) -> float | None:
+    """The config file's own per-record budget (top-level ``budget_s``: seconds of calls one record may take, for
+    configs of multi-second steps), or None. Only the named file's key counts, not its includes'. None when the
+    name resolves to no config file (a caller that passed its workloads itself)."""
+    try:
+        path = resolve_config(path_or_name)
+    except (ConfigError, UsageError, OSError):
+        return None
+    try:
+        return _check_budget(tomllib.loads(path.read_text()), path)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
 def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) -> list[Workload]:
     """All workloads of a config file (includes followed), in file order; names must be unique."""
     path = resolve_config(path_or_name)
@@ -394,11 +415,12 @@ def load_config(path_or_name: str | Path, _seen: frozenset[Path] = frozenset()) 
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    extra = set(data) - {"workload", "include", "cpu_include", "description", "models"} - TUNE_KEYS
+    extra = set(data) - {"workload", "include", "cpu_include", "description", "models", "budget_s"} - TUNE_KEYS
     if extra:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(extra)}; allowed: workload, include, cpu_include, "
-                          f"description, models (and {', '.join(sorted(TUNE_KEYS))} in a tune config, read by "
-                          "compare.tune)")
+                          f"description, models, budget_s (and {', '.join(sorted(TUNE_KEYS))} in a tune config, read "
+                          "by compare.tune)")
+    _check_budget(data, path)
     models = _check_models(data.get("models", {}), path)
     out: list[Workload] = []
     for inc in data.get("include", []):

@@ -56,6 +56,36 @@ def test_a_gpu_run_leaves_the_cpu_only_workloads_out(monkeypatch, tmp_path):
     assert run.cpu_only_left_out == [] and run.plan and all(CPU_ONLY in w.tags for w, _ in run.plan)
 
 
+def test_a_config_sets_its_own_per_record_budget(tmp_path):
+    """Top-level ``budget_s``: the config's per-record budget when --budget-s is not given; --budget-s wins; the
+    header records the one in force; a bad value is refused naming the file."""
+    from compare import runner
+    from compare.workloads import ConfigError, config_budget_s
+
+    assert config_budget_s("ring_train") == 60.0  # training steps of about a second: 17 calls need more than 3 s
+    assert config_budget_s("smoke") is None and config_budget_s(tmp_path / "absent.toml") is None
+
+    def opts(budget):
+        return runner.RunOptions(config="ring_train", only=["ring_smoke_*"], out=str(tmp_path / "o"), reps=1,
+                                 warmup=0, e2e_reps=1, budget_s=budget, max_run_s=None, clock="cupti", arch="h100",
+                                 cpu_max_flops=1e8, no_ceilings=True, quiet=True, argv=[])
+
+    run = runner._Run(opts(None))
+    assert run.budget_s == 60.0 and run.header()["budget_s"] == 60.0
+    assert "--budget-s" not in run.opts.repro_flags()  # the config holds it: a repro of the config reproduces it
+    explicit = runner._Run(opts(5.0))
+    assert explicit.budget_s == 5.0 and "--budget-s" in explicit.opts.repro_flags()
+    smoke = opts(None)
+    smoke.config = "smoke"
+    smoke.only = []
+    assert runner._Run(smoke).budget_s == runner.DEFAULT_BUDGET_S
+    bad = tmp_path / "bad.toml"
+    bad.write_text('budget_s = -1\n[[workload]]\nname = "x"\nfamily = "prefill"\nbatch = 1\nheads_q = 1\n'
+                   'heads_kv = 1\nq_len = 8\nhead_dim = 64\ndtype = "float32"\n')
+    with pytest.raises(ConfigError, match="budget_s must be a positive number"):
+        load_config(bad)
+
+
 def test_required_workload_names_present():
     names = {w.name for w in load_config("full")}
     for n in ("decode_gqa_b32_s8192", "decode_gqa_b64_s4096", "decode_gqa_b1_s131072"):
