@@ -52,10 +52,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _compat, tuning
+from .. import tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
+from .mosaic_kit import WgmmaOps
 from .mosaic_kit import acc_load as _acc_load
 from .mosaic_kit import pad as _pad
 from .mosaic_kit import smem_tile as _smem_tile
@@ -326,6 +327,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     output is padding, cut by the caller), so a batch of short chunks padded to a long one costs its real rows."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    ops = WgmmaOps(emulate=False)  # the register math (no interpreter path here: the CPU runs ``_fallback``)
     dtype = jnp.dtype(dtype_name)
     bq, bkv, ns, nc = cfg.block_q, cfg.block_kv, cfg.stages, cfg.consumers
     rows = nc * bq  # one row tile: nc consumers of bq rows
@@ -340,7 +342,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     # one multiply, exp2((t - m) * cap * log2 e); without it the scale and log2(e) fold into that multiply (the running
     # max is kept on t, or on the raw scores)
     c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E
-    f32 = jnp.float32
 
     banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
 
@@ -446,14 +447,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 a, n_lfull, n_full, n_done = bounds(r0, off_t)
                 plgpu.barrier_wait(q_bar.at[nc * buf + wg])
 
-                row_layout = plgpu.Layout.WGMMA.reduce(1)
                 if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
                     # shared memory by TMA, as every other per-row vector)
                     plgpu.barrier_wait(seg_bar.at[wg])
-                    seg_rows = _compat.mgpu_load(seg_smem.at[wg], layout=row_layout).astype(jnp.int32)
-                m0 = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row_layout)
-                l0 = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row_layout)
-                acc0 = plgpu.layout_cast(jnp.zeros((bq, d), f32), plgpu.Layout.WGMMA)
+                    seg_rows = ops.vec(seg_smem.at[wg]).astype(jnp.int32)
+                m0 = ops.rows(-jnp.inf, bq)
+                l0 = ops.rows(0.0, bq)
+                acc0 = ops.zeros((bq, d))
 
                 def turn_wait():  # ping-pong: wait for our turn on the tensor cores
                     if cfg.pingpong:
@@ -467,9 +467,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     @pl.when(wg == 1)
                     def _():
                         plgpu.barrier_arrive(turn.at[0])
-
-                def k_t(slot):
-                    return k_smem.at[slot].transpose((1, 0))
 
                 def drain(lo, hi):
                     # blocks the producer loaded for the other consumer only: release them (never early: each arrival
@@ -490,8 +487,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     return jnp.tanh(sc * (float(scale) / softcap))
 
                 def mask(sc, s):
-                    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
-                    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    rows = ops.iota((bq, bkv), 0)
+                    cols = ops.iota((bq, bkv), 1)
                     kpos = s * bkv + cols
                     ok = kpos < tk
                     if hi_off is not None:
@@ -514,8 +511,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 def rescale(acc, alpha):
                     return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
 
-                def zeros_s():
-                    return plgpu.layout_cast(jnp.zeros((bq, bkv), f32), plgpu.Layout.WGMMA)
+                def qk(slot):  # S = Q K^T of the block in ``slot``, waited for (ping-pong: the turn passes once issued)
+                    return ops.mma(q_smem, k_smem.at[slot], shape=(bq, bkv), b_t=True, issued=turn_pass)
 
                 # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every block
                 # with it; the pipelined one its masked blocks (below)
@@ -524,12 +521,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     slot = slot_of(s)
                     plgpu.barrier_wait(k_bar.at[slot])
                     turn_wait()
-
-                    def qk(s_ref):
-                        plgpu.wgmma(s_ref, q_smem, k_t(slot))
-                        turn_pass()
-
-                    sc = pl.run_state(qk)(plgpu.ACC.init(zeros_s()))  # run_state waits for its wgmma
+                    sc = qk(slot)
                     plgpu.barrier_arrive(k_free.at[slot])
                     sc = logits(sc)
                     if masked:
@@ -537,11 +529,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
                     acc = rescale(acc, alpha)
                     plgpu.barrier_wait(v_bar.at[slot])
-
-                    def pv(o_ref):
-                        plgpu.wgmma(o_ref, p, v_smem.at[slot])
-
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+                    acc = ops.mma(p, v_smem.at[slot], acc=acc)
                     plgpu.barrier_arrive(v_free.at[slot])
                     return acc, m_new, l_new
 
@@ -571,12 +559,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     slot0 = slot_of(bm)
                     plgpu.barrier_wait(k_bar.at[slot0])
                     turn_wait()
-
-                    def qk0(s_ref):
-                        plgpu.wgmma(s_ref, q_smem, k_t(slot0))
-                        turn_pass()
-
-                    sc = logits(pl.run_state(qk0)(plgpu.ACC.init(zeros_s())))
+                    sc = logits(qk(slot0))
                     plgpu.barrier_arrive(k_free.at[slot0])
                     sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
                     p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
@@ -591,7 +574,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
                         def both(refs):
                             s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
-                            plgpu.wgmma(s_ref, q_smem, k_t(slot))
+                            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
                             plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
                             turn_pass()
                             sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
@@ -603,7 +586,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                             a_ref[...] = alpha
 
                         _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
-                            (plgpu.ACC.init(zeros_s()), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
+                            (plgpu.ACC.init(ops.zeros((bq, bkv))), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
                         plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
                         return rescale(acc, alpha), m_new, l_new, p
 
@@ -614,12 +597,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     last = slot_of(lo - 1)
                     plgpu.barrier_wait(v_bar.at[last])
                     turn_wait()
-
-                    def pv_last(o_ref):
-                        plgpu.wgmma(o_ref, p_last, v_smem.at[last])
-                        turn_pass()
-
-                    acc = pl.run_state(pv_last)(plgpu.ACC.init(acc))
+                    acc = ops.mma(p_last, v_smem.at[last], acc=acc, issued=turn_pass)
                     plgpu.barrier_arrive(v_free.at[last])
                     acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
 

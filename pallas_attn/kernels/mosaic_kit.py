@@ -14,7 +14,8 @@ soft-cap, q_lens and paged K/V; every fa_prefill_bwd config; every fa_mla config
 * ``WgmmaOps``: the register side of a kernel's math (layout casts, fresh accumulators, iotas, loads into the wgmma
   layout and broadcasts in it, wgmma products waited for: one, two issued together, sums over contraction parts,
   and a pipelined step whose last product runs under the math on the first two), or with ``emulate`` their
-  stand-ins on jax's GPU interpreter (v12_mla_tc's schedules and fa_prefill_bwd's two kernels are written on it);
+  stand-ins on jax's GPU interpreter (v12_mla_tc's schedules, fa_prefill_bwd's two kernels and fa_prefill's
+  forward are written on it);
 * ``pad``: zero-pad one axis of an operand to a multiple of the tile (the kernels run whole tiles).
 """
 
@@ -122,18 +123,23 @@ class WgmmaOps:
         per-row or per-column value against a whole tile)."""
         return self.cast(lax.broadcast_in_dim(x, shape, (1 - axis,)), self.plgpu.Layout.WGMMA)
 
-    def mma(self, a, b, *, shape=None, acc=None, b_t: bool = False):
+    def mma(self, a, b, *, shape=None, acc=None, b_t: bool = False, issued=None):
         """``acc + a @ b`` (``b_t``: ``a @ b^T``) as one wgmma with an fp32 accumulator, waited for. ``acc`` None: a
         fresh zero accumulator of ``shape`` (the interpreter: the product alone). ``a``: a shared-memory ref or a
-        16-bit register array; ``b``: a shared-memory ref."""
+        16-bit register array; ``b``: a shared-memory ref. ``issued``: called once the wgmma is issued, before the
+        wait (a ping-pong schedule hands the tensor cores to the other consumer there)."""
         if self.emulate:
             out = _dot(a, b, b_t)
+            if issued is not None:
+                issued()
             return out if acc is None else acc + out
         plgpu = self.plgpu
         init = self.zeros(shape) if acc is None else acc
 
         def issue(acc_ref):
             plgpu.wgmma(acc_ref, a, b.transpose((1, 0)) if b_t else b)
+            if issued is not None:
+                issued()
 
         return pl.run_state(issue)(plgpu.ACC.init(init))
 
