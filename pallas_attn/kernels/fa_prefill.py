@@ -57,7 +57,6 @@ from .._compat import pl
 from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
-from .mosaic_kit import acc_load as _acc_load
 from .mosaic_kit import pad as _pad
 from .mosaic_kit import smem_tile as _smem_tile
 
@@ -506,7 +505,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     alpha = jnp.exp2(m_i * c - m_use)
                     p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
                     l_new = l_i * alpha + p.sum(axis=1)
-                    return p.astype(dtype), m_new, l_new, alpha
+                    return p.astype(dtype), alpha, m_new, l_new
 
                 def rescale(acc, alpha):
                     return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
@@ -526,7 +525,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     sc = logits(sc)
                     if masked:
                         sc = mask(sc, s)
-                    p, m_new, l_new, alpha = softmax(sc, m_i, l_i)
+                    p, alpha, m_new, l_new = softmax(sc, m_i, l_i)
                     acc = rescale(acc, alpha)
                     plgpu.barrier_wait(v_bar.at[slot])
                     acc = ops.mma(p, v_smem.at[slot], acc=acc)
@@ -562,33 +561,23 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     sc = logits(qk(slot0))
                     plgpu.barrier_arrive(k_free.at[slot0])
                     sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
-                    p0, m_i, l_i, alpha0 = softmax(sc, m_i, l_i)
+                    p0, alpha0, m_i, l_i = softmax(sc, m_i, l_i)
                     acc1 = rescale(acc1, alpha0) if banded else acc1
 
-                    def ostep(s, carry):  # an unmasked block
-                        acc, m_i, l_i, p_prev = carry
+                    def ostep(s, carry):  # an unmasked block: the kit's pipelined step
                         slot, prev = slot_of(s), slot_of(s - 1)
                         plgpu.barrier_wait(k_bar.at[slot])
                         plgpu.barrier_wait(v_bar.at[prev])
                         turn_wait()
 
-                        def both(refs):
-                            s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
-                            plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-                            plgpu.wgmma(o_ref, p_ref[...], v_smem.at[prev])
-                            turn_pass()
-                            sc = logits(_acc_load(s_ref, wait_n=1))  # S_s is done; P_{s-1} V_{s-1} may still run
+                        def scored(sc):  # S_s is done (P_{s-1} V_{s-1} may still run): K's slot is free
+                            sc = logits(sc)
                             plgpu.barrier_arrive(k_free.at[slot])
-                            p, m_new, l_new, alpha = softmax(sc, m_ref[...], l_ref[...])
-                            p_ref[...] = p
-                            m_ref[...] = m_new
-                            l_ref[...] = l_new
-                            a_ref[...] = alpha
+                            return sc
 
-                        _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
-                            (plgpu.ACC.init(ops.zeros((bq, bkv))), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
-                        plgpu.barrier_arrive(v_free.at[prev])  # run_state waited for the P V wgmma
-                        return rescale(acc, alpha), m_new, l_new, p
+                        return ops.pipelined_step(carry, q_smem, k_smem.at[slot], v_smem.at[prev], softmax,
+                                                  issued=turn_pass, scored=scored,
+                                                  done=lambda: plgpu.barrier_arrive(v_free.at[prev]))
 
                     # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every
                     # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal

@@ -13,9 +13,10 @@ soft-cap, q_lens and paged K/V; every fa_prefill_bwd config; every fa_mla config
   ``ring_drain``, its last step (observe the last frees), for a kernel whose loads are not one such loop;
 * ``WgmmaOps``: the register side of a kernel's math (layout casts, fresh accumulators, iotas, loads into the wgmma
   layout and broadcasts in it, wgmma products waited for: one, two issued together, sums over contraction parts,
-  and a pipelined step whose last product runs under the math on the first two), or with ``emulate`` their
-  stand-ins on jax's GPU interpreter (v12_mla_tc's schedules, fa_prefill_bwd's two kernels and fa_prefill's
-  forward are written on it);
+  and the software-pipelined steps, ``mma_under``, whose last product runs under the math on the first ones:
+  ``pipelined_step``, a consumer's S = Q K^T with the softmax under O += P V, and ``mma2_under``, the backward's
+  dQ step), or with ``emulate`` their stand-ins on jax's GPU interpreter (v12_mla_tc's schedules, fa_prefill_bwd's
+  two kernels and fa_prefill's forward are written on it);
 * ``pad``: zero-pad one axis of an operand to a multiple of the tile (the kernels run whole tiles).
 """
 
@@ -177,24 +178,61 @@ class WgmmaOps:
         ``fn``'s output shape and dtype (the in-flight wgmma reads its registers, so ``fn``'s result is a new value);
         ``a1``, ``a2``: shared-memory refs or register arrays; ``b``, ``b1``, ``b2``: shared-memory refs. Returns
         ``(acc + a @ b, fn(x1, x2))``."""
-        shape = (a1.shape[0], b1.shape[0])
+        return self.mma_under([(a1, b1), (a2, b2)], acc, a, b, (), lambda xs, state: (fn(*xs),))
+
+    def pipelined_step(self, carry, q, k, v, softmax, *, issued=None, scored=None, done=None):
+        """One step of a consumer's software pipeline over key blocks (FA-3 §3.2): issue ``S = q @ k^T`` (a fresh
+        fp32 accumulator) and then ``O = acc + P_prev @ v``, wait for S only, and run the online softmax on S while
+        the P V wgmma still runs; then wait for it and rescale. ``carry``: ``(acc, m, l, P_prev)``, acc already
+        scaled by the previous step's alpha, ``P_prev`` a 16-bit register array. ``softmax(S, m, l)`` returns
+        ``(P, alpha, m_new, l_new)``. Hooks: ``issued()`` once both wgmmas are issued (a ping-pong turn handoff),
+        ``scored(S)`` once S is done, returning the scores the softmax takes (a soft-cap, a mask, a free arrival
+        for k's slot), ``done()`` once the P V wgmma is done (the free arrival for v's slot). Returns the next
+        carry ``(alpha * O, m_new, l_new, P)``."""
+        acc, m_i, l_i, p_prev = carry
+
+        def math(xs, state):
+            m, l, _ = state
+            sc = xs[0] if scored is None else scored(xs[0])
+            p, alpha, m_new, l_new = softmax(sc, m, l)
+            return p, m_new, l_new, alpha
+
+        # the last state slot holds alpha (m_i: a placeholder of its shape)
+        o, p, m_new, l_new, alpha = self.mma_under([(q, k)], acc, p_prev, v, (m_i, l_i, m_i), math, issued)
+        if done is not None:
+            done()
+        return o * lax.broadcast_in_dim(alpha, o.shape, (0,)), m_new, l_new, p
+
+    def mma_under(self, fresh, acc, a, b, state, fn, issued=None):
+        """The pipelined step under ``mma2_under`` and ``pipelined_step``: issue ``x_i = a_i @ b_i^T`` for each
+        ``(a_i, b_i)`` of ``fresh`` (fresh fp32 accumulators), then ``acc += a @ b``, one commit group each in that
+        order; call ``issued()``; wait for the ``x_i`` only and compute ``fn(xs, state) -> (a', *state')`` while
+        the last wgmma still runs (``state``: arrays carried through the step; ``a``: a 16-bit register array,
+        read by the in-flight wgmma, so ``a'`` is a new value); then wait for it. Returns
+        ``(acc + a @ b, a', *state')``. The interpreter computes the same products in the same order."""
         if self.emulate:
-            x1, x2 = _dot(a1, b1, True), _dot(a2, b2, True)
-            return acc + _dot(a, b, False), fn(x1, x2)
+            xs = [_dot(ai, bi, True) for ai, bi in fresh]
+            if issued is not None:
+                issued()
+            return (acc + _dot(a, b, False), *fn(xs, state))
         plgpu = self.plgpu
+        n = len(fresh)
 
         def issue(refs):
-            r1, r2, r_acc, a_ref = refs
-            plgpu.wgmma(r1, a1, b1.transpose((1, 0)))
-            plgpu.wgmma(r2, a2, b2.transpose((1, 0)))
+            x_refs, (r_acc, a_ref, *s_refs) = refs[:n], refs[n:]
+            for r, (ai, bi) in zip(x_refs, fresh):
+                plgpu.wgmma(r, ai, bi.transpose((1, 0)))
             plgpu.wgmma(r_acc, a_ref[...], b)
-            x1 = acc_load(r1, wait_n=1)  # <= 1 group in flight: x1 and x2 are done, acc += a b may run
-            x2 = acc_load(r2, wait_n=1)
-            a_ref[...] = fn(x1, x2)
+            if issued is not None:
+                issued()
+            xs = [acc_load(r, wait_n=1) for r in x_refs]  # <= 1 group in flight: the x_i are done, acc += a b may run
+            outs = fn(xs, tuple(r[...] for r in s_refs))
+            for r, o in zip((a_ref, *s_refs), outs):
+                r[...] = o
 
-        _, _, acc, out = pl.run_state(issue)(
-            (plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(self.zeros(shape)), plgpu.ACC.init(acc), a))
-        return acc, out  # run_state waited for every wgmma
+        inits = [plgpu.ACC.init(self.zeros((ai.shape[0], bi.shape[0]))) for ai, bi in fresh]
+        outs = pl.run_state(issue)((*inits, plgpu.ACC.init(acc), a, *state))
+        return tuple(outs[n:])  # run_state waited for every wgmma
 
 
 def _dot(a, b, b_t: bool):

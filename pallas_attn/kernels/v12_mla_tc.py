@@ -134,7 +134,6 @@ from .mla_common import (
     visible,
 )
 from .mosaic_kit import WgmmaOps, ring_drain
-from .mosaic_kit import acc_load as _acc_load
 from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes", "emulate_mosaic"]
@@ -627,33 +626,16 @@ def _serial_step(x: _Cta, w: int, s, carry, *, masked: bool):
 
 
 def _pipelined_step(x: _Cta, w: int, s, carry, *, masked: bool):
-    """pipelined, consumer ``w``, step s: ``S_s = Q L_s^T`` and ``O += P_{s-1} L_{s-1}[:, half]`` issued together;
-    the softmax of S_s runs while the P V wgmma does; the carry is ``(alpha_s O_{s-1}, m_s, l_s, P_s)``."""
-    k, plgpu, ops = x.k, x.plgpu, x.ops
-    bm, tn, dvh, col0 = k.bm, k.tn, k.dvh, w * k.dvh
-    acc, m_i, l_i, p_prev = carry
+    """pipelined, consumer ``w``, step s: the kit's pipelined step, ``S_s = Q L_s^T`` and ``O += P_{s-1}
+    L_{s-1}[:, half]`` issued together; the softmax of S_s runs while the P V wgmma does; the carry is
+    ``(alpha_s O_{s-1}, m_s, l_s, P_s)``."""
+    k, plgpu = x.k, x.plgpu
     slot, prev = lax.rem(s, k.ns), lax.rem(s - 1, k.ns)
     plgpu.barrier_wait(x.l_bar.at[slot])
-    if k.emulate:
-        sc = ops.mma(x.q_smem, x.lat_smem.at[slot], shape=(bm, tn), b_t=True)
-        acc = ops.mma(p_prev, x.lat_smem.at[prev, :, pl.ds(col0, dvh)], acc=acc)
-        p, alpha, m_new, l_new = x.softmax(x.mask(sc, s) if masked else sc, m_i, l_i)
-    else:
-        def both(refs):
-            s_ref, o_ref, p_ref, m_ref, l_ref, a_ref = refs
-            plgpu.wgmma(s_ref, x.q_smem, x.lat_smem.at[slot].transpose((1, 0)))
-            plgpu.wgmma(o_ref, p_ref[...], x.lat_smem.at[prev, :, pl.ds(col0, dvh)])
-            sc = _acc_load(s_ref, wait_n=1)  # S_s is done; the P V wgmma may still run
-            p, alpha, m_new, l_new = x.softmax(x.mask(sc, s) if masked else sc, m_ref[...], l_ref[...])
-            p_ref[...] = p
-            m_ref[...] = m_new
-            l_ref[...] = l_new
-            a_ref[...] = alpha
-
-        _, acc, p, m_new, l_new, alpha = pl.run_state(both)(
-            (plgpu.ACC.init(ops.zeros((bm, tn))), plgpu.ACC.init(acc), p_prev, m_i, l_i, m_i))
-    plgpu.barrier_arrive(x.l_free.at[prev])  # run_state waited for the P V wgmma: slot s - 1 is done
-    return _rescale(acc, alpha), m_new, l_new, p
+    # done: the P V wgmma has been waited for, slot s - 1 is free
+    return x.ops.pipelined_step(carry, x.q_smem, x.lat_smem.at[slot], x.lat_smem.at[prev, :, pl.ds(w * k.dvh, k.dvh)],
+                                x.softmax, scored=(lambda sc: x.mask(sc, s)) if masked else None,
+                                done=lambda: plgpu.barrier_arrive(x.l_free.at[prev]))
 
 
 def _pipelined_loop(x: _Cta, w: int, acc0, m0, l0):
