@@ -396,6 +396,8 @@ def config_budget_s(path_or_name: str | Path) -> float | None:
     """The config file's own per-record budget (top-level ``budget_s``: seconds of calls one record may take, for
     configs of multi-second steps), or None. Only the named file's key counts, not its includes'. None when the
     name resolves to no config file (a caller that passed its workloads itself)."""
+    if not path_or_name:
+        return None
     try:
         path = resolve_config(path_or_name)
     except (ConfigError, UsageError, OSError):

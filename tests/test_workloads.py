@@ -64,6 +64,7 @@ def test_a_config_sets_its_own_per_record_budget(tmp_path):
 
     assert config_budget_s("ring_train") == 60.0  # training steps of about a second: 17 calls need more than 3 s
     assert config_budget_s("smoke") is None and config_budget_s(tmp_path / "absent.toml") is None
+    assert config_budget_s(None) is None and config_budget_s("") is None
 
     def opts(budget):
         return runner.RunOptions(config="ring_train", only=["ring_smoke_*"], out=str(tmp_path / "o"), reps=1,
