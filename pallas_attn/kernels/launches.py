@@ -29,6 +29,8 @@ from attn_core.launches import (
     occupancy,
 )
 
+from .planner import next_pow2
+
 __all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "merge_launch",
            "xla_glue", "cast_launches", "mla_dims"]
 
@@ -36,7 +38,7 @@ __all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES"
 def merge_launch(name: str, rows: int, warps: int, splits: int, d: int, dram_bytes: float, block: int = 64) -> Launch:
     """The shared split-state merge (``kernels.splitkv.merge``): one program per output row, ``sb =
     min(block, next_pow2(S))`` splits per serial step (a ``[sb, D]`` FP32 load and one online-softmax step)."""
-    sb = min(block, 1 << max(0, (int(splits) - 1).bit_length()))
+    sb = min(block, next_pow2(splits))
     return Launch(name, "pallas_attn_merge", rows, 32 * warps, 32, 0, units=splits * (d + 1),
                   steps=cdiv(splits, sb), dram_bytes=dram_bytes, unit="float",
                   note=f"LSE merge of {splits} split states, {sb} per step")
