@@ -25,8 +25,8 @@ from typing import Any
 
 from .generations import MLA_TEMPLATES
 
-__all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "cast_launches",
-           "mla_dims"]
+__all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "kv_tokens",
+           "cast_launches", "mla_dims"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +77,13 @@ KV_STORAGE_BYTES: dict[str, float] = {"fp8_e4m3": 1.0, "nvfp4": 0.5 + 1.0 / 16}
 def kv_bytes(s: Any) -> float:
     """Bytes per K/V element a 16-bit kernel reads: the quantized storage format's, else 2."""
     return KV_STORAGE_BYTES[s.kv_dtype] if s.kv_dtype else 2.0
+
+
+def kv_tokens(s: Any) -> float:
+    """Keys a decode reads over the whole batch: the shape's ``kv_tokens`` (the sum of ragged per-sequence lengths)
+    where it has one, else ``batch * kv_len``. A kernel that never reads past a sequence's length moves these bytes;
+    its busiest program still walks the longest sequence (``kv_len``)."""
+    return getattr(s, "kv_tokens", None) or s.batch * s.kv_len
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from attn_core.launches import Launch, cast_launches, cdiv, kv_bytes, mla_dims
+from attn_core.launches import Launch, cast_launches, cdiv, kv_bytes, kv_tokens, mla_dims
 
 from .table import by_id, table
 
@@ -185,7 +185,7 @@ def _paged(twin: Twin, row: Any, s: Any, plan: Mapping[str, Any]) -> list[Launch
     regs, smem = resources(kname, d)
     threads = twin.threads
     gather = tiles * cdiv(tn * d, threads)
-    kv = 2 * s.batch * s.heads_kv * tk * d * 2
+    kv = 2 * s.heads_kv * kv_tokens(s) * d * 2  # every sequence's own length (ragged: their sum)
     ws = s.bh * s.q_len * splits * (d + 2) * 4
     dram = kv + s.bh * s.q_len * d * 2 + ws
     l2 = (row_tiles - 1) * kv
@@ -238,7 +238,7 @@ def _mla(twin: Twin, row: Any, s: Any, plan: Mapping[str, Any]) -> list[Launch]:
     kname = twin.kernels[0].replace("DQK", str(dqk)).replace("DV", str(dv)).replace("T,", f"{tname},")
     kname = kname.replace("F>", f"{fmt}>")
     regs, smem = resources(kname, dqk)
-    latent = s.batch * s.kv_len * dqk * kv_bytes(s)
+    latent = kv_tokens(s) * dqk * kv_bytes(s)  # every sequence's own length (ragged: their sum)
     ws = s.batch * rows * splits * (dv + 2) * 4
     common = dict(dram_bytes=latent + s.batch * rows * dqk * 2 + ws, l2_bytes=(row_tiles - 1) * latent)
     out = cast_launches(s, "host") if s.dtype == "float32" else []

@@ -40,7 +40,7 @@ from scipy.optimize import minimize
 from compare import layer2, scorecard
 
 GKEYS = ["l2_bytes_per_clk_sm", "launch_us"]
-FIELDS = ("issue", "lat", "fixed", "key", "spill", "dequant")
+FIELDS = ("issue", "lat", "fixed", "key", "spill", "dequant", "ramp", "dram_loss")
 
 
 def load(paths):
@@ -127,10 +127,15 @@ def main(argv=None):
     for r in recs:
         hw = layer2.hardware_of(r["env"], ceil.get(r["run_id"]))
         s = layer2.Shape.of(r["workload"])
-        if "error" in layer2.predict_record(r["workload"], r["impl"], r["impl"].get("plan"), hw):
+        pred = layer2.predict_record(r["workload"], r["impl"], r["impl"].get("plan"), hw)
+        if "error" in pred:
             skipped += 1  # an implementation layer 2 does not price (e.g. the multi-device fa_decode_cp)
             continue
-        lns, _ = layer2.launches_for(r["impl"]["name"], s, hw, r["impl"].get("plan"))
+        impl, plan = r["impl"]["name"], r["impl"].get("plan")
+        if impl == layer2.AUTO:  # priced as the kernel and config the defaults chose, with that kernel's plan
+            impl, plan = pred["via"], (plan or {}).get("kernel_plan")
+            plan = plan if isinstance(plan, dict) and "error" not in plan else None
+        lns, _ = layer2.launches_for(impl, s, hw, plan)
         rows.append((r, hw, lns))
     if skipped:
         print(f"{skipped} records layer 2 does not price are left out of the fit")
@@ -155,7 +160,7 @@ def main(argv=None):
     for n in names:
         c = costs[n]
         print(f'    "{n}": Cost(issue={c.issue:.4g}, lat={c.lat:.4g}, fixed={c.fixed:.4g}, key={c.key:.4g}, '
-              f'spill={c.spill:.4g}, dequant={c.dequant:.4g}),')
+              f'spill={c.spill:.4g}, dequant={c.dequant:.4g}, ramp={c.ramp:.4g}, dram_loss={c.dram_loss:.4g}),')
     if a.ablate:
         e = np.abs(np.expm1(fit.errs(best, base)))
         print(f"\nablation (hold one field at 0, refit the rest); full fit: loss {fun:.2f}, median "

@@ -356,3 +356,38 @@ def test_windowed_decode_is_priced_by_its_band():
 
     assert t(32768, 4096) == pytest.approx(t(4096 + 512, 4096), rel=0.1)
     assert t(32768, 4096) < 0.2 * t(32768, None)
+
+
+def test_stream_loss_and_ramp_capped_by_the_stream():
+    """Session 16's streaming terms: DRAM time is bytes / bandwidth * (1 + dram_loss); the fill / drain ``ramp`` is
+    added on top of the limiter, never longer than the stream itself (a short kernel never reaches full rate)."""
+    cst = {"c": Cost(0.0, 0.0, ramp=2e-6 * CLK, dram_loss=0.1)}  # a 2 us ramp
+    big = time_launch(_ln(units=0.0, steps=0.0, dram_bytes=4.8e9), H200, cst, GLOB)
+    assert big.t_dram == pytest.approx(1.1 * 4.8e9 / H200.hbm_bw)
+    assert big.t_launch == pytest.approx(2e-6 + 2e-6)  # GLOB launch_us 2.0, then the full ramp
+    assert big.time_s == pytest.approx(big.t_dram + 4e-6)
+    small = time_launch(_ln(units=0.0, steps=0.0, dram_bytes=1e6), H200, cst, GLOB)  # ~0.23 us of stream
+    assert small.t_launch == pytest.approx(2e-6 + small.t_dram)
+    assert small.time_s == pytest.approx(2e-6 + 2 * small.t_dram)
+
+
+def test_ragged_pools_are_priced_at_their_own_lengths():
+    """A ragged paged workload reads each sequence's own keys: layer 2's Shape carries their sum (the lengths are
+    drawn from the workload's seed, compare.interop.kv_lengths, as layer 1 counts them), and fa_decode's and fa_mla's
+    partials charge those bytes, not batch x the longest sequence."""
+    from compare import interop
+    from compare.workloads import Workload
+
+    h100 = hardware.get("h100")
+    w = Workload(name="t", family="paged_decode", batch=32, heads_q=32, heads_kv=8, q_len=1, kv_len=8192,
+                 head_dim=128, dtype="bfloat16", causal=True, page_size=64, ragged=True)
+    lens = interop.kv_lengths(w)
+    s = layer2.Shape.of(w)
+    assert s.kv_tokens == int(lens.sum()) and 32 * 4096 <= s.kv_tokens < 32 * 8192
+    full = dataclasses.replace(s, kv_tokens=None)
+    part = layer2.predict("pallas:fa_decode:default", s, h100).launches[0].launch
+    part_full = layer2.predict("pallas:fa_decode:default", full, h100).launches[0].launch
+    kv_full = 2 * 32 * 8 * 8192 * 128 * 2
+    assert part_full.dram_bytes - part.dram_bytes == pytest.approx(kv_full * (1 - s.kv_tokens / (32 * 8192)))
+    assert part.programs == part_full.programs  # the busiest program still walks the longest sequence
+    assert layer2.Shape.of(dataclasses.replace(w, ragged=False)).kv_tokens is None

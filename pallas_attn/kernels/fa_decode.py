@@ -62,7 +62,7 @@ from .kv_source import (
     nvfp4_tile,
     validate_block_table,
 )
-from .launches import Launch, kv_bytes, merge_launch
+from .launches import Launch, kv_bytes, kv_tokens, merge_launch
 
 __all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward"]
 
@@ -474,7 +474,8 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     bm, bk, cb = lp["block_m"], lp["block_k"], lp["chunk_blocks"]
     P = lp["programs"]
     warps, stages = lp["num_warps"], lp["num_stages"]
-    kv = 2 * s.batch * s.heads_kv * band * d * kv_bytes(s)
+    # keys read: every sequence's own length (ragged: their sum), or the window's band from a tile boundary
+    kv = 2 * s.heads_kv * (s.batch * band if band != tk else kv_tokens(s)) * d * kv_bytes(s)
     ws = s.batch * s.heads_kv * lp["row_tiles"] * bm * lp["splits"] * (d + 1) * 4 if lp["splits"] > 1 else 0
     cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
     if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers

@@ -25,14 +25,15 @@ from attn_core.launches import (
     cast_launches,
     cdiv,
     kv_bytes,
+    kv_tokens,
     mla_dims,
     occupancy,
 )
 
 from .planner import next_pow2
 
-__all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "merge_launch",
-           "xla_glue", "cast_launches", "mla_dims"]
+__all__ = ["Launch", "SMLimits", "SM90", "occupancy", "cdiv", "KV_STORAGE_BYTES", "kv_bytes", "kv_tokens",
+           "merge_launch", "xla_glue", "cast_launches", "mla_dims"]
 
 
 def merge_launch(name: str, rows: int, warps: int, splits: int, d: int, dram_bytes: float, block: int = 64) -> Launch:

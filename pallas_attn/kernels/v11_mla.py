@@ -162,7 +162,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
     row_tiles, splits = pp["grid"][0], lp["splits"]
     keys = max(1.0, min(lp["chunk"], s.kv_len) * s.vis_frac)
     tiles = max(1, math.ceil(keys / tn))
-    latent = s.batch * s.kv_len * dqk * _l.kv_bytes(s)
+    latent = _l.kv_tokens(s) * dqk * _l.kv_bytes(s)  # every sequence's own length (ragged: their sum)
     rows = s.heads_q * s.q_len
     ws = s.batch * rows * splits * (dv + 1) * 4
     units = R * tiles * tn * (dqk + dv) / 2

@@ -122,7 +122,7 @@ from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
 from .contract import Precision
-from .launches import Launch, cdiv, kv_bytes, mla_dims, xla_glue
+from .launches import Launch, cdiv, kv_bytes, kv_tokens, mla_dims, xla_glue
 from .mla_common import (
     LatentLayout,
     LatentSource,
@@ -1322,7 +1322,7 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
     P = plan.get("ctas") or row_tiles * splits * s.batch
     keys = max(1.0, min(plan["chunk"], s.kv_len) * s.vis_frac)
     tiles = max(1, math.ceil(keys / tn))
-    latent = s.batch * s.kv_len * dqk * kv_bytes(s)
+    latent = kv_tokens(s) * dqk * kv_bytes(s)  # every sequence's own length (ragged: their sum)
     ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
     split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
     qk = 2 * bm * tn * dqk * (1 if (split_qk or engine != "mosaic") else 2)

@@ -511,7 +511,7 @@ def paged_launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch
     tiles = max(1, math.ceil(keys / tn))
     # fp16 pools (fp32 input is cast before the kernel); v9_fp8 / v10_nvfp4 read their storage bytes and decode
     # in the gather (a few ALU ops per element against R x D FMA units per key: under 1% here, not priced)
-    kv = 2 * s.batch * s.heads_kv * tk * d * _l.kv_bytes(s)
+    kv = 2 * s.heads_kv * _l.kv_tokens(s) * d * _l.kv_bytes(s)  # every sequence's own length (ragged: their sum)
     ws = s.batch * s.heads_kv * pp["packed_rows"] * lp["splits"] * (d + 1) * 4
     dram = kv + s.bh * s.q_len * d * 2 + ws
     l2 = (row_tiles - 1) * kv  # G*Tq > R: every further row tile re-stages the same K/V
