@@ -391,3 +391,17 @@ def test_ragged_pools_are_priced_at_their_own_lengths():
     assert part_full.dram_bytes - part.dram_bytes == pytest.approx(kv_full * (1 - s.kv_tokens / (32 * 8192)))
     assert part.programs == part_full.programs  # the busiest program still walks the longest sequence
     assert layer2.Shape.of(dataclasses.replace(w, ragged=False)).kv_tokens is None
+
+
+def test_measured_matmul_rate_does_not_move_layer2():
+    """Layer 2 prices tensor-core work at the datasheet rate its constants were fitted at, also for the runner's
+    ``Hardware`` that carries the run's measured matmul rate (the before-the-run prediction must equal a re-score)."""
+    h100 = hardware.get("h100")
+    live = h100.with_measured(hbm_bw=3.18e12, flops={"bf16": 762e12, "fp16": 731e12})
+    rescore = h100.with_measured(hbm_bw=3.18e12)
+    assert layer2.mma_per_clk_sm(live) == layer2.mma_per_clk_sm(h100) == pytest.approx(989.4e12 / (132 * 1.98e9),
+                                                                                          rel=0.01)
+    s = layer2.Shape(batch=2, heads_q=16, heads_kv=16, q_len=4096, kv_len=4096, head_dim=128, dtype="bfloat16",
+                     causal=True)
+    assert layer2.predict("pallas:fa_prefill:default", s, live).time_s == \
+        layer2.predict("pallas:fa_prefill:default", s, rescore).time_s
