@@ -14,7 +14,8 @@ gradients against ``attn_core.oracle.attention_grad_reference`` on one batch row
 device thread, whose kernels the Mosaic CUPTI collector does not see (an H100 run measured a 408 us "backward"
 against cuDNN's ~800 us): ``torch_step`` asks the runner for CUDA events (``Prepared.clock = "events"``).
 
-``scripts/bench_dropin.py`` (``compare.train_bench``) uses the same pieces for its ``fwd_bwd`` programs.
+``configs/dropin.toml`` times these steps (and the forwards, family prefill) on the shapes of the drop-in's benchmark,
+``scripts/bench_dropin.py`` with its ``compare.train_bench``, which it replaced (git history keeps both).
 """
 
 from __future__ import annotations
@@ -75,11 +76,9 @@ def jax_step(attn: Callable, w, inp, *, notes: str = "", extra: tuple = ()) -> P
 class TorchProgram:
     """A torch SDPA program on JAX inputs: ``prepare(args)`` makes the BHND torch views once (untimed),
     ``run(*views)`` is what the clock times, and calling it with JAX arrays (the agreement check) returns JAX
-    arrays in BTNH, as the JAX programs do. ``framework = "torch"`` tells ``train_bench.time_one`` which clock to
-    use. ``return_out``: ``run`` returns ``(out, (dq, dk, dv), loss)`` (``TRAIN_OUTPUT``, compare's train family)
-    instead of ``(loss, grads)``; ``scale`` None is SDPA's default ``1/sqrt(D)``."""
-
-    framework = "torch"
+    arrays in BTNH, as the JAX programs do. ``return_out``: ``run`` returns ``(out, (dq, dk, dv), loss)``
+    (``TRAIN_OUTPUT``, compare's train family) instead of ``(loss, grads)``; ``scale`` None is SDPA's default
+    ``1/sqrt(D)``."""
 
     def __init__(self, backend: str, causal: bool, gqa: bool, with_grad: bool, *, scale: float | None = None,
                  return_out: bool = False):

@@ -16,6 +16,13 @@ collectives have no single CUPTI span a JAX call can return:
 The merge's own time is ``merge_us`` (the collective + merge alone on the real (o, lse) shapes, same loop
 method) and ``local_us`` (each device's kernel on its slice, no collective). Records (JSONL, one per
 measurement, with the environment and the device count) go to ``--out``.
+
+The step's times (every merge on 1, 2, 4 devices: the loop clock, pipelined and synced calls, with oracle agreement)
+are compare's too: ``configs/cp_decode.toml`` (``pallas:fa_decode_cp:<merge>``), whose records are the ones to keep.
+This script stays for ``merge_us`` (``cp_merge``), which compare has no form for: a compare workload is an attention
+problem and an implementation computes its answer, and the collective + merge alone on zero states is neither.
+``scripts/cp_slice_probe.py`` times one device's kernel on its slice on the CUPTI clock (``local_us`` here also moves
+device 0's result to every device).
 """
 
 from __future__ import annotations

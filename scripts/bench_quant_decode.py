@@ -12,6 +12,12 @@ bandwidth, the ratio to the fp16-KV default on the same shape, and agreement wit
 oracle on a subset (batch row 0, KV heads 0 and 7). A read-ceiling record per shape times a plain ``jnp.sum``
 over a uint32 buffer of each format's KV bytes (what a kernel that only reads those bytes could do).
 Records (JSONL, with the environment) go to ``--out/records.jsonl``; a summary table is printed.
+
+The kernel records (every format and fa_decode config, dense and paged 64, the fp16 baselines included) are compare's
+too: ``configs/quant_decode.toml``, whose records are the ones to keep (oracle agreement on the same quantized cache,
+the quantization error, the roofline with its ALU bound). This script stays for the ``read_ceiling`` records, which
+compare has no form for: its HBM read ceiling is measured once per run over a fixed 2 GiB (``compare/ceilings.py``),
+never at a workload's own bytes, and a plain reduction is not an attention workload.
 """
 
 from __future__ import annotations

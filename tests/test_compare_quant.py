@@ -64,10 +64,18 @@ def test_quant_decode_config_ships_the_issue_workloads():
     ws = {w.name: w for w in load_config("quant_decode")}
     for n in ("decode_gqa_b32_s8192_fp8_e4m3", "decode_gqa_b32_s8192_nvfp4", "decode_gqa_b1_s131072_fp8_e4m3",
               "decode_gqa_b1_s131072_nvfp4", "paged_gqa_b32_s8192_page64_fp8_e4m3", "paged_gqa_b1_s131072_page64_nvfp4",
-              "decode_gqa_b32_s8192_fp16", "decode_gqa_b1_s131072_fp16"):
+              "decode_gqa_b32_s8192_fp16", "decode_gqa_b1_s131072_fp16", "paged_gqa_b32_s8192_page64_fp16",
+              "paged_gqa_b1_s131072_page64_fp16"):
         assert n in ws, n
     assert ws["paged_gqa_b32_s8192_page64_nvfp4"].page_size == 64
     assert ws["decode_gqa_b32_s8192_fp16"].kv_dtype is None
+    # every quantized shape and layout has its fp16-KV baseline in the same config (the ratio to fp16 within one run)
+    for w in ws.values():
+        if w.kv_dtype and "smoke" not in w.tags:
+            base = ws[w.name.replace(w.kv_dtype, "fp16")]
+            assert base.kv_dtype is None and not base.ragged and not w.ragged, w.name
+            assert [getattr(base, f) for f in ("family", "batch", "heads_q", "heads_kv", "kv_len", "page_size")] == \
+                [getattr(w, f) for f in ("family", "batch", "heads_q", "heads_kv", "kv_len", "page_size")], w.name
     small = [w for w in ws.values() if "smoke" in w.tags]
     assert {w.kv_dtype for w in small} == {"fp8_e4m3", "nvfp4"} and {w.family for w in small} == {"decode",
                                                                                                   "paged_decode"}

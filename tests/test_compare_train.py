@@ -311,33 +311,60 @@ def test_roofline_train_and_window_counts():
     assert interop.roofline_view(_wl()) is not None
 
 
-def test_torch_train_program_on_the_cpu():
+@pytest.mark.parametrize("kw", [dict(heads_q=2, heads_kv=2, q_len=16, kv_len=16),
+                                dict(heads_q=4, heads_kv=2, q_len=33, kv_len=33)], ids=["mha", "gqa_odd"])
+def test_torch_train_program_on_the_cpu(kw):
     """compare.train.torch_step (SDPA's MATH backend standing in for cuDNN / FLASH): CUDA events requested, the
-    step's output and gradients against the float64 oracles."""
-    w = _wl(heads_q=2, heads_kv=2, q_len=16, kv_len=16)
+    step's output and gradients against the float64 oracles, with GQA (``enable_gqa``) at an odd length: the BHND views
+    of the BTNH buffers and autograd's dQ / dK / dV back in BTNH at the shapes of q, k and v."""
+    w = _wl(**kw)
     inp = interop.make_inputs(w)
     prep = train.torch_step("MATH", w, inp, causal=True)
     assert prep.clock == "events" and prep.framework == "torch" and prep.layout == "BHND"
     out, grads = train.split_output(prep.fn(*prep.args))
     g = ref.attention_grad_reference(inp.q, inp.k, inp.v, inp.w, causal=True, scale=inp.scale)
     np.testing.assert_allclose(np.asarray(interop.to_jax_btnh(out, "BHND")), g["out"], atol=1e-5)
-    for name, x in zip(("dq", "dk", "dv"), grads):
-        np.testing.assert_allclose(np.asarray(interop.to_jax_btnh(x, "BHND")), g[name], atol=1e-5)
+    for name, x, like in zip(("dq", "dk", "dv"), grads, (inp.q, inp.k, inp.v)):
+        got = np.asarray(interop.to_jax_btnh(x, "BHND"))
+        assert got.shape == like.shape, name
+        np.testing.assert_allclose(got, g[name], atol=1e-5)
     with pytest.raises(TypeError, match="a train step returns"):
         train.split_output((out, grads))
 
 
-def test_train_bench_programs_still_build():
-    from compare import train_bench as tb
+def test_the_runner_times_a_torch_train_step_on_cuda_events(monkeypatch, tmp_path):
+    """A torch training step (``Prepared.clock = "events"``, compare.train.torch_step) is timed by the runner with CUDA
+    events, not the Mosaic CUPTI collector, which does not see the kernels torch's autograd thread launches; a program
+    that names no clock keeps the requested one. The record says which clock ran and why."""
+    from compare import timing
+    from compare.record import ResultRecord
 
-    w = tb.SMOKE[1]
-    xs = tb.inputs(w)
-    progs = tb.build("jax:xla", w)
-    loss, grads = progs["fwd_bwd"](*xs)
-    out, grads2, loss2 = train.train_step(lambda q, k, v: progs["fwd"](q, k, v))(*xs)
-    assert float(loss) == pytest.approx(float(loss2), rel=1e-6)
-    for a, b in zip(grads, grads2):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    seen = []
+
+    def fake_kernels(fn, args, **kw):
+        seen.append(kw["clock"])
+        clock = "cuda-events" if kw["clock"] == "events" else "cupti:mosaic"
+        return timing.Timing((1.0, 2.0, 3.0), clock, True, (), requested=clock)
+
+    def fake_wall(fn, args, **kw):
+        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
+
+    monkeypatch.setattr(timing, "time_kernels", fake_kernels)
+    monkeypatch.setattr(timing, "time_e2e", fake_wall)
+    monkeypatch.setattr(timing, "time_pipelined", fake_wall)
+    monkeypatch.setattr(runner, "_sync_for", lambda framework: lambda _: None)
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / "out"), reps=3, warmup=0, e2e_reps=1,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                             no_ceilings=True, quiet=True, argv=[])
+    run = runner._Run(opts, workloads=[_wl()], impls=[i for i in all_impls() if i.name == "jax:xla"])
+    monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+    for clock in ("events", None):
+        rec = ResultRecord(head={}, workload={}, impl={}, repro="")
+        run.time_gpu(Prepared(lambda: None, (), "torch", "BHND", clock=clock), rec, {})
+        m = rec.metrics
+        assert m["clock"] == ("cuda-events" if clock else "cupti:mosaic") and "clock_fallback" not in m, m
+        assert any("autograd" in n for n in m["clock_notes"]) == (clock == "events"), m["clock_notes"]
+    assert seen == ["events", "cupti"]
 
 
 def test_dropin_rows_on_the_cpu_interpreter():

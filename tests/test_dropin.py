@@ -406,39 +406,3 @@ def test_forced_fa_prefill_in_interpret_mode(rng):
     _, rres = jax.nn.dot_product_attention(q, k, v, is_causal=True, return_residual=True, **XLA)
     assert res.shape == rres.shape and res.dtype == rres.dtype
     np.testing.assert_allclose(np.asarray(res, np.float32), np.asarray(rres, np.float32), rtol=2e-3)
-
-
-def test_train_bench_torch_program_layout():
-    """compare.train_bench's torch programs on the CPU (SDPA's MATH backend standing in for cuDNN / FLASH): the
-    BHND views of the BTNH buffers, enable_gqa, autograd's dQ/dK/dV returned as BTNH JAX arrays, all equal to
-    jax.nn's XLA answer. Guards the layout and GQA plumbing the GPU bench relies on."""
-    from compare import train_bench as tb
-
-    w = tb.TrainWorkload("cpu", 2, 4, 2, 33, 16, "float32", True)
-    xs = tb.inputs(w)
-    progs = {"fwd": tb.TorchProgram("MATH", True, True, False), "fwd_bwd": tb.TorchProgram("MATH", True, True, True)}
-    agree = tb.agreement(progs, tb.build("jax:xla", w), xs)
-    assert all(v < 1e-5 for v in agree.values()), agree
-    _, grads = progs["fwd_bwd"](*xs)
-    assert [g.shape for g in grads] == [xs[0].shape, xs[1].shape, xs[2].shape]
-
-
-def test_train_bench_times_torch_backward_on_cuda_events(monkeypatch):
-    """A torch fwd_bwd program is timed with CUDA events, not the Mosaic CUPTI collector, which does not see the
-    kernels torch's autograd thread launches; the forward keeps the requested clock."""
-    from compare import timing, train_bench
-
-    seen = []
-    monkeypatch.setattr(timing, "time_kernels", lambda fn, args, **kw: seen.append(kw["clock"]) or kw["clock"])
-
-    class Fake(train_bench.TorchProgram):
-        def prepare(self, args):
-            return args
-
-        def run(self, *a):
-            return None
-
-    for with_grad in (False, True):
-        train_bench.time_one(Fake("MATH", False, False, with_grad), (), reps=1, flush_bytes=0, clock="cupti",
-                             interpret=False)
-    assert seen == ["cupti", "events"]
