@@ -75,6 +75,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="add this run (its own header and run id) to the end of an existing --out records file")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per record (cold L2 each); default 20")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls after the first (compile) call; default 3")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="kernel-clock samples in this many rounds, round-robin over a workload's implementations "
+                        "(each round takes about reps / rounds samples of each), so every implementation's samples "
+                        "span the same clock and power states; default 1 (each implementation's reps back to back). "
+                        "Keeps every prepared implementation of a workload alive until its last round")
     p.add_argument("--e2e-reps", type=int, default=10,
                    help="synchronized calls for the e2e latency (metrics.e2e_synced_us); default 10")
     p.add_argument("--e2e-calls", type=int, default=20,
@@ -108,6 +113,7 @@ def run_cli(args: argparse.Namespace) -> int:
 class RunOptions(types.SimpleNamespace):
     impl: tuple[str, ...] = ()  # defaults for callers that build RunOptions by hand
     append: bool = False
+    rounds: int = 1
     e2e_calls: int = 20
     allow_clock_fallback: bool = False
 
@@ -118,8 +124,10 @@ class RunOptions(types.SimpleNamespace):
         if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1 or a.e2e_calls < 1:
             raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1, --e2e-calls >= 1; got {a.reps}, "
                              f"{a.warmup}, {a.e2e_reps}, {a.e2e_calls}")
+        if not 1 <= a.rounds <= a.reps:
+            raise UsageError(f"--rounds must be in [1, --reps]; got {a.rounds} (reps {a.reps})")
         return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
-                   warmup=a.warmup, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
+                   warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
                    max_run_s=a.max_run_s, clock=a.clock, allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
                    argv=["python", "-m", __package__ or "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
@@ -572,6 +580,9 @@ class _Run:
         self._inflight = (recs, outputs)  # what main flushes if the run is interrupted mid-workload
         state["plans"] = self.plan_workload(w, impls)
         flops = _cpu_gate_flops(w)
+        if self.gpu and getattr(self.opts, "rounds", 1) > 1:
+            recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
+            impls = []
         for impl in impls:
             if progress is not None:
                 progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
@@ -590,6 +601,61 @@ class _Run:
         ceilings.empty_torch_cache()
         return recs
 
+    def run_workload_rounds(self, w: Workload, impls: list[Impl], state: dict, outputs: dict, flops: float,
+                            progress=None, task=None) -> list[dict[str, Any]]:
+        """``--rounds N``: every pair run up to its timing (inputs, first call, agreement), then the kernel-clock
+        samples of all of them taken in N rounds, round-robin, then each pair's e2e timing; records in the
+        implementations' order. Pairs on a clock of their own (multi-device loop / wall / pipelined, torch train
+        steps on events) are timed as they come, as without rounds."""
+        entries: list[tuple[ResultRecord | dict | None, Any, tuple | None]] = []
+        for impl in impls:
+            if progress is not None:
+                progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
+            try:
+                plans = state.get("plans") or {}
+                pp = plans[id(impl)] if id(impl) in plans else self.plan_pair(w, impl, flops)
+                if isinstance(pp, BaseException):
+                    raise pp
+                if pp is None:
+                    entries.append((None, None, None))
+                    continue
+                held: dict[str, Any] = {}
+                rec = self.execute(pp, state, outputs, hold=held)
+                prep = held.get("prep")
+                plan = self.timing_plan(prep, rec) if prep is not None else None
+                entries.append((rec, prep, plan))
+            except Exception as e:  # last line of defence: a bug in compare itself is still a record
+                bad = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}")
+                entries.append((bad.to_json(), None, None))
+            if progress is not None:
+                progress.advance(task)
+        live = [i for i, (_, _, plan) in enumerate(entries) if plan is not None]
+        n = getattr(self.opts, "rounds", 1)
+        parts: dict[int, list[timing.Timing]] = {i: [] for i in live}
+        for r in range(n):
+            for i in list(live):
+                rec, prep, (reps, _, _) = entries[i]
+                share = reps // n + (1 if r < reps % n else 0)
+                if share < 1:
+                    continue
+                try:
+                    parts[i].append(self.kernel_timing(prep, rec, share))
+                except Exception as e:
+                    rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
+                    live.remove(i)
+        out: list[dict[str, Any]] = []
+        for i, (rec, prep, plan) in enumerate(entries):
+            if i in live:
+                try:
+                    kt = merge_timings(parts[i], rounds=n, others=len(live) - 1)
+                    self.record_timing(prep, rec, kt, plan[1], plan[2])
+                    rec.metrics["timing_rounds"] = len(parts[i])
+                except Exception as e:
+                    rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
+            if rec is not None:
+                out.append(rec if isinstance(rec, dict) else rec.to_json())
+        return out
+
     def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
         """One pair: its plan (made by ``plan_workload``, or now) executed; None when it does not apply."""
         plans = state.get("plans") or {}
@@ -598,7 +664,9 @@ class _Run:
             raise pp
         return None if pp is None else self.execute(pp, state, outputs).to_json()
 
-    def execute(self, pp: PairPlan, state: dict, outputs: dict) -> ResultRecord:
+    def execute(self, pp: PairPlan, state: dict, outputs: dict, hold: dict | None = None) -> ResultRecord:
+        """One pair's record. ``hold`` (``--rounds``): a pair on a kernel clock is not timed here; its prepared
+        program goes into ``hold["prep"]`` and ``run_workload_rounds`` times it with the others."""
         w, impl, rec = pp.workload, pp.impl, pp.record
         if pp.refusal is not None:
             return rec.refuse(pp.refusal)
@@ -637,7 +705,9 @@ class _Run:
             outputs[impl.name] = out_btnh
         del out
         try:
-            if self.gpu:
+            if self.gpu and hold is not None and prep.clock not in _OWN_CLOCKS:
+                hold["prep"] = prep
+            elif self.gpu:
                 self.time_gpu(prep, rec, pp.basis)
             else:
                 ct = timing.time_cpu(prep.fn, prep.args, reps=1)
@@ -736,6 +806,15 @@ class _Run:
     def time_gpu(self, prep, rec: ResultRecord, basis: dict) -> None:
         """Warm-up, then kernel timing (the requested clock, cold L2), end-to-end latency and pipelined
         throughput into ``rec.metrics``, scaled down to ``--budget-s`` (or 'skipped'); then the rates."""
+        plan = self.timing_plan(prep, rec)
+        if plan is None:
+            return
+        reps, e2e_reps, e2e_calls = plan
+        self.record_timing(prep, rec, self.kernel_timing(prep, rec, reps), e2e_reps, e2e_calls)
+
+    def timing_plan(self, prep, rec: ResultRecord) -> tuple[int, int, int] | None:
+        """Warm-up and one timed call, then ``(reps, e2e_reps, e2e_calls)`` within ``--budget-s``; None when
+        even 3 reps exceed it (the record is then 'skipped', its agreement kept)."""
         o = self.opts
         m = rec.metrics
         sync = _sync_for(prep.framework)
@@ -756,25 +835,34 @@ class _Run:
                 m.update(one_call_s=one)
                 rec.fail("skipped", f"over time budget: one call took {one:.2f} s; 3 reps "
                                     f"exceed the per-record budget {budget:g} s (agreement kept)")
-                return
+                return None
             m["reps_reduced_for_budget"] = True
+        return reps, e2e_reps, e2e_calls
+
+    def kernel_timing(self, prep, rec: ResultRecord, reps: int) -> timing.Timing:
+        """``reps`` samples of the pair's kernel clock (its own clock where it has one)."""
+        o = self.opts
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
-            kt = timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
-        elif prep.clock == "wall":  # a long multi-device call (a ring training step): host wall per synced call
-            kt = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=max(3, min(reps, 10)))
-        elif prep.clock == "pipelined":  # a public call as a loop makes it: host wall per call, pipelined
-            kt = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=50,
-                                       reps=max(3, min(reps, 10)))
-        elif prep.clock == "events":  # the implementation's own choice (torch train steps, compare.train)
+            return timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
+        if prep.clock == "wall":  # a long multi-device call (a ring training step): host wall per synced call
+            return timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=max(3, min(reps, 10)))
+        if prep.clock == "pipelined":  # a public call as a loop makes it: host wall per call, pipelined
+            return timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=50,
+                                         reps=max(3, min(reps, 10)))
+        if prep.clock == "events":  # the implementation's own choice (torch train steps, compare.train)
             kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
                                      flush_bytes=self.flush_bytes, clock="events")
-            kt = dataclasses.replace(kt, notes=(*kt.notes, (
+            return dataclasses.replace(kt, notes=(*kt.notes, (
                 f"events by the implementation's request (--clock {o.clock} not used): torch's autograd backward "
                 "runs on the engine's device thread, whose kernels the CUPTI collector misses; CUDA events on the "
                 "stream bracket the whole step")))
-        else:
-            kt = timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
-                                     flush_bytes=self.flush_bytes, clock=o.clock)
+        return timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
+                                   flush_bytes=self.flush_bytes, clock=o.clock)
+
+    def record_timing(self, prep, rec: ResultRecord, kt: timing.Timing, e2e_reps: int, e2e_calls: int) -> None:
+        """The kernel timing ``kt``, then the e2e latency and pipelined throughput, into ``rec.metrics``; the
+        rates."""
+        m = rec.metrics
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
         pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
         st = kt.stats
@@ -1017,6 +1105,27 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
                                           "subset": "full output"}
             except Exception as e:  # shape mismatch etc.: recorded, not fatal
                 r["agreement"]["twin"] = {"name": tw["impl"]["name"], "error": _reason(e)}
+
+
+# clocks an implementation chooses for itself (Prepared.clock): timed on their own, never in --rounds
+_OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
+
+
+def merge_timings(parts: list[timing.Timing], *, rounds: int, others: int) -> timing.Timing:
+    """One ``Timing`` from a pair's ``--rounds`` parts: their samples in order; the clock of the parts (a part on
+    another clock, i.e. a fallback in one round, is named in the notes and the clock reads as the first part's
+    fallback label so the record is marked); notes and L2 flush of all."""
+    if not parts:
+        raise ValueError("no timing rounds")
+    clocks = [t.clock for t in parts]
+    clock = next((c for c in clocks if c != parts[0].requested), clocks[0]) if len(set(clocks)) > 1 else clocks[0]
+    notes = [n for t in parts for n in t.notes]
+    if len(set(clocks)) > 1:
+        notes.append(f"rounds timed on different clocks: {clocks}")
+    notes.append(f"samples taken in {len(parts)} rounds of --rounds {rounds}, round-robin with {others} other "
+                 f"implementation(s) of the workload")
+    return timing.Timing(tuple(x for t in parts for x in t.samples_us), clock, all(t.l2_flushed for t in parts),
+                         tuple(dict.fromkeys(notes)), parts[0].requested)
 
 
 def _cpu_gate_flops(w: Workload) -> float:

@@ -444,3 +444,65 @@ def test_multi_device_fractions_are_against_the_aggregate_ceiling(tmp_path):
     assert got[1]["hbm_fraction"] == pytest.approx(4e9 / 400e-6 / 3.0e12)
     assert got[4]["hbm_fraction"] == pytest.approx(got[1]["hbm_fraction"] / 4)
     assert got[4]["tc_fraction"] == pytest.approx(got[1]["tc_fraction"] / 4) and "x 4 GPUs" in got[4]["hbm_ceiling"]
+
+
+def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path):
+    """``--rounds N`` (the sweep's bimodal clock states, docs/compare.md): every pair runs to its agreement first, then
+    the kernel-clock samples are taken round-robin, N rounds of ~reps / N each, so each implementation's samples see
+    the same stretch of the run; the record keeps every sample, the clock and a note, in the implementations' order.
+    A clock that ticks per call stands in for the GPU's: with rounds the two implementations' samples interleave."""
+    from compare import runner, timing
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    tick = {"t": 0}
+    calls = []
+
+    def fake_kernels(fn, args, **kw):
+        calls.append((fn, kw["reps"]))
+        out = []
+        for _ in range(kw["reps"]):
+            tick["t"] += 1
+            out.append(float(tick["t"]))
+        return timing.Timing(tuple(out), "cupti:mosaic", True, (), requested="cupti:mosaic")
+
+    def fake_wall(fn, args, **kw):
+        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
+
+    monkeypatch.setattr(timing, "time_kernels", fake_kernels)
+    monkeypatch.setattr(timing, "time_e2e", fake_wall)
+    monkeypatch.setattr(timing, "time_pipelined", fake_wall)
+    monkeypatch.setattr(runner, "_sync_for", lambda framework: lambda _: None)
+    w = Workload(name="t_rounds", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
+                 head_dim=64, dtype="float32", causal=True, seed=1)
+    names = ["jax:xla", "pallas:v4_fused:faithful"]
+    impls = [i for i in all_impls() if i.name in names]
+    assert len(impls) == 2
+
+    def records(rounds):
+        tick["t"] = 0
+        calls.clear()
+        opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / f"out{rounds}"), reps=8, warmup=0,
+                                 rounds=rounds, e2e_reps=1, budget_s=30.0, max_run_s=None, clock="cupti",
+                                 arch="h100", cpu_max_flops=1e8, no_ceilings=True, quiet=True, argv=[])
+        run = runner._Run(opts, workloads=[w], impls=impls)
+        run.gpu = True  # time as on a GPU: the kernel clock is the fake above
+        monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+        return [r for r in run.run_workload(w, impls) if r.get("type", "result") == "result"], list(calls)
+
+    seq, seq_calls = records(1)
+    assert [r["status"] for r in seq] == ["ok", "ok"], [r["reason"] for r in seq]
+    assert [c[1] for c in seq_calls] == [8, 8]
+    first = {r["impl"]["name"]: r["metrics"]["time_us_p50"] for r in seq}
+    assert max(first.values()) - min(first.values()) == 8  # back to back: the second saw the later clock states
+
+    inter, inter_calls = records(4)
+    assert [r["impl"]["name"] for r in inter] == [r["impl"]["name"] for r in seq]
+    assert [c[1] for c in inter_calls] == [2] * 8  # 4 rounds x 2 implementations, 2 samples each
+    assert [c[0] for c in inter_calls[:2]] != [inter_calls[0][0]] * 2  # round-robin, not back to back
+    for r in inter:
+        m = r["metrics"]
+        assert r["status"] == "ok" and m["reps"] == 8 and m["timing_rounds"] == 4, m
+        assert any("4 rounds" in n for n in m["clock_notes"]), m["clock_notes"]
+    p50 = [r["metrics"]["time_us_p50"] for r in inter]
+    assert abs(p50[0] - p50[1]) <= 2  # the same stretch of clock states: medians 2 ticks apart, not 8
