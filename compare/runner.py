@@ -578,7 +578,9 @@ class _Run:
         state: dict[str, Any] = {}
         outputs: dict[str, Any] = {}  # impl name -> BTNH output, for twin agreement (freed per workload)
         self._inflight = (recs, outputs)  # what main flushes if the run is interrupted mid-workload
+        t0 = time.perf_counter()
         state["plans"] = self.plan_workload(w, impls)
+        state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         if self.gpu and getattr(self.opts, "rounds", 1) > 1:
             recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
@@ -679,8 +681,12 @@ class _Run:
         if err is not None:
             return rec.refuse(err)
         grads_btnh = None
+        phase = rec.metrics.setdefault("phase_s", {})
+        phase.update(state.pop("phase_s", {}))
         try:
+            t0 = time.perf_counter()
             prep = impl.prepare(w, state["inputs"], self.ctx)
+            phase["prepare"] = round(time.perf_counter() - t0, 3)
             sync = _sync_for(prep.framework)
             t0 = time.perf_counter()
             out = prep.fn(*prep.args)
@@ -696,10 +702,12 @@ class _Run:
             return rec.fail("oom" if _is_oom(e) else _failure_status(e), _reason(e))
         rec.impl["prepared_notes"] = prep.notes
         rec.metrics["first_call_s"] = first_call_s
+        t0 = time.perf_counter()
         if not self.agree(rec, w, state, out_btnh):
             return rec
         if grads_btnh is not None and not self.agree_grads(rec, w, state, grads_btnh):
             return rec
+        phase["agreement"] = round(time.perf_counter() - t0, 3)
         del grads_btnh
         if impl.framework in ("pallas", "cuda") and impl.generation:
             outputs[impl.name] = out_btnh
@@ -727,7 +735,10 @@ class _Run:
         if "inputs" in state:
             return None
         try:
+            t0 = time.perf_counter()
             state["inputs"] = interop.make_inputs(w)
+            _sync_for("jax")(state["inputs"].q)
+            t1 = time.perf_counter()
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
             if w.family == "train":  # dq, dk, dv in float64 on one batch row and KV head group
@@ -736,6 +747,9 @@ class _Run:
             if getattr(w, "kv_dtype", None):  # the format's own error; the reference of the fp16 cache
                 state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
                 state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
+            # host wall seconds of the workload's shared work, on the first pair that ran it (where a run's time goes)
+            state["phase_s"] = {"plan": state.get("plan_s"), "inputs": round(t1 - t0, 3),
+                                "oracle": round(time.perf_counter() - t1, 3)}
         except Exception as e:
             state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
             return Refusal("oom" if _is_oom(e) else "failed", state["inputs_error"])
@@ -818,11 +832,13 @@ class _Run:
         o = self.opts
         m = rec.metrics
         sync = _sync_for(prep.framework)
+        tw = time.perf_counter()
         for _ in range(o.warmup):
             sync(prep.fn(*prep.args))
         t0 = time.perf_counter()
         sync(prep.fn(*prep.args))
         one = time.perf_counter() - t0
+        m.setdefault("phase_s", {})["warmup"] = round(time.perf_counter() - tw, 3)
         reps, e2e_reps = o.reps, o.e2e_reps
         e2e_calls = getattr(o, "e2e_calls", 20)
         budget = self.budget_s
@@ -840,7 +856,16 @@ class _Run:
         return reps, e2e_reps, e2e_calls
 
     def kernel_timing(self, prep, rec: ResultRecord, reps: int) -> timing.Timing:
-        """``reps`` samples of the pair's kernel clock (its own clock where it has one)."""
+        """``reps`` samples of the pair's kernel clock (its own clock where it has one); its host wall seconds add
+        to ``metrics.phase_s.kernel_clock``."""
+        t0 = time.perf_counter()
+        try:
+            return self._kernel_timing(prep, reps)
+        finally:
+            ph = rec.metrics.setdefault("phase_s", {})
+            ph["kernel_clock"] = round(ph.get("kernel_clock", 0.0) + time.perf_counter() - t0, 3)
+
+    def _kernel_timing(self, prep, reps: int) -> timing.Timing:
         o = self.opts
         if prep.clock == "loop":  # a program over several devices: no single CUPTI span covers it
             return timing.time_loop(prep.fn, prep.args, reps=max(3, min(reps, 10)), iters=20)
@@ -863,8 +888,10 @@ class _Run:
         """The kernel timing ``kt``, then the e2e latency and pipelined throughput, into ``rec.metrics``; the
         rates."""
         m = rec.metrics
+        t0 = time.perf_counter()
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
         pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
+        m.setdefault("phase_s", {})["e2e"] = round(time.perf_counter() - t0, 3)
         st = kt.stats
         requested = ("host-wall:in-jit-loop-diff" if prep.clock == "loop" else
                      "host-wall-pipelined" if prep.clock == "pipelined" else

@@ -506,3 +506,26 @@ def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path):
         assert any("4 rounds" in n for n in m["clock_notes"]), m["clock_notes"]
     p50 = [r["metrics"]["time_us_p50"] for r in inter]
     assert abs(p50[0] - p50[1]) <= 2  # the same stretch of clock states: medians 2 ticks apart, not 8
+
+
+def test_records_say_where_the_run_time_went(tmp_path):
+    """Every executed record carries ``metrics.phase_s``: host wall seconds of its prepare, agreement (and on a GPU its
+    warm-up, kernel clock and e2e); the first pair of a workload also the workload's shared plan, inputs and oracle
+    (a sweep run spends ~13 s a workload; the next run says on what)."""
+    from compare import runner
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    w = Workload(name="t_phase", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
+                 head_dim=64, dtype="float32", causal=True, seed=1)
+    impls = [i for i in all_impls() if i.name in ("jax:xla", "pallas:v4_fused:faithful")]
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / "out"), reps=2, warmup=0, e2e_reps=1,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                             no_ceilings=True, quiet=True, argv=[])
+    run = runner._Run(opts, workloads=[w], impls=impls)
+    recs = [r for r in run.run_workload(w, impls) if r["status"] == "ok"]
+    assert len(recs) == 2
+    first, second = (r["metrics"]["phase_s"] for r in recs)
+    assert {"plan", "inputs", "oracle", "prepare", "agreement"} <= set(first), first
+    assert {"prepare", "agreement"} <= set(second) and "inputs" not in second, second
+    assert all(v is None or v >= 0 for v in first.values())
