@@ -737,7 +737,7 @@ class _Run:
         try:
             t0 = time.perf_counter()
             state["inputs"] = interop.make_inputs(w)
-            _sync_for("jax")(state["inputs"].q)
+            _sync_for("jax")([x for x in (state["inputs"].q, state["inputs"].k, state["inputs"].v) if x is not None])
             t1 = time.perf_counter()
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
