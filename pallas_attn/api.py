@@ -171,20 +171,20 @@ def resolve(generation: str, problem: Problem, config):
     return kern, kern.config(config, problem)
 
 
-# The default dense generation, best first: the GQA decode kernel for a few query rows, the training kernel
-# (any length, fp16/bf16/fp32, GQA, differentiable) for the rest; the first that supports the problem wins.
+# The default dense generation, best first: the split-KV decode kernel for a few query rows (GQA and MHA), the
+# training kernel (any length, fp16/bf16/fp32, differentiable) for the rest; the first that supports the problem wins.
+# Session 16: MHA decode goes to fa_decode too. It had gone to fa_train, whose grid at Tq = 1 is one CTA per
+# (batch, head): 32 CTAs at B1 H32, predicted 4x slower than fa_decode's split-KV grid at S 32k (layer 2: 750 against
+# 182 us on an H100); fa_decode on MHA measured level with cuDNN at B32 S8k on the H200 (docs/fa_decode.md).
 _DEFAULT_DENSE = ("fa_decode", "fa_train")
 
 
 def default_generation(problem: Problem) -> str:
     """The generation ``attention(..., generation=None)`` runs: fa_decode for decode shapes it takes
-    (Tq <= 16, fp16/bf16, GQA), else fa_train; NotImplementedError naming each refusal if none fits."""
+    (Tq <= 16, fp16/bf16; GQA or MHA), else fa_train; NotImplementedError naming each refusal if none fits."""
     reasons = []
     for gen in _DEFAULT_DENSE:
         if not registry.built(gen):
-            continue
-        if gen == "fa_decode" and problem.group == 1:
-            reasons.append("fa_decode: MHA (Hq == Hkv) is fa_train's")
             continue
         ok, why = registry.kernel(gen).supports(problem)
         if ok:
@@ -237,12 +237,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
     ``j <= i + q_offset[b]`` (``q_offset``: int, int32 scalar or ``[B]`` array, default 0). See the module
     docstring for ``config``, ``return_lse``, ``scale`` and ``interpret``. Output has q's dtype.
     ``generation=None`` picks the best built kernel for the input (``default_generation``). ``jax.grad``
-    works through fa_train (its Pallas backward); other generations have no backward and say so.
+    works through fa_train (its Pallas backward), and through ``generation=None`` whatever forward it chose (a decode
+    shape's fa_decode forward takes fa_train's backward, recomputing the forward there; not with ``return_lse`` or
+    window / softcap / sinks); other generations named explicitly have no backward and say so.
     ``window=W`` (causal: a query sees its last W positions), ``softcap``, ``sinks [Hq]``: on fa_decode (the decode
     shapes, Tq <= 16; session 11) only; any other generation refuses them (the drop-in has them for prefill).
     """
     s = validate_dense(q, k, v, causal=causal, scale=scale)
     problem = problem_dense(q, k, causal=causal)
+    chosen = generation is None
     if generation is None:
         generation = default_generation(problem)
     kern, cfg = resolve(generation, problem, config)
@@ -258,9 +261,51 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
                           **feats)
 
     if kern.backward is None:  # the kernel declares its backward (fa_train: a jax.custom_vjp over its Pallas kernels)
-        call = _no_backward(generation, call)
+        back = _default_backward(problem, s, causal, interpret) if chosen and not return_lse and not any(
+            x is not None for x in feats.values()) else None
+        call = _no_backward(generation, call) if back is None else _backward_by(call, back)
     with _compat.quiet_triton():
         return call(q, k, v, offs)
+
+
+def _default_backward(problem: Problem, scale: float, causal: bool, interpret):
+    """For ``attention(generation=None)`` whose chosen forward has no backward (fa_decode on a decode shape): the same
+    attention through fa_train, the kernel with a backward, whose VJP ``jax.grad`` then takes (session 16: the
+    default's forward stays the fastest kernel and the call stays differentiable). None where fa_train is not built or
+    does not take the problem."""
+    if not registry.built("fa_train"):
+        return None
+    kern = registry.kernel("fa_train")
+    if not kern.supports(problem)[0]:
+        return None
+    _, cfg = resolve("fa_train", problem, None)
+
+    def back(q, k, v, offs):
+        return kern.dense(q, k, v, causal=causal, scale=scale, q_offset=offs,
+                          interpret=_compat.default_interpret(interpret), config=cfg, return_lse=False)
+
+    return back
+
+
+def _backward_by(fn, back):
+    """``fn(q, k, v, offs)``'s forward with ``back``'s gradient: the VJP recomputes the attention through ``back``
+    (a kernel with a backward, equal to ``fn`` to its rounding) and differentiates that. ``offs`` (int32) gets no
+    cotangent. Forward-mode (``jax.jvp``) is not defined, as for fa_train's own custom_vjp."""
+
+    @jax.custom_vjp
+    def f(q, k, v, offs):
+        return fn(q, k, v, offs)
+
+    def fwd(q, k, v, offs):
+        return fn(q, k, v, offs), (q, k, v, offs)
+
+    def bwd(res, g):
+        q, k, v, offs = res
+        _, vjp = jax.vjp(lambda q, k, v: back(q, k, v, offs), q, k, v)
+        return (*vjp(g), None)
+
+    f.defvjp(fwd, bwd)
+    return f
 
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,

@@ -301,3 +301,40 @@ def test_build_paged_kv_errors(kw, match):
     k = np.zeros((2, 10, 1, 8), np.float16)
     with pytest.raises(ValueError, match=match):
         build_paged_kv(k, k, **kw)
+
+
+@pytest.mark.parametrize("hq,hkv,tq", [(4, 4, 1), (8, 2, 4)])
+def test_default_decode_routes_to_fa_decode_and_keeps_its_gradient(hq, hkv, tq):
+    """``attention(generation=None)`` on a decode shape runs fa_decode, MHA included (session 16: MHA decode had gone to
+    fa_train, one CTA per (batch, head) at Tq 1), and ``jax.grad`` through it still works: the VJP recomputes the
+    attention through fa_train's backward. The lowered programs name the kernels; the gradients match the float64
+    oracle at bf16 rounding. Naming fa_decode explicitly keeps its refusal."""
+    import re
+
+    rng = np.random.default_rng(7)
+    b, tk, d = 2, 300, 64
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32).astype(jnp.bfloat16)
+               for s in ((b, tq, hq, d), (b, tk, hkv, d), (b, tk, hkv, d)))
+    w = jnp.asarray(rng.standard_normal((b, tq, hq, d)), jnp.float32)
+    off = tk - tq
+
+    def loss(interpret):
+        return lambda q, k, v: jnp.sum(pallas_attn.attention(q, k, v, causal=True, q_offset=off,
+                                                             interpret=interpret).astype(jnp.float32) * w)
+
+    def names(fn):
+        text = jax.jit(fn).trace(q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+        return set(re.findall(r"pallas_attn_(\w+?)(?:_\d+)?\b", text))
+
+    assert {"fa_decode_partial"} <= names(loss(False)) and not any("fa_train" in n for n in names(loss(False)))
+    grad_names = names(jax.grad(loss(False), argnums=(0, 1, 2)))  # the forward's value unused: only fa_train's
+    assert {"fa_train_fwd", "fa_train_dkdv", "fa_train_dq"} <= grad_names and "fa_decode_partial" not in grad_names
+    both = names(jax.value_and_grad(loss(False), argnums=(0, 1, 2)))  # the value from fa_decode, the grads recomputed
+    assert {"fa_decode_partial", "fa_train_fwd", "fa_train_dkdv", "fa_train_dq"} <= both, both
+    grads = jax.grad(loss(True), argnums=(0, 1, 2))(q, k, v)
+    ref = reference.attention_grad_reference(q, k, v, w, causal=True, q_offset=off)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert g.shape == ref[name].shape and _rel(g.astype(jnp.float32), ref[name]) < 1e-2, name
+    with pytest.raises(NotImplementedError, match="'fa_decode' has no backward"):
+        jax.grad(lambda q: jnp.sum(pallas_attn.attention(q, k, v, causal=True, q_offset=off, interpret=True,
+                                                         generation="fa_decode").astype(jnp.float32)))(q)
