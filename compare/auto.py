@@ -169,15 +169,8 @@ def choice(w) -> dict[str, Any]:
                     "why": f"paged_attention with Tq={w.q_len} > {fa_decode.KERNEL.max_q_len}: fa_prefill ({name}) "
                            + ("reading the pages through the block table" if in_kernel
                               else "over the pages gathered into a dense cache") + " (pallas_attn.chunked)"}
-    problem = problem_of(w)
+    problem = problem_of(w)  # an MLA workload's carries kv_lora_rank (a key of the table), as problem_mla's does
     if w.family == "mla":
-        # the MLA entry's own problem (pallas_attn.mla.problem_mla: it carries kv_lora_rank, a key of the table)
-        import dataclasses
-
-        from pallas_attn.kernels.mla_common import MlaProblem
-
-        problem = MlaProblem(**{f.name: getattr(problem, f.name) for f in dataclasses.fields(problem)},
-                             kv_lora_rank=w.kv_lora_rank)
         gen = "fa_mla"
     elif w.family == "paged_decode":
         gen = "fa_decode"  # paged_attention's default generation

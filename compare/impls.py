@@ -97,9 +97,8 @@ def quantized_refusal(gen_id: str, w) -> str | None:
 
 def problem_of(w):
     """The kernel contract's ``Problem`` for a workload (paged: ``kv_len`` = pages_per_seq x page_size, the
-    table width ``attn_core.paging.build_paged_kv`` gives it, as ``pallas_attn.api.problem_paged`` sees it)."""
-    import dataclasses
-
+    table width ``attn_core.paging.build_paged_kv`` gives it, as ``pallas_attn.api.problem_paged`` sees it; MLA: with
+    ``kv_lora_rank``, as ``pallas_attn.mla.problem_mla`` sees it)."""
     from pallas_attn.kernels.contract import Problem
 
     entry = entry_for(w)
@@ -107,12 +106,9 @@ def problem_of(w):
     if w.family in ("paged_decode", "mla") and w.page_size:
         page = w.page_size
         kv_len = -(-w.kv_len // page) * page
-    extra = {}
-    if w.family == "mla" and "kv_lora_rank" in {f.name for f in dataclasses.fields(Problem)}:
-        extra["kv_lora_rank"] = w.kv_lora_rank  # where the contract's Problem carries it (DV of the MLA entry)
     return Problem(entry=entry, dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=kv_len, heads_q=w.heads_q,
                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal), page_size=page,
-                   kv_dtype=kv_dtype_of(w), **extra)
+                   kv_dtype=kv_dtype_of(w), kv_lora_rank=w.kv_lora_rank if entry == "mla" else None)
 
 
 def _not_built_facts(gen_id: str, w) -> RooflineFacts:

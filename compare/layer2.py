@@ -454,10 +454,8 @@ def _pallas_problem(s: Shape, entry: str):
     from pallas_attn.kernels.contract import Problem
 
     if entry == "mla":
-        from pallas_attn.kernels.mla_common import MlaProblem
-
-        return MlaProblem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
-                          s.page_size, kv_dtype=s.kv_dtype, kv_lora_rank=s.kv_lora_rank)
+        return Problem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
+                       s.page_size, kv_dtype=s.kv_dtype, kv_lora_rank=s.kv_lora_rank)
     return Problem(entry, s.dtype, s.batch, s.q_len, s.kv_len, s.heads_q, s.heads_kv, s.head_dim, s.causal,
                    s.page_size, kv_dtype=s.kv_dtype)
 

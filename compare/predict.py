@@ -153,8 +153,6 @@ def _mla_generation_facts(gen_id: str, *, batch: int, heads_q: int, q_len: int, 
     """A built MLA generation's declared facts (docs/mla.md): the latent paged at ``page_size`` in ``kv_dtype``
     (None: the q dtype). With neither --dtype nor --kv-dtype, the reference's input where the kernel takes it (fp16
     q and an NVFP4 latent for v11_mla: REFERENCE_STORAGE), else the kernel's own default dtype."""
-    import dataclasses
-
     from pallas_attn import api, registry
     from pallas_attn.kernels.contract import Problem
 
@@ -166,13 +164,11 @@ def _mla_generation_facts(gen_id: str, *, batch: int, heads_q: int, q_len: int, 
     elif dtype is None:
         tries = [(d, kv_dtype) for d in kern.dtypes]
     kv = -(-kv_len // page_size) * page_size
-    extra = {}
-    if "kv_lora_rank" in {f.name for f in dataclasses.fields(Problem)}:
-        extra["kv_lora_rank"] = kv_lora_rank
     err = None
     for dt, kvd in tries:
         problem = Problem(entry="mla", dtype=dt, batch=batch, q_len=q_len, kv_len=kv, heads_q=heads_q, heads_kv=1,
-                          head_dim=head_dim, causal=causal, page_size=page_size, kv_dtype=kvd, **extra)
+                          head_dim=head_dim, causal=causal, page_size=page_size, kv_dtype=kvd,
+                          kv_lora_rank=kv_lora_rank)
         try:
             kern, cfg = api.resolve(gen_id, problem, config)
         except (NotImplementedError, ValueError) as e:

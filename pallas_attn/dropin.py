@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat, tuning
+from . import _compat, api, tuning
 from .kernels import fa_prefill, fa_prefill_bwd, fa_train
 from .kernels.contract import Problem
 
@@ -151,6 +151,22 @@ def _empty_input(q, k) -> str:
     return ""
 
 
+def _resolve(generation: str, problem: Problem):
+    """``(kernel, config)`` of ``generation`` on ``problem`` through ``api.resolve``, the one resolver of every public
+    entry: the kernel's ``supports`` (NotImplementedError with its reason), then its config for the problem (the
+    heuristic: this GPU's table, else the kernel's rule). The drop-in picks its kernels and forward configs here."""
+    return api.resolve(generation, problem, None)
+
+
+def _refusal(generation: str, problem: Problem) -> str:
+    """Why ``generation`` refuses ``problem`` (the resolver's NotImplementedError, word for word), "" if it takes it."""
+    try:
+        _resolve(generation, problem)
+    except NotImplementedError as e:
+        return str(e)
+    return ""
+
+
 def _unsupported(q, k, bias, mask) -> str:
     """Why the Pallas kernel cannot take this call ("" when it can)."""
     if bias is not None:
@@ -160,8 +176,7 @@ def _unsupported(q, k, bias, mask) -> str:
     b, t, n, h = q.shape
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=k.shape[1],
                       heads_q=n, heads_kv=k.shape[2], head_dim=h)
-    ok, why = fa_train.KERNEL.supports(problem)
-    return "" if ok else why
+    return _refusal("fa_train", problem)
 
 
 # Head dims the drop-in sends to fa_prefill: every head dim its forward and backward build (D 256 through the
@@ -189,12 +204,12 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
                 f"{DROPIN_HEAD_DIMS} (dropin.DROPIN_HEAD_DIMS)")
     problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
                       heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
-    ok, why = fa_prefill.KERNEL.supports(problem)
-    if ok and window is not None and _hopper_bwd_left(is_causal, window, t, k.shape[1]) is None:
+    why = _refusal("fa_prefill", problem)
+    if not why and window is not None and _hopper_bwd_left(is_causal, window, t, k.shape[1]) is None:
         # a window fa_prefill_bwd has not (not causal-shaped, or rows that may see no key): fa_train's backward
-        ok, why = fa_train.KERNEL.supports(problem)
-        why = f"this window's backward runs on pallas:fa_train, which refuses: {why}" if not ok else ""
-    return "" if ok else why
+        why = _refusal("fa_train", problem)
+        why = f"this window's backward runs on pallas:fa_train, which refuses: {why}" if why else ""
+    return why
 
 
 def _hopper_bwd_left(is_causal, window, t: int, s: int) -> int | None:
@@ -379,13 +394,23 @@ DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
 
 def prefill_config(problem: Problem, window):
     """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, else its own rule) at the shape,
-    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window)."""
+    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window). No support check (chunked,
+    distributed and compare ask it for shapes they checked themselves); the drop-in's own calls go through
+    ``_prefill_fwd_config``, the same config by way of the resolver."""
     return fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(problem), bool(problem.causal), window)
+
+
+def _prefill_fwd_config(problem: Problem, window):
+    """``prefill_config`` through the resolver: ``api.resolve("fa_prefill", problem)``'s config (the kernel's
+    heuristic once ``supports`` passes), then ``fa_prefill.config_for_window``."""
+    return fa_prefill.config_for_window(_resolve("fa_prefill", problem)[1], bool(problem.causal), window)
 
 
 def bwd_config_name(problem: Problem) -> str:
     """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
-    sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal."""
+    sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
+    generation of the table, so ``api.resolve`` has no row for it: its config is read off the same ``Problem`` the
+    forward was resolved on, by the same table lookup the kernels' heuristics use.)"""
     return tuning.choose("fa_prefill_bwd", problem, names=fa_prefill_bwd.CONFIGS) \
         or DROPIN_BWD_CONFIG[bool(problem.causal)]
 
@@ -482,21 +507,22 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         # causal-shaped window (its band of key blocks in both), soft-cap, sinks (differentiable), packed documents
         causal = bool(is_causal) or left is not None
         problem = dataclasses.replace(problem, causal=causal)
+        fwd = _prefill_fwd_config(problem, None if left is None else (left, 0))
         res = fa_prefill_bwd.attention_lse(
-            q, k, v, causal=causal, scale=scale, config=prefill_config(problem, None if left is None else (left, 0)),
+            q, k, v, causal=causal, scale=scale, config=fwd,
             bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)], interpret=_compat.default_interpret(None),
             with_lse=return_residual, window=left, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
-            interpret=_compat.default_interpret(None), config=prefill_config(problem, window),
+            interpret=_compat.default_interpret(None), config=_prefill_fwd_config(problem, window),
             return_lse=bool(return_residual), window=window, softcap=softcap), sinks, segment_ids)(q, k, v)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (this window)
         st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
-                           fwd_config=prefill_config(problem, window), bwd_config=fa_train.heuristic(problem),
-                           interpret=_compat.default_interpret(None))
+                           fwd_config=_prefill_fwd_config(problem, window),
+                           bwd_config=_resolve("fa_train", problem)[1], interpret=_compat.default_interpret(None))
         if not return_residual:
             out = _window_out(q, k, v, st)
             lse = None
@@ -506,7 +532,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(
                 q, k, v, causal=bool(is_causal), scale=scale, q_lens=q_lens, kv_lens=kv_lens,
-                window=window, interpret=_compat.default_interpret(None), config=fa_train.heuristic(problem))
+                window=window, interpret=_compat.default_interpret(None), config=_resolve("fa_train", problem)[1])
     # jax.nn's corner cases, outside the kernel (cheap [B, T] work; autodiff sees plain jnp):
     empty = None
     # a row can see no key only with lengths, a negative window side, or more queries than keys; otherwise the

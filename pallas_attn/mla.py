@@ -13,7 +13,7 @@ import numbers
 from . import _compat, quant
 from .api import _DECODE_HINT, _check_array, _check_scale, _dtype_name, _no_backward, resolve
 from .kernels import seqlen
-from .kernels.mla_common import MlaProblem
+from .kernels.contract import Problem
 
 __all__ = ["mla_attention", "validate_mla", "problem_mla"]
 
@@ -69,12 +69,12 @@ def validate_mla(q, latent_pool, block_table, kv_lens, *, kv_lora_rank, causal, 
     return _check_scale(scale, dqk)
 
 
-def problem_mla(q, latent_pool, block_table, *, kv_lora_rank: int, causal: bool) -> MlaProblem:
+def problem_mla(q, latent_pool, block_table, *, kv_lora_rank: int, causal: bool) -> Problem:
     shape = tuple(latent_pool.shape)
-    return MlaProblem(entry="mla", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
-                      kv_len=block_table.shape[1] * shape[1], heads_q=q.shape[2], heads_kv=shape[2],
-                      head_dim=shape[3], causal=causal, page_size=shape[1], kv_dtype=quant.kv_format(latent_pool),
-                      kv_lora_rank=int(kv_lora_rank))
+    return Problem(entry="mla", dtype=_dtype_name(q), batch=q.shape[0], q_len=q.shape[1],
+                   kv_len=block_table.shape[1] * shape[1], heads_q=q.shape[2], heads_kv=shape[2],
+                   head_dim=shape[3], causal=causal, page_size=shape[1], kv_dtype=quant.kv_format(latent_pool),
+                   kv_lora_rank=int(kv_lora_rank))
 
 
 def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, scale: float | None = None,
@@ -116,7 +116,7 @@ def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, sc
     kern, cfg = resolve(generation, problem, config)
     b = q.shape[0]
     offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
-    if not hasattr(kern, "mla"):
+    if kern.mla is None:
         raise NotImplementedError(f"generation {generation!r} has no MLA entry")
 
     def call(q, latent_pool, block_table, kv_lens, offs):

@@ -17,7 +17,7 @@ import pallas_attn
 from attn_core import formats, oracle, paging
 from pallas_attn import quant, registry
 from pallas_attn.kernels import v12_mla_tc
-from pallas_attn.kernels.mla_common import MlaProblem
+from pallas_attn.kernels.contract import Problem
 
 TOL = {"float16": 3e-3, "bfloat16": 2e-2}
 
@@ -127,8 +127,8 @@ def test_fa_mla_fp8_latent_bf16_q():
     lens = [100, 64]
     q, pool, bt, kl = _case(5, b=2, tq=1, hq=8, dqk=192, lens=lens, page=16, dtype="bfloat16")
     qpool = quant.quantize_fp8_e4m3(pool)
-    problem = MlaProblem(entry="mla", dtype="bfloat16", batch=2, q_len=1, kv_len=bt.shape[1] * 16, heads_q=8,
-                         heads_kv=1, head_dim=192, page_size=16, kv_dtype="fp8_e4m3", kv_lora_rank=128)
+    problem = Problem(entry="mla", dtype="bfloat16", batch=2, q_len=1, kv_len=bt.shape[1] * 16, heads_q=8,
+                      heads_kv=1, head_dim=192, page_size=16, kv_dtype="fp8_e4m3", kv_lora_rank=128)
     assert registry.kernel("fa_mla").config(None, problem).engine == "triton"  # the heuristic picks the twin
     out, lse = pallas_attn.mla_attention(q, qpool, bt, kl, kv_lora_rank=128, return_lse=True, causal=True)
     ref = _ref(q, qpool, bt, lens, dv=128, causal=True)
@@ -228,8 +228,8 @@ def test_kv64_mc_pairs_row_tiles_on_the_gpu_interpreter():
     q, pool, bt, kl = _case(18, b=1, tq=tq, hq=hq, dqk=dqk, lens=lens, page=16, dtype="bfloat16")
     pool = pool.astype(jnp.bfloat16)
     cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc"].__dict__, "num_splits": 2})
-    p = MlaProblem(entry="mla", dtype="bfloat16", batch=1, q_len=tq, kv_len=bt.shape[1] * 16, heads_q=hq, heads_kv=1,
-                   head_dim=dqk, page_size=16, kv_lora_rank=dv)
+    p = Problem(entry="mla", dtype="bfloat16", batch=1, q_len=tq, kv_len=bt.shape[1] * 16, heads_q=hq, heads_kv=1,
+                head_dim=dqk, page_size=16, kv_lora_rank=dv)
     plan = registry.kernel("fa_mla").plan(p, cfg)
     assert (plan["cluster"], plan["splits"], plan["chunk"], plan["ctas"]) == (2, 2, 192, 8)
     out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, jnp.asarray(off, jnp.int32), kv_lora_rank=dv,
@@ -303,8 +303,8 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
         pallas_attn.mla_attention(q, pool.astype(jnp.bfloat16), bt, kl, kv_lora_rank=128, config="kv64_mc",
                                   interpret=False)
     k, cfg = registry.kernel("fa_mla"), registry.configs("fa_mla")["kv64_mc"]
-    p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=64, heads_kv=1,
-                   head_dim=576, page_size=64, kv_lora_rank=512)
+    p = Problem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=64, heads_kv=1,
+                head_dim=576, page_size=64, kv_lora_rank=512)
     plan = k.plan(p, cfg)
     assert plan["cluster"] == 1 and plan["multicast"].startswith("off: 1 row tile(s) (64 packed rows)")
     assert k.plan(p.__class__(**{**p.__dict__, "heads_q": 128}), cfg)["cluster"] == 2
@@ -394,8 +394,8 @@ def test_contract_and_deepseek_plan():
                                            "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
                                            "triton"}
     k = registry.kernel("fa_mla")
-    p = MlaProblem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
-                   head_dim=576, page_size=64, kv_lora_rank=512)
+    p = Problem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
+                head_dim=576, page_size=64, kv_lora_rank=512)
     assert k.supports(p) == (True, "")
     cfg = registry.configs("fa_mla")["default"]
     plan = k.plan(p, cfg)

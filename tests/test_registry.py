@@ -134,3 +134,30 @@ def test_unbuilt_generation_is_a_visible_state(monkeypatch):
 def test_unknown_id():
     with pytest.raises(ValueError, match="unknown generation"):
         registry.get("v99")
+
+
+def test_one_problem_and_one_kernel_for_every_entry():
+    """Issue 26, item 2: one Problem and one Kernel type; the "mla" entry's fields are declared on them and checked
+    against the entry, and a kernel's own refusals are its declared ``limits`` (no subclass of the contract)."""
+    import dataclasses
+
+    from pallas_attn.kernels import mla_common
+    from pallas_attn.kernels.contract import Problem
+
+    dense = dict(dtype="float16", batch=1, q_len=4, kv_len=8, heads_q=2, heads_kv=2, head_dim=64)
+    with pytest.raises(ValueError, match="kv_lora_rank is the 'mla' entry's"):
+        Problem(entry="dense", kv_lora_rank=512, **dense)
+    assert not hasattr(mla_common, "MlaProblem")  # the subclass is gone, no alias left
+    for row in ROWS:
+        k = registry.kernel(row.generation)
+        assert type(k) is Kernel, row.generation  # no subclass: supports / roofline are the contract's
+        assert (k.mla is not None) == ("mla" in k.entries)
+    prefill = registry.kernel("fa_prefill")
+    assert prefill.limits is not None
+    ok, why = prefill.supports(Problem(entry="dense", **{**dense, "kv_len": 0}))
+    assert not ok and why == "fa_prefill: needs at least one key (Tk >= 1); got Tk=0"
+    v7 = registry.kernel("v7_paged")
+    with pytest.raises(ValueError, match="templates are the 'mla' entry's"):
+        dataclasses.replace(v7, templates=((576, 512),))
+    with pytest.raises(ValueError, match="an MLA kernel serves the 'mla' entry through its mla function"):
+        dataclasses.replace(registry.kernel("fa_mla"), mla=None)

@@ -125,10 +125,10 @@ def test_model_table_errors(tmp_path):
 
 
 def _mla_problem(batch, kv_len, heads_q=128):
-    from pallas_attn.kernels.mla_common import MlaProblem
+    from pallas_attn.kernels.contract import Problem
 
-    return MlaProblem(entry="mla", dtype="bfloat16", batch=batch, q_len=1, kv_len=kv_len, heads_q=heads_q, heads_kv=1,
-                      head_dim=576, causal=True, page_size=64, kv_lora_rank=512)
+    return Problem(entry="mla", dtype="bfloat16", batch=batch, q_len=1, kv_len=kv_len, heads_q=heads_q, heads_kv=1,
+                   head_dim=576, causal=True, page_size=64, kv_lora_rank=512)
 
 
 def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):

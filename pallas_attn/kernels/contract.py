@@ -14,9 +14,19 @@ Calling convention of the entry functions (``dense`` / ``paged``), on validated 
   return_lse, check_block_table)``: pools ``[num_blocks, page, Hkv, D]``, int32 ``block_table [B, P]`` and
   ``kv_lens [B]``, ``q_offset`` int32 ``[B]`` (the API defaults it to ``kv_lens - Tq``).
 
-Both return ``out [B, Tq, Hq, D]`` (q's dtype) or, with ``return_lse``, ``(out, lse)`` with ``lse`` float32
-``[B, Hq, Tq]``: the natural-log log-sum-exp of the scaled scores over the visible keys (-inf where none).
-Causal is top-left with an offset everywhere: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``.
+* ``mla(q, latent_pool, block_table, kv_lens, *, kv_lora_rank, causal, scale, q_offset, interpret, config,
+  return_lse, check_block_table)``: absorbed ``q [B, Tq, Hq, DQK]``, one latent head ``[num_blocks, page, 1, DQK]``
+  (plain or quantized), the values its first ``kv_lora_rank`` columns (docs/mla.md).
+
+They return ``out [B, Tq, Hq, D]`` (q's dtype; MLA: ``D = kv_lora_rank``) or, with ``return_lse``, ``(out, lse)`` with
+``lse`` float32 ``[B, Hq, Tq]``: the natural-log log-sum-exp of the scaled scores over the visible keys (-inf where
+none). Causal is top-left with an offset everywhere: key ``j`` is visible to query ``i`` iff ``j <= i + q_offset``.
+
+One ``Problem`` type and one ``Kernel`` type serve every entry (issue 26, item 2). The fields that only one entry
+reads are declared with a neutral default and checked against the entry: ``Problem.kv_lora_rank`` and the kernel's
+``mla`` / ``templates`` / ``latent_precision`` / ``latent_q_dtypes`` / ``min_page`` belong to the "mla" entry;
+``kv_precision`` / ``quantized_q_dtypes`` to the "quantized" one. A kernel's own refusals beyond the generic checks
+are a declared ``limits`` function, which ``Kernel.supports`` consults; no kernel subclasses the contract.
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ class Problem:
 
     ``kv_len`` is the longest sequence a program may have to read: dense ``Tk``, paged
     ``pages_per_seq * page_size``. ``kv_dtype`` is the KV storage format (None: the q dtype).
+
+    The "mla" entry (``pallas_attn.mla.problem_mla``): ``heads_kv=1`` (the latent), ``head_dim=DQK``, ``kv_dtype``
+    the latent's storage format (None for a plain fp16/bf16 latent) and ``kv_lora_rank`` the value width DV (None: the
+    kernel's template for DQK). ``kv_lora_rank`` means nothing to the other entries, which refuse it.
     """
 
     entry: str
@@ -53,12 +67,16 @@ class Problem:
     causal: bool = False
     page_size: int | None = None
     kv_dtype: str | None = None
+    kv_lora_rank: int | None = None  # the "mla" entry's value width DV only
 
     def __post_init__(self) -> None:
         if self.entry not in ENTRIES:
             raise ValueError(f"Problem.entry must be one of {ENTRIES}; got {self.entry!r}")
         if min(self.batch, self.q_len, self.heads_q, self.heads_kv, self.head_dim) < 1 or self.kv_len < 0:
             raise ValueError(f"Problem sizes must be positive: {self}")
+        if self.kv_lora_rank is not None and self.entry != "mla":
+            raise ValueError(f"Problem.kv_lora_rank is the 'mla' entry's value width (DV); the {self.entry!r} entry "
+                             f"takes none: got kv_lora_rank={self.kv_lora_rank}")
 
     @property
     def group(self) -> int:
@@ -102,7 +120,12 @@ def _no_plan(problem: Problem, config: Any) -> Mapping[str, Any]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Kernel:
-    """One Pallas kernel's declaration. See the module docstring for the entry calling convention."""
+    """One Pallas kernel's declaration, for every entry. See the module docstring for the entry calling convention.
+
+    A kernel of the "mla" entry serves that entry alone, through ``mla``; ``templates``: the (DQK, DV) pairs it takes;
+    ``latent_precision``: quantized latent format -> how it computes on it; ``latent_q_dtypes``: format -> the q dtypes
+    it takes with that format; ``min_page``: the smallest page it reads. ``limits``: a kernel's own refusals (problem
+    -> ``(ok, reason)``), asked once the generic checks of ``supports`` pass."""
 
     name: str
     lowering: str
@@ -137,6 +160,14 @@ class Kernel:
     kv_precision: Mapping[str, Precision] = dataclasses.field(default_factory=dict)
     quantized_q_dtypes: tuple[str, ...] = ("float16",)
     kv_dequant_ops: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # the "mla" entry (see the class docstring): its function, templates, latent formats and smallest page
+    mla: Callable[..., Any] | None = None
+    templates: tuple[tuple[int, int], ...] = ()
+    latent_precision: Mapping[str, Precision] = dataclasses.field(default_factory=dict)
+    latent_q_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    min_page: int = 1
+    # problem -> (ok, reason): refusals of this kernel's own beyond the generic checks (None: none)
+    limits: Callable[[Problem], tuple[bool, str]] | None = None
 
     def __post_init__(self) -> None:
         if self.lowering not in LOWERINGS:
@@ -146,6 +177,8 @@ class Kernel:
         object.__setattr__(self, "precision", MappingProxyType(dict(self.precision)))
         object.__setattr__(self, "kv_precision", MappingProxyType(dict(self.kv_precision)))
         object.__setattr__(self, "kv_dequant_ops", MappingProxyType(dict(self.kv_dequant_ops)))
+        object.__setattr__(self, "latent_precision", MappingProxyType(dict(self.latent_precision)))
+        object.__setattr__(self, "latent_q_dtypes", MappingProxyType(dict(self.latent_q_dtypes)))
         if ("quantized" in self.entries) != bool(self.kv_precision):
             raise ValueError(f"{self.name}: serves 'quantized' iff it declares kv_precision")
         if not self.entries or not self.entries <= set(ENTRIES):
@@ -163,11 +196,25 @@ class Kernel:
             raise ValueError(f"{self.name}: passes must be the pallas_call names pallas_attn_<...>")
         if self.materializes_s and self.s_tile is None:
             raise ValueError(f"{self.name}: a kernel that materializes S must declare s_tile")
+        if ("mla" in self.entries or self.mla is not None) and (self.entries != frozenset({"mla"}) or self.mla is None):
+            raise ValueError(f"{self.name}: an MLA kernel serves the 'mla' entry through its mla function")
+        if "mla" not in self.entries:
+            extra = [n for n, v in (("templates", self.templates), ("latent_precision", self.latent_precision),
+                                    ("latent_q_dtypes", self.latent_q_dtypes), ("min_page", self.min_page != 1)) if v]
+            if extra:
+                raise ValueError(f"{self.name}: {', '.join(extra)} are the 'mla' entry's; the kernel does not serve it")
 
     # ------------------------------------------------------------------------------------------------------
 
     def supports(self, p: Problem) -> tuple[bool, str]:
-        """``(True, "")`` or ``(False, reason)`` naming what is supported."""
+        """``(True, "")`` or ``(False, reason)`` naming what is supported: the generic checks of the problem's entry
+        (``_supports_mla`` for "mla"), then the kernel's own ``limits``."""
+        ok, why = self._supports_mla(p) if "mla" in self.entries else self._supports_generic(p)
+        if ok and self.limits is not None:
+            return self.limits(p)
+        return ok, why
+
+    def _supports_generic(self, p: Problem) -> tuple[bool, str]:
         if p.entry not in self.entries:
             return False, f"{self.name} serves {sorted(self.entries)}, not the {p.entry!r} entry"
         if p.dtype not in self.dtypes:
@@ -187,6 +234,37 @@ class Kernel:
             return False, f"{self.name} is MHA (Hq == Hkv) as in the reference; got Hq={p.heads_q}, Hkv={p.heads_kv}"
         if self.max_q_len is not None and p.q_len > self.max_q_len:
             return False, f"{self.name} is a decode kernel for Tq <= {self.max_q_len}; got Tq={p.q_len}"
+        return True, ""
+
+    def template_dv(self, dqk: int) -> int | None:
+        """The "mla" entry: the value width of the kernel's (DQK, DV) template for ``dqk`` (None: no template)."""
+        return next((dv for d, dv in self.templates if d == dqk), None)
+
+    def _supports_mla(self, p: Problem) -> tuple[bool, str]:
+        if p.entry != "mla":
+            return False, f"{self.name} serves the 'mla' entry (pallas_attn.mla_attention), not {p.entry!r}"
+        if p.heads_kv != 1:
+            return False, f"{self.name}: the latent has one head (MQA over the latent); got {p.heads_kv} KV heads"
+        dv = p.kv_lora_rank or self.template_dv(p.head_dim)
+        if (p.head_dim, dv) not in self.templates:
+            return False, (f"{self.name} takes (DQK, kv_lora_rank) templates {list(self.templates)}; got "
+                           f"({p.head_dim}, {dv})")
+        fmt = p.kv_dtype
+        if fmt in (None, p.dtype):
+            if p.dtype not in self.dtypes:
+                return False, (f"{self.name} takes q and a plain latent in {self.dtypes}; got {p.dtype} "
+                               f"(quantized latents: {sorted(self.latent_precision) or 'none'})")
+        else:
+            if fmt not in self.latent_precision:
+                return False, (f"{self.name} reads latents in {list(self.dtypes)} or the formats "
+                               f"{sorted(self.latent_precision) or '(none)'}; got latent format {fmt}")
+            if p.dtype not in self.latent_q_dtypes.get(fmt, ()):
+                return False, (f"{self.name} takes q dtypes {self.latent_q_dtypes.get(fmt)} with a {fmt} latent; "
+                               f"got {p.dtype}")
+        if self.max_q_len is not None and p.q_len > self.max_q_len:
+            return False, f"{self.name} is a decode kernel for Tq <= {self.max_q_len}; got Tq={p.q_len}"
+        if p.page_size is not None and p.page_size < self.min_page:
+            return False, f"{self.name} needs page_size >= {self.min_page}; got {p.page_size}"
         return True, ""
 
     def default_config_name(self) -> str:
@@ -215,6 +293,11 @@ class Kernel:
             raise NotImplementedError(f"{self.name} takes dtypes {self.dtypes}; got {dtype}") from None
 
     def roofline(self, p: Problem, config: Any = None) -> RooflineInputs:
+        if "mla" in self.entries:  # the latent's storage precision; MLA kernels stream S, never materialize it
+            prec = self.latent_precision.get(p.kv_dtype) or self.precision_for(p.dtype)
+            return RooflineInputs(precision=prec.operand, materialize_s=False, tile=(1, 1),
+                                  tensor_cores=prec.engine == "tensor",
+                                  dequant_ops=float(self.kv_dequant_ops.get(p.kv_dtype or "", 0.0)))
         prec = self.precision_for(p.dtype)
         ops = 0.0
         if p.entry == "quantized" and p.kv_dtype in self.kv_precision:
@@ -233,4 +316,6 @@ class Kernel:
             "max_q_len": self.max_q_len, "materializes_s": self.materializes_s,
             "precision": {k: dataclasses.asdict(v) for k, v in self.precision.items()},
             "kv_precision": {k: dataclasses.asdict(v) for k, v in self.kv_precision.items()},
-        }
+        } | ({"templates": [list(t) for t in self.templates],
+              "latent_precision": {k: dataclasses.asdict(v) for k, v in self.latent_precision.items()}}
+             if "mla" in self.entries else {})

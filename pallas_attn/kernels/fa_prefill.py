@@ -213,10 +213,9 @@ def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig
     return dataclasses.replace(cfg, tiles=NARROW_WINDOW_TILES)
 
 
-def _supports(p: Problem, base) -> tuple[bool, str]:
-    ok, why = base(p)
-    if not ok:
-        return ok, why
+def _limits(p: Problem) -> tuple[bool, str]:
+    """This kernel's own refusals (``Kernel.limits``, asked after the contract's generic checks pass): the group
+    divisibility, at least one key, the shared memory of the config it would run."""
     if p.heads_q % p.heads_kv:
         return False, f"{GEN}: Hq must be a multiple of Hkv; got Hq={p.heads_q}, Hkv={p.heads_kv}"
     if p.kv_len < 1:
@@ -1049,14 +1048,7 @@ def launches(s, plan: Mapping[str, Any], names: list[str], hw=None, cfg=None) ->
 
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
 
-class _PrefillKernel(Kernel):
-    """The contract, plus this kernel's own limits (group divisibility, a key, shared memory)."""
-
-    def supports(self, p: Problem) -> tuple[bool, str]:
-        return _supports(p, super().supports)
-
-
-KERNEL = _PrefillKernel(
+KERNEL = Kernel(
     name=GEN,
     lowering="mosaic-gpu",
     passes=PASS_NAMES,
@@ -1072,4 +1064,5 @@ KERNEL = _PrefillKernel(
     heuristic=_heuristic,
     plan=_plan,
     launches=launches,
+    limits=_limits,
 )

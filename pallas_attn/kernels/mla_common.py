@@ -1,13 +1,15 @@
-"""What the MLA kernels (v11_mla, v12_mla_tc) share: the problem, the contract, the latent tile, the partial skeleton.
+"""What the MLA kernels (v11_mla, v12_mla_tc) share: the latent tile, the partial skeleton.
 
 MLA decode after weight absorption (docs/reference.md §2.16, docs/mla.md) is MQA over one latent head: each token
 stores one vector of width ``DQK = kv_lora_rank (DV) + rope_dim (R)``; the scores are ``q . latent`` over all DQK
 columns and the values are the latent's first DV columns. So one latent tile serves both K and V.
 
-* ``MlaProblem``: the contract's ``Problem`` plus ``kv_lora_rank`` (DV); ``entry="mla"``, ``heads_kv=1``,
-  ``head_dim=DQK``, ``kv_dtype`` the latent's storage format (None for a plain fp16/bf16 latent).
-* ``MlaKernel``: the contract's ``Kernel`` plus the ``mla`` entry function, the latent formats it reads (with their
-  precision, the roofline's operand) and the (DQK, DV) templates it accepts.
+The problem and the contract are the contract's own (``kernels/contract.py``): a ``Problem`` of ``entry="mla"``
+carries ``kv_lora_rank`` (DV), ``heads_kv=1``, ``head_dim=DQK`` and ``kv_dtype`` the latent's storage format; a
+``Kernel`` serving "mla" declares its ``mla`` function, the (DQK, DV) ``templates`` it accepts and the latent formats
+it reads (``latent_precision``, ``latent_q_dtypes``). (``MlaProblem``, a subclass adding
+``kv_lora_rank``, is gone: issue 26, item 2.)
+
 * ``LatentSource``: the in-kernel loader. A tile of ``tn`` keys of sequence ``b`` is read through the block table
   (one table read and a contiguous slice when a page holds the tile, else one table read per key), in column
   chunks of ``cw`` (64) columns for the DV part and one chunk of R columns for the rope part (Triton tensors are
@@ -25,9 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,84 +36,13 @@ import numpy as np
 from .. import _compat, quant
 from .._compat import pl
 from . import gqa, splitkv
-from .contract import Kernel, Precision, Problem, RooflineInputs
 from .kv_source import NVFP4_FOLD, e4m3_tile, nvfp4_tile, validate_block_table
 
-__all__ = ["MlaProblem", "MlaKernel", "LatentLayout", "LatentSource", "latent_storage", "table_poison", "run",
+__all__ = ["LatentLayout", "LatentSource", "latent_storage", "table_poison", "run",
            "Geometry", "FORMATS", "CHUNK"]
 
 CHUNK = 64  # columns per loaded chunk of the latent's DV part
 FORMATS = ("fp8_e4m3", "nvfp4")  # quantized latent storage formats (pallas_attn.quant.kv_format names)
-
-
-@dataclasses.dataclass(frozen=True)
-class MlaProblem(Problem):
-    """A ``Problem`` of the ``mla`` entry, with the value width ``kv_lora_rank`` (DV; None: the template's)."""
-
-    kv_lora_rank: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class MlaKernel(Kernel):
-    """A kernel of the ``mla`` entry. ``mla(q, latent_pool, block_table, kv_lens, *, kv_lora_rank, causal, scale,
-    q_offset, interpret, config, return_lse)`` on validated inputs; ``templates``: the (DQK, DV) pairs it takes;
-    ``latent_precision``: quantized latent format -> how it computes on it; ``latent_q_dtypes``: format -> the q
-    dtypes it takes with that format."""
-
-    mla: Callable[..., Any] | None = None
-    templates: tuple[tuple[int, int], ...] = ()
-    latent_precision: Mapping[str, Precision] = dataclasses.field(default_factory=dict)
-    latent_q_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    min_page: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "latent_precision", MappingProxyType(dict(self.latent_precision)))
-        object.__setattr__(self, "latent_q_dtypes", MappingProxyType(dict(self.latent_q_dtypes)))
-        if self.entries != frozenset({"mla"}) or self.mla is None:
-            raise ValueError(f"{self.name}: an MLA kernel serves the 'mla' entry through its mla function")
-
-    def template_dv(self, dqk: int) -> int | None:
-        return next((dv for d, dv in self.templates if d == dqk), None)
-
-    def supports(self, p: Problem) -> tuple[bool, str]:
-        if p.entry != "mla":
-            return False, f"{self.name} serves the 'mla' entry (pallas_attn.mla_attention), not {p.entry!r}"
-        if p.heads_kv != 1:
-            return False, f"{self.name}: the latent has one head (MQA over the latent); got {p.heads_kv} KV heads"
-        dv = getattr(p, "kv_lora_rank", None) or self.template_dv(p.head_dim)
-        if (p.head_dim, dv) not in self.templates:
-            return False, (f"{self.name} takes (DQK, kv_lora_rank) templates {list(self.templates)}; got "
-                           f"({p.head_dim}, {dv})")
-        fmt = p.kv_dtype
-        if fmt in (None, p.dtype):
-            if p.dtype not in self.dtypes:
-                return False, (f"{self.name} takes q and a plain latent in {self.dtypes}; got {p.dtype} "
-                               f"(quantized latents: {sorted(self.latent_precision) or 'none'})")
-        else:
-            if fmt not in self.latent_precision:
-                return False, (f"{self.name} reads latents in {list(self.dtypes)} or the formats "
-                               f"{sorted(self.latent_precision) or '(none)'}; got latent format {fmt}")
-            if p.dtype not in self.latent_q_dtypes.get(fmt, ()):
-                return False, (f"{self.name} takes q dtypes {self.latent_q_dtypes.get(fmt)} with a {fmt} latent; "
-                               f"got {p.dtype}")
-        if self.max_q_len is not None and p.q_len > self.max_q_len:
-            return False, f"{self.name} is a decode kernel for Tq <= {self.max_q_len}; got Tq={p.q_len}"
-        if p.page_size is not None and p.page_size < self.min_page:
-            return False, f"{self.name} needs page_size >= {self.min_page}; got {p.page_size}"
-        return True, ""
-
-    def roofline(self, p: Problem, config: Any = None) -> RooflineInputs:
-        prec = self.latent_precision.get(p.kv_dtype) or self.precision_for(p.dtype)
-        return RooflineInputs(precision=prec.operand, materialize_s=False, tile=(1, 1),
-                              tensor_cores=prec.engine == "tensor",
-                              dequant_ops=float(self.kv_dequant_ops.get(p.kv_dtype or "", 0.0)))
-
-    def describe(self) -> dict[str, Any]:
-        d = super().describe()
-        d["templates"] = [list(t) for t in self.templates]
-        d["latent_precision"] = {k: dataclasses.asdict(v) for k, v in self.latent_precision.items()}
-        return d
 
 
 # --------------------------------------------------------------------------------------------------------

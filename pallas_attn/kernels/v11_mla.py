@@ -38,8 +38,8 @@ from .. import _compat
 from . import common as c
 from . import launches as _l
 from . import softmax
-from .contract import Precision
-from .mla_common import MlaKernel, MlaProblem, run, visible
+from .contract import Kernel, Precision, Problem
+from .mla_common import run, visible
 
 __all__ = ["MlaConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES"]
 
@@ -137,7 +137,7 @@ def mla_forward(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, caus
                check_block_table=check_block_table)
 
 
-def _plan(p: MlaProblem, cfg: MlaConfig) -> dict:
+def _plan(p: Problem, cfg: MlaConfig) -> dict:
     rows = p.heads_q * p.q_len
     s, chunk = cfg.splits(batch=p.batch, rows=rows, n_k=p.kv_len)
     return {"splits": s, "chunk": chunk, "num_sm": cfg.num_sm or _compat.device_sm_count(),
@@ -181,7 +181,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
     return out
 
 
-KERNEL = MlaKernel(
+KERNEL = Kernel(
     name=GEN,
     lowering="triton",
     passes=(f"pallas_attn_{GEN}_partial", f"pallas_attn_{GEN}_merge"),

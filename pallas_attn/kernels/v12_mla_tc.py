@@ -121,13 +121,11 @@ from .. import _compat, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, splitkv
-from .contract import Precision
+from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, kv_bytes, kv_tokens, mla_dims, xla_glue
 from .mla_common import (
     LatentLayout,
     LatentSource,
-    MlaKernel,
-    MlaProblem,
     latent_storage,
     table_poison,
     validate_table_eagerly,
@@ -298,7 +296,7 @@ def _align(nbytes: int, to: int = 1024) -> int:
     return -(-nbytes // to) * to
 
 
-def _heuristic(p: MlaProblem) -> MlaTcConfig:
+def _heuristic(p: Problem) -> MlaTcConfig:
     if p.kv_dtype not in (None, p.dtype):  # a quantized latent: the twin decodes it at the gather
         return CONFIGS["triton"]
     # this GPU's table (pallas_attn/tuning, made from the model-shape sweep), else the reference's plan
@@ -1278,10 +1276,10 @@ def mla_forward(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, caus
                     interpret=bool(interpret), return_lse=bool(return_lse), check=bool(check_block_table))
 
 
-def _plan(p: MlaProblem, cfg: MlaTcConfig) -> dict:
+def _plan(p: Problem, cfg: MlaTcConfig) -> dict:
     rows = p.heads_q * p.q_len
     s, chunk = cfg.splits(batch=p.batch, rows=rows, n_k=p.kv_len)
-    dv = getattr(p, "kv_lora_rank", None) or dict(TEMPLATES).get(p.head_dim, 0)
+    dv = p.kv_lora_rank or dict(TEMPLATES).get(p.head_dim, 0)
     out = {"engine": cfg.engine, "splits": s, "chunk": chunk, "block_m": BLOCK_M, "block_kv": cfg.block_kv,
            "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch, "merge": "splitkv.merge_jnp"}
     if cfg.engine == "mosaic":
@@ -1348,7 +1346,7 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
     return out
 
 
-KERNEL = MlaKernel(
+KERNEL = Kernel(
     name=GEN,
     lowering="mosaic-gpu",
     passes=PASS_NAMES,

@@ -42,7 +42,7 @@ _HERE = Path(__file__).parent
 
 
 def bucket(kernel: str, problem: Any) -> dict[str, Any]:
-    """The bucket values of ``problem`` (a kernels.contract.Problem or MlaProblem) for ``kernel``'s table."""
+    """The bucket values of ``problem`` (a kernels.contract.Problem) for ``kernel``'s table."""
     exact, numeric = KEYS[kernel]
     vals = {"dtype": problem.dtype, "kv_dtype": getattr(problem, "kv_dtype", None), "head_dim": problem.head_dim,
             "causal": bool(problem.causal), "paged": getattr(problem, "page_size", None) is not None,
