@@ -41,6 +41,24 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture
+def fake_gpu_clocks(monkeypatch):
+    """compare's GPU timing without a GPU: ``install(kernels)`` puts ``kernels(fn, args, **kw) -> Timing`` in place of
+    ``compare.timing.time_kernels``; the e2e and pipelined clocks read 4 / 5 / 6 us and syncing is a no-op."""
+    from compare import runner, timing
+
+    def wall(fn, args, **kw):
+        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
+
+    def install(kernels):
+        monkeypatch.setattr(timing, "time_kernels", kernels)
+        monkeypatch.setattr(timing, "time_e2e", wall)
+        monkeypatch.setattr(timing, "time_pipelined", wall)
+        monkeypatch.setattr(runner, "_sync_for", lambda framework: lambda _: None)
+
+    return install
+
+
 def _gpu_present() -> bool:
     try:
         import jax

@@ -332,7 +332,7 @@ def test_torch_train_program_on_the_cpu(kw):
         train.split_output((out, grads))
 
 
-def test_the_runner_times_a_torch_train_step_on_cuda_events(monkeypatch, tmp_path):
+def test_the_runner_times_a_torch_train_step_on_cuda_events(monkeypatch, tmp_path, fake_gpu_clocks):
     """A torch training step (``Prepared.clock = "events"``, compare.train.torch_step) is timed by the runner with CUDA
     events, not the Mosaic CUPTI collector, which does not see the kernels torch's autograd thread launches; a program
     that names no clock keeps the requested one. The record says which clock ran and why."""
@@ -346,13 +346,7 @@ def test_the_runner_times_a_torch_train_step_on_cuda_events(monkeypatch, tmp_pat
         clock = "cuda-events" if kw["clock"] == "events" else "cupti:mosaic"
         return timing.Timing((1.0, 2.0, 3.0), clock, True, (), requested=clock)
 
-    def fake_wall(fn, args, **kw):
-        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
-
-    monkeypatch.setattr(timing, "time_kernels", fake_kernels)
-    monkeypatch.setattr(timing, "time_e2e", fake_wall)
-    monkeypatch.setattr(timing, "time_pipelined", fake_wall)
-    monkeypatch.setattr(runner, "_sync_for", lambda framework: lambda _: None)
+    fake_gpu_clocks(fake_kernels)
     opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / "out"), reps=3, warmup=0, e2e_reps=1,
                              budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
                              no_ceilings=True, quiet=True, argv=[])

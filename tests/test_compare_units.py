@@ -446,7 +446,7 @@ def test_multi_device_fractions_are_against_the_aggregate_ceiling(tmp_path):
     assert got[4]["tc_fraction"] == pytest.approx(got[1]["tc_fraction"] / 4) and "x 4 GPUs" in got[4]["hbm_ceiling"]
 
 
-def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path):
+def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path, fake_gpu_clocks):
     """``--rounds N`` (the sweep's bimodal clock states, docs/compare.md): every pair runs to its agreement first, then
     the kernel-clock samples are taken round-robin, N rounds of ~reps / N each, so each implementation's samples see
     the same stretch of the run; the record keeps every sample, the clock and a note, in the implementations' order.
@@ -466,13 +466,7 @@ def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path):
             out.append(float(tick["t"]))
         return timing.Timing(tuple(out), "cupti:mosaic", True, (), requested="cupti:mosaic")
 
-    def fake_wall(fn, args, **kw):
-        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
-
-    monkeypatch.setattr(timing, "time_kernels", fake_kernels)
-    monkeypatch.setattr(timing, "time_e2e", fake_wall)
-    monkeypatch.setattr(timing, "time_pipelined", fake_wall)
-    monkeypatch.setattr(runner, "_sync_for", lambda framework: lambda _: None)
+    fake_gpu_clocks(fake_kernels)
     w = Workload(name="t_rounds", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
                  head_dim=64, dtype="float32", causal=True, seed=1)
     names = ["jax:xla", "pallas:v4_fused:faithful"]
