@@ -50,6 +50,9 @@ DENSE = [
     (2, 1, 4, 1, 64, 1, "float16", False, 0, fd.DecodeConfig(block_k=16)),  # Tk = 1
     (1, 4, 16, 1, 128, 70, "bfloat16", True, 66, fd.DecodeConfig(block_k=32, block_m_max=16)),  # 4 row tiles
     (1, 1, 4, 2, 256, 300, "float16", False, 0, fd.CONFIGS["default"]),  # heuristic plan (132 SMs)
+    # D 96 (Phi-3; session 16): 128-column tiles, the last 32 masked to zero; MHA with a merge, GQA without one
+    (2, 1, 4, 4, 96, 300, "bfloat16", True, 299, fd.DecodeConfig(block_k=32, splits=3)),
+    (1, 4, 8, 2, 96, 90, "float16", True, 86, fd.DecodeConfig(block_k=16, splits=1)),
 ]
 
 
@@ -88,6 +91,8 @@ PAGED = [
     (2, 4, 16, 2, 128, [300, 257], 256, "float16", True, fd.DecodeConfig(block_k=64)),  # G=8, heuristic split
     (1, 1, 4, 2, 128, [5], 256, "float16", False, fd.CONFIGS["default"]),
     (2, 1, 4, 2, 64, [0, 9], 8, "float16", False, fd.DecodeConfig(block_k=16)),  # kv_len = 0: output 0
+    (2, 1, 4, 4, 96, [70, 33], 16, "bfloat16", True, fd.DecodeConfig(block_k=32)),  # D 96, per-key gather
+    (2, 1, 8, 2, 96, [130, 64], 64, "float16", False, fd.DecodeConfig(block_k=64, splits=2)),  # D 96, page = tile
 ]
 
 
@@ -206,7 +211,7 @@ def test_public_api_dense_and_paged_under_jit(rng):
 
 def test_registry_row_is_built_and_declares_its_dataflow():
     k = registry.kernel("fa_decode")
-    assert k is fd.KERNEL and k.gqa and k.max_q_len == 16 and set(k.head_dims) == {64, 128, 256}
+    assert k is fd.KERNEL and k.gqa and k.max_q_len == 16 and set(k.head_dims) == {64, 96, 128, 256}
     assert k.lowering == "triton" and k.entries == {"dense", "paged", "quantized"}  # tests/test_fa_decode_quant.py
     assert k.passes == ("pallas_attn_fa_decode_partial", "pallas_attn_fa_decode_merge")
 
@@ -235,8 +240,8 @@ def test_config_validation(kw):
 
 
 def test_unsupported_inputs_name_what_is_supported(rng):
-    q, k = _arr(rng, (1, 1, 4, 96), "float16"), _arr(rng, (1, 8, 2, 96), "float16")
-    with pytest.raises(NotImplementedError, match="64, 128, 256"):
+    q, k = _arr(rng, (1, 1, 4, 80), "float16"), _arr(rng, (1, 8, 2, 80), "float16")  # D 96 is taken (session 16)
+    with pytest.raises(NotImplementedError, match="64, 96, 128, 256"):
         pallas_attn.attention(q, k, k, generation="fa_decode", interpret=True)
     q, k = _arr(rng, (1, 17, 4, 64), "float16"), _arr(rng, (1, 32, 2, 64), "float16")
     with pytest.raises(NotImplementedError, match="Tq <= 16"):
@@ -338,3 +343,30 @@ def test_default_decode_routes_to_fa_decode_and_keeps_its_gradient(hq, hkv, tq):
     with pytest.raises(NotImplementedError, match="'fa_decode' has no backward"):
         jax.grad(lambda q: jnp.sum(pallas_attn.attention(q, k, v, causal=True, q_offset=off, interpret=True,
                                                          generation="fa_decode").astype(jnp.float32)))(q)
+
+
+def test_head_dim_96_tiles_pad_to_128_and_quantized_refuses(rng):
+    """D 96 (Phi-3-mini: 32 heads, MHA): fa_decode loads 128-column tiles with the 32 columns past D masked to zero,
+    and cuts the output back to 96; the LSE is the oracle's. It lowers to Triton for CUDA (power-of-two tiles); the
+    default routes Phi-3's decode to it; a quantized cache at D 96 is refused by name, in ``supports`` too."""
+    from pallas_attn import api, quant
+    from pallas_attn.kernels.contract import Problem
+
+    b, tq, hq, hkv, d, tk = 1, 1, 8, 8, 96, 200
+    q, k, v = _qkv(rng, b, tq, hq, hkv, d, tk, "bfloat16")
+    out, lse = pallas_attn.attention(q, k, v, causal=True, q_offset=tk - 1, interpret=True, return_lse=True)
+    ref, ref_lse = reference.attention_reference(q, k, v, causal=True, q_offset=tk - 1)
+    assert out.shape == (b, tq, hq, d) and _rel(out, ref) < TOL["bfloat16"]
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=0, atol=1e-4)
+    assert api.default_generation(api.problem_dense(q, k, causal=True)) == "fa_decode"
+    text = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, causal=True, q_offset=tk - 1, interpret=False)).trace(
+        q, k, v).lower(lowering_platforms=("cuda",)).as_text()
+    assert "pallas_attn_fa_decode_partial" in text
+    assert fd.tile_width(96) == 128 and [fd.tile_width(x) for x in (64, 128, 256)] == [64, 128, 256]
+    ok, why = fd.KERNEL.supports(Problem(entry="quantized", dtype="float16", batch=1, q_len=1, kv_len=64, heads_q=8,
+                                         heads_kv=8, head_dim=96, kv_dtype="fp8_e4m3"))
+    assert not ok and "quantized KV at head dims (64, 128, 256); got D=96" in why
+    kq, vq = quant.quantize_fp8_e4m3(k.astype(jnp.float16)), quant.quantize_fp8_e4m3(v.astype(jnp.float16))
+    with pytest.raises(NotImplementedError, match="quantized KV at head dims"):
+        pallas_attn.attention(q.astype(jnp.float16), kq, vq, causal=True, q_offset=tk - 1, generation="fa_decode",
+                              interpret=True)

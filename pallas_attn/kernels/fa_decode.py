@@ -69,6 +69,24 @@ __all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forwar
 GEN = "fa_decode"
 
 
+# D 96 (Phi-3): tiles of 128 columns, the last 32 masked to zero (session 16); 16-bit KV only
+HEAD_DIMS = (64, 96, 128, 256)
+QUANT_HEAD_DIMS = (64, 128, 256)
+
+
+def tile_width(d: int) -> int:
+    """Columns of fa_decode's q / K / V / output tiles for head dim ``d`` (``KVLayout.tile_d``): D rounded up to a
+    power of two."""
+    return KVLayout(paged=False, block_k=16, d=d).tile_d
+
+
+def _limits(p: Problem) -> tuple[bool, str]:
+    """fa_decode's own refusal beyond the contract's checks: quantized KV at a head dim it does not read."""
+    if p.kv_dtype is not None and p.kv_dtype != p.dtype and p.head_dim not in QUANT_HEAD_DIMS:
+        return False, f"fa_decode reads quantized KV at head dims {QUANT_HEAD_DIMS}; got D={p.head_dim}"
+    return True, ""
+
+
 def _is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
@@ -163,7 +181,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     bt_ref, lens_ref = (next(it), next(it)) if lay.paged else (None, None)
     off_ref = next(it) if causal else None
     out_refs = list(it)
-    bm, bk, d = p.block_m, p.block_k, lay.d
+    bm, bk, d = p.block_m, p.block_k, lay.tile_d  # tile columns: D, or D 96 padded to 128 (zeros past D)
 
     pid = pl.program_id(0)
     t = pid % p.row_tiles
@@ -273,7 +291,7 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         w = jnp.exp(lse - tot)  # 0 for a row with no visible key (lse -inf)
         out = (out.astype(jnp.float32) * jnp.transpose(w, (0, 2, 1))[..., None]).astype(out.dtype)
         return (out, tot) if return_lse else out
-    d = lay.d
+    d = lay.tile_d  # D 96: q padded with zero columns to 128, the output cut back to 96 after the merge
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
@@ -283,7 +301,10 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         softcap=softcap)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
-    args = (gqa.pack_q(q, hkv), k2, v2, *quant_args, *extra)
+    qp = gqa.pack_q(q, hkv)
+    if d != lay.d:
+        qp = jnp.pad(qp, ((0, 0), (0, d - lay.d)))
+    args = (qp, k2, v2, *quant_args, *extra)
     if p.splits == 1:
         shapes = [jax.ShapeDtypeStruct((n_rows, d), q.dtype)]
         if return_lse:
@@ -301,6 +322,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         res = splitkv.merge(o_part, lse_part, out_dtype=q.dtype, interpret=interpret, name=f"pallas_attn_{GEN}_merge",
                             block=config.merge_block, num_warps=config.merge_num_warps, return_lse=return_lse)
         o, lse = res if return_lse else (res, None)
+    if d != lay.d:
+        o = o[:, :lay.d]
     out = gqa.unpack_o(o, b, tq, hq, hkv)
     return (out, gqa.unpack_lse(lse, b, tq, hq)) if return_lse else out
 
@@ -323,6 +346,8 @@ def _check_quantized(q, k, v) -> None:
     fk, fv = quant.kv_format(k), quant.kv_format(v)
     if fk != fv:
         raise ValueError(f"k and v must be stored alike (both fp16, both fp8_e4m3 or both nvfp4); got {fk}, {fv}")
+    if fk is not None and q.shape[-1] not in QUANT_HEAD_DIMS:
+        raise NotImplementedError(f"fa_decode reads quantized KV at head dims {QUANT_HEAD_DIMS}; got D={q.shape[-1]}")
     if fk is not None and jnp.dtype(q.dtype).name not in KERNEL.quantized_q_dtypes:
         raise NotImplementedError(f"fa_decode reads quantized KV with {' or '.join(KERNEL.quantized_q_dtypes)} q "
                                   f"(tiles decode exactly to fp16, then to q's dtype); got "
@@ -336,8 +361,9 @@ def _check_common(q, hkv: int, d_kv: int, dtype) -> None:
     if jnp.dtype(q.dtype).name not in ("float16", "bfloat16") or jnp.dtype(dtype) != jnp.dtype(q.dtype):
         raise NotImplementedError(f"fa_decode takes float16 or bfloat16 q and KV of the same dtype; got "
                                   f"{q.dtype=}, kv dtype={jnp.dtype(dtype).name}")
-    if d not in (64, 128, 256) or d_kv != d:
-        raise NotImplementedError(f"fa_decode supports head dims 64, 128, 256 (same for q and KV); got {d=}, {d_kv=}")
+    if d not in HEAD_DIMS or d_kv != d:
+        raise NotImplementedError(f"fa_decode supports head dims {', '.join(map(str, HEAD_DIMS))} (same for q and KV); "
+                                  f"got {d=}, {d_kv=}")
     if hq % hkv:
         raise ValueError(f"Hq must be a multiple of Hkv; got Hq={hq}, Hkv={hkv}")
     if not 1 <= tq <= 16:
@@ -360,7 +386,7 @@ def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, r
     _, tk, hkv, dk = k.shape
     _check_quantized(q, k, v)
     _check_common(q, hkv, dk, getattr(k, "dtype", None))
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=_band(tk, tq, window), config=config)
+    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(tk, tq, window), config=config)
     fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
     lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro)
     extra = (q_offset,) if causal else ()
@@ -376,7 +402,7 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, cau
     b, tq, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     pages_per_seq = block_table.shape[1]
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, max_kv=_band(pages_per_seq * page, tq, window),
+    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(pages_per_seq * page, tq, window),
              config=config, page_size=page)
     fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
@@ -439,7 +465,8 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
 
 
 def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
-    return plan(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len, d=problem.head_dim,
+    return plan(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
+                d=tile_width(problem.head_dim),
                 max_kv=problem.kv_len, config=config, page_size=problem.page_size).as_dict()
 
 
@@ -468,7 +495,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     band = tk
     if s.window and s.causal:  # the kernel's splits tile only the window's band (session 11): plan it so
         band = _band(tk, tq, s.window)
-        lp = plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=d, max_kv=band,
+        lp = plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=tile_width(d), max_kv=band,
                   config=cfg or CONFIGS["default"], page_size=s.page_size, sm_count=hw.num_sm).as_dict()
         band = min(tk, s.window + tq - 1 + lp["block_k"])  # keys read: the band from a tile boundary
     bm, bk, cb = lp["block_m"], lp["block_k"], lp["chunk_blocks"]
@@ -476,7 +503,8 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     warps, stages = lp["num_warps"], lp["num_stages"]
     # keys read: every sequence's own length (ragged: their sum), or the window's band from a tile boundary
     kv = 2 * s.heads_kv * (s.batch * band if band != tk else kv_tokens(s)) * d * kv_bytes(s)
-    ws = s.batch * s.heads_kv * lp["row_tiles"] * bm * lp["splits"] * (d + 1) * 4 if lp["splits"] > 1 else 0
+    dt = tile_width(d)  # the tiles' columns (D 96: 128, the padding masked: staged and multiplied, never read)
+    ws = s.batch * s.heads_kv * lp["row_tiles"] * bm * lp["splits"] * (dt + 1) * 4 if lp["splits"] > 1 else 0
     cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
     if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
         how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or \
@@ -485,14 +513,14 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
         note = f"; {s.kv_dtype} KV decoded ({how}) per element"
     # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
     out.append(Launch(names[0], cost, P, 32 * warps, 128,
-                      int(bm * d * 2 + 2 * bk * d * max(1, stages - 1) * kv_bytes(s)),
-                      units=4 * bm * bk * d * cb, steps=cb,
+                      int(bm * dt * 2 + 2 * bk * dt * max(1, stages - 1) * kv_bytes(s)),
+                      units=4 * bm * bk * dt * cb, steps=cb,
                       dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
                       note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
     if lp["splits"] > 1:
         rows_all = s.batch * s.heads_kv * (s.heads_q // s.heads_kv) * tq
-        out.append(merge_launch(names[1], rows_all, lp.get("merge_num_warps", 4), lp["splits"], d,
-                                ws + rows_all * d * 2, block=lp.get("merge_block", 64)))
+        out.append(merge_launch(names[1], rows_all, lp.get("merge_num_warps", 4), lp["splits"], dt,
+                                ws + rows_all * dt * 2, block=lp.get("merge_block", 64)))
     return out
 
 
@@ -506,7 +534,8 @@ KERNEL = Kernel(
     dtypes=("float16", "bfloat16"),
     precision={"float16": Precision("fp16", "fp32", "tensor", _TC),
                "bfloat16": Precision("bf16", "fp32", "tensor", _TC)},
-    head_dims=(64, 128, 256),
+    head_dims=HEAD_DIMS,
+    limits=_limits,
     gqa=True,
     max_q_len=16,
     dense=forward,

@@ -51,6 +51,10 @@ def flat_pool(x):
     return x.reshape(n * page, h * w)
 
 
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
     """Static facts of the K/V operands of one launch."""
@@ -69,6 +73,12 @@ class KVLayout:
     @property
     def data_width(self) -> int:
         return self.width or self.d
+
+    @property
+    def tile_d(self) -> int:
+        """Columns of a loaded K/V tile: ``d`` rounded up to a power of two (Triton's tiles are powers of two; the
+        columns past ``d`` load as zeros, masked, and contribute nothing to either product). D 96: 128."""
+        return _pow2_at_least(self.d)
 
     @property
     def capacity(self) -> int:
@@ -103,8 +113,6 @@ class KVSource:
         self.lay, self.k_ref, self.v_ref, self.bt_ref = layout, k_ref, v_ref, bt_ref
         self.k_micro_ref, self.v_micro_ref = k_micro_ref, v_micro_ref
         self.b, self.h, self.dequant = b, h, dequant
-        self.col0 = h * layout.data_width
-        self.cols = self.col0 + jnp.arange(layout.data_width, dtype=jnp.int32)
         self.tbl0 = b * layout.pages_per_seq
         if layout.micro and (k_micro_ref is None or v_micro_ref is None):
             raise ValueError("KVLayout.micro > 0 needs k_micro_ref and v_micro_ref")
@@ -127,16 +135,23 @@ class KVSource:
         return pg * lay.page + j % lay.page, bad
 
     def _load(self, ref, rows, kmask, width: int):
+        """The ``[block_k, width]`` columns of head ``h``; a width that is not a power of two (D 96) loads the next
+        power of two of columns, those past ``width`` masked to zero (never read)."""
         bk = self.lay.block_k
+        tw = _pow2_at_least(width)
         if isinstance(rows, pl.Slice):
-            idx = (rows, pl.ds(self.h * width, width))
+            idx = (rows, pl.ds(self.h * width, tw))
         else:
-            idx = (rows[:, None], (self.h * width + jnp.arange(width, dtype=jnp.int32))[None, :])
+            idx = (rows[:, None], (self.h * width + jnp.arange(tw, dtype=jnp.int32))[None, :])
         other = 0.0 if jnp.issubdtype(ref.dtype, jnp.floating) else 0
-        return _compat.load(ref.at[idx], mask=jnp.broadcast_to(kmask[:, None], (bk, width)), other=other)
+        if tw == width:
+            return _compat.load(ref.at[idx], mask=jnp.broadcast_to(kmask[:, None], (bk, width)), other=other)
+        cols_ok = (jnp.arange(tw, dtype=jnp.int32) < width)[None, :]
+        return _compat.load(ref.at[idx], mask=jnp.broadcast_to(kmask[:, None], (bk, tw)) & cols_ok, other=other)
 
     def tile(self, j0, j, kmask):
-        """K and V ``[block_k, D]`` for keys ``j = j0 + arange(block_k)`` (masked by ``kmask``), and ``bad``."""
+        """K and V ``[block_k, tile_d]`` (``D`` rounded up to a power of two, zero past ``D``) for keys
+        ``j = j0 + arange(block_k)`` (masked by ``kmask``), and ``bad``."""
         lay = self.lay
         rows, bad = self._rows(j0, j, kmask)
         k = self._load(self.k_ref, rows, kmask, lay.data_width)
