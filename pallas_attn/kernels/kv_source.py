@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _compat
 from .._compat import pl
+from .planner import next_pow2
 
 __all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "E4M3_FOLD", "NVFP4_FOLD",
            "DECODES", "validate_block_table"]
@@ -49,10 +50,6 @@ def flat_pool(x):
     """Pool ``[num_pages, page, Hkv, W] -> [num_pages*page, Hkv*W]`` (a free reshape)."""
     n, page, h, w = x.shape
     return x.reshape(n * page, h * w)
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +75,7 @@ class KVLayout:
     def tile_d(self) -> int:
         """Columns of a loaded K/V tile: ``d`` rounded up to a power of two (Triton's tiles are powers of two; the
         columns past ``d`` load as zeros, masked, and contribute nothing to either product). D 96: 128."""
-        return _pow2_at_least(self.d)
+        return next_pow2(self.d)
 
     @property
     def capacity(self) -> int:
@@ -138,7 +135,7 @@ class KVSource:
         """The ``[block_k, width]`` columns of head ``h``; a width that is not a power of two (D 96) loads the next
         power of two of columns, those past ``width`` masked to zero (never read)."""
         bk = self.lay.block_k
-        tw = _pow2_at_least(width)
+        tw = next_pow2(width)
         if isinstance(rows, pl.Slice):
             idx = (rows, pl.ds(self.h * width, tw))
         else:
