@@ -88,7 +88,8 @@ def test_dense_long_context_b1():
 
 
 @pytest.mark.parametrize("g, d, dtype", [(1, 128, "float16"), (2, 64, "bfloat16"), (8, 256, "float16"),
-                                         (16, 128, "bfloat16"), (16, 256, "bfloat16")])
+                                         (16, 128, "bfloat16"), (16, 256, "bfloat16"),
+                                         (1, 96, "bfloat16"), (4, 96, "float16")])  # D 96: session 16
 def test_dense_gqa_and_head_dims(g, d, dtype):
     hkv = 4
     q, k, v = _inputs(3, 2, 1, g * hkv, hkv, d, 3001, dtype)
@@ -123,6 +124,17 @@ def test_paged_ragged_shuffled(page):
     f = jax.jit(lambda *a: pallas_attn.paged_attention(*a))
     out = f(q, kp, vp, bt, jnp.asarray(lens))
     _subset_check(out, q, k, v, rows=[0, 1, 2, 3], kv_heads=[0, 7], dtype="float16", kv_lens=lens)
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_paged_head_dim_96_mha(page):
+    """Phi-3-mini's decode shape (32 heads of 96, MHA) through the default paged entry: 128-column tiles, the 32
+    columns past 96 masked (session 16)."""
+    lens = np.array([4099, 17], np.int32)
+    q, k, v = _inputs(9, 2, 1, 32, 32, 96, 4099, "bfloat16")
+    kp, vp, bt = _paged(k, v, page)
+    out = pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), causal=True)
+    _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, 31], dtype="bfloat16", kv_lens=lens, causal=True)
 
 
 @pytest.mark.parametrize("page, dtype", [(16, "bfloat16"), (256, "float16")])
