@@ -97,6 +97,31 @@ def test_dense_gqa_and_head_dims(g, d, dtype):
     _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, hkv - 1], dtype=dtype)
 
 
+def test_default_mha_decode_runs_fa_decode_and_differentiates():
+    """``attention(generation=None)`` on an MHA decode shape (GPT-2's 12 heads of 64) runs fa_decode (session 16; it had
+    gone to fa_train) and ``jax.grad`` through it takes fa_train's backward: the value against the oracle, the
+    gradients against jax.nn's XLA attention's."""
+    q, k, v = _inputs(11, 2, 1, 12, 12, 64, 1024, "bfloat16")
+    off = 1023
+    f = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, causal=True, q_offset=off))
+    assert "pallas_attn_fa_decode_partial" in f.lower(q, k, v).as_text()
+    _subset_check(f(q, k, v), q, k, v, rows=[0, 1], kv_heads=[0, 11], dtype="bfloat16", causal=True, q_offset=off)
+    w = jax.random.normal(jax.random.PRNGKey(3), q.shape, jnp.float32)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+    ours = jax.jit(jax.grad(loss(lambda q, k, v: pallas_attn.attention(q, k, v, causal=True, q_offset=off)),
+                            argnums=(0, 1, 2)))(q, k, v)
+    # decode: the one query row sees every key, so jax.nn's non-causal attention is the same problem
+    ref = jax.jit(jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), implementation="xla")),
+        argnums=(0, 1, 2)))(q, k, v)
+    for g, r in zip(ours, ref):
+        g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        assert np.linalg.norm(g - r) / np.linalg.norm(r) < 2e-2
+
+
 @pytest.mark.parametrize("tq, q_offset", [(4, 2044), (16, 2032), (4, 100)])
 def test_dense_causal_multi_query(tq, q_offset):
     q, k, v = _inputs(4, 2, tq, 16, 4, 128, 2048, "float16")
