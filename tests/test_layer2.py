@@ -405,3 +405,19 @@ def test_measured_matmul_rate_does_not_move_layer2():
                      causal=True)
     assert layer2.predict("pallas:fa_prefill:default", s, live).time_s == \
         layer2.predict("pallas:fa_prefill:default", s, rescore).time_s
+
+
+def test_fa_decode_head_dim_96_stages_128_columns_and_reads_96():
+    """fa_decode at D 96 (session 16) stages and multiplies 128-column tiles (the padding masked) but reads 96 columns
+    from HBM: layer 2's partial has D 128's shared memory and MMA units, and D 96's bytes."""
+    h100 = hardware.get("h100")
+
+    def partial(d):
+        s = layer2.Shape(batch=4, heads_q=32, heads_kv=32, q_len=1, kv_len=8192, head_dim=d, dtype="bfloat16",
+                         causal=True, q_offset=8191)
+        return layer2.predict("pallas:fa_decode:default", s, h100).launches[0].launch
+
+    p96, p128 = partial(96), partial(128)
+    assert (p96.smem, p96.units, p96.programs) == (p128.smem, p128.units, p128.programs)
+    kv128 = 2 * 4 * 32 * 8192 * 128 * 2
+    assert p96.dram_bytes < p128.dram_bytes and p128.dram_bytes - p96.dram_bytes >= 0.25 * kv128 * 0.99
