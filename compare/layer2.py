@@ -536,20 +536,30 @@ def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[s
     outside a checkout), gets ``{"error": ...}``; a prediction never costs a measurement (DESIGN.md decision 12)."""
     name = impl if isinstance(impl, str) else impl.get("name", "")
     try:
-        if name == AUTO:  # the public entry: the kernel and config its defaults chose (the plan made before the run)
-            pl = plan or {}
-            gen, cfg = pl.get("generation"), pl.get("config")
-            if not gen or not cfg:
-                return {"error": f"pallas:auto chose {pl.get('chose')!r}, which layer 2 does not model", "impl": name}
-            inner = f"pallas:{gen}:{cfg}"
-            kplan = pl.get("kernel_plan")
-            out = predict(inner, workload, hw, kplan if isinstance(kplan, Mapping) and "error" not in kplan
-                          else None).as_dict()
+        inner, kplan = resolve_auto(name, plan)
+    except NotImplementedError as e:  # auto chose a path layer 2 does not model: the reason, as it reads
+        return {"error": str(e), "impl": name}
+    try:
+        out = predict(inner, workload, hw, kplan).as_dict()
+        if inner != name:
             out["via"] = inner
-            return out
-        return predict(name, workload, hw, plan).as_dict()
+        return out
     except Exception as e:  # noqa: BLE001 -- any failure to predict is a note on the record, never a failed run
         return {"error": f"{type(e).__name__}: {e}", "impl": name}
+
+
+def resolve_auto(name: str, plan: Mapping[str, Any] | None) -> tuple[str, Mapping[str, Any] | None]:
+    """``(implementation, plan)`` layer 2 prices for a record: ``pallas:auto`` (the public entry) as the kernel and
+    config its defaults chose, with that kernel's plan (its plan made before the run); any other implementation as
+    itself. NotImplementedError where auto chose what layer 2 does not model (cuDNN, the chunked path)."""
+    if name != AUTO:
+        return name, plan
+    pl = plan or {}
+    gen, cfg = pl.get("generation"), pl.get("config")
+    if not gen or not cfg:
+        raise NotImplementedError(f"pallas:auto chose {pl.get('chose')!r}, which layer 2 does not model")
+    kplan = pl.get("kernel_plan")
+    return f"pallas:{gen}:{cfg}", kplan if isinstance(kplan, Mapping) and "error" not in kplan else None
 
 
 AUTO = "pallas:auto"  # compare/auto.py: its plan names the generation and config the defaults chose

@@ -131,10 +131,7 @@ def main(argv=None):
         if "error" in pred:
             skipped += 1  # an implementation layer 2 does not price (e.g. the multi-device fa_decode_cp)
             continue
-        impl, plan = r["impl"]["name"], r["impl"].get("plan")
-        if impl == layer2.AUTO:  # priced as the kernel and config the defaults chose, with that kernel's plan
-            impl, plan = pred["via"], (plan or {}).get("kernel_plan")
-            plan = plan if isinstance(plan, dict) and "error" not in plan else None
+        impl, plan = layer2.resolve_auto(r["impl"]["name"], r["impl"].get("plan"))  # auto: the config it chose
         lns, _ = layer2.launches_for(impl, s, hw, plan)
         rows.append((r, hw, lns))
     if skipped:
