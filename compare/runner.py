@@ -614,10 +614,7 @@ class _Run:
             if progress is not None:
                 progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
             try:
-                plans = state.get("plans") or {}
-                pp = plans[id(impl)] if id(impl) in plans else self.plan_pair(w, impl, flops)
-                if isinstance(pp, BaseException):
-                    raise pp
+                pp = self.pair_plan(w, impl, state, flops)
                 if pp is None:
                     entries.append((None, None, None))
                     continue
@@ -658,12 +655,17 @@ class _Run:
                 out.append(rec if isinstance(rec, dict) else rec.to_json())
         return out
 
-    def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
-        """One pair: its plan (made by ``plan_workload``, or now) executed; None when it does not apply."""
+    def pair_plan(self, w: Workload, impl: Impl, state: dict, flops: float) -> PairPlan | None:
+        """A pair's plan, made by ``plan_workload`` (or now); a planning error raises here, in the pair's turn."""
         plans = state.get("plans") or {}
         pp = plans[id(impl)] if id(impl) in plans else self.plan_pair(w, impl, flops)
         if isinstance(pp, BaseException):
             raise pp
+        return pp
+
+    def run_one(self, w: Workload, impl: Impl, state: dict, outputs: dict, flops: float) -> dict | None:
+        """One pair: its plan executed; None when it does not apply."""
+        pp = self.pair_plan(w, impl, state, flops)
         return None if pp is None else self.execute(pp, state, outputs).to_json()
 
     def execute(self, pp: PairPlan, state: dict, outputs: dict, hold: dict | None = None) -> ResultRecord:

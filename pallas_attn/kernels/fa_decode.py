@@ -77,7 +77,7 @@ QUANT_HEAD_DIMS = (64, 128, 256)
 def tile_width(d: int) -> int:
     """Columns of fa_decode's q / K / V / output tiles for head dim ``d`` (``KVLayout.tile_d``): D rounded up to a
     power of two."""
-    return KVLayout(paged=False, block_k=16, d=d).tile_d
+    return planner.next_pow2(d)
 
 
 def _limits(p: Problem) -> tuple[bool, str]:
