@@ -450,7 +450,8 @@ def time_cpu(fn: Callable, args: tuple, *, reps: int) -> Timing:
     return dataclasses.replace(t, clock="cpu-interpret")
 
 
-def time_loop(fn: Callable, args: tuple, *, reps: int, iters: int = 20) -> Timing:
+def time_loop(fn: Callable, args: tuple, *, reps: int, iters: int = 20,
+              compiler_options: dict | None = None) -> Timing:
     """Device time per step of a JAX program that spans several devices (no single CUPTI span covers it).
 
     The step is chained inside one jitted program (each step's first argument is the last one's plus 0 x its
@@ -458,7 +459,8 @@ def time_loop(fn: Callable, args: tuple, *, reps: int, iters: int = 20) -> Timin
     attention's does). A sample is ``(T(2 * iters) - T(iters)) / iters``: the difference of two loop
     lengths cancels what every call pays once (dispatch, the sync, the program's launch on each device),
     which a plain ``T / iters`` spreads over the steps (measured 2026-11-22 on 4 H200s: ~40 µs per step at
-    20 steps, a third of the multi-device merge cost). Warm L2, no flush (the label says so).
+    20 steps, a third of the multi-device merge cost). Warm L2, no flush (the label says so). ``compiler_options``
+    (XLA debug options for this loop's program only, e.g. command buffers) go to the loop's ``jax.jit``.
     """
     import jax
     import jax.numpy as jnp
@@ -467,7 +469,7 @@ def time_loop(fn: Callable, args: tuple, *, reps: int, iters: int = 20) -> Timin
     first, rest = args[0], args[1:]
 
     def make(n: int):
-        @jax.jit
+        @functools.partial(jax.jit, compiler_options=compiler_options)
         def loop(x, *rest):
             def body(_, x):
                 out = fn(x, *rest)

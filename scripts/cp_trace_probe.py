@@ -1,0 +1,114 @@
+"""A timeline of context-parallel decode calls on the GPUs of this host (issue 36: where a pipelined call's time goes).
+
+Records, at B1 S1M (Hq 32, Hkv 8, D 128, fp16) on the first ``CP_DEVICES`` devices (default 4):
+
+* per-call wall (20 calls issued back to back, one sync; median of 5) and host issue time of the program with every
+  input pre-placed, with and without XLA command buffers (``compiler_options``, this program only), and of the wrapper
+  with q committed to device 0;
+* the program's step on the in-jit loop clock with and without command buffers;
+* a ``jax.profiler`` trace (perfetto JSON) of 10 pipelined calls of the pre-placed program and of the wrapper, for
+  ``scripts/cp_trace_read.py`` to read: host threads (dispatch, per-device launches, waits) and GPU streams.
+
+Usage: ``PYTHONPATH=. python scripts/cp_trace_probe.py OUT_DIR`` on a GPU host. ``CP_INTERP=1`` runs a tiny shape on
+CPU virtual devices in interpret mode (a check that the script runs, not a measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from compare import timing
+from pallas_attn import distributed
+
+INTERP = bool(os.environ.get("CP_INTERP"))
+CMD_BUFFERS = {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL,COLLECTIVES,CUBLAS,CUBLASLT",
+               "xla_gpu_graph_min_graph_size": 1}
+
+
+def wall_and_issue(f, calls: int = 20, reps: int = 5) -> tuple[float, float]:
+    jax.block_until_ready(f())
+    walls, issues = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        r = None
+        for _ in range(calls):
+            t1 = time.perf_counter()
+            r = f()
+            issues.append(time.perf_counter() - t1)
+        jax.block_until_ready(r)
+        walls.append((time.perf_counter() - t0) / calls)
+    return float(np.median(walls) * 1e6), float(np.median(issues) * 1e6)
+
+
+def main(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    n = int(os.environ.get("CP_DEVICES", "4"))
+    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
+    mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
+    rep = NamedSharding(mesh, P())
+    kv_sh = NamedSharding(mesh, P(None, "cp"))
+    rng = np.random.default_rng(0)
+    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+
+    @jax.jit
+    def make(key):
+        kk, kv = jax.random.split(key)
+        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
+                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
+
+    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
+    qs = jax.device_put(q_host, rep)
+    q0 = jax.device_put(q_host, jax.devices()[0])
+    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
+    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
+    opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
+                generation="fa_decode", config=None, interpret=INTERP or None)
+    prog = distributed.decode_program(mesh, **opts)
+    # the same program compiled with XLA command buffers (per program, through jit's compiler_options)
+    prog_cb = jax.jit(prog, compiler_options=CMD_BUFFERS)
+
+    def wrapper(q):
+        return distributed.context_parallel_decode(mesh, q, k, v, causal=True, interpret=INTERP or None)
+
+    cases = {
+        "program, pre-placed": lambda: prog(qs, k, v, lens, off)[0],
+        "program + command buffers, pre-placed": lambda: prog_cb(qs, k, v, lens, off)[0],
+        "wrapper, q committed dev0": lambda: wrapper(q0),
+    }
+    env = dict(gpu=[dv.device_kind for dv in jax.devices()[:n]], jax=jax.__version__, devices=n,
+               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), xla_flags=os.environ.get("XLA_FLAGS"), interpret=INTERP)
+    rows = []
+    for name, f in cases.items():
+        w, i = wall_and_issue(f)
+        rows.append(dict(case=name, wall_us=w, issue_us=i))
+        print(f"{name:44s} wall {w:8.1f} us/call  issue {i:8.1f} us/call", flush=True)
+    for name, co in (("program", None), ("program + command buffers", CMD_BUFFERS)):
+        lt = min(timing.time_loop(lambda q, k, v: prog(q, k, v, lens, off)[0], (qs, k, v), reps=3,
+                                  iters=2 if INTERP else 50, compiler_options=co).samples_us)
+        rows.append(dict(case=name + ", loop clock", loop_us=lt))
+        print(f"{name + ', loop clock':44s} {lt:8.1f} us/step", flush=True)
+    with open(os.path.join(out, "cp_trace.json"), "w") as fh:
+        json.dump(dict(env=env, rows=rows), fh, indent=1)
+    for name in ("program, pre-placed", "wrapper, q committed dev0"):
+        f = cases[name]
+        jax.block_until_ready(f())
+        tdir = os.path.join(out, "trace_" + name.split(",")[0])
+        with jax.profiler.trace(tdir, create_perfetto_trace=True):
+            r = None
+            for _ in range(10):
+                r = f()
+            jax.block_until_ready(r)
+        print("trace:", tdir, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
