@@ -9,6 +9,9 @@ Records, at B1 S1M (Hq 32, Hkv 8, D 128, fp16) on the first ``CP_DEVICES`` devic
 * a ``jax.profiler`` trace (perfetto JSON) of 10 pipelined calls of the pre-placed program and of the wrapper, for
   ``scripts/cp_trace_read.py`` to read: host threads (dispatch, per-device launches, waits) and GPU streams.
 
+With ``CP_VARIANTS=1`` it instead times per-program XLA option variants (``VARIANTS``) on ``CP_DEVICES`` devices and
+one, with traces of the variant ``CP_TRACE_VARIANT`` under ``/tmp/cpt_v``.
+
 Usage: ``PYTHONPATH=. python scripts/cp_trace_probe.py OUT_DIR`` on a GPU host. ``CP_INTERP=1`` runs a tiny shape on
 CPU virtual devices in interpret mode (a check that the script runs, not a measurement).
 """
@@ -47,6 +50,88 @@ def wall_and_issue(f, calls: int = 20, reps: int = 5) -> tuple[float, float]:
         jax.block_until_ready(r)
         walls.append((time.perf_counter() - t0) / calls)
     return float(np.median(walls) * 1e6), float(np.median(issues) * 1e6)
+
+
+# per-program XLA options tried against the host's launch cost (session 17 call 3): the call-2 timeline put ~90 us a
+# call per device in updating and launching the command buffer of the step's small fusions, ~50 us in acquiring the
+# collective cliques and ~50 us in two rendezvous
+VARIANTS = {
+    "default": None,
+    "no command buffers": {"xla_gpu_enable_command_buffer": ""},
+    "no command buffers + clique optimization": {"xla_gpu_enable_command_buffer": "",
+                                                 "xla_gpu_enable_nccl_clique_optimization": True},
+}
+
+
+def variants(out: str, n: int) -> None:
+    """Per variant: the pre-placed program, the wrapper's step with q committed to device 0 (the options on a top-level
+    jit with the step's input shardings), an explicit device_put of q then the program, each per call (wall, issue),
+    and the program's loop clock; then a one-device baseline; then traces of the program and the wrapper under the
+    variant given by CP_TRACE_VARIANT."""
+    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
+    rng = np.random.default_rng(0)
+    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+    env = dict(gpu=[dv.device_kind for dv in jax.devices()[:n]], jax=jax.__version__, devices=n,
+               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), xla_flags=os.environ.get("XLA_FLAGS"), interpret=INTERP)
+    rows = []
+
+    def emit(**r):
+        rows.append(r)
+        print("  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()), flush=True)
+        with open(os.path.join(out, "cp_variants.json"), "w") as fh:
+            json.dump(dict(env=env, rows=rows), fh, indent=1)
+
+    for nd in (n, 1):
+        _variants_on(nd, b, s, hkv, d, q_host, emit)
+
+
+def _variants_on(nd: int, b: int, s: int, hkv: int, d: int, q_host, emit) -> None:
+    mesh = Mesh(np.array(jax.devices()[:nd]), ("cp",))
+    rep = NamedSharding(mesh, P())
+    kv_sh = NamedSharding(mesh, P(None, "cp"))
+
+    @jax.jit
+    def make(key):
+        kk, kv = jax.random.split(key)
+        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
+                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
+
+    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
+    qs = jax.device_put(q_host, rep)
+    q0 = jax.device_put(q_host, jax.devices()[0])
+    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
+    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
+    opts = dict(axis="cp", head_axis=None, t_local=s // nd, batch=b, causal=True, scale=None, merge="all_gather",
+                generation="fa_decode", config=None, interpret=INTERP or None)
+    prog = distributed.decode_program(mesh, **opts)
+    step = distributed.step_program(mesh, tq=1, has_len=False, has_off=False, **opts)
+    chosen = VARIANTS if nd > 1 else {x: VARIANTS[x] for x in ("default", "no command buffers")}
+    for vname, co in chosen.items():
+        p_v = jax.jit(prog, compiler_options=co)
+        s_v = jax.jit(step, in_shardings=(rep, kv_sh, kv_sh), compiler_options=co)
+        cases = {
+            "program, pre-placed": lambda p_v=p_v: p_v(qs, k, v, lens, off)[0],
+            "wrapper step, q committed dev0": lambda s_v=s_v: s_v(q0, k, v)[0],
+            "device_put(q) then program": lambda p_v=p_v: p_v(jax.device_put(q0, rep), k, v, lens, off)[0],
+        }
+        for cname, f in cases.items():
+            w, i = wall_and_issue(f)
+            emit(devices=nd, variant=vname, case=cname, wall_us=w, issue_us=i)
+        lt = timing.time_loop(lambda q, k, v: prog(q, k, v, lens, off)[0], (qs, k, v), reps=5,
+                              iters=2 if INTERP else 50, compiler_options=co).samples_us
+        emit(devices=nd, variant=vname, case="program, loop clock", loop_us_min=min(lt),
+             loop_us_median=float(np.median(lt)))
+        if vname == os.environ.get("CP_TRACE_VARIANT", "no command buffers") and nd > 1:
+            for cname in ("program, pre-placed", "wrapper step, q committed dev0"):
+                f = cases[cname]
+                jax.block_until_ready(f())
+                tdir = os.path.join("/tmp/cpt_v", cname.split(",")[0].replace(" ", "_"))
+                with jax.profiler.trace(tdir, create_perfetto_trace=True):
+                    r = None
+                    for _ in range(10):
+                        r = f()
+                    jax.block_until_ready(r)
+                print("trace:", tdir, flush=True)
 
 
 def main(out: str) -> None:
@@ -111,4 +196,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if os.environ.get("CP_VARIANTS"):
+        os.makedirs(sys.argv[1], exist_ok=True)
+        variants(sys.argv[1], int(os.environ.get("CP_DEVICES", "4")))
+    else:
+        main(sys.argv[1])
