@@ -38,6 +38,8 @@ CMD_BUFFERS = {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL,COLLECTIVES,
 
 
 def wall_and_issue(f, calls: int = 20, reps: int = 5) -> tuple[float, float]:
+    """Median over ``reps`` batches of the wall time per call (``calls`` issued back to back, one sync), and the median
+    host time for one call to return."""
     jax.block_until_ready(f())
     walls, issues = [], []
     for _ in range(reps):
@@ -60,7 +62,99 @@ VARIANTS = {
     "no command buffers": {"xla_gpu_enable_command_buffer": ""},
     "no command buffers + clique optimization": {"xla_gpu_enable_command_buffer": "",
                                                  "xla_gpu_enable_nccl_clique_optimization": True},
+    "clique optimization": {"xla_gpu_enable_nccl_clique_optimization": True},
 }
+
+
+def rounds(out: str, n: int, n_rounds: int) -> None:
+    """Every (variant, case) callable built and warmed first, then ``n_rounds`` rounds over all of them in turn (20
+    pipelined calls a sample), so host-load drift hits every callable alike; per callable the median and the
+    quartiles of the samples, wall and issue time per call. Session 17 call 3's one-sample-per-variant reads moved
+    by up to 30% between variants that the timeline says cost the same."""
+    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
+    rng = np.random.default_rng(0)
+    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
+    mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
+    rep = NamedSharding(mesh, P())
+    kv_sh = NamedSharding(mesh, P(None, "cp"))
+
+    @jax.jit
+    def make(key):
+        kk, kv = jax.random.split(key)
+        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
+                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
+
+    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
+    qs = jax.device_put(q_host, rep)
+    q0 = jax.device_put(q_host, jax.devices()[0])
+    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
+    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
+    opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
+                generation="fa_decode", config=None, interpret=INTERP or None)
+    prog = distributed.decode_program(mesh, **opts)
+    step = distributed.step_program(mesh, tq=1, has_len=False, has_off=False, **opts)
+    # a lean program: the identity block table and each device's lengths and offsets made once, outside the program
+    # (they are per mesh and shape here), so each device launches no iota / clip / subtract fusions per call
+    t_local = s // n
+    page = distributed._page_for(t_local)
+    per = t_local // page
+    table = jax.device_put((np.arange(b, dtype=np.int32)[:, None] * per + np.arange(per, dtype=np.int32)[None, :]), rep)
+    starts = np.repeat(np.arange(n, dtype=np.int32) * t_local, b)
+    st_sh = NamedSharding(mesh, P("cp"))
+    loc_len = jax.device_put(np.clip(s - starts, 0, t_local).astype(np.int32), st_sh)
+    loc_off = jax.device_put((s - 1 - starts).astype(np.int32), st_sh)
+
+    def lean_local(q, k, v, table, ll, lo):
+        from pallas_attn import api
+        o, lse = api.paged_attention(q, distributed._as_pool(k, page), distributed._as_pool(v, page), table, ll,
+                                     causal=True, q_offset=lo, generation="fa_decode", return_lse=True,
+                                     check_block_table=False, interpret=INTERP or None)
+        return distributed.merge_across(o, lse, axis_name="cp", merge="all_gather")
+
+    lean = jax.shard_map(lean_local, mesh=mesh, in_specs=(P(), P(None, "cp"), P(None, "cp"), P(), P("cp"), P("cp")),
+                         out_specs=(P(), P()), check_vma=False)
+    calls = {}
+    for vname, co in VARIANTS.items():
+        lean_v = jax.jit(lean, compiler_options=co)
+        calls[(vname, "lean program, pre-placed")] = lambda f=lean_v: f(qs, k, v, table, loc_len, loc_off)[0]
+        p_v = jax.jit(prog, compiler_options=co)
+        s_v = jax.jit(step, in_shardings=(rep, kv_sh, kv_sh), compiler_options=co)
+        calls[(vname, "program, pre-placed")] = lambda p_v=p_v: p_v(qs, k, v, lens, off)[0]
+        calls[(vname, "wrapper step, q committed dev0")] = lambda s_v=s_v: s_v(q0, k, v)[0]
+        calls[(vname, "wrapper step, q numpy")] = lambda s_v=s_v: s_v(q_host, k, v)[0]
+    for f in calls.values():
+        jax.block_until_ready(f())
+        jax.block_until_ready(f())
+    ref = np.asarray(calls[("default", "program, pre-placed")](), np.float32)
+    for key, f in calls.items():  # every callable computes the same step
+        err = float(np.max(np.abs(np.asarray(f(), np.float32) - ref)))
+        print(f"agreement {key}: max abs {err:.2e}", flush=True)
+        assert err < 1e-2, (key, err)
+    samples = {key: ([], []) for key in calls}
+    for r in range(n_rounds):
+        for key, f in calls.items():
+            w, i = wall_and_issue(f, calls=20, reps=1)
+            samples[key][0].append(w)
+            samples[key][1].append(i)
+        print(f"round {r + 1}/{n_rounds} done", flush=True)
+    rows = []
+    for (vname, cname), (ws, iss) in samples.items():
+        q1, med, q3 = np.percentile(ws, [25, 50, 75])
+        rows.append(dict(devices=n, variant=vname, case=cname, wall_us_median=float(med), wall_us_q1=float(q1),
+                         wall_us_q3=float(q3), issue_us_median=float(np.median(iss)), wall_samples=ws))
+        print(f"{vname:42s} {cname:32s} wall {med:7.1f} [{q1:7.1f}, {q3:7.1f}]  issue {np.median(iss):7.1f}",
+              flush=True)
+    for vname, co in VARIANTS.items():
+        lt = timing.time_loop(lambda q, k, v: prog(q, k, v, lens, off)[0], (qs, k, v), reps=7,
+                              iters=2 if INTERP else 50, compiler_options=co).samples_us
+        rows.append(dict(devices=n, variant=vname, case="program, loop clock", loop_us_median=float(np.median(lt)),
+                         loop_samples=list(lt)))
+        print(f"{vname:42s} {'program, loop clock':32s} median {np.median(lt):7.1f} (samples {min(lt):.1f}-"
+              f"{max(lt):.1f})", flush=True)
+    env = dict(gpu=[dv.device_kind for dv in jax.devices()[:n]], jax=jax.__version__, devices=n, rounds=n_rounds,
+               git=os.environ.get("PALLAS_ATTN_GIT_SHA"), xla_flags=os.environ.get("XLA_FLAGS"), interpret=INTERP)
+    with open(os.path.join(out, "cp_rounds.json"), "w") as fh:
+        json.dump(dict(env=env, rows=rows), fh, indent=1)
 
 
 def variants(out: str, n: int) -> None:
@@ -196,7 +290,10 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if os.environ.get("CP_VARIANTS"):
+    if os.environ.get("CP_ROUNDS"):
+        os.makedirs(sys.argv[1], exist_ok=True)
+        rounds(sys.argv[1], int(os.environ.get("CP_DEVICES", "4")), int(os.environ["CP_ROUNDS"]))
+    elif os.environ.get("CP_VARIANTS"):
         os.makedirs(sys.argv[1], exist_ok=True)
         variants(sys.argv[1], int(os.environ.get("CP_DEVICES", "4")))
     else:
