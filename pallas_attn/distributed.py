@@ -122,7 +122,9 @@ def context_parallel_attention(q, k, v, *, axis_name, kv_len=None, kv_start=None
         page = _page_for(t_local)
         pool_k, pool_v = _as_pool(k, page), _as_pool(v, page)
         per = t_local // page
-        table = (jnp.arange(b, dtype=jnp.int32)[:, None] * per + jnp.arange(per, dtype=jnp.int32)[None, :])
+        # a host constant, not iotas: each device would otherwise launch the table's fusions on every call (~30 us
+        # of host launch time a call per device at 4 devices, docs/distributed.md "Session 17"); [B, T/page] int32
+        table = np.arange(b, dtype=np.int32)[:, None] * per + np.arange(per, dtype=np.int32)[None, :]
         if kv_start is None:
             kv_start = jnp.full((b,), idx * t_local, jnp.int32)
         if kv_len is None:
