@@ -52,6 +52,11 @@ def to_f64(x: Any) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def _as_f64(x: Any) -> np.ndarray:
+    """``to_f64`` without the copy when ``x`` is already a float64 numpy array (for inputs that are only read)."""
+    return x if isinstance(x, np.ndarray) and x.dtype == np.float64 else to_f64(x)
+
+
 def _check_dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int]:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be rank 4 (BTNH); got {q.shape=}, {k.shape=}, {v.shape=}")
@@ -137,9 +142,9 @@ def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, 
     b, tq, _, _ = q.shape
     tk = k.shape[1]
     g = hq // hkv
-    # repeat_interleave: query head h reads KV head h // G.
-    k_h = np.repeat(k.transpose(0, 2, 1, 3), g, axis=1)
-    v_h = np.repeat(v.transpose(0, 2, 1, 3), g, axis=1)
+    # repeat_interleave: query head h reads KV head h // G (G == 1: a view, K/V are only read)
+    k_h = k.transpose(0, 2, 1, 3) if g == 1 else np.repeat(k.transpose(0, 2, 1, 3), g, axis=1)
+    v_h = v.transpose(0, 2, 1, 3) if g == 1 else np.repeat(v.transpose(0, 2, 1, 3), g, axis=1)
     s = (np.ascontiguousarray(q.transpose(0, 2, 1, 3)) @ k_h.swapaxes(-1, -2)) * scale  # [B, Hq, Tq, Tk]
     th = None
     if softcap is not None:
@@ -197,7 +202,7 @@ def attention_reference(
     sink's ``exp(sink)`` in the sum when ``sinks`` is given. ``window``, ``softcap``, ``sinks``, ``q_segments`` /
     ``kv_segments``: the features of the module docstring (None: off).
     """
-    q, k, v = to_f64(q), to_f64(k), to_f64(v)
+    q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)  # read only below: float64 input is not copied
     hq, _ = _check_dense(q, k, v)
     b, tq, _, d = q.shape
     tk = k.shape[1]

@@ -139,17 +139,59 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     outs = []
     for b in subset.batches:
         qb = reference.to_f64(q_all[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
-        kd, vd, base_offset = _kv_of_batch(w, inp, b, kv_heads, quant)
-        parts = [_reference_rows(qb[:, r0:r1], kd, vd, causal=w.causal, scale=inp.scale, q_offset=base_offset + r0,
-                                 **feature_kwargs(w, inp, b, subset.heads, (r0, r1)))
-                 for r0, r1 in subset.rows]
+        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant)
+        # the K/V column each query head of the subset reads (every head: the oracle's GQA map, head h -> h // g)
+        qmap = hmap if len(hmap) == len(subset.heads) else [hmap[h // g] for h in subset.heads]
+        expanded = None
+        parts = []
+        for r0, r1 in subset.rows:
+            feats = feature_kwargs(w, inp, b, subset.heads, (r0, r1))
+            if not feats and (not w.causal or r1 - r0 == 1) and ku.shape[1] > 0:
+                # each KV head once, its query heads folded into rows: no K/V copy per query head (session 17: the
+                # per-head copies were ~90% of the oracle's time at sampled heads, ~40 s a large decode workload)
+                parts.append(_reference_rows_grouped(qb[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
+                                                     q_offset=base_offset + r0))
+                continue
+            if expanded is None:
+                expanded = (ku[:, :, hmap], vu[:, :, hmap])
+            parts.append(_reference_rows(qb[:, r0:r1], *expanded, causal=w.causal, scale=inp.scale,
+                                         q_offset=base_offset + r0, **feats))
         outs.append(np.concatenate(parts, axis=1))
     return np.concatenate(outs, axis=0)
+
+
+def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
+    """``attention_reference`` on ``q [1, n, nh, D]`` whose head ``i`` reads KV head ``hmap[i]`` of ``k, v
+    [1, Tk, nu, D]``, computed once per KV head with its query heads folded into rows: the same float64 math per
+    row as ``_reference_rows`` on ``k[:, :, hmap]`` without that copy. Non-causal, or causal with one row (which sees
+    keys ``<= q_offset``: the non-causal problem on those keys)."""
+    n, d = q.shape[1], q.shape[3]
+    if causal:
+        if n != 1:
+            raise ValueError("grouped rows: causal needs one query row per call")
+        k, v = k[:, : max(0, q_offset + 1)], v[:, : max(0, q_offset + 1)]
+    hmap = np.asarray(hmap)
+    out = np.empty(q.shape[:3] + (v.shape[3],), np.float64)
+    for u in np.unique(hmap):
+        idx = np.nonzero(hmap == u)[0]
+        qj = np.asarray(q[:, :, idx]).transpose(0, 2, 1, 3).reshape(1, len(idx) * n, 1, d)
+        oj, _ = reference.attention_reference(qj, np.ascontiguousarray(k[:, :, u:u + 1]),
+                                              np.ascontiguousarray(v[:, :, u:u + 1]), scale=scale)
+        out[:, :, idx] = oj.reshape(1, len(idx), n, -1).transpose(0, 2, 1, 3)
+    return out
 
 
 def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """float64 ``K, V [1, Tk_b, len(kv_heads), D]`` of batch ``b`` and its base query offset. ``quant``: from the
     quantized cache (dequantized on the device, only the needed pages and heads), else from the plain arrays."""
+    k, v, base, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant)
+    return k[:, :, hmap], v[:, :, hmap], base
+
+
+def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool
+                       ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
+    """``_kv_of_batch`` before the per-query-head copy: float64 ``K, V [1, Tk_b, nu, D]`` holding each needed KV head
+    once, the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``)."""
     from . import interop
 
     uniq = sorted(set(kv_heads))
@@ -174,21 +216,20 @@ def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.n
 
         def rows(pool):
             sel = interop.take_quantized(pool, idx) if quant else pool[idx]
-            return reference.gather_paged_kv(heads(sel), local, n)[None][:, :, hmap]
+            return reference.gather_paged_kv(heads(sel), local, n)[None]
 
-        return rows(inp.k_pool), rows(inp.v_pool), n - w.q_len
+        return rows(inp.k_pool), rows(inp.v_pool), n - w.q_len, hmap
     if w.family == "paged_decode":  # the fp16 values a quantized paged cache was made from: the dense view
         n = int(inp.kv_lens[b])
         k, v = inp.k[b:b + 1, :n], inp.v[b:b + 1, :n]
-        return (reference.to_f64(k[:, :, kh])[:, :, hmap], reference.to_f64(v[:, :, kh])[:, :, hmap],
-                n - w.q_len)
+        return reference.to_f64(k[:, :, kh]), reference.to_f64(v[:, :, kh]), n - w.q_len, hmap
     if quant:
         k, v = (interop.take_quantized(t, slice(b, b + 1)) for t in (inp.k_quant, inp.v_quant))
     else:
         k, v = inp.k[b:b + 1], inp.v[b:b + 1]
     if every and not quant:  # every head: no gather
-        return reference.to_f64(k), reference.to_f64(v), w.q_offset
-    return reference.to_f64(heads(k))[:, :, hmap], reference.to_f64(heads(v))[:, :, hmap], w.q_offset
+        return reference.to_f64(k), reference.to_f64(v), w.q_offset, list(range(w.heads_kv))
+    return reference.to_f64(heads(k)), reference.to_f64(heads(v)), w.q_offset, hmap
 
 
 def _mla_oracle(w, inp, subset: Subset, kv: str) -> np.ndarray:

@@ -126,6 +126,22 @@ def test_oracle_subset_matches_full_reference(causal, q_offset):
     np.testing.assert_allclose(accuracy.oracle(w, inp, small), small.take(full), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("causal,n", [(False, 1), (False, 5), (True, 1)])
+def test_grouped_oracle_rows_equal_the_per_head_copy(causal, n):
+    # the oracle's fast path (each KV head once, its query heads folded into rows) against the per-query-head copy of
+    # K/V it replaced, on an unsorted head map with repeats and an unused KV column
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, n, 5, 16))
+    k, v = rng.standard_normal((1, 40, 3, 16)), rng.standard_normal((1, 40, 3, 16))
+    hmap = [2, 0, 2, 2, 0]
+    got = accuracy._reference_rows_grouped(q, k, v, hmap, causal=causal, scale=0.3, q_offset=17)
+    want = accuracy._reference_rows(q, k[:, :, hmap], v[:, :, hmap], causal=causal, scale=0.3, q_offset=17)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+    if causal:
+        with pytest.raises(ValueError, match="one query row"):
+            accuracy._reference_rows_grouped(np.zeros((1, 2, 5, 16)), k, v, hmap, causal=True, scale=0.3, q_offset=3)
+
+
 def test_paged_oracle_matches_dense_on_ragged_lengths():
     w = _wl(family="paged_decode", batch=3, heads_q=8, heads_kv=2, q_len=1, kv_len=70, q_offset=69,
             page_size=16, ragged=True, dtype="float16", causal=True)
