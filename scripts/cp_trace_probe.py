@@ -37,6 +37,38 @@ CMD_BUFFERS = {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL,COLLECTIVES,
                "xla_gpu_graph_min_graph_size": 1}
 
 
+class _Setup:
+    """The inputs every mode times: a B ``b`` S ``s`` fp16 cache on the first ``n`` devices split along the sequence, q
+    pre-placed (``qs``), on device 0 (``q0``) and on the host (``q_host``), full lengths, the decode offsets, and the
+    cached program and wrapper step of ``distributed``."""
+
+    def __init__(self, n: int, shape: tuple):
+        b, s, hq, hkv, d = shape
+        self.b, self.s = b, s
+        self.q_host = np.random.default_rng(0).standard_normal((b, 1, hq, d)).astype(np.float16)
+        self.mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
+        self.rep = NamedSharding(self.mesh, P())
+        self.kv_sh = NamedSharding(self.mesh, P(None, "cp"))
+
+        def make(key):
+            kk, kv = jax.random.split(key)
+            return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
+                    jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
+
+        self.k, self.v = jax.jit(make, out_shardings=(self.kv_sh, self.kv_sh))(jax.random.PRNGKey(0))
+        self.qs = jax.device_put(self.q_host, self.rep)
+        self.q0 = jax.device_put(self.q_host, jax.devices()[0])
+        self.lens = jax.device_put(jnp.full((b,), s, jnp.int32), self.rep)
+        self.off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), self.rep)
+        opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
+                    generation="fa_decode", config=None, interpret=INTERP or None)
+        self.prog = distributed.decode_program(self.mesh, **opts)
+        self.step = distributed.step_program(self.mesh, tq=1, has_len=False, has_off=False, **opts)
+
+
+SHAPE = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
+
+
 def wall_and_issue(f, calls: int = 20, reps: int = 5) -> tuple[float, float]:
     """Median over ``reps`` batches of the wall time per call (``calls`` issued back to back, one sync), and the median
     host time for one call to return."""
@@ -71,28 +103,9 @@ def rounds(out: str, n: int, n_rounds: int) -> None:
     pipelined calls a sample), so host-load drift hits every callable alike; per callable the median and the
     quartiles of the samples, wall and issue time per call. Session 17 call 3's one-sample-per-variant reads moved
     by up to 30% between variants that the timeline says cost the same."""
-    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
-    rng = np.random.default_rng(0)
-    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
-    mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
-    rep = NamedSharding(mesh, P())
-    kv_sh = NamedSharding(mesh, P(None, "cp"))
-
-    @jax.jit
-    def make(key):
-        kk, kv = jax.random.split(key)
-        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
-                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
-
-    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
-    qs = jax.device_put(q_host, rep)
-    q0 = jax.device_put(q_host, jax.devices()[0])
-    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
-    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
-    opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
-                generation="fa_decode", config=None, interpret=INTERP or None)
-    prog = distributed.decode_program(mesh, **opts)
-    step = distributed.step_program(mesh, tq=1, has_len=False, has_off=False, **opts)
+    st = _Setup(n, SHAPE)
+    b, s, mesh, rep, kv_sh = st.b, st.s, st.mesh, st.rep, st.kv_sh
+    k, v, qs, q0, q_host, lens, off, prog, step = st.k, st.v, st.qs, st.q0, st.q_host, st.lens, st.off, st.prog, st.step
     # a lean program: the identity block table and each device's lengths and offsets made once, outside the program
     # (they are per mesh and shape here), so each device launches no iota / clip / subtract fusions per call
     t_local = s // n
@@ -162,9 +175,6 @@ def variants(out: str, n: int) -> None:
     jit with the step's input shardings), an explicit device_put of q then the program, each per call (wall, issue),
     and the program's loop clock; then a one-device baseline; then traces of the program and the wrapper under the
     variant given by CP_TRACE_VARIANT."""
-    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
-    rng = np.random.default_rng(0)
-    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
     env = dict(gpu=[dv.device_kind for dv in jax.devices()[:n]], jax=jax.__version__, devices=n,
                git=os.environ.get("PALLAS_ATTN_GIT_SHA"), xla_flags=os.environ.get("XLA_FLAGS"), interpret=INTERP)
     rows = []
@@ -176,29 +186,13 @@ def variants(out: str, n: int) -> None:
             json.dump(dict(env=env, rows=rows), fh, indent=1)
 
     for nd in (n, 1):
-        _variants_on(nd, b, s, hkv, d, q_host, emit)
+        _variants_on(nd, emit)
 
 
-def _variants_on(nd: int, b: int, s: int, hkv: int, d: int, q_host, emit) -> None:
-    mesh = Mesh(np.array(jax.devices()[:nd]), ("cp",))
-    rep = NamedSharding(mesh, P())
-    kv_sh = NamedSharding(mesh, P(None, "cp"))
-
-    @jax.jit
-    def make(key):
-        kk, kv = jax.random.split(key)
-        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
-                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
-
-    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
-    qs = jax.device_put(q_host, rep)
-    q0 = jax.device_put(q_host, jax.devices()[0])
-    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
-    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
-    opts = dict(axis="cp", head_axis=None, t_local=s // nd, batch=b, causal=True, scale=None, merge="all_gather",
-                generation="fa_decode", config=None, interpret=INTERP or None)
-    prog = distributed.decode_program(mesh, **opts)
-    step = distributed.step_program(mesh, tq=1, has_len=False, has_off=False, **opts)
+def _variants_on(nd: int, emit) -> None:
+    st = _Setup(nd, SHAPE)
+    rep, kv_sh = st.rep, st.kv_sh
+    k, v, qs, q0, lens, off, prog, step = st.k, st.v, st.qs, st.q0, st.lens, st.off, st.prog, st.step
     chosen = VARIANTS if nd > 1 else {x: VARIANTS[x] for x in ("default", "no command buffers")}
     for vname, co in chosen.items():
         p_v = jax.jit(prog, compiler_options=co)
@@ -231,27 +225,8 @@ def _variants_on(nd: int, b: int, s: int, hkv: int, d: int, q_host, emit) -> Non
 def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     n = int(os.environ.get("CP_DEVICES", "4"))
-    b, s, hq, hkv, d = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
-    mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
-    rep = NamedSharding(mesh, P())
-    kv_sh = NamedSharding(mesh, P(None, "cp"))
-    rng = np.random.default_rng(0)
-    q_host = rng.standard_normal((b, 1, hq, d)).astype(np.float16)
-
-    @jax.jit
-    def make(key):
-        kk, kv = jax.random.split(key)
-        return (jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(jnp.float16),
-                jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(jnp.float16))
-
-    k, v = jax.jit(make, out_shardings=(kv_sh, kv_sh))(jax.random.PRNGKey(0))
-    qs = jax.device_put(q_host, rep)
-    q0 = jax.device_put(q_host, jax.devices()[0])
-    lens = jax.device_put(jnp.full((b,), s, jnp.int32), rep)
-    off = jax.device_put(jnp.full((b,), s - 1, jnp.int32), rep)
-    opts = dict(axis="cp", head_axis=None, t_local=s // n, batch=b, causal=True, scale=None, merge="all_gather",
-                generation="fa_decode", config=None, interpret=INTERP or None)
-    prog = distributed.decode_program(mesh, **opts)
+    st = _Setup(n, SHAPE)
+    mesh, k, v, qs, q0, lens, off, prog = st.mesh, st.k, st.v, st.qs, st.q0, st.lens, st.off, st.prog
     # the same program compiled with XLA command buffers (per program, through jit's compiler_options)
     prog_cb = jax.jit(prog, compiler_options=CMD_BUFFERS)
 
