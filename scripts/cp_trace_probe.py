@@ -69,6 +69,17 @@ class _Setup:
 SHAPE = (1, 2048, 8, 2, 64) if INTERP else (1, 1048576, 32, 8, 128)
 
 
+def _trace(f, tdir: str, calls: int = 10) -> None:
+    """A ``jax.profiler`` timeline (perfetto JSON under ``tdir``) of ``calls`` pipelined calls of ``f``, warmed."""
+    jax.block_until_ready(f())
+    with jax.profiler.trace(tdir, create_perfetto_trace=True):
+        r = None
+        for _ in range(calls):
+            r = f()
+        jax.block_until_ready(r)
+    print("trace:", tdir, flush=True)
+
+
 def wall_and_issue(f, calls: int = 20, reps: int = 5) -> tuple[float, float]:
     """Median over ``reps`` batches of the wall time per call (``calls`` issued back to back, one sync), and the median
     host time for one call to return."""
@@ -211,15 +222,7 @@ def _variants_on(nd: int, emit) -> None:
              loop_us_median=float(np.median(lt)))
         if vname == os.environ.get("CP_TRACE_VARIANT", "no command buffers") and nd > 1:
             for cname in ("program, pre-placed", "wrapper step, q committed dev0"):
-                f = cases[cname]
-                jax.block_until_ready(f())
-                tdir = os.path.join("/tmp/cpt_v", cname.split(",")[0].replace(" ", "_"))
-                with jax.profiler.trace(tdir, create_perfetto_trace=True):
-                    r = None
-                    for _ in range(10):
-                        r = f()
-                    jax.block_until_ready(r)
-                print("trace:", tdir, flush=True)
+                _trace(cases[cname], os.path.join("/tmp/cpt_v", cname.split(",")[0].replace(" ", "_")))
 
 
 def main(out: str) -> None:
@@ -253,15 +256,7 @@ def main(out: str) -> None:
     with open(os.path.join(out, "cp_trace.json"), "w") as fh:
         json.dump(dict(env=env, rows=rows), fh, indent=1)
     for name in ("program, pre-placed", "wrapper, q committed dev0"):
-        f = cases[name]
-        jax.block_until_ready(f())
-        tdir = os.path.join(out, "trace_" + name.split(",")[0])
-        with jax.profiler.trace(tdir, create_perfetto_trace=True):
-            r = None
-            for _ in range(10):
-                r = f()
-            jax.block_until_ready(r)
-        print("trace:", tdir, flush=True)
+        _trace(cases[name], os.path.join(out, "trace_" + name.split(",")[0]))
 
 
 if __name__ == "__main__":
