@@ -139,7 +139,7 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     outs = []
     for b in subset.batches:
         qb = reference.to_f64(q_all[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
-        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant)
+        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant, f64=False)
         # the K/V column each query head of the subset reads (every head: the oracle's GQA map, head h -> h // g)
         qmap = hmap if len(hmap) == len(subset.heads) else [hmap[h // g] for h in subset.heads]
         expanded = None
@@ -153,7 +153,7 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
                                                      q_offset=base_offset + r0))
                 continue
             if expanded is None:
-                expanded = (ku[:, :, hmap], vu[:, :, hmap])
+                expanded = (reference.to_f64(ku)[:, :, hmap], reference.to_f64(vu)[:, :, hmap])
             parts.append(_reference_rows(qb[:, r0:r1], *expanded, causal=w.causal, scale=inp.scale,
                                          q_offset=base_offset + r0, **feats))
         outs.append(np.concatenate(parts, axis=1))
@@ -162,9 +162,10 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
 
 def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
     """``attention_reference`` on ``q [1, n, nh, D]`` whose head ``i`` reads KV head ``hmap[i]`` of ``k, v
-    [1, Tk, nu, D]``, computed once per KV head with its query heads folded into rows: the same float64 math per
-    row as ``_reference_rows`` on ``k[:, :, hmap]`` without that copy. Non-causal, or causal with one row (which sees
-    keys ``<= q_offset``: the non-causal problem on those keys)."""
+    [1, Tk, nu, D]`` (any float dtype: each KV head is converted to float64 on its own, in one pass), computed once
+    per KV head with its query heads folded into rows: the same float64 math per row as ``_reference_rows`` on
+    ``k[:, :, hmap]`` without that copy. Non-causal, or causal with one row (which sees keys ``<= q_offset``: the
+    non-causal problem on those keys)."""
     n, d = q.shape[1], q.shape[3]
     if causal:
         if n != 1:
@@ -172,11 +173,12 @@ def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offs
         k, v = k[:, : max(0, q_offset + 1)], v[:, : max(0, q_offset + 1)]
     hmap = np.asarray(hmap)
     out = np.empty(q.shape[:3] + (v.shape[3],), np.float64)
+    kt, vt = (np.ascontiguousarray(np.moveaxis(x[0], 1, 0)) for x in (k, v))  # head-major [nu, Tk, D], stored dtype
     for u in np.unique(hmap):
         idx = np.nonzero(hmap == u)[0]
         qj = np.asarray(q[:, :, idx]).transpose(0, 2, 1, 3).reshape(1, len(idx) * n, 1, d)
-        oj, _ = reference.attention_reference(qj, np.ascontiguousarray(k[:, :, u:u + 1]),
-                                              np.ascontiguousarray(v[:, :, u:u + 1]), scale=scale)
+        oj, _ = reference.attention_reference(qj, kt[u].astype(np.float64)[None, :, None],
+                                              vt[u].astype(np.float64)[None, :, None], scale=scale)
         out[:, :, idx] = oj.reshape(1, len(idx), n, -1).transpose(0, 2, 1, 3)
     return out
 
@@ -188,11 +190,14 @@ def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.n
     return k[:, :, hmap], v[:, :, hmap], base
 
 
-def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool
+def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool, *, f64: bool = True
                        ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
-    """``_kv_of_batch`` before the per-query-head copy: float64 ``K, V [1, Tk_b, nu, D]`` holding each needed KV head
-    once, the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``)."""
+    """``_kv_of_batch`` before the per-query-head copy: host ``K, V [1, Tk_b, nu, D]`` holding each needed KV head
+    once (float64, or with ``f64=False`` as the device holds them: 16-bit, dequantized or gathered values, converted
+    later per head), the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``)."""
     from . import interop
+
+    host = reference.to_f64 if f64 else np.asarray
 
     uniq = sorted(set(kv_heads))
     every = kv_heads == list(range(w.heads_kv))
@@ -222,14 +227,14 @@ def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool
     if w.family == "paged_decode":  # the fp16 values a quantized paged cache was made from: the dense view
         n = int(inp.kv_lens[b])
         k, v = inp.k[b:b + 1, :n], inp.v[b:b + 1, :n]
-        return reference.to_f64(k[:, :, kh]), reference.to_f64(v[:, :, kh]), n - w.q_len, hmap
+        return host(k[:, :, kh]), host(v[:, :, kh]), n - w.q_len, hmap
     if quant:
         k, v = (interop.take_quantized(t, slice(b, b + 1)) for t in (inp.k_quant, inp.v_quant))
     else:
         k, v = inp.k[b:b + 1], inp.v[b:b + 1]
     if every and not quant:  # every head: no gather
-        return reference.to_f64(k), reference.to_f64(v), w.q_offset, list(range(w.heads_kv))
-    return reference.to_f64(heads(k)), reference.to_f64(heads(v)), w.q_offset, hmap
+        return host(k), host(v), w.q_offset, list(range(w.heads_kv))
+    return host(heads(k)), host(heads(v)), w.q_offset, hmap
 
 
 def _mla_oracle(w, inp, subset: Subset, kv: str) -> np.ndarray:

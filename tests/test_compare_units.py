@@ -137,6 +137,13 @@ def test_grouped_oracle_rows_equal_the_per_head_copy(causal, n):
     got = accuracy._reference_rows_grouped(q, k, v, hmap, causal=causal, scale=0.3, q_offset=17)
     want = accuracy._reference_rows(q, k[:, :, hmap], v[:, :, hmap], causal=causal, scale=0.3, q_offset=17)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+    # K/V as the device stores them (bf16 on the host): converted per head inside, the same values as the float64 copy
+    kb, vb = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+    got16 = accuracy._reference_rows_grouped(q, np.asarray(kb), np.asarray(vb), hmap, causal=causal, scale=0.3,
+                                             q_offset=17)
+    want16 = accuracy._reference_rows(q, np.asarray(kb, np.float64)[:, :, hmap],
+                                      np.asarray(vb, np.float64)[:, :, hmap], causal=causal, scale=0.3, q_offset=17)
+    np.testing.assert_allclose(got16, want16, rtol=0, atol=1e-13)
     if causal:
         with pytest.raises(ValueError, match="one query row"):
             accuracy._reference_rows_grouped(np.zeros((1, 2, 5, 16)), k, v, hmap, causal=True, scale=0.3, q_offset=3)
