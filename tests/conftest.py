@@ -265,3 +265,10 @@ def run_on_virtual_devices():
         assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], r.stdout[-2000:]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def all_impls():
+    """compare's every implementation (pallas, cuda, peers), built once per test module."""
+    from compare import impls
+    return impls.all_impls()

@@ -8,7 +8,7 @@ import fnmatch
 
 import pytest
 
-from compare import impls, records, runner
+from compare import records, runner
 from compare.schema import Ctx
 from compare.workloads import load_config
 from pallas_attn.kernels import fa_prefill_bwd, fa_train
@@ -35,11 +35,6 @@ SCRIPT = {
 @pytest.fixture(scope="module")
 def ws():
     return load_config("dropin")
-
-
-@pytest.fixture(scope="module")
-def all_impls():
-    return impls.all_impls()
 
 
 def _shape(w):

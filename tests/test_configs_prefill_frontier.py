@@ -21,11 +21,6 @@ def ws():
     return load_config("prefill_frontier")
 
 
-@pytest.fixture(scope="module")
-def all_impls():
-    return impls.all_impls()
-
-
 def test_expansion_covers_the_issue(ws):
     names = [w.name for w in ws]
     a = [w for w in ws if fnmatch.fnmatchcase(w.name, "pf_a_*")]
