@@ -48,6 +48,12 @@ CASES = [
     ("nvfp4", 1, 1, 16, 1, 64, 100, None, False, False, fd.DecodeConfig(block_k=16, splits=3, nvfp4_decode="cast")),
     ("nvfp4", 3, 1, 4, 2, 64, 90, 32, True, False, fd.DecodeConfig(block_k=32, splits=2)),  # G2, page = tile
     ("nvfp4", 1, 4, 8, 1, 128, 40, None, False, True, fd.DecodeConfig(block_k=16, nvfp4_decode="cast")),  # G8
+    # session 18: the NVFP4 halves (q / output columns permuted outside the kernel) and the wider quantized tiles
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32, nvfp4_halves=True)),
+    ("nvfp4", 1, 1, 16, 1, 64, 100, None, False, False,
+     fd.DecodeConfig(block_k=16, splits=3, nvfp4_decode="cast", nvfp4_halves=True)),
+    ("nvfp4", 1, 4, 8, 1, 128, 300, None, False, True, fd.DecodeConfig(nvfp4_halves=True, quant_tile_scale=2)),
+    ("fp8", 2, 1, 8, 2, 64, 300, None, False, True, fd.DecodeConfig(quant_tile_scale=4, splits=1)),
 ]
 
 
@@ -83,6 +89,7 @@ BF16_CASES = [
     ("fp8", 1, 2, 16, 1, 64, 100, None, True, fd.DecodeConfig(block_k=16, splits=3, fp8_decode="bits")),
     ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_decode="cast")),
     ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2)),
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_halves=True)),
 ]
 
 
@@ -127,6 +134,24 @@ def test_tile_decoders_are_exact(rng, how):
     tile = np.asarray(ks.nvfp4_tile(t.packed, t.micro, how), np.float32)
     got = (tile * np.float32(2.0 ** ks.NVFP4_FOLD[how])) * np.float32(t.scale)
     np.testing.assert_array_equal(got.view(np.uint32), np.asarray(quant.dequantize_nvfp4(t)).view(np.uint32))
+    even, odd = (np.asarray(h, np.float32) for h in ks.nvfp4_halves(t.packed, t.micro, how))
+    np.testing.assert_array_equal(even.view(np.uint32), tile[:, 0::2].view(np.uint32))  # same bits, halves apart
+    np.testing.assert_array_equal(odd.view(np.uint32), tile[:, 1::2].view(np.uint32))
+
+
+def test_quant_tile_scale_widens_quantized_tiles_only():
+    """quant_tile_scale multiplies the planned block_k of a quantized cache (capped at 512), never a 16-bit one's,
+    and never a block_k the config names."""
+    kw = dict(batch=1, hkv=8, rows=4, d=128, max_kv=32768, sm_count=132)
+    base = fd.plan(config=fd.DecodeConfig(), quantized=True, **kw).block_k
+    assert fd.plan(config=fd.CONFIGS["quant_wide"], quantized=True, **kw).block_k == 2 * base
+    assert fd.plan(config=fd.CONFIGS["quant_wide"], quantized=False, **kw).block_k == base
+    assert fd.plan(config=fd.DecodeConfig(block_k=32, quant_tile_scale=4), quantized=True, **kw).block_k == 32
+    assert fd.plan(config=fd.DecodeConfig(quant_tile_scale=4), quantized=True, **{**kw, "d": 64}).block_k <= 512
+    with pytest.raises(ValueError, match="quant_tile_scale"):
+        fd.DecodeConfig(quant_tile_scale=3)
+    with pytest.raises(ValueError, match="nvfp4_halves"):
+        fd.DecodeConfig(nvfp4_halves=1)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
@@ -191,7 +216,7 @@ def test_contract_declares_the_quantized_entry():
 
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide_halves"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""

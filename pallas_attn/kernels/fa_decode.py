@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,7 @@ from .kv_source import (
     e4m3_tile,
     flat_dense,
     flat_pool,
+    nvfp4_halves,
     nvfp4_tile,
     validate_block_table,
 )
@@ -101,7 +103,11 @@ class DecodeConfig:
     program (rows beyond it go to more row tiles, which re-read the tile, mostly from L2).
     merge_block: splits combined per step of the merge kernel. fp8_decode / nvfp4_decode: how quantized
     KV tiles become fp16 (``kv_source.DECODES``: "cast" through Triton's fp8 conversion, "bits" by integer
-    bit placement); unused for fp16 KV.
+    bit placement); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
+    (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
+    it instead). quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
+    a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. Both unused for
+    16-bit KV.
     """
 
     block_k: int | None = None
@@ -115,8 +121,14 @@ class DecodeConfig:
     merge_num_warps: int = 4
     fp8_decode: str = "cast"
     nvfp4_decode: str = "bits"
+    nvfp4_halves: bool = False
+    quant_tile_scale: int = 1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.nvfp4_halves, bool):
+            raise ValueError(f"nvfp4_halves must be a bool; got {self.nvfp4_halves=}")
+        if self.quant_tile_scale not in (1, 2, 4) or isinstance(self.quant_tile_scale, bool):
+            raise ValueError(f"quant_tile_scale must be 1, 2 or 4; got {self.quant_tile_scale=}")
         if self.fp8_decode not in DECODES or self.nvfp4_decode not in DECODES:
             raise ValueError(f"fp8_decode and nvfp4_decode must be one of {DECODES}; got {self.fp8_decode=}, "
                              f"{self.nvfp4_decode=}")
@@ -152,18 +164,24 @@ CONFIGS: dict[str, DecodeConfig] = {
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
     # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="cast"),
+    # session 18 (issue 31), measured beside the default before either becomes it (docs/quantized_kv.md §8):
+    # NVFP4 tiles as two halves, no interleave in the kernel; a quantized cache's tiles twice as many keys
+    "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
+    "quant_wide": DecodeConfig(quant_tile_scale=2),
+    "quant_wide_halves": DecodeConfig(quant_tile_scale=2, nvfp4_halves=True),
 }
 
 
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
-         page_size: int | None = None, sm_count: int | None = None) -> planner.DecodePlan:
-    """The launch plan for one call (``planner.plan_decode`` with this config's knobs)."""
+         page_size: int | None = None, sm_count: int | None = None, quantized: bool = False) -> planner.DecodePlan:
+    """The launch plan for one call (``planner.plan_decode`` with this config's knobs; a quantized cache's tile
+    scaled by ``config.quant_tile_scale`` when the config leaves ``block_k`` to the planner)."""
     return planner.plan_decode(
         batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv,
         sm_count=sm_count if sm_count is not None else _compat.device_sm_count(),
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, splits=config.splits,
         occupancy=config.occupancy, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
-        page_size=page_size)
+        page_size=page_size, block_k_scale=config.quant_tile_scale if quantized else 1)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -173,7 +191,7 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
                    tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
-                   window: int | None = None, softcap: float | None = None):
+                   window: int | None = None, softcap: float | None = None, halves: bool = False):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
@@ -200,8 +218,10 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     r = t * bm + jnp.arange(bm, dtype=jnp.int32)  # packed rows
     row_ok = r < rows
     q_row0 = bh * rows + t * bm
-    q = _compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(0, d)],
-                     mask=jnp.broadcast_to(row_ok[:, None], (bm, d)), other=0.0)
+    # halves (NVFP4, kv_source.nvfp4_halves): q arrives with its columns even-then-odd; each half is one operand
+    qcols = ((0, d // 2), (d // 2, d // 2)) if halves else ((0, d),)
+    qs = [_compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w)],
+                       mask=jnp.broadcast_to(row_ok[:, None], (bm, w)), other=0.0) for c0, w in qcols]
     _, i_q = gqa.row_position(r, tq)
 
     lo = s * (p.chunk_blocks * bk)
@@ -228,19 +248,27 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         to_q = (lambda x: x) if q_ref.dtype == jnp.float16 else (lambda x: x.astype(q_ref.dtype))
         if fmt == "fp8_e4m3":
             def dequant(k, v):
-                return to_q(e4m3_tile(k, decode)), to_q(e4m3_tile(v, decode))
+                return (to_q(e4m3_tile(k, decode)),), (to_q(e4m3_tile(v, decode)),)
+        elif halves:
+            def dequant(k, v):
+                return tuple(map(to_q, nvfp4_halves(*k, decode))), tuple(map(to_q, nvfp4_halves(*v, decode)))
         else:
             def dequant(k, v):
-                return to_q(nvfp4_tile(*k, decode)), to_q(nvfp4_tile(*v, decode))
+                return (to_q(nvfp4_tile(*k, decode)),), (to_q(nvfp4_tile(*v, decode)),)
     src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref)
 
     def body(i, carry):
-        m_run, l_run, acc, bad_run = carry
+        m_run, l_run, accs, bad_run = carry
         j0 = lo + i * bk
         j = j0 + jnp.arange(bk, dtype=jnp.int32)
         kmask = j < hi
-        k, v, bad = src.tile(j0, j, kmask)
-        sc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        ks, vs, bad = src.tile(j0, j, kmask)
+        if dequant is None:
+            ks, vs = (ks,), (vs,)
+        # the scores: one dot over D, or (halves) the sum of the two halves' dots
+        sc = functools.reduce(operator.add, (
+            jax.lax.dot_general(qh, kh, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            for qh, kh in zip(qs, ks)))
         if softcap is not None:  # cap * tanh(scale * s / cap), in the base-2 domain of the online softmax
             sc = jnp.tanh(sc * (scale_log2 / (softmax.LOG2E * softcap))) * (softcap * softmax.LOG2E)
         else:
@@ -251,26 +279,30 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         if window is not None:
             vis = vis & (j[None, :] > (i_q + q_off - window)[:, None])
         m_new, l_new, alpha, pr = softmax.step(m_run, l_run, sc, vis, base2=True)
-        acc = acc * alpha[:, None] + jnp.dot(pr.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return m_new, l_new, acc, bad_run | bad
+        accs = tuple(acc * alpha[:, None] + jnp.dot(pr.astype(vh.dtype), vh, preferred_element_type=jnp.float32)
+                     for acc, vh in zip(accs, vs))
+        return m_new, l_new, accs, bad_run | bad
 
-    m_run, l_run, acc, bad = jax.lax.fori_loop(0, n_tiles, body, (*softmax.init_state((bm,), d), bad0))
+    m0, l0 = softmax.init_state((bm,))
+    accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w in qcols)
+    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, bad0))
 
-    o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
-    if o_scale is not None:
-        o = o * o_scale
-    if check and lay.paged:
-        o = jnp.where(bad, jnp.nan, o)
-    omask = jnp.broadcast_to(row_ok[:, None], (bm, d))
-    if p.splits == 1:
-        o_ref = out_refs[0]
-        _compat.store(o_ref.at[pl.ds(q_row0, bm), pl.ds(0, d)], o.astype(o_ref.dtype), mask=omask)
-        if with_lse:
-            _compat.store(out_refs[1].at[pl.ds(q_row0, bm)], lse, mask=row_ok)
-    else:
-        op_ref, lse_ref = out_refs
-        _compat.store(op_ref.at[pl.ds(q_row0, bm), s, pl.ds(0, d)], o, mask=omask)
-        _compat.store(lse_ref.at[pl.ds(q_row0, bm), s], lse, mask=row_ok)
+    for (c0, w), acc in zip(qcols, accs):
+        o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
+        if o_scale is not None:
+            o = o * o_scale
+        if check and lay.paged:
+            o = jnp.where(bad, jnp.nan, o)
+        omask = jnp.broadcast_to(row_ok[:, None], (bm, w))
+        if p.splits == 1:
+            o_ref = out_refs[0]
+            _compat.store(o_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w)], o.astype(o_ref.dtype), mask=omask)
+        else:
+            _compat.store(out_refs[0].at[pl.ds(q_row0, bm), s, pl.ds(c0, w)], o, mask=omask)
+    if p.splits == 1 and with_lse:
+        _compat.store(out_refs[1].at[pl.ds(q_row0, bm)], lse, mask=row_ok)
+    elif p.splits > 1:
+        _compat.store(out_refs[1].at[pl.ds(q_row0, bm), s], lse, mask=row_ok)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -295,15 +327,18 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
+    halves = fmt == "nvfp4" and config.nvfp4_halves and d == lay.d
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap)
+        softcap=softcap, halves=halves)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv)
     if d != lay.d:
         qp = jnp.pad(qp, ((0, 0), (0, d - lay.d)))
+    if halves:  # the kernel's halves: q's even columns, then its odd ones (the output comes back the same way)
+        qp = jnp.concatenate([qp[:, 0::2], qp[:, 1::2]], axis=-1)
     args = (qp, k2, v2, *quant_args, *extra)
     if p.splits == 1:
         shapes = [jax.ShapeDtypeStruct((n_rows, d), q.dtype)]
@@ -324,6 +359,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         o, lse = res if return_lse else (res, None)
     if d != lay.d:
         o = o[:, :lay.d]
+    if halves:  # even-then-odd columns back to the interleaved order
+        o = jnp.stack([o[:, :d // 2], o[:, d // 2:]], axis=-1).reshape(o.shape)
     out = gqa.unpack_o(o, b, tq, hq, hkv)
     return (out, gqa.unpack_lse(lse, b, tq, hq)) if return_lse else out
 
@@ -386,7 +423,8 @@ def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, r
     _, tk, hkv, dk = k.shape
     _check_quantized(q, k, v)
     _check_common(q, hkv, dk, getattr(k, "dtype", None))
-    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(tk, tq, window), config=config)
+    p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(tk, tq, window), config=config,
+             quantized=quant.kv_format(k) is not None)
     fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
     lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro)
     extra = (q_offset,) if causal else ()
@@ -403,7 +441,7 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, cau
     num_pages, page, hkv, _ = k_pool.shape
     pages_per_seq = block_table.shape[1]
     p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(pages_per_seq * page, tq, window),
-             config=config, page_size=page)
+             config=config, page_size=page, quantized=quant.kv_format(k_pool) is not None)
     fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
                    num_pages=num_pages, gather=p.paged_gather, width=width, micro=micro)
@@ -467,7 +505,8 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
 def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
     return plan(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
                 d=tile_width(problem.head_dim),
-                max_kv=problem.kv_len, config=config, page_size=problem.page_size).as_dict()
+                max_kv=problem.kv_len, config=config, page_size=problem.page_size,
+                quantized=problem.kv_dtype in ("fp8_e4m3", "nvfp4")).as_dict()
 
 
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"

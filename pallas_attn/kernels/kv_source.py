@@ -36,8 +36,8 @@ from .. import _compat
 from .._compat import pl
 from .planner import next_pow2
 
-__all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "E4M3_FOLD", "NVFP4_FOLD",
-           "DECODES", "validate_block_table"]
+__all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "nvfp4_halves", "E4M3_FOLD",
+           "NVFP4_FOLD", "DECODES", "validate_block_table"]
 
 
 def flat_dense(x):
@@ -204,15 +204,57 @@ def nvfp4_tile(packed, micro, how: str):
         lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
         hi = (p & 0x80) | ((p & 0x70) >> 2)
         lvl = e4m3_tile(jnp.stack([lo, hi], axis=-1).reshape(n, d), "cast")
-        m = e4m3_tile(micro, "cast") * jnp.float16(64.0)  # micro * 2^6 <= 28672: exact
     elif how == "bits":
         p = packed.astype(jnp.uint16)
         lo = ((p & 0x8) << 12) | ((p & 0x7) << 9)
         hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
         lvl = jax.lax.bitcast_convert_type(jnp.stack([lo, hi], axis=-1).reshape(n, d), jnp.float16)
-        m = e4m3_tile(micro, "bits") * jnp.float16(32768.0)  # micro * 2^7 <= 57344: exact
     else:
         raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
+    m = _nvfp4_micro(micro, how)
     blocks = micro.shape[1]
     m = jnp.broadcast_to(m[:, :, None], (n, blocks, d // blocks)).reshape(n, d)
     return lvl * m
+
+
+def _nvfp4_micro(micro, how: str):
+    """The micro-scale tile as fp16 carrying the decode's power of two (``cast``: micro * 2^6 <= 28672; ``bits``:
+    micro * 2^-8 from its decode, * 2^15, so micro * 2^7 <= 57344): exact either way."""
+    if how == "cast":
+        return e4m3_tile(micro, "cast") * jnp.float16(64.0)
+    return e4m3_tile(micro, "bits") * jnp.float16(32768.0)
+
+
+def _nvfp4_levels(p, how: str):
+    """The two nibbles of each packed byte as ``(low, high)`` level tiles of ``p``'s shape (fp16 for ``bits``,
+    fp16 after the E4M3 convert for ``cast``), each the E2M1 level times ``nvfp4_tile``'s power of two."""
+    if how == "cast":
+        lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
+        hi = (p & 0x80) | ((p & 0x70) >> 2)
+        return e4m3_tile(lo, "cast"), e4m3_tile(hi, "cast")
+    if how == "bits":
+        u = p.astype(jnp.uint16)
+        lo = ((u & 0x8) << 12) | ((u & 0x7) << 9)
+        hi = ((u & 0x80) << 8) | ((u & 0x70) << 5)
+        return jax.lax.bitcast_convert_type(lo, jnp.float16), jax.lax.bitcast_convert_type(hi, jnp.float16)
+    raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
+
+
+def nvfp4_halves(packed, micro, how: str):
+    """NVFP4 ``packed [n, D/2]`` + ``micro [n, D/16]`` -> ``(even, odd)``, two fp16 ``[n, D/2]`` tiles: the even
+    elements (low nibbles) and the odd ones (high nibbles), each exactly ``nvfp4_tile``'s values at those columns
+    (same decodes, same ``NVFP4_FOLD``).
+
+    No interleave: ``nvfp4_tile`` joins the two halves into ``[n, D]`` (a stack and a reshape, which Triton may
+    carry out as a register shuffle or a trip through shared memory). Here the caller keeps the halves apart and
+    permutes the other operand instead (q's columns even-then-odd, the output's back), so both dots run on the
+    halves as they decode: the scores are the sum of two dots over D/2, the output two ``[rows, D/2]``
+    accumulators. Column ``i`` of either half belongs to micro block ``i // 8`` (element ``2i`` or ``2i + 1``
+    lies in block ``2i // 16``), so one broadcast micro tile of ``[n, D/2]`` scales both halves.
+    """
+    n, half = packed.shape
+    lo, hi = _nvfp4_levels(packed, how)
+    m = _nvfp4_micro(micro, how)
+    blocks = micro.shape[1]
+    m = jnp.broadcast_to(m[:, :, None], (n, blocks, half // blocks)).reshape(n, half)
+    return lo * m, hi * m

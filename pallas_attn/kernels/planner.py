@@ -66,8 +66,11 @@ def _default_block_k(d: int) -> int:
 
 def plan_decode(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, sm_count: int, block_k: int | None,
                 num_warps: int | None, num_stages: int | None, splits: int | None, occupancy: int,
-                paged_min_waves: int, block_m_max: int | None, page_size: int | None = None) -> DecodePlan:
-    """Resolve tiles, launch knobs and the split count (the knobs' ``None`` means "pick")."""
+                paged_min_waves: int, block_m_max: int | None, page_size: int | None = None,
+                block_k_scale: int = 1) -> DecodePlan:
+    """Resolve tiles, launch knobs and the split count (the knobs' ``None`` means "pick"). ``block_k_scale``
+    multiplies a picked ``block_k`` (at most 512; a given ``block_k`` is kept): a quantized cache's tile of fewer
+    bytes per key."""
     bm_cap = block_m_max or max(16, 8192 // d)
     block_m = min(max(16, next_pow2(rows)), bm_cap)
     row_tiles = cdiv(rows, block_m)
@@ -79,6 +82,8 @@ def plan_decode(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, sm_coun
         # tile twice as large keeps more bytes in flight per SM. Measured on an H200 (tune run 2026-11-21,
         # docs/fa_decode.md): B=64, S=4096 268.7 -> 236.9 us; B=32, S=8192 236.4 -> 235.7 us.
         bk = min(256, 2 * bk)
+    if block_k is None and block_k_scale > 1:
+        bk = min(512, bk * block_k_scale)
     n_blocks = max(1, cdiv(max(int(max_kv), 1), bk))
 
     def realized(s: int) -> tuple[int, int]:

@@ -57,7 +57,11 @@ def test_quantizer_on_gpu_matches_the_judge(fmt):
     assert np.asarray(got.scale).view(np.uint32) == np.float32(want.scale).view(np.uint32)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+# session 18: the NVFP4 halves and the wider quantized tiles (fp8 runs quant_wide's tiles; halves are NVFP4's)
+CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide", "quant_wide_halves"]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("b,s", [(8, 8192), (1, 131072)])
 def test_dense_target_shapes(fmt, config, b, s):
@@ -67,7 +71,7 @@ def test_dense_target_shapes(fmt, config, b, s):
     _check(out, q, kq, vq, fmt, rows=[0, b - 1], heads=[0, 7])
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("page", [64, 16])
 def test_paged_ragged(fmt, config, page):
@@ -83,7 +87,7 @@ def test_paged_ragged(fmt, config, page):
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "quant_wide_halves"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
