@@ -4,12 +4,14 @@
         python scripts/ncu_case.py prefill [--config default] [--causal] [--dtype float16]
     ncu ... python scripts/ncu_case.py cudnn [--causal]
     ncu ... python scripts/ncu_case.py mla [--config kv64] [--batch 64] [--seq 8192]
+    ncu ... python scripts/ncu_case.py decode --kv nvfp4 [--config quant_alt_decode] [--dtype bfloat16]
 
 The profiled range is opened with ``cudaProfilerStart`` (through torch's binding) after three warm-up calls, so
 compilation, autotuning and the inputs' creation stay outside it; the range holds one call and its sync.
 Prefill shape: B4 H16 N4096 D128 (the issue's forward shape) unless ``--batch / --heads / --seq / --head-dim`` say
 otherwise (GPT-2 N 4096: ``--batch 8 --heads 12 --head-dim 64 --causal --dtype bfloat16``); MLA: the DeepSeek-V3
-decode shape (h_q 128, 512 + 64, page 64).
+decode shape (h_q 128, 512 + 64, page 64); decode: fa_decode at Llama-3.1-8B's heads (Hq 32, Hkv 8, D 128), B32 S8192
+dense, Tq 1, with a 16-bit (``--kv dtype``), fp8 E4M3 or NVFP4 cache (session 18, issue 31).
 """
 
 from __future__ import annotations
@@ -60,9 +62,30 @@ def _mla_call(a):
     return lambda: f(q, pool, table, lens)
 
 
+def _decode_call(a):
+    import pallas_attn
+    from pallas_attn import quant
+
+    b, n, hq, hkv, d = a.batch, a.seq, 32, 8, 128
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    dt = jnp.dtype(a.dtype)
+    q = jax.random.normal(kq, (b, 1, hq, d), dt)
+    k = jax.random.normal(kk, (b, n, hkv, d), jnp.float32)
+    v = jax.random.normal(kv, (b, n, hkv, d), jnp.float32)
+    if a.kv == "dtype":
+        k, v = k.astype(dt), v.astype(dt)
+    else:
+        qz = quant.quantize_fp8_e4m3 if a.kv == "fp8" else quant.quantize_nvfp4
+        k, v = jax.block_until_ready((qz(k), qz(v)))
+    f = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, causal=True, q_offset=n - 1,
+                                                      generation="fa_decode", config=a.config))
+    return lambda: f(q, k, v)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=("prefill", "cudnn", "mla"))
+    ap.add_argument("case", choices=("prefill", "cudnn", "mla", "decode"))
+    ap.add_argument("--kv", choices=("dtype", "fp8", "nvfp4"), default="dtype", help="decode: the cache's format")
     ap.add_argument("--config", default=None)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="float16")
@@ -74,6 +97,9 @@ def main(argv=None) -> int:
     if a.case == "mla":
         a.batch, a.seq, a.config = a.batch or 64, a.seq or 8192, a.config or "kv64"
         call = _mla_call(a)
+    elif a.case == "decode":
+        a.batch, a.seq, a.config = a.batch or 32, a.seq or 8192, a.config or "default"
+        call = _decode_call(a)
     else:
         a.batch, a.seq, a.config = a.batch or 4, a.seq or 4096, a.config or "default"
         call = _prefill_call(a)
@@ -84,7 +110,7 @@ def main(argv=None) -> int:
     prof.start()
     jax.block_until_ready(call())
     prof.stop()
-    print(f"ncu_case {a.case} config={a.config} causal={a.causal} dtype={a.dtype} B={a.batch} N={a.seq} "
+    print(f"ncu_case {a.case} kv={a.kv} config={a.config} causal={a.causal} dtype={a.dtype} B={a.batch} N={a.seq} "
           f"H={a.heads} D={a.head_dim}: done",
           file=sys.stderr)
     return 0

@@ -23,7 +23,6 @@ from pallas_attn.kernels.contract import Problem
 QUANTIZE = {"fp8": quant.quantize_fp8_e4m3, "nvfp4": quant.quantize_nvfp4}
 KV_DTYPE = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 TOL = 1e-2  # relative L2 vs float64 on the same quantized operands (fp16 q and output), as for fp16 KV
-ALT = fd.DecodeConfig(fp8_decode="bits", nvfp4_decode="cast")
 
 
 def _rel(out, ref):
@@ -44,7 +43,7 @@ CASES = [
     ("fp8", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32)),  # G4, page < tile: gather
     ("fp8", 1, 1, 16, 1, 64, 100, None, False, False, fd.DecodeConfig(block_k=16, splits=3, fp8_decode="bits")),
     ("fp8", 2, 4, 8, 8, 128, 50, 64, True, True, fd.DecodeConfig(block_k=16, fp8_decode="bits")),  # G1, Tq 4
-    ("nvfp4", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32)),
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32, nvfp4_decode="bits")),
     ("nvfp4", 1, 1, 16, 1, 64, 100, None, False, False, fd.DecodeConfig(block_k=16, splits=3, nvfp4_decode="cast")),
     ("nvfp4", 3, 1, 4, 2, 64, 90, 32, True, False, fd.DecodeConfig(block_k=32, splits=2)),  # G2, page = tile
     ("nvfp4", 1, 4, 8, 1, 128, 40, None, False, True, fd.DecodeConfig(block_k=16, nvfp4_decode="cast")),  # G8
@@ -88,8 +87,11 @@ BF16_CASES = [
     ("fp8", 2, 1, 8, 2, 128, 77, 16, True, fd.DecodeConfig(block_k=32)),
     ("fp8", 1, 2, 16, 1, 64, 100, None, True, fd.DecodeConfig(block_k=16, splits=3, fp8_decode="bits")),
     ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_decode="cast")),
-    ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2)),
+    ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2, nvfp4_decode="bits")),
     ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_halves=True)),
+    # V and P.V in bf16 (quant_pv16 off: the default before session 18)
+    ("fp8", 2, 1, 8, 2, 128, 77, None, True, fd.DecodeConfig(block_k=32, quant_pv16=False)),
+    ("nvfp4", 2, 1, 8, 2, 64, 77, 16, True, fd.DecodeConfig(block_k=16, quant_pv16=False)),
 ]
 
 
@@ -216,7 +218,8 @@ def test_contract_declares_the_quantized_entry():
 
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide_halves"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide_halves",
+                                    "quant_pv_bf16"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""

@@ -106,8 +106,10 @@ class DecodeConfig:
     bit placement); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
     (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
     it instead). quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
-    a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. Both unused for
-    16-bit KV.
+    a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
+    bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
+    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16). These three are unused for 16-bit
+    KV.
     """
 
     block_k: int | None = None
@@ -120,13 +122,14 @@ class DecodeConfig:
     merge_block: int = 64
     merge_num_warps: int = 4
     fp8_decode: str = "cast"
-    nvfp4_decode: str = "bits"
+    nvfp4_decode: str = "cast"
     nvfp4_halves: bool = False
     quant_tile_scale: int = 1
+    quant_pv16: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nvfp4_halves, bool):
-            raise ValueError(f"nvfp4_halves must be a bool; got {self.nvfp4_halves=}")
+        if not isinstance(self.nvfp4_halves, bool) or not isinstance(self.quant_pv16, bool):
+            raise ValueError(f"nvfp4_halves and quant_pv16 must be bools; got {self.nvfp4_halves=}, {self.quant_pv16=}")
         if self.quant_tile_scale not in (1, 2, 4) or isinstance(self.quant_tile_scale, bool):
             raise ValueError(f"quant_tile_scale must be 1, 2 or 4; got {self.quant_tile_scale=}")
         if self.fp8_decode not in DECODES or self.nvfp4_decode not in DECODES:
@@ -162,8 +165,11 @@ CONFIGS: dict[str, DecodeConfig] = {
     # best dense point of the first H200 sweep (results/fa_decode_tune/20261121_h200_tune1.json): B=32,
     # S=8192 234.2 us vs 236.4 default; B=1, S=131072 122.7 vs 122.4; B=64, S=4096 240.1 vs 236.9 (bk 128)
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
-    # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it
-    "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="cast"),
+    # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it. NVFP4's
+    # default is "cast" since session 18 (faster than "bits" in every record of three runs: docs/quantized_kv.md §8)
+    "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
+    # a bf16 q's P.V in bf16 on a converted V tile (the default before session 18), measured beside quant_pv16
+    "quant_pv_bf16": DecodeConfig(quant_pv16=False),
     # session 18 (issue 31), measured beside the default before either becomes it (docs/quantized_kv.md §8):
     # NVFP4 tiles as two halves, no interleave in the kernel; a quantized cache's tiles twice as many keys
     "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
@@ -191,7 +197,7 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
                    tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
-                   window: int | None = None, softcap: float | None = None, halves: bool = False):
+                   window: int | None = None, softcap: float | None = None, halves: bool = False, pv16: bool = False):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
@@ -244,17 +250,19 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         o_scale = sc_ref[1] * fold
         # a bf16 q (session 13): the exact fp16 tile converts to bf16 exactly (an E4M3 value has 4 significant bits,
         # an NVFP4 level x micro-scale product at most 7, bf16 holds 8, and bf16's exponent range covers fp16's), so
-        # both dots run in q's dtype on the same values
+        # the scores' dot runs in q's dtype on the same values; V too unless pv16 (session 18: V stays fp16 and P
+        # joins it as fp16, one convert per V element fewer)
         to_q = (lambda x: x) if q_ref.dtype == jnp.float16 else (lambda x: x.astype(q_ref.dtype))
+        to_v = (lambda x: x) if pv16 else to_q
         if fmt == "fp8_e4m3":
             def dequant(k, v):
-                return (to_q(e4m3_tile(k, decode)),), (to_q(e4m3_tile(v, decode)),)
+                return (to_q(e4m3_tile(k, decode)),), (to_v(e4m3_tile(v, decode)),)
         elif halves:
             def dequant(k, v):
-                return tuple(map(to_q, nvfp4_halves(*k, decode))), tuple(map(to_q, nvfp4_halves(*v, decode)))
+                return tuple(map(to_q, nvfp4_halves(*k, decode))), tuple(map(to_v, nvfp4_halves(*v, decode)))
         else:
             def dequant(k, v):
-                return (to_q(nvfp4_tile(*k, decode)),), (to_q(nvfp4_tile(*v, decode)),)
+                return (to_q(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
     src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref)
 
     def body(i, carry):
@@ -331,7 +339,7 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves)
+        softcap=softcap, halves=halves, pv16=config.quant_pv16)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv)
@@ -513,9 +521,10 @@ _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online s
 _QNOTE = ("q float16 or bfloat16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score "
           "and output scalars), then as fp16 (bf16 q: converted to bf16, exactly)")
 
-# ALU instructions per KV element of the default decodes (docs/quantized_kv.md counts them): fp8 "cast" is one
+# ALU instructions per KV element of the decodes as first counted (docs/quantized_kv.md §3): fp8 "cast" is one
 # cvt.rn.f16x2.e4m3x2 per two elements plus the byte permute feeding it; NVFP4 "bits" is per packed byte two
-# shift/and/or groups (LOP3 + SHF, ~3 each), the join, and one fp16x2 multiply by the micro-scale per two.
+# shift/and/or groups (LOP3 + SHF, ~3 each), the join, and one fp16x2 multiply by the micro-scale per two (NVFP4's
+# default decode is "cast" since session 18; layer 2 prices each decode by its own fitted cost, compare/layer2.py).
 _DEQUANT_OPS = {"fp8_e4m3": 1.0, "nvfp4": 4.5}
 
 def _table_choice(problem: Problem) -> str:
@@ -546,8 +555,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     ws = s.batch * s.heads_kv * lp["row_tiles"] * bm * lp["splits"] * (dt + 1) * 4 if lp["splits"] > 1 else 0
     cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
     if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
-        how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or \
-            ("cast" if s.kv_dtype == "fp8_e4m3" else "bits")
+        how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or "cast"
         cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
         note = f"; {s.kv_dtype} KV decoded ({how}) per element"
     # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
