@@ -89,9 +89,9 @@ BF16_CASES = [
     ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_decode="cast")),
     ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2, nvfp4_decode="bits")),
     ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_halves=True)),
-    # V and P.V in bf16 (quant_pv16 off: the default before session 18)
-    ("fp8", 2, 1, 8, 2, 128, 77, None, True, fd.DecodeConfig(block_k=32, quant_pv16=False)),
-    ("nvfp4", 2, 1, 8, 2, 64, 77, 16, True, fd.DecodeConfig(block_k=16, quant_pv16=False)),
+    # P.V on the fp16 V tile (quant_pv16, session 18)
+    ("fp8", 2, 1, 8, 2, 128, 77, None, True, fd.DecodeConfig(block_k=32, quant_pv16=True)),
+    ("nvfp4", 2, 1, 8, 2, 64, 77, 16, True, fd.DecodeConfig(block_k=16, quant_pv16=True)),
 ]
 
 
@@ -219,7 +219,7 @@ def test_contract_declares_the_quantized_entry():
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide_halves",
-                                    "quant_pv_bf16"])
+                                    "quant_pv16"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""

@@ -125,7 +125,7 @@ class DecodeConfig:
     nvfp4_decode: str = "cast"
     nvfp4_halves: bool = False
     quant_tile_scale: int = 1
-    quant_pv16: bool = True
+    quant_pv16: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.nvfp4_halves, bool) or not isinstance(self.quant_pv16, bool):
@@ -168,8 +168,14 @@ CONFIGS: dict[str, DecodeConfig] = {
     # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it. NVFP4's
     # default is "cast" since session 18 (faster than "bits" in every record of three runs: docs/quantized_kv.md §8)
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
-    # a bf16 q's P.V in bf16 on a converted V tile (the default before session 18), measured beside quant_pv16
-    "quant_pv_bf16": DecodeConfig(quant_pv16=False),
+    # a bf16 q's P.V on the fp16 V tile (no V convert; measured in session 18: NVFP4 0.7-1.7% faster at B32, fp8
+    # 2.5-3.6% slower at B1, so not the default)
+    "quant_pv16": DecodeConfig(quant_pv16=True),
+    # more resident warps for the quantized loops (Nsight Compute, session 18: NVFP4 issues from 8 warps per SM at
+    # B32 S8k, 57% of issue slots busy): the wave model assuming 4 programs per SM (more splits), 8 warps a program
+    "occ4": DecodeConfig(occupancy=4),
+    "warps8": DecodeConfig(num_warps=8),
+    "occ4_warps8": DecodeConfig(occupancy=4, num_warps=8),
     # session 18 (issue 31), measured beside the default before either becomes it (docs/quantized_kv.md §8):
     # NVFP4 tiles as two halves, no interleave in the kernel; a quantized cache's tiles twice as many keys
     "nvfp4_halves": DecodeConfig(nvfp4_halves=True),

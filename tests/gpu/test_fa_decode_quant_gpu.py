@@ -87,7 +87,7 @@ def test_paged_ragged(fmt, config, page):
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "quant_wide_halves", "quant_pv_bf16"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "quant_wide_halves", "quant_pv16"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
