@@ -52,6 +52,9 @@ CASES = [
     ("nvfp4", 1, 1, 16, 1, 64, 100, None, False, False,
      fd.DecodeConfig(block_k=16, splits=3, nvfp4_decode="cast", nvfp4_halves=True)),
     ("nvfp4", 1, 4, 8, 1, 128, 300, None, False, True, fd.DecodeConfig(nvfp4_halves=True, quant_tile_scale=2)),
+    # the default's NVFP4 batch regime: B*Hkv = 136 programs >= 132 SMs (the CPU's stand-in count): 4 programs per
+    # SM in the wave model (the keys split in two) and the halves
+    ("nvfp4", 17, 1, 16, 8, 64, 70, None, False, True, fd.DecodeConfig(block_k=16)),
     ("fp8", 2, 1, 8, 2, 64, 300, None, False, True, fd.DecodeConfig(quant_tile_scale=4, splits=1)),
 ]
 
@@ -145,11 +148,34 @@ def test_quant_tile_scale_widens_quantized_tiles_only():
     """quant_tile_scale multiplies the planned block_k of a quantized cache (capped at 512), never a 16-bit one's,
     and never a block_k the config names."""
     kw = dict(batch=1, hkv=8, rows=4, d=128, max_kv=32768, sm_count=132)
-    base = fd.plan(config=fd.DecodeConfig(), quantized=True, **kw).block_k
-    assert fd.plan(config=fd.CONFIGS["quant_wide"], quantized=True, **kw).block_k == 2 * base
-    assert fd.plan(config=fd.CONFIGS["quant_wide"], quantized=False, **kw).block_k == base
-    assert fd.plan(config=fd.DecodeConfig(block_k=32, quant_tile_scale=4), quantized=True, **kw).block_k == 32
-    assert fd.plan(config=fd.DecodeConfig(quant_tile_scale=4), quantized=True, **{**kw, "d": 64}).block_k <= 512
+    wide = fd.DecodeConfig(quant_tile_scale=2)
+    base = fd.plan(config=fd.DecodeConfig(), kv_format="fp8_e4m3", **kw).block_k
+    assert fd.plan(config=wide, kv_format="fp8_e4m3", **kw).block_k == 2 * base
+    assert fd.plan(config=wide, kv_format=None, **kw).block_k == base
+    assert fd.plan(config=fd.DecodeConfig(block_k=32, quant_tile_scale=4), kv_format="nvfp4", **kw).block_k == 32
+    assert fd.plan(config=fd.DecodeConfig(quant_tile_scale=4), kv_format="nvfp4", **{**kw, "d": 64}).block_k <= 512
+
+
+def test_nvfp4_batch_regime():
+    """A dense NVFP4 cache whose B*Hkv programs give every SM one is planned at 4 programs per SM (B32 Hkv8 D128 on
+    132 SMs: the keys split in two, 512 programs) and decodes by halves; below it (B1), for fp8 and 16-bit caches,
+    paged, or with the regime off (nvfp4_plain) the plan is the plain one."""
+    kw = dict(hkv=8, rows=4, d=128, max_kv=8192, sm_count=132)
+    cfg, plain = fd.CONFIGS["default"], fd.CONFIGS["nvfp4_plain"]
+    big = fd.plan(config=cfg, batch=32, kv_format="nvfp4", **kw)
+    assert big.splits == 2 and big.programs == 512 and big.slots == 528
+    for fmt in (None, "fp8_e4m3"):
+        assert fd.plan(config=cfg, batch=32, kv_format=fmt, **kw) == fd.plan(config=plain, batch=32, kv_format="nvfp4",
+                                                                             **kw)
+    assert fd.plan(config=plain, batch=32, kv_format="nvfp4", **kw).splits == 1
+    assert fd.plan(config=cfg, batch=1, kv_format="nvfp4", **kw) == fd.plan(config=plain, batch=1, kv_format="nvfp4",
+                                                                            **kw)
+    assert fd.nvfp4_batch_regime(cfg, batch=32, hkv=8, rows=4, d=128, paged=False, sm_count=132)
+    assert not fd.nvfp4_batch_regime(cfg, batch=32, hkv=8, rows=4, d=128, paged=True, sm_count=132)
+    assert not fd.nvfp4_batch_regime(cfg, batch=16, hkv=8, rows=4, d=128, paged=False, sm_count=132)
+    assert not fd.nvfp4_batch_regime(plain, batch=32, hkv=8, rows=4, d=128, paged=False, sm_count=132)
+    with pytest.raises(ValueError, match="nvfp4_batch_occupancy"):
+        fd.DecodeConfig(nvfp4_batch_occupancy=0)
     with pytest.raises(ValueError, match="quant_tile_scale"):
         fd.DecodeConfig(quant_tile_scale=3)
     with pytest.raises(ValueError, match="nvfp4_halves"):
@@ -218,8 +244,7 @@ def test_contract_declares_the_quantized_entry():
 
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide_halves",
-                                    "quant_pv16"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "quant_pv16"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""

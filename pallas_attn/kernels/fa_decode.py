@@ -105,7 +105,10 @@ class DecodeConfig:
     KV tiles become fp16 (``kv_source.DECODES``: "cast" through Triton's fp8 conversion, "bits" by integer
     bit placement); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
     (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
-    it instead). quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
+    it instead); None: in the NVFP4 batch regime only. nvfp4_batch_occupancy: a dense NVFP4 cache whose
+    ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many programs per SM
+    (more splits, more resident warps: the NVFP4 loop is latency-bound at 8 warps per SM, docs/quantized_kv.md §8);
+    None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
     a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
     P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16). These three are unused for 16-bit
@@ -123,13 +126,18 @@ class DecodeConfig:
     merge_num_warps: int = 4
     fp8_decode: str = "cast"
     nvfp4_decode: str = "cast"
-    nvfp4_halves: bool = False
+    nvfp4_halves: bool | None = None
+    nvfp4_batch_occupancy: int | None = 4
     quant_tile_scale: int = 1
     quant_pv16: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nvfp4_halves, bool) or not isinstance(self.quant_pv16, bool):
-            raise ValueError(f"nvfp4_halves and quant_pv16 must be bools; got {self.nvfp4_halves=}, {self.quant_pv16=}")
+        if not isinstance(self.nvfp4_halves, (bool, type(None))) or not isinstance(self.quant_pv16, bool):
+            raise ValueError(f"nvfp4_halves must be a bool or None and quant_pv16 a bool; got {self.nvfp4_halves=}, "
+                             f"{self.quant_pv16=}")
+        nbo = self.nvfp4_batch_occupancy
+        if nbo is not None and (isinstance(nbo, bool) or not isinstance(nbo, int) or not 1 <= nbo <= 32):
+            raise ValueError(f"nvfp4_batch_occupancy must be an int in [1, 32] or None; got {nbo=}")
         if self.quant_tile_scale not in (1, 2, 4) or isinstance(self.quant_tile_scale, bool):
             raise ValueError(f"quant_tile_scale must be 1, 2 or 4; got {self.quant_tile_scale=}")
         if self.fp8_decode not in DECODES or self.nvfp4_decode not in DECODES:
@@ -171,29 +179,39 @@ CONFIGS: dict[str, DecodeConfig] = {
     # a bf16 q's P.V on the fp16 V tile (no V convert; measured in session 18: NVFP4 0.7-1.7% faster at B32, fp8
     # 2.5-3.6% slower at B1, so not the default)
     "quant_pv16": DecodeConfig(quant_pv16=True),
-    # more resident warps for the quantized loops (Nsight Compute, session 18: NVFP4 issues from 8 warps per SM at
-    # B32 S8k, 57% of issue slots busy): the wave model assuming 4 programs per SM (more splits), 8 warps a program
-    "occ4": DecodeConfig(occupancy=4),
-    "warps8": DecodeConfig(num_warps=8),
-    "occ4_warps8": DecodeConfig(occupancy=4, num_warps=8),
-    # session 18 (issue 31), measured beside the default before either becomes it (docs/quantized_kv.md §8):
-    # NVFP4 tiles as two halves, no interleave in the kernel; a quantized cache's tiles twice as many keys
+    # session 18 (issue 31, docs/quantized_kv.md §8): the default's NVFP4 batch regime (4 programs per SM and the
+    # halves when B*Hkv gives every SM a program) measured against the plain NVFP4 plan, and the halves at every shape
+    "nvfp4_plain": DecodeConfig(nvfp4_halves=False, nvfp4_batch_occupancy=None),
     "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
-    "quant_wide": DecodeConfig(quant_tile_scale=2),
-    "quant_wide_halves": DecodeConfig(quant_tile_scale=2, nvfp4_halves=True),
 }
 
 
+def nvfp4_batch_regime(config: DecodeConfig, *, batch: int, hkv: int, rows: int, d: int, paged: bool,
+                       sm_count: int | None = None) -> bool:
+    """Whether a dense NVFP4 call is in the batch regime: ``B * Hkv * row_tiles >= SMs`` (each SM gets a program
+    without splitting the keys) and the config turns the regime on (``nvfp4_batch_occupancy``)."""
+    if config.nvfp4_batch_occupancy is None or paged:
+        return False
+    sm = sm_count if sm_count is not None else _compat.device_sm_count()
+    bm = min(max(16, planner.next_pow2(rows)), config.block_m_max or max(16, 8192 // d))
+    return batch * hkv * planner.cdiv(rows, bm) >= sm
+
+
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
-         page_size: int | None = None, sm_count: int | None = None, quantized: bool = False) -> planner.DecodePlan:
+         page_size: int | None = None, sm_count: int | None = None, kv_format: str | None = None) -> planner.DecodePlan:
     """The launch plan for one call (``planner.plan_decode`` with this config's knobs; a quantized cache's tile
-    scaled by ``config.quant_tile_scale`` when the config leaves ``block_k`` to the planner)."""
+    scaled by ``config.quant_tile_scale`` when the config leaves ``block_k`` to the planner; a dense NVFP4 cache in
+    the batch regime planned at ``config.nvfp4_batch_occupancy`` programs per SM)."""
+    sm = sm_count if sm_count is not None else _compat.device_sm_count()
+    occ = config.occupancy
+    if kv_format == "nvfp4" and nvfp4_batch_regime(config, batch=batch, hkv=hkv, rows=rows, d=d,
+                                                   paged=page_size is not None, sm_count=sm):
+        occ = config.nvfp4_batch_occupancy
     return planner.plan_decode(
-        batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv,
-        sm_count=sm_count if sm_count is not None else _compat.device_sm_count(),
+        batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv, sm_count=sm,
         block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, splits=config.splits,
-        occupancy=config.occupancy, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
-        page_size=page_size, block_k_scale=config.quant_tile_scale if quantized else 1)
+        occupancy=occ, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
+        page_size=page_size, block_k_scale=config.quant_tile_scale if kv_format else 1)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -341,7 +359,10 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
-    halves = fmt == "nvfp4" and config.nvfp4_halves and d == lay.d
+    halves = config.nvfp4_halves
+    if fmt == "nvfp4" and halves is None:
+        halves = nvfp4_batch_regime(config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged)
+    halves = bool(fmt == "nvfp4" and halves and d == lay.d)
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
@@ -438,7 +459,7 @@ def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, r
     _check_quantized(q, k, v)
     _check_common(q, hkv, dk, getattr(k, "dtype", None))
     p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(tk, tq, window), config=config,
-             quantized=quant.kv_format(k) is not None)
+             kv_format=quant.kv_format(k))
     fmt, k2, v2, qargs, width, micro = _storage(k, v, flat=flat_dense)
     lay = KVLayout(paged=False, block_k=p.block_k, d=d, tk=tk, width=width, micro=micro)
     extra = (q_offset,) if causal else ()
@@ -455,7 +476,7 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, cau
     num_pages, page, hkv, _ = k_pool.shape
     pages_per_seq = block_table.shape[1]
     p = plan(batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=tile_width(d), max_kv=_band(pages_per_seq * page, tq, window),
-             config=config, page_size=page, quantized=quant.kv_format(k_pool) is not None)
+             config=config, page_size=page, kv_format=quant.kv_format(k_pool))
     fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
                    num_pages=num_pages, gather=p.paged_gather, width=width, micro=micro)
@@ -520,7 +541,7 @@ def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
     return plan(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
                 d=tile_width(problem.head_dim),
                 max_kv=problem.kv_len, config=config, page_size=problem.page_size,
-                quantized=problem.kv_dtype in ("fp8_e4m3", "nvfp4")).as_dict()
+                kv_format=problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None).as_dict()
 
 
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"
@@ -550,7 +571,8 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     if s.window and s.causal:  # the kernel's splits tile only the window's band (session 11): plan it so
         band = _band(tk, tq, s.window)
         lp = plan(batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=tile_width(d), max_kv=band,
-                  config=cfg or CONFIGS["default"], page_size=s.page_size, sm_count=hw.num_sm).as_dict()
+                  config=cfg or CONFIGS["default"], page_size=s.page_size, sm_count=hw.num_sm,
+                  kv_format=s.kv_dtype or None).as_dict()
         band = min(tk, s.window + tq - 1 + lp["block_k"])  # keys read: the band from a tile boundary
     bm, bk, cb = lp["block_m"], lp["block_k"], lp["chunk_blocks"]
     P = lp["programs"]

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import pallas_attn  # noqa: E402
 from attn_core import formats, oracle  # noqa: E402
 from pallas_attn import quant  # noqa: E402
+from pallas_attn.kernels import fa_decode as fd  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -57,17 +58,23 @@ def test_quantizer_on_gpu_matches_the_judge(fmt):
     assert np.asarray(got.scale).view(np.uint32) == np.float32(want.scale).view(np.uint32)
 
 
-# session 18: the NVFP4 halves and the wider quantized tiles (fp8 runs quant_wide's tiles; halves are NVFP4's)
-CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "quant_wide", "quant_wide_halves"]
+# session 18: the NVFP4 halves at every shape, the plain NVFP4 plan (the default's batch regime off), and the wider
+# quantized tiles (quant_tile_scale; no named config: measured slower, docs/quantized_kv.md §8)
+CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "wide"]
+
+
+def _config(name):
+    return fd.DecodeConfig(quant_tile_scale=2) if name == "wide" else name
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
-@pytest.mark.parametrize("b,s", [(8, 8192), (1, 131072)])
+@pytest.mark.parametrize("b,s", [(8, 8192), (1, 131072), (32, 2048)])  # B32 x Hkv 8 >= the SMs: NVFP4's batch regime
 def test_dense_target_shapes(fmt, config, b, s):
     q, k, v = _inputs(1, b, s)
     kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
-    out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", config=config))(q, kq, vq)
+    out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", config=_config(config)))(
+        q, kq, vq)
     _check(out, q, kq, vq, fmt, rows=[0, b - 1], heads=[0, 7])
 
 
@@ -80,14 +87,14 @@ def test_paged_ragged(fmt, config, page):
     kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
     lens = np.array([4096, 1, 4000, 63, 2048, 3333], np.int32)
     kp, vp, bt = quant.build_paged_quantized(kq, vq, page, seed=5, kv_lens=lens)
-    out = jax.jit(lambda q, kp, vp, bt, l: pallas_attn.paged_attention(q, kp, vp, bt, l, config=config,
+    out = jax.jit(lambda q, kp, vp, bt, l: pallas_attn.paged_attention(q, kp, vp, bt, l, config=_config(config),
                                                                        check_block_table=False))(
         q, kp, vp, bt, jnp.asarray(lens))
     # paged default offset kv_len - 1 with Tq = 1: every row sees its whole sequence (the dense oracle)
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "quant_wide_halves", "quant_pv16"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_plain", "quant_pv16"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
