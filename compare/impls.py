@@ -159,6 +159,13 @@ def _pallas_plan(gen_id: str, config: str, w, ctx: Ctx) -> dict[str, Any]:
     return dict(kern.plan(problem, cfg))
 
 
+def _pallas_program_key(gen_id: str, config: str, w):
+    """``(generation, the config as w runs it)`` where the kernel declares ``effective`` (else None): named configs
+    that differ only in knobs w does not use launch the same programs."""
+    kern, cfg, problem = _resolve(gen_id, config, w)
+    return None if kern.effective is None else (gen_id, kern.effective(problem, cfg))
+
+
 def _pallas_prepare(gen_id: str, config: str, w, inp, ctx: Ctx) -> Prepared:
     import jax
 
@@ -478,7 +485,8 @@ def pallas_impls() -> list[Impl]:
                 functools.partial(_pallas_supports, g.id, cfg),
                 functools.partial(_pallas_prepare, g.id, cfg),
                 roofline_fn=functools.partial(_pallas_roofline, g.id, cfg),
-                plan_fn=functools.partial(_pallas_plan, g.id, cfg))
+                plan_fn=functools.partial(_pallas_plan, g.id, cfg),
+                program_key_fn=functools.partial(_pallas_program_key, g.id, cfg))
             out.append(_with_train(impl) if g.id == _FA_TRAIN else _with_features(impl) if g.id == _FA_PREFILL
                        else impl)
     return out

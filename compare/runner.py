@@ -565,11 +565,26 @@ class _Run:
         """Every pair of a workload planned before any of them runs (keyed by ``id(impl)``); a planning error
         is kept and becomes that pair's 'compare error' record when its turn comes, in order."""
         plans: dict[int, PairPlan | BaseException | None] = {}
+        seen: dict[Any, str] = {}
         for impl in impls:
             try:
-                plans[id(impl)] = self.plan_pair(w, impl, _cpu_gate_flops(w))
+                plans[id(impl)] = pp = self.plan_pair(w, impl, _cpu_gate_flops(w))
             except Exception as e:  # noqa: BLE001 -- recorded by run_workload
                 plans[id(impl)] = e
+                continue
+            if pp is None or pp.refusal is not None or pp.skip is not None or impl.program_key_fn is None:
+                continue
+            try:
+                key = impl.program_key_fn(w)
+            except Exception:  # noqa: BLE001 -- no key: the pair runs as any other
+                key = None
+            if key is None:
+                continue
+            if key in seen:  # named configs differing only in knobs this workload does not use: timed once
+                pp.skip = Refusal("skipped", f"the same programs as {seen[key]} at this workload (the knobs that "
+                                             f"differ do not apply to it); timed once, under {seen[key]}")
+            else:
+                seen[key] = impl.name
         return plans
 
     # -- execute: one pair -> one record -----------------------------------------------------------

@@ -108,6 +108,9 @@ class Impl:
     features: frozenset[str] = frozenset()
     # a tuning point (``compare tune``): the config fields set on top of the named config ``config`` names
     overrides: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
+    # w -> a key of the program this implementation launches on w (None: unknown); two implementations of one run
+    # with the same key launch the same programs and the later one is not timed (``compare.runner``)
+    program_key_fn: Callable[[Any], Any] | None = dataclasses.field(repr=False, compare=False, default=None)
 
     def supports(self, w, ctx: Ctx) -> Support:
         return self.supports_fn(w, ctx)

@@ -107,3 +107,50 @@ def test_open_new_never_overwrites_a_records_file(tmp_path):
     with pytest.raises(SystemExit, match="exists; pick a new --out"):
         recs.open_new(tmp_path / "run")
     assert (tmp_path / "run" / "records.jsonl").read_text() == "{}\n"
+
+
+def test_the_same_programs_are_timed_once(run):
+    """Two implementations whose ``program_key_fn`` agree on a workload launch the same programs: the first runs, the
+    later one is a 'skipped' record naming it; a key of None (or one that raises) never skips."""
+    prepared: list[str] = []
+    xla = _impls(prepared)[-1]
+
+    def twin(name, key):
+        return Impl(name, "jax", None, None, "peer", "xla", "", supports_fn=lambda w, c: YES, prepare_fn=xla.prepare_fn,
+                    program_key_fn=key)
+
+    def bad(w):
+        raise RuntimeError("no key")
+
+    impls = [twin("a", lambda w: ("k", 1)), twin("b", lambda w: ("k", 2)), twin("c", lambda w: ("k", 1)),
+             twin("d", lambda w: None), twin("e", bad), twin("f", lambda w: ("k", 2))]
+    recs = run.run_workload(_wl(), impls)
+    assert [(r["impl"]["name"], r["status"]) for r in recs] == [
+        ("a", "ok"), ("b", "ok"), ("c", "skipped"), ("d", "ok"), ("e", "ok"), ("f", "skipped")]
+    assert "the same programs as a" in recs[2]["reason"] and "the same programs as b" in recs[5]["reason"]
+    assert prepared == ["xla"] * 4
+
+
+def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply():
+    """compare's key for pallas:fa_decode:<config> (``Kernel.effective``): on a bf16 cache every quantized-decode
+    config is the default's program; on fp8 the NVFP4 ones are; on NVFP4 below the batch regime nvfp4_plain is, above
+    it it is not; quant_alt_decode never is on a quantized cache."""
+    from compare import impls as ci
+
+    def key(cfg, **kw):
+        w = Workload(**{**dict(name="d", family="decode", batch=1, heads_q=32, heads_kv=8, q_len=1, kv_len=8192,
+                                head_dim=128, dtype="bfloat16", causal=True, q_offset=8191, seed=0), **kw})
+        return ci._pallas_program_key("fa_decode", cfg, w)
+
+    quant = ("quant_alt_decode", "quant_pv16", "nvfp4_plain", "nvfp4_halves")
+    assert all(key(c) == key("default") for c in quant)
+    assert key("tuned") != key("default")  # its knobs (tile, stages) apply to every cache
+    fp8, nv = dict(kv_dtype="fp8_e4m3"), dict(kv_dtype="nvfp4")
+    assert key("nvfp4_plain", **fp8) == key("nvfp4_halves", **fp8) == key("default", **fp8)
+    assert key("quant_alt_decode", **fp8) != key("default", **fp8)
+    assert key("nvfp4_plain", **nv) == key("default", **nv)  # B1: below the batch regime
+    assert key("nvfp4_halves", **nv) != key("default", **nv)
+    assert key("nvfp4_plain", batch=32, **nv) != key("default", batch=32, **nv)  # B32 x Hkv 8 >= 132 SMs
+    assert key("nvfp4_halves", batch=32, **nv) == key("default", batch=32, **nv)  # in the regime: the default's halves
+    assert key("quant_pv16", dtype="float16", **nv) == key("default", dtype="float16", **nv)  # fp16 q: no convert
+    assert key("quant_pv16", **nv) != key("default", **nv)

@@ -147,6 +147,10 @@ class Kernel:
     heuristic: Callable[[Problem], Any] | None = None
     # (problem, config) -> the launch plan (grid, splits, waves ...), recorded by compare
     plan: Callable[[Problem, Any], Mapping[str, Any]] = _no_plan
+    # (problem, config) -> the config as the problem runs it, the knobs that do not apply to it reset (e.g. a quantized
+    # decode's knobs on a 16-bit cache): two configs with equal answers launch the same programs, so compare times one
+    # of them (None: every named config is its own program)
+    effective: Callable[[Problem, Any], Any] | None = None
     # (shape, plan, pass names, hw=, cfg=) -> [launches.Launch]: what one call launches, for the schedule model
     # (compare.layer2 prices it; None: layer 2 refuses to price the kernel, by name)
     launches: Callable[..., list] | None = None

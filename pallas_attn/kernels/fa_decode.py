@@ -544,6 +544,31 @@ def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
                 kv_format=problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None).as_dict()
 
 
+_QUANT_KNOBS = ("fp8_decode", "nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy", "quant_tile_scale", "quant_pv16")
+_NVFP4_KNOBS = ("nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy")
+
+
+def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
+    """``config`` as ``problem`` runs it (``Kernel.effective``): the quantized decode's knobs reset on a 16-bit cache,
+    NVFP4's on an fp8 one and fp8's on an NVFP4 one, ``quant_pv16`` with an fp16 q, and NVFP4's batch regime resolved
+    (outside it the plain plan and no halves, as ``nvfp4_plain``)."""
+    base = DecodeConfig()
+    kvd = problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None
+    keep = {"fp8_e4m3": ("fp8_decode", "quant_tile_scale", "quant_pv16"),
+            "nvfp4": (*_NVFP4_KNOBS, "quant_tile_scale", "quant_pv16")}.get(kvd, ())
+    if problem.dtype == "float16":
+        keep = tuple(k for k in keep if k != "quant_pv16")
+    out = dataclasses.replace(config, **{k: getattr(base, k) for k in _QUANT_KNOBS if k not in keep})
+    if kvd == "nvfp4":
+        regime = nvfp4_batch_regime(config, batch=problem.batch, hkv=problem.heads_kv,
+                                    rows=problem.group * problem.q_len, d=tile_width(problem.head_dim),
+                                    paged=problem.page_size is not None)
+        halves = regime if config.nvfp4_halves is None else config.nvfp4_halves
+        out = dataclasses.replace(out, nvfp4_halves=bool(halves and problem.head_dim == tile_width(problem.head_dim)),
+                                  nvfp4_batch_occupancy=config.nvfp4_batch_occupancy if regime else None)
+    return out
+
+
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"
 _QNOTE = ("q float16 or bfloat16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score "
           "and output scalars), then as fp16 (bf16 q: converted to bf16, exactly)")
@@ -621,5 +646,6 @@ KERNEL = Kernel(
     kv_dequant_ops=_DEQUANT_OPS,
     heuristic=lambda problem: CONFIGS[_table_choice(problem)],  # then the plan sizes tiles and splits per call
     plan=_plan_record,
+    effective=_effective,
     launches=launches,
 )
