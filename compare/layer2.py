@@ -192,9 +192,14 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
                                         "key": ("pallas_attn_fa_prefill_overlap", "key")},
     # fa_decode on quantized KV: one per-tile latency (the decode, the [rows, block_k] softmax step and the dots of
     # one tile in order; hidden under the HBM time at 16-bit KV) shared by the four (format, decode) dataflows
+    # Session 18: and the stream's fill / drain and DRAM loss of the 16-bit partial (the same loads, fewer bytes):
+    # before, a quantized launch had neither, and the split plans at B1 came out 27-33% fast (call 4's records,
+    # docs/quantized_kv.md §8); no new constant
     **{f"pallas_attn_fa_decode_{f}": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
-                                      "dequant": (f"pallas_attn_fa_decode_{f}", "dequant")}
-       for f in ("fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast")},
+                                      "dequant": (f"pallas_attn_fa_decode_{f}", "dequant"),
+                                      "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
+                                      "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
+       for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast")},
     "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
                                              "fixed": ("pallas_attn_v12_mla_mosaic", "fixed")},
 }
