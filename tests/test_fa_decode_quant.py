@@ -55,6 +55,8 @@ CASES = [
     # the default's NVFP4 batch regime: B*Hkv = 136 programs >= 132 SMs (the CPU's stand-in count): 4 programs per
     # SM in the wave model (the keys split in two) and the halves
     ("nvfp4", 17, 1, 16, 8, 64, 70, None, False, True, fd.DecodeConfig(block_k=16)),
+    # nvfp4_decode "asm": the interpreter runs the same bytes through "cast" (the asm itself: test_nvfp4_asm_*)
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 16, True, True, fd.DecodeConfig(block_k=32, nvfp4_decode="asm")),
     ("fp8", 2, 1, 8, 2, 64, 300, None, False, True, fd.DecodeConfig(quant_tile_scale=4, splits=1)),
 ]
 
@@ -142,6 +144,62 @@ def test_tile_decoders_are_exact(rng, how):
     even, odd = (np.asarray(h, np.float32) for h in ks.nvfp4_halves(t.packed, t.micro, how))
     np.testing.assert_array_equal(even.view(np.uint32), tile[:, 0::2].view(np.uint32))  # same bits, halves apart
     np.testing.assert_array_equal(odd.view(np.uint32), tile[:, 1::2].view(np.uint32))
+
+
+def _run_ptx(asm: str, word: np.ndarray) -> list[np.ndarray]:
+    """A PTX interpreter for the instructions ``kv_source.NVFP4_ASM`` uses, over uint32 arrays: ``$2`` = ``word``;
+    returns ``$0, $1``. shl / shr (.b32: logical) / and / or, ``mov.b32 {lo16, hi16}``, and
+    ``cvt.rn.f16x2.e4m3x2`` (the low byte to the low half) through the numpy E4M3 judge."""
+    e4m3_f16 = np.asarray(quant.e4m3_to_float(jnp.arange(256, dtype=jnp.uint8)), np.float32).astype(
+        np.float16).view(np.uint16).astype(np.uint32)
+    reg = {"$2": word.astype(np.uint32)}
+
+    def val(tok):
+        return np.uint32(int(tok, 16)) if tok.startswith("0x") else np.uint32(int(tok)) if tok.isdigit() else reg[tok]
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if op == "mov.b32":
+            m = re.fullmatch(r"\{(\w+), (\w+)\}, (\$?\w+)", rest)
+            reg[m[1]], reg[m[2]] = reg[m[3]] & np.uint32(0xFFFF), reg[m[3]] >> np.uint32(16)
+            continue
+        d, *src = [t.strip() for t in rest.split(",")]
+        if op == "shl.b32":
+            reg[d] = (val(src[0]) << val(src[1])) & np.uint32(0xFFFFFFFF)
+        elif op == "shr.b32":
+            reg[d] = val(src[0]) >> val(src[1])
+        elif op == "and.b32":
+            reg[d] = val(src[0]) & val(src[1])
+        elif op == "or.b32":
+            reg[d] = val(src[0]) | val(src[1])
+        elif op == "cvt.rn.f16x2.e4m3x2":
+            s16 = val(src[0])
+            reg[d] = e4m3_f16[s16 & 0xFF] | (e4m3_f16[(s16 >> 8) & 0xFF] << np.uint32(16))
+        else:
+            raise AssertionError(f"instruction the interpreter does not know: {line!r}")
+    return [reg["$0"], reg["$1"]]
+
+
+def test_nvfp4_asm_decodes_as_cast():
+    """NVFP4_ASM's two programs, run by the PTX interpreter on every byte in every position of the 32-bit register, give
+    the cast decode's fp16 levels bit for bit: element i (byte i) -> half i % 2 of $0 / $1 ("lo": low nibbles, "hi")."""
+    rng = np.random.default_rng(0)
+    b = np.arange(256, dtype=np.uint32)
+    for pos in range(4):
+        others = rng.integers(0, 256, size=(256, 4)).astype(np.uint32)
+        others[:, pos] = b
+        word = others[:, 0] | (others[:, 1] << 8) | (others[:, 2] << 16) | (others[:, 3] << 24)
+        lo01, lo23 = _run_ptx(ks.NVFP4_ASM["lo"], word)
+        hi01, hi23 = _run_ptx(ks.NVFP4_ASM["hi"], word)
+        got_lo = np.stack([lo01 & 0xFFFF, lo01 >> 16, lo23 & 0xFFFF, lo23 >> 16], axis=1)
+        got_hi = np.stack([hi01 & 0xFFFF, hi01 >> 16, hi23 & 0xFFFF, hi23 >> 16], axis=1)
+        want_lo, want_hi = (np.asarray(x).view(np.uint16).astype(np.uint32)
+                            for x in ks._nvfp4_levels(jnp.asarray(others.astype(np.uint8)), "cast"))
+        np.testing.assert_array_equal(got_lo, want_lo)
+        np.testing.assert_array_equal(got_hi, want_hi)
 
 
 def test_quant_tile_scale_widens_quantized_tiles_only():
@@ -244,7 +302,8 @@ def test_contract_declares_the_quantized_entry():
 
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "quant_pv16"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "quant_pv16",
+                                    "nvfp4_asm"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
     what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""

@@ -54,6 +54,7 @@ from .contract import Kernel, Precision, Problem
 from .kv_source import (
     DECODES,
     E4M3_FOLD,
+    NVFP4_DECODES,
     NVFP4_FOLD,
     KVLayout,
     KVSource,
@@ -140,9 +141,9 @@ class DecodeConfig:
             raise ValueError(f"nvfp4_batch_occupancy must be an int in [1, 32] or None; got {nbo=}")
         if self.quant_tile_scale not in (1, 2, 4) or isinstance(self.quant_tile_scale, bool):
             raise ValueError(f"quant_tile_scale must be 1, 2 or 4; got {self.quant_tile_scale=}")
-        if self.fp8_decode not in DECODES or self.nvfp4_decode not in DECODES:
-            raise ValueError(f"fp8_decode and nvfp4_decode must be one of {DECODES}; got {self.fp8_decode=}, "
-                             f"{self.nvfp4_decode=}")
+        if self.fp8_decode not in DECODES or self.nvfp4_decode not in NVFP4_DECODES:
+            raise ValueError(f"fp8_decode must be one of {DECODES} and nvfp4_decode one of {NVFP4_DECODES}; got "
+                             f"{self.fp8_decode=}, {self.nvfp4_decode=}")
         if self.block_k is not None and not (_is_pow2(self.block_k) and 16 <= self.block_k <= 512):
             raise ValueError(f"block_k must be a power of two in [16, 512]; got {self.block_k=}")
         if self.num_warps is not None and self.num_warps not in (1, 2, 4, 8, 16):
@@ -183,6 +184,9 @@ CONFIGS: dict[str, DecodeConfig] = {
     # halves when B*Hkv gives every SM a program) measured against the plain NVFP4 plan, and the halves at every shape
     "nvfp4_plain": DecodeConfig(nvfp4_halves=False, nvfp4_batch_occupancy=None),
     "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
+    # NVFP4's levels decoded four bytes per 32-bit register by inline PTX (kv_source.NVFP4_ASM); built in session 18,
+    # not yet GPU-run (docs/quantized_kv.md §8 has its prediction)
+    "nvfp4_asm": DecodeConfig(nvfp4_decode="asm"),
 }
 
 
@@ -359,6 +363,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
+    if decode == "asm" and interpret:  # no inline assembly in the interpreter: the same bytes through "cast"
+        decode = "cast"
     halves = config.nvfp4_halves
     if fmt == "nvfp4" and halves is None:
         halves = nvfp4_batch_regime(config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged)

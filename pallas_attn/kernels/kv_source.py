@@ -37,7 +37,7 @@ from .._compat import pl
 from .planner import next_pow2
 
 __all__ = ["KVLayout", "KVSource", "flat_dense", "flat_pool", "e4m3_tile", "nvfp4_tile", "nvfp4_halves", "E4M3_FOLD",
-           "NVFP4_FOLD", "DECODES", "validate_block_table"]
+           "NVFP4_FOLD", "DECODES", "NVFP4_DECODES", "NVFP4_ASM", "validate_block_table"]
 
 
 def flat_dense(x):
@@ -166,8 +166,41 @@ class KVSource:
 # --------------------------------------------------------------------------------------------------------
 
 DECODES = ("cast", "bits")
+NVFP4_DECODES = (*DECODES, "asm")  # "asm": NVFP4 only, compiled Triton only (interpret mode runs "cast": same values)
 E4M3_FOLD = {"cast": 0, "bits": 8}  # log2 of the factor a decoded tile is short of
-NVFP4_FOLD = {"cast": 0, "bits": 7}
+NVFP4_FOLD = {"cast": 0, "bits": 7, "asm": 0}
+
+# NVFP4 "asm" (session 18, issue 31; docs/quantized_kv.md §8): four packed bytes (eight nibbles) per 32-bit register,
+# the cast decode's E4M3 bytes built four at a time with word-wide shifts and masks, then two hardware converts per
+# register (cvt.rn.f16x2.e4m3x2, two bytes each). $2 holds four packed bytes (element i in byte i); $0, $1 the four
+# levels as fp16 (element i in half i % 2 of register i // 2). A low nibble s e1 e0 m (bits 3..0) becomes the byte
+# s 0 0 e1 e0 m 0 0: bit 3 to 7 (x << 4), bits 2..0 to 4..2 (x << 2); a high nibble (bits 7..4): bit 7 stays, bits
+# 6..4 to 4..2 (x >> 2). The masks drop what a word-wide shift carries in from the neighbouring byte. Two programs,
+# one per half (Pallas' Triton lowering of a multi-result elementwise_inline_asm returns one result in jax 0.10.2:
+# "2 outvars do not match 1 outvals"). tests/test_fa_decode_quant.py runs both texts through a small PTX
+# interpreter.
+_ASM_CVT = """
+mov.b32 {p0, p1}, e;
+cvt.rn.f16x2.e4m3x2 $0, p0;
+cvt.rn.f16x2.e4m3x2 $1, p1;
+}"""
+NVFP4_ASM = {
+    "lo": """{
+.reg .b32 a, b, e;
+.reg .b16 p0, p1;
+shl.b32 a, $2, 4;
+and.b32 a, a, 0x80808080;
+shl.b32 b, $2, 2;
+and.b32 b, b, 0x1C1C1C1C;
+or.b32 e, a, b;""" + _ASM_CVT,
+    "hi": """{
+.reg .b32 a, b, e;
+.reg .b16 p0, p1;
+and.b32 a, $2, 0x80808080;
+shr.b32 b, $2, 2;
+and.b32 b, b, 0x1C1C1C1C;
+or.b32 e, a, b;""" + _ASM_CVT,
+}
 
 
 def e4m3_tile(x, how: str):
@@ -209,6 +242,8 @@ def nvfp4_tile(packed, micro, how: str):
         lo = ((p & 0x8) << 12) | ((p & 0x7) << 9)
         hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
         lvl = jax.lax.bitcast_convert_type(jnp.stack([lo, hi], axis=-1).reshape(n, d), jnp.float16)
+    elif how == "asm":
+        lvl = jnp.stack(_nvfp4_levels_asm(packed), axis=-1).reshape(n, d)
     else:
         raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
     m = _nvfp4_micro(micro, how)
@@ -217,10 +252,19 @@ def nvfp4_tile(packed, micro, how: str):
     return lvl * m
 
 
+def _nvfp4_levels_asm(p):
+    """``_nvfp4_levels(p, "cast")`` through ``NVFP4_ASM`` (compiled Triton on sm_89+ only: no interpreter)."""
+    from jax.experimental.pallas import triton as plt
+
+    out = [jax.ShapeDtypeStruct(p.shape, jnp.float16)]
+    return tuple(plt.elementwise_inline_asm(NVFP4_ASM[half], args=[p], constraints="=r,=r,r", pack=4,
+                                            result_shape_dtypes=out)[0] for half in ("lo", "hi"))
+
+
 def _nvfp4_micro(micro, how: str):
     """The micro-scale tile as fp16 carrying the decode's power of two (``cast``: micro * 2^6 <= 28672; ``bits``:
     micro * 2^-8 from its decode, * 2^15, so micro * 2^7 <= 57344): exact either way."""
-    if how == "cast":
+    if how in ("cast", "asm"):
         return e4m3_tile(micro, "cast") * jnp.float16(64.0)
     return e4m3_tile(micro, "bits") * jnp.float16(32768.0)
 
@@ -232,6 +276,8 @@ def _nvfp4_levels(p, how: str):
         lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
         hi = (p & 0x80) | ((p & 0x70) >> 2)
         return e4m3_tile(lo, "cast"), e4m3_tile(hi, "cast")
+    if how == "asm":
+        return _nvfp4_levels_asm(p)
     if how == "bits":
         u = p.astype(jnp.uint16)
         lo = ((u & 0x8) << 12) | ((u & 0x7) << 9)
