@@ -241,11 +241,13 @@ def test_nvfp4_batch_regime():
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-def test_nan_in_nan_out(rng, fmt):
-    """A NaN byte in one sequence's keys makes that sequence's output NaN (and only it); a NaN scale all of it."""
+@pytest.mark.parametrize("halves", [False, True])
+def test_nan_in_nan_out(rng, fmt, halves):
+    """A NaN byte in one sequence's keys makes that sequence's output NaN (and only it); a NaN scale all of it (NVFP4
+    also through the halves)."""
     q, k, v = _case(rng, 2, 1, 4, 1, 64, 32)
     kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
-    cfg = fd.DecodeConfig(block_k=16)
+    cfg = fd.DecodeConfig(block_k=16, nvfp4_halves=halves)
     if fmt == "fp8":
         bad = quant.Fp8Tensor(kq.data.at[0, 5, 0, 3].set(0x7F), kq.scale)
     else:  # a NaN micro-scale byte

@@ -112,8 +112,8 @@ class DecodeConfig:
     None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
     a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
-    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16). These three are unused for 16-bit
-    KV.
+    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16). Every knob from fp8_decode on is
+    unused for 16-bit KV (``Kernel.effective`` resets them there).
     """
 
     block_k: int | None = None
