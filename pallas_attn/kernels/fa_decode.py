@@ -104,7 +104,8 @@ class DecodeConfig:
     program (rows beyond it go to more row tiles, which re-read the tile, mostly from L2).
     merge_block: splits combined per step of the merge kernel. fp8_decode / nvfp4_decode: how quantized
     KV tiles become fp16 (``kv_source.DECODES``: "cast" through Triton's fp8 conversion, "bits" by integer
-    bit placement); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
+    bit placement; NVFP4 also "asm", four bytes per register by inline PTX, ``kv_source.NVFP4_ASM``, which the
+    interpreter runs as "cast"); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
     (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
     it instead); None: in the NVFP4 batch regime only. nvfp4_batch_occupancy: a dense NVFP4 cache whose
     ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many programs per SM
