@@ -27,8 +27,10 @@ per-kernel tolerances.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,7 +59,7 @@ class Subset:
 
     def describe(self) -> dict[str, Any]:
         return {"batches": list(self.batches), "heads_q": list(self.heads),
-                "rows": [list(r) for r in self.rows], "oracle": "attn_core.oracle float64 (CPU)"}
+                "rows": [list(r) for r in self.rows], "oracle": ORACLE_NOTE}
 
     def take(self, out_btnh: Any) -> np.ndarray:
         """The subset of a BTNH output as float64 numpy ``[nb, nrows, nh, D]`` (gathered on the device)."""
@@ -67,6 +69,11 @@ class Subset:
         x = jnp.asarray(out_btnh)
         sub = x[jnp.asarray(self.batches)][:, jnp.asarray(rows)][:, :, jnp.asarray(self.heads)]
         return reference.to_f64(sub)
+
+
+ORACLE_NOTE = ("float64: attn_core.oracle (numpy, CPU); dense rows without features (session 18): the same float64 "
+               "math on the device (XLA, _device_rows_grouped), checked per workload against attn_core.oracle on "
+               "one (batch, KV head)")
 
 
 def _sample(n: int, k: int, rng: np.random.Generator) -> tuple[int, ...]:
@@ -136,16 +143,34 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     else:  # a sample of heads: each gets its own KV head (expanded), so the oracle sees Hq == Hkv
         kv_heads = [h // g for h in subset.heads]
     q_all = inp.q
+    # dense caches (16-bit or quantized, dequantized on the device): K/V stay on the device and rows without features
+    # go through _device_rows_grouped, checked once against the numpy path (session 18: the host's float64 copies of
+    # K / V were most of a large sweep workload's time)
+    on_device = w.family != "paged_decode"
+    checked = not on_device
     outs = []
     for b in subset.batches:
-        qb = reference.to_f64(q_all[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
-        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant, f64=False)
+        q_dev = q_all[b:b + 1][:, :, jnp.asarray(subset.heads)]  # [1, Tq, nh, D]
+        qb = reference.to_f64(q_dev)
+        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant, f64=False, device=on_device)
         # the K/V column each query head of the subset reads (every head: the oracle's GQA map, head h -> h // g)
         qmap = hmap if len(hmap) == len(subset.heads) else [hmap[h // g] for h in subset.heads]
         expanded = None
         parts = []
         for r0, r1 in subset.rows:
             feats = feature_kwargs(w, inp, b, subset.heads, (r0, r1))
+            if on_device and not feats and (not w.causal or r1 - r0 == 1) and _visible_keys(ku, w.causal,
+                                                                                          base_offset + r0) > 0:
+                got = _device_rows_grouped(q_dev[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
+                                           q_offset=base_offset + r0)
+                if not checked:  # attn_core's numpy oracle on the first KV head of the first row range
+                    _check_device_rows(got, qb[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
+                                       q_offset=base_offset + r0)
+                    checked = True
+                parts.append(got)
+                continue
+            if on_device:  # the numpy paths below read host arrays
+                ku, vu, on_device = np.asarray(ku), np.asarray(vu), False
             if not feats and (not w.causal or r1 - r0 == 1) and ku.shape[1] > 0:
                 # each KV head once, its query heads folded into rows: no K/V copy per query head (session 17: the
                 # per-head copies were ~90% of the oracle's time at sampled heads, ~40 s a large decode workload)
@@ -183,6 +208,53 @@ def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offs
     return out
 
 
+def _visible_keys(k, causal: bool, q_offset: int) -> int:
+    """Keys a one-row causal (or any non-causal) grouped call sees in ``k [1, Tk, nu, D]``."""
+    return min(k.shape[1], max(0, q_offset + 1)) if causal else k.shape[1]
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def _attend_f64(q, k, v, *, scale: float):
+    """float64 attention of ``q [n, m, D]`` over ``k, v [Tk, D]`` (every key visible): max-subtracted softmax, as
+    ``attn_core.oracle.attention_reference``; traced under ``jax.enable_x64``."""
+    n, m, d = q.shape
+    s = (q.astype(jnp.float64).reshape(n * m, d) @ k.astype(jnp.float64).T) * scale
+    p = jnp.exp(s - s.max(axis=-1, keepdims=True))
+    return ((p @ v.astype(jnp.float64)) / p.sum(axis=-1, keepdims=True)).reshape(n, m, v.shape[-1])
+
+
+def _device_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
+    """``_reference_rows_grouped`` with ``q [1, n, nh, D]``, ``k, v [1, Tk, nu, D]`` on the device: per KV head, its
+    query heads' rows in float64 by XLA (``_attend_f64``), only the ``[n, heads, D]`` result to the host. Same
+    conditions (non-causal, or causal with one row and at least one visible key)."""
+    n = q.shape[1]
+    if causal and n != 1:
+        raise ValueError("grouped rows: causal needs one query row per call")
+    tk = _visible_keys(k, causal, q_offset)
+    hmap = np.asarray(hmap)
+    out = np.empty(q.shape[:3] + (v.shape[3],), np.float64)
+    with jax.enable_x64(True):
+        res = {int(u): _attend_f64(q[0][:, jnp.asarray(np.nonzero(hmap == u)[0])], k[0, :tk, int(u)],
+                                   v[0, :tk, int(u)], scale=float(scale)) for u in np.unique(hmap)}
+        for u, o in res.items():  # every head's call issued before the first result is waited for
+            out[0][:, np.nonzero(hmap == u)[0]] = np.asarray(o)
+    return out
+
+
+def _check_device_rows(got, q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> None:
+    """attn_core's numpy oracle on the first KV head of ``hmap`` against the device rows ``got``: equal to float64
+    rounding (a relative 1e-10 of the largest output), else a RuntimeError naming both (never a silent judge)."""
+    hmap = np.asarray(hmap)
+    idx = np.nonzero(hmap == hmap[0])[0]
+    u = int(hmap[0])
+    ref = _reference_rows_grouped(q[:, :, idx], np.asarray(k[:, :, u:u + 1]), np.asarray(v[:, :, u:u + 1]),
+                                  [0] * len(idx), causal=causal, scale=scale, q_offset=q_offset)
+    diff = float(np.max(np.abs(got[:, :, idx] - ref))) if ref.size else 0.0
+    if not diff <= 1e-10 * max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-300):
+        raise RuntimeError(f"the device float64 reference disagrees with attn_core.oracle by {diff:.3g} "
+                           f"(KV head {u}, query heads {idx.tolist()})")
+
+
 def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.ndarray, np.ndarray, int]:
     """float64 ``K, V [1, Tk_b, len(kv_heads), D]`` of batch ``b`` and its base query offset. ``quant``: from the
     quantized cache (dequantized on the device, only the needed pages and heads), else from the plain arrays."""
@@ -190,14 +262,15 @@ def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.n
     return k[:, :, hmap], v[:, :, hmap], base
 
 
-def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool, *, f64: bool = True
+def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool, *, f64: bool = True, device: bool = False
                        ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
     """``_kv_of_batch`` before the per-query-head copy: host ``K, V [1, Tk_b, nu, D]`` holding each needed KV head
     once (float64, or with ``f64=False`` as the device holds them: 16-bit, dequantized or gathered values, converted
-    later per head), the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``)."""
+    later per head), the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``). ``device``
+    (dense caches only): the arrays stay on the device, as stored (``f64`` ignored)."""
     from . import interop
 
-    host = reference.to_f64 if f64 else np.asarray
+    host = (lambda x: x) if device else reference.to_f64 if f64 else np.asarray
 
     uniq = sorted(set(kv_heads))
     every = kv_heads == list(range(w.heads_kv))

@@ -149,6 +149,29 @@ def test_grouped_oracle_rows_equal_the_per_head_copy(causal, n):
             accuracy._reference_rows_grouped(np.zeros((1, 2, 5, 16)), k, v, hmap, causal=True, scale=0.3, q_offset=3)
 
 
+@pytest.mark.parametrize("causal,n,q_offset", [(False, 1, 17), (False, 5, 17), (True, 1, 17), (True, 1, 60)])
+def test_device_oracle_rows_equal_the_numpy_oracle(causal, n, q_offset):
+    """The device float64 path (session 18: K/V stay on the device, XLA does the float64 math per KV head) gives the
+    numpy oracle's rows to float64 rounding, from bf16 K/V as the device holds them, on an unsorted head map with
+    repeats (causal: one row, its visible keys, all of them when the offset passes the end); and the per-workload
+    check raises, naming the gap, when the two disagree."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((1, n, 5, 16))
+    k, v = (jnp.asarray(rng.standard_normal((1, 40, 3, 16)), jnp.bfloat16) for _ in range(2))
+    hmap = [2, 0, 2, 2, 0]
+    got = accuracy._device_rows_grouped(jnp.asarray(q, jnp.float32), k, v, hmap, causal=causal, scale=0.3,
+                                        q_offset=q_offset)
+    want = accuracy._reference_rows_grouped(np.asarray(q, np.float32).astype(np.float64), np.asarray(k),
+                                            np.asarray(v), hmap, causal=causal, scale=0.3, q_offset=q_offset)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+    args = (np.asarray(q, np.float32).astype(np.float64), k, v, hmap)
+    accuracy._check_device_rows(got, *args, causal=causal, scale=0.3, q_offset=q_offset)  # agrees: no error
+    bad = got.copy()
+    bad[0, 0, 3] += 1e-6  # query head 3 reads KV head 2 = hmap[0], the one the check recomputes
+    with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
+        accuracy._check_device_rows(bad, *args, causal=causal, scale=0.3, q_offset=q_offset)
+
+
 def test_paged_oracle_matches_dense_on_ragged_lengths():
     w = _wl(family="paged_decode", batch=3, heads_q=8, heads_kv=2, q_len=1, kv_len=70, q_offset=69,
             page_size=16, ragged=True, dtype="float16", causal=True)
