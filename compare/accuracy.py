@@ -249,8 +249,13 @@ def _check_device_rows(got, q, k, v, hmap, *, causal: bool, scale: float, q_offs
     u = int(hmap[0])
     ref = _reference_rows_grouped(q[:, :, idx], np.asarray(k[:, :, u:u + 1]), np.asarray(v[:, :, u:u + 1]),
                                   [0] * len(idx), causal=causal, scale=scale, q_offset=q_offset)
-    diff = float(np.max(np.abs(got[:, :, idx] - ref))) if ref.size else 0.0
-    if not diff <= 1e-10 * max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1e-300):
+    mine = got[:, :, idx]
+    if not np.array_equal(np.isnan(mine), np.isnan(ref)):  # NaN in -> NaN out on both, at the same places
+        raise RuntimeError(f"the device float64 reference and attn_core.oracle have NaN at different places (KV head "
+                           f"{u}, query heads {idx.tolist()})")
+    ok = ~np.isnan(ref)
+    diff = float(np.max(np.abs(mine[ok] - ref[ok]))) if ok.any() else 0.0
+    if not diff <= 1e-10 * max(float(np.max(np.abs(ref[ok]))) if ok.any() else 0.0, 1e-300):
         raise RuntimeError(f"the device float64 reference disagrees with attn_core.oracle by {diff:.3g} "
                            f"(KV head {u}, query heads {idx.tolist()})")
 

@@ -170,6 +170,14 @@ def test_device_oracle_rows_equal_the_numpy_oracle(causal, n, q_offset):
     bad[0, 0, 3] += 1e-6  # query head 3 reads KV head 2 = hmap[0], the one the check recomputes
     with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
         accuracy._check_device_rows(bad, *args, causal=causal, scale=0.3, q_offset=q_offset)
+    # a NaN key: NaN out on both paths at the same places (the check passes); a NaN on one side only fails it
+    k_nan = k.at[0, 0, 2, 0].set(jnp.nan)
+    got_nan = accuracy._device_rows_grouped(jnp.asarray(q, jnp.float32), k_nan, v, hmap, causal=causal, scale=0.3,
+                                            q_offset=q_offset)
+    assert np.isnan(got_nan[0, :, [0, 2, 3]]).all() and not np.isnan(got_nan[0, :, [1, 4]]).any()
+    accuracy._check_device_rows(got_nan, args[0], k_nan, v, hmap, causal=causal, scale=0.3, q_offset=q_offset)
+    with pytest.raises(RuntimeError, match="NaN at different places"):
+        accuracy._check_device_rows(got, args[0], k_nan, v, hmap, causal=causal, scale=0.3, q_offset=q_offset)
 
 
 def test_paged_oracle_matches_dense_on_ragged_lengths():
