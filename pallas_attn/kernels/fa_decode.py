@@ -198,8 +198,7 @@ def nvfp4_batch_regime(config: DecodeConfig, *, batch: int, hkv: int, rows: int,
     if config.nvfp4_batch_occupancy is None or paged:
         return False
     sm = sm_count if sm_count is not None else _compat.device_sm_count()
-    bm = min(max(16, planner.next_pow2(rows)), config.block_m_max or max(16, 8192 // d))
-    return batch * hkv * planner.cdiv(rows, bm) >= sm
+    return batch * hkv * planner.cdiv(rows, planner.block_m(rows, d, config.block_m_max)) >= sm
 
 
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,

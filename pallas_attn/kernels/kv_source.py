@@ -232,24 +232,19 @@ def nvfp4_tile(packed, micro, how: str):
     """
     n, half = packed.shape
     d = 2 * half
-    if how == "cast":
-        p = packed
-        lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
-        hi = (p & 0x80) | ((p & 0x70) >> 2)
-        lvl = e4m3_tile(jnp.stack([lo, hi], axis=-1).reshape(n, d), "cast")
+
+    def join(lo, hi):
+        return jnp.stack([lo, hi], axis=-1).reshape(n, d)
+
+    if how == "cast":  # the E4M3 bytes joined, then one convert
+        lvl = e4m3_tile(join(*_nvfp4_level_bits(packed, how)), "cast")
     elif how == "bits":
-        p = packed.astype(jnp.uint16)
-        lo = ((p & 0x8) << 12) | ((p & 0x7) << 9)
-        hi = ((p & 0x80) << 8) | ((p & 0x70) << 5)
-        lvl = jax.lax.bitcast_convert_type(jnp.stack([lo, hi], axis=-1).reshape(n, d), jnp.float16)
+        lvl = jax.lax.bitcast_convert_type(join(*_nvfp4_level_bits(packed, how)), jnp.float16)
     elif how == "asm":
-        lvl = jnp.stack(_nvfp4_levels_asm(packed), axis=-1).reshape(n, d)
+        lvl = join(*_nvfp4_levels_asm(packed))
     else:
-        raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
-    m = _nvfp4_micro(micro, how)
-    blocks = micro.shape[1]
-    m = jnp.broadcast_to(m[:, :, None], (n, blocks, d // blocks)).reshape(n, d)
-    return lvl * m
+        raise ValueError(f"decode must be one of {NVFP4_DECODES}; got {how!r}")
+    return lvl * _nvfp4_micro(micro, how, d)
 
 
 def _nvfp4_levels_asm(p):
@@ -261,29 +256,38 @@ def _nvfp4_levels_asm(p):
                                             result_shape_dtypes=out)[0] for half in ("lo", "hi"))
 
 
-def _nvfp4_micro(micro, how: str):
+def _nvfp4_micro(micro, how: str, cols: int):
     """The micro-scale tile as fp16 carrying the decode's power of two (``cast``: micro * 2^6 <= 28672; ``bits``:
-    micro * 2^-8 from its decode, * 2^15, so micro * 2^7 <= 57344): exact either way."""
+    micro * 2^-8 from its decode, * 2^15, so micro * 2^7 <= 57344): exact either way; each of its ``blocks`` columns
+    repeated to ``cols`` columns (a whole row of D, or one half of D/2)."""
     if how in ("cast", "asm"):
-        return e4m3_tile(micro, "cast") * jnp.float16(64.0)
-    return e4m3_tile(micro, "bits") * jnp.float16(32768.0)
+        m = e4m3_tile(micro, "cast") * jnp.float16(64.0)
+    else:
+        m = e4m3_tile(micro, "bits") * jnp.float16(32768.0)
+    n, blocks = micro.shape
+    return jnp.broadcast_to(m[:, :, None], (n, blocks, cols // blocks)).reshape(n, cols)
+
+
+def _nvfp4_level_bits(p, how: str):
+    """The two nibbles of each packed byte placed into a wider float's bits, ``(low, high)``: ``cast``: E4M3 bytes
+    ``s 0 0 e1 e0 m 0 0`` (level * 2^-6); ``bits``: fp16 bit patterns ``s 0 0 0 e1 e0 m 0...`` as uint16 (level *
+    2^-14). The one statement of the E2M1 placement (``NVFP4_ASM`` is the same for "cast", four bytes at a time)."""
+    if how == "cast":
+        return ((p & 0x8) << 4) | ((p & 0x7) << 2), (p & 0x80) | ((p & 0x70) >> 2)
+    u = p.astype(jnp.uint16)
+    return ((u & 0x8) << 12) | ((u & 0x7) << 9), ((u & 0x80) << 8) | ((u & 0x70) << 5)
 
 
 def _nvfp4_levels(p, how: str):
     """The two nibbles of each packed byte as ``(low, high)`` level tiles of ``p``'s shape (fp16 for ``bits``,
     fp16 after the E4M3 convert for ``cast``), each the E2M1 level times ``nvfp4_tile``'s power of two."""
     if how == "cast":
-        lo = ((p & 0x8) << 4) | ((p & 0x7) << 2)
-        hi = (p & 0x80) | ((p & 0x70) >> 2)
-        return e4m3_tile(lo, "cast"), e4m3_tile(hi, "cast")
+        return tuple(e4m3_tile(x, "cast") for x in _nvfp4_level_bits(p, how))
     if how == "asm":
         return _nvfp4_levels_asm(p)
     if how == "bits":
-        u = p.astype(jnp.uint16)
-        lo = ((u & 0x8) << 12) | ((u & 0x7) << 9)
-        hi = ((u & 0x80) << 8) | ((u & 0x70) << 5)
-        return jax.lax.bitcast_convert_type(lo, jnp.float16), jax.lax.bitcast_convert_type(hi, jnp.float16)
-    raise ValueError(f"decode must be one of {DECODES}; got {how!r}")
+        return tuple(jax.lax.bitcast_convert_type(x, jnp.float16) for x in _nvfp4_level_bits(p, how))
+    raise ValueError(f"decode must be one of {NVFP4_DECODES}; got {how!r}")
 
 
 def nvfp4_halves(packed, micro, how: str):
@@ -298,9 +302,6 @@ def nvfp4_halves(packed, micro, how: str):
     accumulators. Column ``i`` of either half belongs to micro block ``i // 8`` (element ``2i`` or ``2i + 1``
     lies in block ``2i // 16``), so one broadcast micro tile of ``[n, D/2]`` scales both halves.
     """
-    n, half = packed.shape
     lo, hi = _nvfp4_levels(packed, how)
-    m = _nvfp4_micro(micro, how)
-    blocks = micro.shape[1]
-    m = jnp.broadcast_to(m[:, :, None], (n, blocks, half // blocks)).reshape(n, half)
+    m = _nvfp4_micro(micro, how, packed.shape[1])
     return lo * m, hi * m

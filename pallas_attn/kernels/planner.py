@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["DecodePlan", "plan_decode", "next_pow2", "cdiv", "PROGRAM_OVERHEAD_TILES"]
+__all__ = ["DecodePlan", "plan_decode", "block_m", "next_pow2", "cdiv", "PROGRAM_OVERHEAD_TILES"]
 
 PROGRAM_OVERHEAD_TILES = 2
 
@@ -64,6 +64,12 @@ def _default_block_k(d: int) -> int:
     return max(16, min(256, 8192 // d))
 
 
+def block_m(rows: int, d: int, block_m_max: int | None) -> int:
+    """Packed rows per program: the rows rounded up to a power of two (at least 16), capped at ``block_m_max`` (None:
+    ``8192 // d``, at least 16)."""
+    return min(max(16, next_pow2(rows)), block_m_max or max(16, 8192 // d))
+
+
 def plan_decode(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, sm_count: int, block_k: int | None,
                 num_warps: int | None, num_stages: int | None, splits: int | None, occupancy: int,
                 paged_min_waves: int, block_m_max: int | None, page_size: int | None = None,
@@ -71,9 +77,8 @@ def plan_decode(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, sm_coun
     """Resolve tiles, launch knobs and the split count (the knobs' ``None`` means "pick"). ``block_k_scale``
     multiplies a picked ``block_k`` (at most 512; a given ``block_k`` is kept): a quantized cache's tile of fewer
     bytes per key."""
-    bm_cap = block_m_max or max(16, 8192 // d)
-    block_m = min(max(16, next_pow2(rows)), bm_cap)
-    row_tiles = cdiv(rows, block_m)
+    bm = block_m(rows, d, block_m_max)
+    row_tiles = cdiv(rows, bm)
     slots = max(1, sm_count * occupancy)
     base = batch * hkv * row_tiles
     bk = block_k or _default_block_k(d)
@@ -111,10 +116,10 @@ def plan_decode(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, sm_coun
             if best is None or cost < best[0]:
                 best = (cost, cb, s_eff)
         _, chunk_blocks, n_splits = best
-    warps = num_warps or (4 if block_m * d <= 4096 else 8)
+    warps = num_warps or (4 if bm * d <= 4096 else 8)
     # Paged: the K/V addresses depend on a table load in the same iteration, and Triton's pipeliner puts
     # that load a stage ahead; 5 stages give the K/V loads the same two buffers 3 stages give dense
     # (read off the sm_90 compile: 72 KiB of shared memory either way; 3 stages paged: one buffer, 39 KiB).
     stages = num_stages or (5 if page_size is not None else 3)
     gather = page_size is not None and page_size < bk
-    return DecodePlan(block_m, row_tiles, bk, chunk_blocks, n_splits, warps, stages, gather, base, slots)
+    return DecodePlan(bm, row_tiles, bk, chunk_blocks, n_splits, warps, stages, gather, base, slots)
