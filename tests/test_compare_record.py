@@ -136,6 +136,7 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
     config is the default's program; on fp8 the NVFP4 ones are; on NVFP4 below the batch regime nvfp4_plain is, above
     it it is not; quant_alt_decode never is on a quantized cache."""
     from compare import impls as ci
+    from pallas_attn.kernels import fa_decode as fd
 
     def key(cfg, **kw):
         w = Workload(**{**dict(name="d", family="decode", batch=1, heads_q=32, heads_kv=8, q_len=1, kv_len=8192,
@@ -154,3 +155,8 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
     assert key("nvfp4_halves", batch=32, **nv) == key("default", batch=32, **nv)  # in the regime: the default's halves
     assert key("quant_pv16", dtype="float16", **nv) == key("default", dtype="float16", **nv)  # fp16 q: no convert
     assert key("quant_pv16", **nv) != key("default", **nv)
+    # session 19: "asm" keeps its halves at every batch (one program whether or not nvfp4_halves says so)
+    asm_halves = fd.DecodeConfig(nvfp4_decode="asm", nvfp4_halves=True)
+    assert key("nvfp4_asm", **nv) == key(asm_halves, **nv) != key("nvfp4_halves", **nv)
+    assert key("nvfp4_asm", **nv) != key(fd.DecodeConfig(nvfp4_decode="asm", nvfp4_halves=False), **nv)
+    assert key("nvfp4_asm", **fp8) == key("default", **fp8)

@@ -107,9 +107,10 @@ class DecodeConfig:
     bit placement; NVFP4 also "asm", four bytes per register by inline PTX, ``kv_source.NVFP4_ASM``, which the
     interpreter runs as "cast"); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
     (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
-    it instead); None: in the NVFP4 batch regime only. nvfp4_batch_occupancy: a dense NVFP4 cache whose
-    ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many programs per SM
-    (more splits, more resident warps: the NVFP4 loop is latency-bound at 8 warps per SM, docs/quantized_kv.md §8);
+    it instead); None: in the NVFP4 batch regime, and always with the "asm" decode. nvfp4_batch_occupancy: a dense
+    NVFP4 cache whose ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many
+    programs per SM (more splits, more resident warps: the NVFP4 loop is latency-bound at 8 warps per SM,
+    docs/quantized_kv.md §8);
     None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
     a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
@@ -185,9 +186,11 @@ CONFIGS: dict[str, DecodeConfig] = {
     # halves when B*Hkv gives every SM a program) measured against the plain NVFP4 plan, and the halves at every shape
     "nvfp4_plain": DecodeConfig(nvfp4_halves=False, nvfp4_batch_occupancy=None),
     "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
-    # NVFP4's levels decoded four bytes per 32-bit register by inline PTX (kv_source.NVFP4_ASM); built in session 18,
-    # not yet GPU-run (docs/quantized_kv.md §8 has its prediction)
+    # NVFP4's levels decoded four bytes per 32-bit register by inline PTX (kv_source.NVFP4_ASM), as halves at every
+    # batch (session 19: the joined tile was wrong on the GPU, kv_source._nvfp4_levels_asm; docs/quantized_kv.md §9)
     "nvfp4_asm": DecodeConfig(nvfp4_decode="asm"),
+    # session 19's candidate default for the quantized caches: "asm" and the fp16 P.V together
+    "asm_pv16": DecodeConfig(nvfp4_decode="asm", quant_pv16=True),
 }
 
 
@@ -366,8 +369,9 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     if decode == "asm" and interpret:  # no inline assembly in the interpreter: the same bytes through "cast"
         decode = "cast"
     halves = config.nvfp4_halves
-    if fmt == "nvfp4" and halves is None:
-        halves = nvfp4_batch_regime(config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged)
+    if fmt == "nvfp4" and halves is None:  # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
+        halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(
+            config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged)
     halves = bool(fmt == "nvfp4" and halves and d == lay.d)
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
@@ -557,7 +561,7 @@ _NVFP4_KNOBS = ("nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy")
 def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
     """``config`` as ``problem`` runs it (``Kernel.effective``): the quantized decode's knobs reset on a 16-bit cache,
     NVFP4's on an fp8 one and fp8's on an NVFP4 one, ``quant_pv16`` with an fp16 q, and NVFP4's batch regime resolved
-    (outside it the plain plan and no halves, as ``nvfp4_plain``)."""
+    (outside it the plain plan and no halves, as ``nvfp4_plain``, except that the "asm" decode keeps its halves)."""
     base = DecodeConfig()
     kvd = problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None
     keep = {"fp8_e4m3": ("fp8_decode", "quant_tile_scale", "quant_pv16"),
@@ -569,7 +573,7 @@ def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
         regime = nvfp4_batch_regime(config, batch=problem.batch, hkv=problem.heads_kv,
                                     rows=problem.group * problem.q_len, d=tile_width(problem.head_dim),
                                     paged=problem.page_size is not None)
-        halves = regime if config.nvfp4_halves is None else config.nvfp4_halves
+        halves = (regime or config.nvfp4_decode == "asm") if config.nvfp4_halves is None else config.nvfp4_halves
         out = dataclasses.replace(out, nvfp4_halves=bool(halves and problem.head_dim == tile_width(problem.head_dim)),
                                   nvfp4_batch_occupancy=config.nvfp4_batch_occupancy if regime else None)
     return out

@@ -240,15 +240,21 @@ def nvfp4_tile(packed, micro, how: str):
         lvl = e4m3_tile(join(*_nvfp4_level_bits(packed, how)), "cast")
     elif how == "bits":
         lvl = jax.lax.bitcast_convert_type(join(*_nvfp4_level_bits(packed, how)), jnp.float16)
-    elif how == "asm":
-        lvl = join(*_nvfp4_levels_asm(packed))
+    elif how == "asm":  # joined in float32: a float16 join of the inline-asm results swaps columns (below)
+        lvl = join(*(x.astype(jnp.float32) for x in _nvfp4_levels_asm(packed))).astype(jnp.float16)
     else:
         raise ValueError(f"decode must be one of {NVFP4_DECODES}; got {how!r}")
     return lvl * _nvfp4_micro(micro, how, d)
 
 
 def _nvfp4_levels_asm(p):
-    """``_nvfp4_levels(p, "cast")`` through ``NVFP4_ASM`` (compiled Triton on sm_89+ only: no interpreter)."""
+    """``_nvfp4_levels(p, "cast")`` through ``NVFP4_ASM`` (compiled Triton on sm_89+ only: no interpreter).
+
+    Measured on an H100 (session 19, jax 0.11.2, Triton 3.6; docs/quantized_kv.md §9): the two float16 results
+    joined by ``jnp.stack(..., -1).reshape`` come out with columns 1 and 2 of every four swapped (lo0 lo1 hi0 hi1
+    instead of lo0 hi0 lo1 hi1): the packed-register order of a 16-bit inline-asm result and the join's layout
+    disagree. Each result on its own is right (``nvfp4_halves``), and so is a join of them widened to float32,
+    which ``nvfp4_tile`` does; tests/gpu/test_fa_decode_quant_gpu.py checks both in a compiled kernel."""
     from jax.experimental.pallas import triton as plt
 
     out = [jax.ShapeDtypeStruct(p.shape, jnp.float16)]

@@ -60,11 +60,48 @@ def test_quantizer_on_gpu_matches_the_judge(fmt):
 
 # session 18: the NVFP4 halves at every shape, the plain NVFP4 plan (the default's batch regime off), and the wider
 # quantized tiles (quant_tile_scale; no named config: measured slower, docs/quantized_kv.md §8)
-CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "nvfp4_asm", "wide"]
+# session 19: "asm_tile" is the asm decode made to take the joined tile (kv_source.nvfp4_tile, a float32 join)
+CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "nvfp4_asm", "asm_tile", "wide"]
 
 
 def _config(name):
+    if name == "asm_tile":
+        return fd.DecodeConfig(nvfp4_decode="asm", nvfp4_halves=False)
     return fd.DecodeConfig(quant_tile_scale=2) if name == "wide" else name
+
+
+@pytest.mark.parametrize("rows,num_warps", [(32, 4), (64, 4), (128, 8)])
+def test_nvfp4_asm_tiles_in_a_compiled_kernel(rows, num_warps):
+    """kv_source's NVFP4 decoders inside one compiled Triton kernel, every byte value in the tile: "asm" equals
+    "cast" element for element, joined (nvfp4_tile) and as halves (nvfp4_halves). Session 19 found a float16 join
+    of the inline-asm results swapping columns 1 and 2 of every four; nvfp4_tile joins in float32 because of it."""
+    from jax.experimental import pallas as pl
+
+    from pallas_attn import _compat
+    from pallas_attn.kernels import kv_source as ks
+
+    rng = np.random.default_rng(rows)
+    packed = np.resize(np.arange(256, dtype=np.uint8), (rows, 64))
+    packed = jnp.asarray(rng.permuted(packed, axis=1))
+    micro = jnp.asarray(rng.integers(0x28, 0x48, (rows, 8), dtype=np.uint8))
+
+    def run(how):
+        def kernel(p_ref, m_ref, t_ref, e_ref, o_ref):
+            t_ref[...] = ks.nvfp4_tile(p_ref[...], m_ref[...], how)
+            e, o = ks.nvfp4_halves(p_ref[...], m_ref[...], how)
+            e_ref[...] = e
+            o_ref[...] = o
+
+        shapes = (jax.ShapeDtypeStruct((rows, 128), jnp.float16), jax.ShapeDtypeStruct((rows, 64), jnp.float16),
+                  jax.ShapeDtypeStruct((rows, 64), jnp.float16))
+        return [np.asarray(x) for x in pl.pallas_call(
+            kernel, out_shape=shapes, grid=(1,),
+            compiler_params=_compat.triton_params(num_warps=num_warps, num_stages=1))(packed, micro)]
+
+    want, got = run("cast"), run("asm")
+    for name, w, g in zip(("tile", "even", "odd"), want, got):
+        np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16), err_msg=name)
+    np.testing.assert_array_equal(want[0][:, 0::2].view(np.uint16), want[1].view(np.uint16))
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -94,7 +131,8 @@ def test_paged_ragged(fmt, config, page):
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_plain", "quant_pv16", "nvfp4_asm"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_plain", "quant_pv16", "nvfp4_asm",
+                                    "asm_tile"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
@@ -102,6 +140,7 @@ def test_bf16_q_dense_and_paged(fmt, config):
     q, k, v = _inputs(4, 8, 8192)
     q = q.astype(jnp.bfloat16)
     kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
+    config = _config(config)
     out = jax.jit(lambda q, k, v: pallas_attn.attention(q, k, v, generation="fa_decode", config=config))(q, kq, vq)
     assert out.dtype == jnp.bfloat16
     _check(out, q, kq, vq, fmt, rows=[0, 7], heads=[0, 7], tol=2e-2)
