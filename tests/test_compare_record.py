@@ -133,8 +133,7 @@ def test_the_same_programs_are_timed_once(run):
 
 def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply():
     """compare's key for pallas:fa_decode:<config> (``Kernel.effective``): on a bf16 cache every quantized-decode
-    config is the default's program; on fp8 the NVFP4 ones are; on NVFP4 below the batch regime nvfp4_plain is, above
-    it it is not; quant_alt_decode never is on a quantized cache."""
+    config is the default's program; on fp8 the NVFP4 ones are; quant_alt_decode never is on a quantized cache."""
     from compare import impls as ci
     from pallas_attn.kernels import fa_decode as fd
 
@@ -143,20 +142,22 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
                                 head_dim=128, dtype="bfloat16", causal=True, q_offset=8191, seed=0), **kw})
         return ci._pallas_program_key("fa_decode", cfg, w)
 
-    quant = ("quant_alt_decode", "quant_pv16", "nvfp4_plain", "nvfp4_halves")
+    quant = ("quant_alt_decode", "quant_pv16", "quant_pv16_off", "nvfp4_plain", "nvfp4_cast")
     assert all(key(c) == key("default") for c in quant)
     assert key("tuned") != key("default")  # its knobs (tile, stages) apply to every cache
     fp8, nv = dict(kv_dtype="fp8_e4m3"), dict(kv_dtype="nvfp4")
-    assert key("nvfp4_plain", **fp8) == key("nvfp4_halves", **fp8) == key("default", **fp8)
+    assert key("nvfp4_plain", **fp8) == key("nvfp4_cast", **fp8) == key("default", **fp8)
     assert key("quant_alt_decode", **fp8) != key("default", **fp8)
-    assert key("nvfp4_plain", **nv) == key("default", **nv)  # B1: below the batch regime
-    assert key("nvfp4_halves", **nv) != key("default", **nv)
-    assert key("nvfp4_plain", batch=32, **nv) != key("default", batch=32, **nv)  # B32 x Hkv 8 >= 132 SMs
-    assert key("nvfp4_halves", batch=32, **nv) == key("default", batch=32, **nv)  # in the regime: the default's halves
-    assert key("quant_pv16", dtype="float16", **nv) == key("default", dtype="float16", **nv)  # fp16 q: no convert
-    assert key("quant_pv16", **nv) != key("default", **nv)
-    # session 19: "asm" keeps its halves at every batch (one program whether or not nvfp4_halves says so)
-    asm_halves = fd.DecodeConfig(nvfp4_decode="asm", nvfp4_halves=True)
-    assert key("nvfp4_asm", **nv) == key(asm_halves, **nv) != key("nvfp4_halves", **nv)
-    assert key("nvfp4_asm", **nv) != key(fd.DecodeConfig(nvfp4_decode="asm", nvfp4_halves=False), **nv)
-    assert key("nvfp4_asm", **fp8) == key("default", **fp8)
+    # NVFP4 (session 19): the default decodes by "asm" as halves at every batch; "cast" (session 18's default) and the
+    # plain path are other programs, the same one below the batch regime (B1), not above it (B32 x Hkv 8 >= 132 SMs)
+    assert key("nvfp4_cast", **nv) != key("default", **nv) != key("nvfp4_plain", **nv)
+    assert key("nvfp4_cast", **nv) == key("nvfp4_plain", **nv)
+    assert key("nvfp4_cast", batch=32, **nv) != key("nvfp4_plain", batch=32, **nv)
+    assert key(fd.DecodeConfig(nvfp4_halves=True), **nv) == key("default", **nv)
+    assert key(fd.DecodeConfig(nvfp4_halves=False), **nv) != key("default", **nv)
+    # quant_pv16 (a bf16 q only): the default's is on in the batch regime only
+    for kv in (fp8, nv):
+        assert key("quant_pv16_off", **kv) == key("default", **kv) != key("quant_pv16", **kv)  # B1
+        assert key("quant_pv16", batch=32, **kv) == key("default", batch=32, **kv) != key("quant_pv16_off", batch=32,
+                                                                                           **kv)
+        assert key("quant_pv16", dtype="float16", **kv) == key("default", dtype="float16", **kv)  # fp16 q: no convert

@@ -304,11 +304,12 @@ def test_contract_declares_the_quantized_entry():
 
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "quant_pv16",
-                                    "nvfp4_asm"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "quant_pv16",
+                                    "quant_pv16_off"])
 def test_lowers_for_cuda(fmt, config, qdtype):
-    """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile):
-    what interpret mode lets through (unsupported casts, joins, reshapes) fails here before the GPU run."""
+    """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile, the
+    in-kernel block-table check on and off): what interpret mode lets through (unsupported casts, joins, reshapes)
+    fails here before the GPU run. NVFP4's default decode carries its inline PTX (session 19), the others do not."""
     b, hq, hkv, d, tk = 2, 8, 2, 128, 1000
 
     def pool_struct(lead):
@@ -323,13 +324,15 @@ def test_lowers_for_cuda(fmt, config, qdtype):
     lens = jax.ShapeDtypeStruct((b,), jnp.int32)
     traced = [jax.jit(lambda q, k: pallas_attn.attention(q, k, k, generation="fa_decode", config=config,
                                                          interpret=False)).trace(q, pool_struct((b, tk)))]
-    for page in (16, 256):
+    for page, check in ((16, False), (16, True), (256, False), (256, True)):
         n = -(-tk // page)
         bt = jax.ShapeDtypeStruct((b, n), jnp.int32)
-        traced.append(jax.jit(lambda q, kp, bt, lens: pallas_attn.paged_attention(
-            q, kp, kp, bt, lens, causal=True, config=config, interpret=False, check_block_table=False)).trace(
+        traced.append(jax.jit(lambda q, kp, bt, lens, check=check: pallas_attn.paged_attention(
+            q, kp, kp, bt, lens, causal=True, config=config, interpret=False, check_block_table=check)).trace(
             q, pool_struct((b * n, page)), bt, lens))
     for t in traced:
         text = t.lower(lowering_platforms=("cuda",)).as_text()
         names = set(re.findall(r"pallas_attn_\w+", text))
         assert names and names <= set(fd.KERNEL.passes) and text.count("xla.gpu.triton") >= len(names)
+        asm = fmt == "nvfp4" and config in ("default", "quant_pv16", "quant_pv16_off")
+        assert ("cvt.rn.f16x2.e4m3x2" in text) == asm, config

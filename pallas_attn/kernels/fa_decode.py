@@ -90,6 +90,16 @@ def _limits(p: Problem) -> tuple[bool, str]:
     return True, ""
 
 
+def _asm_capable() -> bool:
+    """Whether NVFP4's "asm" decode can run here: its ``cvt.rn.f16x2.e4m3x2`` needs sm_89 or newer. Without a GPU
+    (lowering for one from a CPU machine) the target is taken to be capable."""
+    cc = _compat.gpu_compute_capability()
+    try:
+        return not cc or tuple(int(x) for x in cc.split(".")[:2]) >= (8, 9)
+    except ValueError:
+        return True
+
+
 def _is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
@@ -104,8 +114,9 @@ class DecodeConfig:
     program (rows beyond it go to more row tiles, which re-read the tile, mostly from L2).
     merge_block: splits combined per step of the merge kernel. fp8_decode / nvfp4_decode: how quantized
     KV tiles become fp16 (``kv_source.DECODES``: "cast" through Triton's fp8 conversion, "bits" by integer
-    bit placement; NVFP4 also "asm", four bytes per register by inline PTX, ``kv_source.NVFP4_ASM``, which the
-    interpreter runs as "cast"); unused for fp16 KV. nvfp4_halves: NVFP4 tiles stay as their even / odd halves
+    bit placement; NVFP4 also "asm", four bytes per register by inline PTX, ``kv_source.NVFP4_ASM``, its default
+    since session 19, which the interpreter and GPUs older than sm_89 run as "cast"); unused for fp16 KV.
+    nvfp4_halves: NVFP4 tiles stay as their even / odd halves
     (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
     it instead); None: in the NVFP4 batch regime, and always with the "asm" decode. nvfp4_batch_occupancy: a dense
     NVFP4 cache whose ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many
@@ -114,7 +125,8 @@ class DecodeConfig:
     None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
     a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
-    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16). Every knob from fp8_decode on is
+    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime
+    (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. Every knob from fp8_decode on is
     unused for 16-bit KV (``Kernel.effective`` resets them there).
     """
 
@@ -128,15 +140,15 @@ class DecodeConfig:
     merge_block: int = 64
     merge_num_warps: int = 4
     fp8_decode: str = "cast"
-    nvfp4_decode: str = "cast"
+    nvfp4_decode: str = "asm"
     nvfp4_halves: bool | None = None
     nvfp4_batch_occupancy: int | None = 4
     quant_tile_scale: int = 1
-    quant_pv16: bool = False
+    quant_pv16: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nvfp4_halves, (bool, type(None))) or not isinstance(self.quant_pv16, bool):
-            raise ValueError(f"nvfp4_halves must be a bool or None and quant_pv16 a bool; got {self.nvfp4_halves=}, "
+        if not all(isinstance(x, (bool, type(None))) for x in (self.nvfp4_halves, self.quant_pv16)):
+            raise ValueError(f"nvfp4_halves and quant_pv16 must be a bool or None; got {self.nvfp4_halves=}, "
                              f"{self.quant_pv16=}")
         nbo = self.nvfp4_batch_occupancy
         if nbo is not None and (isinstance(nbo, bool) or not isinstance(nbo, int) or not 1 <= nbo <= 32):
@@ -179,29 +191,42 @@ CONFIGS: dict[str, DecodeConfig] = {
     # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it. NVFP4's
     # default is "cast" since session 18 (faster than "bits" in every record of three runs: docs/quantized_kv.md §8)
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
-    # a bf16 q's P.V on the fp16 V tile (no V convert; measured in session 18: NVFP4 0.7-1.7% faster at B32, fp8
-    # 2.5-3.6% slower at B1, so not the default)
+    # a bf16 q's P.V on the fp16 V tile (no V convert) at every shape, and never: the default takes it in the batch
+    # regime only (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9)
     "quant_pv16": DecodeConfig(quant_pv16=True),
-    # session 18 (issue 31, docs/quantized_kv.md §8): the default's NVFP4 batch regime (4 programs per SM and the
-    # halves when B*Hkv gives every SM a program) measured against the plain NVFP4 plan, and the halves at every shape
-    "nvfp4_plain": DecodeConfig(nvfp4_halves=False, nvfp4_batch_occupancy=None),
-    "nvfp4_halves": DecodeConfig(nvfp4_halves=True),
-    # NVFP4's levels decoded four bytes per 32-bit register by inline PTX (kv_source.NVFP4_ASM), as halves at every
-    # batch (session 19: the joined tile was wrong on the GPU, kv_source._nvfp4_levels_asm; docs/quantized_kv.md §9)
-    "nvfp4_asm": DecodeConfig(nvfp4_decode="asm"),
-    # session 19's candidate default for the quantized caches: "asm" and the fp16 P.V together
-    "asm_pv16": DecodeConfig(nvfp4_decode="asm", quant_pv16=True),
+    "quant_pv16_off": DecodeConfig(quant_pv16=False),
+    # NVFP4 before session 19 (the default's decode is "asm" since, docs/quantized_kv.md §9): session 18's default
+    # ("cast", its halves in the batch regime only) and the plain NVFP4 path before that (joined tiles, plain plan)
+    "nvfp4_cast": DecodeConfig(nvfp4_decode="cast"),
+    "nvfp4_plain": DecodeConfig(nvfp4_decode="cast", nvfp4_halves=False, nvfp4_batch_occupancy=None),
 }
+
+
+def batch_regime(config: DecodeConfig, *, batch: int, hkv: int, rows: int, d: int, paged: bool,
+                 sm_count: int | None = None) -> bool:
+    """Whether a dense call is in the batch regime: ``B * Hkv * row_tiles >= SMs`` (each SM gets a program without
+    splitting the keys)."""
+    if paged:
+        return False
+    sm = sm_count if sm_count is not None else _compat.device_sm_count()
+    return batch * hkv * planner.cdiv(rows, planner.block_m(rows, d, config.block_m_max)) >= sm
 
 
 def nvfp4_batch_regime(config: DecodeConfig, *, batch: int, hkv: int, rows: int, d: int, paged: bool,
                        sm_count: int | None = None) -> bool:
-    """Whether a dense NVFP4 call is in the batch regime: ``B * Hkv * row_tiles >= SMs`` (each SM gets a program
-    without splitting the keys) and the config turns the regime on (``nvfp4_batch_occupancy``)."""
-    if config.nvfp4_batch_occupancy is None or paged:
-        return False
-    sm = sm_count if sm_count is not None else _compat.device_sm_count()
-    return batch * hkv * planner.cdiv(rows, planner.block_m(rows, d, config.block_m_max)) >= sm
+    """Whether a dense NVFP4 call is in the batch regime (``batch_regime``) and the config turns NVFP4's regime on
+    (``nvfp4_batch_occupancy``)."""
+    return config.nvfp4_batch_occupancy is not None and batch_regime(
+        config, batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
+
+
+def pv16_on(config: DecodeConfig, *, batch: int, hkv: int, rows: int, d: int, paged: bool,
+            sm_count: int | None = None) -> bool:
+    """``quant_pv16`` as a call runs it (meaningful with a bf16 q over a quantized cache): None is on in the batch
+    regime only."""
+    if config.quant_pv16 is not None:
+        return config.quant_pv16
+    return batch_regime(config, batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
 
 
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
@@ -294,7 +319,11 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         else:
             def dequant(k, v):
                 return (to_q(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
-    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref)
+    # the block-table check: per-key flags ORed over the loop and reduced once after it (gathered pages); nothing
+    # carried when the caller turned the check off
+    bad_keys = check and lay.paged and lay.gather
+    src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref,
+                   bad_keys=bad_keys)
 
     def body(i, carry):
         m_run, l_run, accs, bad_run = carry
@@ -320,11 +349,14 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         m_new, l_new, alpha, pr = softmax.step(m_run, l_run, sc, vis, base2=True)
         accs = tuple(acc * alpha[:, None] + jnp.dot(pr.astype(vh.dtype), vh, preferred_element_type=jnp.float32)
                      for acc, vh in zip(accs, vs))
-        return m_new, l_new, accs, bad_run | bad
+        return m_new, l_new, accs, (bad_run | bad) if check and lay.paged else bad_run
 
     m0, l0 = softmax.init_state((bm,))
     accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w in qcols)
-    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, bad0))
+    badc0 = jnp.zeros((bk,), jnp.int32) if bad_keys else bad0
+    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, badc0))
+    if bad_keys:
+        bad = bad0 | (jnp.max(bad) > 0)
 
     for (c0, w), acc in zip(qcols, accs):
         o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
@@ -366,8 +398,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     rows = (hq // hkv) * tq
     n_rows = b * hkv * rows
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
-    if decode == "asm" and interpret:  # no inline assembly in the interpreter: the same bytes through "cast"
-        decode = "cast"
+    if decode == "asm" and (interpret or not _asm_capable()):  # the same bytes through "cast" (no inline PTX in the
+        decode = "cast"  # interpreter; cvt.rn.f16x2.e4m3x2 needs sm_89+)
     halves = config.nvfp4_halves
     if fmt == "nvfp4" and halves is None:  # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
         halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(
@@ -376,7 +408,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves, pv16=config.quant_pv16)
+        softcap=softcap, halves=halves,
+        pv16=bool(fmt) and pv16_on(config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged))
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv)
@@ -569,6 +602,10 @@ def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
     if problem.dtype == "float16":
         keep = tuple(k for k in keep if k != "quant_pv16")
     out = dataclasses.replace(config, **{k: getattr(base, k) for k in _QUANT_KNOBS if k not in keep})
+    if "quant_pv16" in keep:
+        out = dataclasses.replace(out, quant_pv16=pv16_on(
+            config, batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
+            d=tile_width(problem.head_dim), paged=problem.page_size is not None))
     if kvd == "nvfp4":
         regime = nvfp4_batch_regime(config, batch=problem.batch, hkv=problem.heads_kv,
                                     rows=problem.group * problem.q_len, d=tile_width(problem.head_dim),

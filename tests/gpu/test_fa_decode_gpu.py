@@ -181,12 +181,19 @@ def test_paged_configs_compile_and_agree(cfg):
     _subset_check(out, q, k, v, rows=[0, 1], kv_heads=[0, 7], dtype="float16", kv_lens=lens)
 
 
-def test_paged_bad_table_on_gpu():
+@pytest.mark.parametrize("kv", ["float16", "nvfp4"])
+def test_paged_bad_table_on_gpu(kv):
+    """A bad page index raises eagerly and, under jit, poisons only its sequence (page 16: the gathered tiles, whose
+    flags the kernel ORs over its loop and reduces once since session 19; NVFP4 pools too)."""
+    from pallas_attn import quant
+
     lens = np.array([300, 300], np.int32)
     q, k, v = _inputs(9, 2, 1, 8, 2, 64, 300, "float16")
     kp, vp, bt = _paged(k, v, 16)
+    if kv == "nvfp4":
+        kp, vp = quant.quantize_nvfp4(kp.astype(jnp.float32)), quant.quantize_nvfp4(vp.astype(jnp.float32))
     bad = np.asarray(bt).copy()
-    bad[0, 3] = kp.shape[0] + 100
+    bad[0, 3] = jax.tree_util.tree_leaves(kp)[0].shape[0] + 100
     with pytest.raises(ValueError, match="block_table"):
         pallas_attn.paged_attention(q, kp, vp, jnp.asarray(bad), jnp.asarray(lens))
     out = jax.jit(lambda *a: pallas_attn.paged_attention(*a))(q, kp, vp, jnp.asarray(bad), jnp.asarray(lens))

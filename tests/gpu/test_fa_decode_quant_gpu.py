@@ -60,8 +60,9 @@ def test_quantizer_on_gpu_matches_the_judge(fmt):
 
 # session 18: the NVFP4 halves at every shape, the plain NVFP4 plan (the default's batch regime off), and the wider
 # quantized tiles (quant_tile_scale; no named config: measured slower, docs/quantized_kv.md §8)
-# session 19: "asm_tile" is the asm decode made to take the joined tile (kv_source.nvfp4_tile, a float32 join)
-CONFIGS = ["default", "quant_alt_decode", "nvfp4_halves", "nvfp4_plain", "nvfp4_asm", "asm_tile", "wide"]
+# session 19: the default decodes NVFP4 by "asm" as halves; "asm_tile" is the asm decode made to take the joined tile
+# (kv_source.nvfp4_tile, a float32 join); nvfp4_cast is session 18's default, nvfp4_plain the path before it
+CONFIGS = ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "asm_tile", "wide"]
 
 
 def _config(name):
@@ -131,8 +132,8 @@ def test_paged_ragged(fmt, config, page):
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 5], heads=[0, 7], lens=lens)
 
 
-@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_plain", "quant_pv16", "nvfp4_asm",
-                                    "asm_tile"])
+@pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "quant_pv16",
+                                    "quant_pv16_off", "asm_tile"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
