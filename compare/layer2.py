@@ -149,6 +149,8 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_fa_decode_fp8_e4m3_bits": Cost(issue=0, lat=0, dequant=0.1418),
     "pallas_attn_fa_decode_nvfp4_bits": Cost(issue=0, lat=0, dequant=0.1507),
     "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0, lat=0, dequant=0.1372),
+    # session 19: NVFP4 "asm", fitted alone on the H200 quant sweep (call 5; held out: the H100 runs, docs/roofline.md)
+    "pallas_attn_fa_decode_nvfp4_asm": Cost(issue=0, lat=0, dequant=0.09512),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
     # its pipelined config, the Triton twin (+ fp8 latent decode per element)
     "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1523, fixed=2.727e+04),
@@ -200,10 +202,9 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
                                       "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
                                       "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
        for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast")},
-    # NVFP4 "asm" (session 18, not yet run): priced as "cast" (the same bytes and converts; its fewer instructions per
-    # element are the prediction in docs/quantized_kv.md §8, not a constant of its own until a run fits one)
+    # NVFP4 "asm" (session 19): its own dequant constant (COSTS), the rest shared as above
     "pallas_attn_fa_decode_nvfp4_asm": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
-                                        "dequant": ("pallas_attn_fa_decode_nvfp4_cast", "dequant"),
+                                        "dequant": ("pallas_attn_fa_decode_nvfp4_asm", "dequant"),
                                         "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
                                         "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")},
     "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
