@@ -623,7 +623,8 @@ _QNOTE = ("q float16 or bfloat16; KV tiles decoded in registers to exact fp16 (t
 # ALU instructions per KV element of the decodes as first counted (docs/quantized_kv.md §3): fp8 "cast" is one
 # cvt.rn.f16x2.e4m3x2 per two elements plus the byte permute feeding it; NVFP4 "bits" is per packed byte two
 # shift/and/or groups (LOP3 + SHF, ~3 each), the join, and one fp16x2 multiply by the micro-scale per two (NVFP4's
-# default decode is "cast" since session 18; layer 2 prices each decode by its own fitted cost, compare/layer2.py).
+# default decode is "asm" since session 19, 7.15 SASS instructions per element in all; layer 2 prices each decode by
+# its own fitted cost, compare/layer2.py).
 _DEQUANT_OPS = {"fp8_e4m3": 1.0, "nvfp4": 4.5}
 
 def _table_choice(problem: Problem) -> str:
