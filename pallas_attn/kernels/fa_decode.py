@@ -188,8 +188,9 @@ CONFIGS: dict[str, DecodeConfig] = {
     # best dense point of the first H200 sweep (results/fa_decode_tune/20261121_h200_tune1.json): B=32,
     # S=8192 234.2 us vs 236.4 default; B=1, S=131072 122.7 vs 122.4; B=64, S=4096 240.1 vs 236.9 (bk 128)
     "tuned": DecodeConfig(block_k=32, num_warps=4, num_stages=4),
-    # the other decode of each quantized format (fp16 KV runs exactly as "default"): measured beside it. NVFP4's
-    # default is "cast" since session 18 (faster than "bits" in every record of three runs: docs/quantized_kv.md §8)
+    # "bits" for both quantized formats (fp16 KV runs exactly as "default"): measured beside the default. NVFP4's
+    # default was "cast" from session 18 (faster than "bits" in every record of three runs: docs/quantized_kv.md §8)
+    # and is "asm" since session 19 (§9)
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
     # a bf16 q's P.V on the fp16 V tile (no V convert) at every shape, and never: the default takes it in the batch
     # regime only (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9)
