@@ -221,13 +221,19 @@ def nvfp4_batch_regime(config: DecodeConfig, *, batch: int, hkv: int, rows: int,
         config, batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
 
 
-def pv16_on(config: DecodeConfig, *, batch: int, hkv: int, rows: int, d: int, paged: bool,
-            sm_count: int | None = None) -> bool:
-    """``quant_pv16`` as a call runs it (meaningful with a bf16 q over a quantized cache): None is on in the batch
-    regime only."""
-    if config.quant_pv16 is not None:
-        return config.quant_pv16
-    return batch_regime(config, batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
+def quant_knobs(config: DecodeConfig, *, fmt: str | None, batch: int, hkv: int, rows: int, d: int, d_data: int,
+                paged: bool, sm_count: int | None = None) -> tuple[bool, bool]:
+    """``(halves, pv16)`` as a call over a ``fmt`` cache runs them (the kernel's launch and ``Kernel.effective`` both
+    ask here). ``nvfp4_halves`` None: on with the "asm" decode or in NVFP4's batch regime, and only when the tile is
+    the data's width (``d == d_data``). ``quant_pv16`` None (meaningful with a bf16 q): on in the batch regime."""
+    if fmt is None:
+        return False, False
+    kw = dict(batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
+    pv16 = config.quant_pv16 if config.quant_pv16 is not None else batch_regime(config, **kw)
+    halves = config.nvfp4_halves
+    if halves is None:
+        halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(config, **kw)
+    return bool(fmt == "nvfp4" and halves and d == d_data), bool(pv16)
 
 
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
@@ -401,16 +407,12 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     decode = config.nvfp4_decode if fmt == "nvfp4" else config.fp8_decode
     if decode == "asm" and (interpret or not _asm_capable()):  # the same bytes through "cast" (no inline PTX in the
         decode = "cast"  # interpreter; cvt.rn.f16x2.e4m3x2 needs sm_89+)
-    halves = config.nvfp4_halves
-    if fmt == "nvfp4" and halves is None:  # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
-        halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(
-            config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged)
-    halves = bool(fmt == "nvfp4" and halves and d == lay.d)
+    # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
+    halves, pv16 = quant_knobs(config, fmt=fmt, batch=b, hkv=hkv, rows=rows, d=d, d_data=lay.d, paged=lay.paged)
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves,
-        pv16=bool(fmt) and pv16_on(config, batch=b, hkv=hkv, rows=(hq // hkv) * tq, d=d, paged=lay.paged))
+        softcap=softcap, halves=halves, pv16=pv16)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv)
@@ -603,16 +605,14 @@ def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
     if problem.dtype == "float16":
         keep = tuple(k for k in keep if k != "quant_pv16")
     out = dataclasses.replace(config, **{k: getattr(base, k) for k in _QUANT_KNOBS if k not in keep})
+    kw = dict(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
+              d=tile_width(problem.head_dim), paged=problem.page_size is not None)
+    halves, pv16 = quant_knobs(config, fmt=kvd, d_data=problem.head_dim, **kw)
     if "quant_pv16" in keep:
-        out = dataclasses.replace(out, quant_pv16=pv16_on(
-            config, batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
-            d=tile_width(problem.head_dim), paged=problem.page_size is not None))
+        out = dataclasses.replace(out, quant_pv16=pv16)
     if kvd == "nvfp4":
-        regime = nvfp4_batch_regime(config, batch=problem.batch, hkv=problem.heads_kv,
-                                    rows=problem.group * problem.q_len, d=tile_width(problem.head_dim),
-                                    paged=problem.page_size is not None)
-        halves = (regime or config.nvfp4_decode == "asm") if config.nvfp4_halves is None else config.nvfp4_halves
-        out = dataclasses.replace(out, nvfp4_halves=bool(halves and problem.head_dim == tile_width(problem.head_dim)),
+        regime = nvfp4_batch_regime(config, **kw)
+        out = dataclasses.replace(out, nvfp4_halves=halves,
                                   nvfp4_batch_occupancy=config.nvfp4_batch_occupancy if regime else None)
     return out
 
