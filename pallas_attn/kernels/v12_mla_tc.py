@@ -120,7 +120,7 @@ from jax import lax
 from .. import _compat, tuning
 from .._compat import pl
 from . import common as c
-from . import gqa, splitkv
+from . import gqa, softmax, splitkv
 from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, kv_bytes, kv_tokens, mla_dims, xla_glue
 from .mla_common import (
@@ -139,7 +139,8 @@ __all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem
 GEN = "v12_mla_tc"
 PASS_TWIN = f"pallas_attn_{GEN}_partial"
 PASS_MOSAIC = f"pallas_attn_{GEN}_mosaic"
-PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu")
+PASS_FINISH = f"pallas_attn_{GEN}_finish"
+PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu", PASS_FINISH)
 TEMPLATES = ((576, 512), (320, 256), (192, 128))  # (DQK, DV): rope 64, DV split in two halves of >= 64 columns
 BLOCK_M = 64  # rows per CTA: one wgmma M tile
 _LOG2E = math.log2(math.e)
@@ -173,7 +174,10 @@ class MlaTcConfig:
     q_regs (with s_warpgroup): the S warpgroup holds Q's first ``q_regs`` columns in registers as the QK's A operand,
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
-    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md)."""
+    then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
+    finish: what follows the partial kernel: ``jnp`` (the shared merge ``splitkv.merge_jnp``, the cast, the
+    unpack and the bad-table select as XLA ops: several launches) or ``pallas`` (one Pallas launch, ``_finish``:
+    the merge, the bad-table check, the cast and the unpacked output layout; docs/mla.md "The fixed cost")."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -193,9 +197,12 @@ class MlaTcConfig:
     s_regs: int = 152
     q_regs: int = 0
     s_pipelined: bool = False
+    finish: str = "jnp"
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
+        if self.finish not in ("jnp", "pallas"):
+            raise ValueError(f"{owner}.finish must be 'jnp' or 'pallas'; got {self.finish!r}")
         if self.engine not in ("mosaic", "triton"):
             raise ValueError(f"{owner}.engine must be 'mosaic' or 'triton'; got {self.engine!r}")
         if self.block_kv not in (16, 32, 64):
@@ -1216,6 +1223,77 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
     return gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1), gqa.unpack_lse(lse, b, tq, hq), races
 
 
+def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
+                   hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool):
+    """One packed row ``r`` (``b * rows + h * tq + t``): the merge of its ``splits`` states (an online softmax over
+    the splits' LSEs, as ``splitkv._merge_kernel``), then, with ``check``, NaN when its sequence's length or a page
+    it uses is outside the pool (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``."""
+    r = pl.program_id(0)
+
+    def body(ci, carry):
+        m_run, l_run, acc = carry
+        s0 = ci * sb
+        ok = s0 + jnp.arange(sb, dtype=jnp.int32) < splits
+        lse2 = _compat.load(lse_ref.at[r, pl.ds(s0, sb)], mask=ok, other=-jnp.inf) * softmax.LOG2E
+        o = _compat.load(op_ref.at[r, pl.ds(s0, sb), pl.ds(0, dv)], mask=jnp.broadcast_to(ok[:, None], (sb, dv)),
+                         other=0.0)
+        m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
+        return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
+
+    m_run, l_run, acc = lax.fori_loop(0, c.cdiv(splits, sb), body, softmax.init_state((), dv))
+    out = softmax.finalize(acc, l_run)
+    lse = softmax.lse(m_run, l_run, base2=True)
+    bi, rr = r // rows, r % rows
+    h, t = rr // tq, rr % tq
+    if check:
+        n = lens_ref[bi]
+        cap = pps * page
+        used = (jnp.clip(n, 0, cap) + page - 1) // page
+
+        def scan(ci, bad):
+            j = ci * pb + jnp.arange(pb, dtype=jnp.int32)
+            pg = _compat.load(bt_ref.at[bi, pl.ds(ci * pb, pb)], mask=j < pps, other=0)
+            oob = (j < used) & ((pg < 0) | (pg >= num_pages))
+            return bad | jnp.max(oob.astype(jnp.int32))
+
+        bad = lax.fori_loop(0, c.cdiv(pps, pb), scan, ((n < 0) | (n > cap)).astype(jnp.int32))
+        out = jnp.where(bad > 0, jnp.float32(jnp.nan), out)
+        lse = jnp.where(bad > 0, jnp.float32(jnp.nan), lse)
+    out_refs[0][bi * tq + t, pl.ds(h * dv, dv)] = out.astype(out_refs[0].dtype)
+    if with_lse:
+        out_refs[1][r] = lse
+
+
+def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: int, page: int, out_dtype,
+            interpret: bool, return_lse: bool, check: bool):
+    """Config ``finish="pallas"``: ``o_part [B * rows, S, DV]`` / ``lse_part [B * rows, S]`` (rows = Hq * Tq,
+    head-major) to the caller's ``[B, Tq, Hq, DV]`` (and ``[B, Hq, Tq]`` LSE) in one launch (``_finish_kernel``)
+    instead of the XLA merge, cast, unpack and bad-table select."""
+    r, splits, dv = o_part.shape
+    rows = hq * tq
+    pps = bt.shape[1]
+    sb = max(1, min(_next_pow2(splits), 8192 // dv))  # <= 8192 partial floats in flight per program
+    pb = min(_next_pow2(pps), 1024)
+    out_shape = [jax.ShapeDtypeStruct((b * tq, hq * dv), out_dtype)]
+    if return_lse:
+        out_shape.append(jax.ShapeDtypeStruct((r,), jnp.float32))
+    res = pl.pallas_call(
+        functools.partial(_finish_kernel, splits=splits, sb=sb, dv=dv, rows=rows, tq=tq, hq=hq, pps=pps, pb=pb,
+                          num_pages=num_pages, page=page, check=check, with_lse=return_lse),
+        out_shape=tuple(out_shape), grid=(r,),
+        compiler_params=_compat.triton_params(num_warps=4, num_stages=1),
+        interpret=interpret, name=PASS_FINISH,
+    )(o_part, lse_part, bt, lens)
+    out = res[0].reshape(b, tq, hq, dv)
+    if not return_lse:
+        return out
+    return out, gqa.unpack_lse(res[1], b, tq, hq)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
 @functools.partial(jax.jit, static_argnames=("dv", "splits", "chunk", "causal", "scale", "cfg", "interpret",
                                              "return_lse", "check"))
 def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
@@ -1227,6 +1305,9 @@ def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: 
     else:
         o_part, lse_part = _twin(q, data, bt, lens, off, quant_ops, dv=dv, splits=splits, chunk=chunk,
                                  causal=causal, scale=scale, cfg=cfg, interpret=interpret)
+    if cfg.finish == "pallas":
+        return _finish(o_part, lse_part, bt, lens, b=b, tq=tq, hq=hq, num_pages=data.shape[0], page=data.shape[1],
+                       out_dtype=q.dtype, interpret=interpret, return_lse=return_lse, check=check)
     o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
     out = gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1)
     if check:

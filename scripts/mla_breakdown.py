@@ -1,0 +1,111 @@
+"""Where an MLA decode call's time goes: every kernel of one ``mla_attention`` call, CUPTI, cold L2.
+
+    PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json]
+
+For DeepSeek-V3's decode shape (h_q 128, latent 512 + 64, page 64, bf16) at several batch x length points, each
+variant (a named fa_mla config, with ``finish`` jnp or pallas, the table check on or off, a forced split count) is
+jitted and timed as compare times it (an L2 flush before each repetition, excluded), and the median duration of
+each kernel it launches is printed: the partial kernel, the merge, the cast / unpack and the table check
+(docs/mla.md, "The fixed cost"). The outputs of every variant are checked against the first variant's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_attn
+from compare.timing import _jax_flush_buffer, _jax_flush_kernel_names, _jax_timed, _per_rep, cupti_kernels
+from pallas_attn.kernels import v12_mla_tc as v
+
+SHAPES = {"b1_s2048": (1, 2048), "b1_s8192": (1, 8192), "b1_s32768": (1, 32768), "b8_s8192": (8, 8192),
+          "b32_s2048": (32, 2048), "b64_s8192": (64, 8192), "b128_s2048": (128, 2048)}
+
+
+def inputs(b: int, s: int, *, hq=128, dqk=576, page=64, seed=0):
+    rng = np.random.default_rng(seed)
+    pps = s // page
+    nb = b * pps
+    q = jnp.asarray(rng.standard_normal((b, 1, hq, dqk)), jnp.bfloat16)
+    lat = jnp.asarray(rng.standard_normal((nb, page, 1, dqk)), jnp.bfloat16)
+    bt = jnp.asarray(rng.permutation(nb).reshape(b, pps), jnp.int32)
+    lens = jnp.full((b,), s, jnp.int32)
+    return q, lat, bt, lens
+
+
+def variants(shape: str):
+    out = []
+    for name in ("kv64_mc", "kv64_ws_mc"):
+        base = v.CONFIGS[name]
+        out.append((f"{name}", base, True))
+        out.append((f"{name}+fin", dataclasses.replace(base, finish="pallas"), True))
+    out.append(("kv64_mc nocheck", v.CONFIGS["kv64_mc"], False))
+    b, s = SHAPES[shape]
+    if b == 1:
+        for ns in ((8, 16) if s <= 2048 else (16, 33)):
+            out.append((f"kv64_mc+fin S{ns}", dataclasses.replace(v.CONFIGS["kv64_mc"], finish="pallas",
+                                                                    num_splits=ns), True))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    flush_bytes = 2 * 50 * 2**20
+    flush_names = _jax_flush_kernel_names(flush_bytes)
+    buf = _jax_flush_buffer(flush_bytes)
+    results = []
+    for shape in a.shapes.split(","):
+        b, s = SHAPES[shape]
+        q, lat, bt, lens = inputs(b, s)
+        ref = None
+        for label, cfg, check in variants(shape):
+            fn = jax.jit(lambda q, lat, bt, lens, cfg=cfg, check=check: pallas_attn.mla_attention(
+                q, lat, bt, lens, kv_lora_rank=512, causal=True, config=cfg, check_block_table=check))
+            try:
+                timed = _jax_timed(fn)
+                _, o = jax.block_until_ready(timed(buf, q, lat, bt, lens))
+            except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported, not fatal
+                print(f"{shape:12s} {label:22s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                results.append(dict(shape=shape, variant=label, error=str(e)[:500]))
+                continue
+            o = np.asarray(o.astype(jnp.float32))
+            if ref is None:
+                ref = o
+            err = float(np.max(np.abs(o - ref)))
+
+            def run(timed=timed, args=(q, lat, bt, lens)):
+                outs = [timed(buf, *args) for _ in range(a.reps)]
+                jax.block_until_ready(outs)
+
+            per = _per_rep(cupti_kernels(run), a.reps)
+            names = [n for n, _ in per[0]]
+            ks = []
+            for i, n in enumerate(names):
+                if n in flush_names:
+                    continue
+                ks.append((n, 1e3 * statistics.median(p[i][1] for p in per)))
+            tot = 1e3 * statistics.median(sum(ms for n, ms in p if n not in flush_names) for p in per)
+            splits = v.CONFIGS["kv64_mc"].splits(batch=b, rows=128, n_k=s) if cfg.num_splits is None else \
+                cfg.splits(batch=b, rows=128, n_k=s)
+            print(f"{shape:12s} {label:22s} {tot:8.1f} us  S={splits[0]:3d}  maxdiff {err:.2e}  | "
+                  + "  ".join(f"{n[:40]}={t:.1f}" for n, t in ks), flush=True)
+            results.append(dict(shape=shape, variant=label, total_us=tot, splits=splits[0], max_abs_diff=err,
+                                kernels=ks))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(device=jax.devices()[0].device_kind, jax=jax.__version__, results=results), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
