@@ -115,12 +115,21 @@ def mla_attention(q, latent_pool, block_table, kv_lens, *, kv_lora_rank: int, sc
     problem = problem_mla(q, latent_pool, block_table, kv_lora_rank=kv_lora_rank, causal=causal)
     kern, cfg = resolve(generation, problem, config)
     b = q.shape[0]
-    offs = seqlen.paged_q_offsets(kv_lens, q.shape[1]) if q_offset is None else seqlen.q_offsets(q_offset, b)
+    # One query on the default offset (kv_len - 1) sees every key below kv_len: causal masks nothing the length
+    # does not, so the kernels run the non-causal program and no offset is computed (an XLA launch saved;
+    # docs/mla.md "The fixed cost").
+    k_causal = causal and not (q_offset is None and q.shape[1] == 1)
+    if not k_causal:
+        offs = kv_lens  # unread by a non-causal kernel
+    elif q_offset is None:
+        offs = seqlen.paged_q_offsets(kv_lens, q.shape[1])
+    else:
+        offs = seqlen.q_offsets(q_offset, b)
     if kern.mla is None:
         raise NotImplementedError(f"generation {generation!r} has no MLA entry")
 
     def call(q, latent_pool, block_table, kv_lens, offs):
-        return kern.mla(q, latent_pool, block_table, kv_lens, kv_lora_rank=int(kv_lora_rank), causal=causal,
+        return kern.mla(q, latent_pool, block_table, kv_lens, kv_lora_rank=int(kv_lora_rank), causal=k_causal,
                         scale=s, q_offset=offs, interpret=_compat.default_interpret(interpret), config=cfg,
                         return_lse=bool(return_lse), check_block_table=check_block_table)
 

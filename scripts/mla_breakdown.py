@@ -3,10 +3,10 @@
     PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json]
 
 For DeepSeek-V3's decode shape (h_q 128, latent 512 + 64, page 64, bf16) at several batch x length points, each
-variant (a named fa_mla config, with ``finish`` jnp or pallas, the table check on or off, a forced split count) is
-jitted and timed as compare times it (an L2 flush before each repetition, excluded), and the median duration of
-each kernel it launches is printed: the partial kernel, the merge, the cast / unpack and the table check
-(docs/mla.md, "The fixed cost"). The outputs of every variant are checked against the first variant's.
+variant (a named fa_mla config with ``finish`` pallas (the default) or jnp, the table check on or off, a forced
+split count) is jitted and timed as compare times it (an L2 flush before each repetition, excluded), and the
+median duration of each kernel it launches is printed: the partial kernel, the merge, the cast / unpack and the
+table check (docs/mla.md, "The fixed cost"). The outputs of every variant are checked against the first variant's.
 """
 from __future__ import annotations
 
@@ -44,13 +44,12 @@ def variants(shape: str):
     for name in ("kv64_mc", "kv64_ws_mc"):
         base = v.CONFIGS[name]
         out.append((f"{name}", base, True))
-        out.append((f"{name}+fin", dataclasses.replace(base, finish="pallas"), True))
+        out.append((f"{name} jnp", dataclasses.replace(base, finish="jnp"), True))
     out.append(("kv64_mc nocheck", v.CONFIGS["kv64_mc"], False))
     b, s = SHAPES[shape]
     if b == 1:
         for ns in ((8, 16) if s <= 2048 else (16, 33)):
-            out.append((f"kv64_mc+fin S{ns}", dataclasses.replace(v.CONFIGS["kv64_mc"], finish="pallas",
-                                                                    num_splits=ns), True))
+            out.append((f"kv64_mc S{ns}", dataclasses.replace(v.CONFIGS["kv64_mc"], num_splits=ns), True))
     return out
 
 

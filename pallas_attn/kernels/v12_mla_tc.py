@@ -122,7 +122,7 @@ from .._compat import pl
 from . import common as c
 from . import gqa, softmax, splitkv
 from .contract import Kernel, Precision, Problem
-from .launches import Launch, cdiv, kv_bytes, kv_tokens, mla_dims, xla_glue
+from .launches import Launch, cdiv, kv_bytes, kv_tokens, merge_launch, mla_dims, next_pow2, xla_glue
 from .mla_common import (
     LatentLayout,
     LatentSource,
@@ -197,7 +197,7 @@ class MlaTcConfig:
     s_regs: int = 152
     q_regs: int = 0
     s_pipelined: bool = False
-    finish: str = "jnp"
+    finish: str = "pallas"
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -1181,7 +1181,7 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
 
 
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
-            cfg: MlaTcConfig, emulate: bool = False):
+            cfg: MlaTcConfig, emulate: bool = False, raw: bool = False):
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
@@ -1192,6 +1192,8 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
     call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
                          chunk, bool(causal), float(scale), cfg, emulate)
     o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
+    if raw:  # the kernel's layout, o [B, rows_pad, S, DV] and lse [B, S, rows_pad], for _finish
+        return o, lse
     o = o[:, :rows].reshape(b * rows, splits, dv)
     lse = lse.transpose(0, 2, 1)[:, :rows].reshape(b * rows, splits)
     return o, lse
@@ -1225,26 +1227,27 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
 
 def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
                    hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool):
-    """One packed row ``r`` (``b * rows + h * tq + t``): the merge of its ``splits`` states (an online softmax over
-    the splits' LSEs, as ``splitkv._merge_kernel``), then, with ``check``, NaN when its sequence's length or a page
-    it uses is outside the pool (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``."""
+    """One packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B, rows_x, S, DV]`` / ``lse [B, S, rows_x]``:
+    the merge of its ``splits`` states (an online softmax over the splits' LSEs, as ``splitkv._merge_kernel``),
+    then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
+    (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``."""
     r = pl.program_id(0)
+    bi, rr = r // rows, r % rows
+    h, t = rr // tq, rr % tq
 
     def body(ci, carry):
         m_run, l_run, acc = carry
         s0 = ci * sb
         ok = s0 + jnp.arange(sb, dtype=jnp.int32) < splits
-        lse2 = _compat.load(lse_ref.at[r, pl.ds(s0, sb)], mask=ok, other=-jnp.inf) * softmax.LOG2E
-        o = _compat.load(op_ref.at[r, pl.ds(s0, sb), pl.ds(0, dv)], mask=jnp.broadcast_to(ok[:, None], (sb, dv)),
-                         other=0.0)
+        lse2 = _compat.load(lse_ref.at[bi, pl.ds(s0, sb), rr], mask=ok, other=-jnp.inf) * softmax.LOG2E
+        o = _compat.load(op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(0, dv)],
+                         mask=jnp.broadcast_to(ok[:, None], (sb, dv)), other=0.0)
         m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
         return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
 
     m_run, l_run, acc = lax.fori_loop(0, c.cdiv(splits, sb), body, softmax.init_state((), dv))
     out = softmax.finalize(acc, l_run)
     lse = softmax.lse(m_run, l_run, base2=True)
-    bi, rr = r // rows, r % rows
-    h, t = rr // tq, rr % tq
     if check:
         n = lens_ref[bi]
         cap = pps * page
@@ -1266,14 +1269,16 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
 
 def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: int, page: int, out_dtype,
             interpret: bool, return_lse: bool, check: bool):
-    """Config ``finish="pallas"``: ``o_part [B * rows, S, DV]`` / ``lse_part [B * rows, S]`` (rows = Hq * Tq,
-    head-major) to the caller's ``[B, Tq, Hq, DV]`` (and ``[B, Hq, Tq]`` LSE) in one launch (``_finish_kernel``)
-    instead of the XLA merge, cast, unpack and bad-table select."""
-    r, splits, dv = o_part.shape
+    """Config ``finish="pallas"``: ``o_part [B, rows_x, S, DV]`` / ``lse_part [B, S, rows_x]`` (the Mosaic
+    kernel's layout; rows = Hq * Tq head-major, rows_x >= rows, the padding rows unread) to the caller's ``[B, Tq,
+    Hq, DV]`` (and ``[B, Hq, Tq]`` LSE) in one launch (``_finish_kernel``) instead of the XLA merge, cast, unpack and
+    bad-table select."""
+    _, _, splits, dv = o_part.shape
     rows = hq * tq
+    r = b * rows
     pps = bt.shape[1]
-    sb = max(1, min(_next_pow2(splits), 8192 // dv))  # <= 8192 partial floats in flight per program
-    pb = min(_next_pow2(pps), 1024)
+    sb = max(1, min(next_pow2(splits), 8192 // dv))  # <= 8192 partial floats in flight per program
+    pb = min(next_pow2(pps), 1024)
     out_shape = [jax.ShapeDtypeStruct((b * tq, hq * dv), out_dtype)]
     if return_lse:
         out_shape.append(jax.ShapeDtypeStruct((r,), jnp.float32))
@@ -1290,22 +1295,22 @@ def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: 
     return out, gqa.unpack_lse(res[1], b, tq, hq)
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
 @functools.partial(jax.jit, static_argnames=("dv", "splits", "chunk", "causal", "scale", "cfg", "interpret",
                                              "return_lse", "check"))
 def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
              cfg: MlaTcConfig, interpret: bool, return_lse: bool, check: bool):
     b, tq, hq, _ = q.shape
+    fin = cfg.finish == "pallas"
     if cfg.engine == "mosaic" and not interpret:
         o_part, lse_part = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
-                                   scale=scale, cfg=cfg)
+                                   scale=scale, cfg=cfg, raw=fin)
     else:
         o_part, lse_part = _twin(q, data, bt, lens, off, quant_ops, dv=dv, splits=splits, chunk=chunk,
                                  causal=causal, scale=scale, cfg=cfg, interpret=interpret)
-    if cfg.finish == "pallas":
+        if fin:  # [B * rows, S, DV] / [B * rows, S] to the Mosaic layout (the LSE transpose is B x S x rows floats)
+            o_part = o_part.reshape(b, hq * tq, splits, dv)
+            lse_part = lse_part.reshape(b, hq * tq, splits).transpose(0, 2, 1)
+    if fin:
         return _finish(o_part, lse_part, bt, lens, b=b, tq=tq, hq=hq, num_pages=data.shape[0], page=data.shape[1],
                        out_dtype=q.dtype, interpret=interpret, return_lse=return_lse, check=check)
     o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
@@ -1362,7 +1367,8 @@ def _plan(p: Problem, cfg: MlaTcConfig) -> dict:
     s, chunk = cfg.splits(batch=p.batch, rows=rows, n_k=p.kv_len)
     dv = p.kv_lora_rank or dict(TEMPLATES).get(p.head_dim, 0)
     out = {"engine": cfg.engine, "splits": s, "chunk": chunk, "block_m": BLOCK_M, "block_kv": cfg.block_kv,
-           "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch, "merge": "splitkv.merge_jnp"}
+           "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch,
+           "merge": "v12_mla_tc._finish (Pallas)" if cfg.finish == "pallas" else "splitkv.merge_jnp"}
     if cfg.engine == "mosaic":
         out.update(stages=cfg.stages, warpgroups=3, smem_bytes=smem_bytes(p.head_dim, dv, 2, cfg))
     if cfg.multicast:
@@ -1422,6 +1428,10 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                       dequant_elems=deq, note=f"64 heads x {tn}-key latent tiles, pl.dot in 64-column chunks"
                       + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
     o = s.batch * rows * dv * s.in_bytes
+    if getattr(cfg, "finish", "pallas") == "pallas":
+        sb = max(1, min(next_pow2(splits), 8192 // dv))
+        out.append(merge_launch(names[-1], s.batch * rows, 4, splits, dv, ws + o, block=sb))
+        return out
     out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
     out.append(xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
     return out
