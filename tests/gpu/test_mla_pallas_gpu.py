@@ -243,6 +243,36 @@ def test_nan_in_nan_out(config):
 
 
 @pytestmark_gpu
+@pytest.mark.parametrize(("config", "tq"), [("kv64_mc", 1), ("kv64_ws_mc", 2), ("default", 1), ("triton", 3)])
+def test_finish_pallas_equals_the_jnp_merge_and_poisons_under_jit(config, tq):
+    """``finish="pallas"`` (the default: one launch for the merge, the table check, the cast and the layout) against
+    ``finish="jnp"`` (XLA's merge, cast, unpack and select) on the same partial kernel: the same output and LSE to a
+    few bf16 ulps (summation order), and under jit a page outside the pool turns exactly that sequence into NaN."""
+    import dataclasses
+
+    q, pool, bt, kl = _case(16, b=3, tq=tq, hq=128, dqk=576, lens=[4000, 1, 2500], page=64, dtype="bfloat16",
+                            cap=4096)
+    base = v12_mla_tc.CONFIGS["faithful" if config == "default" else config]
+    assert base.finish == "pallas"
+    def jitted(cfg):
+        return jax.jit(lambda q, pool, bt, kl: pallas_attn.mla_attention(
+            q, pool, bt, kl, kv_lora_rank=512, config=cfg, return_lse=True, causal=True, interpret=False))
+
+    f = {fin: jitted(dataclasses.replace(base, finish=fin)) for fin in ("pallas", "jnp")}
+    (o1, l1), (o2, l2) = f["pallas"](q, pool, bt, kl), f["jnp"](q, pool, bt, kl)
+    o1, o2 = np.asarray(o1, np.float32), np.asarray(o2, np.float32)
+    assert np.all(np.isfinite(o1))  # sequence 1 (one key) has rows that see none: output 0, LSE -inf
+    np.testing.assert_allclose(o1, o2, atol=4e-3, rtol=2e-2)
+    np.testing.assert_allclose(np.asarray(l1), np.asarray(l2), atol=1e-5, rtol=1e-6)
+    _check(o1, l1, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512, causal=True), "bfloat16", f"{config} finish")
+    bad = bt.at[2, 1].set(pool.shape[0] + 7)  # sequence 2 uses page 1 (2500 keys): poisoned
+    o3, l3 = f["pallas"](q, pool, bad, kl)
+    o3, l3 = np.asarray(o3, np.float32), np.asarray(l3)
+    assert np.all(np.isnan(o3[2])) and np.all(np.isnan(l3[2]))
+    assert np.all(np.isfinite(o3[:2])) and np.array_equal(o3[:2], o1[:2])
+
+
+@pytestmark_gpu
 def test_kv64_lazy_max_moves_late():
     """kv64_lazy at the DeepSeek shape where the running max must move after the first tiles: from key 1000 on the
     rope part of the latent (its last 64 dims: in K, not in V) is 8x larger, so late scores spread ~3x wider (the max
