@@ -365,7 +365,13 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         from . import chunked
 
         q_lens = chunked._check_q_lens(q_lens, b, tq)
-    if q_offset is not None:
+    # fa_decode, one query on the default offset (kv_len - 1), no window: causal masks nothing the length does not,
+    # so the non-causal program runs and no offset array is computed (an XLA launch of ~1.3 us saved per call)
+    k_causal = causal and not (kern.name == "fa_decode" and tq == 1 and q_offset is None and q_lens is None
+                               and window is None)
+    if not k_causal:
+        offs = kv_lens  # unread
+    elif q_offset is not None:
         offs = seqlen.q_offsets(q_offset, b)
     elif q_lens is not None:
         offs = kv_lens.astype(jnp.int32) - q_lens
@@ -373,7 +379,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         offs = seqlen.paged_q_offsets(kv_lens, tq)
 
     def call(q, k_pool, v_pool, block_table, kv_lens, offs):
-        return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=causal, scale=s, q_offset=offs,
+        return kern.paged(q, k_pool, v_pool, block_table, kv_lens, causal=k_causal, scale=s, q_offset=offs,
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           check_block_table=check_block_table, **feats)
 

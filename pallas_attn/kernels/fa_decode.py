@@ -117,8 +117,9 @@ class DecodeConfig:
     bit placement; NVFP4 also "asm", four bytes per register by inline PTX, ``kv_source.NVFP4_ASM``, its default
     since session 19, which the interpreter and GPUs older than sm_89 run as "cast"); unused for fp16 KV.
     nvfp4_halves: NVFP4 tiles stay as their even / odd halves
-    (``kv_source.nvfp4_halves``: no interleave in the kernel; q's columns and the output's are permuted outside
-    it instead); None: in the NVFP4 batch regime, and always with the "asm" decode. nvfp4_batch_occupancy: a dense
+    (``kv_source.nvfp4_halves``: no interleave in the kernel; q's even and odd columns are loaded, and the output's
+    written, with a column stride of 2, since session 20 in the kernel, before it by two XLA permutations); None:
+    in the NVFP4 batch regime, and always with the "asm" decode. nvfp4_batch_occupancy: a dense
     NVFP4 cache whose ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many
     programs per SM (more splits, more resident warps: the NVFP4 loop is latency-bound at 8 warps per SM,
     docs/quantized_kv.md §8);
@@ -260,11 +261,12 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
                    tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
-                   window: int | None = None, softcap: float | None = None, halves: bool = False, pv16: bool = False):
+                   window: int | None = None, softcap: float | None = None, halves: bool = False, pv16: bool = False,
+                   strided: bool = False):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
-    sc_ref = next(it) if fmt is not None else None
+    sk_ref, sv_ref = (next(it), next(it)) if fmt is not None else (None, None)
     bt_ref, lens_ref = (next(it), next(it)) if lay.paged else (None, None)
     off_ref = next(it) if causal else None
     out_refs = list(it)
@@ -287,10 +289,13 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     r = t * bm + jnp.arange(bm, dtype=jnp.int32)  # packed rows
     row_ok = r < rows
     q_row0 = bh * rows + t * bm
-    # halves (NVFP4, kv_source.nvfp4_halves): q arrives with its columns even-then-odd; each half is one operand
-    qcols = ((0, d // 2), (d // 2, d // 2)) if halves else ((0, d),)
-    qs = [_compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w)],
-                       mask=jnp.broadcast_to(row_ok[:, None], (bm, w)), other=0.0) for c0, w in qcols]
+    # halves (NVFP4, kv_source.nvfp4_halves): q's even columns are one operand, its odd ones the other. strided (the
+    # GPU): read with a column stride of 2 and the output written back the same way, no XLA permutation around the
+    # kernel; else (the interpreter, which has no strided refs) q arrives even-then-odd and the output leaves so
+    qcols = (((0, d // 2, 2), (1, d // 2, 2)) if strided else ((0, d // 2, 1), (d // 2, d // 2, 1))) if halves \
+        else ((0, d, 1),)
+    qs = [_compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w, st)],
+                       mask=jnp.broadcast_to(row_ok[:, None], (bm, w)), other=0.0) for c0, w, st in qcols]
     _, i_q = gqa.row_position(r, tq)
 
     lo = s * (p.chunk_blocks * bk)
@@ -309,8 +314,8 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     if fmt is not None:
         # the tiles decode exactly, short of 2^fold; the tensor scales and 2^fold fold into two scalars
         fold = float(2.0 ** (E4M3_FOLD if fmt == "fp8_e4m3" else NVFP4_FOLD)[decode])
-        qk_scale = sc_ref[0] * (scale_log2 * fold)
-        o_scale = sc_ref[1] * fold
+        qk_scale = sk_ref[0] * (scale_log2 * fold)
+        o_scale = sv_ref[0] * fold
         # a bf16 q (session 13): the exact fp16 tile converts to bf16 exactly (an E4M3 value has 4 significant bits,
         # an NVFP4 level x micro-scale product at most 7, bf16 holds 8, and bf16's exponent range covers fp16's), so
         # the scores' dot runs in q's dtype on the same values; V too unless pv16 (session 18: V stays fp16 and P
@@ -359,13 +364,13 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         return m_new, l_new, accs, (bad_run | bad) if check and lay.paged else bad_run
 
     m0, l0 = softmax.init_state((bm,))
-    accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w in qcols)
+    accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w, _ in qcols)
     badc0 = jnp.zeros((bk,), jnp.int32) if bad_keys else bad0
     m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, badc0))
     if bad_keys:
         bad = bad0 | (jnp.max(bad) > 0)
 
-    for (c0, w), acc in zip(qcols, accs):
+    for (c0, w, st), acc in zip(qcols, accs):
         o, lse = splitkv.partial(m_run, l_run, acc, base2=True)
         if o_scale is not None:
             o = o * o_scale
@@ -374,9 +379,9 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         omask = jnp.broadcast_to(row_ok[:, None], (bm, w))
         if p.splits == 1:
             o_ref = out_refs[0]
-            _compat.store(o_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w)], o.astype(o_ref.dtype), mask=omask)
+            _compat.store(o_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w, st)], o.astype(o_ref.dtype), mask=omask)
         else:
-            _compat.store(out_refs[0].at[pl.ds(q_row0, bm), s, pl.ds(c0, w)], o, mask=omask)
+            _compat.store(out_refs[0].at[pl.ds(q_row0, bm), s, pl.ds(c0, w, st)], o, mask=omask)
     if p.splits == 1 and with_lse:
         _compat.store(out_refs[1].at[pl.ds(q_row0, bm)], lse, mask=row_ok)
     elif p.splits > 1:
@@ -412,13 +417,13 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves, pv16=pv16)
+        softcap=softcap, halves=halves, pv16=pv16, strided=halves and not interpret)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv)
     if d != lay.d:
         qp = jnp.pad(qp, ((0, 0), (0, d - lay.d)))
-    if halves:  # the kernel's halves: q's even columns, then its odd ones (the output comes back the same way)
+    if halves and interpret:  # the kernel's halves: q's even columns, then its odd ones (the output comes back so)
         qp = jnp.concatenate([qp[:, 0::2], qp[:, 1::2]], axis=-1)
     args = (qp, k2, v2, *quant_args, *extra)
     if p.splits == 1:
@@ -440,7 +445,7 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         o, lse = res if return_lse else (res, None)
     if d != lay.d:
         o = o[:, :lay.d]
-    if halves:  # even-then-odd columns back to the interleaved order
+    if halves and interpret:  # even-then-odd columns back to the interleaved order
         o = jnp.stack([o[:, :d // 2], o[:, d // 2:]], axis=-1).reshape(o.shape)
     out = gqa.unpack_o(o, b, tq, hq, hkv)
     return (out, gqa.unpack_lse(lse, b, tq, hq)) if return_lse else out
@@ -448,15 +453,17 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
 
 def _storage(k, v, *, flat):
     """``(fmt, k_data, v_data, quant_args, width, micro)`` of the K/V operands: fp16 arrays pass through; a
-    quantized pair contributes its (flattened) data, micro pools and the two scales ``[scale_k, scale_v]``."""
+    quantized pair contributes its (flattened) data, micro pools and the two tensor scales, each its own ``[1]``
+    operand (a reshape, no launch: stacking them into one array was an XLA kernel of ~1.3 us on every call,
+    docs/quantized_kv.md §10)."""
     fmt = quant.kv_format(k)
     if fmt is None:
         return None, flat(k), flat(v), (), 0, 0
-    scales = jnp.stack([jnp.asarray(k.scale, jnp.float32).reshape(()), jnp.asarray(v.scale, jnp.float32).reshape(())])
+    scales = (jnp.asarray(k.scale, jnp.float32).reshape(1), jnp.asarray(v.scale, jnp.float32).reshape(1))
     if fmt == "fp8_e4m3":
-        return fmt, flat(k.data), flat(v.data), (scales,), 0, 0
+        return fmt, flat(k.data), flat(v.data), scales, 0, 0
     d = k.shape[-1]
-    return fmt, flat(k.packed), flat(v.packed), (flat(k.micro), flat(v.micro), scales), d // 2, d // quant.NVFP4_BLOCK
+    return fmt, flat(k.packed), flat(v.packed), (flat(k.micro), flat(v.micro), *scales), d // 2, d // quant.NVFP4_BLOCK
 
 
 def _check_quantized(q, k, v) -> None:
