@@ -4,6 +4,8 @@ frameworks, the Mosaic prefill, fa_train's forward) pinned on hand-computed case
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from compare import hardware, layer2
@@ -64,7 +66,7 @@ def test_mla_mosaic_tile_mma_per_config():
     assert KERNEL.launches is launches  # declared beside the kernel; layer 2 prices them
     plan = {"engine": "mosaic", "splits": 1, "chunk": 8192, "block_m": 64, "block_kv": 32, "ctas": 128,
             "smem_bytes": 220044}
-    names = ["twin", "mosaic", "mosaic_gpu"]
+    names = ["twin", "mosaic", "mosaic_gpu", "finish"]
     f = launches(MLA, plan, names, H100, CONFIGS["faithful"])
     q = launches(MLA, plan, names, H100, CONFIGS["split_qk"])
     tiles = 8192 // 32
@@ -75,7 +77,13 @@ def test_mla_mosaic_tile_mma_per_config():
     latent = 64 * 8192 * 576 * 2
     assert f[0].dram_bytes == latent + 64 * 128 * 576 * 2 + 64 * 2 * 64 * 1 * 513 * 4
     assert f[0].l2_bytes == latent  # the second 64-head row tile re-reads the latent
-    assert [ln.cost for ln in f[1:]] == ["xla_glue", "xla_glue"]  # jnp merge, unpack + poison select
+    # the finish (session 20's default): one Pallas launch, merge + table check + layout, a program per packed row
+    (fin,) = f[1:]
+    assert fin.cost == "pallas_attn_merge" and fin.name == "finish" and fin.programs == 64 * 128
+    assert fin.dram_bytes == 64 * 2 * 64 * 1 * 513 * 4 + 64 * 128 * 512 * 2  # the split states in, the output out
+    # finish="jnp" (the XLA merge, cast, unpack and select): two XLA launches
+    old = launches(MLA, plan, names, H100, dataclasses.replace(CONFIGS["faithful"], finish="jnp"))
+    assert [ln.cost for ln in old[1:]] == ["xla_glue", "xla_glue"]  # jnp merge, unpack + poison select
     # kv64: 64-key tiles, S once
     k64 = launches(MLA, dict(plan, block_kv=64), names, H100, CONFIGS["kv64"])
     assert k64[0].steps == 128 and k64[0].mma == 128 * (2 * 64 * 64 * 576 + 2 * 64 * 64 * 512)

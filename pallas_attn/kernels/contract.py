@@ -172,11 +172,17 @@ class Kernel:
     min_page: int = 1
     # problem -> (ok, reason): refusals of this kernel's own beyond the generic checks (None: none)
     limits: Callable[[Problem], tuple[bool, str]] | None = None
+    # passes lowered through Triton in a kernel whose ``lowering`` is another (a Mosaic GPU kernel's small follow-up
+    # launch, e.g. v12_mla_tc's finish: the split merge, the table check and the output layout; session 20)
+    triton_passes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.lowering not in LOWERINGS:
             raise ValueError(f"{self.name}: lowering must be one of {LOWERINGS}; got {self.lowering!r}")
         object.__setattr__(self, "entries", frozenset(self.entries))
+        object.__setattr__(self, "triton_passes", frozenset(self.triton_passes))
+        if not self.triton_passes <= set(self.passes):
+            raise ValueError(f"{self.name}: triton_passes {sorted(self.triton_passes)} must be among its passes")
         object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
         object.__setattr__(self, "precision", MappingProxyType(dict(self.precision)))
         object.__setattr__(self, "kv_precision", MappingProxyType(dict(self.kv_precision)))

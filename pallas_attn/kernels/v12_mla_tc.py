@@ -1459,4 +1459,5 @@ KERNEL = Kernel(
     latent_q_dtypes={"fp8_e4m3": ("float16", "bfloat16")},
     kv_dequant_ops={"fp8_e4m3": 3.0},
     min_page=1,
+    triton_passes=frozenset({PASS_FINISH}),
 )
