@@ -426,7 +426,7 @@ class _WindowStatic:
 
 
 def _window_fwd_call(q, k, v, st: _WindowStatic, with_lse: bool):
-    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=np.zeros((q.shape[0],), np.int32),
+    return fa_prefill.forward(q, k, v, causal=st.causal, scale=st.scale, q_offset=jnp.zeros((q.shape[0],), jnp.int32),
                               interpret=st.interpret, config=st.fwd_config, return_lse=with_lse, window=st.window)
 
 
@@ -515,7 +515,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
         res = _no_grad(functools.partial(
-            fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=np.zeros((b,), np.int32),
+            fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
             interpret=_compat.default_interpret(None), config=_prefill_fwd_config(problem, window),
             return_lse=bool(return_residual), window=window, softcap=softcap), sinks, segment_ids)(q, k, v)
         out, lse = res if return_residual else (res, None)

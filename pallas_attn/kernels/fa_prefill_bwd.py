@@ -1060,7 +1060,7 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     bwd = CONFIGS["default"] if bwd_config is None else bwd_config
     if not isinstance(bwd, BwdConfig):
         raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
-    off = np.zeros((b,), np.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
+    off = jnp.zeros((b,), jnp.int32) if q_offset is None else jnp.asarray(q_offset, jnp.int32).reshape((b,))
     st = _Static(causal=bool(causal), scale=float(scale), fwd_config=config, bwd_config=bwd,
                  interpret=bool(interpret), left=None if fwd_window is None else fwd_window[0], softcap=softcap)
     seg = None

@@ -29,8 +29,7 @@ def q_offsets(q_offset, batch: int):
     if isinstance(q_offset, numbers.Integral):
         if not -(2**31) <= int(q_offset) < 2**31:
             raise ValueError(f"q_offset must fit in int32; got {q_offset}")
-        # a host constant: under jit it is a literal of the program, not an XLA broadcast launch (~0.9 us a call)
-        return np.full((batch,), int(q_offset), np.int32)
+        return jnp.full((batch,), int(q_offset), jnp.int32)
     if not (hasattr(q_offset, "shape") and hasattr(q_offset, "dtype")):
         raise ValueError(f"q_offset must be an int or an int32 array; got {type(q_offset).__name__}")
     dt = np.dtype(q_offset.dtype)
