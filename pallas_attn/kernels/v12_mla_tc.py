@@ -289,7 +289,7 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
     if cfg.share_p:  # exact (Mosaic aligns each buffer to 1 KiB): Q, the ring aliased by the staging, P, the
         # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
-        ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
+        ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * 2 * BLOCK_M * _STAGE_COLS * 4)  # 2 x 2 buffers
         nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
         return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
             + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
@@ -363,6 +363,7 @@ class _Build:
         self.swz = _swizzle(self.tn, self.dtype.itemsize)
         self.kh = dqk // 2  # split_qk: the K half each consumer contracts
         self.aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
+        self.nstage = 2 if self.aliased else 1  # output staging buffers per consumer (_scratch)
         self.lazy = cfg.lazy_rescale
         self.q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in smem
         self.nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before
@@ -546,13 +547,15 @@ class _Cta:
         if acc is not None:
             inv = 1.0 / jnp.where(empty, 1.0, l_i)
             out = acc * lax.broadcast_in_dim(inv, (k.bm, k.dvh), (0,))
-            for c0 in range(0, k.dvh, _STAGE_COLS):
-                self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS]
+            for i, c0 in enumerate(range(0, k.dvh, _STAGE_COLS)):
+                buf = self.o_stage.at[w, i % k.nstage]
+                if i >= k.nstage:  # the store that last read this buffer is done reading (later ones may run on)
+                    plgpu.wait_smem_to_gmem(k.nstage - 1, wait_read_only=True)
+                buf[...] = out[:, c0:c0 + _STAGE_COLS]
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(
-                    self.o_stage.at[w],
-                    self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    buf, self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if m_i is not None:
             self.lse_stage[...] = jnp.where(empty, -jnp.inf,
                                             (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
@@ -1004,7 +1007,10 @@ def _scratch(k: _Build) -> list:
     barrier under kv64_mc), then split_qk's S exchange or share_p's P / alpha buffers and their barriers."""
     plgpu, cfg, f32 = k.plgpu, k.cfg, jnp.float32
     bm, tn, ns = k.bm, k.tn, k.ns
-    ring, stage = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz), _smem_tile((2, bm, _STAGE_COLS), f32)
+    # the output staging: per consumer one 64-column buffer, two where it aliases the ring (room: a 64 x 576 slot
+    # holds the 64 KiB): the next chunk is written while the last one's TMA store still reads (session 20)
+    ring = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz)
+    stage = _smem_tile((2, k.nstage, bm, _STAGE_COLS), f32)
     lse_tile = plgpu.SMEM((bm,), f32)
     if k.aliased and k.lazy:
         staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
@@ -1226,12 +1232,14 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
 
 
 def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
-                   hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool):
-    """One packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B, rows_x, S, DV]`` / ``lse [B, S, rows_x]``:
-    the merge of its ``splits`` states (an online softmax over the splits' LSEs, as ``splitkv._merge_kernel``),
-    then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
-    (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``."""
-    r = pl.program_id(0)
+                   hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool, dc: int):
+    """Columns ``[col * dc, (col + 1) * dc)`` of packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B,
+    rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (an online softmax over the splits'
+    LSEs, as ``splitkv._merge_kernel``), then, with ``check``, NaN when its sequence's length or a page it uses is
+    outside the pool (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``; the LSE by the
+    row's first column program."""
+    r, col = pl.program_id(0), pl.program_id(1)
+    c0 = col * dc
     bi, rr = r // rows, r % rows
     h, t = rr // tq, rr % tq
 
@@ -1240,12 +1248,12 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
         s0 = ci * sb
         ok = s0 + jnp.arange(sb, dtype=jnp.int32) < splits
         lse2 = _compat.load(lse_ref.at[bi, pl.ds(s0, sb), rr], mask=ok, other=-jnp.inf) * softmax.LOG2E
-        o = _compat.load(op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(0, dv)],
-                         mask=jnp.broadcast_to(ok[:, None], (sb, dv)), other=0.0)
+        o = _compat.load(op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
+                         mask=jnp.broadcast_to(ok[:, None], (sb, dc)), other=0.0)
         m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
         return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
 
-    m_run, l_run, acc = lax.fori_loop(0, c.cdiv(splits, sb), body, softmax.init_state((), dv))
+    m_run, l_run, acc = lax.fori_loop(0, c.cdiv(splits, sb), body, softmax.init_state((), dc))
     out = softmax.finalize(acc, l_run)
     lse = softmax.lse(m_run, l_run, base2=True)
     if check:
@@ -1262,9 +1270,22 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
         bad = lax.fori_loop(0, c.cdiv(pps, pb), scan, ((n < 0) | (n > cap)).astype(jnp.int32))
         out = jnp.where(bad > 0, jnp.float32(jnp.nan), out)
         lse = jnp.where(bad > 0, jnp.float32(jnp.nan), lse)
-    out_refs[0][bi * tq + t, pl.ds(h * dv, dv)] = out.astype(out_refs[0].dtype)
+    out_refs[0][bi * tq + t, pl.ds(h * dv + c0, dc)] = out.astype(out_refs[0].dtype)
     if with_lse:
-        out_refs[1][r] = lse
+        @pl.when(col == 0)
+        def _():
+            out_refs[1][r] = lse
+
+
+def finish_grid(r: int, splits: int, dv: int) -> tuple[int, int, int]:
+    """``(column programs per row, columns each, splits per step)`` of ``_finish`` over ``r`` packed rows: whole rows
+    while the rows alone give >= 512 programs (4 a SM), else 2, 4, ... programs a row of >= 64 columns each (at B1,
+    128 rows, the merge of 64 splits runs as 4 programs a row), and at most 8,192 partial floats in flight."""
+    n_col = 1
+    while r * n_col < 512 and dv // (2 * n_col) >= 64 and dv % (2 * n_col) == 0:
+        n_col *= 2
+    dc = dv // n_col
+    return n_col, dc, max(1, min(next_pow2(splits), 8192 // dc))
 
 
 def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: int, page: int, out_dtype,
@@ -1277,15 +1298,15 @@ def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: 
     rows = hq * tq
     r = b * rows
     pps = bt.shape[1]
-    sb = max(1, min(next_pow2(splits), 8192 // dv))  # <= 8192 partial floats in flight per program
+    n_col, dc, sb = finish_grid(r, splits, dv)
     pb = min(next_pow2(pps), 1024)
     out_shape = [jax.ShapeDtypeStruct((b * tq, hq * dv), out_dtype)]
     if return_lse:
         out_shape.append(jax.ShapeDtypeStruct((r,), jnp.float32))
     res = pl.pallas_call(
         functools.partial(_finish_kernel, splits=splits, sb=sb, dv=dv, rows=rows, tq=tq, hq=hq, pps=pps, pb=pb,
-                          num_pages=num_pages, page=page, check=check, with_lse=return_lse),
-        out_shape=tuple(out_shape), grid=(r,),
+                          num_pages=num_pages, page=page, check=check, with_lse=return_lse, dc=dc),
+        out_shape=tuple(out_shape), grid=(r, n_col),
         compiler_params=_compat.triton_params(num_warps=4, num_stages=1),
         interpret=interpret, name=PASS_FINISH,
     )(o_part, lse_part, bt, lens)
@@ -1429,8 +1450,8 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                       + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
     o = s.batch * rows * dv * s.in_bytes
     if getattr(cfg, "finish", "pallas") == "pallas":
-        sb = max(1, min(next_pow2(splits), 8192 // dv))
-        out.append(merge_launch(names[-1], s.batch * rows, 4, splits, dv, ws + o, block=sb))
+        n_col, dc, sb = finish_grid(s.batch * rows, splits, dv)
+        out.append(merge_launch(names[-1], s.batch * rows * n_col, 4, splits, dc, ws + o, block=sb))
         return out
     out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
     out.append(xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
