@@ -289,7 +289,7 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
     if cfg.share_p:  # exact (Mosaic aligns each buffer to 1 KiB): Q, the ring aliased by the staging, P, the
         # alpha / l and LSE vectors, 8 barriers, no reduction scratch (lazy_rescale: the LSE staging joins the
         # ring's alias and its 1 KiB goes to a 1 KiB reduction scratch: the same total)
-        ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * 2 * BLOCK_M * _STAGE_COLS * 4)  # 2 x 2 buffers
+        ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
         nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
         return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
             + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
@@ -363,7 +363,6 @@ class _Build:
         self.swz = _swizzle(self.tn, self.dtype.itemsize)
         self.kh = dqk // 2  # split_qk: the K half each consumer contracts
         self.aliased = cfg.share_p and not emulate  # share_p: the output staging shares the ring's bytes (RefUnion)
-        self.nstage = 2 if self.aliased else 1  # output staging buffers per consumer (_scratch)
         self.lazy = cfg.lazy_rescale
         self.q_cols_reg = min(cfg.q_regs, dqk - 64)  # q_regs: at least one 64-column chunk of Q stays in smem
         self.nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers (s_pipelined: P_s may be published before
@@ -547,15 +546,13 @@ class _Cta:
         if acc is not None:
             inv = 1.0 / jnp.where(empty, 1.0, l_i)
             out = acc * lax.broadcast_in_dim(inv, (k.bm, k.dvh), (0,))
-            for i, c0 in enumerate(range(0, k.dvh, _STAGE_COLS)):
-                buf = self.o_stage.at[w, i % k.nstage]
-                if i >= k.nstage:  # the store that last read this buffer is done reading (later ones may run on)
-                    plgpu.wait_smem_to_gmem(k.nstage - 1, wait_read_only=True)
-                buf[...] = out[:, c0:c0 + _STAGE_COLS]
+            for c0 in range(0, k.dvh, _STAGE_COLS):
+                self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS]
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(
-                    buf, self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    self.o_stage.at[w],
+                    self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if m_i is not None:
             self.lse_stage[...] = jnp.where(empty, -jnp.inf,
                                             (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
@@ -1007,10 +1004,7 @@ def _scratch(k: _Build) -> list:
     barrier under kv64_mc), then split_qk's S exchange or share_p's P / alpha buffers and their barriers."""
     plgpu, cfg, f32 = k.plgpu, k.cfg, jnp.float32
     bm, tn, ns = k.bm, k.tn, k.ns
-    # the output staging: per consumer one 64-column buffer, two where it aliases the ring (room: a 64 x 576 slot
-    # holds the 64 KiB): the next chunk is written while the last one's TMA store still reads (session 20)
-    ring = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz)
-    stage = _smem_tile((2, k.nstage, bm, _STAGE_COLS), f32)
+    ring, stage = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz), _smem_tile((2, bm, _STAGE_COLS), f32)
     lse_tile = plgpu.SMEM((bm,), f32)
     if k.aliased and k.lazy:
         staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
