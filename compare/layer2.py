@@ -153,7 +153,7 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_fa_decode_nvfp4_asm": Cost(issue=0, lat=0, dequant=0.09512),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
     # its pipelined config, the Triton twin (+ fp8 latent decode per element)
-    "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1523, fixed=2.727e+04),
+    "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1568, fixed=1.512e+04),
     "pallas_attn_v12_mla_mosaic_pipelined": Cost(issue=0, lat=2449),
     "pallas_attn_v12_mla_triton": Cost(issue=0, lat=7864, fixed=2.254e+04, dequant=0.09652),
     # fa_prefill (Mosaic): per key tile on top of the MMA, one per dataflow; fixed per CTA and ``key`` per row tile
