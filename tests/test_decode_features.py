@@ -174,3 +174,25 @@ page_size = 16
         assert r["status"] == "ok", (name, r.get("reason"))
         assert r["impl"]["plan"]["chose"].startswith("fa_decode"), r["impl"]["plan"]
         assert r["agreement"]["rel_l2_err"] < r["agreement"]["tol_rel_l2"], name
+
+
+@pytest.mark.parametrize("tq", [1, 2])
+def test_a_static_offset_past_the_last_key_runs_the_non_causal_program(rng, tq):
+    """``attention(causal=True, q_offset=int)`` with ``q_offset >= Tk - 1`` masks nothing (every row sees every key),
+    so it runs the non-causal program (no offset array: session 20): exactly the non-causal output, and the oracle's
+    causal one; one position less (``Tk - 2``) is a real mask at the first row and stays causal (differs)."""
+    b, tk, hq, hkv, d = 2, 200, 4, 2, 64
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((b, tq, hq, d), (b, tk, hkv, d),
+                                                                         (b, tk, hkv, d)))
+    free = np.asarray(pallas_attn.attention(q, k, v, causal=False), np.float32)
+    for off in (tk - 1, tk + 5):
+        got = np.asarray(pallas_attn.attention(q, k, v, causal=True, q_offset=off), np.float32)
+        np.testing.assert_array_equal(got, free)
+        ro, _ = oracle.attention_reference(*(np.asarray(x, np.float32) for x in (q, k, v)), causal=True,
+                                           q_offset=np.full((b,), off))
+        assert np.linalg.norm(got - ro) / np.linalg.norm(ro) < 1e-2
+    masked = np.asarray(pallas_attn.attention(q, k, v, causal=True, q_offset=tk - 2), np.float32)
+    assert not np.array_equal(masked[:, 0], free[:, 0])
+    ro, _ = oracle.attention_reference(*(np.asarray(x, np.float32) for x in (q, k, v)), causal=True,
+                                       q_offset=np.full((b,), tk - 2))
+    assert np.linalg.norm(masked - ro) / np.linalg.norm(ro) < 1e-2
