@@ -306,8 +306,23 @@ def _align(nbytes: int, to: int = 1024) -> int:
 def _heuristic(p: Problem) -> MlaTcConfig:
     if p.kv_dtype not in (None, p.dtype):  # a quantized latent: the twin decodes it at the gather
         return CONFIGS["triton"]
-    # this GPU's table (pallas_attn/tuning, made from the model-shape sweep), else the reference's plan
-    return CONFIGS[tuning.choose("fa_mla", p, names=CONFIGS) or "faithful"]
+    # this GPU's table (pallas_attn/tuning, made from the model-shape sweep), else the kernel's own rule
+    return CONFIGS[tuning.choose("fa_mla", p, names=CONFIGS) or _own_rule(p)]
+
+
+def _own_rule(p: Problem) -> str:
+    """The config where no table row speaks (a chip without a table, the H200 today; a kind the table never measured;
+    ``PALLAS_ATTN_TUNING=off``). At DeepSeek's 576 / 512 template: ``kv64_mc`` (page >= 16; ``kv64`` at page 8), the
+    H100 table's choice or within 2% of it at every sweep shape, and 268-269 µs on the H200 at B64 S8192 where the
+    reference's plan takes 402 (session 7's records; session 20, `results/sweep/20261127_s20_h200_call10/`, is the
+    H200 sweep that ran the reference's plan by default). Other templates: the reference's plan (never measured
+    against the others)."""
+    page = p.page_size or 0
+    if p.head_dim == 576 and page >= 16:
+        return "kv64_mc"
+    if p.head_dim == 576 and page >= 8:
+        return "kv64"
+    return "faithful"
 
 
 # ------------------------------------------------------------------------------------------------------------
