@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from call_breakdown import kernels_jax, summarize  # scripts/ (this script's folder is on sys.path)
 
 import pallas_attn
-from compare.timing import _jax_flush_buffer, _jax_flush_kernel_names, _jax_timed, _per_rep, cupti_kernels
 from pallas_attn.kernels import v12_mla_tc as v
 
 SHAPES = {"b1_s2048": (1, 2048), "b1_s8192": (1, 8192), "b1_s32768": (1, 32768), "b8_s8192": (8, 8192),
@@ -60,8 +59,6 @@ def main() -> int:
     ap.add_argument("--out")
     a = ap.parse_args()
     flush_bytes = 2 * 50 * 2**20
-    flush_names = _jax_flush_kernel_names(flush_bytes)
-    buf = _jax_flush_buffer(flush_bytes)
     results = []
     for shape in a.shapes.split(","):
         b, s = SHAPES[shape]
@@ -71,31 +68,16 @@ def main() -> int:
             fn = jax.jit(lambda q, lat, bt, lens, cfg=cfg, check=check: pallas_attn.mla_attention(
                 q, lat, bt, lens, kv_lora_rank=512, causal=True, config=cfg, check_block_table=check))
             try:
-                timed = _jax_timed(fn)
-                _, o = jax.block_until_ready(timed(buf, q, lat, bt, lens))
+                o = np.asarray(fn(q, lat, bt, lens).astype(jnp.float32))
+                ks, tot = summarize(kernels_jax(fn, (q, lat, bt, lens), a.reps, flush_bytes))
             except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported, not fatal
                 print(f"{shape:12s} {label:22s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
                 results.append(dict(shape=shape, variant=label, error=str(e)[:500]))
                 continue
-            o = np.asarray(o.astype(jnp.float32))
             if ref is None:
                 ref = o
             err = float(np.max(np.abs(o - ref)))
-
-            def run(timed=timed, args=(q, lat, bt, lens)):
-                outs = [timed(buf, *args) for _ in range(a.reps)]
-                jax.block_until_ready(outs)
-
-            per = _per_rep(cupti_kernels(run), a.reps)
-            names = [n for n, _ in per[0]]
-            ks = []
-            for i, n in enumerate(names):
-                if n in flush_names:
-                    continue
-                ks.append((n, 1e3 * statistics.median(p[i][1] for p in per)))
-            tot = 1e3 * statistics.median(sum(ms for n, ms in p if n not in flush_names) for p in per)
-            splits = v.CONFIGS["kv64_mc"].splits(batch=b, rows=128, n_k=s) if cfg.num_splits is None else \
-                cfg.splits(batch=b, rows=128, n_k=s)
+            splits = cfg.splits(batch=b, rows=128, n_k=s)
             print(f"{shape:12s} {label:22s} {tot:8.1f} us  S={splits[0]:3d}  maxdiff {err:.2e}  | "
                   + "  ".join(f"{n[:40]}={t:.1f}" for n, t in ks), flush=True)
             results.append(dict(shape=shape, variant=label, total_us=tot, splits=splits[0], max_abs_diff=err,

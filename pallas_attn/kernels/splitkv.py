@@ -14,7 +14,8 @@ ours holds ``(O / l, m + log l)`` (D + 1 floats): the same information, one floa
 
 * ``partial(m, l, acc, base2)``: a program's final state as ``(o, lse)``;
 * ``merge(o_part, lse, ...)``: the ``pallas_call`` merge, one program per output row, ``block`` splits per
-  step (the reference: one thread per output dim over all splits);
+  step (the reference: one thread per output dim over all splits); its loop, ``merge_states``, is also
+  v12_mla_tc's finish;
 * ``merge_jnp(o, lse, axis)``: the same in ``jnp`` (for splits held on different devices).
 """
 
@@ -29,7 +30,7 @@ from .. import _compat
 from .._compat import pl
 from . import softmax
 
-__all__ = ["partial", "merge", "merge_jnp"]
+__all__ = ["partial", "merge", "merge_jnp", "merge_states"]
 
 
 def partial(m, l, acc, *, base2: bool):
@@ -45,8 +46,11 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _merge_kernel(op_ref, lse_ref, *out_refs, splits: int, sb: int, d: int, out_row, with_lse: bool):
-    row = pl.program_id(0)
+def merge_states(lse_at, o_at, *, splits: int, sb: int, d: int):
+    """In-kernel (Triton lowering): one output row's merge of its ``splits`` states, ``sb`` per step. ``lse_at(s0)``
+    is the ref view of LSEs ``s0 .. s0 + sb`` of the row, ``o_at(s0)`` the ``[sb, d]`` view of their partial
+    outputs (the callers' layouts differ: ``merge``'s ``[R, S, D]``, v12_mla_tc's finish ``[B, rows, S, DV]``).
+    Returns the base-2 ``(m, l, acc)`` for ``softmax.finalize`` / ``softmax.lse(..., base2=True)``."""
 
     # A loop (not a Python unroll) so the chunk start is dynamic: the last chunk may run past `splits`
     # (masked), which a static slice would reject at trace time.
@@ -54,16 +58,20 @@ def _merge_kernel(op_ref, lse_ref, *out_refs, splits: int, sb: int, d: int, out_
         m_run, l_run, acc = carry
         s0 = c * sb
         ok = s0 + jnp.arange(sb, dtype=jnp.int32) < splits
-        lse2 = _compat.load(lse_ref.at[row, pl.ds(s0, sb)], mask=ok, other=-jnp.inf) * softmax.LOG2E
-        o = _compat.load(op_ref.at[row, pl.ds(s0, sb), pl.ds(0, d)],
-                         mask=jnp.broadcast_to(ok[:, None], (sb, d)), other=0.0)
+        lse2 = _compat.load(lse_at(s0), mask=ok, other=-jnp.inf) * softmax.LOG2E
+        o = _compat.load(o_at(s0), mask=jnp.broadcast_to(ok[:, None], (sb, d)), other=0.0)
         # lse_s is each split's log-denominator: merging them is one online-softmax step over the splits,
         # with the partial outputs as the values.
         m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
         return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
 
-    init = softmax.init_state((), d)
-    m_run, l_run, acc = jax.lax.fori_loop(0, _cdiv(splits, sb), body, init)
+    return jax.lax.fori_loop(0, _cdiv(splits, sb), body, softmax.init_state((), d))
+
+
+def _merge_kernel(op_ref, lse_ref, *out_refs, splits: int, sb: int, d: int, out_row, with_lse: bool):
+    row = pl.program_id(0)
+    m_run, l_run, acc = merge_states(lambda s0: lse_ref.at[row, pl.ds(s0, sb)],
+                                     lambda s0: op_ref.at[row, pl.ds(s0, sb), pl.ds(0, d)], splits=splits, sb=sb, d=d)
     o_ref = out_refs[0]
     r_out = row if out_row is None else out_row(row)
     o_ref[r_out, pl.ds(0, d)] = softmax.finalize(acc, l_run).astype(o_ref.dtype)

@@ -1243,26 +1243,17 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
 def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
                    hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool, dc: int):
     """Columns ``[col * dc, (col + 1) * dc)`` of packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B,
-    rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (an online softmax over the splits'
-    LSEs, as ``splitkv._merge_kernel``), then, with ``check``, NaN when its sequence's length or a page it uses is
-    outside the pool (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``; the LSE by the
-    row's first column program."""
+    rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (``splitkv.merge_states``, the
+    shared merge's loop), then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
+    (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``; the LSE by the row's first column
+    program."""
     r, col = pl.program_id(0), pl.program_id(1)
     c0 = col * dc
     bi, rr = r // rows, r % rows
     h, t = rr // tq, rr % tq
-
-    def body(ci, carry):
-        m_run, l_run, acc = carry
-        s0 = ci * sb
-        ok = s0 + jnp.arange(sb, dtype=jnp.int32) < splits
-        lse2 = _compat.load(lse_ref.at[bi, pl.ds(s0, sb), rr], mask=ok, other=-jnp.inf) * softmax.LOG2E
-        o = _compat.load(op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
-                         mask=jnp.broadcast_to(ok[:, None], (sb, dc)), other=0.0)
-        m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
-        return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
-
-    m_run, l_run, acc = lax.fori_loop(0, c.cdiv(splits, sb), body, softmax.init_state((), dc))
+    m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[bi, pl.ds(s0, sb), rr],
+                                             lambda s0: op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
+                                             splits=splits, sb=sb, d=dc)
     out = softmax.finalize(acc, l_run)
     lse = softmax.lse(m_run, l_run, base2=True)
     if check:
