@@ -69,6 +69,7 @@ from .. import _compat
 from .._compat import pl
 from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
 from .mosaic_kit import WgmmaOps
+from .mosaic_kit import kernel_with_refs as _kernel_with_refs
 from .mosaic_kit import pad as _pad
 from .mosaic_kit import ring_producer as _ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
@@ -104,7 +105,12 @@ class BwdConfig:
     consumer. dq_stages: depth of the dQ kernel's ring (None: ``stages``); the dK/dV kernel keeps ``stages``.
     dsplit: the head-dim split (D 256; needs ``wide``): the two consumers own the SAME 64 keys (dK/dV) or 64 rows
     (dQ) and split D, consumer w holding the accumulator columns [w D/2, (w + 1) D/2); every tile is stored as
-    two column halves (docs/fa_prefill.md, "Backward at D 256")."""
+    two column halves (docs/fa_prefill.md, "Backward at D 256").
+    fused_dq: the five-product backward (needs ``wide``, not ``dsplit`` / ``dq_overlap``): the dK/dV kernel also
+    computes dQ and the dQ kernel does not run. Each step, both consumers put their dS^T tile in shared memory and one
+    of them (alternating by step) runs ``dQ = dS K`` over the CTA's 128 keys and adds it into an fp32 dQ accumulator
+    in global memory by a TMA reduce-add; so dQ's summation order over the key CTAs varies from run to run (not
+    bit-reproducible; dK and dV stay deterministic). docs/fa_prefill.md, "The five-product backward"."""
 
     stages: int = 2
     consumer_regs: int = 232
@@ -113,13 +119,14 @@ class BwdConfig:
     dq_overlap: bool = False
     dq_stages: int | None = None
     dsplit: bool = False
+    fused_dq: bool = False
 
     def __post_init__(self) -> None:
         if self.stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.stages must be 2, 3 or 4; got {self.stages}")
         if self.dq_stages is not None and self.dq_stages not in (2, 3, 4):
             raise ValueError(f"BwdConfig.dq_stages must be None, 2, 3 or 4; got {self.dq_stages!r}")
-        for name in ("wide", "dq_overlap", "dsplit"):
+        for name in ("wide", "dq_overlap", "dsplit", "fused_dq"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"BwdConfig.{name} must be a bool; got {getattr(self, name)!r}")
         for name in ("consumer_regs", "producer_regs"):
@@ -132,6 +139,9 @@ class BwdConfig:
         if self.dsplit and (not self.wide or self.dq_overlap):
             raise ValueError("BwdConfig(dsplit=True) needs wide=True (its two consumers split D) and "
                              "dq_overlap=False")
+        if self.fused_dq and (not self.wide or self.dsplit or self.dq_overlap):
+            raise ValueError("BwdConfig(fused_dq=True) needs wide=True (its two consumers share the dQ products) and "
+                             "dsplit=False, dq_overlap=False (there is no dQ kernel)")
         if not self.wide and self.consumer_regs + self.producer_regs > 256:
             raise ValueError(f"BwdConfig: consumer_regs + producer_regs must be <= 256; got "
                              f"{self.consumer_regs} + {self.producer_regs}")
@@ -161,6 +171,9 @@ CONFIGS = {
     "wide_ovl_s2": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dq_overlap=True),
     # D 256 (chosen automatically there, see ``config_for``): two consumers splitting D over one CTA's 64 keys / rows
     "d256": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, dsplit=True),
+    # the five-product backward: dQ inside the dK/dV kernel, TMA reduce-adds into fp32 (docs/fa_prefill.md, "The
+    # five-product backward"); not bit-reproducible in dQ
+    "fused": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, fused_dq=True),
 }
 
 
@@ -179,6 +192,9 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     vectors, barriers, scratch. dsplit: one pair of resident 64 x D tiles per CTA (both consumers read them), one
     copy of the vectors per consumer."""
     ring = max(cfg.stages, cfg.dq_ring)
+    if cfg.fused_dq:  # one kernel: its ring, the consumers' dS^T tiles and fp32 dQ staging tiles
+        tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + cfg.consumers * BLOCK * BLOCK) * itemsize
+        return tiles + cfg.consumers * BLOCK * d * 4 + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
     if cfg.dsplit:
         return (2 * BLOCK * d + ring * 2 * BLOCK * d) * itemsize + 2 * BLOCK * 4 * (ring + 2) + 2700
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
@@ -349,6 +365,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     split = cfg.dsplit
     cols = _Cols(split, d)
     multi = nc > 1 and not split  # consumers owning different keys: each skips the blocks streamed for the others
+    fused = cfg.fused_dq  # dQ here too (the five-product backward): the dS^T exchange and the TMA reduce-adds
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
@@ -360,9 +377,13 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     def body(q_ref, k_ref, v_ref, do_ref, lse_ref, dl_ref, off_ref, *rest):
         if segments:  # float32 [B, Tq_pad] row starts, [B, Tk_pad] key ends (exact below 2^24)
             st_ref, en_ref, *rest = rest
+        if fused:  # the fp32 dQ accumulator [B, Tq_pad, Hq, D] (a Ref, zeroed by the caller: read and written)
+            acc_ref, *rest = rest
         dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, *extra = rest
         st_smem = extra[0] if segments else None
         done = extra[0] if split else None
+        if fused:  # dS^T tiles (one per consumer), fp32 dQ staging (one per consumer), the exchange's barriers
+            ds_smem, stage, ds_full, ds_free, *rmw = extra[1 if segments else 0:]
 
         def ends(j):  # the end of key j's document (segments)
             return en_ref[bi, j].astype(jnp.int32)
@@ -419,12 +440,52 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 qpos = qb * bq + ops.iota((bk, bq), 1)  # columns: queries
                 return _visible(x, kpos, qpos, tk=tk, causal=causal, off=off, left=left, st=st)
 
+            def dq_put(s, dst):
+                """fused: this consumer's dS^T of step ``s`` into its exchange tile, once the reader of step s - 1
+                has finished reading the tiles (its dQ wgmma done)."""
+                @pl.when(s > 0)
+                def _():
+                    plgpu.barrier_wait(ds_free.at[0])
+
+                ds_smem.at[wg][...] = dst.astype(dtype)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(ds_full.at[0])
+
+            def dq_take(s, g, qb):
+                """fused: once both dS^T tiles of step ``s`` are in, consumer ``s % nc`` runs ``dQ = dS K`` over the
+                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the tiles and adds dQ into the
+                fp32 accumulator of query block ``qb`` of head ``g`` of the group."""
+                plgpu.barrier_wait(ds_full.at[0])
+
+                @pl.when(lax.rem(s, nc) == wg)
+                def _():
+                    parts = [_compat.traced_index(i, wg) for i in range(nc)]
+                    dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[i], k_smem.at[i]) for i in parts])
+                    plgpu.barrier_arrive(ds_free.at[0])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # this consumer's last add has read its staging
+                    dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
+                    if emulate:  # the interpreter has no TMA reduction: read, add, write (its CTAs run one at a time)
+                        rd, rd_bar = rmw
+                        plgpu.copy_gmem_to_smem(dst_ref, rd.at[wg], rd_bar.at[wg])
+                        plgpu.barrier_wait(rd_bar.at[wg])
+                        dq = dq + rd.at[wg][...]
+                    stage.at[wg][...] = dq
+                    plgpu.commit_smem()
+                    if emulate:
+                        plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref)
+                    else:
+                        plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref, reduction_op="add")
+
             def skip(qb, carry, *, g):
                 # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
                 # phase of the barrier, in order) and hand the slot back
-                slot = lax.rem(g * per_head + (qb - lo0), ns)
+                s = g * per_head + (qb - lo0)
+                slot = lax.rem(s, ns)
                 plgpu.barrier_wait(q_bar.at[slot])
                 plgpu.barrier_arrive(q_free.at[slot])
+                if fused:  # its dS^T is zero; the dQ of the step still runs
+                    dq_put(s, ops.zeros((bk, bq), dtype))
+                    dq_take(s, g, qb)
                 return carry
 
             def step(qb, carry, *, g, masked: bool):
@@ -442,9 +503,13 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                     starts = ops.bcast(ops.vec(st_smem.at[slot], 0).astype(jnp.int32), (bk, bq), 0)
                 pt, dst = _p_ds(st, dpt, lse2, delta, c,  # P^T, dS^T
                                 functools.partial(mask, qb=qb, st=starts) if masked else None)
+                if fused:
+                    dq_put(s, dst)
                 dv, dk = ops.mma2(dv, pt.astype(dtype), cols.mine(dos, wg), dk, dst.astype(dtype), cols.mine(qs, wg),
                                   b_t=False)
                 plgpu.barrier_arrive(q_free.at[slot])
+                if fused:
+                    dq_take(s, g, qb)
                 return dk, dv
 
             def head(g, carry):
@@ -463,6 +528,12 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 return carry
 
             dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, cols.dh)), ops.zeros((bk, cols.dh))))
+            if fused:  # the last reader's dQ wgmma has read both K tiles before they stage dK below
+
+                @pl.when(n_steps > 0)
+                def _():
+                    plgpu.barrier_wait(ds_free.at[0])
+
             if split:  # the other consumer reads both halves of K and V until its last (waited) wgmma
                 plgpu.barrier_arrive(done.at[0])
                 plgpu.barrier_wait(done.at[0])
@@ -510,7 +581,16 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         *([plgpu.SMEM((ns, bq), f32)] if segments else []),
         *([plgpu.Barrier(num_arrivals=2, num_barriers=1)] if split else []),  # done
     ]
-    return plgpu.kernel(
+    if fused:
+        scratch += [
+            _smem_tile((nc, bk, bq), dtype),  # the dS^T exchange
+            plgpu.SMEM((nc, bq, d), f32) if emulate else _smem_tile((nc, bq, d), f32),  # fp32 dQ staging
+            plgpu.Barrier(num_arrivals=nc, num_barriers=1),  # ds_full: both dS^T tiles written
+            plgpu.Barrier(num_arrivals=1, num_barriers=1),  # ds_free: the step's reader is done with them
+        ]
+        if emulate:  # the read-modify-write's tile and barriers
+            scratch += [plgpu.SMEM((nc, bq, d), f32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
+    return (_kernel_with_refs if fused else plgpu.kernel)(
         body,
         out_type=out_type,
         scratch_types=scratch,
@@ -864,9 +944,23 @@ def _run(q, k, v, o, lse, do, q_offset, *, causal: bool, scale: float, cfg: BwdC
         seg = (edge(starts, ((0, 0), (0, qp.shape[1] - tq))).astype(jnp.float32),
                edge(ends, ((0, 0), (0, kp.shape[1] - tk))).astype(jnp.float32))
         kw["segments"] = True
+    if cfg.fused_dq:  # one kernel; dQ summed into a zeroed fp32 accumulator
+        dq, dk, dv = _fused_call(_build_dkdv(*args, **kw), qp, kp, vp, dop, lse2, delta, off, *seg)
+        return (dq[:, :tq] * scale).astype(q.dtype), dk[:, :tk], dv[:, :tk]
     dk, dv = _build_dkdv(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
     dq = _build_dq(*args, **kw)(qp, kp, vp, dop, lse2, delta, off, *seg)
     return dq[:, :tq], dk[:, :tk], dv[:, :tk]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _fused_call(kernel, *operands):
+    """``(dq, dk, dv)`` of a ``fused_dq`` dK/dV kernel: dQ (fp32, unscaled) summed by the kernel into a zeroed
+    accumulator it reads and writes (a global-memory Ref; jitted, as such a Ref lives inside a ``jit`` only)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    acc = jax.new_ref(jnp.zeros(operands[0].shape, jnp.float32), memory_space=plgpu.GMEM)
+    dk, dv = kernel(*operands, acc)
+    return acc[...], dk, dv
 
 
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,

@@ -171,6 +171,23 @@ class WgmmaOps:
 
         return pl.run_state(issue)((plgpu.ACC.init(acc1), plgpu.ACC.init(acc2)))
 
+    def mma_sum_ta(self, acc, terms):
+        """``acc + the sum of a^T @ b`` over the ``(a, b)`` pairs of ``terms`` (shared-memory refs; ``a`` read
+        transposed, as wgmma reads a 16-bit A operand): one wgmma per pair into one fp32 accumulator, waited for
+        together. The backward's dQ from dS^T tiles (fa_prefill_bwd's ``fused_dq``)."""
+        if self.emulate:
+            for a, b in terms:
+                acc = acc + lax.dot_general(a[...], b[...], (((0,), (0,)), ((), ())),
+                                            preferred_element_type=jnp.float32)
+            return acc
+        plgpu = self.plgpu
+
+        def issue(r):
+            for a, b in terms:
+                plgpu.wgmma(r, a.transpose((1, 0)), b)
+
+        return pl.run_state(issue)(plgpu.ACC.init(acc))
+
     def mma2_under(self, acc, a, b, a1, b1, a2, b2, fn):
         """One software-pipelined step: issue ``x1 = a1 @ b1^T`` and ``x2 = a2 @ b2^T`` (fresh fp32 accumulators),
         then ``acc += a @ b`` (three wgmmas, one commit group each, in that order); wait for the first two only,
@@ -251,3 +268,22 @@ def pad(x, axis: int, mult: int):
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
     return jnp.pad(x, widths)
+
+
+def kernel_with_refs(body, *, out_type, scratch_types, grid, grid_names, num_threads, thread_name, compiler_params,
+                     kernel_name):
+    """``plgpu.kernel(body, ...)`` whose operands may include JAX Refs (read and written in place, aliased in and out):
+    the same mesh, scratch and launch as ``plgpu.kernel``, through ``pl.kernel`` directly, as ``plgpu.kernel``'s
+    ``custom_vmap`` wrapper does not take a Ref operand. Call it inside a ``jit`` (a global-memory Ref lives there
+    only). No vmap rule: the callers do not batch it."""
+    import functools
+
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    mesh = plgpu.Mesh(grid=grid, grid_names=grid_names, num_threads=num_threads, thread_name=thread_name,
+                      kernel_name=kernel_name)
+
+    def kernel_body(*refs):
+        pl.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=thread_name)
+
+    return pl.kernel(kernel_body, out_type=out_type, mesh=mesh, compiler_params=compiler_params, name=kernel_name)

@@ -7,7 +7,7 @@ and dV (the criterion of tests/gpu/test_dropin_gpu.py). Cases: fp16 / bf16 x D 6
 non-causal; GQA 2, odd Tq != Tk with per-sequence causal offsets; the same non-causal). Causal offsets go to
 jax.nn as an explicit mask (it has no q_offset). Every case runs for the configs ``default`` (one consumer
 warpgroup, 64-key / 64-row CTAs), ``wide`` (two consumers, 128-key / 128-row CTAs) and ``wide_ovl`` (wide with
-the software-pipelined dQ consumer). Also: bit-identical gradients run to run (no atomics), NaN in a query row
+the software-pipelined dQ consumer) and ``fused`` (the five-product backward: dQ inside the dK/dV kernel). Also: bit-identical gradients run to run (no atomics), NaN in a query row
 reaches exactly the gradients it should, and a timing print of default / wide / wide_s3 / wide_ovl /
 wide_ovl_s2 against jax.nn cuDNN's backward at B4 H16 N4096 D128, with the dQ kernel alone for wide and the
 wide_ovl pair (``-s`` to see it). Budget: 4-6 minutes on an H100, mostly compiling (~100 programs);
@@ -82,7 +82,7 @@ def _rel(a, b) -> float:
 
 
 # D 64 / 128 run every config; D 256 runs d256 (the head-dim split; what any config becomes there)
-_D_CONFIGS = [(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl")] + [(256, "d256")]
+_D_CONFIGS = [(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl", "fused")] + [(256, "d256")]
 
 
 @pytest.mark.parametrize("d,config", _D_CONFIGS)
@@ -119,6 +119,33 @@ def test_deterministic_and_nan_rows(config):
     assert np.isnan(dq[nan_q]).all() and np.isfinite(dq[~nan_q]).all()
     nan_kv = np.zeros(dk.shape[:3], bool)
     nan_kv[0, :, 1] = True  # every key of that KV head is visible to the NaN row (non-causal)
+    for g in (dk, dv):
+        assert np.isnan(g[nan_kv]).all() and np.isfinite(g[~nan_kv]).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_repeatable_and_nan_rows(d):
+    """``fused`` (dQ by TMA reduce-adds, summed in a varying order): dK and dV bit-identical run to run, dQ within
+    two units of the dtype's rounding of ``wide``'s deterministic dQ; a NaN query row reaches exactly the gradients
+    it should."""
+    b, tq, tk, hq, hkv = 2, 512, 700, 4, 2
+    q, k, v, w = _arrays(7, b, tq, tk, hq, hkv, d, "float16")
+    off = jnp.zeros((b,), jnp.int32)
+    run = _ours(False, 1.0 / float(np.sqrt(d)), "fused")
+    first, second = run(q, k, v, w, off), run(q, k, v, w, off)
+    for x, y in zip(first[1:], second[1:]):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    ref = _ours(False, 1.0 / float(np.sqrt(d)), "wide")(q, k, v, w, off)
+    eps = float(jnp.finfo(jnp.float16).eps)
+    for dq in (first[0], second[0]):
+        assert _rel(dq, ref[0]) <= 2 * eps, _rel(dq, ref[0])
+    q = q.at[0, 77, 3, 5].set(jnp.nan)  # query head 3 reads KV head 1 of sequence 0
+    dq, dk, dv = (np.asarray(x, np.float32) for x in run(q, k, v, w, off))
+    nan_q = np.zeros(dq.shape[:3], bool)
+    nan_q[0, 77, 3] = True
+    assert np.isnan(dq[nan_q]).all() and np.isfinite(dq[~nan_q]).all()
+    nan_kv = np.zeros(dk.shape[:3], bool)
+    nan_kv[0, :, 1] = True
     for g in (dk, dv):
         assert np.isnan(g[nan_kv]).all() and np.isfinite(g[~nan_kv]).all()
 
@@ -226,7 +253,7 @@ def test_timing_d256_vs_cudnn(causal):
     assert all(x < 2e-2 for x in agree.values()), agree
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl", "d256"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl", "d256", "fused"])
 def test_window_backward_matches_oracle(config):
     """fa_prefill_bwd with a causal window (``window=left``; D 256 through the split kernels), after fa_prefill's
     forward with the same window, against the float64 gradient oracle: windows narrower than a block and of a few
@@ -258,7 +285,7 @@ def test_window_backward_matches_oracle(config):
             assert np.linalg.norm(ours - r) / np.linalg.norm(r) < 2e-2, (config, i, name)
 
 
-@pytest.mark.parametrize("config", ["wide_ovl", "d256"])
+@pytest.mark.parametrize("config", ["wide_ovl", "d256", "fused"])
 def test_softcap_and_sinks_backward_matches_oracle(config):
     """The soft-cap's backward in the kernels and the sinks' gradient (``sinks_grad``), with and without a window,
     against the float64 gradient oracle (written in session 9; passed on an H100 in session 10)."""
@@ -290,7 +317,7 @@ def test_softcap_and_sinks_backward_matches_oracle(config):
         assert np.linalg.norm(ds - ref["dsinks"]) / np.linalg.norm(ref["dsinks"]) < 2e-2, (config, left)
 
 
-@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl"])
+@pytest.mark.parametrize("config", ["default", "wide", "wide_ovl", "fused"])
 def test_packed_backward_matches_oracle(config, monkeypatch):
     """Packed documents (segment_ids) in fa_prefill_bwd (built in session 10, interpreter-tested), after fa_prefill's
     packed forward, against the float64 gradient oracle: short and long documents, boundaries inside a block and on
