@@ -192,13 +192,9 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     vectors, barriers, scratch. dsplit: one pair of resident 64 x D tiles per CTA (both consumers read them), one
     copy of the vectors per consumer."""
     ring = max(cfg.stages, cfg.dq_ring)
-    if cfg.fused_dq:  # one kernel: its ring, the consumers' dS^T tiles, fp32 dQ staging (D 128: column halves,
-        # and each consumer's copy of its half of the K tiles)
-        nc = cfg.consumers
-        dqw = d // nc if d >= 128 else d
-        tiles = 2 * nc * BLOCK * d + cfg.stages * 2 * BLOCK * d + nc * BLOCK * BLOCK + (nc * nc * BLOCK * dqw if d >= 128
-                                                                                       else 0)
-        return tiles * itemsize + nc * BLOCK * dqw * 4 + 2 * BLOCK * 4 * (cfg.stages + nc) + 2700
+    if cfg.fused_dq:  # one kernel: its ring, the consumers' dS^T tiles and fp32 dQ staging tiles
+        tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + cfg.consumers * BLOCK * BLOCK) * itemsize
+        return tiles + cfg.consumers * BLOCK * d * 4 + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
     if cfg.dsplit:
         return (2 * BLOCK * d + ring * 2 * BLOCK * d) * itemsize + 2 * BLOCK * 4 * (ring + 2) + 2700
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
@@ -370,11 +366,6 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     cols = _Cols(split, d)
     multi = nc > 1 and not split  # consumers owning different keys: each skips the blocks streamed for the others
     fused = cfg.fused_dq  # dQ here too (the five-product backward): the dS^T exchange and the TMA reduce-adds
-    # fused at D 128: every step each consumer computes its column half of dQ (from its own copy of those columns of
-    # the CTA's K, so no wgmma operand is a slice); at D 64 one consumer a step computes all of it (halves of 32
-    # columns would need a 64-byte swizzle against the dS^T tiles' 128)
-    cols_dq = fused and d >= 128
-    dqw = d // nc if cols_dq else d  # columns of dQ per product
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
@@ -393,8 +384,6 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         done = extra[0] if split else None
         if fused:  # dS^T tiles (one per consumer), fp32 dQ staging (one per consumer), the exchange's barriers
             ds_smem, stage, ds_full, ds_free, *rmw = extra[1 if segments else 0:]
-            if cols_dq:  # each consumer's column half of both K tiles
-                kh_smem, *rmw = rmw
 
         def ends(j):  # the end of key j's document (segments)
             return en_ref[bi, j].astype(jnp.int32)
@@ -441,13 +430,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
             mine = cols.gmem(wg)  # split: this consumer's column half
             k_mine = k_smem.at[wg] if nc > 1 else k_smem
             v_mine = v_smem.at[wg] if nc > 1 else v_smem
-            own_cols = ()
-            if cols_dq:  # this consumer's dQ columns of the CTA's K tiles
-                cta_keys = ji * (nc * bk)
-                own_cols = tuple((k_ref.at[bi, pl.ds(cta_keys + i * bk, bk), hk, pl.ds(wg * dqw, dqw)], kh_smem.at[wg, i])
-                                 for i in range(nc))
             _load_resident(plgpu, ((k_ref.at[(bi, keys, hk, *mine)], k_mine),
-                                   (v_ref.at[(bi, keys, hk, *mine)], v_mine), *own_cols), kv_bar, wg, nc, split)
+                                   (v_ref.at[(bi, keys, hk, *mine)], v_mine)), kv_bar, wg, nc, split)
             lo, full, full_hi, hi = bounds if split else key_bounds(j0)
             k_all, v_all = (k_smem, v_smem) if split else (k_mine, v_mine)  # the S^T / dP^T operands
 
@@ -468,20 +452,18 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 plgpu.barrier_arrive(ds_full.at[0])
 
             def dq_take(s, g, qb):
-                """fused: once both dS^T tiles of step ``s`` are in, ``dQ = dS K`` over the CTA's keys (the dS^T tiles
-                read transposed): at D 128 each consumer its column half (its copy of those K columns), at D 64
-                consumer ``s % nc`` all of it (the resident K tiles); then the reader(s) free the tiles and add dQ
-                into the fp32 accumulator of query block ``qb`` of head ``g`` of the group."""
+                """fused: once both dS^T tiles of step ``s`` are in, consumer ``s % nc`` runs ``dQ = dS K`` over the
+                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the tiles and adds dQ into the
+                fp32 accumulator of query block ``qb`` of head ``g`` of the group."""
                 plgpu.barrier_wait(ds_full.at[0])
 
+                @pl.when(lax.rem(s, nc) == wg)
                 def _():
                     parts = [_compat.traced_index(i, wg) for i in range(nc)]
-                    b_tiles = [kh_smem.at[wg, i] for i in parts] if cols_dq else [k_smem.at[i] for i in parts]
-                    dq = ops.mma_sum_ta(ops.zeros((bq, dqw)), [(ds_smem.at[i], kb) for i, kb in zip(parts, b_tiles)])
+                    dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[i], k_smem.at[i]) for i in parts])
                     plgpu.barrier_arrive(ds_free.at[0])
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # this consumer's last add has read its staging
-                    dst_ref = acc_ref.at[(bi, pl.ds(qb * bq, bq), hk * group + g,
-                                          *((pl.ds(wg * dqw, dqw),) if cols_dq else ()))]
+                    dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
                     if emulate:  # the interpreter has no TMA reduction: read, add, write (its CTAs run one at a time)
                         rd, rd_bar = rmw
                         plgpu.copy_gmem_to_smem(dst_ref, rd.at[wg], rd_bar.at[wg])
@@ -493,11 +475,6 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                         plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref)
                     else:
                         plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref, reduction_op="add")
-
-                if cols_dq:
-                    _()
-                else:
-                    pl.when(lax.rem(s, nc) == wg)(_)
 
             def skip(qb, carry, *, g):
                 # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
@@ -598,7 +575,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         _smem_tile(cols.ring(ns, bq), dtype),
         plgpu.SMEM((ns, bq), f32),
         plgpu.SMEM((ns, bq), f32),
-        plgpu.Barrier(num_arrivals=2 + (nc if cols_dq else 0), num_barriers=nc),
+        plgpu.Barrier(num_arrivals=2, num_barriers=nc),
         plgpu.Barrier(num_arrivals=2 * cols.parts + (3 if segments else 2), num_barriers=ns),
         plgpu.Barrier(num_arrivals=nc, num_barriers=ns),
         *([plgpu.SMEM((ns, bq), f32)] if segments else []),
@@ -607,14 +584,12 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     if fused:
         scratch += [
             _smem_tile((nc, bk, bq), dtype),  # the dS^T exchange
-            plgpu.SMEM((nc, bq, dqw), f32) if emulate else _smem_tile((nc, bq, dqw), f32),  # fp32 dQ staging
+            plgpu.SMEM((nc, bq, d), f32) if emulate else _smem_tile((nc, bq, d), f32),  # fp32 dQ staging
             plgpu.Barrier(num_arrivals=nc, num_barriers=1),  # ds_full: both dS^T tiles written
-            plgpu.Barrier(num_arrivals=nc if cols_dq else 1, num_barriers=1),  # ds_free: the readers are done
+            plgpu.Barrier(num_arrivals=1, num_barriers=1),  # ds_free: the step's reader is done with them
         ]
-        if cols_dq:
-            scratch.append(_smem_tile((nc, nc, bk, dqw), dtype))  # kh_smem
         if emulate:  # the read-modify-write's tile and barriers
-            scratch += [plgpu.SMEM((nc, bq, dqw), f32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
+            scratch += [plgpu.SMEM((nc, bq, d), f32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
     return (_kernel_with_refs if fused else plgpu.kernel)(
         body,
         out_type=out_type,
