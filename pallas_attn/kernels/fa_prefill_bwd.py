@@ -192,9 +192,9 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     vectors, barriers, scratch. dsplit: one pair of resident 64 x D tiles per CTA (both consumers read them), one
     copy of the vectors per consumer."""
     ring = max(cfg.stages, cfg.dq_ring)
-    if cfg.fused_dq:  # one kernel: its ring, the consumers' dS^T tiles and fp32 dQ staging tiles
-        tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + cfg.consumers * BLOCK * BLOCK) * itemsize
-        return tiles + cfg.consumers * BLOCK * d * 4 + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
+    if cfg.fused_dq:  # one kernel: its ring, two slots of the consumers' dS^T tiles, one fp32 dQ staging tile
+        tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + 2 * cfg.consumers * BLOCK * BLOCK) * itemsize
+        return tiles + BLOCK * d * 4 + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
     if cfg.dsplit:
         return (2 * BLOCK * d + ring * 2 * BLOCK * d) * itemsize + 2 * BLOCK * 4 * (ring + 2) + 2700
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
@@ -382,8 +382,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
         dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, lse_smem, dl_smem, kv_bar, q_bar, q_free, *extra = rest
         st_smem = extra[0] if segments else None
         done = extra[0] if split else None
-        if fused:  # dS^T tiles (one per consumer), fp32 dQ staging (one per consumer), the exchange's barriers
-            ds_smem, stage, ds_full, ds_free, *rmw = extra[1 if segments else 0:]
+        if fused:  # dS^T tiles (two slots of one per consumer), one fp32 dQ staging tile, the exchange's barriers
+            ds_smem, stage, ds_full, ds_free, stage_free, *rmw = extra[1 if segments else 0:]
 
         def ends(j):  # the end of key j's document (segments)
             return en_ref[bi, j].astype(jnp.int32)
@@ -441,40 +441,55 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 return _visible(x, kpos, qpos, tk=tk, causal=causal, off=off, left=left, st=st)
 
             def dq_put(s, dst):
-                """fused: this consumer's dS^T of step ``s`` into its exchange tile, once the reader of step s - 1
-                has finished reading the tiles (its dQ wgmma done)."""
-                @pl.when(s > 0)
-                def _():
-                    plgpu.barrier_wait(ds_free.at[0])
+                """fused: this consumer's dS^T of step ``s`` into its tile of slot ``s % 2`` once the reader of step
+                s - 2 has read that slot (its dQ wgmma done); the reader of step s - 1, if this consumer, first
+                hands the staging tile on once its reduce-add has read it. Two slots let the consumers drift a step
+                apart (one's softmax under the other's wgmmas) instead of running in lockstep."""
+                slot2 = lax.rem(s, 2)
 
-                ds_smem.at[wg][...] = dst.astype(dtype)
+                @pl.when(s >= 2)
+                def _():
+                    plgpu.barrier_wait(ds_free.at[slot2])
+
+                @pl.when((s >= 1) & (lax.rem(s - 1, nc) == wg))
+                def _():
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    plgpu.barrier_arrive(stage_free.at[wg])
+
+                ds_smem.at[slot2, wg][...] = dst.astype(dtype)
                 plgpu.commit_smem()
-                plgpu.barrier_arrive(ds_full.at[0])
+                plgpu.barrier_arrive(ds_full.at[slot2])
 
             def dq_take(s, g, qb):
                 """fused: once both dS^T tiles of step ``s`` are in, consumer ``s % nc`` runs ``dQ = dS K`` over the
-                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the tiles and adds dQ into the
-                fp32 accumulator of query block ``qb`` of head ``g`` of the group."""
-                plgpu.barrier_wait(ds_full.at[0])
+                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the slot, waits until the other
+                consumer's reduce-add of step s - 1 has read the staging tile, and adds dQ into the fp32 accumulator
+                of query block ``qb`` of head ``g`` of the group."""
+                slot2 = lax.rem(s, 2)
+                plgpu.barrier_wait(ds_full.at[slot2])
 
                 @pl.when(lax.rem(s, nc) == wg)
                 def _():
                     parts = [_compat.traced_index(i, wg) for i in range(nc)]
-                    dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[i], k_smem.at[i]) for i in parts])
-                    plgpu.barrier_arrive(ds_free.at[0])
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # this consumer's last add has read its staging
+                    dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[slot2, i], k_smem.at[i]) for i in parts])
+                    plgpu.barrier_arrive(ds_free.at[slot2])
+
+                    @pl.when(s >= 1)
+                    def _():
+                        plgpu.barrier_wait(stage_free.at[1 - wg])
+
                     dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
                     if emulate:  # the interpreter has no TMA reduction: read, add, write (its CTAs run one at a time)
                         rd, rd_bar = rmw
                         plgpu.copy_gmem_to_smem(dst_ref, rd.at[wg], rd_bar.at[wg])
                         plgpu.barrier_wait(rd_bar.at[wg])
                         dq = dq + rd.at[wg][...]
-                    stage.at[wg][...] = dq
+                    stage[...] = dq
                     plgpu.commit_smem()
                     if emulate:
-                        plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref)
+                        plgpu.copy_smem_to_gmem(stage, dst_ref)
                     else:
-                        plgpu.copy_smem_to_gmem(stage.at[wg], dst_ref, reduction_op="add")
+                        plgpu.copy_smem_to_gmem(stage, dst_ref, reduction_op="add")
 
             def skip(qb, carry, *, g):
                 # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
@@ -528,11 +543,16 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 return carry
 
             dk, dv = lax.fori_loop(0, group, head, (ops.zeros((bk, cols.dh)), ops.zeros((bk, cols.dh))))
-            if fused:  # the last reader's dQ wgmma has read both K tiles before they stage dK below
+            if fused:  # the last two readers' dQ wgmmas have read both K tiles before they stage dK below (and
+                # every phase of the slots' barriers is observed)
 
-                @pl.when(n_steps > 0)
+                @pl.when(n_steps >= 2)
                 def _():
-                    plgpu.barrier_wait(ds_free.at[0])
+                    plgpu.barrier_wait(ds_free.at[lax.rem(n_steps - 2, 2)])
+
+                @pl.when(n_steps >= 1)
+                def _():
+                    plgpu.barrier_wait(ds_free.at[lax.rem(n_steps - 1, 2)])
 
             if split:  # the other consumer reads both halves of K and V until its last (waited) wgmma
                 plgpu.barrier_arrive(done.at[0])
@@ -583,10 +603,11 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     ]
     if fused:
         scratch += [
-            _smem_tile((nc, bk, bq), dtype),  # the dS^T exchange
-            plgpu.SMEM((nc, bq, d), f32) if emulate else _smem_tile((nc, bq, d), f32),  # fp32 dQ staging
-            plgpu.Barrier(num_arrivals=nc, num_barriers=1),  # ds_full: both dS^T tiles written
-            plgpu.Barrier(num_arrivals=1, num_barriers=1),  # ds_free: the step's reader is done with them
+            _smem_tile((2, nc, bk, bq), dtype),  # the dS^T exchange: two slots
+            plgpu.SMEM((bq, d), f32) if emulate else _smem_tile((bq, d), f32),  # fp32 dQ staging (shared)
+            plgpu.Barrier(num_arrivals=nc, num_barriers=2),  # ds_full: both dS^T tiles of a slot written
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),  # ds_free: the slot's reader is done with it
+            plgpu.Barrier(num_arrivals=1, num_barriers=nc),  # stage_free: consumer w's last reduce-add has read it
         ]
         if emulate:  # the read-modify-write's tile and barriers
             scratch += [plgpu.SMEM((nc, bq, d), f32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
