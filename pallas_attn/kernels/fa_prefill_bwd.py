@@ -194,7 +194,8 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     ring = max(cfg.stages, cfg.dq_ring)
     if cfg.fused_dq:  # one kernel: its ring, two slots of the consumers' dS^T tiles, one fp32 dQ staging tile
         tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + 2 * cfg.consumers * BLOCK * BLOCK) * itemsize
-        return tiles + BLOCK * d * 4 + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
+        stage = (cfg.consumers if d <= 64 else 1) * BLOCK * d * 4
+        return tiles + stage + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
     if cfg.dsplit:
         return (2 * BLOCK * d + ring * 2 * BLOCK * d) * itemsize + 2 * BLOCK * 4 * (ring + 2) + 2700
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
@@ -366,6 +367,9 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     cols = _Cols(split, d)
     multi = nc > 1 and not split  # consumers owning different keys: each skips the blocks streamed for the others
     fused = cfg.fused_dq  # dQ here too (the five-product backward): the dS^T exchange and the TMA reduce-adds
+    # fp32 dQ staging: one tile per consumer where shared memory has room (D 64); at D 128 one tile, handed on by
+    # each reader as soon as its reduce-add has read it (a later hand-off would tie the consumers together again)
+    own_stage = fused and d <= 64
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
@@ -451,11 +455,6 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 def _():
                     plgpu.barrier_wait(ds_free.at[slot2])
 
-                @pl.when((s >= 1) & (lax.rem(s - 1, nc) == wg))
-                def _():
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    plgpu.barrier_arrive(stage_free.at[wg])
-
                 ds_smem.at[slot2, wg][...] = dst.astype(dtype)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(ds_full.at[slot2])
@@ -474,9 +473,13 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                     dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[slot2, i], k_smem.at[i]) for i in parts])
                     plgpu.barrier_arrive(ds_free.at[slot2])
 
-                    @pl.when(s >= 1)
-                    def _():
-                        plgpu.barrier_wait(stage_free.at[1 - wg])
+                    if own_stage:  # this consumer's last reduce-add has read its staging tile
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    else:  # the other consumer's last reduce-add has read the shared one
+
+                        @pl.when(s >= 1)
+                        def _():
+                            plgpu.barrier_wait(stage_free.at[1 - wg])
 
                     dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
                     if emulate:  # the interpreter has no TMA reduction: read, add, write (its CTAs run one at a time)
@@ -484,12 +487,19 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                         plgpu.copy_gmem_to_smem(dst_ref, rd.at[wg], rd_bar.at[wg])
                         plgpu.barrier_wait(rd_bar.at[wg])
                         dq = dq + rd.at[wg][...]
-                    stage[...] = dq
+                    st_tile = stage.at[wg] if own_stage else stage
+                    st_tile[...] = dq
                     plgpu.commit_smem()
                     if emulate:
-                        plgpu.copy_smem_to_gmem(stage, dst_ref)
+                        plgpu.copy_smem_to_gmem(st_tile, dst_ref)
                     else:
-                        plgpu.copy_smem_to_gmem(stage, dst_ref, reduction_op="add")
+                        plgpu.copy_smem_to_gmem(st_tile, dst_ref, reduction_op="add")
+                    if not own_stage:  # hand the shared tile on once read (the other consumer adds next step)
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                        @pl.when(s + 1 < n_steps)
+                        def _():
+                            plgpu.barrier_arrive(stage_free.at[wg])
 
             def skip(qb, carry, *, g):
                 # a block streamed for an earlier consumer's keys, invisible to ours: wait for its load (every
@@ -604,7 +614,7 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     if fused:
         scratch += [
             _smem_tile((2, nc, bk, bq), dtype),  # the dS^T exchange: two slots
-            plgpu.SMEM((bq, d), f32) if emulate else _smem_tile((bq, d), f32),  # fp32 dQ staging (shared)
+            (plgpu.SMEM if emulate else _smem_tile)(((nc,) if own_stage else ()) + (bq, d), f32),  # fp32 dQ staging
             plgpu.Barrier(num_arrivals=nc, num_barriers=2),  # ds_full: both dS^T tiles of a slot written
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # ds_free: the slot's reader is done with it
             plgpu.Barrier(num_arrivals=1, num_barriers=nc),  # stage_free: consumer w's last reduce-add has read it
