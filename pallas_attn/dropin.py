@@ -390,6 +390,7 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
 # docs/fa_prefill.md "Backward"): non-causal wide_ovl 0.92x cuDNN's backward vs wide 0.86x; causal wide 0.90x vs
 # wide_ovl 0.88x
 DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
+NONDET_BWD_CONFIG = "fused"  # deterministic=False without a table row: causal D 64 (measured ahead there on an H100)
 
 
 def prefill_config(problem: Problem, window):
@@ -406,13 +407,23 @@ def _prefill_fwd_config(problem: Problem, window):
     return fa_prefill.config_for_window(_resolve("fa_prefill", problem)[1], bool(problem.causal), window)
 
 
-def bwd_config_name(problem: Problem) -> str:
+def bwd_config_name(problem: Problem, deterministic: bool = True) -> str:
     """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
     sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
     generation of the table, so ``api.resolve`` has no row for it: its config is read off the same ``Problem`` the
-    forward was resolved on, by the same table lookup the kernels' heuristics use.)"""
-    return tuning.choose("fa_prefill_bwd", problem, names=fa_prefill_bwd.CONFIGS) \
-        or DROPIN_BWD_CONFIG[bool(problem.causal)]
+    forward was resolved on, by the same table lookup the kernels' heuristics use.)
+
+    ``deterministic`` (the default): only configs whose gradients are bit-identical run to run; a table row whose
+    fastest config is ``fused`` (dQ by TMA reduce-adds) then gives its fastest deterministic one. False: any
+    config; without a table, ``fused`` at causal D 64 (where it was measured ahead, docs/fa_prefill.md "The
+    five-product backward"), else the deterministic rule."""
+    names = {n: c for n, c in fa_prefill_bwd.CONFIGS.items() if not (deterministic and c.fused_dq)}
+    name = tuning.choose("fa_prefill_bwd", problem, names=names, fallback_to_row_best=True)
+    if name is not None:
+        return name
+    if not deterministic and problem.causal and problem.head_dim == 64:
+        return NONDET_BWD_CONFIG
+    return DROPIN_BWD_CONFIG[bool(problem.causal)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,7 +506,7 @@ def _no_grad(fn, sinks, segment_ids=None):
 
 
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
-            sinks=None, segment_ids=None):
+            sinks=None, segment_ids=None, deterministic: bool = True):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
@@ -510,7 +521,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         fwd = _prefill_fwd_config(problem, None if left is None else (left, 0))
         res = fa_prefill_bwd.attention_lse(
             q, k, v, causal=causal, scale=scale, config=fwd,
-            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem)], interpret=_compat.default_interpret(None),
+            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem, deterministic)],
+            interpret=_compat.default_interpret(None),
             with_lse=return_residual, window=left, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
@@ -565,7 +577,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
-                          return_residual: bool = False, softcap: float | None = None, sinks=None, segment_ids=None):
+                          return_residual: bool = False, softcap: float | None = None, sinks=None, segment_ids=None,
+                          deterministic: bool = True):
     """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
 
     query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
@@ -584,8 +597,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     document). These run on fa_prefill only (a Hopper GPU, or interpret mode without a GPU): no fallback has them.
     ``softcap`` and ``sinks`` are differentiable (fa_prefill_bwd; the sinks get a gradient too) without a window or
     with a causal-shaped one (see the module docstring); ``segment_ids``, or a window of another form, is forward
-    only: differentiating raises NotImplementedError.
+    only: differentiating raises NotImplementedError. ``deterministic`` (default True): gradients bit-identical run
+    to run; ``False`` lets fa_prefill's backward run its five-product kernel (``fused``: dQ summed by TMA
+    reduce-adds in a varying order) where this GPU's table, or at causal D 64 the measurements, say it is faster
+    (docs/fa_prefill.md, "The five-product backward").
     """
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be a bool; got {deterministic!r}")
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                    local_window_size=local_window_size, implementation=implementation,
@@ -610,7 +628,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                   window=_window(local_window_size, is_causal, q.shape[1], k.shape[1]),
                   return_residual=bool(return_residual), softcap=softcap,
                   sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32),
-                  segment_ids=None if segment_ids is None else jnp.asarray(segment_ids))
+                  segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
+                  deterministic=bool(deterministic))
     if len(out_shape) == 4:
         return res
     if return_residual:

@@ -5,6 +5,7 @@ tables are read by the defaults, ``compare tune --table`` makes them from record
 import dataclasses
 import json
 
+import jax.numpy as jnp
 import pytest
 
 from compare import auto, impls, runner, tune_table
@@ -194,6 +195,34 @@ def test_every_default_reads_its_table(tmp_path, monkeypatch):
     stale.write_text(json.dumps(tbl))
     monkeypatch.setenv("PALLAS_ATTN_TUNING", str(stale))
     assert fa_decode.KERNEL.heuristic(dec) == fa_decode.CONFIGS["default"]
+
+
+def test_drop_in_backward_is_deterministic_unless_asked(tmp_path, monkeypatch):
+    """A table row whose fastest config is ``fused`` (dQ by reduce-adds, not bit-reproducible): the drop-in's default
+    takes the row's fastest deterministic config instead; ``deterministic=False`` takes ``fused``. Without a row:
+    the deterministic rule, and with ``deterministic=False`` ``fused`` at causal D 64 only."""
+    from pallas_attn import dropin, tuning
+    from pallas_attn.kernels.contract import Problem
+
+    d64 = Problem(entry="dense", dtype="bfloat16", batch=4, q_len=8192, kv_len=8192, heads_q=12, heads_kv=12,
+                  head_dim=64, causal=True)
+    row = {"key": tuning.bucket("fa_prefill_bwd", d64), "config": "fused",
+           "time_us": {"fused": 3388.3, "wide": 3704.3, "wide_ovl": 3660.3, "default": 4659.8}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"kernels": {"fa_prefill_bwd": {"rows": [row]}}}))
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", str(path))
+    assert dropin.bwd_config_name(d64) == "wide_ovl"
+    assert dropin.bwd_config_name(d64, deterministic=False) == "fused"
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
+    d128 = dataclasses.replace(d64, head_dim=128)
+    for p, det, want in ((d64, True, "wide"), (d64, False, "fused"), (d128, False, "wide"),
+                         (dataclasses.replace(d64, causal=False), False, "wide_ovl")):
+        assert dropin.bwd_config_name(p, deterministic=det) == want, (p, det)
+    import pallas_attn
+
+    x = jnp.zeros((1, 8, 2, 64), jnp.float16)
+    with pytest.raises(ValueError, match="deterministic must be a bool"):
+        pallas_attn.dot_product_attention(x, x, x, deterministic="no")
 
 
 def _rec(wl, impl, t, status="ok", gpu="NVIDIA H100 80GB HBM3"):

@@ -1,10 +1,12 @@
-"""fa_prefill backward: dQ, dK, dV of dense attention on Hopper (sm_90) through Mosaic GPU; deterministic.
+"""fa_prefill backward: dQ, dK, dV of dense attention on Hopper (sm_90) through Mosaic GPU; deterministic by
+default.
 
 What it is. The backward of ``fa_prefill`` (docs/fa_prefill.md, "Backward"): given Q, K, V, the forward's
 output O and natural-log LSE ``[B, Hq, Tq]`` (``fa_prefill.forward(..., return_lse=True)``) and the output
 cotangent dO, it returns dQ, dK, dV with the semantics of ``fa_train``'s backward (same recurrences, same
 masking rules: top-left causal with a per-sequence offset, key ``j`` visible to query ``i`` iff
-``j <= i + q_offset[b]``; a row that sees no key contributes nothing). Three steps, no atomics:
+``j <= i + q_offset[b]``; a row that sees no key contributes nothing). Three steps, no atomics (every config but
+``fused``, below):
 
 * **Preprocess** (XLA, fused): ``delta = rowsum(dO * O)`` in fp32, and ``lse2 = LSE * log2 e`` with ``-inf``
   (a row that sees no key) turned into ``+inf`` so that every ``P`` of that row is ``exp2(x - inf) = 0``
@@ -30,7 +32,11 @@ keys (dK/dV) or 64 rows (dQ) each, sharing every streamed tile of the ring (its 
 arrivals), so a CTA owns 128 keys / rows and the L2 traffic per FLOP halves; a consumer that cannot see a
 streamed block (causal) waits for its load and hands the slot back. Config ``wide_ovl`` (``dq_overlap``):
 ``wide`` with a software-pipelined dQ consumer (step s issues S_s, dP_s and dQ += dS_{s-1} K_{s-1}, forms dS_s
-under the last wgmma) and a 3-deep dQ ring; docs/fa_prefill.md, "Config `wide_ovl`".
+under the last wgmma) and a 3-deep dQ ring; docs/fa_prefill.md, "Config `wide_ovl`". Config ``fused``
+(``fused_dq``, the five-product backward; not bit-reproducible in dQ, so never the drop-in's default): the dK/dV
+kernel alone, dQ computed in it from dS^T tiles the two consumers exchange through shared memory and added into a
+zeroed fp32 accumulator by TMA reduce-adds (the accumulator is a JAX Ref the kernel reads and writes; jax's discharge
+of that Ref renames the CUDA kernel ``new_body``); docs/fa_prefill.md, "The five-product backward".
 
 ``attention_lse`` joins ``fa_prefill.forward(..., return_lse=True)`` and ``backward`` in a ``jax.custom_vjp``
 (the LSE's cotangent folds into delta): what ``pallas_attn.dot_product_attention`` runs on sm_90.
@@ -193,7 +199,8 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     copy of the vectors per consumer."""
     ring = max(cfg.stages, cfg.dq_ring)
     if cfg.fused_dq:  # one kernel: its ring, two slots of the consumers' dS^T tiles, one fp32 dQ staging tile
-        tiles = (2 * cfg.consumers * BLOCK * d + cfg.stages * 2 * BLOCK * d + 2 * cfg.consumers * BLOCK * BLOCK) * itemsize
+        nc = cfg.consumers
+        tiles = (2 * nc * BLOCK * d + cfg.stages * 2 * BLOCK * d + 2 * nc * BLOCK * BLOCK) * itemsize
         stage = (cfg.consumers if d <= 64 else 1) * BLOCK * d * 4
         return tiles + stage + 2 * BLOCK * 4 * (cfg.stages + cfg.consumers) + 2700
     if cfg.dsplit:

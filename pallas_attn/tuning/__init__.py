@@ -127,9 +127,11 @@ def _distance(row_key: Mapping[str, Any], want: Mapping[str, Any], numeric: tupl
 
 
 def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
-           tbl: Mapping[str, Any] | None = None) -> str | None:
+           tbl: Mapping[str, Any] | None = None, fallback_to_row_best: bool = False) -> str | None:
     """The config name the table gives ``kernel`` at ``problem`` (None: no table, no row of this kind, or a name
-    that ``names``, the kernel's named configs, does not hold: a stale table never picks a removed config)."""
+    that ``names``, the kernel's named configs, does not hold: a stale table never picks a removed config).
+    ``fallback_to_row_best``: when the row's config is not in ``names`` (a caller that excludes some configs, e.g.
+    the non-deterministic ones), the fastest of the row's measured configs that ``names`` holds instead."""
     tbl = table() if tbl is None else tbl
     if not tbl:
         return None
@@ -148,5 +150,8 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
         return None
     name = best.get("config")
     if names is not None and name not in names:
-        return None
+        if not fallback_to_row_best:
+            return None
+        times = {n: t for n, t in (best.get("time_us") or {}).items() if n in names and t}
+        return min(times, key=times.get) if times else None
     return name

@@ -6,8 +6,9 @@ bf16 must be within twice XLA's own error in that dtype (XLA run on the 16-bit i
 and dV (the criterion of tests/gpu/test_dropin_gpu.py). Cases: fp16 / bf16 x D 64 / 128 x (MHA, square,
 non-causal; GQA 2, odd Tq != Tk with per-sequence causal offsets; the same non-causal). Causal offsets go to
 jax.nn as an explicit mask (it has no q_offset). Every case runs for the configs ``default`` (one consumer
-warpgroup, 64-key / 64-row CTAs), ``wide`` (two consumers, 128-key / 128-row CTAs) and ``wide_ovl`` (wide with
-the software-pipelined dQ consumer) and ``fused`` (the five-product backward: dQ inside the dK/dV kernel). Also: bit-identical gradients run to run (no atomics), NaN in a query row
+warpgroup, 64-key / 64-row CTAs), ``wide`` (two consumers, 128-key / 128-row CTAs), ``wide_ovl`` (wide with
+the software-pipelined dQ consumer) and ``fused`` (the five-product backward: dQ inside the dK/dV kernel).
+Also: bit-identical gradients run to run (no atomics; fused: dK and dV), NaN in a query row
 reaches exactly the gradients it should, and a timing print of default / wide / wide_s3 / wide_ovl /
 wide_ovl_s2 against jax.nn cuDNN's backward at B4 H16 N4096 D128, with the dQ kernel alone for wide and the
 wide_ovl pair (``-s`` to see it). Budget: 4-6 minutes on an H100, mostly compiling (~100 programs);
@@ -343,3 +344,31 @@ def test_packed_backward_matches_oracle(config, monkeypatch):
     for name, ours in zip(("dq", "dk", "dv"), (dq, dk, dv)):
         ours = np.asarray(jnp.asarray(ours, jnp.float32), np.float64)
         assert np.linalg.norm(ours - ref[name]) / np.linalg.norm(ref[name]) < 2e-2, (config, name)
+
+
+def test_dropin_deterministic_false_runs_fused_at_causal_d64():
+    """``pallas_attn.dot_product_attention(..., deterministic=False)`` at causal D 64 takes the five-product backward
+    (``fused``; the rule without a table row, or the H100 table's row): its gradients agree with the default
+    (deterministic) path's within two units of bf16 rounding, and the default's are bit-identical run to run."""
+    from pallas_attn import dropin
+    from pallas_attn.kernels.contract import Problem
+
+    b, n, h, d = 2, 1024, 4, 64
+    q, k, v, w = _arrays(11, b, n, n, h, h, d, "bfloat16")
+    prob = Problem(entry="dense", dtype="bfloat16", batch=b, q_len=n, kv_len=n, heads_q=h, heads_kv=h, head_dim=d,
+                   causal=True)
+    assert dropin.bwd_config_name(prob, deterministic=False) == "fused"
+    assert not fb.CONFIGS[dropin.bwd_config_name(prob)].fused_dq
+
+    def grads(det):
+        def loss(q, k, v):
+            out = pallas_attn.dot_product_attention(q, k, v, is_causal=True, deterministic=det)
+            return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    det, det2, nondet = grads(True), grads(True), grads(False)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, a, a2, c in zip(("dq", "dk", "dv"), det, det2, nondet):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(a2))
+        assert _rel(c, a) <= 2 * eps, (name, _rel(c, a))
