@@ -131,7 +131,8 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
     """The config name the table gives ``kernel`` at ``problem`` (None: no table, no row of this kind, or a name
     that ``names``, the kernel's named configs, does not hold: a stale table never picks a removed config).
     ``fallback_to_row_best``: when the row's config is not in ``names`` (a caller that excludes some configs, e.g.
-    the non-deterministic ones), the fastest of the row's measured configs that ``names`` holds instead."""
+    the non-deterministic ones), the fastest of the row's measured configs that ``names`` holds instead, by the
+    table's rule: the row's default config unless that one is faster by more than the table's ``min_gain``."""
     tbl = table() if tbl is None else tbl
     if not tbl:
         return None
@@ -153,5 +154,11 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
         if not fallback_to_row_best:
             return None
         times = {n: t for n, t in (best.get("time_us") or {}).items() if n in names and t}
-        return min(times, key=times.get) if times else None
+        if not times:
+            return None
+        fastest, dflt = min(times, key=times.get), best.get("default")
+        # the table's own policy: the kernel's default stays unless another is faster by more than min_gain
+        if dflt in times and times[fastest] * (1.0 + float(tbl.get("min_gain", 0.0))) >= times[dflt]:
+            return dflt
+        return fastest
     return name
