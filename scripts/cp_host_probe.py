@@ -12,9 +12,9 @@ jax version and ``PALLAS_ATTN_GIT_SHA``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 
 import jax
@@ -165,4 +165,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    # argparse, so that ``--help`` prints this and no option is taken for the output path (a ``--help`` file of
+    # rows was once written and committed that way)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the JSON file the rows go to (rewritten after every row)")
+    main(ap.parse_args().out)
