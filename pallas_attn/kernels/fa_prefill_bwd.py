@@ -453,9 +453,8 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 
             def dq_put(s, dst):
                 """fused: this consumer's dS^T of step ``s`` into its tile of slot ``s % 2`` once the reader of step
-                s - 2 has read that slot (its dQ wgmma done); the reader of step s - 1, if this consumer, first
-                hands the staging tile on once its reduce-add has read it. Two slots let the consumers drift a step
-                apart (one's softmax under the other's wgmmas) instead of running in lockstep."""
+                s - 2 has read that slot (its dQ wgmma done). Two slots let the consumers drift a step apart (one's
+                softmax under the other's wgmmas) instead of running in lockstep."""
                 slot2 = lax.rem(s, 2)
 
                 @pl.when(s >= 2)
@@ -468,9 +467,10 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
 
             def dq_take(s, g, qb):
                 """fused: once both dS^T tiles of step ``s`` are in, consumer ``s % nc`` runs ``dQ = dS K`` over the
-                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the slot, waits until the other
-                consumer's reduce-add of step s - 1 has read the staging tile, and adds dQ into the fp32 accumulator
-                of query block ``qb`` of head ``g`` of the group."""
+                CTA's keys (the dS^T tiles transposed, the resident K tiles), frees the slot, waits until its
+                staging tile is free (D 64: its own, read by its last reduce-add; D 128: the shared one, handed on
+                by the other consumer's reduce-add of step s - 1) and adds dQ into the fp32 accumulator of query
+                block ``qb`` of head ``g`` of the group."""
                 slot2 = lax.rem(s, 2)
                 plgpu.barrier_wait(ds_full.at[slot2])
 
