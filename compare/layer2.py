@@ -167,6 +167,15 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=794.2),
     # fa_train's forward (Triton): per key block on top of the MMA
     "pallas_attn_fa_train_fwd": Cost(issue=0, lat=2754),
+    # fa_prefill_bwd (Mosaic; the train family's backward, session 21): per step on top of the step's MMA, fixed per
+    # CTA; one per dataflow (the dK/dV kernel, the dQ kernel, its pipelined dQ, the five-product kernel). Fitted
+    # (scripts/fit_layer2.py --only these eight) on 90 H100 records of sessions 8, 14 and session 21 call 4, the rest
+    # frozen; scored out of sample on session 21 call 7's new shapes and sessions 10-13's training records
+    # (docs/roofline.md "Session 21: the train family")
+    "pallas_attn_fa_prefill_bwd_dkdv": Cost(issue=0, lat=1058, fixed=1004),
+    "pallas_attn_fa_prefill_bwd_dq": Cost(issue=0, lat=713.7, fixed=1.074e+04),
+    "pallas_attn_fa_prefill_bwd_dq_ovl": Cost(issue=0, lat=1099, fixed=1.199e+04),
+    "pallas_attn_fa_prefill_bwd_fused": Cost(issue=0, lat=1868, fixed=1.041e+04),
     # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
     "v11_mla_group": Cost(issue=0, lat=97.45),
     "v12_mla_tc_mma": Cost(issue=0, lat=8117, dequant=0.4106),
@@ -498,8 +507,45 @@ def _pallas_plan(gen: str, config: Any, s: Shape, entry: str = "dense") -> tuple
     return k, dict(pl)
 
 
+DROPIN = "pallas:dropin:"  # compare/impls.py: the drop-in's Hopper pair with a named backward config
+
+
+def train_launches(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | None) -> tuple[list[Launch], dict]:
+    """A train-family record's launches (one ``jax.value_and_grad`` step of the drop-in's Hopper pair): fa_prefill's
+    forward at the config the record's plan names (its declared launches, priced as in the prefill family), the
+    step's loss (``sum(out * w)``: out and w read), and fa_prefill_bwd's declared backward launches for its config.
+    ``pallas:auto`` through the plan its defaults made (``bwd_config``), ``pallas:dropin:<bwd>`` through its own;
+    NotImplementedError for any other path (fa_train's backward, the chunked path)."""
+    from pallas_attn.kernels import fa_prefill_bwd
+    from pallas_attn.kernels.launches import xla_glue
+
+    pl_ = dict(plan or {})
+    if impl == AUTO:
+        bwd = str(pl_.get("bwd_config") or "")
+        if pl_.get("generation") != "fa_prefill" or bwd not in fa_prefill_bwd.CONFIGS:
+            raise NotImplementedError(f"pallas:auto chose {pl_.get('chose')!r}; layer 2 models the train family "
+                                      f"through fa_prefill's forward and fa_prefill_bwd only")
+        fwd, fplan = pl_.get("config"), pl_.get("kernel_plan")
+    elif impl.startswith(DROPIN) and impl[len(DROPIN):] in fa_prefill_bwd.CONFIGS:
+        bwd, fwd, fplan = impl[len(DROPIN):], pl_.get("forward_config"), pl_.get("forward")
+    else:
+        raise NotImplementedError(f"layer 2 models the train family for pallas:auto and pallas:dropin:<config> "
+                                  f"(fa_prefill's forward, fa_prefill_bwd), not {impl!r}")
+    k, fp = _pallas_plan("fa_prefill", fwd if isinstance(fwd, str) else "default", s)
+    if isinstance(fplan, Mapping) and "error" not in fplan and fplan.keys() >= fp.keys():
+        fp = dict(fplan)  # the plan made before the run (a window's or the table's config)
+    lns = _pallas_launches("fa_prefill", k, s, fp, hw)
+    out_bytes = s.batch * s.q_len * s.heads_q * s.head_dim * s.in_bytes
+    lns.append(_priced(xla_glue("loss", s, 2 * out_bytes, 4, "the step's loss sum(out * w) in fp32 (XLA)"), hw))
+    lns += [_priced(ln, hw) for ln in fa_prefill_bwd.launches(s, fa_prefill_bwd.CONFIGS[bwd], hw)]
+    return lns, {"forward_config": fwd, "forward": fp, "backward_config": bwd}
+
+
 def launches_for(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | None = None) -> tuple[list[Launch], dict]:
-    """The launches of ``impl`` (``pallas:<gen>:<config>`` or ``cuda:<gen>``) on shape ``s`` and the plan used."""
+    """The launches of ``impl`` (``pallas:<gen>:<config>`` or ``cuda:<gen>``) on shape ``s`` and the plan used; a
+    train-family shape through ``train_launches``."""
+    if s.family == "train":
+        return train_launches(impl, s, hw, plan)
     parts = impl.split(":")
     fw = parts[0]
     if fw == "pallas":
@@ -547,8 +593,9 @@ def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[s
     Never raises: an implementation layer 2 does not model, or one whose facts are missing here (the ptxas report
     outside a checkout), gets ``{"error": ...}``; a prediction never costs a measurement (DESIGN.md decision 12)."""
     name = impl if isinstance(impl, str) else impl.get("name", "")
+    fam = workload.get("family") if isinstance(workload, Mapping) else getattr(workload, "family", "")
     try:
-        inner, kplan = resolve_auto(name, plan)
+        inner, kplan = resolve(name, plan, fam)
     except NotImplementedError as e:  # auto chose a path layer 2 does not model: the reason, as it reads
         return {"error": str(e), "impl": name}
     try:
@@ -558,6 +605,12 @@ def predict_record(workload: Any, impl: Mapping[str, Any] | str, plan: Mapping[s
         return out
     except Exception as e:  # noqa: BLE001 -- any failure to predict is a note on the record, never a failed run
         return {"error": f"{type(e).__name__}: {e}", "impl": name}
+
+
+def resolve(name: str, plan: Mapping[str, Any] | None, family: str) -> tuple[str, Mapping[str, Any] | None]:
+    """``resolve_auto`` for every family but train, whose step is the forward and the backward: there auto's plan
+    names both and ``train_launches`` reads it as it is."""
+    return (name, plan) if family == "train" else resolve_auto(name, plan)
 
 
 def resolve_auto(name: str, plan: Mapping[str, Any] | None) -> tuple[str, Mapping[str, Any] | None]:

@@ -542,11 +542,7 @@ class _Run:
         except Exception as e:  # a plan that cannot be made is recorded; the run itself says more
             rec.impl["plan"] = {"error": _reason(e)}
         if self.hw is not None and layer2.modelled(impl.name):  # layer 2, before anything runs
-            if w.family == "train":  # its schedules are the forward kernels' only
-                rec.prediction["layer2"] = {"error": "layer 2 does not model the train family (forward + backward) "
-                                                     "yet; layer 1 counts the backward", "impl": impl.name}
-            else:
-                rec.prediction["layer2"] = layer2.predict_record(w, rec.impl, rec.impl["plan"], self.hw)
+            rec.prediction["layer2"] = layer2.predict_record(w, rec.impl, rec.impl["plan"], self.hw)
         basis = (pred or {}).get((pred or {}).get("basis") or "", {})
         pp = PairPlan(w, impl, rec, basis=basis)
         n_calls = 1 + self.opts.warmup + self.opts.reps + self.opts.e2e_reps

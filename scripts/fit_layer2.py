@@ -131,7 +131,7 @@ def main(argv=None):
         if "error" in pred:
             skipped += 1  # an implementation layer 2 does not price (e.g. the multi-device fa_decode_cp)
             continue
-        impl, plan = layer2.resolve_auto(r["impl"]["name"], r["impl"].get("plan"))  # auto: the config it chose
+        impl, plan = layer2.resolve(r["impl"]["name"], r["impl"].get("plan"), s.family)  # auto: what it chose
         lns, _ = layer2.launches_for(impl, s, hw, plan)
         rows.append((r, hw, lns))
     if skipped:

@@ -421,3 +421,53 @@ def test_fa_decode_head_dim_96_stages_128_columns_and_reads_96():
     assert (p96.smem, p96.units, p96.programs) == (p128.smem, p128.units, p128.programs)
     kv128 = 2 * 4 * 32 * 8192 * 128 * 2
     assert p96.dram_bytes < p128.dram_bytes and p128.dram_bytes - p96.dram_bytes >= 0.25 * kv128 * 0.99
+
+
+def test_train_step_launches_by_hand():
+    """The train family (session 21): fa_prefill_bwd's declared launches at B 1, H 1, N 256, D 64, non-causal (every
+    query block visible): dK/dV CTAs of 128 keys, 4 query-block steps each, 4 products per consumer per step
+    (2 x 64 x 64 x 64 FLOP each, two consumers); dQ CTAs of 128 rows, 4 key-block steps, 3 products per consumer;
+    fused: dQ over the CTA's keys added to the dK/dV step (one more product per consumer), no dQ kernel, the fp32
+    accumulator zeroed and cast by XLA."""
+    from pallas_attn.kernels import fa_prefill_bwd as fb
+
+    s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=256, kv_len=256, head_dim=64, dtype="bfloat16",
+                     causal=False, family="train")
+    tile = 2 * 64 * 64 * 64  # FLOP of one 64 x 64 x 64 product
+    wide = {ln.name: ln for ln in fb.launches(s, fb.CONFIGS["wide"])}
+    assert list(wide) == ["delta", fb.PASS_DKDV, fb.PASS_DQ]
+    kv, dq = wide[fb.PASS_DKDV], wide[fb.PASS_DQ]
+    assert (kv.programs, kv.steps, kv.mma, kv.cost) == (2, 4.0, 4 * 8 * tile, "pallas_attn_fa_prefill_bwd_dkdv")
+    assert (dq.programs, dq.steps, dq.mma, dq.cost) == (2, 4.0, 4 * 6 * tile, "pallas_attn_fa_prefill_bwd_dq")
+    assert wide["delta"].dram_bytes == 2 * 256 * 64 * 2 + 256 * 4  # dO and O read, one fp32 per row written
+    fused = {ln.name: ln for ln in fb.launches(s, fb.CONFIGS["fused"])}
+    assert list(fused) == ["delta", fb.PASS_DKDV, "dq_zero", "dq_cast"]
+    f = fused[fb.PASS_DKDV]
+    assert (f.mma, f.cost) == (4 * 10 * tile, "pallas_attn_fa_prefill_bwd_fused")
+    assert f.l2_bytes == kv.l2_bytes + 2 * 4 * 64 * 64 * 4  # + each step's 64 x 64 fp32 reduce-add
+    assert fused["dq_cast"].dram_bytes == 256 * 64 * 4 + 256 * 64 * 2
+    ovl = {ln.name: ln for ln in fb.launches(s, fb.CONFIGS["wide_ovl"])}
+    assert ovl[fb.PASS_DQ].cost == "pallas_attn_fa_prefill_bwd_dq_ovl"
+
+
+def test_train_records_are_priced_as_forward_loss_and_backward():
+    """A train record's layer 2: fa_prefill's forward at the plan's config, the loss, the backward's launches; auto
+    through the backward config its plan names; fa_train's pair and a path auto took that layer 2 does not model are
+    notes, not predictions."""
+    h100 = hardware.get("h100")
+    w = {"name": "w", "family": "train", "batch": 4, "heads_q": 12, "heads_kv": 12, "q_len": 2048, "kv_len": 2048,
+         "head_dim": 64, "dtype": "bfloat16", "causal": True}
+    s = layer2.Shape.of(w)
+    lns, pl = layer2.launches_for("pallas:dropin:fused", s, h100, {"forward_config": "default"})
+    assert [ln.name for ln in lns][1:] == ["loss", "delta", "pallas_attn_fa_prefill_bwd_dkdv", "dq_zero", "dq_cast"]
+    assert lns[0].cost.startswith("pallas_attn_fa_prefill_") and pl["backward_config"] == "fused"
+    named = layer2.predict_record(w, "pallas:dropin:wide", {"forward_config": "default"}, h100)
+    auto = layer2.predict_record(w, "pallas:auto", {"generation": "fa_prefill", "config": "default",
+                                                    "bwd_config": "wide", "chose": "fa_prefill:default+bwd:wide"}, h100)
+    assert named["time_us"] > 0 and auto["time_us"] == pytest.approx(named["time_us"])
+    parts = layer2.predict("pallas:dropin:wide", w, h100, {"forward_config": "default"})
+    assert parts.time_s * 1e6 == pytest.approx(named["time_us"]) and len(parts.launches) == 5
+    assert "fa_train" in layer2.predict_record(w, "pallas:fa_train:default", None, h100)["error"]
+    fell = layer2.predict_record(w, "pallas:auto", {"generation": "fa_prefill", "config": "default",
+                                                    "bwd_config": "fa_train:default"}, h100)
+    assert "train family" in fell["error"]

@@ -74,6 +74,7 @@ from jax import lax
 from .. import _compat
 from .._compat import pl
 from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
+from .launches import Launch, cdiv, xla_glue
 from .mosaic_kit import WgmmaOps
 from .mosaic_kit import kernel_with_refs as _kernel_with_refs
 from .mosaic_kit import pad as _pad
@@ -81,7 +82,7 @@ from .mosaic_kit import ring_producer as _ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward", "attention_lse", "smem_bytes",
-           "PASS_NAMES"]
+           "PASS_NAMES", "launches"]
 
 GEN = "fa_prefill"
 # packed documents (segment_ids) in the backward kernels on a GPU: on since tests/gpu/test_fa_prefill_bwd_gpu.py's
@@ -208,6 +209,62 @@ def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:
     tiles = (2 * cfg.consumers * BLOCK * d + ring * 2 * BLOCK * d) * itemsize
     vecs = 2 * BLOCK * 4 * (ring + cfg.consumers)
     return tiles + vecs + 2700
+
+
+def launches(s, cfg: BwdConfig, hw=None) -> list[Launch]:
+    """The launches of one backward call (priced by ``compare.layer2``, the train family's layer 2; ``s`` a
+    ``compare.layer2.Shape``): the XLA preprocess (delta = rowsum(dO O): dO and O read, one fp32 per row written),
+    the dK/dV kernel and the dQ kernel, or for ``fused`` the dK/dV kernel with dQ inside plus the accumulator's zeroing
+    and its scale-and-cast (XLA). Per program: the steps it runs (dK/dV: one 64-row query block of one head of the
+    group against the CTA's keys; dQ: one 64-key block against the CTA's rows; both the mean over the CTAs of the
+    visible blocks, the ``vis_frac`` of the grid), the tensor-core FLOPs of its products (dK/dV: S^T, dP^T, dV, dK per
+    consumer; fused adds dQ over the CTA's keys; dQ: S, dP, dQ; the D 256 split recomputes S and dP in both
+    consumers), the bytes streamed through L2. One fitted latency per step and one fixed cost per program per
+    dataflow (``pallas_attn_fa_prefill_bwd_{dkdv, dq, dq_ovl, fused}``). ``hw`` is not read."""
+    del hw
+    d = s.head_dim
+    cfg = config_for(d, cfg)
+    nc, split = cfg.consumers, cfg.dsplit
+    group = s.heads_q // s.heads_kv
+    esz = s.in_bytes
+    vis = s.vis_frac
+    nq, nk = cdiv(s.q_len, BLOCK), cdiv(s.kv_len, BLOCK)
+    threads = 128 * (nc + 1)
+    regs = 65536 // threads // 8 * 8
+    smem = smem_bytes(d, esz, cfg)
+    tile = BLOCK * BLOCK * d  # one 64 x 64 x D product's multiply-adds
+    q_bytes = s.batch * s.q_len * s.heads_q * d * esz
+    kv_b = s.batch * s.kv_len * s.heads_kv * d * esz
+    rows = s.batch * s.heads_q * s.q_len
+    out = [xla_glue("delta", s, 2 * q_bytes, 4 * rows, "delta = rowsum(dO * O) in fp32 (XLA)")]
+    # dK/dV (and fused dQ): a CTA owns 64 * blocks_per_cta keys of one KV head
+    keys = BLOCK * cfg.blocks_per_cta
+    p_kv = s.batch * s.heads_kv * cdiv(s.kv_len, keys)
+    st_kv = group * max(1.0, nq * vis)
+    flop_kv = 2 * tile * (2 * 2 + 2 if split else 4 * nc)  # split: S^T, dP^T in full, dV, dK halves in each consumer
+    if cfg.fused_dq:
+        flop_kv += 2 * tile * nc  # dQ = dS K over the CTA's keys, once a step
+    streamed = 2 * BLOCK * d * esz + 2 * BLOCK * 4  # Q and dO tiles, lse2 and delta, per step
+    l2_kv = p_kv * st_kv * (streamed + (BLOCK * d * 4 if cfg.fused_dq else 0))  # + the fp32 dQ reduce-add
+    name = PASS_DKDV
+    out.append(Launch(name, "pallas_attn_fa_prefill_bwd_" + ("fused" if cfg.fused_dq else "dkdv"), p_kv, threads,
+                      regs, smem, units=0.0, steps=st_kv, mma=flop_kv * st_kv,
+                      dram_bytes=2 * kv_b * 2 + 2 * q_bytes, l2_bytes=l2_kv, unit="-",
+                      note=f"{keys} keys a CTA, {st_kv:.1f} query blocks of the group on the mean CTA; wgmma"))
+    if cfg.fused_dq:
+        acc = rows * d * 4
+        out.append(xla_glue("dq_zero", s, 0.0, acc, "the fp32 dQ accumulator zeroed (XLA)"))
+        out.append(xla_glue("dq_cast", s, acc, rows * d * esz, "dQ scaled and cast from the fp32 accumulator (XLA)"))
+        return out
+    rws = BLOCK * cfg.blocks_per_cta
+    p_q = s.batch * s.heads_q * cdiv(s.q_len, rws)
+    st_q = max(1.0, nk * vis)
+    flop_q = 2 * tile * (2 * 2 + 1 if split else 3 * nc)
+    out.append(Launch(PASS_DQ, "pallas_attn_fa_prefill_bwd_" + ("dq_ovl" if cfg.dq_overlap else "dq"), p_q, threads,
+                      regs, smem, units=0.0, steps=st_q, mma=flop_q * st_q, dram_bytes=2 * kv_b + 3 * q_bytes,
+                      l2_bytes=p_q * st_q * 2 * BLOCK * d * esz, unit="-",
+                      note=f"{rws} rows a CTA, {st_q:.1f} key blocks on the mean CTA; wgmma"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------
