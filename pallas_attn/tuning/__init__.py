@@ -132,7 +132,8 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
     that ``names``, the kernel's named configs, does not hold: a stale table never picks a removed config).
     ``fallback_to_row_best``: when the row's config is not in ``names`` (a caller that excludes some configs, e.g.
     the non-deterministic ones), the fastest of the row's measured configs that ``names`` holds instead, by the
-    table's rule: the row's default config unless that one is faster by more than the table's ``min_gain``."""
+    table's rule: the row's default config stays unless the fastest allowed one beats it by more than the table's
+    ``min_gain``."""
     tbl = table() if tbl is None else tbl
     if not tbl:
         return None
