@@ -630,11 +630,23 @@ def model_rows(args: argparse.Namespace) -> tuple[Any, list[dict], list[dict]]:
             row = {"impl": impl, "arch": key, "basis": "meas. HBM" if measured else "datasheet"}
             try:
                 inner = impl
+                if w.family == "train":  # the drop-in's step: its forward, the loss and its backward's launches
+                    from .predict_l2 import _as_on, plan_for
+                    from .schema import Ctx
+
+                    with _as_on(key):
+                        plan = plan_for(impl, w, Ctx(jax_gpu=True, torch_cuda=False, hopper=True, interpret=False))
+                    if impl == "pallas:auto":
+                        row["via"] = (plan or {}).get("chose")
+                    pr = layer2.predict_record(w, impl, plan, hw)
+                    if "error" in pr:
+                        raise NotImplementedError(pr["error"])
+                    row.update(time_us=pr["time_us"], limiter=pr.get("limiter"))
+                    l2.append(row)
+                    continue
                 if impl == "pallas:auto":
                     inner, row["why"] = auto_impl(w, key)
                     row["via"] = inner
-                if w.family == "train":
-                    raise NotImplementedError("layer 2 does not model the backward (a training step)")
                 pr = layer2.predict(inner, w, hw).as_dict()
                 row.update(time_us=pr["time_us"], limiter=pr.get("limiter"))
             except Exception as e:  # noqa: BLE001 - a prediction that cannot be made is a row that says why

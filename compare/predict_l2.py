@@ -12,8 +12,9 @@ window or soft-cap from its table) with ``--entry prefill|train|decode`` and any
 workload as the sweep would build it (``--tokens`` per batch, default 32768 for prefill / train; ``--batch`` wins),
 and ``--impl`` defaults to ``pallas:auto``: the kernel and config the public entry's defaults choose on ``--arch``
 (its tuning table, as on that GPU), priced as that config, the way a sweep record's before-the-run layer 2 is.
-Layer 1 is the workload's floor as compare run counts it (window / visible pairs, soft-cap). Train: layer 1 only
-(layer 2 does not model the backward).
+Layer 1 is the workload's floor as compare run counts it (window / visible pairs, soft-cap). Train (session 21):
+layer 2 prices the drop-in's step (``pallas:auto`` or ``pallas:dropin:<bwd config>``: fa_prefill's forward, the
+loss, fa_prefill_bwd's launches; ``compare.layer2.train_launches``).
 """
 
 from __future__ import annotations
@@ -130,9 +131,21 @@ def _as_on(arch: str):
     return ctx()
 
 
+def plan_for(impl: str, w, ctx) -> dict | None:
+    """The plan a record of ``impl`` on ``w`` would carry (made under ``_as_on``): auto's choice, the drop-in pair's
+    forward and backward configs for ``pallas:dropin:<bwd>``, else None (the kernel's own plan)."""
+    from . import auto, impls
+
+    if impl == layer2.AUTO:
+        return auto._plan(w, ctx)
+    if impl.startswith(layer2.DROPIN):
+        return impls._dropin_plan(impl[len(layer2.DROPIN):], w, ctx)
+    return None
+
+
 def run_model(a: argparse.Namespace) -> dict:
     """``--model``: layer 1 of the model's workload and layer 2 of ``--impl`` (default the public entry's choice)."""
-    from . import auto, interop
+    from . import interop
     from .schema import Ctx
 
     hw = hardware.get(a.arch)
@@ -145,12 +158,9 @@ def run_model(a: argparse.Namespace) -> dict:
         "name", "family", "batch", "heads_q", "heads_kv", "q_len", "kv_len", "head_dim", "dtype", "causal", "window",
         "softcap", "sinks")},
         "layer1": {"floor_us": est.floor_s * 1e6, "limiter": est.limiter, "precision": prob.precision}}
-    if w.family == "train":
-        out["layer2"] = {"error": "layer 2 does not model the backward (train: layer 1 only)"}
-        return out
     with _as_on(hw.key) as has_table:
         ctx = Ctx(jax_gpu=True, torch_cuda=False, hopper=hw.key in ("h100", "h200"), interpret=False)
-        plan = auto._plan(w, ctx) if impl == layer2.AUTO else None
+        plan = plan_for(impl, w, ctx)
     out["tuning_table"] = has_table
     if plan is not None:
         out["chose"] = plan.get("chose")

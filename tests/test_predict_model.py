@@ -68,15 +68,19 @@ def _args(**kw):
 
 def test_auto_resolves_through_the_chip_s_table_and_layer2_prices_it():
     """pallas:auto at Llama-3.1-8B N 512 B 64 on an H100 is fa_prefill tiles8 (the shipped table's row); layer 2
-    prices that config; a training step is a row saying layer 2 has no backward, never an exception."""
+    prices that config; a training step (session 21) is priced as the drop-in's step, through the forward and
+    backward configs auto chose, above layer 1's floor; a train impl layer 2 does not model is a row saying why."""
     w, l1, l2 = predict.model_rows(_args(q_len=4096, batch=8))
     assert [r["basis"] for r in l1] == ["datasheet", "measured"] and l1[0]["limiter"] == "MMA"
     assert l2[0]["time_us"] > l1[0]["floor_us"]
     w, l1, l2 = predict.model_rows(_args(q_len=512, batch=64))
     (row,) = l2
     assert row["via"] == "pallas:fa_prefill:tiles8" and row["time_us"] > l1[0]["floor_us"]
-    _, _, l2 = predict.model_rows(_args(entry="train", q_len=4096, batch=8))
-    assert l2[0]["time_us"] is None and "backward" in l2[0]["error"]
+    _, l1, l2 = predict.model_rows(_args(entry="train", q_len=4096, batch=8))
+    assert l2[0]["via"].startswith("fa_prefill:") and "+bwd:" in l2[0]["via"]
+    assert l2[0]["time_us"] > l1[0]["floor_us"]
+    _, _, l2 = predict.model_rows(_args(entry="train", q_len=4096, batch=8, impl=["pallas:fa_train:default"]))
+    assert l2[0]["time_us"] is None and "train family" in l2[0]["error"]
     _, _, l2 = predict.model_rows(_args(model="deepseek-v3", entry="mla", batch=64, arch="h100,h200"))
     assert [r["arch"] for r in l2] == ["h100", "h200"] and all(r["via"].startswith("pallas:fa_mla:") for r in l2)
 
