@@ -170,7 +170,7 @@ COSTS: dict[str, Cost] = {
     # fa_prefill_bwd (Mosaic; the train family's backward, session 21): per step on top of the step's MMA, fixed per
     # CTA; one per dataflow (the dK/dV kernel, the dQ kernel, its pipelined dQ, the five-product kernel). Fitted
     # (scripts/fit_layer2.py --only these eight) on 90 H100 records of sessions 8, 14 and session 21 call 4, the rest
-    # frozen; scored out of sample on session 21 call 7's new shapes and sessions 10-13's training records
+    # frozen; scored out of sample on session 21 calls 5-7 and sessions 10-11's training records
     # (docs/roofline.md "Session 21: the train family")
     "pallas_attn_fa_prefill_bwd_dkdv": Cost(issue=0, lat=1058, fixed=1004),
     "pallas_attn_fa_prefill_bwd_dq": Cost(issue=0, lat=713.7, fixed=1.074e+04),
