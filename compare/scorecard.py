@@ -39,6 +39,12 @@ __all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
 CAUSES: tuple[tuple[str, str, str], ...] = (
+    # session 21, the train family (docs/roofline.md "Session 21: the train family")
+    ("pallas:", "sweep_train_gpt-oss-20b:local_", "a 128-key window leaves each dK/dV CTA ~3 query blocks per head: "
+     "the per-CTA prologue and the dS^T exchange's first steps, fitted on CTAs of hundreds of steps, are "
+     "under-charged"),
+    *(("pallas:dropin:fused", f"sweep_train_{m}", "fused at D 128 spills (452 B) and couples its consumers; one "
+       "per-step latency fitted mostly on D 64 under-charges those steps") for m in ("llama", "qwen", "mistral")),
     ("pallas:fa_decode", "paged_", "ragged lengths: layer 2 charges every sequence at kv_len (the plan cannot "
      "see runtime lengths); they are drawn in [kv_len/2, kv_len], mean 3/4, so KV bytes are over-counted ~4/3"),
     ("pallas:v5_wmma:faithful", "ref_decode_", "same 2-warp d128 plan as the prefill miss: per-block latency "
