@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -390,7 +391,19 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
 # docs/fa_prefill.md "Backward"): non-causal wide_ovl 0.92x cuDNN's backward vs wide 0.86x; causal wide 0.90x vs
 # wide_ovl 0.88x
 DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
-NONDET_BWD_CONFIG = "fused"  # deterministic=False without a table row: causal D 64 (measured ahead there on an H100)
+NONDET_BWD_CONFIG = "fused"  # without a table row, unless determinism is asked for: causal D 64 (measured ahead there
+# on an H100, docs/fa_prefill.md "The five-product backward, measured")
+_DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_exclude_nondeterministic_ops=true")
+
+
+def deterministic_asked(deterministic: bool | None = None) -> bool:
+    """Whether the backward must be bit-reproducible: ``deterministic`` when the caller says, else what XLA is told
+    for its own GPU ops (``XLA_FLAGS`` holding ``--xla_gpu_deterministic_ops=true`` or
+    ``--xla_gpu_exclude_nondeterministic_ops=true``), else False: the fastest path, as jax.nn's cuDNN and FA3 take."""
+    if deterministic is not None:
+        return bool(deterministic)
+    flags = os.environ.get("XLA_FLAGS", "")
+    return any(f in flags for f in _DETERMINISTIC_FLAGS)
 
 
 def prefill_config(problem: Problem, window):
@@ -407,21 +420,23 @@ def _prefill_fwd_config(problem: Problem, window):
     return fa_prefill.config_for_window(_resolve("fa_prefill", problem)[1], bool(problem.causal), window)
 
 
-def bwd_config_name(problem: Problem, deterministic: bool = True) -> str:
+def bwd_config_name(problem: Problem, deterministic: bool | None = None) -> str:
     """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
     sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
     generation of the table, so ``api.resolve`` has no row for it: its config is read off the same ``Problem`` the
     forward was resolved on, by the same table lookup the kernels' heuristics use.)
 
-    ``deterministic`` (the default): only configs whose gradients are bit-identical run to run; a table row whose
-    fastest config is ``fused`` (dQ by TMA reduce-adds) then gives its fastest deterministic one. False: any
-    config; without a table, ``fused`` at causal D 64 (where it was measured ahead, docs/fa_prefill.md "The
-    five-product backward"), else the deterministic rule."""
-    names = {n: c for n, c in fa_prefill_bwd.CONFIGS.items() if not (deterministic and c.fused_dq)}
+    By default the fastest path: the row's config, ``fused`` (dQ by TMA reduce-adds, not bit-reproducible) included;
+    without a table ``fused`` at causal D 64 (where it was measured ahead, docs/fa_prefill.md "The five-product
+    backward, measured"), else the rule by causal. When determinism is asked (``deterministic=True``, or XLA's
+    deterministic-ops flag: ``deterministic_asked``) only configs whose gradients are bit-identical run to run: a row
+    whose config is ``fused`` gives its fastest deterministic one, and no table gives the rule by causal."""
+    det = deterministic_asked(deterministic)
+    names = {n: c for n, c in fa_prefill_bwd.CONFIGS.items() if not (det and c.fused_dq)}
     name = tuning.choose("fa_prefill_bwd", problem, names=names, fallback_to_row_best=True)
     if name is not None:
         return name
-    if not deterministic and problem.causal and problem.head_dim == 64:
+    if not det and problem.causal and problem.head_dim == 64:
         return NONDET_BWD_CONFIG
     return DROPIN_BWD_CONFIG[bool(problem.causal)]
 
@@ -506,7 +521,7 @@ def _no_grad(fn, sinks, segment_ids=None):
 
 
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
-            sinks=None, segment_ids=None, deterministic: bool = True):
+            sinks=None, segment_ids=None, deterministic: bool | None = None):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
@@ -578,7 +593,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
                           return_residual: bool = False, softcap: float | None = None, sinks=None, segment_ids=None,
-                          deterministic: bool = True):
+                          deterministic: bool | None = None):
     """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
 
     query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
@@ -597,13 +612,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     document). These run on fa_prefill only (a Hopper GPU, or interpret mode without a GPU): no fallback has them.
     ``softcap`` and ``sinks`` are differentiable (fa_prefill_bwd; the sinks get a gradient too) without a window or
     with a causal-shaped one (see the module docstring); ``segment_ids``, or a window of another form, is forward
-    only: differentiating raises NotImplementedError. ``deterministic`` (default True): gradients bit-identical run
-    to run; ``False`` lets fa_prefill's backward run its five-product kernel (``fused``: dQ summed by TMA
-    reduce-adds in a varying order) where this GPU's table, or at causal D 64 the measurements, say it is faster
-    (docs/fa_prefill.md, "The five-product backward").
+    only: differentiating raises NotImplementedError. ``deterministic`` (default None: XLA's deterministic-ops flag,
+    else False): the backward is the fastest path, which where this GPU's table (or, without one, causal D 64) says
+    so is fa_prefill_bwd's five-product kernel (``fused``: dQ summed by TMA reduce-adds in a varying order, as
+    cuDNN's and FA3's backwards sum it; dK and dV stay bit-identical); ``True`` keeps every gradient bit-identical
+    run to run (docs/fa_prefill.md, "The five-product backward").
     """
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise ValueError(f"deterministic must be a bool; got {deterministic!r}")
+    if deterministic is not None and not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be None or a bool; got {deterministic!r}")
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                    local_window_size=local_window_size, implementation=implementation,
@@ -629,7 +645,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                   return_residual=bool(return_residual), softcap=softcap,
                   sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32),
                   segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
-                  deterministic=bool(deterministic))
+                  deterministic=None if deterministic is None else bool(deterministic))
     if len(out_shape) == 4:
         return res
     if return_residual:

@@ -364,7 +364,8 @@ def test_dispatch_on_a_faked_sm90(monkeypatch):
 
 def test_fa_prefill_backward_config_by_causal(monkeypatch):
     """The drop-in passes fa_prefill's backward the config measured best for the mask (docs/fa_prefill.md):
-    wide_ovl without the causal mask, wide with it (traced only: jax.eval_shape, nothing runs)."""
+    wide_ovl without the causal mask; with it at D 64 fused (the five-product kernel, session 21), or wide when
+    determinism is asked (traced only: jax.eval_shape, nothing runs; no GPU here, so no table)."""
     from pallas_attn.kernels import fa_prefill_bwd
 
     seen, real = [], fa_prefill_bwd.attention_lse
@@ -375,10 +376,13 @@ def test_fa_prefill_backward_config_by_causal(monkeypatch):
 
     monkeypatch.setattr(fa_prefill_bwd, "attention_lse", spy)
     q = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.float16)
-    for causal in (False, True):
-        jax.eval_shape(lambda q, k, v, c=causal: pallas_attn.dot_product_attention(
-            q, k, v, is_causal=c, implementation="pallas:fa_prefill"), q, q, q)
-    assert seen == [fa_prefill_bwd.CONFIGS["wide_ovl"], fa_prefill_bwd.CONFIGS["wide"]], seen
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    for det in (None, True):
+        for causal in (False, True):
+            jax.eval_shape(lambda q, k, v, c=causal, det=det: pallas_attn.dot_product_attention(
+                q, k, v, is_causal=c, implementation="pallas:fa_prefill", deterministic=det), q, q, q)
+    cf = fa_prefill_bwd.CONFIGS
+    assert seen == [cf["wide_ovl"], cf["fused"], cf["wide_ovl"], cf["wide"]], seen
 
 
 @pytest.mark.slow

@@ -188,7 +188,9 @@ def test_every_default_reads_its_table(tmp_path, monkeypatch):
     d64 = Problem(entry="dense", dtype="bfloat16", batch=8, q_len=4096, kv_len=4096, heads_q=32, heads_kv=8,
                   head_dim=64, causal=True)  # another head dim: not this row's kind
     assert fa_prefill.KERNEL.heuristic(d64) == fa_prefill.fit(fa_prefill.CONFIGS["default"], 64)
-    assert dropin.bwd_config_name(d64) == dropin.DROPIN_BWD_CONFIG[True]
+    # the own rule there: the fastest path (fused at causal D 64), the rule by causal when determinism is asked
+    assert dropin.bwd_config_name(d64) == dropin.NONDET_BWD_CONFIG
+    assert dropin.bwd_config_name(d64, deterministic=True) == dropin.DROPIN_BWD_CONFIG[True]
     # a stale table naming a config the kernel no longer has is ignored, never an error
     tbl["kernels"]["fa_decode"]["rows"][0]["config"] = "removed_config"
     stale = tmp_path / "stale.json"
@@ -197,10 +199,10 @@ def test_every_default_reads_its_table(tmp_path, monkeypatch):
     assert fa_decode.KERNEL.heuristic(dec) == fa_decode.CONFIGS["default"]
 
 
-def test_drop_in_backward_is_deterministic_unless_asked(tmp_path, monkeypatch):
+def test_drop_in_backward_is_the_fastest_unless_determinism_is_asked(tmp_path, monkeypatch):
     """A table row whose fastest config is ``fused`` (dQ by reduce-adds, not bit-reproducible): the drop-in's default
-    takes the row's fastest deterministic config instead; ``deterministic=False`` takes ``fused``. Without a row:
-    the deterministic rule, and with ``deterministic=False`` ``fused`` at causal D 64 only."""
+    takes it; ``deterministic=True``, or XLA's deterministic-ops flag, takes the row's fastest deterministic config.
+    Without a row: ``fused`` at causal D 64 by default, the rule by causal elsewhere and when determinism is asked."""
     from pallas_attn import dropin, tuning
     from pallas_attn.kernels.contract import Problem
 
@@ -211,28 +213,33 @@ def test_drop_in_backward_is_deterministic_unless_asked(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"kernels": {"fa_prefill_bwd": {"rows": [row]}}}))
     monkeypatch.setenv("PALLAS_ATTN_TUNING", str(path))
-    assert dropin.bwd_config_name(d64) == "wide_ovl"
-    assert dropin.bwd_config_name(d64, deterministic=False) == "fused"
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert dropin.bwd_config_name(d64) == dropin.bwd_config_name(d64, deterministic=False) == "fused"
+    assert dropin.bwd_config_name(d64, deterministic=True) == "wide_ovl"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0 --xla_gpu_deterministic_ops=true")
+    assert dropin.deterministic_asked() and dropin.bwd_config_name(d64) == "wide_ovl"
+    assert dropin.bwd_config_name(d64, deterministic=False) == "fused"  # the caller's word wins over the flag
+    monkeypatch.delenv("XLA_FLAGS")
     monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
     d128 = dataclasses.replace(d64, head_dim=128)
-    for p, det, want in ((d64, True, "wide"), (d64, False, "fused"), (d128, False, "wide"),
-                         (dataclasses.replace(d64, causal=False), False, "wide_ovl")):
+    for p, det, want in ((d64, True, "wide"), (d64, None, "fused"), (d128, None, "wide"),
+                         (dataclasses.replace(d64, causal=False), None, "wide_ovl")):
         assert dropin.bwd_config_name(p, deterministic=det) == want, (p, det)
-    # the shipped H100 table (session 21 records): GPT-2 N 8192's training step row is fused's (0.91x wide there);
-    # the default path takes that row's deterministic choice, deterministic=False fused; Llama-8B stays wide either way
+    # the shipped H100 table (session 21 records): GPT-2 N 8192's training step row is fused's (0.91x wide there):
+    # the default takes it, deterministic=True that row's deterministic choice; Llama-8B stays wide either way
     monkeypatch.delenv("PALLAS_ATTN_TUNING")
     monkeypatch.setattr(tuning, "chip", lambda: "h100")
     gpt2 = Problem(entry="dense", dtype="bfloat16", batch=4, q_len=8192, kv_len=8192, heads_q=12, heads_kv=12,
                    head_dim=64, causal=True)
-    assert dropin.bwd_config_name(gpt2, deterministic=False) == "fused"
-    assert not dropin.fa_prefill_bwd.CONFIGS[dropin.bwd_config_name(gpt2)].fused_dq
+    assert dropin.bwd_config_name(gpt2) == "fused"
+    assert not dropin.fa_prefill_bwd.CONFIGS[dropin.bwd_config_name(gpt2, deterministic=True)].fused_dq
     llama = Problem(entry="dense", dtype="bfloat16", batch=2, q_len=16384, kv_len=16384, heads_q=32, heads_kv=8,
                     head_dim=128, causal=True)
-    assert dropin.bwd_config_name(llama, deterministic=False) == dropin.bwd_config_name(llama) == "wide"
+    assert dropin.bwd_config_name(llama, deterministic=True) == dropin.bwd_config_name(llama) == "wide"
     import pallas_attn
 
     x = jnp.zeros((1, 8, 2, 64), jnp.float16)
-    with pytest.raises(ValueError, match="deterministic must be a bool"):
+    with pytest.raises(ValueError, match="deterministic must be None or a bool"):
         pallas_attn.dot_product_attention(x, x, x, deterministic="no")
 
 

@@ -33,7 +33,8 @@ arrivals), so a CTA owns 128 keys / rows and the L2 traffic per FLOP halves; a c
 streamed block (causal) waits for its load and hands the slot back. Config ``wide_ovl`` (``dq_overlap``):
 ``wide`` with a software-pipelined dQ consumer (step s issues S_s, dP_s and dQ += dS_{s-1} K_{s-1}, forms dS_s
 under the last wgmma) and a 3-deep dQ ring; docs/fa_prefill.md, "Config `wide_ovl`". Config ``fused``
-(``fused_dq``, the five-product backward; not bit-reproducible in dQ, so never the drop-in's default): the dK/dV
+(``fused_dq``, the five-product backward; not bit-reproducible in dQ: the drop-in's default where the table says it
+is faster, unless determinism is asked): the dK/dV
 kernel alone, dQ computed in it from dS^T tiles the two consumers exchange through shared memory and added into a
 zeroed fp32 accumulator by TMA reduce-adds (the accumulator is a JAX Ref the kernel reads and writes; jax's discharge
 of that Ref renames the CUDA kernel ``new_body``); docs/fa_prefill.md, "The five-product backward".
