@@ -252,7 +252,7 @@ def _cli(args: argparse.Namespace) -> int:
     ensure_writable(out, f"--out {out}")
     written = render(paths, out, img, plots=not args.no_plots, rescore=args.rescore)
     if readme is not None:
-        sweep_report.update_readme(readme, sweep_report.headline(by_chip, paths, readme))
+        sweep_report.update_readme(readme, sweep_report.headline(by_chip, paths, readme, out))
         written.append(readme)
     for p in written:
         print(p)
@@ -403,8 +403,8 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, r
         if table:
             parts += ["### Layer 2 on the sweep", "",
                       "Layer 2's prediction against the measured p50 (|predicted / measured - 1|), the latest record "
-                      "of each sweep workload and Pallas implementation, training steps left out (layer 2 has no "
-                      "backward): as each record carries it from before its run, and recomputed with today's model "
+                      "of each sweep workload and Pallas implementation (training steps included: layer 2 prices the "
+                      "forward, the backward's launches and the loss): as each record carries it from before its run, and recomputed with today's model "
                       f"and constants (model {scorecard.model_sha()}). `pallas:auto` is priced as the kernel and "
                       "config its plan says it chose; a record made before auto had a layer 2 is \"not priced\" "
                       "before. docs/roofline.md explains the misses.", "", table, ""]

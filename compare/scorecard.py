@@ -191,8 +191,8 @@ def sweep_layer2(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     and Pallas implementation (``latest``), ``side`` "auto" (``pallas:auto``, priced as the kernel and config its
     plan says it chose) or "named" (the named configs). For each group: how many records, and for the prediction the
     records carry from before their runs (``before``) and for today's model (``now``): how many were priced, the
-    median and worst |error|, how many within 25%, and the limiters layer 2 named. Training steps are left out
-    (layer 2 has no backward)."""
+    median and worst |error|, how many within 25%, and the limiters layer 2 named. Training steps are priced
+    since session 21 (``layer2.train_launches``); older train records carry no prediction ("not priced" before)."""
     recs = [r for r in latest(records) if r.get("type") != "result"
             or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
     groups: dict[tuple, dict[str, list]] = collections.defaultdict(lambda: {"before": [], "now": []})
@@ -203,7 +203,7 @@ def sweep_layer2(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             entry_of[w.get("name")] = w.get("entry") or w.get("family")
     for when, rec in (("before", False), ("now", True)):
         for row in rows(recs, recompute=rec):
-            if not row["impl"].startswith("pallas:") or row["family"].startswith("train"):
+            if not row["impl"].startswith("pallas:"):
                 continue
             entry = entry_of.get(row["workload"], row["family"])
             side = "auto" if row["impl"] == layer2.AUTO else "named"
