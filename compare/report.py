@@ -404,7 +404,8 @@ def render(paths: list[Path], out: Path, img_dir: Path, *, plots: bool = True, r
             parts += ["### Layer 2 on the sweep", "",
                       "Layer 2's prediction against the measured p50 (|predicted / measured - 1|), the latest record "
                       "of each sweep workload and Pallas implementation (training steps included: layer 2 prices the "
-                      "forward, the backward's launches and the loss): as each record carries it from before its run, and recomputed with today's model "
+                      "forward, the backward's launches and the loss): as each record carries it from before its run, "
+                      "and recomputed with today's model "
                       f"and constants (model {scorecard.model_sha()}). `pallas:auto` is priced as the kernel and "
                       "config its plan says it chose; a record made before auto had a layer 2 is \"not priced\" "
                       "before. docs/roofline.md explains the misses.", "", table, ""]
