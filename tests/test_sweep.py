@@ -162,6 +162,30 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
     monkeypatch.setattr(tuning, "chip", lambda: "h200")  # no H200 table: the own rule, not the reference's plan
     monkeypatch.delenv("PALLAS_ATTN_TUNING")
     assert tuning.table() is None and v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert tuning.table_for("fa_mla") is None and tuning.table_for("fa_decode") is None
+
+
+def test_h200_without_a_table_reads_the_h100_rows_for_the_prefill_kernels(monkeypatch):
+    """The H200 has no table of its own: fa_prefill's and the drop-in backward's heuristics read the H100's rows
+    there (the same SMs), fa_decode and fa_mla keep their own rules; PALLAS_ATTN_TUNING=off turns both off."""
+    from pallas_attn import dropin, tuning
+    from pallas_attn.kernels import fa_prefill
+    from pallas_attn.kernels.contract import Problem
+
+    short = Problem(entry="dense", dtype="bfloat16", batch=64, q_len=512, kv_len=512, heads_q=32, heads_kv=8,
+                    head_dim=128, causal=True)  # Llama-3.1-8B N 512: the H100 table's row is not "default"
+    monkeypatch.setattr(tuning, "chip", lambda: "h100")
+    on_h100 = tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS)
+    bwd_h100 = dropin.bwd_config_name(short)
+    assert on_h100 not in (None, "default")
+    monkeypatch.setattr(tuning, "chip", lambda: "h200")
+    assert tuning.table() is None and tuning.table_for("fa_prefill") is tuning.table("h100")
+    assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) == on_h100
+    assert fa_prefill.KERNEL.heuristic(short) == fa_prefill.fit(fa_prefill.CONFIGS[on_h100], 128)
+    assert dropin.bwd_config_name(short) == bwd_h100
+    assert tuning.table_for("fa_decode") is None and tuning.table_for("fa_mla") is None
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
+    assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) is None
 
 
 def test_every_default_reads_its_table(tmp_path, monkeypatch):

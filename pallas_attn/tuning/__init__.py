@@ -11,6 +11,12 @@ A kernel's heuristic asks ``choose(kernel, problem)`` for a config name:
   sum of |log2| distances) wins. That is the rule for shapes outside the table: the nearest measured shape of the
   same kind, never a guess across kinds. No matching row gives None.
 
+A chip without its own table reads a sibling's for the kernels whose choices carry over (``SIBLING``,
+``SIBLING_KERNELS``): the H200 is the H100's 132 SMs (the same tensor cores, registers and shared memory) with
+faster, larger memory, so the compute-bound Hopper schedules of fa_prefill and its backward, chosen by per-tile
+latencies, read the H100's rows there; the memory-bound decode kernels and MLA keep their own rules until an H200
+table exists (docs/sweep.md, "Session 22: the H200").
+
 ``PALLAS_ATTN_TUNING=off`` in the environment turns the tables off (each kernel's own rule), for measuring what the
 tables buy; ``PALLAS_ATTN_TUNING=<path.json>`` reads that table instead of the shipped one (for a new chip).
 """
@@ -26,7 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "chip", "chip_of", "table", "choose", "bucket", "CHIPS", "use_chip"]
+__all__ = ["KEYS", "chip", "chip_of", "table", "table_for", "choose", "bucket", "CHIPS", "use_chip", "SIBLING",
+           "SIBLING_KERNELS"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
 KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -39,6 +46,9 @@ KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # device-kind prefixes -> table name (the first that matches)
 CHIPS: tuple[tuple[str, str], ...] = (("NVIDIA H100", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA GH200", "h200"))
 _HERE = Path(__file__).parent
+# chip -> the chip whose table it reads while it has none of its own, for SIBLING_KERNELS only (module docstring)
+SIBLING: dict[str, str] = {"h200": "h100"}
+SIBLING_KERNELS: tuple[str, ...] = ("fa_prefill", "fa_prefill_bwd")
 
 
 def bucket(kernel: str, problem: Any) -> dict[str, Any]:
@@ -116,6 +126,16 @@ def table(name: str | None = None) -> Mapping[str, Any] | None:
     return _load(str(path)) if path.is_file() else None
 
 
+def table_for(kernel: str, name: str | None = None) -> Mapping[str, Any] | None:
+    """The table ``kernel``'s heuristic reads on chip ``name`` (default: this GPU's): the chip's own, else for
+    ``SIBLING_KERNELS`` its sibling's (``SIBLING``), else None. ``PALLAS_ATTN_TUNING`` rules both as in ``table``."""
+    own = table(name)
+    if own or kernel not in SIBLING_KERNELS or os.environ.get("PALLAS_ATTN_TUNING", ""):
+        return own
+    sib = SIBLING.get(chip() if name is None else name)
+    return table(sib) if sib else None
+
+
 def _distance(row_key: Mapping[str, Any], want: Mapping[str, Any], numeric: tuple[str, ...]) -> float:
     d = 0.0
     for k in numeric:
@@ -133,8 +153,9 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
     ``fallback_to_row_best``: when the row's config is not in ``names`` (a caller that excludes some configs, e.g.
     the non-deterministic ones), the fastest of the row's measured configs that ``names`` holds instead, by the
     table's rule: the row's default config stays unless the fastest allowed one beats it by more than the table's
-    ``min_gain``."""
-    tbl = table() if tbl is None else tbl
+    ``min_gain``. Without ``tbl`` and without a table for this chip, a kernel of ``SIBLING_KERNELS`` reads the
+    sibling chip's table (``table_for``)."""
+    tbl = table_for(kernel) if tbl is None else tbl
     if not tbl:
         return None
     rows = (tbl.get("kernels") or {}).get(kernel, {}).get("rows", [])
