@@ -210,9 +210,11 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
     """``{chip: [WorkloadResult, ...]}`` from ``report.load_runs``'s runs (taken in the order of their run ids: the
     start time first, so a later run replaces an earlier one whatever the order of the files), and counts of what was
     left out: ``replaced`` (a workload a later run of the same chip holds again), ``cpu`` (CPU-interpret sweep
-    records). Only sweep workloads (``is_sweep``)."""
+    records), ``no_auto_later`` (a later run of a workload without a ``pallas:auto`` record, e.g. a run of named
+    configs only, never replaces an earlier run that timed auto: the yardstick is auto's run). Only sweep workloads
+    (``is_sweep``)."""
     by_key: dict[tuple[str, str], WorkloadResult] = {}
-    notes = {"replaced": 0, "cpu": 0}
+    notes = {"replaced": 0, "cpu": 0, "no_auto_later": 0}
     for run_id, run in sorted(runs.items(), key=lambda kv: str(kv[0])):
         groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in run["results"]:
@@ -239,6 +241,9 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
                 named=(named[0][1], named[0][0]) if named else None,
                 peers_tried=sum(1 for r in recs if _is_peer(r)), git=(env.get("git_sha"), env.get("dirty")),
                 named_p10=_finite(p10.get(named[0][1])) if named else None)
+            if (chip, name) in by_key and auto is None and by_key[(chip, name)].auto is not None:
+                notes["no_auto_later"] += 1  # a config experiment: auto's earlier run stays the workload's
+                continue
             if (chip, name) in by_key:
                 notes["replaced"] += 1
                 del by_key[(chip, name)]  # re-inserted: the workload takes the later run's place in the order
@@ -466,6 +471,9 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
     if notes.get("replaced"):
         parts += [f"_{notes['replaced']} workload results were replaced by a later run of the same workload on "
                   "the same chip (the latest run, by its start time, is used)._", ""]
+    if notes.get("no_auto_later"):
+        parts += [f"_{notes['no_auto_later']} later workload results without a `pallas:auto` record (runs of named "
+                  "configs only) left auto's earlier run of the workload in place._", ""]
     if notes.get("cpu"):
         parts += [f"_{notes['cpu']} CPU-interpret sweep records (no kernel times) are not in these tables._", ""]
     written: list[Path] = []

@@ -85,15 +85,14 @@ _D256_CASES = [("d256", (1, 70, 100, 2, 1, 256, True, (30,), "bfloat16")),
 # here the interpreter's read-add-write): GQA 2 causal with a positive offset at D 64 (the D 64 layout: one staging
 # tile per consumer; the second consumer skips a block inside the group loop and writes a zero dS^T); D 128 with a
 # negative offset and Tq > Tk (rows that see no key; the shared staging tile handed between the readers), an odd
-# number of steps per CTA (both slots of the exchange, the drain of each). fused_c64 runs the D 128 case with dQ in
-# two 64-column pieces (two staging tiles, two reduce-adds a step).
+# number of steps per CTA (both slots of the exchange, the drain of each).
 _FUSED_CASES = [(1, 130, 200, 2, 1, 64, True, (40,), "bfloat16"), (1, 150, 70, 1, 1, 128, True, (-30,), "float16")]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config,case", [("default", c) for c in _CASES] + [("wide", c) for c in _WIDE_CASES]
                          + [("wide_ovl", c) for c in _OVL_CASES] + _D256_CASES
-                         + [("fused", c) for c in _FUSED_CASES] + [("fused_c64", _FUSED_CASES[1])],
+                         + [("fused", c) for c in _FUSED_CASES],
                          ids=lambda c: c if isinstance(c, str) else "-".join(map(str, c)))
 def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
     """dQ, dK, dV of both kernels' own code (TMA rings and barriers, block bounds, masks, the GQA loop, the
@@ -119,7 +118,7 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
 
 
 @pytest.mark.parametrize("config,causal,d,dtype", [
-    (cfg, *c) for cfg in ("default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2", "fused", "fused_c64")
+    (cfg, *c) for cfg in ("default", "wide", "wide_s3", "wide_ovl", "wide_ovl_s2", "fused")
     for c in ((True, 64, jnp.bfloat16), (False, 128, jnp.float16))] + [
     ("d256", True, 256, jnp.bfloat16), ("wide_ovl", False, 256, jnp.float16)])  # D 256: d256's split kernels
 def test_mosaic_kernels_lower_for_cuda(causal, d, dtype, config):
@@ -154,13 +153,6 @@ def test_fused_config_rules():
         fb.BwdConfig(fused_dq=1)
     cfg = fb.CONFIGS["fused"]
     assert cfg.fused_dq and cfg.wide and fb.config_for(256, cfg) == fb.CONFIGS["d256"]
-    # dq_cols: the fused reader's dQ in column pieces; only with fused_dq, 64 or 128 columns
-    assert fb.CONFIGS["fused_c64"].dq_cols == 64 and fb.CONFIGS["fused_c64"].fused_dq
-    for bad in (32, 96, True, 0):
-        with pytest.raises(ValueError, match="dq_cols"):
-            fb.BwdConfig(wide=True, consumer_regs=240, fused_dq=True, dq_cols=bad)
-    with pytest.raises(ValueError, match="dq_cols"):
-        fb.BwdConfig(wide=True, consumer_regs=240, dq_cols=64)
     for d in (64, 128):
         assert fb.smem_bytes(d, 2, cfg) <= 227 * 1024
 

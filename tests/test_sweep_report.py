@@ -91,7 +91,7 @@ def _prefill_run(run="r1", gpu=H100, sha="1234abc"):
 def test_ratios_geomeans_and_worst_by_hand(tmp_path):
     path = _write(tmp_path / "r" / "records.jsonl", _prefill_run())
     by_chip, notes = _collect(path)
-    assert list(by_chip) == [H100] and notes == {"replaced": 0, "cpu": 0}
+    assert list(by_chip) == [H100] and notes == {"replaced": 0, "cpu": 0, "no_auto_later": 0}
     res = {r.name: r for r in by_chip[H100]}
     assert res["p_llama_n1024"].peer == ("torch:cudnn", 100.0)  # the wrong torch:flash at 1 µs is not a peer time
     assert res["p_llama_n1024"].named == ("pallas:fa_prefill:wide", 88.0)  # the tuning point at 10 µs is not named
@@ -159,6 +159,24 @@ def test_a_later_run_of_the_same_chip_replaces_a_workload(tmp_path):
     assert notes["replaced"] == 1 and len(by_chip[H100]) == 3
     gpt = next(r for r in by_chip[H100] if r.model == "gpt")
     assert gpt.run_id == "r2" and gpt.vs_peer == pytest.approx(0.8) and gpt.named is None  # not r1's named
+
+
+def test_a_later_run_without_auto_does_not_replace_autos_run(tmp_path):
+    """A later run of named configs only (a config experiment) leaves the workload's earlier run, which timed auto
+    against its peers, in the tables (session 22: such a run had dropped the two worst training workloads from the
+    headline's geomean); counted as ``no_auto_later``. A later run with auto still replaces it."""
+    first = _prefill_run("r1")
+    experiment = [_header("r2", H100), _rec("r2", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:fa_prefill:x", 40.0)]
+    path = _write(tmp_path / "r" / "records.jsonl", first + experiment)
+    by_chip, notes = _collect(path)
+    gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+    assert notes["no_auto_later"] == 1 and notes["replaced"] == 0
+    assert gpt.run_id == "r1" and gpt.vs_peer == pytest.approx(0.5)
+    again = [_header("r3", H100), _rec("r3", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:auto", 80.0)]
+    path = _write(tmp_path / "s" / "records.jsonl", first + experiment + again)
+    by_chip, notes = _collect(path)
+    gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+    assert notes["replaced"] == 1 and gpt.run_id == "r3" and gpt.peer is None
 
 
 def test_the_later_run_wins_whatever_the_order_of_the_files(tmp_path):

@@ -118,10 +118,7 @@ class BwdConfig:
     computes dQ and the dQ kernel does not run. Each step, both consumers put their dS^T tile in shared memory and one
     of them (alternating by step) runs ``dQ = dS K`` over the CTA's 128 keys and adds it into an fp32 dQ accumulator
     in global memory by a TMA reduce-add; so dQ's summation order over the key CTAs varies from run to run (not
-    bit-reproducible; dK and dV stay deterministic). docs/fa_prefill.md, "The five-product backward".
-    dq_cols: fused only: the reader forms dQ in column pieces of this many head-dim columns (None: all D at once),
-    each piece's fp32 product staged and reduce-added before the next is formed, so the reader holds a 64 x dq_cols
-    fp32 accumulator beside dK and dV instead of a 64 x D one (D 128: 32 registers instead of 64)."""
+    bit-reproducible; dK and dV stay deterministic). docs/fa_prefill.md, "The five-product backward"."""
 
     stages: int = 2
     consumer_regs: int = 232
@@ -131,7 +128,6 @@ class BwdConfig:
     dq_stages: int | None = None
     dsplit: bool = False
     fused_dq: bool = False
-    dq_cols: int | None = None
 
     def __post_init__(self) -> None:
         if self.stages not in (2, 3, 4):
@@ -154,11 +150,6 @@ class BwdConfig:
         if self.fused_dq and (not self.wide or self.dsplit or self.dq_overlap):
             raise ValueError("BwdConfig(fused_dq=True) needs wide=True (its two consumers share the dQ products) and "
                              "dsplit=False, dq_overlap=False (there is no dQ kernel)")
-        if self.dq_cols is not None:
-            if isinstance(self.dq_cols, bool) or self.dq_cols not in (64, 128):
-                raise ValueError(f"BwdConfig.dq_cols must be None, 64 or 128; got {self.dq_cols!r}")
-            if not self.fused_dq:
-                raise ValueError("BwdConfig.dq_cols splits the fused reader's dQ product: it needs fused_dq=True")
         if not self.wide and self.consumer_regs + self.producer_regs > 256:
             raise ValueError(f"BwdConfig: consumer_regs + producer_regs must be <= 256; got "
                              f"{self.consumer_regs} + {self.producer_regs}")
@@ -191,8 +182,6 @@ CONFIGS = {
     # the five-product backward: dQ inside the dK/dV kernel, TMA reduce-adds into fp32 (docs/fa_prefill.md, "The
     # five-product backward"); not bit-reproducible in dQ
     "fused": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, fused_dq=True),
-    # fused with dQ formed 64 columns at a time (D 128: the reader's dQ accumulator halved; D 64: fused's program)
-    "fused_c64": BwdConfig(wide=True, consumer_regs=240, producer_regs=24, fused_dq=True, dq_cols=64),
 }
 
 
@@ -446,8 +435,6 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     # fp32 dQ staging: one tile per consumer where shared memory has room (D 64); at D 128 one tile, handed on by
     # each reader as soon as its reduce-add has read it (a later hand-off would tie the consumers together again)
     own_stage = fused and d <= 64
-    dqc = min(cfg.dq_cols or d, d)  # dQ's columns per reader product (dq_cols)
-    n_pieces = d // dqc
     group = hq // hkv
     nq = tq_pad // bq
     c = float(scale) * _LOG2E if softcap is None else float(softcap) * _LOG2E
@@ -548,42 +535,30 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
                 @pl.when(lax.rem(s, nc) == wg)
                 def _():
                     parts = [_compat.traced_index(i, wg) for i in range(nc)]
-                    for piece in range(n_pieces):  # dq_cols: one 64 x dqc product at a time, staged and added
-                        cs = pl.ds(piece * dqc, dqc)
-                        k_cols = [k_smem.at[i] if n_pieces == 1 else k_smem.at[i].at[:, cs] for i in parts]
-                        dq = ops.mma_sum_ta(ops.zeros((bq, dqc)),
-                                            [(ds_smem.at[slot2, i], kc) for i, kc in zip(parts, k_cols)])
-                        if piece == n_pieces - 1:
-                            plgpu.barrier_arrive(ds_free.at[slot2])
+                    dq = ops.mma_sum_ta(ops.zeros((bq, d)), [(ds_smem.at[slot2, i], k_smem.at[i]) for i in parts])
+                    plgpu.barrier_arrive(ds_free.at[slot2])
 
-                        if piece == 0:
-                            if own_stage:  # this consumer's last reduce-add has read its staging tile
-                                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                            else:  # the other consumer's last reduce-add has read the shared one
+                    if own_stage:  # this consumer's last reduce-add has read its staging tile
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                    else:  # the other consumer's last reduce-add has read the shared one
 
-                                @pl.when(s >= 1)
-                                def _():
-                                    plgpu.barrier_wait(stage_free.at[1 - wg])
+                        @pl.when(s >= 1)
+                        def _():
+                            plgpu.barrier_wait(stage_free.at[1 - wg])
 
-                        dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
-                        if n_pieces > 1:
-                            dst_ref = dst_ref.at[:, cs]
-                        rd_tile = None
-                        if emulate:  # no TMA reduction in the interpreter: read, add, write (its CTAs run in turn)
-                            rd, rd_bar = rmw
-                            rd_tile = rd.at[wg] if n_pieces == 1 else rd.at[wg, piece]
-                            plgpu.copy_gmem_to_smem(dst_ref, rd_tile, rd_bar.at[wg])
-                            plgpu.barrier_wait(rd_bar.at[wg])
-                            dq = dq + rd_tile[...]
-                        st_tile = stage.at[wg] if own_stage else stage
-                        if n_pieces > 1:
-                            st_tile = st_tile.at[piece]
-                        st_tile[...] = dq
-                        plgpu.commit_smem()
-                        if emulate:
-                            plgpu.copy_smem_to_gmem(st_tile, dst_ref)
-                        else:
-                            plgpu.copy_smem_to_gmem(st_tile, dst_ref, reduction_op="add")
+                    dst_ref = acc_ref.at[bi, pl.ds(qb * bq, bq), hk * group + g]
+                    if emulate:  # the interpreter has no TMA reduction: read, add, write (its CTAs run one at a time)
+                        rd, rd_bar = rmw
+                        plgpu.copy_gmem_to_smem(dst_ref, rd.at[wg], rd_bar.at[wg])
+                        plgpu.barrier_wait(rd_bar.at[wg])
+                        dq = dq + rd.at[wg][...]
+                    st_tile = stage.at[wg] if own_stage else stage
+                    st_tile[...] = dq
+                    plgpu.commit_smem()
+                    if emulate:
+                        plgpu.copy_smem_to_gmem(st_tile, dst_ref)
+                    else:
+                        plgpu.copy_smem_to_gmem(st_tile, dst_ref, reduction_op="add")
                     if not own_stage:  # hand the shared tile on once read (the other consumer adds next step)
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -704,15 +679,13 @@ def _build_dkdv(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d:
     if fused:
         scratch += [
             _smem_tile((2, nc, bk, bq), dtype),  # the dS^T exchange: two slots
-            (plgpu.SMEM if emulate else _smem_tile)(  # fp32 dQ staging (dq_cols: one tile per column piece)
-                ((nc,) if own_stage else ()) + ((n_pieces, bq, dqc) if n_pieces > 1 else (bq, d)), f32),
+            (plgpu.SMEM if emulate else _smem_tile)(((nc,) if own_stage else ()) + (bq, d), f32),  # fp32 dQ staging
             plgpu.Barrier(num_arrivals=nc, num_barriers=2),  # ds_full: both dS^T tiles of a slot written
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # ds_free: the slot's reader is done with it
             plgpu.Barrier(num_arrivals=1, num_barriers=nc),  # stage_free: consumer w's last reduce-add has read it
         ]
         if emulate:  # the read-modify-write's tile and barriers
-            scratch += [plgpu.SMEM((nc,) + ((n_pieces, bq, dqc) if n_pieces > 1 else (bq, d)), f32),
-                        plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
+            scratch += [plgpu.SMEM((nc, bq, d), f32), plgpu.Barrier(num_arrivals=1, num_barriers=nc)]
     return (_kernel_with_refs if fused else plgpu.kernel)(
         body,
         out_type=out_type,

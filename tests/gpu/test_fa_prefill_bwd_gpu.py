@@ -83,8 +83,7 @@ def _rel(a, b) -> float:
 
 
 # D 64 / 128 run every config; D 256 runs d256 (the head-dim split; what any config becomes there)
-_D_CONFIGS = ([(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl", "fused")] + [(128, "fused_c64")]
-              + [(256, "d256")])  # fused_c64 differs from fused at D 128 only
+_D_CONFIGS = [(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl", "fused")] + [(256, "d256")]
 
 
 @pytest.mark.parametrize("d,config", _D_CONFIGS)
@@ -130,15 +129,15 @@ def test_deterministic_and_nan_rows(config):
     _nan_row_reaches_its_gradients(run, q, k, v, w, off)
 
 
-@pytest.mark.parametrize("d,config", [(64, "fused"), (128, "fused"), (128, "fused_c64")])
-def test_fused_repeatable_and_nan_rows(d, config):
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_repeatable_and_nan_rows(d):
     """``fused`` (dQ by TMA reduce-adds, summed in a varying order): dK and dV bit-identical run to run, dQ within
     two units of the dtype's rounding of ``wide``'s deterministic dQ; a NaN query row reaches exactly the gradients
     it should."""
     b, tq, tk, hq, hkv = 2, 512, 700, 4, 2
     q, k, v, w = _arrays(7, b, tq, tk, hq, hkv, d, "float16")
     off = jnp.zeros((b,), jnp.int32)
-    run = _ours(False, 1.0 / float(np.sqrt(d)), config)
+    run = _ours(False, 1.0 / float(np.sqrt(d)), "fused")
     first, second = run(q, k, v, w, off), run(q, k, v, w, off)
     for x, y in zip(first[1:], second[1:]):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
