@@ -112,6 +112,8 @@ class Launch:
     reread_buffer: float = 0.0  # adds them to l2_bytes when the buffer fits its L2 residency cap, else to dram_bytes
     mma: float = 0.0  # 16-bit tensor-core FLOPs per program, priced at the SM's datasheet MMA rate (not fitted)
     dequant_elems: float = 0.0  # quantized K/V elements a program decodes (priced by Cost.dequant, issue side)
+    sfu: float = 0.0  # exponentials a program's softmax computes (the special-function unit's ex2), priced at the SM's
+    # datasheet SFU rate on the program's chain, less the share its MMA hides (Cost.sfu_hide; compare.layer2)
 
 
 def mla_dims(s: Any) -> tuple[int, int]:

@@ -82,7 +82,13 @@ class Cost:
     # nothing overlaps in a streaming kernel (session 16: fa_decode's partial)
     dram_loss: float = 0.0  # the share of the run's measured HBM read bandwidth a streaming dataflow does not reach:
     # its DRAM time is bytes / bandwidth * (1 + dram_loss) (session 16: fa_decode's partial)
+    sfu_hide: float = 0.0  # the share of a program's MMA cycles under which its exponentials (``Launch.sfu``, at the
+    # datasheet SFU rate) run hidden; the rest of the exponentials' time is on its chain (session 22: fa_prefill)
 
+
+# The special-function unit's rate for ex2 (and the other MUFU ops): 16 a cycle per SM on compute capability 9.0
+# (the CUDA programming guide's arithmetic-instruction throughput table), on the H100 and the H200 alike
+SFU_PER_CLK_SM = 16.0
 
 # Fitted on the H200 reference run (scripts/fit_layer2.py, issue 16 refit: 19 cost fields + 2 globals, was 25 + 2;
 # the merge priced per serial step, not per float); frozen. See docs/roofline.md for what each one buys.
@@ -162,20 +168,28 @@ COSTS: dict[str, Cost] = {
     # --only these five), after the second Q/O buffer changed what a row tile costs; scored out of sample in
     # docs/roofline.md ("Session 11 refit"). Session 10: lat 799.9 / fixed 8483 / no per-row-tile cost, serial 1099,
     # pingpong 799.5 (before that: lat 533.7 / fixed 1.77e4, serial 1044, pingpong 558.2)
-    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=709.3, fixed=4018, key=4636),
-    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=1092),
-    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=794.2),
+    # Session 22: the softmax's exponentials priced on the SFU (``Launch.sfu``, 16 a cycle) beyond the share of the
+    # MMA they hide under (``sfu_hide``, one for the three dataflows); refitted (--only these six) on the 89 priced
+    # H100 prefill sweep records of sessions 8, 9, 11, 14 and 15 without a window, packing, soft-cap or sinks (and
+    # without c3 at D 128, which spills); held out: the H200's, the features', the training steps' forward
+    # (docs/roofline.md "Session 22: the softmax on the SFU"). Before: overlap lat 709.3 / fixed 4018 / key 4636,
+    # serial 1092, pingpong 794.2, no SFU term
+    "pallas_attn_fa_prefill_overlap": Cost(issue=0, lat=321.4, fixed=3245, key=5083, sfu_hide=0.1984),
+    "pallas_attn_fa_prefill_serial": Cost(issue=0, lat=670.5),
+    "pallas_attn_fa_prefill_pingpong": Cost(issue=0, lat=300.4),
     # fa_train's forward (Triton): per key block on top of the MMA
     "pallas_attn_fa_train_fwd": Cost(issue=0, lat=2754),
     # fa_prefill_bwd (Mosaic; the train family's backward, session 21): per step on top of the step's MMA, fixed per
     # CTA; one per dataflow (the dK/dV kernel, the dQ kernel, its pipelined dQ, the five-product kernel). Fitted
     # (scripts/fit_layer2.py --only these eight) on 90 H100 records of sessions 8, 14 and session 21 call 4, the rest
     # frozen; scored out of sample on session 21 calls 5-7 and sessions 10-11's training records
-    # (docs/roofline.md "Session 21: the train family")
-    "pallas_attn_fa_prefill_bwd_dkdv": Cost(issue=0, lat=1058, fixed=1004),
-    "pallas_attn_fa_prefill_bwd_dq": Cost(issue=0, lat=713.7, fixed=1.074e+04),
-    "pallas_attn_fa_prefill_bwd_dq_ovl": Cost(issue=0, lat=1099, fixed=1.199e+04),
-    "pallas_attn_fa_prefill_bwd_fused": Cost(issue=0, lat=1868, fixed=1.041e+04),
+    # (docs/roofline.md "Session 21: the train family"). Session 22: refitted on the same 90 records' training steps
+    # after the forward's SFU term (was dkdv 1058 / 1004, dq 713.7 / 1.074e4, dq_ovl 1099 / 1.199e4, fused 1868 /
+    # 1.041e4); dkdv's fixed cost fits to 0 (not separable from its per-step latency on these records)
+    "pallas_attn_fa_prefill_bwd_dkdv": Cost(issue=0, lat=837.5, fixed=0),
+    "pallas_attn_fa_prefill_bwd_dq": Cost(issue=0, lat=681.5, fixed=1.292e+04),
+    "pallas_attn_fa_prefill_bwd_dq_ovl": Cost(issue=0, lat=1168, fixed=1.279e+04),
+    "pallas_attn_fa_prefill_bwd_fused": Cost(issue=0, lat=1646, fixed=1.027e+04),
     # MLA, cuda_ref: v11 (lane per key, cycles per lane step) and v12 (mma.sync, cycles per tile; fp8 convert)
     "v11_mla_group": Cost(issue=0, lat=97.45),
     "v12_mla_tc_mma": Cost(issue=0, lat=8117, dequant=0.4106),
@@ -195,12 +209,15 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
     "paged_wmma": {"issue": ("v5_wmma_kernel", "issue"), "lat": ("v5_wmma_kernel", "lat")},
     # issue 16: the Mosaic configs share their CTA's prologue / epilogue (Q load, output stores) with the default
     # (and, since session 11, the per-row-tile cost ``key`` on the row tiles a CTA runs)
+    # (and, since session 22, the share of the MMA their exponentials hide under: one constant for the three)
     "pallas_attn_fa_prefill_serial": {"lat": ("pallas_attn_fa_prefill_serial", "lat"),
                                       "fixed": ("pallas_attn_fa_prefill_overlap", "fixed"),
-                                      "key": ("pallas_attn_fa_prefill_overlap", "key")},
+                                      "key": ("pallas_attn_fa_prefill_overlap", "key"),
+                                      "sfu_hide": ("pallas_attn_fa_prefill_overlap", "sfu_hide")},
     "pallas_attn_fa_prefill_pingpong": {"lat": ("pallas_attn_fa_prefill_pingpong", "lat"),
                                         "fixed": ("pallas_attn_fa_prefill_overlap", "fixed"),
-                                        "key": ("pallas_attn_fa_prefill_overlap", "key")},
+                                        "key": ("pallas_attn_fa_prefill_overlap", "key"),
+                                        "sfu_hide": ("pallas_attn_fa_prefill_overlap", "sfu_hide")},
     # fa_decode on quantized KV: one per-tile latency (the decode, the [rows, block_k] softmax step and the dots of
     # one tile in order; hidden under the HBM time at 16-bit KV) shared by the four (format, decode) dataflows
     # Session 18: and the stream's fill / drain and DRAM loss of the 16-bit partial (the same loads, fewer bytes):
@@ -260,6 +277,7 @@ class Shape:
     max_doc: int | None = None  # packed documents: the longest document (a row tile sees at most its keys)
     mask_pairs: float | None = None  # visible (query, key) pairs per batch row and head under a window / packing
     kv_tokens: int | None = None  # keys over the batch under ragged lengths (the bytes a decode reads; None: B * Tk)
+    softcap: float | None = None  # the logit soft-cap (a tanh per score beside the exponential: twice the SFU work)
 
     @property
     def bh(self) -> int:
@@ -298,7 +316,7 @@ class Shape:
                    causal=bool(g("causal", False)), q_offset=int(g("q_offset", 0) or 0),
                    page_size=g("page_size"), family=str(g("family", "") or ""), kv_dtype=g("kv_dtype"),
                    kv_lora_rank=g("kv_lora_rank"), window=window, max_doc=max_doc, mask_pairs=pairs,
-                   kv_tokens=_ragged_tokens(w) if g("ragged", False) else None)
+                   kv_tokens=_ragged_tokens(w) if g("ragged", False) else None, softcap=g("softcap"))
 
 
 def _workload(w: Any) -> Any:
@@ -406,10 +424,13 @@ def time_launch(ln: Launch, hw: Hardware, costs: Mapping[str, Cost] | None = Non
     # fitted one; it is both issue (co-resident programs share the tensor cores) and on each program's serial chain
     # and so is a quantized tile's decode (the program's own threads do it between its loads and its dots)
     mma = ln.mma / mma_per_clk_sm(hw) if ln.mma else 0.0
+    # the softmax's exponentials on the special-function unit (SFU_PER_CLK_SM, a datasheet rate), exposed beyond the
+    # share of the MMA they hide under (Cost.sfu_hide): at D 64 a tile's exponentials take as long as its wgmmas
+    sfu = max(0.0, ln.sfu / SFU_PER_CLK_SM - cst.sfu_hide * mma) if ln.sfu else 0.0
     deq = ln.dequant_elems * cst.dequant
     t_issue = per_sm * (ln.units * cst.issue + ln.spill_units * cst.spill + deq + mma) / clk
     gather = ln.gather_steps * g.get("gather_lat", GLOBAL["gather_lat"]) if ln.gather_steps else 0.0
-    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + gather + cst.fixed + mma + deq) / clk
+    t_lat = rounds * (ln.steps * cst.lat + ln.key_steps * cst.key + gather + cst.fixed + mma + sfu + deq) / clk
     t_dram = ln.dram_bytes / hw.hbm_bw * (1.0 + cst.dram_loss)
     t_l2 = ln.l2_bytes / (g["l2_bytes_per_clk_sm"] * hw.num_sm * clk)
     # a streaming kernel's fill and drain: at most as long as its stream (a short kernel never reaches full rate)

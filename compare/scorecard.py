@@ -45,6 +45,12 @@ CAUSES: tuple[tuple[str, str, str], ...] = (
      "under-charged"),
     *(("pallas:dropin:fused", f"sweep_train_{m}", "fused at D 128 spills (452 B) and couples its consumers; one "
        "per-step latency fitted mostly on D 64 under-charges those steps") for m in ("llama", "qwen", "mistral")),
+    # session 22 (docs/roofline.md "Session 22: the softmax on the SFU")
+    *(("pallas:fa_prefill:c3", f"sweep_prefill_{m}", "c3 at D 128: three consumers at 160 registers each hold a "
+       "64 x 128 fp32 O beside S; the model has no spill term for it (never chosen at D 128: the table gives c3 at "
+       "D 64 only)") for m in ("llama", "packed_llama", "qwen", "mistral")),
+    ("pallas:fa_prefill:", "sweep_prefill_gpt-oss-20b:local_", "a 128-key window: each row tile sees two or three "
+     "key tiles; the per-row-tile cost fitted on long rows under-charges such short tiles"),
     ("pallas:fa_decode", "paged_", "ragged lengths: layer 2 charges every sequence at kv_len (the plan cannot "
      "see runtime lengths); they are drawn in [kv_len/2, kv_len], mean 3/4, so KV bytes are over-counted ~4/3"),
     ("pallas:v5_wmma:faithful", "ref_decode_", "same 2-warp d128 plan as the prefill miss: per-block latency "

@@ -40,7 +40,7 @@ from scipy.optimize import minimize
 from compare import layer2, scorecard
 
 GKEYS = ["l2_bytes_per_clk_sm", "launch_us"]
-FIELDS = ("issue", "lat", "fixed", "key", "spill", "dequant", "ramp", "dram_loss")
+FIELDS = ("issue", "lat", "fixed", "key", "spill", "dequant", "ramp", "dram_loss", "sfu_hide")
 
 
 def load(paths):
@@ -157,7 +157,8 @@ def main(argv=None):
     for n in names:
         c = costs[n]
         print(f'    "{n}": Cost(issue={c.issue:.4g}, lat={c.lat:.4g}, fixed={c.fixed:.4g}, key={c.key:.4g}, '
-              f'spill={c.spill:.4g}, dequant={c.dequant:.4g}, ramp={c.ramp:.4g}, dram_loss={c.dram_loss:.4g}),')
+              f'spill={c.spill:.4g}, dequant={c.dequant:.4g}, ramp={c.ramp:.4g}, dram_loss={c.dram_loss:.4g}, '
+              f'sfu_hide={c.sfu_hide:.4g}),')
     if a.ablate:
         e = np.abs(np.expm1(fit.errs(best, base)))
         print(f"\nablation (hold one field at 0, refit the rest); full fit: loss {fun:.2f}, median "

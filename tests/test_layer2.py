@@ -323,7 +323,31 @@ def test_fa_prefill_prices_each_row_tile_a_cta_runs():
     t = layer2.time_launch(ln, h100)
     mma = ln.mma / layer2.mma_per_clk_sm(h100)
     assert t.rounds == 1
-    assert t.t_latency == pytest.approx((ln.steps * c.lat + 4 * c.key + c.fixed + mma) / clk)
+    sfu = max(0.0, ln.sfu / layer2.SFU_PER_CLK_SM - c.sfu_hide * mma)  # session 22: the exposed exponentials
+    assert t.t_latency == pytest.approx((ln.steps * c.lat + 4 * c.key + c.fixed + mma + sfu) / clk)
+
+
+def test_the_softmax_exponentials_are_priced_on_the_sfu_beyond_what_the_mma_hides():
+    """Session 22: a launch's ``sfu`` exponentials cost sfu / 16 cycles (the datasheet SFU rate) on its chain, less
+    ``Cost.sfu_hide`` times its MMA cycles, never below zero. By hand: D 64 exposes them, D 256 hides them; fa_prefill
+    declares one exponential per (row, key) of every key tile it runs."""
+    from compare import hardware
+
+    h100 = hardware.get("h100")
+    clk = h100.clock_mhz * 1e6
+    rate = layer2.mma_per_clk_sm(h100)
+    cost = layer2.Cost(issue=0, lat=0.0, sfu_hide=0.25)
+    for mma_clk, sfu_ops, exposed in ((1000.0, 16_000, 750.0), (8000.0, 16_000, 0.0)):
+        ln = layer2.Launch("k", "x", programs=1, threads=384, regs=168, smem=0, units=0, steps=0, dram_bytes=0,
+                           mma=mma_clk * rate, sfu=sfu_ops)
+        t = layer2.time_launch(ln, h100, costs={"x": cost})
+        assert t.t_latency == pytest.approx((mma_clk + exposed) / clk)
+    s = layer2.Shape(batch=1, heads_q=1, heads_kv=1, q_len=1024, kv_len=1024, head_dim=64, causal=False)
+    plan = {"block_q": 64, "block_kv": 128, "tiles": 1, "ctas": 8, "overlap": True, "smem_bytes": 100_000}
+    (ln,) = fa_prefill.launches(s, plan, ["k"], h100)
+    assert ln.sfu == 128 * 128 * 8  # 128 rows x 128 keys per tile, 8 key tiles a CTA (non-causal)
+    assert layer2.cost_of("pallas_attn_fa_prefill_serial").sfu_hide == layer2.COSTS[
+        "pallas_attn_fa_prefill_overlap"].sfu_hide > 0
 
 
 def test_auto_is_priced_as_the_config_it_chose():

@@ -1040,7 +1040,9 @@ def launches(s, plan: Mapping[str, Any], names: list[str], hw=None, cfg=None) ->
     # the normalisation and O store): Cost.key per row tile on ``key_steps``; Cost.fixed once per CTA
     return [Launch(names[0], cost, P, threads, 65536 // threads // 8 * 8, int(plan.get("smem_bytes") or 0),
                    units=0.0, steps=steps,
-                   key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles, dram_bytes=kv + q_rows * d * 2 * 2,
+                   key_steps=per_cta, mma=4 * rows * bk * d * mean_tiles,
+                   sfu=rows * bk * mean_tiles * (2 if getattr(s, "softcap", None) else 1),  # ex2 (and tanh: soft-cap)
+                   dram_bytes=kv + q_rows * d * 2 * 2,
                    l2_bytes=P * mean_tiles * 2 * bk * d * 2, unit="-",
                    note=f"{rows} rows x {bk}-key tiles, {per_cta:.1f} row tiles a CTA; {busiest} key tiles on the "
                         f"busiest CTA, {mean_tiles:.1f} on the mean one; wgmma")]

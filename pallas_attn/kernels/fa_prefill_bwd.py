@@ -221,7 +221,8 @@ def launches(s, cfg: BwdConfig, hw=None) -> list[Launch]:
     visible blocks, the ``vis_frac`` of the grid), the tensor-core FLOPs of its products (dK/dV: S^T, dP^T, dV, dK per
     consumer; fused adds dQ over the CTA's keys; dQ: S, dP, dQ; the D 256 split recomputes S and dP in both
     consumers), the bytes streamed through L2. One fitted latency per step and one fixed cost per program per
-    dataflow (``pallas_attn_fa_prefill_bwd_{dkdv, dq, dq_ovl, fused}``). ``hw`` is not read."""
+    dataflow (``pallas_attn_fa_prefill_bwd_{dkdv, dq, dq_ovl, fused}``); no SFU term (session 22: fitted, the
+    exponentials came out wholly hidden under a step's four or five products). ``hw`` is not read."""
     del hw
     d = s.head_dim
     cfg = config_for(d, cfg)
@@ -262,7 +263,8 @@ def launches(s, cfg: BwdConfig, hw=None) -> list[Launch]:
     st_q = max(1.0, nk * vis)
     flop_q = 2 * tile * (2 * 2 + 1 if split else 3 * nc)
     out.append(Launch(PASS_DQ, "pallas_attn_fa_prefill_bwd_" + ("dq_ovl" if cfg.dq_overlap else "dq"), p_q, threads,
-                      regs, smem, units=0.0, steps=st_q, mma=flop_q * st_q, dram_bytes=2 * kv_b + 3 * q_bytes,
+                      regs, smem, units=0.0, steps=st_q, mma=flop_q * st_q,
+                      dram_bytes=2 * kv_b + 3 * q_bytes,
                       l2_bytes=p_q * st_q * 2 * BLOCK * d * esz, unit="-",
                       note=f"{rws} rows a CTA, {st_q:.1f} key blocks on the mean CTA; wgmma"))
     return out
