@@ -263,8 +263,7 @@ def launches(s, cfg: BwdConfig, hw=None) -> list[Launch]:
     st_q = max(1.0, nk * vis)
     flop_q = 2 * tile * (2 * 2 + 1 if split else 3 * nc)
     out.append(Launch(PASS_DQ, "pallas_attn_fa_prefill_bwd_" + ("dq_ovl" if cfg.dq_overlap else "dq"), p_q, threads,
-                      regs, smem, units=0.0, steps=st_q, mma=flop_q * st_q,
-                      dram_bytes=2 * kv_b + 3 * q_bytes,
+                      regs, smem, units=0.0, steps=st_q, mma=flop_q * st_q, dram_bytes=2 * kv_b + 3 * q_bytes,
                       l2_bytes=p_q * st_q * 2 * BLOCK * d * esz, unit="-",
                       note=f"{rws} rows a CTA, {st_q:.1f} key blocks on the mean CTA; wgmma"))
     return out
