@@ -184,7 +184,7 @@ def choice(w) -> dict[str, Any]:
     kern, cfg = api.resolve(gen, problem, None)
     name = _config_name(gen, cfg)
     why = {"mla": "mla_attention's default generation fa_mla; config from its heuristic (this GPU's tuning table, "
-                  "else the reference's plan)",
+                  "else its own rule: kv64_mc at DeepSeek's 576 / 512 template, the reference's plan elsewhere)",
            "paged_decode": "paged_attention's default generation fa_decode; config from its heuristic",
            }.get(w.family, f"attention(generation=None) picks {gen} (api.default_generation); config from its "
                            "heuristic")

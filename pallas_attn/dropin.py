@@ -407,7 +407,8 @@ def deterministic_asked(deterministic: bool | None = None) -> bool:
 
 
 def prefill_config(problem: Problem, window):
-    """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, else its own rule) at the shape,
+    """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, the H100's on an H200 without one:
+    ``tuning.table_for``; else its own rule) at the shape,
     then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window). No support check (chunked,
     distributed and compare ask it for shapes they checked themselves); the drop-in's own calls go through
     ``_prefill_fwd_config``, the same config by way of the resolver."""
@@ -422,7 +423,8 @@ def _prefill_fwd_config(problem: Problem, window):
 
 def bwd_config_name(problem: Problem, deterministic: bool | None = None) -> str:
     """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
-    sweep's training steps) at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
+    sweep's training steps; an H200 without one reads the H100's, ``tuning.table_for``) at the problem's bucket, else
+    ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
     generation of the table, so ``api.resolve`` has no row for it: its config is read off the same ``Problem`` the
     forward was resolved on, by the same table lookup the kernels' heuristics use.)
 
