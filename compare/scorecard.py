@@ -34,7 +34,7 @@ from typing import Any
 from . import layer2
 
 __all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha", "latest",
-           "sweep_layer2", "render_sweep_layer2"]
+           "sweep_layer2", "render_sweep_layer2", "sweep_kernels", "render_sweep_scorecard"]
 
 # Stated causes of the layer-2 misses above 30% on the H200 fit run, matched on (impl prefix, workload
 # prefix); docs/roofline.md explains each. Anything not matched is "open".
@@ -157,15 +157,18 @@ def latest(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     sweep report's rule (compare/sweep_report.py: a later run of a workload on the same chip takes its place), so a
     measurement a later run superseded (an old default, a path since changed) is not scored twice. Other records
     (headers, ceilings) are kept as they are. "Latest": the greatest run id (it starts with the run's start time),
-    then the position in the input."""
+    then the position in the input; a ``skipped`` record (its run's time budget ran out first) only where the key has
+    nothing else."""
     recs = list(records)
-    last: dict[tuple, tuple[str, int]] = {}
+    last: dict[tuple, tuple[bool, str, int]] = {}
     for i, r in enumerate(recs):
         if r.get("type") == "result":
             key = ((r.get("env") or {}).get("gpu"), (r.get("workload") or {}).get("name"),
                    (r.get("impl") or {}).get("name"))
-            last[key] = max(last.get(key, ("", -1)), (str(r.get("run_id") or ""), i))
-    keep = {i for _, i in last.values()}
+            # a record its run's time budget skipped measured nothing: any record that ran outranks it
+            last[key] = max(last.get(key, (False, "", -1)),
+                            (r.get("status") != "skipped", str(r.get("run_id") or ""), i))
+    keep = {i for *_, i in last.values()}
     return [r for i, r in enumerate(recs) if r.get("type") != "result" or i in keep]
 
 
@@ -245,6 +248,81 @@ def render_sweep_layer2(records: Iterable[Mapping[str, Any]]) -> str:
         lines.append(f"| {it['gpu']} | {it['entry']} | {it['side']} | {it['records']} | {cell(it['before'])} | "
                      f"{cell(it['now'])} | {lim or '—'} |")
     return "\n".join(lines)
+
+
+def _kernel_of(record: Mapping[str, Any]) -> str:
+    """The kernel a sweep record timed: a named config's generation (``pallas:fa_prefill:c3`` -> ``fa_prefill``), and
+    for ``pallas:auto`` the generation its plan says the defaults chose (``fa_decode``, ``fa_mla``, ...)."""
+    impl = record.get("impl") or {}
+    name = str(impl.get("name", ""))
+    if name == layer2.AUTO:
+        plan = impl.get("plan") or {}
+        return str(plan.get("generation") or plan.get("chose") or "not chosen")
+    parts = name.split(":")
+    return parts[1] if len(parts) > 1 else name
+
+
+def sweep_kernels(records: Iterable[Mapping[str, Any]], threshold: float = 0.25) -> dict[str, Any]:
+    """Layer 2 on the sweep per (GPU, entry, kernel), from the prediction each record carries from before its run,
+    on the latest record of each sweep workload and Pallas implementation (``latest``): ``{"groups": [{"gpu",
+    "entry", "kernel", "records", "priced", "median", "worst", "within", "limiters"}], "misses": [row + cause]}``,
+    a miss being a priced row with |error| above ``threshold`` (the issue's 25%)."""
+    recs = [r for r in latest(records) if r.get("type") != "result"
+            or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
+    by_key = {}
+    for r in recs:
+        if r.get("type") == "result":
+            w = r.get("workload") or {}
+            by_key[((r.get("env") or {}).get("gpu", "?"), w.get("name"), (r.get("impl") or {}).get("name"))] = r
+    groups: dict[tuple, list] = collections.defaultdict(list)
+    misses = []
+    for row in rows(recs):
+        if not row["impl"].startswith("pallas:"):
+            continue
+        r = by_key[(row["gpu"], row["workload"], row["impl"])]
+        w = r.get("workload") or {}
+        row = dict(row, entry=w.get("entry") or w.get("family"), kernel=_kernel_of(r))
+        groups[(row["gpu"], row["entry"], row["kernel"])].append(row)
+        if row["layer2_err"] is not None and abs(row["layer2_err"]) > threshold:
+            misses.append(dict(row, cause=_cause(row["impl"], row["workload"])))
+    out = []
+    for (gpu, entry, kernel), g in sorted(groups.items()):
+        errs = [abs(x["layer2_err"]) for x in g if x["layer2_err"] is not None]
+        out.append({"gpu": gpu, "entry": entry, "kernel": kernel, "records": len(g), "priced": len(errs),
+                    "median": statistics.median(errs) if errs else None, "worst": max(errs) if errs else None,
+                    "within": sum(e <= threshold for e in errs),
+                    "limiters": dict(collections.Counter(x["layer2_limiter"] for x in g
+                                                         if x["layer2_err"] is not None))})
+    return {"groups": out, "misses": misses, "threshold": threshold}
+
+
+def render_sweep_scorecard(records: Iterable[Mapping[str, Any]], threshold: float = 0.25) -> str:
+    """The sweep's layer-2 scorecard for docs/results.md (``compare report --scorecard-doc``): per entry and side
+    (``render_sweep_layer2``), per entry and kernel before the run (``sweep_kernels``), and every miss above
+    ``threshold`` with its stated cause or "open". Empty string when the records hold no sweep result."""
+    records = list(records)
+    per_entry = render_sweep_layer2(records)
+    if not per_entry:
+        return ""
+    sk = sweep_kernels(records, threshold)
+    pct = lambda x: "—" if x is None else _pct(x)  # noqa: E731
+    lines = ["#### Per entry and side (before the run, and with today's model)", "", per_entry, "",
+             "#### Per entry and kernel (predictions made before each run)", "",
+             f"| GPU | entry | kernel | records | priced | median / worst \\|error\\| | within {100 * threshold:.0f}% "
+             "| limiters |", "|---|---|---|---|---|---|---|---|"]
+    for g in sk["groups"]:
+        lim = ", ".join(f"{k} {v}" for k, v in sorted(g["limiters"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {g['gpu']} | {g['entry']} | {g['kernel']} | {g['records']} | {g['priced']} | "
+                     f"{pct(g['median'])} / {pct(g['worst'])} | {g['within']} | {lim or '—'} |")
+    lines += ["", f"#### Misses above {100 * threshold:.0f}% (before the run; {len(sk['misses'])})", ""]
+    if sk["misses"]:
+        lines += ["| GPU | workload | impl | measured us | layer 2 us | error | limiter | cause |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for m in sorted(sk["misses"], key=lambda m: (m["gpu"], -abs(m["layer2_err"]))):
+            lines.append(f"| {m['gpu']} | {m['workload']} | {m['impl']} | {m['measured_us']:.1f} | "
+                         f"{m['layer2_us']:.1f} | {100 * m['layer2_err']:+.0f}% | {m['layer2_limiter']} | "
+                         f"{m['cause']} |")
+    return "\n".join(lines) + "\n"
 
 
 def _stats(errs: list[float]) -> tuple[float, float]:

@@ -179,6 +179,26 @@ def test_a_later_run_without_auto_does_not_replace_autos_run(tmp_path):
     assert notes["replaced"] == 1 and gpt.run_id == "r3" and gpt.peer is None
 
 
+def test_a_later_run_that_skipped_auto_for_its_budget_does_not_replace_autos_run(tmp_path):
+    """A later run cut by its ``--max-run-s`` writes auto as ``skipped``: it measured nothing, so the earlier timed
+    run stays (session 23: two chunked and two quant workloads had lost their timed auto to such a run)."""
+    first = _prefill_run("r1")
+    cut = [_header("r2", H100),
+           _rec("r2", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:auto", status="skipped",
+                reason="over time budget: run budget --max-run-s 102 s exhausted before this record")]
+    path = _write(tmp_path / "r" / "records.jsonl", first + cut)
+    by_chip, notes = _collect(path)
+    gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+    assert notes["no_auto_later"] == 1 and notes["replaced"] == 0
+    assert gpt.run_id == "r1" and gpt.vs_peer == pytest.approx(0.5)
+    unsupported = [_header("r3", H100), _rec("r3", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:auto",
+                                            status="unsupported", reason="no kernel")]
+    path = _write(tmp_path / "s" / "records.jsonl", first + unsupported)
+    by_chip, notes = _collect(path)
+    gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+    assert notes["replaced"] == 1 and gpt.run_id == "r3"  # a refusal is a finding: it replaces
+
+
 def test_the_later_run_wins_whatever_the_order_of_the_files(tmp_path):
     """Run ids start with the run's start time: the later run replaces the earlier one when its file is read first
     (the README's report command listed session 10's files before session 8's, which let older records win)."""
@@ -205,6 +225,73 @@ def test_the_scorecard_scores_the_latest_record_of_each_workload_and_impl():
         kept = [r for r in scorecard.latest(recs) if r.get("type") == "result"]
         assert {(r["impl"]["name"], r["metrics"]["time_us_p50"]) for r in kept} == {
             ("pallas:fa_prefill:default", 90.0), ("pallas:fa_train:default", 200.0)}
+
+
+def test_the_scorecard_keeps_a_timed_record_over_a_later_skipped_one():
+    """A record its run's time budget skipped measured nothing: the earlier timed record of the same workload and
+    implementation stays the one scored; a key with only skipped records keeps its latest."""
+    from compare import scorecard
+
+    w = _wl("p_llama_n1024")
+    timed = _rec("20261126T100000_h100", H100, w, "pallas:fa_prefill:default", 100.0)
+    cut = _rec("20261127T100000_h100", H100, w, "pallas:fa_prefill:default", status="skipped", reason="over budget")
+    only_cut = _rec("20261127T100000_h100", H100, w, "pallas:fa_prefill:c3", status="skipped", reason="over budget")
+    kept = [r for r in scorecard.latest([timed, cut, only_cut]) if r.get("type") == "result"]
+    assert [(r["impl"]["name"], r["status"]) for r in kept] == [("pallas:fa_prefill:default", "ok"),
+                                                                ("pallas:fa_prefill:c3", "skipped")]
+
+
+def test_the_sweep_scorecard_per_kernel_and_its_misses():
+    """scorecard.sweep_kernels: auto grouped under the kernel its plan chose, a named config under its generation;
+    a miss above 25% listed with its cause from CAUSES or "open"; render_sweep_scorecard has all three tables."""
+    from compare import scorecard
+
+    def rec(name, impl, t, pred_us, plan=None):
+        r = _rec("20261127T100000_h100", H100, _wl(name), impl, t)
+        r["prediction"] = {"layer2": {"time_us": pred_us, "limiter": "latency"}}
+        if plan is not None:
+            r["impl"]["plan"] = plan
+        return r
+
+    recs = [rec("sweep_prefill_gpt-2_n512", "pallas:auto", 100.0, 104.0, {"generation": "fa_prefill"}),
+            rec("sweep_prefill_gpt-2_n512", "pallas:fa_prefill:c3", 200.0, 130.0),
+            rec("sweep_prefill_llama-3.1-8b_n512", "pallas:fa_prefill:c3", 900.0, 400.0),
+            rec("sweep_prefill_llama-3.1-8b_n512", "pallas:fa_prefill:default", 400.0, 410.0)]
+    sk = scorecard.sweep_kernels(recs)
+    groups = {(g["kernel"], g["records"]) for g in sk["groups"]}
+    assert groups == {("fa_prefill", 4)}
+    g = sk["groups"][0]
+    assert g["priced"] == 4 and g["within"] == 2 and g["worst"] == pytest.approx(500 / 900)
+    causes = {m["workload"]: m["cause"] for m in sk["misses"]}
+    assert set(causes) == {"sweep_prefill_gpt-2_n512", "sweep_prefill_llama-3.1-8b_n512"}
+    assert causes["sweep_prefill_llama-3.1-8b_n512"].startswith("c3 at D 128")
+    md = scorecard.render_sweep_scorecard(recs)
+    assert "#### Per entry and kernel" in md and "| fa_prefill | 4 | 4 |" in md
+    assert "Misses above 25% (before the run; 2)" in md
+
+
+def test_report_writes_the_scorecard_block_into_its_doc(tmp_path):
+    """``compare report --scorecard-doc``: the block between the markers is replaced, the rest kept; a file without
+    the markers is refused before anything is written."""
+    from compare import report
+
+    recs = [_header("r1", H100), _rec("r1", H100, _wl("sweep_prefill_gpt-2_n512"), "pallas:fa_prefill:default", 10.0)]
+    recs[1]["prediction"] = {"layer2": {"time_us": 11.0, "limiter": "latency"}}
+    path = _write(tmp_path / "r" / "records.jsonl", recs)
+    doc = tmp_path / "results.md"
+    doc.write_text("# head\n\n<!-- sweep-scorecard:start -->\nold\n<!-- sweep-scorecard:end -->\n\ntail\n")
+    args = report.argparse.Namespace(files=[str(path)], out=str(tmp_path / "out.md"), img_dir=None, no_plots=True,
+                                     readme=None, rescore=False, scorecard_doc=str(doc))
+    assert report._cli(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# head\n") and text.endswith("\ntail\n") and "old" not in text
+    assert "Layer 2 on the model-shape sweep" in text and "| fa_prefill | 1 | 1 | 10% / 10% | 1 |" in text
+    bare = tmp_path / "bare.md"
+    bare.write_text("# nothing\n")
+    args.scorecard_doc = str(bare)
+    with pytest.raises(report.UsageError, match="sweep-scorecard:start"):
+        report._cli(args)
+    assert bare.read_text() == "# nothing\n"
 
 
 def test_layer2_on_the_sweep_scores_the_latest_records_before_and_now():
