@@ -201,6 +201,19 @@ CONFIGS: dict[str, DecodeConfig] = {
     # ("cast", its halves in the batch regime only) and the plain NVFP4 path before that (joined tiles, plain plan)
     "nvfp4_cast": DecodeConfig(nvfp4_decode="cast"),
     "nvfp4_plain": DecodeConfig(nvfp4_decode="cast", nvfp4_halves=False, nvfp4_batch_occupancy=None),
+    # session 23 (speculative decode, Tq 2-8 at B 16 S 8k: 16-64 packed rows a program, 2-8x the MMA work per KV byte
+    # of Tq 1): candidates measured at the sweep's spec shapes; the H100 table picks among them (docs/fa_decode.md,
+    # "Speculative decode")
+    "spec_w8": DecodeConfig(num_warps=8),
+    "spec_w4": DecodeConfig(num_warps=4),
+    "spec_st4": DecodeConfig(num_stages=4),
+    "spec_bk128": DecodeConfig(block_k=128, num_warps=8, num_stages=3),
+    "spec_bk32_w8": DecodeConfig(block_k=32, num_warps=8, num_stages=5),
+    "spec_split1": DecodeConfig(splits=1),
+    "spec_split4": DecodeConfig(splits=4),
+    "spec_split8": DecodeConfig(splits=8),
+    "spec_occ3": DecodeConfig(occupancy=3),
+    "spec_m32": DecodeConfig(block_m_max=32),
 }
 
 
