@@ -370,3 +370,39 @@ def test_head_dim_96_tiles_pad_to_128_and_quantized_refuses(rng):
     with pytest.raises(NotImplementedError, match="quantized KV at head dims"):
         pallas_attn.attention(q.astype(jnp.float16), kq, vq, causal=True, q_offset=tk - 1, generation="fa_decode",
                               interpret=True)
+
+
+def test_split1_fill_is_one_split_only_where_the_programs_fill_the_sms():
+    """``split1_fill`` (config ``spec_split1``, session 23): one split where ``B * Hkv * row_tiles`` reaches the
+    fraction of the SMs, else exactly the wave model's plan (the default's), so a table row measured at a full batch
+    never leaves a small batch's chip idle; exclusive with a forced ``splits``."""
+    cfg, default = fd.CONFIGS["spec_split1"], fd.CONFIGS["default"]
+    full = dict(batch=16, hkv=8, rows=64, d=128, max_kv=8192, sm_count=132)  # Llama-70B Tq 8: 128 programs
+    assert fd.plan(**full, config=default).splits == 2
+    assert fd.plan(**full, config=cfg).splits == 1
+    for small in (dict(full, batch=4), dict(full, hkv=4), dict(full, batch=1, max_kv=32768)):
+        assert fd.plan(**small, config=cfg) == fd.plan(**small, config=default)
+        assert fd.plan(**small, config=cfg).splits > 1
+    with pytest.raises(ValueError, match="exclusive"):
+        fd.DecodeConfig(split1_fill=0.9, splits=2)
+    with pytest.raises(ValueError, match="split1_fill"):
+        fd.DecodeConfig(split1_fill=0)
+
+
+def test_the_h100_table_routes_speculative_decode_and_small_batches_keep_their_splits():
+    """The committed H100 table (session 23) sends the Llama spec shapes (B 16, Tq 2-8, 128 programs) to
+    ``spec_split1``: one split there; a smaller batch that the nearest-row rule sends to the same row still gets the
+    wave model's splits (the config is a rule, not a fixed split count)."""
+    from pallas_attn import tuning
+    from pallas_attn.kernels.contract import Problem
+
+    def prob(batch, q_len):
+        return Problem(entry="dense", dtype="bfloat16", batch=batch, q_len=q_len, kv_len=8192, heads_q=64, heads_kv=8,
+                       head_dim=128, causal=True)
+
+    with tuning.use_chip("h100"):
+        cfg = fd.KERNEL.heuristic(prob(16, 8))
+        small = fd.KERNEL.heuristic(prob(4, 8))
+    assert cfg == fd.CONFIGS["spec_split1"]
+    assert fd.plan(batch=16, hkv=8, rows=64, d=128, max_kv=8192, config=cfg, sm_count=132).splits == 1
+    assert fd.plan(batch=4, hkv=8, rows=64, d=128, max_kv=8192, config=small, sm_count=132).splits > 1

@@ -128,7 +128,10 @@ class DecodeConfig:
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
     P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime
     (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. Every knob from fp8_decode on is
-    unused for 16-bit KV (``Kernel.effective`` resets them there).
+    unused for 16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge) wherever the
+    call's programs ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave model's split
+    count (None: the wave model everywhere; session 23, speculative decode at 128 programs on 132 SMs: 3-5% faster
+    than the wave model's two splits, docs/fa_decode.md).
     """
 
     block_k: int | None = None
@@ -146,6 +149,7 @@ class DecodeConfig:
     nvfp4_batch_occupancy: int | None = 4
     quant_tile_scale: int = 1
     quant_pv16: bool | None = None
+    split1_fill: float | None = None
 
     def __post_init__(self) -> None:
         if not all(isinstance(x, (bool, type(None))) for x in (self.nvfp4_halves, self.quant_pv16)):
@@ -169,6 +173,12 @@ class DecodeConfig:
             raise ValueError(f"splits must be a positive int or None; got {self.splits=}")
         if not (isinstance(self.paged_min_waves, int) and 1 <= self.paged_min_waves <= 16):
             raise ValueError(f"paged_min_waves must be an int in [1, 16]; got {self.paged_min_waves=}")
+        f1 = self.split1_fill
+        if f1 is not None and (isinstance(f1, bool) or not isinstance(f1, (int, float)) or not 0 < f1 <= 4):
+            raise ValueError(f"split1_fill must be a number in (0, 4] or None; got {f1=}")
+        if f1 is not None and self.splits is not None:
+            raise ValueError(f"split1_fill and splits are exclusive (a forced split count leaves nothing to pick); got "
+                             f"{f1=}, {self.splits=}")
         if not (isinstance(self.occupancy, int) and 1 <= self.occupancy <= 32):
             raise ValueError(f"occupancy must be an int in [1, 32]; got {self.occupancy=}")
         if self.block_m_max is not None and not (_is_pow2(self.block_m_max) and self.block_m_max >= 16):
@@ -209,7 +219,10 @@ CONFIGS: dict[str, DecodeConfig] = {
     "spec_st4": DecodeConfig(num_stages=4),
     "spec_bk128": DecodeConfig(block_k=128, num_warps=8, num_stages=3),
     "spec_bk32_w8": DecodeConfig(block_k=32, num_warps=8, num_stages=5),
-    "spec_split1": DecodeConfig(splits=1),
+    # one split where the programs fill the SMs once (0.9: the spec shapes' 128 programs on an H100's 132), else the
+    # wave model's split: measured at Llama-8B / 70B spec shapes as one split (their plans are the same), and a table
+    # row of it can never leave a smaller batch's chip under-filled
+    "spec_split1": DecodeConfig(split1_fill=0.9),
     "spec_split4": DecodeConfig(splits=4),
     "spec_split8": DecodeConfig(splits=8),
     "spec_occ3": DecodeConfig(occupancy=3),
@@ -260,9 +273,13 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     if kv_format == "nvfp4" and nvfp4_batch_regime(config, batch=batch, hkv=hkv, rows=rows, d=d,
                                                    paged=page_size is not None, sm_count=sm):
         occ = config.nvfp4_batch_occupancy
+    splits = config.splits
+    if config.split1_fill is not None:
+        programs = batch * hkv * planner.cdiv(rows, planner.block_m(rows, d, config.block_m_max))
+        splits = 1 if programs >= config.split1_fill * sm else None
     return planner.plan_decode(
         batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv, sm_count=sm,
-        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, splits=config.splits,
+        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, splits=splits,
         occupancy=occ, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
         page_size=page_size, block_k_scale=config.quant_tile_scale if kv_format else 1)
 
