@@ -51,9 +51,10 @@ CAUSES: tuple[tuple[str, str, str], ...] = (
        "model has no spill term for it (never chosen at D 128: the table gives c3 at D 64 only)")
       for m in ("llama", "packed_llama", "qwen", "mistral")),
     # session 23 (docs/roofline.md "Session 23")
-    ("pallas:fa_prefill:c3", "sweep_prefill_gpt-2_n", "c3 at D 64, short N: no spill (ptxas: 0 bytes); a 192-row tile's "
-     "causal diagonal spans two 128-key blocks, so each row tile runs two masked serial steps where the per-row-tile "
-     "cost (fitted on 128-row tiles) holds one; at N 512 those are 5 of a head's 9 key steps (3 row tiles) (never chosen below N 8192)"),
+    ("pallas:fa_prefill:c3", "sweep_prefill_gpt-2_n", "c3 at D 64, short N: no spill (ptxas: 0 bytes); a 192-row "
+     "tile's causal diagonal spans two 128-key blocks, so each row tile runs two masked serial steps where the "
+     "per-row-tile cost (fitted on 128-row tiles) holds one; at N 512 those are 5 of a head's 9 key steps (never "
+     "chosen below N 8192)"),
     ("pallas:fa_train:", "sweep_prefill_", "fa_train's Triton forward (no default's path on sm_90): one per-key-block "
      "latency fitted on issue 16's fp16 D 64 non-causal run, over-predicted there; the sweep's causal bf16 rows run "
      "1.4-2.6x that price, most at short N (a per-program cost it was never given; a fit on these rows alone is not "
