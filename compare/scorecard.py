@@ -55,6 +55,9 @@ CAUSES: tuple[tuple[str, str, str], ...] = (
      "tile's causal diagonal spans two 128-key blocks, so each row tile runs two masked serial steps where the "
      "per-row-tile cost (fitted on 128-row tiles) holds one; at N 512 those are 5 of a head's 9 key steps (never "
      "chosen below N 8192)"),
+    ("pallas:fa_decode:spec_split1", "sweep_spec_qwen", "a forced single split (the config's definition in session "
+     "23's call 2 only): 64 programs on 132 SMs; layer 2 prices the bytes at the chip's bandwidth whatever the "
+     "number of SMs drawing them, and 64 SMs with one program each reached 54-73% of it"),
     ("pallas:fa_train:", "sweep_prefill_", "fa_train's Triton forward (no default's path on sm_90): one per-key-block "
      "latency fitted on issue 16's fp16 D 64 non-causal run, over-predicted there; the sweep's causal bf16 rows run "
      "1.4-2.6x that price, most at short N (a per-program cost it was never given; a fit on these rows alone is not "
