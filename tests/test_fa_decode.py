@@ -373,16 +373,25 @@ def test_head_dim_96_tiles_pad_to_128_and_quantized_refuses(rng):
 
 
 def test_split1_fill_is_one_split_only_where_the_programs_fill_the_sms():
-    """``split1_fill`` (config ``spec_split1``, session 23): one split where ``B * Hkv * row_tiles`` reaches the
-    fraction of the SMs, else exactly the wave model's plan (the default's), so a table row measured at a full batch
-    never leaves a small batch's chip idle; exclusive with a forced ``splits``."""
-    cfg, default = fd.CONFIGS["spec_split1"], fd.CONFIGS["default"]
+    """``split1_fill`` (session 23): one split where ``B * Hkv * row_tiles`` reaches the fraction of the SMs, else the
+    wave model's plan. The default takes 0.9 on a dense 16-bit cache (and 4 warps for a 64-row program at D 128);
+    ``waves`` is the wave model alone (the plan before); paged and quantized caches keep the wave model; a smaller
+    batch keeps its splits; exclusive with a forced ``splits``."""
+    default, waves, spec = fd.CONFIGS["default"], fd.CONFIGS["waves"], fd.CONFIGS["spec_split1"]
     full = dict(batch=16, hkv=8, rows=64, d=128, max_kv=8192, sm_count=132)  # Llama-70B Tq 8: 128 programs
-    assert fd.plan(**full, config=default).splits == 2
-    assert fd.plan(**full, config=cfg).splits == 1
+    p = fd.plan(**full, config=default)
+    assert (p.splits, p.num_warps) == (1, 4)
+    old = fd.plan(**full, config=waves)
+    assert (old.splits, old.num_warps) == (2, 4)  # the warps rule is the default's own, splits the wave model's
+    assert fd.plan(**full, config=spec) == p
+    tq1 = dict(full, rows=4)  # Llama-8B-like Tq 1 at B 16: 128 programs of 16 rows
+    assert fd.plan(**tq1, config=default).splits == 1 and fd.plan(**tq1, config=waves).splits == 2
+    assert fd.plan(**tq1, config=default).num_warps == fd.plan(**tq1, config=waves).num_warps == 4
     for small in (dict(full, batch=4), dict(full, hkv=4), dict(full, batch=1, max_kv=32768)):
-        assert fd.plan(**small, config=cfg) == fd.plan(**small, config=default)
-        assert fd.plan(**small, config=cfg).splits > 1
+        assert fd.plan(**small, config=default).splits == fd.plan(**small, config=waves).splits > 1
+    paged = fd.plan(**full, config=default, page_size=64)
+    assert paged.splits == fd.plan(**full, config=waves, page_size=64).splits > 1 and paged.num_warps == 8
+    assert fd.plan(**full, config=default, kv_format="fp8_e4m3").num_warps == 8
     with pytest.raises(ValueError, match="exclusive"):
         fd.DecodeConfig(split1_fill=0.9, splits=2)
     with pytest.raises(ValueError, match="split1_fill"):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
 
 import jax
@@ -130,8 +131,9 @@ class DecodeConfig:
     (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. Every knob from fp8_decode on is
     unused for 16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge) wherever the
     call's programs ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave model's split
-    count (None: the wave model everywhere; session 23, speculative decode at 128 programs on 132 SMs: 3-5% faster
-    than the wave model's two splits, docs/fa_decode.md).
+    count; None: ``DENSE_SPLIT1_FILL`` on a dense 16-bit cache, the wave model alone on paged and quantized caches;
+    ``math.inf``: the wave model alone everywhere (config ``waves``, the plan before session 23). Session 23: at 128
+    programs on 132 SMs one split was 2.5-5% faster than the wave model's two, at Tq 1 and Tq 2-8 (docs/fa_decode.md).
     """
 
     block_k: int | None = None
@@ -174,8 +176,8 @@ class DecodeConfig:
         if not (isinstance(self.paged_min_waves, int) and 1 <= self.paged_min_waves <= 16):
             raise ValueError(f"paged_min_waves must be an int in [1, 16]; got {self.paged_min_waves=}")
         f1 = self.split1_fill
-        if f1 is not None and (isinstance(f1, bool) or not isinstance(f1, (int, float)) or not 0 < f1 <= 4):
-            raise ValueError(f"split1_fill must be a number in (0, 4] or None; got {f1=}")
+        if f1 is not None and (isinstance(f1, bool) or not isinstance(f1, (int, float)) or not 0 < f1):
+            raise ValueError(f"split1_fill must be a positive number (math.inf: never one split) or None; got {f1=}")
         if f1 is not None and self.splits is not None:
             raise ValueError(f"split1_fill and splits are exclusive (a forced split count leaves nothing to pick); got "
                              f"{f1=}, {self.splits=}")
@@ -191,8 +193,12 @@ class DecodeConfig:
 
 # "default" is the heuristic (a frontier kernel has no reference to be faithful to); the others are measured
 # alternatives that compare runs beside it (docs/fa_decode.md).
+DENSE_SPLIT1_FILL = 0.9  # one split on a dense 16-bit cache from 0.9 x SMs programs up (DecodeConfig.split1_fill)
+
 CONFIGS: dict[str, DecodeConfig] = {
     "default": DecodeConfig(),
+    # the wave model's split count everywhere (the dense default before session 23): measured beside the default
+    "waves": DecodeConfig(split1_fill=math.inf),
     # the paged plan without the ragged-batch balancing (one program per sequence when B*Hkv fills the
     # chip): kept so compare measures what the balancing costs on uniform lengths and buys on ragged ones
     "paged_unbalanced": DecodeConfig(paged_min_waves=1),
@@ -273,13 +279,22 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     if kv_format == "nvfp4" and nvfp4_batch_regime(config, batch=batch, hkv=hkv, rows=rows, d=d,
                                                    paged=page_size is not None, sm_count=sm):
         occ = config.nvfp4_batch_occupancy
+    # session 23 (docs/fa_decode.md "Speculative decode"): on a dense 16-bit cache, one split wherever the programs
+    # fill the SMs once (the wave model's second split cost 2.5-5% there, at Tq 1 and at Tq 2-8 alike), and 4 warps
+    # for a 64-row program at D 128 (8 were 2.5-4% slower at every such shape measured); paged caches keep their
+    # ragged-batch splits and quantized ones their own regimes (neither measured under these rules)
+    dense16 = page_size is None and not kv_format
+    fill = config.split1_fill if config.split1_fill is not None else (DENSE_SPLIT1_FILL if dense16 else None)
+    bm = planner.block_m(rows, d, config.block_m_max)
     splits = config.splits
-    if config.split1_fill is not None:
-        programs = batch * hkv * planner.cdiv(rows, planner.block_m(rows, d, config.block_m_max))
-        splits = 1 if programs >= config.split1_fill * sm else None
+    if splits is None and fill is not None:
+        splits = 1 if batch * hkv * planner.cdiv(rows, bm) >= fill * sm else None
+    warps = config.num_warps
+    if warps is None and dense16 and d == 128 and bm == 64:
+        warps = 4
     return planner.plan_decode(
         batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv, sm_count=sm,
-        block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, splits=splits,
+        block_k=config.block_k, num_warps=warps, num_stages=config.num_stages, splits=splits,
         occupancy=occ, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
         page_size=page_size, block_k_scale=config.quant_tile_scale if kv_format else 1)
 
