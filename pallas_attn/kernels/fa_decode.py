@@ -10,7 +10,8 @@ How it differs from its parent (v8_gqa_ss, reference §2.13), which stalled near
   * One program per (row tile, split, batch*KV head) with the KV tile streamed by a ``fori_loop`` that
     Triton software-pipelines (``num_stages``): several K/V tiles in flight per program, several programs
     per SM. The split count comes from the device SM count and a wave model (``planner``), not from the
-    reference's 40-SM constants.
+    reference's 40-SM constants; on a dense 16-bit cache one split wherever the programs already fill the SMs once
+    (session 23: the wave model's second split cost 2.5-5% there).
   * KV is indexed in place, in the caller's layout (``kv_source``): no transpose or copy of the cache.
   * Split-KV partials are the shared state (``splitkv``: normalized fp32 O + LSE per row and split); the
     shared Pallas merge combines them. With one split there is no merge: the partial kernel writes the
