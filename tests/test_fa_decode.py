@@ -416,3 +416,19 @@ def test_the_h100_table_leaves_speculative_decode_to_the_default_rule():
     p = fd.plan(batch=16, hkv=8, rows=64, d=128, max_kv=8192, config=cfg, sm_count=132)
     assert (p.splits, p.num_warps) == (1, 4)
     assert fd.plan(batch=4, hkv=8, rows=64, d=128, max_kv=8192, config=small, sm_count=132).splits > 1
+
+
+def test_the_h200_table_keeps_the_wave_models_split_where_it_measured_faster():
+    """The H200's fa_decode rows (session 23, call 6): one split lost there at Qwen2.5-7B decode B 32 S 32k (512.1
+    against 490.2 us) and Llama-8B spec Tq 4, so those buckets take ``waves``; Llama-70B Tq 8 keeps the default."""
+    from pallas_attn import tuning
+    from pallas_attn.kernels.contract import Problem
+
+    def prob(batch, q_len, kv_len, hq, hkv):
+        return Problem(entry="dense", dtype="bfloat16", batch=batch, q_len=q_len, kv_len=kv_len, heads_q=hq,
+                       heads_kv=hkv, head_dim=128, causal=True)
+
+    with tuning.use_chip("h200"):
+        assert fd.KERNEL.heuristic(prob(32, 1, 32768, 28, 4)) == fd.CONFIGS["waves"]
+        assert fd.KERNEL.heuristic(prob(16, 4, 8192, 32, 8)) == fd.CONFIGS["waves"]
+        assert fd.KERNEL.heuristic(prob(16, 8, 8192, 64, 8)) == fd.CONFIGS["default"]

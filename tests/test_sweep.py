@@ -159,15 +159,16 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
     assert v12_mla_tc.KERNEL.heuristic(p8) == v12_mla_tc.CONFIGS["kv64"]
     small = dataclasses.replace(p, head_dim=320, kv_lora_rank=256)
     assert v12_mla_tc.KERNEL.heuristic(small) == v12_mla_tc.CONFIGS["faithful"]
-    monkeypatch.setattr(tuning, "chip", lambda: "h200")  # no H200 table: the own rule, not the reference's plan
+    monkeypatch.setattr(tuning, "chip", lambda: "h200")  # no H200 MLA rows: the own rule, not the reference's plan
     monkeypatch.delenv("PALLAS_ATTN_TUNING")
-    assert tuning.table() is None and v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc"]
-    assert tuning.table_for("fa_mla") is None and tuning.table_for("fa_decode") is None
+    assert tuning.choose("fa_mla", p) is None and v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert not (tuning.table_for("fa_mla") or {}).get("kernels", {}).get("fa_mla")
 
 
-def test_h200_without_a_table_reads_the_h100_rows_for_the_prefill_kernels(monkeypatch):
-    """The H200 has no table of its own: fa_prefill's and the drop-in backward's heuristics read the H100's rows
-    there (the same SMs), fa_decode and fa_mla keep their own rules; PALLAS_ATTN_TUNING=off turns both off."""
+def test_h200_without_prefill_rows_reads_the_h100_rows_for_the_prefill_kernels(monkeypatch):
+    """The H200's table holds fa_decode rows only (session 23): fa_prefill's and the drop-in backward's heuristics
+    read the H100's rows there (the same SMs), fa_decode its own H200 rows, fa_mla its own rule;
+    PALLAS_ATTN_TUNING=off turns them all off."""
     from pallas_attn import dropin, tuning
     from pallas_attn.kernels import fa_prefill
     from pallas_attn.kernels.contract import Problem
@@ -179,11 +180,13 @@ def test_h200_without_a_table_reads_the_h100_rows_for_the_prefill_kernels(monkey
     bwd_h100 = dropin.bwd_config_name(short)
     assert on_h100 not in (None, "default")
     monkeypatch.setattr(tuning, "chip", lambda: "h200")
-    assert tuning.table() is None and tuning.table_for("fa_prefill") is tuning.table("h100")
+    own = tuning.table()
+    assert set(own["kernels"]) == {"fa_decode"} and tuning.table_for("fa_prefill") is tuning.table("h100")
+    assert tuning.table_for("fa_decode") is own and tuning.table_for("fa_prefill_bwd") is tuning.table("h100")
     assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) == on_h100
     assert fa_prefill.KERNEL.heuristic(short) == fa_prefill.fit(fa_prefill.CONFIGS[on_h100], 128)
     assert dropin.bwd_config_name(short) == bwd_h100
-    assert tuning.table_for("fa_decode") is None and tuning.table_for("fa_mla") is None
+    assert tuning.table_for("fa_mla") is own  # no MLA rows in it: choose() finds none, the kernel's own rule
     monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
     assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) is None
 

@@ -11,11 +11,11 @@ A kernel's heuristic asks ``choose(kernel, problem)`` for a config name:
   sum of |log2| distances) wins. That is the rule for shapes outside the table: the nearest measured shape of the
   same kind, never a guess across kinds. No matching row gives None.
 
-A chip without its own table reads a sibling's for the kernels whose choices carry over (``SIBLING``,
+A chip without its own rows for a kernel reads a sibling's for the kernels whose choices carry over (``SIBLING``,
 ``SIBLING_KERNELS``): the H200 is the H100's 132 SMs (the same tensor cores, registers and shared memory) with
 faster, larger memory, so the compute-bound Hopper schedules of fa_prefill and its backward, chosen by per-tile
-latencies, read the H100's rows there; the memory-bound decode kernels and MLA keep their own rules until an H200
-table exists (docs/sweep.md, "Session 22: the H200").
+latencies, read the H100's rows there; the memory-bound decode kernels and MLA keep their own rules unless the
+H200's table has rows for them (docs/sweep.md, "Session 22: the H200"; since session 23 it has fa_decode's).
 
 ``PALLAS_ATTN_TUNING=off`` in the environment turns the tables off (each kernel's own rule), for measuring what the
 tables buy; ``PALLAS_ATTN_TUNING=<path.json>`` reads that table instead of the shipped one (for a new chip).
@@ -127,10 +127,13 @@ def table(name: str | None = None) -> Mapping[str, Any] | None:
 
 
 def table_for(kernel: str, name: str | None = None) -> Mapping[str, Any] | None:
-    """The table ``kernel``'s heuristic reads on chip ``name`` (default: this GPU's): the chip's own, else for
-    ``SIBLING_KERNELS`` its sibling's (``SIBLING``), else None. ``PALLAS_ATTN_TUNING`` rules both as in ``table``."""
+    """The table ``kernel``'s heuristic reads on chip ``name`` (default: this GPU's): the chip's own where it has
+    rows for ``kernel``, else for ``SIBLING_KERNELS`` its sibling's (``SIBLING``), else the chip's own (None or
+    without the kernel: the kernel's own rule). A chip's table may hold some kernels only (the H200's: fa_decode,
+    session 23), and its other kernels still read the sibling. ``PALLAS_ATTN_TUNING`` rules both as in ``table``."""
     own = table(name)
-    if own or kernel not in SIBLING_KERNELS or os.environ.get("PALLAS_ATTN_TUNING", ""):
+    has = bool(own) and bool(((own.get("kernels") or {}).get(kernel) or {}).get("rows"))
+    if has or kernel not in SIBLING_KERNELS or os.environ.get("PALLAS_ATTN_TUNING", ""):
         return own
     sib = SIBLING.get(chip() if name is None else name)
     return table(sib) if sib else None
