@@ -219,8 +219,9 @@ CONFIGS: dict[str, DecodeConfig] = {
     "nvfp4_cast": DecodeConfig(nvfp4_decode="cast"),
     "nvfp4_plain": DecodeConfig(nvfp4_decode="cast", nvfp4_halves=False, nvfp4_batch_occupancy=None),
     # session 23 (speculative decode, Tq 2-8 at B 16 S 8k: 16-64 packed rows a program, 2-8x the MMA work per KV byte
-    # of Tq 1): candidates measured at the sweep's spec shapes; the H100 table picks among them (docs/fa_decode.md,
-    # "Speculative decode")
+    # of Tq 1): the candidates measured at the sweep's spec shapes (docs/fa_decode.md, "Speculative decode"); what won
+    # (one split where the programs fill the SMs, 4 warps for 64-row programs) went into the default's plan, and they
+    # stay so compare can measure them beside it
     "spec_w8": DecodeConfig(num_warps=8),
     "spec_w4": DecodeConfig(num_warps=4),
     "spec_st4": DecodeConfig(num_stages=4),

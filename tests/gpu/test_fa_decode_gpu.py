@@ -138,10 +138,11 @@ def test_dense_configs_compile_and_agree(cfg):
     _subset_check(out, q, k, v, rows=[0, 2], kv_heads=[0, 7], dtype="float16")
 
 
-@pytest.mark.parametrize("name", [n for n in fd.CONFIGS if n.startswith("spec_")])
+@pytest.mark.parametrize("name", [n for n in fd.CONFIGS if n.startswith("spec_")] + ["waves", "default"])
 def test_spec_configs_at_a_speculative_shape(name):
-    """The session-23 speculative-decode candidates (Tq 8, GQA 8:1, causal at the end of the cache; B 16 x Hkv 8 =
-    128 programs: ``spec_split1`` runs one split here) agree with the oracle."""
+    """The session-23 speculative-decode candidates, ``waves`` and the default (Tq 8, GQA 8:1, causal at the end of
+    the cache; B 16 x Hkv 8 = 128 programs: the default and ``spec_split1`` run one split here, ``waves`` two) agree
+    with the oracle."""
     q, k, v = _inputs(6, 16, 8, 64, 8, 128, 4096, "bfloat16")
     out = pallas_attn.attention(q, k, v, causal=True, q_offset=4096 - 8, generation="fa_decode", config=name)
     _subset_check(out, q, k, v, rows=[0, 15], kv_heads=[0, 7], dtype="bfloat16", causal=True, q_offset=4096 - 8)
