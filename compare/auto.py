@@ -25,9 +25,10 @@ from typing import Any
 
 from .schema import YES, Ctx, Impl, Prepared, RooflineFacts, Support
 
-__all__ = ["auto_impl", "choice"]
+__all__ = ["auto_impl", "choice", "chunk_dense_impl"]
 
 NAME = "pallas:auto"
+TWIN = "pallas:chunked:dense"  # a chunk's dense twin: fa_prefill on the same keys as one dense cache (issue 32's bar)
 # the features each family's public entry implements
 # (the drop-in's local_window_size, its softcap / sinks / segment_ids extensions on the forward, and the first three
 # differentiable: fa_prefill_bwd, or fa_train's backward for a window fa_prefill_bwd has not)
@@ -288,3 +289,52 @@ def auto_impl() -> Impl:
                 roofline_fn=_roofline, plan_fn=_plan,
                 families=frozenset({"prefill", "train", "decode", "paged_decode", "mla"}),
                 features=frozenset({"window", "softcap", "sinks", "packed"}))
+
+
+def _twin_supports(w, ctx: Ctx) -> Support:
+    """The dense twin runs where the chunk runs fa_prefill (``paged_attention`` with Tq > 16 over a 16-bit cache on a
+    Hopper): a chunk without window, soft-cap or sinks (the bar's shapes)."""
+    from pallas_attn import chunked
+    from pallas_attn.kernels import fa_decode
+
+    if w.family != "paged_decode" or w.q_len <= fa_decode.KERNEL.max_q_len:
+        return Support(False, f"the dense twin of a chunk (paged_attention with Tq > {fa_decode.KERNEL.max_q_len}); "
+                              f"got {w.family} Tq={w.q_len}", "n/a")
+    if w.features or w.kv_dtype or not w.causal:
+        return Support(False, "the dense twin is timed at the bar's shapes: causal, 16-bit cache, no window / soft-cap "
+                              "/ sinks", "unsupported")
+    if not chunked.uses_fa_prefill(w.dtype, w.head_dim, ctx.interpret):
+        return Support(False, "the chunk does not run fa_prefill here (it needs Mosaic GPU on sm_90): no dense twin "
+                              "to compare it with", "unsupported")
+    return YES
+
+
+def _twin_prepare(w, inp, ctx: Ctx) -> Prepared:
+    """fa_prefill with the config the chunk runs (``chunk_prefill_config``) on the workload's dense cache (the keys
+    the pool was paged from, already in place: nothing gathered inside the timed call), each sequence's queries at
+    its end (offset ``kv_len - Tq``, the paged entry's default)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_attn.kernels import fa_prefill
+
+    cfg, name = chunk_prefill_config(w)
+    off = inp.kv_lens_jax() - w.q_len
+    fn = jax.jit(lambda q, k, v, o: fa_prefill.forward(q, k, v, causal=True, scale=inp.scale, q_offset=o,
+                                                       interpret=ctx.interpret, config=cfg))
+    return Prepared(fn, (inp.q, inp.k, inp.v, off.astype(jnp.int32)), "jax", "BTNH",
+                    notes=f"fa_prefill ({name}, the chunk's config) on the same keys as one dense cache")
+
+
+def _twin_plan(w, ctx: Ctx) -> dict[str, Any]:
+    _, name = chunk_prefill_config(w)
+    return {"chose": f"fa_prefill:{name}", "generation": "fa_prefill", "config": name,
+            "why": "the chunk's config on the dense cache (the serving issue's 'dense fa_prefill at the same shape')"}
+
+
+def chunk_dense_impl() -> Impl:
+    """``pallas:chunked:dense`` (kind "twin"): the yardstick of the chunked entry's bar, chunked prefill at >= 0.95x
+    the speed of dense fa_prefill at the same shape (docs/serving.md); never a peer, never a named config."""
+    return Impl(TWIN, "pallas", None, "dense", "twin", None,
+                "a chunk's dense twin: fa_prefill with the chunk's config on the same keys as one dense cache",
+                _twin_supports, _twin_prepare, plan_fn=_twin_plan, families=frozenset({"paged_decode"}))

@@ -740,6 +740,6 @@ def all_impls() -> list[Impl]:
     pair by generation id)."""
     from . import auto, multidevice, peers
 
-    return ([auto.auto_impl()] + pallas_impls() + dropin_impls() + cuda_impls() + multidevice.cp_impls()
-            + multidevice.ring_impls()
+    return ([auto.auto_impl(), auto.chunk_dense_impl()] + pallas_impls() + dropin_impls() + cuda_impls()
+            + multidevice.cp_impls() + multidevice.ring_impls()
             + peers.peer_impls())

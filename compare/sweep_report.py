@@ -62,14 +62,16 @@ class Bar:
 
     ``peer_geomean`` / ``peer_worst``: bounds on auto / best peer; ``quant``: kv format -> bound on the quantized
     auto time over the bf16-KV auto time of the same shape; ``floor_fraction``: a lower bound on auto's
-    ``metrics.roofline_fraction`` on every workload. ``text`` quotes the target; ``unchecked`` is the part of it a
-    kernel-time ratio cannot judge (said, never silently dropped)."""
+    ``metrics.roofline_fraction`` on every workload; ``twin_speed``: a lower bound on the twin's time over auto's (the
+    chunk's speed over dense fa_prefill's at the same shape, every workload). ``text`` quotes the target;
+    ``unchecked`` is the part of it a kernel-time ratio cannot judge (said, never silently dropped)."""
 
     text: str
     peer_geomean: float | None = None
     peer_worst: float | None = None
     quant: Mapping[str, float] | None = None
     floor_fraction: float | None = None
+    twin_speed: float | None = None  # a lower bound on auto's speed over its dense twin's (``pallas:chunked:dense``)
     unchecked: str = ""
 
 
@@ -83,8 +85,8 @@ BARS: dict[str, Bar] = {
     "decode": _DECODE,
     "spec": dataclasses.replace(_DECODE, unchecked="spec decode Tq 2-8 at the read ceiling"),
     "paged": _DECODE,
-    "chunked": Bar("serving: paged chunked prefill >= 0.95x dense fa_prefill",
-                   unchecked="the ratio to dense fa_prefill (not a peer ratio): not computed here"),
+    "chunked": Bar("serving: paged chunked prefill >= 0.95x dense fa_prefill's speed, <= 1.0x FA3's kvcache time",
+                   peer_worst=1.00, twin_speed=0.95),
     "mla": Bar("fa_mla default >= 0.70 of the roofline floor everywhere", floor_fraction=0.70,
                unchecked=">= 600 TFLOP/s at B64 S8192"),
     "quant": Bar("low-precision KV: fp8 <= 0.55x, NVFP4 <= 0.45x the bf16-KV time (H100), every shape",
@@ -108,7 +110,12 @@ def _is_peer(r: dict) -> bool:
 
 def _is_named(r: dict) -> bool:
     impl = r.get("impl") or {}
-    return impl.get("framework") == "pallas" and not is_auto(r) and not impl.get("overrides")
+    return (impl.get("framework") == "pallas" and not is_auto(r) and not impl.get("overrides")
+            and impl.get("kind") != "twin")
+
+
+def _is_twin(r: dict) -> bool:
+    return (r.get("impl") or {}).get("kind") == "twin"
 
 
 def _time(r: dict) -> float | None:
@@ -144,6 +151,7 @@ class WorkloadResult:
     peers_tried: int  # peer records of the workload, any status
     git: tuple[str | None, bool | None]
     named_p10: float | None = None  # p10 µs of the best named config's record (the spread note below)
+    twin: tuple[str, float] | None = None  # (impl name, p50 µs) of auto's dense twin (the chunked entry's bar)
 
     @property
     def same_config(self) -> bool:
@@ -235,6 +243,7 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
             peers = sorted((t, r["impl"]["name"]) for r in recs if _is_peer(r) and (t := _time(r)) is not None)
             named = sorted((t, r["impl"]["name"]) for r in recs if _is_named(r) and (t := _time(r)) is not None)
             p10 = {r["impl"]["name"]: (r.get("metrics") or {}).get("time_us_p10") for r in recs if _is_named(r)}
+            twins = sorted((t, r["impl"]["name"]) for r in recs if _is_twin(r) and (t := _time(r)) is not None)
             env = recs[0].get("env") or {}
             res = WorkloadResult(
                 chip=chip, run_id=run_id, path=str(run["path"]), name=name,
@@ -243,7 +252,8 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
                 peer=(peers[0][1], peers[0][0]) if peers else None,
                 named=(named[0][1], named[0][0]) if named else None,
                 peers_tried=sum(1 for r in recs if _is_peer(r)), git=(env.get("git_sha"), env.get("dirty")),
-                named_p10=_finite(p10.get(named[0][1])) if named else None)
+                named_p10=_finite(p10.get(named[0][1])) if named else None,
+                twin=(twins[0][1], twins[0][0]) if twins else None)
             not_run = auto is None or auto.get("status") == "skipped"  # skipped: the run's --max-run-s ran out first
             if (chip, name) in by_key and not_run and by_key[(chip, name)].auto is not None:
                 notes["no_auto_later"] += 1  # a config experiment or a cut run: auto's earlier run stays the workload's
@@ -414,6 +424,17 @@ def kernel_verdict(entry: str, results: list[WorkloadResult]) -> tuple[str, str]
             if a.no_auto:
                 parts.append(f"auto has no timed record on {sum(a.no_auto.values())}")
                 ok = False
+    if bar.twin_speed is not None:
+        sp = [(r.twin[1] / r.auto_us, r.name) for r in results if r.twin is not None and r.auto_us]
+        if not sp:  # half the bar unjudged is not the bar met
+            parts.append("no workload with auto and its dense twin (pallas:chunked:dense) timed in one run")
+            ok = False
+        else:
+            judged = True
+            lo = min(sp)
+            parts.append(f"speed / dense fa_prefill's: geomean {_geomean([x for x, _ in sp]):.3f}, lowest "
+                         f"{lo[0]:.3f} ({lo[1]}) over {len(sp)}")
+            ok &= lo[0] >= bar.twin_speed
     if bar.unchecked:
         parts.append(f"not checked here: {bar.unchecked}")
     return ("met" if ok else "missed") if judged else "not judged", "; ".join(parts)

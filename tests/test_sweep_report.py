@@ -5,6 +5,7 @@ headline block (replaced idempotently, refused without its markers). CPU only, n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -25,7 +26,8 @@ def _wl(name, *, model="llama", entry="prefill", family=None, **kw):
     return w
 
 
-_KIND = {"pallas:auto": "auto", "torch:cudnn": "peer", "jax:cudnn": "peer", "torch:flash": "peer", "fa3:mha": "peer"}
+_KIND = {"pallas:auto": "auto", "torch:cudnn": "peer", "jax:cudnn": "peer", "torch:flash": "peer", "fa3:mha": "peer",
+         "fa3:kvcache": "peer", "pallas:chunked:dense": "twin"}
 
 
 def _rec(run, gpu, w, impl, t=None, *, status="ok", reason=None, chose=None, overrides=None, roofline=None,
@@ -197,6 +199,31 @@ def test_a_later_run_that_skipped_auto_for_its_budget_does_not_replace_autos_run
     by_chip, notes = _collect(path)
     gpt = next(r for r in by_chip[H100] if r.model == "gpt")
     assert notes["replaced"] == 1 and gpt.run_id == "r3"  # a refusal is a finding: it replaces
+
+
+def test_the_chunked_bar_is_judged_against_the_dense_twin(tmp_path):
+    """The chunked entry's bar: auto's speed over its dense twin's (``pallas:chunked:dense``: fa_prefill on the same
+    keys as one dense cache) >= 0.95 at every workload, and <= 1.0x FA3's kvcache time; the twin is neither a peer nor
+    a named config. By hand: speeds 100 / 102 = 0.980 and 100 / 90 = 0.9 -> missed at the second."""
+    a = _wl("sweep_chunked_llama_p64_c512_s8192", entry="chunked", family="paged_decode", q_len=512, kv_len=8192)
+    b = _wl("sweep_chunked_llama_p16_c512_s8192", entry="chunked", family="paged_decode", q_len=512, kv_len=8192,
+            page_size=16)
+    recs = [_header("r1", H100),
+            _rec("r1", H100, a, "pallas:auto", 100.0), _rec("r1", H100, a, "pallas:chunked:dense", 102.0),
+            _rec("r1", H100, a, "fa3:kvcache", 110.0),
+            _rec("r1", H100, b, "pallas:auto", 100.0), _rec("r1", H100, b, "pallas:chunked:dense", 90.0),
+            _rec("r1", H100, b, "fa3:kvcache", 104.0)]
+    by_chip, _ = _collect(_write(tmp_path / "r" / "records.jsonl", recs))
+    res = by_chip[H100]
+    assert all(r.named is None and r.peer[0] == "fa3:kvcache" for r in res)
+    assert {r.name: r.twin for r in res} == {a["name"]: ("pallas:chunked:dense", 102.0),
+                                           b["name"]: ("pallas:chunked:dense", 90.0)}
+    verdict, detail = sweep_report.kernel_verdict("chunked", res)
+    assert verdict == "missed" and "lowest 0.900 (sweep_chunked_llama_p16_c512_s8192) over 2" in detail
+    verdict, _ = sweep_report.kernel_verdict("chunked", [r for r in res if r.name == a["name"]])
+    assert verdict == "met"
+    verdict, detail = sweep_report.kernel_verdict("chunked", [dataclasses.replace(r, twin=None) for r in res])
+    assert verdict == "missed" and "no workload with auto and its dense twin" in detail  # half a bar is not met
 
 
 def test_the_later_run_wins_whatever_the_order_of_the_files(tmp_path):
