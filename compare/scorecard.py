@@ -223,9 +223,10 @@ def sweep_layer2(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if r.get("type") == "result":
             w = r.get("workload") or {}
             entry_of[w.get("name")] = w.get("entry") or w.get("family")
+    twins = _twin_names(recs)
     for when, rec in (("before", False), ("now", True)):
         for row in rows(recs, recompute=rec):
-            if not row["impl"].startswith("pallas:"):
+            if not row["impl"].startswith("pallas:") or row["impl"] in twins:
                 continue
             entry = entry_of.get(row["workload"], row["family"])
             side = "auto" if row["impl"] == layer2.AUTO else "named"
@@ -263,6 +264,13 @@ def render_sweep_layer2(records: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _twin_names(records: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Implementations of kind "twin" (compare's ``pallas:chunked:dense``): a yardstick beside auto, not a Pallas
+    choice, so not in the sweep's layer-2 tables."""
+    return {str((r.get("impl") or {}).get("name")) for r in records
+            if r.get("type") == "result" and (r.get("impl") or {}).get("kind") == "twin"}
+
+
 def _kernel_of(record: Mapping[str, Any]) -> str:
     """The kernel a sweep record timed: a named config's generation (``pallas:fa_prefill:c3`` -> ``fa_prefill``), and
     for ``pallas:auto`` the generation its plan says the defaults chose (``fa_decode``, ``fa_mla``, ...)."""
@@ -289,8 +297,9 @@ def sweep_kernels(records: Iterable[Mapping[str, Any]], threshold: float = 0.25)
             by_key[((r.get("env") or {}).get("gpu", "?"), w.get("name"), (r.get("impl") or {}).get("name"))] = r
     groups: dict[tuple, list] = collections.defaultdict(list)
     misses = []
+    twins = _twin_names(recs)
     for row in rows(recs):
-        if not row["impl"].startswith("pallas:"):
+        if not row["impl"].startswith("pallas:") or row["impl"] in twins:
             continue
         r = by_key[(row["gpu"], row["workload"], row["impl"])]
         w = r.get("workload") or {}

@@ -283,8 +283,10 @@ def test_the_sweep_scorecard_per_kernel_and_its_misses():
     recs = [rec("sweep_prefill_gpt-2_n512", "pallas:auto", 100.0, 104.0, {"generation": "fa_prefill"}),
             rec("sweep_prefill_gpt-2_n512", "pallas:fa_prefill:c3", 200.0, 130.0),
             rec("sweep_prefill_llama-3.1-8b_n512", "pallas:fa_prefill:c3", 900.0, 400.0),
-            rec("sweep_prefill_llama-3.1-8b_n512", "pallas:fa_prefill:default", 400.0, 410.0)]
+            rec("sweep_prefill_llama-3.1-8b_n512", "pallas:fa_prefill:default", 400.0, 410.0),
+            rec("sweep_prefill_llama-3.1-8b_n512", "pallas:chunked:dense", 400.0, 100.0)]  # a twin: not scored
     sk = scorecard.sweep_kernels(recs)
+    assert all(i["side"] != "named" or i["records"] == 3 for i in scorecard.sweep_layer2(recs))
     groups = {(g["kernel"], g["records"]) for g in sk["groups"]}
     assert groups == {("fa_prefill", 4)}
     g = sk["groups"][0]
