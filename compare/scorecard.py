@@ -215,33 +215,48 @@ def sweep_layer2(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     records carry from before their runs (``before``) and for today's model (``now``): how many were priced, the
     median and worst |error|, how many within 25%, and the limiters layer 2 named. Training steps are priced
     since session 21 (``layer2.train_launches``); older train records carry no prediction ("not priced" before)."""
-    recs = [r for r in latest(records) if r.get("type") != "result"
-            or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
+    recs = list(records)
     groups: dict[tuple, dict[str, list]] = collections.defaultdict(lambda: {"before": [], "now": []})
-    entry_of = {}  # a sweep workload's name says its entry (the same name, the same workload)
-    for r in recs:
-        if r.get("type") == "result":
-            w = r.get("workload") or {}
-            entry_of[w.get("name")] = w.get("entry") or w.get("family")
-    twins = _twin_names(recs)
     for when, rec in (("before", False), ("now", True)):
-        for row in rows(recs, recompute=rec):
-            if not row["impl"].startswith("pallas:") or row["impl"] in twins:
-                continue
-            entry = entry_of.get(row["workload"], row["family"])
+        for row, _ in _sweep_rows(recs, recompute=rec):
             side = "auto" if row["impl"] == layer2.AUTO else "named"
-            groups[(row["gpu"], entry, side)][when].append(row)
+            groups[(row["gpu"], row["entry"], side)][when].append(row)
     out = []
     for (gpu, entry, side), g in sorted(groups.items()):
         item: dict[str, Any] = {"gpu": gpu, "entry": entry, "side": side, "records": len(g["now"])}
         for when in ("before", "now"):
-            errs = [abs(r["layer2_err"]) for r in g[when] if r["layer2_err"] is not None]
-            item[when] = {"priced": len(errs), "median": statistics.median(errs) if errs else None,
-                          "worst": max(errs) if errs else None, "within_25": sum(e <= 0.25 for e in errs),
-                          "limiters": dict(collections.Counter(r["layer2_limiter"] for r in g[when]
-                                                               if r["layer2_err"] is not None))}
+            summary = _err_summary(g[when], 0.25)
+            item[when] = dict(summary, within_25=summary.pop("within"))
         out.append(item)
     return out
+
+
+def _sweep_rows(records: list[Mapping[str, Any]], recompute: bool = False
+                ) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
+    """``(row, record)`` of the scored Pallas rows on the sweep (``rows`` on the latest record of each sweep workload
+    and implementation, ``latest``), each row with its ``entry``; the twins (``_twin_names``) left out."""
+    recs = [r for r in latest(records) if r.get("type") != "result"
+            or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
+    by_key = {((r.get("env") or {}).get("gpu", "?"), (r.get("workload") or {}).get("name"),
+               (r.get("impl") or {}).get("name")): r for r in recs if r.get("type") == "result"}
+    twins = _twin_names(recs)
+    out = []
+    for row in rows(recs, recompute=recompute):
+        if not row["impl"].startswith("pallas:") or row["impl"] in twins:
+            continue
+        r = by_key[(row["gpu"], row["workload"], row["impl"])]
+        w = r.get("workload") or {}
+        out.append((dict(row, entry=w.get("entry") or w.get("family") or row["family"]), r))
+    return out
+
+
+def _err_summary(group: list[Mapping[str, Any]], threshold: float) -> dict[str, Any]:
+    """Of a group of scored rows: how many were priced, the median and worst |layer-2 error|, how many within
+    ``threshold``, and the limiters layer 2 named."""
+    errs = [abs(x["layer2_err"]) for x in group if x["layer2_err"] is not None]
+    return {"priced": len(errs), "median": statistics.median(errs) if errs else None,
+            "worst": max(errs) if errs else None, "within": sum(e <= threshold for e in errs),
+            "limiters": dict(collections.Counter(x["layer2_limiter"] for x in group if x["layer2_err"] is not None))}
 
 
 def render_sweep_layer2(records: Iterable[Mapping[str, Any]]) -> str:
@@ -288,33 +303,15 @@ def sweep_kernels(records: Iterable[Mapping[str, Any]], threshold: float = 0.25)
     on the latest record of each sweep workload and Pallas implementation (``latest``): ``{"groups": [{"gpu",
     "entry", "kernel", "records", "priced", "median", "worst", "within", "limiters"}], "misses": [row + cause]}``,
     a miss being a priced row with |error| above ``threshold`` (the issue's 25%)."""
-    recs = [r for r in latest(records) if r.get("type") != "result"
-            or str((r.get("workload") or {}).get("name", "")).startswith("sweep_")]
-    by_key = {}
-    for r in recs:
-        if r.get("type") == "result":
-            w = r.get("workload") or {}
-            by_key[((r.get("env") or {}).get("gpu", "?"), w.get("name"), (r.get("impl") or {}).get("name"))] = r
     groups: dict[tuple, list] = collections.defaultdict(list)
     misses = []
-    twins = _twin_names(recs)
-    for row in rows(recs):
-        if not row["impl"].startswith("pallas:") or row["impl"] in twins:
-            continue
-        r = by_key[(row["gpu"], row["workload"], row["impl"])]
-        w = r.get("workload") or {}
-        row = dict(row, entry=w.get("entry") or w.get("family"), kernel=_kernel_of(r))
+    for row, r in _sweep_rows(list(records)):
+        row = dict(row, kernel=_kernel_of(r))
         groups[(row["gpu"], row["entry"], row["kernel"])].append(row)
         if row["layer2_err"] is not None and abs(row["layer2_err"]) > threshold:
             misses.append(dict(row, cause=_cause(row["impl"], row["workload"])))
-    out = []
-    for (gpu, entry, kernel), g in sorted(groups.items()):
-        errs = [abs(x["layer2_err"]) for x in g if x["layer2_err"] is not None]
-        out.append({"gpu": gpu, "entry": entry, "kernel": kernel, "records": len(g), "priced": len(errs),
-                    "median": statistics.median(errs) if errs else None, "worst": max(errs) if errs else None,
-                    "within": sum(e <= threshold for e in errs),
-                    "limiters": dict(collections.Counter(x["layer2_limiter"] for x in g
-                                                         if x["layer2_err"] is not None))})
+    out = [{"gpu": gpu, "entry": entry, "kernel": kernel, "records": len(g), **_err_summary(g, threshold)}
+           for (gpu, entry, kernel), g in sorted(groups.items())]
     return {"groups": out, "misses": misses, "threshold": threshold}
 
 
@@ -337,14 +334,21 @@ def render_sweep_scorecard(records: Iterable[Mapping[str, Any]], threshold: floa
         lines.append(f"| {g['gpu']} | {g['entry']} | {g['kernel']} | {g['records']} | {g['priced']} | "
                      f"{pct(g['median'])} / {pct(g['worst'])} | {g['within']} | {lim or '—'} |")
     lines += ["", f"#### Misses above {100 * threshold:.0f}% (before the run; {len(sk['misses'])})", ""]
-    if sk["misses"]:
-        lines += ["| GPU | workload | impl | measured us | layer 2 us | error | limiter | cause |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for m in sorted(sk["misses"], key=lambda m: (m["gpu"], -abs(m["layer2_err"]))):
-            lines.append(f"| {m['gpu']} | {m['workload']} | {m['impl']} | {m['measured_us']:.1f} | "
-                         f"{m['layer2_us']:.1f} | {100 * m['layer2_err']:+.0f}% | {m['layer2_limiter']} | "
-                         f"{m['cause']} |")
+    lines += _misses_table(sorted(sk["misses"], key=lambda m: (m["gpu"], -abs(m["layer2_err"]))))
     return "\n".join(lines) + "\n"
+
+
+def _misses_table(misses: list[Mapping[str, Any]]) -> list[str]:
+    """The Markdown lines of a layer-2 misses table (none when there is no miss)."""
+    if not misses:
+        return []
+    lines = ["| GPU | workload | impl | measured us | layer 2 us | error | limiter | cause |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in misses:
+        lines.append(f"| {m['gpu']} | {m['workload']} | {m['impl']} | {m['measured_us']:.1f} | "
+                     f"{m['layer2_us']:.1f} | {100 * m['layer2_err']:+.0f}% | {m['layer2_limiter']} | "
+                     f"{m['cause']} |")
+    return lines
 
 
 def _stats(errs: list[float]) -> tuple[float, float]:
@@ -390,13 +394,7 @@ def render(records: Iterable[Mapping[str, Any]], threshold: float = 0.3, recompu
                      f"{_pct(g['l2_median'])} / {_pct(g['l2_worst'])} | {lim(g['l1_limiters'])} | "
                      f"{lim(g['l2_limiters'])} |")
     lines += ["", f"Layer-2 misses above {100 * threshold:.0f}% ({len(sc['misses'])}):", ""]
-    if sc["misses"]:
-        lines += ["| GPU | workload | impl | measured us | layer 2 us | error | limiter | cause |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for m in sorted(sc["misses"], key=lambda m: -abs(m["layer2_err"])):
-            lines.append(f"| {m['gpu']} | {m['workload']} | {m['impl']} | {m['measured_us']:.1f} | "
-                         f"{m['layer2_us']:.1f} | {100 * m['layer2_err']:+.0f}% | {m['layer2_limiter']} | "
-                         f"{m['cause']} |")
+    lines += _misses_table(sorted(sc["misses"], key=lambda m: -abs(m["layer2_err"])))
     return "\n".join(lines) + "\n"
 
 
