@@ -1,10 +1,18 @@
 """The generation table: the reference's 17 generations plus our frontier kernels, in order.
 
 A row holds what is true of a generation whatever framework implements it: its family, its parent, the one
-change it makes, the section of the specification it follows, which public entries serve it and whether it
-is a frontier kernel (our own, no reference twin). What each *twin* can do (dtypes, head dims, configs,
-precision) is declared by the twin: ``pallas_attn.registry`` (kernel contracts) and ``cuda_ref``'s
+change it makes, the section of the specification it follows, which public entries serve it, whether it is a
+frontier kernel (our own, not one of the reference's) and whether it has a CUDA twin (``twin``: every reference
+generation has one; a frontier kernel has one only where its row says so). What each *twin* can do (dtypes, head
+dims, configs, precision) is declared by the twin: ``pallas_attn.registry`` (kernel contracts) and ``cuda_ref``'s
 generation table (``csrc/generations.def``). ``compare`` pairs the two twins by id.
+
+A frontier kernel with a CUDA twin also declares here the two facts about that twin that no other place holds:
+``twin_dataflow`` (the dataflow, a ``compare.layer2.COSTS`` key, that ``cuda_ref.launches`` prices the twin's
+kernels by when its builder does not know them by name) and ``twin_smem`` (the static shared memory in bytes
+of each of the twin's kernel instantiations, as ptxas names them: tests/test_cuda_ref_cpu.py checks it against
+ptxas's report). The reference's twins keep theirs where they were (cuda_ref.launches by kernel name, the
+test's ``EXPECTED_SMEM`` from the specification).
 
 Entries (DESIGN.md decision 6): ``dense`` (``attention``), ``paged`` (``paged_attention``), ``quantized``
 (``paged_attention`` with an fp8 / NVFP4 pool), ``mla`` (``mla_attention``). Sections refer to the
@@ -14,8 +22,10 @@ reference project's write-up (github.com/gkienpham-cmd/flashattention-cuda), as 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-__all__ = ["Generation", "GENERATIONS", "FAMILIES", "ENTRIES", "REFERENCE_IDS", "MLA_TEMPLATES", "ids", "get"]
+__all__ = ["Generation", "GENERATIONS", "FAMILIES", "ENTRIES", "REFERENCE_IDS", "TWIN_IDS", "MLA_TEMPLATES", "ids",
+           "get"]
 
 FAMILIES = ("prefill", "decode", "paged_gqa", "lowp_kv", "mla", "frontier_decode", "frontier_prefill")
 ENTRIES = ("dense", "paged", "quantized", "mla")
@@ -30,6 +40,10 @@ class Generation:
     section: str
     entries: frozenset[str]
     frontier: bool = False
+    twin: bool | None = None  # has a CUDA twin (cuda_ref); None: a reference generation has one, a frontier one not
+    twin_dataflow: str | None = None  # the twin's dataflow (a compare.layer2.COSTS key) where none is known by name
+    # the twin's kernels' static shared memory in bytes, as ptxas names them: given as a mapping, kept as sorted pairs
+    twin_smem: Mapping[str, int] | tuple[tuple[str, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -38,6 +52,15 @@ class Generation:
         bad = self.entries - set(ENTRIES)
         if not self.entries or bad:
             raise ValueError(f"{self.id}: entries must be a non-empty subset of {ENTRIES}; got {sorted(self.entries)}")
+        if self.twin is None:
+            object.__setattr__(self, "twin", not self.frontier)
+        if not self.twin and (self.twin_dataflow is not None or self.twin_smem is not None):
+            raise ValueError(f"{self.id}: twin_dataflow and twin_smem describe a CUDA twin; the row has none (twin=)")
+        if self.twin_smem is not None:
+            smem = dict(self.twin_smem)
+            if not smem or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in smem.items()):
+                raise ValueError(f"{self.id}: twin_smem maps kernel names to bytes (int >= 0); got {smem}")
+            object.__setattr__(self, "twin_smem", tuple(sorted(smem.items())))
 
 
 _D, _P, _Q, _M = frozenset({"dense"}), frozenset({"paged"}), frozenset({"quantized"}), frozenset({"mla"})
@@ -98,6 +121,7 @@ GENERATIONS: tuple[Generation, ...] = (
 
 _BY_ID = {g.id: g for g in GENERATIONS}
 REFERENCE_IDS: tuple[str, ...] = tuple(g.id for g in GENERATIONS if not g.frontier)
+TWIN_IDS: tuple[str, ...] = tuple(g.id for g in GENERATIONS if g.twin)  # cuda_ref builds exactly these
 
 # (DQK, DV = kv_lora_rank) the reference's MLA kernels are instantiated for (docs/reference.md §2.16, docs/mla.md):
 # v11_mla in both twins and cuda_ref's v12_mla_tc take these; the one definition both twins and compare import.

@@ -713,22 +713,24 @@ def _cuda_prepare(gen_id: str, w, inp, ctx: Ctx) -> Prepared:
 
 
 def cuda_impls() -> list[Impl]:
-    """One ``cuda:<gen>`` per reference generation (frontier kernels have no CUDA twin by design)."""
+    """One ``cuda:<gen>`` per generation with a CUDA twin (``attn_core.generations``' ``twin``: every reference
+    generation, and a frontier kernel whose row declares one)."""
     try:
         rows, table_error = {r.id: r for r in cuda_table()}, None
     except Exception as e:  # cuda_ref not importable or its table unreadable: every record says so
         rows, table_error = {}, f"cuda_ref's generation table is unavailable: {type(e).__name__}: {e}"
     out = []
     for g in core.GENERATIONS:
-        if g.frontier:
+        if not g.twin:
             continue
         row = rows.get(g.id)
+        kind = "frontier" if g.frontier else "mirror"  # a frontier kernel's twin is ours too, not the reference's
         supports = functools.partial(_cuda_supports, g.id, row, table_error)
         if row is None:
-            out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, "mirror", None, g.delta, supports,
+            out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, kind, None, g.delta, supports,
                             roofline_fn=functools.partial(_not_built_facts, g.id)))
             continue
-        out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, "mirror", "cuda-jit", g.delta, supports,
+        out.append(Impl(f"cuda:{g.id}", "cuda", g.id, None, kind, "cuda-jit", g.delta, supports,
                         functools.partial(_cuda_prepare, g.id),
                         roofline_fn=functools.partial(_cuda_roofline, row),
                         plan_fn=functools.partial(_cuda_plan, row)))

@@ -171,7 +171,7 @@ def _resolve(generation: str, entry: str) -> _table.CudaGeneration:
     if generation not in _known.ids():
         raise ValueError(f"unknown generation {generation!r}; {fn} serves {', '.join(built_here) or 'none yet'}")
     known = _known.get(generation)
-    if known.frontier:
+    if known.frontier and not known.twin:
         why = "frontier kernels are Pallas-only by design"
     elif not built_here:
         why = f"no {entry} generation is built in cuda_ref yet"

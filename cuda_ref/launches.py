@@ -9,7 +9,10 @@ this module lists no generation by hand:
   ``csrc/kernels/<id>.cu`` and of the ``launch_*`` helpers it calls (v1's softmax pass, the paged merge); template
   arguments as written there (``<D>``; the MLA twins ``<DQK, DV[, T], F>``, T the 16-bit type, F the latent format);
 * the builder that turns them into launches is the row's entry's (``_dense``: one builder per kernel name;
-  ``_paged``; ``_mla``); a partial whose dataflow is not the default says so by kernel name (``PARTIALS``);
+  ``_paged``; ``_mla``); a partial whose dataflow is not the default says so by kernel name (``PARTIALS``); a kernel
+  no builder knows by name is priced by the dataflow its generation declares (``attn_core.generations``
+  ``twin_dataflow``: for a dense twin one of ``DENSE_DATAFLOWS``, for a paged or MLA one a ``Partial`` dataflow), so
+  a new twin of a known dataflow needs no edit here;
 * registers and static shared memory come from the ptxas report (``resources/ptxas_sm90a.txt``, package data,
   written from the sources by tests/test_cuda_ref_cpu.py).
 
@@ -31,12 +34,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from attn_core import generations as _core
 from attn_core.launches import Launch, cast_launches, cdiv, kv_bytes, kv_tokens, mla_dims
 
 from .table import by_id, table
 
-__all__ = ["Twin", "Partial", "PARTIALS", "PTXAS_REPORT", "ptxas_resources", "resources", "twins", "kernels",
-           "reads_kv_dtype", "plan", "launches"]
+__all__ = ["Twin", "Partial", "PARTIALS", "DENSE_DATAFLOWS", "PTXAS_REPORT", "ptxas_resources", "resources", "twins",
+           "kernels", "reads_kv_dtype", "plan", "launches"]
 
 # cuda_ref's ptxas resource report, package data (cuda_ref/resources): registers and static shared memory per kernel
 PTXAS_REPORT = Path(__file__).resolve().parent / "resources" / "ptxas_sm90a.txt"
@@ -71,13 +75,14 @@ def resources(kernel: str, d: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------------------
-# The dense twins (v1-v6): one builder per kernel, by kernel name
+# The dense twins (v1-v6): one builder per kernel, by kernel name; any other kernel by its declared dataflow
 # --------------------------------------------------------------------------------------------------------
 
 
 def _dense(twin: Twin, row: Any, s: Any, plan: Mapping[str, Any]) -> list[Launch]:
     """kernels/v1_naive.cu ... v6_splitkv.cu: S in HBM (v1, v2: its re-reads declared), row stats (v3), warp per
-    query row (v4, v6's partial), WMMA (v5), the split merge (v6)."""
+    query row (v4, v6's partial), WMMA (v5), the split merge (v6). A kernel not named here (a frontier kernel's
+    twin) is priced by its generation's ``twin_dataflow`` (``DENSE_DATAFLOWS``), from the row's tile."""
     d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
     s_bytes = bh * tq * tk * 4
     vf = s.vis_frac
@@ -127,28 +132,65 @@ def _dense(twin: Twin, row: Any, s: Any, plan: Mapping[str, Any]) -> list[Launch
                               l2_bytes=P * keys * d * 4 * mult, unit="FMA",
                               note="thread per query row (TM of 256 threads active), serial over keys x d"))
         elif base in ("v4_fused_kernel", "v6_partial_kernel"):
-            splits, chunk = (1, tk) if base == "v4_fused_kernel" else (plan["splits"], plan["chunk"])
-            P = cdiv(tq, 8) * splits * bh
-            keys = max(1.0, min(chunk, tk) * vf)
-            ws = bh * tq * splits * (d + 2) * 4 if splits > 1 or base == "v6_partial_kernel" else 0
-            out.append(Launch(k, "warp_rows", P, 256, regs, smem, units=min(8, tq) * keys, steps=keys,
-                              dram_bytes=qkv + (ws if ws else o_bytes), l2_bytes=P * keys * 2 * d * 4,
-                              unit="warp x key", note="warp per query row: per key a shuffle all-reduce + update"))
+            out += _dense_warp_rows(k, row, s, plan, regs, smem, qkv=qkv, o_bytes=o_bytes,
+                                    split=base == "v6_partial_kernel")
             if base == "v6_partial_kernel":
+                splits = plan["splits"]
+                ws = bh * tq * splits * (d + 2) * 4
                 out.append(Launch("v6_merge_kernel", "v6_merge_kernel", tq * bh, d, *resources("v6_merge_kernel", d),
                                   units=splits, steps=splits, dram_bytes=ws + o_bytes, unit="split",
                                   note="thread per output dim"))
         elif base == "v5_wmma_kernel":
-            P = cdiv(tq, tm) * bh
-            steps = max(1.0, cdiv(tk, tn) * (vf if tq > tm else 1.0))
-            out.append(Launch(k, base, P, tm // 16 * 32, regs, smem, units=4 * tm * tn * d * steps, steps=steps,
-                              dram_bytes=qkv + o_bytes, l2_bytes=P * steps * 2 * tn * d * 2, unit="MMA FLOP",
-                              note="WMMA 16x16x16, softmax and running O in shared memory"))
+            out += _dense_wmma(k, row, s, plan, regs, smem, qkv=qkv, o_bytes=o_bytes)
         elif base == "v6_merge_kernel":
             continue  # added with its partial
+        elif twin.partial in DENSE_DATAFLOWS:  # a kernel not known by name: its generation's declared dataflow
+            out += DENSE_DATAFLOWS[twin.partial](k, row, s, plan, regs, smem, qkv=qkv, o_bytes=o_bytes,
+                                                 split=row.split_kv)
         else:
-            raise NotImplementedError(f"cuda_ref.launches has no launch builder for the kernel {k}")
+            raise NotImplementedError(
+                f"cuda_ref.launches has no launch builder for the kernel {k}: not known by name, and its generation "
+                f"declares no dense dataflow layer 2 can price (attn_core.generations twin_dataflow="
+                f"{twin.partial or None!r}; known: {', '.join(DENSE_DATAFLOWS)})")
     return out
+
+
+def _dense_warp_rows(k: str, row: Any, s: Any, plan: Mapping[str, Any], regs: int, smem: int, *, qkv: float,
+                     o_bytes: float, split: bool = False) -> list[Launch]:
+    """Warp per query row (common/warp_rows.cuh: v4_fused, v6_splitkv's partial): ``tile_m`` rows (warps) per CTA,
+    per key a shuffle all-reduce and an online-softmax update; K/V staged as fp32 tiles. ``split``: the row's split
+    plan, partials (O, m, l) to the workspace (the merge is its own launch, by name)."""
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    tm = row.tile(d)[0]
+    splits, chunk = (plan["splits"], plan["chunk"]) if split else (1, tk)
+    P = cdiv(tq, tm) * splits * bh
+    keys = max(1.0, min(chunk, tk) * s.vis_frac)
+    ws = bh * tq * splits * (d + 2) * 4 if splits > 1 or split else 0
+    return [Launch(k, "warp_rows", P, 32 * tm, regs, smem, units=min(tm, tq) * keys, steps=keys,
+                   dram_bytes=qkv + (ws if ws else o_bytes), l2_bytes=P * keys * 2 * d * 4,
+                   unit="warp x key", note="warp per query row: per key a shuffle all-reduce + update")]
+
+
+def _dense_wmma(k: str, row: Any, s: Any, plan: Mapping[str, Any], regs: int, smem: int, *, qkv: float,
+                o_bytes: float, split: bool = False) -> list[Launch]:
+    """WMMA 16x16x16 on a ``tile_m x tile_n`` tile (v5_wmma): ``tile_m / 16`` warps, softmax and the running O in
+    shared memory; fp16 operands, fp32 accumulation."""
+    if split:
+        raise NotImplementedError(f"cuda_ref.launches prices {k} (WMMA) without a split plan only")
+    d, bh, tq, tk = s.head_dim, s.bh, s.q_len, s.kv_len
+    tm, tn = row.tile(d)
+    P = cdiv(tq, tm) * bh
+    steps = max(1.0, cdiv(tk, tn) * (s.vis_frac if tq > tm else 1.0))
+    return [Launch(k, "v5_wmma_kernel", P, tm // 16 * 32, regs, smem, units=4 * tm * tn * d * steps, steps=steps,
+                   dram_bytes=qkv + o_bytes, l2_bytes=P * steps * 2 * tn * d * 2, unit="MMA FLOP",
+                   note="WMMA 16x16x16, softmax and running O in shared memory")]
+
+
+# A dense kernel the builder does not know by name is priced by its generation's declared dataflow
+# (attn_core.generations ``twin_dataflow``, a compare.layer2.COSTS key): the dataflows whose launches follow from the
+# row's tile alone.
+DENSE_DATAFLOWS: dict[str, Callable[..., list[Launch]]] = {"warp_rows": _dense_warp_rows,
+                                                           "v5_wmma_kernel": _dense_wmma}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -277,7 +319,8 @@ class Partial:
     threads: int = 256
 
 
-# keyed by kernel name (the .cu's ``__global__`` function); a paged partial not named here is ``warp_rows``
+# keyed by kernel name (the .cu's ``__global__`` function); a paged partial not named here has its generation's
+# declared dataflow (attn_core.generations ``twin_dataflow``), else ``warp_rows``
 PARTIALS: dict[str, Partial] = {
     "v8_gqa_ss_partial_kernel": Partial("ss_group"),
     "v8_gqa_tc_partial_kernel": Partial("wmma", threads=32),  # ONE warp per CTA (kernels/v8_gqa_tc.cu)
@@ -393,8 +436,10 @@ def _twins() -> dict[str, Twin]:
         if not kernels:
             continue
         part = PARTIALS.get(kernels[0].split("<")[0])
+        declared = _core.get(row.id).twin_dataflow  # a twin the builders do not know by name says its dataflow
+        default = declared or ("warp_rows" if row.entry == "paged" else "")
         out[row.id] = Twin(kernels, _BUILDERS[row.entry], threads=part.threads if part else 256,
-                           partial=part.dataflow if part else ("warp_rows" if row.entry == "paged" else ""))
+                           partial=part.dataflow if part else default)
     return out
 
 

@@ -322,7 +322,9 @@ def test_pallas_impls_follow_the_registry():
 def test_cuda_impls_read_the_cuda_table_and_say_when_it_is_missing(monkeypatch):
     rows = {r.id: r for r in impls.cuda_table()}
     by = {i.name: i for i in impls.cuda_impls()}
-    assert [i.generation for i in by.values()] == list(core.REFERENCE_IDS)
+    assert [i.generation for i in by.values()] == list(core.TWIN_IDS)  # every generation with a twin, in order
+    assert [g for g in core.TWIN_IDS if g in core.REFERENCE_IDS] == list(core.REFERENCE_IDS)  # the 17 among them
+    assert all(by[f"cuda:{g.id}"].kind == ("frontier" if g.frontier else "mirror") for g in core.GENERATIONS if g.twin)
     for gen in core.REFERENCE_IDS:
         assert (by[f"cuda:{gen}"].lowering is not None) == (gen in rows)
     w = _wl(q_len=4, kv_len=300, q_offset=296, causal=True, head_dim=64)

@@ -100,6 +100,18 @@ EXPECTED_SMEM.update({f"v12_mla_tc_partial_kernel<{dqk}, {dv}, {t}, {f}>": 0
                       for t, f in (("__half", 0), ("__half", 2), ("__nv_bfloat16", 1), ("__nv_bfloat16", 2))})
 
 
+def declared_smem() -> dict[str, int]:
+    """The static shared memory a frontier kernel's CUDA twin declares on its generation row (attn_core.generations
+    ``twin_smem``), kernel -> bytes: checked against ptxas like EXPECTED_SMEM. A row may not redeclare a reference
+    kernel's (those are pinned above, from the specification)."""
+    out: dict[str, int] = {}
+    for g in core_generations.GENERATIONS:
+        for name, smem in g.twin_smem or ():
+            assert name not in EXPECTED_SMEM and name not in out, f"{g.id}: twin_smem redeclares {name}"
+            out[name] = smem
+    return out
+
+
 @dataclass
 class Kernel:
     name: str
@@ -270,11 +282,15 @@ def test_kernel_sources_do_not_include_torch():
 def test_ptxas_report_no_spills_and_expected_smem(ptxas_kernels, compiled, nvcc_sm90a):
     assert all(compiled[s].returncode == 0 for s in compiled if s.endswith(".cu")), "a source failed to compile"
     by_name = {k.name: k for k in ptxas_kernels}
-    assert set(by_name) == set(EXPECTED_SMEM), f"kernels seen: {sorted(by_name)}"
+    expected = {**EXPECTED_SMEM, **declared_smem()}
+    assert set(by_name) == set(expected), (
+        f"kernels seen, not expected: {sorted(set(by_name) - set(expected))} (a frontier kernel's twin declares each "
+        f"kernel's static shared memory on its generation row, twin_smem); expected, not seen: "
+        f"{sorted(set(expected) - set(by_name))}")
     _write_ptxas_report(ptxas_kernels, nvcc_sm90a)
     spilled = [k for k in ptxas_kernels if k.spill_stores or k.spill_loads or k.stack]
     assert not spilled, "register spills / stack use:\n" + "\n".join(map(str, spilled))
-    for name, smem in EXPECTED_SMEM.items():
+    for name, smem in expected.items():
         assert by_name[name].smem == smem, f"{name}: {by_name[name].smem} B static smem, expected {smem}"
         assert by_name[name].smem <= 48 * 1024  # static shared memory only, as in the reference
 
@@ -372,11 +388,29 @@ def test_table_rows_ids_order_and_numbers():
     assert {g.id: g.number for g in rows if g.id in first} == first
     for g in rows:
         assert g.entry in core_generations.get(g.id).entries, f"{g.id}: entry {g.entry} not in attn_core's"
-        assert not core_generations.get(g.id).frontier, f"{g.id}: frontier kernels have no CUDA twin"
+        assert core_generations.get(g.id).twin, f"{g.id}: its attn_core row declares no CUDA twin (twin=)"
+
+
+def test_twin_flags_are_the_table():
+    # attn_core's "has a CUDA twin" flag and generations.def agree: every reference generation has a twin (the 17 are
+    # built), a frontier kernel has one exactly where its row says twin=True; and only such a row declares twin facts.
+    assert set(core_generations.TWIN_IDS) == set(cuda_ref.generations())
+    assert set(core_generations.REFERENCE_IDS) <= set(core_generations.TWIN_IDS)
+    for g in core_generations.GENERATIONS:
+        assert g.twin or (g.twin_dataflow is None and g.twin_smem is None), g.id
+    with pytest.raises(ValueError, match="describe a CUDA twin"):
+        core_generations.Generation("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True,
+                                    twin_dataflow="warp_rows")
+    with pytest.raises(ValueError, match="twin_smem maps kernel names"):
+        core_generations.Generation("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True, twin=True,
+                                    twin_smem={"k<64>": -1})
+    assert core_generations.Generation("x", "prefill", None, "d", "s", {"dense"}).twin  # reference: twin by default
 
 
 def test_table_columns_of_the_six():
-    t = {g.id: g for g in cuda_ref.table() if g.entry == "dense"}
+    # the reference's six dense twins (a frontier kernel's dense twin, if any, is checked by its own row's tests)
+    t = {g.id: g for g in cuda_ref.table() if g.entry == "dense" and g.id in core_generations.REFERENCE_IDS}
+    assert list(t) == ["v1_naive", "v2_tiled", "v3_online", "v4_fused", "v5_wmma", "v6_splitkv"]
     assert [i for i, g in t.items() if g.operand == "fp16"] == ["v5_wmma", "v6_splitkv"]
     assert [i for i, g in t.items() if g.head_dims is None] == ["v1_naive"]
     assert [i for i, g in t.items() if g.materializes_s] == ["v1_naive", "v2_tiled"]

@@ -231,3 +231,28 @@ def test_every_cuda_twin_declares_its_launches_in_cuda_ref():
     w = {"batch": 1, "heads_q": 8, "heads_kv": 8, "q_len": 1, "kv_len": 256, "head_dim": 64, "dtype": "float16"}
     assert "'v9_fp8': it declares none" in layer2.predict_record(w, "cuda:v9_fp8", None, H100)["error"]
     assert "no row 'v99'" in layer2.predict_record(w, "cuda:v99", None, H100)["error"]
+
+
+def test_a_dense_twin_not_known_by_name_is_priced_by_its_declared_dataflow(monkeypatch):
+    """Issue 26 item 7: a frontier kernel's dense CUDA twin needs no branch in cuda_ref.launches; its generation's
+    ``twin_dataflow`` picks the builder. A kernel v4_fused's builder does not know by name, declared ``warp_rows`` on
+    v4's row (tile 8 x 64), is priced exactly as v4's own kernel; WMMA likewise against v5; an undeclared or unknown
+    dataflow is refused by name."""
+    from cuda_ref import launches as twins
+    from cuda_ref.table import by_id
+
+    real = twins.resources
+    monkeypatch.setattr(twins, "resources", lambda k, d: real(k.replace("toy_kernel", "v4_fused_kernel")
+                                                              .replace("toy_mma", "v5_wmma_kernel"), d))
+    for gen, kern, flow in (("v4_fused", "toy_kernel<D>", "warp_rows"), ("v5_wmma", "toy_mma<D>", "v5_wmma_kernel")):
+        row = by_id(gen)
+        for s in (Shape(2, 8, 8, 300, 1000, 64, "float32", causal=True, q_offset=700),
+                  Shape(1, 4, 4, 1, 4096, 128, "float16")):
+            own = twins.launches(gen, s, {})
+            toy = twins._dense(twins.Twin((kern,), twins._dense, partial=flow), row, s, {})
+            assert [dataclasses.replace(ln, name="") for ln in toy] == [dataclasses.replace(ln, name="") for ln in own]
+            assert toy[-1].cost == flow
+    for flow in ("", "ss_group"):
+        with pytest.raises(NotImplementedError, match=r"toy_kernel<D>.*twin_dataflow"):
+            twins._dense(twins.Twin(("toy_kernel<D>",), twins._dense, partial=flow), by_id("v4_fused"),
+                         Shape(1, 1, 1, 1, 64, 64, "float32"), {})
