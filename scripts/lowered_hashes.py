@@ -12,6 +12,13 @@ moving code between lines or files does not change a hash (the names of this scr
 compare runs of one version of it); a program that fails to lower is recorded as "ERR <type>"
 (``d256`` at D 64 is expected to). Sensitivity: changing the ring producer's drain bound by one step changed the 17
 backward hashes that use it (session 13).
+
+``--extra`` after the path adds ``extra_programs`` (names ``x-...``, 264 more): the forward, backward and fa_mla
+feature variants that reach the producer warpgroup's ring loop (~1.5 minutes in all on a CPU). Sensitivity (session
+24): computing v12's ring slot before its producer's wait rather than inside it changed the 12 fa_mla hashes with a
+producer warpgroup; computing the forward's inside its waits changed all 26 forward ones.
+
+    PYTHONPATH=. python scripts/lowered_hashes.py before.json --extra
 """
 
 from __future__ import annotations
@@ -110,11 +117,70 @@ def mla_programs(out: dict) -> None:
             _record(out, f"mla-{config}-p{page}", f, q, pool, bt, lens)
 
 
+def extra_programs(out: dict) -> None:
+    """Variants added for the warp-specialised producer's move into the kit (session 24, names ``x-...``): the
+    forward at every named config with each feature that reaches its producer (a window, a soft-cap, sinks, packed
+    documents, q_lens, paged K/V at pages 16 / 32 / 64 / 128, q_lens with paged K/V, no LSE output) on a longer
+    sequence (several row tiles per CTA); every backward config with a window, a soft-cap and packed documents; every
+    fa_mla config at pages 16 / 32 / 64 / 128, causal two-token decode and the LSE output."""
+    off, d = SDS((2,), jnp.int32), 128
+    q, k = SDS((2, 1024, 4, d), jnp.bfloat16), SDS((2, 1024, 2, d), jnp.bfloat16)
+    ql, sinks, seg = SDS((2,), jnp.int32), SDS((4,), jnp.float32), SDS((2, 1024), jnp.int32)
+    for name, cfg in fp.CONFIGS.items():
+        for feat, kw in (("plain", {}), ("window", dict(window=(100, 0))), ("softcap", dict(softcap=30.0)),
+                         ("sinks", "sinks"), ("segments", "segments"), ("qlens", "qlens"), ("nolse", "nolse")):
+            def f(q, k, off, x, kw=kw, cfg=cfg):
+                extra = {"sinks": dict(sinks=x), "segments": dict(segment_ids=x), "qlens": dict(q_lens=x),
+                         "nolse": {}}.get(kw, kw) if isinstance(kw, str) else kw
+                return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg,
+                                  return_lse=kw != "nolse", **extra)
+
+            x = {"sinks": sinks, "segments": seg, "qlens": ql}.get(kw, off) if isinstance(kw, str) else off
+            _record(out, f"x-fwd-{name}-{feat}", f, q, k, off, x)
+        for page in (16, 32, 64, 128):
+            pool, bt = SDS((2 * 1024 // page, page, 2, d), jnp.bfloat16), SDS((2, 1024 // page), jnp.int32)
+            for feat in ("paged", "paged-qlens"):
+                def g(q, p, bt, off, ql, cfg=cfg, feat=feat):
+                    return fp.forward(q, p, p, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg,
+                                      block_table=bt, q_lens=ql if feat == "paged-qlens" else None, return_lse=True)
+
+                _record(out, f"x-fwd-{name}-{feat}{page}", g, q, pool, bt, off, ql)
+    for config in fb.CONFIGS:
+        for d in (64, 128, 256):
+            q, k = SDS((2, 256, 4, d), jnp.bfloat16), SDS((2, 256, 2, d), jnp.bfloat16)
+            lse, seg = SDS((2, 4, 256), jnp.float32), SDS((2, 256), jnp.int32)
+            for feat, kw in (("window", dict(window=100)), ("softcap", dict(softcap=30.0)), ("segments", None)):
+                def h(q, k, o, lse, do, off, seg, kw=kw, config=config):
+                    extra = dict(segment_ids=seg) if kw is None else kw
+                    return fb.backward(q, k, k, o, lse, do, causal=True, scale=0.125, q_offset=off,
+                                       config=fb.CONFIGS[config], **extra)
+
+                _record(out, f"x-bwd-{config}-{feat}-d{d}", h, q, k, q, lse, q, SDS((2,), jnp.int32) if
+                        feat != "segments" else None, seg)
+    b, dqk, dv = 2, 576, 512
+    for config in v12_mla_tc.CONFIGS:
+        for page in (16, 32, 64, 128):
+            pps = 512 // page
+            pool = SDS((b * pps, page, 1, dqk), jnp.bfloat16)
+            bt, lens = SDS((b, pps), jnp.int32), SDS((b,), jnp.int32)
+            for feat, tq, causal, lse in (("plain", 1, False, False), ("causal2", 2, True, True)):
+                q = SDS((b, tq, 128 // tq, dqk), jnp.bfloat16)
+
+                def m(q, p, bt, lens, config=config, causal=causal, lse=lse):
+                    return mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla",
+                                         config=v12_mla_tc.CONFIGS[config], causal=causal, return_lse=lse,
+                                         interpret=False, check_block_table=False)
+
+                _record(out, f"x-mla-{config}-{feat}-p{page}", m, q, pool, bt, lens)
+
+
 def main(path: str) -> int:
     out: dict[str, str] = {}
     forward_programs(out)
     backward_programs(out)
     mla_programs(out)
+    if "--extra" in sys.argv[2:]:
+        extra_programs(out)
     with open(path, "w") as fh:
         json.dump(out, fh, indent=1, sort_keys=True)
     errs = sorted(k for k, v in out.items() if v.startswith("ERR"))

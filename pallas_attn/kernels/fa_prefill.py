@@ -58,6 +58,7 @@ from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
 from .mosaic_kit import pad as _pad
+from .mosaic_kit import ring_producer as _ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["PrefillConfig", "CONFIGS", "KERNEL", "forward", "smem_bytes", "fit"]
@@ -643,27 +644,13 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         def _producer():
             plgpu.set_max_registers(cfg.producer_regs, action="decrease")
 
-            def tile(t, base):
+            def tile(t, base):  # key blocks [a_p, n_load) of tile t, the K and V rings counted across tiles
                 _, a_p, n_load = tile_span(t)
-
-                @pl.loop(a_p, n_load)
-                def _load(s):
-                    rel = base + s - a_p
-                    slot = lax.rem(rel, ns)
-
-                    @pl.when(rel >= ns)
-                    def _():
-                        plgpu.barrier_wait(k_free.at[slot])
-
-                    load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot])
-
-                    @pl.when(rel >= ns)
-                    def _():
-                        plgpu.barrier_wait(v_free.at[slot])
-
-                    load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])
-
-                return base + (n_load - a_p)
+                return _ring_producer(
+                    plgpu, n_load, ns, (k_free, v_free),
+                    (lambda s, slot: load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot]),
+                     lambda s, slot: load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])),
+                    start=a_p, base=base, drain=False)
 
             over_tiles(tile)
 

@@ -9,8 +9,10 @@ soft-cap, q_lens and paged K/V; every fa_prefill_bwd config; every fa_mla config
   a narrower one where a tile's inner dimension is shorter);
 * ``acc_load``: read a wgmma accumulator once at most ``wait_n`` wgmma groups are still in flight (the software
   pipelines' partial waits);
-* ``ring_producer``: the producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers, and
-  ``ring_drain``, its last step (observe the last frees), for a kernel whose loads are not one such loop;
+* ``ring_producer``: the producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers, the one
+  loop of all three kernels' producers (the forward's K and V rings counted across row tiles, the backward's two
+  kernels, v12's latent ring with its slot computed inside the wait), and ``ring_drain``, its last step (observe
+  the last frees), also for a kernel whose loads are not one such loop;
 * ``WgmmaOps``: the register side of a kernel's math (layout casts, fresh accumulators, iotas, loads into the wgmma
   layout and broadcasts in it, wgmma products waited for: one, two issued together, sums over contraction parts,
   and the software-pipelined steps, ``mma_under``, whose last product runs under the math on the first ones:
@@ -49,22 +51,42 @@ def acc_load(acc_ref, *, wait_n: int):
     return load(acc_ref, wait_n=wait_n)
 
 
-def ring_producer(plgpu, n, ns: int, free, issue) -> None:
-    """The producer warpgroup's loop over an ``ns``-slot ring: step ``s`` (of ``n``) waits until slot ``s % ns`` is
-    free (from its second use on) and calls ``issue(s, slot)``, the TMA copies into it; then it observes the last
-    frees too (every phase of a barrier it waits on; idle time on the GPU anyway)."""
+def ring_producer(plgpu, n, ns: int, free, issue, *, start=0, base=None, slot_in_wait: bool = False,
+                  drain: bool = True):
+    """The producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers (every Mosaic kernel here).
 
-    @pl.loop(0, n)
+    Steps ``s`` in ``[start, n)``; step ``s`` fills ring position ``r``: ``s`` itself, or with ``base`` (a ring
+    counted across calls, as the forward's over its row tiles) ``base + s - start``; position ``r`` is slot
+    ``r % ns``. ``free`` and ``issue``: one "free" barrier array and ``issue(s, slot)``, the TMA copies of step
+    ``s`` into ``slot``, or equal-length sequences of them (rings sharing one index, as the forward's K and V): for
+    each pair in turn the step waits for ``free[slot]`` (from the slot's second use, ``r >= ns``), then issues.
+    ``slot_in_wait``: the slot index is computed inside each wait, and again just before each issue (rather than
+    once per step, before the first wait). ``drain``: then observe the last frees (``ring_drain``; positions from
+    0: ``base`` None and ``start`` 0 only).
+
+    Returns ``base + (n - start)``, the ring position after the last step (the next call's ``base``), or None
+    without ``base``. Every choice only places the same operations (where a ``rem`` is computed, which wait
+    precedes which copy), so each kernel keeps the exact program it had with its own loop."""
+    pairs = list(zip(free, issue)) if isinstance(issue, (list, tuple)) else [(free, issue)]
+    if isinstance(issue, (list, tuple)) and len(free) != len(issue):
+        raise ValueError(f"ring_producer: {len(free)} free barrier arrays for {len(issue)} issue functions")
+    if drain and (base is not None or not (isinstance(start, int) and start == 0) or len(pairs) != 1):
+        raise ValueError("ring_producer: drain observes one ring's positions from 0 (start 0, no base)")
+
+    @pl.loop(start, n)
     def _load(s):
-        slot = lax.rem(s, ns)
+        r = s if base is None else base + s - start
+        slot = None if slot_in_wait else lax.rem(r, ns)
+        for fr, iss in pairs:
+            @pl.when(r >= ns)
+            def _(fr=fr):
+                plgpu.barrier_wait(fr.at[lax.rem(r, ns) if slot_in_wait else slot])
 
-        @pl.when(s >= ns)
-        def _():
-            plgpu.barrier_wait(free.at[slot])
+            iss(s, lax.rem(r, ns) if slot_in_wait else slot)
 
-        issue(s, slot)
-
-    ring_drain(plgpu, n, ns, free)
+    if drain:
+        ring_drain(plgpu, n, ns, pairs[0][0])
+    return None if base is None else base + (n - start)
 
 
 def ring_drain(plgpu, n, ns: int, free) -> None:

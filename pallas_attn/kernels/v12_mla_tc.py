@@ -131,7 +131,7 @@ from .mla_common import (
     validate_table_eagerly,
     visible,
 )
-from .mosaic_kit import WgmmaOps, ring_drain
+from .mosaic_kit import WgmmaOps, ring_drain, ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
 
 __all__ = ["MlaTcConfig", "CONFIGS", "KERNEL", "mla_forward", "TEMPLATES", "smem_bytes", "emulate_mosaic"]
@@ -458,10 +458,11 @@ class _Cta:
             ok = ok & (kpos <= lax.rem(self.r0 + rws, k.tq) + self.off)
         return jnp.where(ok, sc, -jnp.inf)
 
-    def load_tile(self, s):
-        """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns."""
+    def load_tile(self, s, slot=None):
+        """Issue tile s's TMA copies (one per page it spans; multicast under kv64_mc) into slot s % ns (``slot``:
+        that index, already computed)."""
         k = self.k
-        slot = lax.rem(s, k.ns)
+        slot = lax.rem(s, k.ns) if slot is None else slot
         j0 = self.lo + s * k.tn
         for i in range(k.copies):
             jj = j0 + i * k.sub
@@ -581,22 +582,14 @@ class _Cta:
 
 def _producer(x: _Cta):
     """Warpgroup 2 (every schedule but s_warpgroup): drop to ``producer_regs`` and issue the latent tiles into the
-    ring, slot s % ns once both consumers freed it (pipelined: at least tile 0, its prologue's). Not the kit's
-    ``ring_producer``: this loop computes the slot index inside the wait (and again in ``load_tile``), and the
-    kit's loop would change the lowered program by that one ``rem``; the drain is the kit's ``ring_drain``."""
+    ring, slot s % ns once both consumers freed it (pipelined: at least tile 0, its prologue's): the kit's
+    ``ring_producer`` with the slot index computed inside the wait (and again for ``load_tile``), then its drain
+    (``drain_frees``)."""
     k, plgpu = x.k, x.plgpu
     plgpu.set_max_registers(k.cfg.producer_regs, action="decrease")
 
     n_load = jnp.maximum(x.n, 1) if k.cfg.overlap else x.n
-
-    @pl.loop(0, n_load)
-    def _load(s):
-        @pl.when(s >= k.ns)
-        def _():
-            plgpu.barrier_wait(x.l_free.at[lax.rem(s, k.ns)])
-
-        x.load_tile(s)
-
+    ring_producer(plgpu, n_load, k.ns, x.l_free, x.load_tile, slot_in_wait=True, drain=False)
     x.drain_frees(n_load)
 
 
