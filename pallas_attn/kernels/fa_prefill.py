@@ -55,7 +55,6 @@ from jax import lax
 from .. import tuning
 from .._compat import pl
 from .contract import Kernel, Precision, Problem
-from .fast_exp import exp2_split
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
 from .mosaic_kit import pad as _pad
@@ -93,9 +92,7 @@ class PrefillConfig:
     CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
     warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
     as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
-    512``), and ping-pong (a two-consumer handshake) is refused. exp_poly: 0, or every ``exp_poly``-th register pair
-    of the softmax's exponentials by a polynomial on the FMA pipe instead of the special-function unit
-    (``fast_exp.exp2_split``; D 64, where the exponentials take that unit as long as the wgmmas take the tensor cores).
+    512``), and ping-pong (a two-consumer handshake) is refused.
     """
 
     block_q: int = 64
@@ -107,12 +104,8 @@ class PrefillConfig:
     producer_regs: int = 40
     tiles: int = 1
     consumers: int = 2
-    exp_poly: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.exp_poly, bool) or not isinstance(self.exp_poly, int) or not (
-                self.exp_poly == 0 or 2 <= self.exp_poly <= 16):
-            raise ValueError(f"PrefillConfig.exp_poly must be 0 (off) or an int in [2, 16]; got {self.exp_poly!r}")
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
             raise ValueError(f"PrefillConfig.tiles must be an int in [1, 16]; got {self.tiles!r}")
         if self.block_q != 64:
@@ -152,10 +145,6 @@ CONFIGS = {
     # three consumers (192 rows a CTA); H100, GPT-2 shapes (D 64, causal, bf16): 0.90x default at B2 N16384, 1.10-1.45x
     # at N 512-2048 (results/fa_prefill/20261127_s14_h100_c3/)
     "c3": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32),
-    # a quarter of the softmax's exponentials on the FMA pipe (docs/fa_prefill.md, "exp2 on two pipes")
-    "poly4": PrefillConfig(exp_poly=4),
-    "tiles4_poly4": PrefillConfig(tiles=4, exp_poly=4),
-    "c3_poly4": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32, exp_poly=4),
 }
 
 
@@ -514,8 +503,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
                     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
                     alpha = jnp.exp2(m_i * c - m_use)
-                    arg = sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,))
-                    p = exp2_split(arg, every=cfg.exp_poly) if cfg.exp_poly else jnp.exp2(arg)
+                    p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
                     l_new = l_i * alpha + p.sum(axis=1)
                     return p.astype(dtype), alpha, m_new, l_new
 
