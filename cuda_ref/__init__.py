@@ -5,7 +5,8 @@ Public API: ``attention`` (torch BHND CUDA tensors in, float32 BHND out, optiona
 ``paged_attention`` (paged KV pools + block table, BHND q: v7_paged and the v8 family on fp16 pools, v9_fp8 /
 v10_nvfp4 on ``cuda_ref.quant`` pools), ``mla_attention`` (absorbed MLA decode over one paged latent pool:
 v11_mla on CUDA cores, v12_mla_tc on tensor cores),
-``table`` (the generation table, one ``CudaGeneration`` per row of ``csrc/generations.def``),
+``table`` (the generation table, one ``CudaGeneration`` per twin row of ``attn_core.generations``, the
+``generations.def`` the C++ includes),
 ``generations`` (ids built), ``choose_splits`` (the split-KV heuristic of ``attn_core.splits``, which the C++
 mirrors), ``REFERENCE_NUM_SM`` and the KV quantizers ``quantize_fp8_e4m3`` / ``quantize_nvfp4`` (module
 ``cuda_ref.quant``, byte-identical to ``attn_core.formats``). Importing works on any machine and imports

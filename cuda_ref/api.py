@@ -2,9 +2,9 @@
 
 Everything here up to the extension call runs without a GPU, so the argument checks are tested on the
 CPU (tests/test_cuda_ref_cpu.py). What each generation accepts comes from its row of
-``csrc/generations.def`` (``cuda_ref.table``); the split constants from ``attn_core.splits``; "known but
-not built" from ``attn_core.generations``. No JAX is imported. Conventions (docs/reference.md §1.1, DESIGN.md
-decisions 4-5):
+``generations.def`` (``cuda_ref.table``, rendered from ``attn_core.generations``); the split constants from
+``attn_core.splits``; "known but not built" from ``attn_core.generations``. No JAX is imported. Conventions
+(docs/reference.md §1.1, DESIGN.md decisions 4-5):
 
   * tensors are torch's BHND: q ``[B, H, Nq, D]``, k/v ``[B, H, Nk, D]``; the output is BHND **float32**
     whatever the input dtype, like the reference (the compare layer casts);
@@ -49,7 +49,7 @@ __all__ = [
     "REFERENCE_NUM_SM",
 ]
 
-# Generation id -> the integer the binding dispatches on, read from csrc/generations.def.
+# Generation id -> the integer the binding dispatches on (generations.def, rendered from attn_core.generations).
 GENERATION_IDS: dict[str, int] = {g.id: g.number for g in _table.table()}
 
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")

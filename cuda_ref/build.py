@@ -8,10 +8,15 @@ Flags: ``-O3 -lineinfo`` and one ``-gencode`` for the current device: ``sm_90a``
 otherwise ``sm_XY`` from the device capability. ``CUDA_REF_ARCH`` overrides it (``90a``, ``9.0``,
 ``sm_80``, ``compute_86`` ...), which also lets the flags be computed without a GPU.
 
+Generated header: the generation table ``generations.def`` is not a file of ``csrc/``; it is rendered from
+``attn_core.generations`` (``cuda_ref.table.def_text``) and written by :func:`write_generated` into a directory
+that comes first on the include path (:func:`include_dirs`): the build's ``<build dir>/generated``, or a test's
+temporary directory. ``python -m cuda_ref.build`` prints it; ``python -m cuda_ref.build DIR`` writes it into DIR.
+
 Cache: the build directory is ``~/.cache/pallas_attn/cuda_ref/<key>`` (root overridable with
-``CUDA_REF_BUILD_DIR``), where ``<key>`` hashes the sources, the flags, torch, its CUDA and Python; a second
-process finds the finished build there and does not recompile. The first build says what it is doing and
-how long it took (stderr).
+``CUDA_REF_BUILD_DIR``), where ``<key>`` hashes the sources, the generated header, the flags, torch, its CUDA and
+Python; a second process finds the finished build there and does not recompile. The first build says what it is
+doing and how long it took (stderr).
 
 Importing this module needs neither torch's CUDA nor a GPU; :func:`load` and :func:`require_cuda` raise a
 RuntimeError naming what is missing.
@@ -27,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["CSRC", "sources", "headers", "arch", "gencode_flags", "nvcc_flags", "build_key", "build_dir",
-           "require_cuda", "load"]
+__all__ = ["CSRC", "sources", "headers", "generated", "write_generated", "include_dirs", "arch", "gencode_flags",
+           "nvcc_flags", "build_key", "build_dir", "require_cuda", "load"]
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 ARCH_ENV = "CUDA_REF_ARCH"
@@ -43,9 +48,37 @@ def sources() -> list[Path]:
 
 
 def headers() -> list[Path]:
-    """Everything the sources include: ``common/*.cuh`` and the generation table ``generations.def`` (so an
-    edit to either changes the build key)."""
-    return sorted((CSRC / "common").glob("*.cuh")) + sorted(CSRC.glob("*.def"))
+    """The headers of ``csrc/`` the sources include: ``common/*.cuh`` (the generated one: :func:`generated`)."""
+    return sorted((CSRC / "common").glob("*.cuh"))
+
+
+def generated() -> dict[str, str]:
+    """The headers rendered from Python, file name -> text: ``generations.def`` (``cuda_ref.table.def_text``)."""
+    from .table import DEF_NAME, def_text
+
+    return {DEF_NAME: def_text()}
+
+
+def write_generated(dest: Path | str) -> Path:
+    """Write :func:`generated` into ``dest`` (created; a file already holding the text is left alone, another is
+    replaced atomically, so concurrent builds of one key agree). Returns ``dest``: put it first on the include
+    path (:func:`include_dirs`)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, text in generated().items():
+        p = dest / name
+        if p.is_file() and p.read_text() == text:
+            continue
+        tmp = dest / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    return dest
+
+
+def include_dirs(gen_dir: Path | str) -> list[Path]:
+    """The include path of every compile of cuda_ref's C++: the generated headers' directory (written by
+    :func:`write_generated`), then ``csrc/``."""
+    return [Path(gen_dir), CSRC]
 
 
 def parse_arch(spec: str) -> str:
@@ -92,6 +125,11 @@ def build_key(flags: list[str]) -> str:
         h.update(str(p.relative_to(CSRC)).encode())
         h.update(b"\0")
         h.update(p.read_bytes())
+        h.update(b"\0")
+    for name, text in sorted(generated().items()):  # the table rendered from attn_core: a new row is a new build
+        h.update(f"generated/{name}".encode())
+        h.update(b"\0")
+        h.update(text.encode())
         h.update(b"\0")
     try:
         import torch
@@ -142,6 +180,7 @@ def load():
     name = f"cuda_ref_ext_{key[:12]}"
     cached = any(where.glob(f"{name}*.so"))
     srcs = sources()
+    gen_dir = write_generated(where / "generated")
     if not cached:
         print(f"cuda_ref: building {len(srcs)} sources for {flags[-1]} in {where} (first call; cached after)",
               file=sys.stderr, flush=True)
@@ -151,7 +190,7 @@ def load():
         sources=[str(p) for p in srcs],
         extra_cflags=["-O3"],
         extra_cuda_cflags=flags,
-        extra_include_paths=[str(CSRC)],
+        extra_include_paths=[str(p) for p in include_dirs(gen_dir)],
         build_directory=str(where),
         verbose=os.environ.get(VERBOSE_ENV, "") not in ("", "0"),
     )
@@ -159,3 +198,10 @@ def load():
     verb = "loaded cached build" if cached else "built"
     print(f"cuda_ref: {verb} in {dt:.1f} s ({where})", file=sys.stderr, flush=True)
     return mod
+
+
+if __name__ == "__main__":  # python -m cuda_ref.build [DIR]: print generations.def, or write the generated headers
+    if len(sys.argv) > 1:
+        print(write_generated(sys.argv[1]))
+    else:
+        print(generated()["generations.def"], end="")

@@ -1,8 +1,12 @@
-"""cuda_ref's generation table, read from the same file the C++ is generated from: ``csrc/generations.def``.
+"""cuda_ref's generation table: rendered from ``attn_core.generations`` (each row's ``twin=CudaTwin(...)``) as the
+X-macro text ``generations.def`` that the C++ includes, and parsed back from that same text for Python.
 
-The C++ side includes that file as an X-macro (``CUDA_REF_GEN(...)`` rows); this module parses it with a
-regex, so the table is known on any machine, with no build, no torch and no GPU. ``cuda_ref.api`` derives
-every list, check and message from it. Nothing else in cuda_ref lists the generations.
+Nobody writes ``generations.def`` by hand and no copy is committed: ``cuda_ref.build`` writes it next to each build
+(and the tests next to each of their compiles), from :func:`def_text`. The C++ side includes it as an X-macro
+(``CUDA_REF_GEN(...)`` rows: ``enum Gen``, the ``GenInfo`` rows the kernels ``static_assert`` their tiles
+against, the launcher declarations and the dispatch switch); this module parses the same text with a regex, so
+the table is known on any machine, with no build, no torch and no GPU. ``cuda_ref.api`` derives every list, check
+and message from it. ``python -m cuda_ref.build`` prints the text.
 
 >>> [g.id for g in table()][:2]
 ['v1_naive', 'v2_tiled']
@@ -19,12 +23,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from pathlib import Path
 from typing import Any
 
-__all__ = ["DEF_FILE", "COLUMNS", "CudaGeneration", "table", "by_id", "ids", "parse"]
+__all__ = ["DEF_NAME", "COLUMNS", "CudaGeneration", "table", "by_id", "ids", "parse", "render", "def_text"]
 
-DEF_FILE = Path(__file__).resolve().parent / "csrc" / "generations.def"
+DEF_NAME = "generations.def"  # the file name the C++ includes (common/generations.cuh, common/launch.cuh)
 
 # Column order of a CUDA_REF_GEN row; generations.def states it on its "// COLUMNS:" line, which parse()
 # checks against this tuple (the C++ macros in common/generations.cuh take the same order).
@@ -178,10 +181,90 @@ def _enum(values: dict, s: str, col: str, where: str):
     return values[s]
 
 
+_HEADER = """\
+// cuda_ref's generation table: ONE row per generation with a CUDA twin, in attn_core's order.
+// GENERATED from attn_core/generations.py (each row's twin=CudaTwin(...)) by cuda_ref/table.py; do not edit.
+//
+// An X-macro file: the includer defines CUDA_REF_GEN(...) and includes this file; the file #undefs it at
+// the end. C++ derives from it the Gen enum, the GenInfo table (names, operand cast, head-dim / GQA / LSE
+// checks, workspace kind), the launcher declarations and the dispatch switch (common/generations.cuh,
+// common/launch.cuh, binding.cpp). Python parses the same text (cuda_ref.table()).
+//
+// Columns, in order (the parser checks this line against its own list):
+// COLUMNS: {columns}
+//
+//   id             the generation id (attn_core.generations), also the enumerator Gen::<id> and launch_<id>
+//   number         the stable integer Python passes to the binding (CudaTwin.number; never reused or renumbered)
+//   entry          kDense (cuda_ref.attention) | kPaged (cuda_ref.paged_attention) | kQuantized
+//                  (cuda_ref.paged_attention given cuda_ref.quant pools; binding forward_paged_quant: the K/V
+//                  pools are the format's bytes, never cast) | kMla (cuda_ref.mla_attention; binding
+//                  forward_mla: one latent pool serving K and V)
+//   operand        kF32 (float32 inputs only) | kF16 (float32/float16/bfloat16 cast to fp16 on the host inside
+//                  the call; bf16 is therefore rounded to fp16) | kNative (float16 or bfloat16 as given)
+//   head_dims      kHeadDimsAny | kHeadDims64_128 (MLA rows: any, the (DQK, DV) templates are checked by the
+//                  MLA entry itself)
+//   gqa            1: H_q may be a multiple of H_kv; 0: MHA only (H_q == H_kv)
+//   materialize_s  1: the score matrix S makes a round trip through HBM (the roofline's materialized model)
+//   tile_m_d64 ... the CTA tile (query rows x keys) at D = 64 and D = 128; 1 x 1 = no tiling; for the GQA rows
+//                  the rows are packed rows (G query heads x N_q), for the MLA rows (heads per CTA, keys per
+//                  tile) at every DV. Each kernel static_asserts its own constants against these columns.
+//                  Split-KV rows: the split heuristic counts ceil(G * N_q / tile_m) row tiles per (b, h_kv)
+//                  (common/split_plan.cuh, split_plan_for).
+//   workspace      HBM scratch the binding allocates: kWsNone | kWsScores (S [BH, Nq, Nk]) |
+//                  kWsRowStats (M, L [BH, Nq]) | kWsSplitPartials (O, m, l partials [BH, Nq, S, D+2])
+//   split_kv       1: takes a split plan (choose_splits, split_plan.cuh) and the num_sm knob
+//   writes_lse     1: the kernel writes the row log-sum-exp when AttnParams::lse is set (return_lse=True)
+//
+// id           num entry   operand head_dims        gqa mat  m64 n64 m128 n128 workspace         split lse
+"""
+
+
+def _spelling(values: dict, value: Any, col: str, gen_id: str) -> str:
+    for spelling, v in values.items():
+        if v == value:
+            return spelling
+    raise ValueError(f"{gen_id}: the C++ table has no {col} {value!r} (one of {list(values.values())})")
+
+
+def _render_row(gen_id: str, tw: Any) -> str:
+    """One ``CUDA_REF_GEN(...)`` line, laid out as the hand-aligned table was: id and number in 13 columns, entry,
+    operand and head_dims from columns 15, 23 and 31 of the argument list (one space at least after an overflow),
+    gqa from column 49, then the fixed-width numeric tail."""
+    cells = [_spelling(_ENTRIES, tw.entry, "entry", gen_id) + ",", _spelling(_OPERANDS, tw.operand, "operand", gen_id)
+             + ",", _spelling(_HEAD_DIMS, tw.head_dims, "head_dims", gen_id) + ","]
+    num = str(tw.number)
+    line = f"{gen_id + ',':<{13 - len(num)}}{num}, "
+    for col, cell in zip((15, 23, 31, 49), [*cells, ""]):
+        line = f"{line:<{col}}" if len(line) < col else line + " " * (not line.endswith(" "))
+        line += cell
+    (m64, n64), (m128, n128) = tw.tile_d64, tw.tile_d128
+    ws = _spelling(_WORKSPACES, tw.workspace, "workspace", gen_id)
+    line += (f"{int(tw.gqa)},{int(tw.materializes_s):>3},{m64:>4},{n64:>3},{m128:>3},{n128:>4},  {ws + ',':<18}"
+             f"{int(tw.split_kv)},{int(tw.writes_lse):>3}")
+    return f"CUDA_REF_GEN({line})"
+
+
+def render(generations: Any = None) -> str:
+    """The ``generations.def`` text of ``generations`` (default: ``attn_core.generations.GENERATIONS``): the
+    header, one row per generation with a twin (``twin=CudaTwin(...)``) in table order, and the ``#undef``."""
+    if generations is None:
+        from attn_core import generations as _core
+
+        generations = _core.GENERATIONS
+    rows = [_render_row(g.id, g.twin) for g in generations if g.twin is not None]
+    return _HEADER.format(columns=" ".join(COLUMNS)) + "\n".join(rows) + "\n\n#undef CUDA_REF_GEN\n"
+
+
+def def_text() -> str:
+    """The ``generations.def`` the C++ includes: :func:`render` of attn_core's table."""
+    return render()
+
+
 @functools.cache
 def table() -> tuple[CudaGeneration, ...]:
-    """Every generation cuda_ref builds, in generations.def (= reference) order."""
-    return parse(DEF_FILE.read_text(), source=str(DEF_FILE))
+    """Every generation cuda_ref builds, in attn_core's (= the reference's) order: :func:`parse` of :func:`def_text`,
+    the same text the C++ includes."""
+    return parse(def_text(), source=f"{DEF_NAME} (rendered from attn_core.generations)")
 
 
 def ids(entry: str | None = None) -> tuple[str, ...]:

@@ -2,12 +2,15 @@
 
 What a generation *is* (family, parent, delta, entries) lives in ``attn_core.generations``, shared with the
 CUDA twin; what the Pallas kernel *can do* lives in its ``KERNEL`` declaration (``kernels/contract.py``). A
-row here joins the two: ``Row("v8_gqa_db", kernel="v8_gqa", configs={"faithful": "double_buffered"})``
-would make a generation that is only a knob of its parent one line. A generation without a row is not
-built in Pallas, and says so.
+row joins the two: ``Row("v8_gqa_db", kernel="v8_gqa", configs={"faithful": "double_buffered"})`` makes a
+generation that is only a knob of its parent one line.
 
-``compare``, the API and the tests iterate this table; adding a generation is a row plus, for a new
-kernel, its module.
+Every generation of ``attn_core.generations`` whose module ``pallas_attn/kernels/<id>.py`` exists has the
+default row ``Row("<id>", "<id>")`` (its kernel's named configs, same names); ``EXPLICIT`` holds only the rows
+that differ (another kernel's module, renamed or chosen configs). A generation with neither is not built in
+Pallas, and says so. ``ROWS`` is the table in attn_core's order.
+
+``compare``, the API and the tests iterate this table; adding a kernel is its attn_core row plus its module.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -23,8 +27,8 @@ from attn_core import generations as _core
 
 from .kernels.contract import CAUSAL_RULE, Kernel
 
-__all__ = ["Row", "ROWS", "GenerationInfo", "ids", "get", "rows", "row", "built", "kernel", "configs",
-           "generations", "FAMILIES", "REFERENCE_IDS"]
+__all__ = ["Row", "ROWS", "EXPLICIT", "has_module", "GenerationInfo", "ids", "get", "rows", "row", "built", "kernel",
+           "configs", "generations", "FAMILIES", "REFERENCE_IDS"]
 
 FAMILIES = _core.FAMILIES
 REFERENCE_IDS = _core.REFERENCE_IDS
@@ -45,34 +49,42 @@ class Row:
             object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
 
 
-ROWS: tuple[Row, ...] = (
-    Row("v1_naive", "v1_naive"),
-    Row("v2_tiled", "v2_tiled"),
-    Row("v3_online", "v3_online"),
-    Row("v4_fused", "v4_fused"),
-    Row("v5_wmma", "v5_wmma"),
-    Row("v6_splitkv", "v6_splitkv"),
-    Row("v7_paged", "v7_paged"),
+# The rows that are not the default Row("<id>", "<id>"), in attn_core's order.
+EXPLICIT: tuple[Row, ...] = (
     Row("v8_gqa", "v8_gqa", configs={"faithful": "faithful", "device_sm": "device_sm", "tuned": "tuned"}),
-    Row("v8_gqa_tc", "v8_gqa_tc"),
     # knobs of v8_gqa's kernel in Pallas (docs/paged_gqa.md): one named config each
     Row("v8_gqa_db", "v8_gqa", configs={"faithful": "double_buffered"}),
     Row("v8_gqa_occ", "v8_gqa", configs={"faithful": "occupancy"}),
     Row("v8_gqa_ilp", "v8_gqa", configs={"faithful": "key_ilp"}),
-    Row("v8_gqa_ss", "v8_gqa_ss"),
-    Row("v9_fp8", "v9_fp8"),  # quantized KV: deltas on v8_gqa_ss (docs/quantized_kv.md)
-    Row("v10_nvfp4", "v10_nvfp4"),
-    Row("v11_mla", "v11_mla"),  # MLA (docs/mla.md): the latent decode, CUDA cores and tensor cores
-    Row("v12_mla_tc", "v12_mla_tc"),
-    Row("fa_decode", "fa_decode"),
-    Row("fa_train", "fa_train"),
-    Row("fa_prefill", "fa_prefill"),
+    # MLA at the DeepSeek-V3 shape (docs/mla.md): v12_mla_tc's kernel, its configs under their names
     Row("fa_mla", "v12_mla_tc", configs={"default": "faithful", "split_qk": "split_qk", "pipelined": "pipelined",
                                          "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
                                          "kv64_ws": "kv64_ws", "kv64_ws_mc": "kv64_ws_mc", "kv64_wsq_mc": "kv64_wsq_mc",
                                          "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
                                          "triton": "triton"}),
 )
+
+
+def has_module(kernel_name: str) -> bool:
+    """Whether ``pallas_attn/kernels/<kernel_name>.py`` exists (found, not imported)."""
+    return importlib.util.find_spec(f"{__package__}.kernels.{kernel_name}") is not None
+
+
+def _table(explicit: tuple[Row, ...]) -> tuple[Row, ...]:
+    """Every built generation's row in attn_core's order: its explicit row, else the default where its module exists.
+    An explicit row must name a known generation once, and a module that exists."""
+    by_id: dict[str, Row] = {}
+    for r in explicit:
+        if r.generation in by_id:
+            raise ValueError(f"two explicit rows for generation {r.generation!r}")
+        if not has_module(r.kernel):
+            raise ValueError(f"row {r.generation!r} names kernel module pallas_attn.kernels.{r.kernel}, which does "
+                             "not exist")
+        by_id[r.generation] = r
+    return tuple(by_id[i] if i in by_id else Row(i, i) for i in _core.ids() if i in by_id or has_module(i))
+
+
+ROWS: tuple[Row, ...] = _table(EXPLICIT)
 _BY_ID = {r.generation: r for r in ROWS}
 
 
@@ -100,7 +112,8 @@ def row(gen_id: str) -> Row:
     try:
         return _BY_ID[gen_id]
     except KeyError:
-        raise NotImplementedError(f"generation {g.id!r} is not built in Pallas yet (no row in pallas_attn.registry); "
+        raise NotImplementedError(f"generation {g.id!r} is not built in Pallas yet (no module "
+                                  f"pallas_attn/kernels/{g.id}.py and no row in pallas_attn.registry.EXPLICIT); "
                                   f"built: {', '.join(_BY_ID)}") from None
 
 

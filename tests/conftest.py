@@ -183,8 +183,9 @@ def nvcc_sm90a(cuda_toolchain, tmp_path_factory) -> NvccBuild:
 
     nvcc, cuda_inc = cuda_toolchain
     tmp = tmp_path_factory.mktemp("nvcc_sm90a")
-    jobs = {src.name: [nvcc, "-c", str(src), "-o", str(tmp / (src.stem + ".o")), "-I", str(build.CSRC),
-                       *NVCC_SM90A_FLAGS] for src in sorted((build.CSRC / "kernels").glob("*.cu"))}
+    inc = [f"-I{p}" for p in build.include_dirs(build.write_generated(tmp / "generated"))]  # generations.def first
+    jobs = {src.name: [nvcc, "-c", str(src), "-o", str(tmp / (src.stem + ".o")), *inc, *NVCC_SM90A_FLAGS]
+            for src in sorted((build.CSRC / "kernels").glob("*.cu"))}
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         futures = {name: pool.submit(subprocess.run, cmd, capture_output=True, text=True, timeout=600)
                    for name, cmd in jobs.items()}

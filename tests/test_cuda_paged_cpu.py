@@ -130,7 +130,8 @@ def test_split_plan_same_in_cpp_and_python(tmp_path):
         'std::printf("%s %ld %ld %ld %ld %ld %ld %d %d %d\\n",g.name,b,G*hkv,hkv,nq,nk,d,sm,p.num_splits,p.chunk);}}}\n'
     )
     exe = tmp_path / "plan"
-    res = subprocess.run([cxx, "-std=c++17", "-I", str(build.CSRC), "-I", str(inc), str(prog), "-o", str(exe)],
+    gen = [f"-I{p}" for p in build.include_dirs(build.write_generated(tmp_path / "generated"))]
+    res = subprocess.run([cxx, "-std=c++17", *gen, "-I", str(inc), str(prog), "-o", str(exe)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()

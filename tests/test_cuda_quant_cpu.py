@@ -105,7 +105,8 @@ def host_dequant(tmp_path_factory):
         pytest.skip("nvcc not found")
     tmp = tmp_path_factory.mktemp("cuda_quant_host")
     (tmp / "prog.cu").write_text(_HOST_PROG)
-    res = subprocess.run([nvcc, "-std=c++17", "-O1", "-I", str(build.CSRC), str(tmp / "prog.cu"), "-o",
+    inc = [f"-I{p}" for p in build.include_dirs(build.write_generated(tmp / "generated"))]  # generations.def first
+    res = subprocess.run([nvcc, "-std=c++17", "-O1", *inc, str(tmp / "prog.cu"), "-o",
                           str(tmp / "prog")], capture_output=True, text=True)
     assert res.returncode == 0, f"common/paged_quant.cuh does not compile as host code:\n{res.stderr[-3000:]}"
     return tmp / "prog", tmp

@@ -1,6 +1,6 @@
 """cuda_ref on a machine without a GPU: every kernel compiles for sm_90a with no register spills, the binding
-compiles against torch's headers, the generation table (csrc/generations.def) reads the same in C++ and
-Python and agrees with attn_core, the split heuristic is the same in C++ and Python, every argument check
+compiles against torch's headers, the generation table (generations.def, rendered from attn_core's twin rows at
+build time) reads the same in C++ and Python, the split heuristic is the same in C++ and Python, every argument check
 (dense and paged) raises the documented error before any GPU is needed, and ``import cuda_ref`` stays free of
 torch and JAX.
 
@@ -174,6 +174,7 @@ def compiled(request, cuda_toolchain, tmp_path_factory):
     _, cuda_inc = cuda_toolchain
     tmp = tmp_path_factory.mktemp("cuda_ref_build")
     csrc = build.CSRC
+    inc = [f"-I{p}" for p in build.include_dirs(build.write_generated(tmp / "generated"))]  # generations.def first
     jobs: dict[str, list[str]] = {}
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx:
@@ -186,7 +187,7 @@ def compiled(request, cuda_toolchain, tmp_path_factory):
             "auto p=cuda_ref::choose_splits(bh,nq,nk,cuda_ref::kSplitRowsPerCta,sm);"
             'std::printf("%ld %ld %ld %d %d %d\\n",bh,nq,nk,sm,p.num_splits,p.chunk);}}\n'
         )
-        jobs["split_plan"] = [cxx, "-std=c++17", "-I", str(csrc), "-I", str(cuda_inc), str(prog),
+        jobs["split_plan"] = [cxx, "-std=c++17", *inc, "-I", str(cuda_inc), str(prog),
                               "-o", str(tmp / "split_plan")]
         # The generation table as C++ sees it (common/generations.cuh over generations.def), one row a line.
         table_prog = tmp / "table_main.cpp"
@@ -197,7 +198,7 @@ def compiled(request, cuda_toolchain, tmp_path_factory):
             "int(g.operand),int(g.head_dims),g.gqa,g.materialize_s,g.tile_m_d64,g.tile_n_d64,g.tile_m_d128,"
             "g.tile_n_d128,int(g.workspace),g.split_kv,g.writes_lse);}\n"
         )
-        jobs["table_main"] = [cxx, "-std=c++17", "-Wall", "-Werror", "-I", str(csrc), str(table_prog),
+        jobs["table_main"] = [cxx, "-std=c++17", "-Wall", "-Werror", *inc, str(table_prog),
                               "-o", str(tmp / "table_main")]
         stub = tmp / "stub"
         # The CPU wheel of torch ships c10/cuda headers but not this generated one; it only sets export macros.
@@ -207,7 +208,7 @@ def compiled(request, cuda_toolchain, tmp_path_factory):
 
         incs = [f"-I{p}" for p in cpp_extension.include_paths()]
         std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 12) else "-std=c++17"
-        jobs["binding.cpp"] = [cxx, "-fsyntax-only", std, "-w", "-I", str(csrc), *incs, f"-I{stub}",
+        jobs["binding.cpp"] = [cxx, "-fsyntax-only", std, "-w", *inc, *incs, f"-I{stub}",
                                f"-I{sysconfig.get_paths()['include']}", "-I", str(cuda_inc),
                                "-DTORCH_EXTENSION_NAME=cuda_ref_ext", "-DTORCH_API_INCLUDE_EXTENSION_H",
                                str(csrc / "binding.cpp")]
@@ -370,7 +371,7 @@ def test_import_on_cpu_and_generations():
     assert callable(cuda_ref.attention) and callable(cuda_ref.paged_attention)
 
 
-# --- the generation table (csrc/generations.def) ---------------------------------------------------------
+# --- the generation table (generations.def, rendered from attn_core's CudaTwin rows) ----------------------
 
 
 def test_table_rows_ids_order_and_numbers():
@@ -383,28 +384,119 @@ def test_table_rows_ids_order_and_numbers():
     core = core_generations.ids()
     assert set(got) <= set(core), f"ids unknown to attn_core: {set(got) - set(core)}"
     assert got == [i for i in core if i in set(got)], "rows must follow attn_core.generations' order"
-    # The integers the binding dispatches on are stable: v1..v6 are 1..6 forever.
-    first = {"v1_naive": 1, "v2_tiled": 2, "v3_online": 3, "v4_fused": 4, "v5_wmma": 5, "v6_splitkv": 6}
+    # The integers the binding dispatches on are stable: the reference's 17 keep these forever (append-only).
+    first = {"v1_naive": 1, "v2_tiled": 2, "v3_online": 3, "v4_fused": 4, "v5_wmma": 5, "v6_splitkv": 6,
+             "v7_paged": 7, "v8_gqa": 8, "v8_gqa_tc": 9, "v8_gqa_db": 10, "v8_gqa_occ": 11, "v8_gqa_ilp": 12,
+             "v8_gqa_ss": 13, "v9_fp8": 14, "v10_nvfp4": 15, "v11_mla": 16, "v12_mla_tc": 17}
     assert {g.id: g.number for g in rows if g.id in first} == first
+    assert all(g.number > 17 for g in rows if g.id not in first)  # a frontier twin takes the next free number
     for g in rows:
         assert g.entry in core_generations.get(g.id).entries, f"{g.id}: entry {g.entry} not in attn_core's"
         assert core_generations.get(g.id).twin, f"{g.id}: its attn_core row declares no CUDA twin (twin=)"
 
 
 def test_twin_flags_are_the_table():
-    # attn_core's "has a CUDA twin" flag and generations.def agree: every reference generation has a twin (the 17 are
-    # built), a frontier kernel has one exactly where its row says twin=True; and only such a row declares twin facts.
+    # attn_core's twin rows are the table (rendered from them), every reference generation has one (the 17 are built);
+    # and only a row with a twin declares twin facts.
     assert set(core_generations.TWIN_IDS) == set(cuda_ref.generations())
     assert set(core_generations.REFERENCE_IDS) <= set(core_generations.TWIN_IDS)
     for g in core_generations.GENERATIONS:
         assert g.twin or (g.twin_dataflow is None and g.twin_smem is None), g.id
+    gen, twin = core_generations.Generation, core_generations.CudaTwin
     with pytest.raises(ValueError, match="describe a CUDA twin"):
-        core_generations.Generation("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True,
-                                    twin_dataflow="warp_rows")
+        gen("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True, twin_dataflow="warp_rows")
     with pytest.raises(ValueError, match="twin_smem maps kernel names"):
-        core_generations.Generation("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True, twin=True,
-                                    twin_smem={"k<64>": -1})
-    assert core_generations.Generation("x", "prefill", None, "d", "s", {"dense"}).twin  # reference: twin by default
+        gen("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True, twin=twin(18, "fp32", (8, 64), (8, 32)),
+            twin_smem={"k<64>": -1})
+    with pytest.raises(ValueError, match=r"twin= takes the CUDA twin's table row, CudaTwin\("):
+        gen("x", "frontier_prefill", None, "d", "s", {"dense"}, frontier=True, twin=True)
+    with pytest.raises(ValueError, match="a reference generation has a CUDA twin"):
+        gen("x", "prefill", None, "d", "s", {"dense"})
+    with pytest.raises(ValueError, match=r"its twin serves one: CudaTwin\(entry="):
+        gen("x", "frontier_decode", None, "d", "s", {"dense", "paged"}, frontier=True,
+            twin=twin(18, "fp16", (8, 64), (8, 32)))
+    assert gen("x", "frontier_decode", None, "d", "s", {"dense", "paged"}, frontier=True,
+               twin=twin(18, "fp16", (8, 64), (8, 32), entry="paged")).twin.entry == "paged"
+    assert gen("x", "prefill", None, "d", "s", {"dense"}, twin=twin(1, "fp32", (1, 1), (1, 1))).twin.entry == "dense"
+    for bad, match in (({"operand": "bf16"}, "operand"), ({"workspace": "s"}, "workspace"),
+                       ({"head_dims": (64,)}, "head_dims"), ({"tile_d64": (8, 0)}, "tile_d64"),
+                       ({"number": 0}, "number"), ({"gqa": 1}, "gqa"), ({"entry": "ragged"}, "entry")):
+        with pytest.raises(ValueError, match=f"CudaTwin: bad {match}"):
+            twin(**{"number": 18, "operand": "fp32", "tile_d64": (8, 64), "tile_d128": (8, 32), **bad})
+
+
+def test_twin_numbers_are_stable_and_ascending():
+    # attn_core refuses, at import, a reference twin off its position and a frontier twin out of order or reused.
+    import dataclasses
+
+    gens, check = core_generations.GENERATIONS, core_generations._check_twin_numbers
+    check(gens)
+    v4 = core_generations.get("v4_fused")
+    renumbered = tuple(dataclasses.replace(g, twin=dataclasses.replace(g.twin, number=40)) if g is v4 else g
+                       for g in gens)
+    with pytest.raises(ValueError, match=r"position among the reference rows: v4_fused=40 \(expected 4\)"):
+        check(renumbered)
+    twin = core_generations.CudaTwin
+
+    def frontier(i, n):
+        return core_generations.Generation(i, "frontier_prefill", "v4_fused", "d", "s", {"dense"}, frontier=True,
+                                           twin=twin(n, "fp32", (8, 64), (8, 32)))
+
+    check(gens + (frontier("a", 18), frontier("b", 20)))
+    for numbers in ((17, 18), (19, 18), (18, 18)):
+        with pytest.raises(ValueError, match="unique and ascend in table order"):
+            check(gens + (frontier("a", numbers[0]), frontier("b", numbers[1])))
+
+
+# Three rows as the hand-written table had them (csrc/generations.def until session 24), spacing and all, and the
+# session-24 toy's hand-written row: the renderer lays every row out the same way.
+_HAND_ROWS = {
+    "v1_naive": "CUDA_REF_GEN(v1_naive,   1, kDense, kF32,   kHeadDimsAny,     0,  1,   1,  1,  1,   1,  kWsScores,"
+                "        0,  1)",
+    "v8_gqa_occ": "CUDA_REF_GEN(v8_gqa_occ,11, kPaged, kF16,   kHeadDims64_128,  1,  0,   8, 64,  8,  32,  "
+                  "kWsSplitPartials, 1,  1)",
+    "v9_fp8": "CUDA_REF_GEN(v9_fp8,    14, kQuantized, kF16, kHeadDims64_128, 1,  0,   8, 64,  8,  32,  "
+              "kWsSplitPartials, 1,  1)",
+    "v12_mla_tc": "CUDA_REF_GEN(v12_mla_tc,17, kMla,   kNative, kHeadDimsAny,    1,  0,  64, 32, 64,  32,  "
+                  "kWsSplitPartials, 1,  1)",
+    "toy_dense": "CUDA_REF_GEN(toy_dense, 18, kDense, kF32,   kHeadDims64_128,  0,  0,   8, 64,  8,  32,  kWsNone,"
+                 "          0,  1)",
+}
+
+
+def test_rendered_table_is_the_twin_rows():
+    # The text the C++ includes, parsed back, is attn_core's CudaTwin rows field for field, in order; rows laid out
+    # as the hand-written table was.
+    text = cuda_table.def_text()
+    assert text == build.generated()[cuda_table.DEF_NAME] and text.endswith("\n#undef CUDA_REF_GEN\n")
+    rows = cuda_table.parse(text)
+    twins = [g for g in core_generations.GENERATIONS if g.twin]
+    assert [r.id for r in rows] == [g.id for g in twins] and rows == cuda_ref.table()
+    for r, g in zip(rows, twins):
+        t = g.twin
+        assert (r.number, r.entry, r.operand, r.head_dims, r.gqa, r.materializes_s, r.tile_d64, r.tile_d128,
+                r.workspace, r.split_kv, r.writes_lse) == (
+            t.number, t.entry, t.operand, t.head_dims, t.gqa, t.materializes_s, t.tile_d64, t.tile_d128, t.workspace,
+            t.split_kv, t.writes_lse), g.id
+    lines = {ln.split("(")[1].split(",")[0]: ln for ln in text.splitlines() if ln.startswith("CUDA_REF_GEN(")}
+    for gid in ("v1_naive", "v8_gqa_occ", "v9_fp8", "v12_mla_tc"):
+        assert lines[gid] == _HAND_ROWS[gid], gid
+    toy = core_generations.Generation("toy_dense", "frontier_prefill", "v4_fused", "d", "s", {"dense"},
+                                      frontier=True, twin=core_generations.CudaTwin(18, "fp32", (8, 64), (8, 32)))
+    assert cuda_table.render((toy,)).splitlines()[-3] == _HAND_ROWS["toy_dense"]
+    # the C++ enumerator spellings cover attn_core's value sets, both ways
+    assert set(cuda_table._OPERANDS.values()) == set(core_generations.TWIN_OPERANDS)
+    assert set(cuda_table._WORKSPACES.values()) == set(core_generations.TWIN_WORKSPACES)
+    assert set(cuda_table._ENTRIES.values()) == set(core_generations.ENTRIES)
+
+
+def test_no_hand_written_table_in_csrc():
+    # The table is generated; a copy under csrc/ would shadow it for binding.cpp (its own directory is searched
+    # first) and go stale.
+    assert not [p for p in build.CSRC.rglob("*.def")], "generations.def is rendered from attn_core; do not commit one"
+    for p in [build.CSRC / "binding.cpp", *build.headers()]:
+        for inc in re.findall(r'#include\s+"([^"]*generations\.def)"', p.read_text()):
+            assert inc == cuda_table.DEF_NAME, f"{p.name} includes {inc!r}: the generated file is found on the path"
 
 
 def test_table_columns_of_the_six():
@@ -867,5 +959,22 @@ def test_module_import_needs_neither_torch_nor_jax():
     assert res.stdout.strip() == "False"
 
 
-def test_build_key_covers_the_generation_table():
-    assert build.CSRC / "generations.def" in build.headers()
+def test_build_key_covers_the_generation_table(monkeypatch, tmp_path):
+    # The generated table is part of the build key and is written first on the include path: a changed twin row
+    # (attn_core) is a new build, never a stale cached one.
+    import dataclasses
+
+    monkeypatch.setenv(build.ARCH_ENV, "sm_90a")
+    flags = build.nvcc_flags()
+    key = build.build_key(flags)
+    gen_dir = build.write_generated(tmp_path / "g")
+    assert (gen_dir / cuda_table.DEF_NAME).read_text() == cuda_table.def_text()
+    assert build.include_dirs(gen_dir) == [gen_dir, build.CSRC]
+    v4 = core_generations.get("v4_fused")
+    changed = tuple(dataclasses.replace(g, twin=dataclasses.replace(g.twin, tile_d128=(8, 64))) if g is v4 else g
+                    for g in core_generations.GENERATIONS)
+    monkeypatch.setattr(core_generations, "GENERATIONS", changed)
+    assert "8, 64,  8,  64,  kWsNone" in build.generated()[cuda_table.DEF_NAME]
+    assert build.build_key(flags) != key
+    build.write_generated(gen_dir)
+    assert (gen_dir / cuda_table.DEF_NAME).read_text() == cuda_table.render(changed)

@@ -1,6 +1,7 @@
 """The generation table and the Pallas rows: order, ids, and every row's kernel contract checked against what
 the kernel actually launches (pallas_call names and lowering, traced, nothing run)."""
 
+import importlib.util
 import re
 
 import jax
@@ -115,7 +116,44 @@ def test_row_kernel_declares_a_consistent_contract(row):
 
 
 def test_every_generation_is_built():
+    # a generation of attn_core with neither a module pallas_attn/kernels/<id>.py nor an explicit row fails here
     assert [g.id for g in core.GENERATIONS if not registry.built(g.id)] == []
+
+
+def test_default_rows_and_explicit_rows():
+    # Rows in attn_core's order; a generation whose module exists gets Row(id, id); EXPLICIT holds only the others.
+    assert [r.generation for r in ROWS] == [i for i in core.ids() if registry.built(i)]
+    assert all(r != registry.Row(r.generation, r.generation) for r in registry.EXPLICIT), "an explicit default row"
+    explicit = {r.generation for r in registry.EXPLICIT}
+    assert {r.generation for r in ROWS if r.kernel != r.generation or r.configs is not None} == explicit
+    assert all(registry.has_module(r.kernel) for r in ROWS)
+    assert not registry.has_module("no_such_kernel")
+
+
+def test_a_generation_without_module_or_row_is_not_built(monkeypatch):
+    fake = core.Generation("toy_nomod", "frontier_prefill", "v4_fused", "d", "s", {"dense"}, frontier=True)
+    monkeypatch.setattr(core, "GENERATIONS", core.GENERATIONS + (fake,))
+    monkeypatch.setattr(core, "_BY_ID", {**core._BY_ID, fake.id: fake})
+    rows = registry._table(registry.EXPLICIT)
+    assert [r.generation for r in rows] == [r.generation for r in ROWS]  # the same rows, toy_nomod not among them
+    monkeypatch.setattr(registry, "_BY_ID", {r.generation: r for r in rows})
+    assert not registry.built("toy_nomod")
+    with pytest.raises(NotImplementedError, match=r"'toy_nomod' is not built in Pallas yet \(no module "
+                                                  r"pallas_attn/kernels/toy_nomod.py and no row"):
+        registry.row("toy_nomod")
+    # with a module of that name, the default row appears in attn_core's place
+    monkeypatch.setattr(registry, "has_module", lambda name: name == "toy_nomod" or importlib.util.find_spec(
+        f"pallas_attn.kernels.{name}") is not None)
+    assert registry._table(registry.EXPLICIT)[-1] == registry.Row("toy_nomod", "toy_nomod")
+
+
+def test_explicit_rows_are_checked():
+    with pytest.raises(ValueError, match="unknown generation 'v99'"):
+        registry.Row("v99", "v4_fused")
+    with pytest.raises(ValueError, match="names kernel module pallas_attn.kernels.v4_fusedd, which does not exist"):
+        registry._table((registry.Row("v4_fused", "v4_fusedd"),))
+    with pytest.raises(ValueError, match="two explicit rows for generation 'v8_gqa_db'"):
+        registry._table(registry.EXPLICIT + (registry.Row("v8_gqa_db", "v8_gqa"),))
 
 
 def test_unbuilt_generation_is_a_visible_state(monkeypatch):

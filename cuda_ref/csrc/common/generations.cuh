@@ -1,4 +1,5 @@
-// Everything C++ knows about the generations, derived from the one table csrc/generations.def: the Gen
+// Everything C++ knows about the generations, derived from the one table generations.def (rendered from
+// attn_core/generations.py at build time, first on the include path; cuda_ref/table.py): the Gen
 // enum, one GenInfo per row (constexpr, so kernels can static_assert their tiles against it) and lookups.
 // Plain C++17, no CUDA and no torch: binding.cpp, the kernels and host-only test programs include it.
 #pragma once
@@ -10,7 +11,7 @@ namespace cuda_ref {
 // The stable integers Python passes (column `number`). Enumerators are the ids themselves: Gen::v4_fused.
 enum class Gen : int {
 #define CUDA_REF_GEN(id, number, ...) id = number,
-#include "../generations.def"
+#include "generations.def"  // generated from attn_core (cuda_ref.build.write_generated)
 };
 
 // Column value sets. The spellings are the ones generations.def uses (cuda_ref/table.py maps them).
@@ -44,7 +45,7 @@ inline constexpr GenInfo kGenerations[] = {
                      tile_m_d128, tile_n_d128, workspace, split_kv, writes_lse)                        \
   {Gen::id, #id, Entry::entry, Operand::operand, HeadDims::head_dims, (gqa) != 0, (materialize_s) != 0,   \
    tile_m_d64, tile_n_d64, tile_m_d128, tile_n_d128, Workspace::workspace, (split_kv) != 0, (writes_lse) != 0},
-#include "../generations.def"
+#include "generations.def"  // generated from attn_core (cuda_ref.build.write_generated)
 };
 inline constexpr int kNumGenerations = static_cast<int>(sizeof(kGenerations) / sizeof(kGenerations[0]));
 

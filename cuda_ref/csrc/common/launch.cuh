@@ -15,7 +15,7 @@ namespace cuda_ref {
 
 // void launch_<id>(const AttnParams& p, cudaStream_t stream); for every row, defined in kernels/<id>.cu.
 #define CUDA_REF_GEN(id, ...) void launch_##id(const AttnParams& p, cudaStream_t stream);
-#include "../generations.def"
+#include "generations.def"  // generated from attn_core (cuda_ref.build.write_generated)
 
 // v2 keeps v1's softmax pass unchanged (§2.2 "Pass 2: identical to v1"), so it calls it instead of
 // carrying a copy. Normalises S [BH, n_q, n_k] in place, row by row; writes p.lse when it is set.
