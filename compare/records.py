@@ -8,7 +8,12 @@ Record types (``type``):
     achieved GB/s over the measured copy ceiling (a clock that lies shows here);
   * ``result``   — one per (workload, implementation): ``workload``, ``impl`` (with the declared
     ``lowering`` and the launch ``plan`` made before the run), ``status``, ``reason``, ``metrics``,
-    ``agreement``, ``prediction`` (with the ``roofline_inputs`` it assumed), ``env``, ``repro``.
+    ``agreement``, ``prediction`` (with the ``roofline_inputs`` it assumed), ``env``, ``repro``;
+  * ``probe``    — written by a probe script (``scripts/*_probe.py``, through :class:`ProbeWriter`), never by
+    ``compare run``: one measurement compare has no workload form for, after the probe's own ``header``:
+    ``probe`` (the script), ``kind``, ``workload`` (the shape it ran at, ``name`` first), ``metrics`` (compare's
+    names: ``time_us_p10/p50/p90`` on a GPU, ``cpu_interpret_us_*`` on the CPU, ``clock``, and the probe's own),
+    ``env``, ``repro``; ``validate`` checks them.
 
 Statuses: ``ok`` (ran, finite, within the precision's tolerance of the oracle), ``wrong`` (ran and finite but
 beyond that tolerance), ``failed`` (raised, produced NaN/Inf, or its kernel module does not import),
@@ -27,8 +32,10 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,13 +50,14 @@ __all__ = [
     "read_jsonl",
     "collect_env",
     "get",
+    "ProbeWriter",
 ]
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "wrong", "failed", "oom", "unsupported", "unavailable", "not_built", "skipped")
 RAN_STATUSES = ("ok", "wrong")  # the implementation produced an output we could check
 FRAMEWORKS = ("pallas", "cuda", "torch", "jax", "jax-pallas")
-RECORD_TYPES = ("header", "ceilings", "clock_check", "result")
+RECORD_TYPES = ("header", "ceilings", "clock_check", "result", "probe")
 
 # Present on every result record (values may be null where the status says why).
 _RESULT_KEYS = (
@@ -100,6 +108,8 @@ def validate(record: dict[str, Any]) -> list[str]:
         if record.get("measured") is None and not record.get("reason"):
             errs.append("ceilings.measured is null without a reason")
         return errs
+    if t == "probe":
+        return errs + _validate_probe(record)
     if t != "result":
         if not isinstance(record.get("env"), dict):
             errs.append(f"{t} record needs env")
@@ -141,6 +151,69 @@ def validate(record: dict[str, Any]) -> list[str]:
                 if get(record, k) is not None:
                     errs.append(f"CPU-interpret record must not carry {k} (labelled cpu_interpret_us_* instead)")
     return errs
+
+
+def _validate_probe(record: dict[str, Any]) -> list[str]:
+    errs = [f"probe record needs {k}" for k in ("probe", "kind", "workload.name", "metrics.clock", "repro")
+            if not get(record, k)]
+    if not isinstance(record.get("env"), dict):
+        errs.append("probe record needs env")
+    key = "time_us" if get(record, "env.device_kind") == "gpu" else "cpu_interpret_us"
+    ps = [get(record, f"metrics.{key}_{p}") for p in ("p10", "p50", "p90")]
+    if not all(_finite_number(x) for x in ps):
+        errs.append(f"probe record needs finite metrics.{key}_p10/p50/p90; got {ps}")
+    elif not ps[0] <= ps[1] <= ps[2]:
+        errs.append(f"percentiles out of order: {ps}")
+    if key != "time_us" and get(record, "metrics.time_us_p50") is not None:
+        errs.append("a CPU probe record must not carry metrics.time_us_p50 (labelled cpu_interpret_us_* instead)")
+    return errs
+
+
+class ProbeWriter:
+    """A probe script's records in the compare schema: one ``header`` (``schema``, ``type``, ``run_id``, ``env``
+    from :func:`collect_env`, ``probe``, ``argv``, ``options``), then :meth:`emit` per measurement (a ``probe``
+    record). ``out_dir``: ``out_dir/records.jsonl`` through :func:`open_new` (never overwritten); None prints only.
+    Every record is printed as one JSON line without its ``env``."""
+
+    def __init__(self, probe: str, out_dir: str | Path | None, argv: list[str] | None, options: dict[str, Any]):
+        self.probe = probe
+        self.env = collect_env()
+        kind = re.sub(r"[^a-z0-9]+", "-", (self.env["gpu"] or "cpu-interpret").lower()).strip("-")[:40]
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S')}_{probe}_{kind}"
+        self.argv = list(sys.argv[1:] if argv is None else argv)
+        self.repro = " ".join(["PYTHONPATH=. python", f"scripts/{probe}.py", *self.argv])
+        self.records: list[dict[str, Any]] = []
+        self._f = open_new(out_dir)
+        self.path = Path(self._f.name) if self._f else None
+        self._write({"schema": SCHEMA_VERSION, "type": "header", "run_id": self.run_id, "env": self.env,
+                     "probe": probe, "argv": self.argv, "options": options,
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+    def emit(self, kind: str, workload: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+        rec = {"schema": SCHEMA_VERSION, "type": "probe", "run_id": self.run_id, "env": self.env, "probe": self.probe,
+               "kind": kind, "workload": workload, "metrics": metrics, "repro": self.repro}
+        self.records.append(rec)
+        self._write(rec)
+        return rec
+
+    def timing_metrics(self, t: Any) -> dict[str, Any]:
+        """A ``compare.timing.Timing`` as compare's metric names: ``time_us_p10/p50/p90`` (+ min, mean, n) on a GPU,
+        ``cpu_interpret_us_*`` on the CPU (never read as a kernel time there), the clock and its notes."""
+        key = "time_us" if self.env["device_kind"] == "gpu" else "cpu_interpret_us"
+        st = t.stats
+        return {**{f"{key}_{p}": st[p] for p in ("p10", "p50", "p90", "min", "mean")}, "samples": st["n"],
+                "clock": t.clock, "l2_flushed": t.l2_flushed, "clock_notes": list(t.notes)}
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        if self._f:
+            self._f.write(json.dumps(rec, default=_json_default, allow_nan=True) + "\n")
+            self._f.flush()
+        print(json.dumps({k: v for k, v in rec.items() if k != "env"}, default=_json_default), flush=True)
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
 
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:

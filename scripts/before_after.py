@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def _load(path: str) -> dict[tuple[str, str], float]:
     out = {}

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 

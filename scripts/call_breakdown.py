@@ -22,6 +22,8 @@ from compare.impls import all_impls
 from compare.runner import detect_ctx, make_plan
 from compare.workloads import load_config
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def kernels_jax(fn, args, reps: int, flush_bytes: int):
     import jax

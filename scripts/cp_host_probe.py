@@ -25,6 +25,8 @@ from jax.sharding import PartitionSpec as P
 
 from pallas_attn import distributed
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 INTERP = bool(os.environ.get("CP_INTERP"))
 # the cases CP_PROFILE=1 profiles (on the largest device count)
 PROFILED = ("step, q pre-placed", "wrapper, q committed dev0", "wrapper, q uncommitted",

@@ -1,39 +1,35 @@
-"""Context-parallel decode on 1, 2, 4 ... GPUs of one host: correctness, time per step, the merge's own time.
+"""Context-parallel decode's two halves apart on 1, 2, 4 ... GPUs of one host: the merge alone, the local kernels.
 
-    python scripts/bench_context_parallel.py --out results/<dir> [--devices 1,2,4] [--merges all_gather,psum,packed]
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python scripts/bench_context_parallel.py --smoke  # CPU check
+    PYTHONPATH=. python scripts/cp_merge_probe.py --out $OUT/cp_merge [--devices 1,2,4] [--merges psum,packed]
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 PYTHONPATH=. python scripts/cp_merge_probe.py --smoke  # CPU
 
-Workloads (names as in the issue): ``cp_decode_b1_s1048576`` and ``cp_decode_b8_s262144``: Hq 32, Hkv 8,
-D 128, fp16 KV, Tq 1, non-causal, the cache split into equal contiguous slices over the devices.
+Workloads: compare's ``configs/cp_decode.toml`` shapes, ``cp_decode_b1_s1048576_dev{n}`` and
+``cp_decode_b8_s262144_dev{n}`` (Hq 32, Hkv 8, D 128, fp16 KV, Tq 1, non-causal, the cache split into equal
+contiguous slices over the first n devices; ``--smoke``: its ``cp_smoke_b2_s512_dev{n}``); the records carry those
+names, so each pairs with compare's record of
+the whole step (``pallas:fa_decode_cp:<merge>``). Two record kinds (``type: "probe"``, compare's record schema through
+``compare.records.ProbeWriter``), each on compare's multi-device clock (``compare.timing.time_loop``: the step chained
+inside one jitted program, ``(T(2n) - T(n)) / n`` so what a call pays once cancels; warm L2):
 
-Clock. Three host wall-clock figures per (workload, devices, merge), because several devices' kernels and
-collectives have no single CUPTI span a JAX call can return:
-  * ``loop_us``: the step chained inside ONE jitted program (``compare.timing.time_loop``: each step's q
-    depends on the last step's output, so nothing is hoisted or dropped; ``T(2n) - T(n)`` over ``n`` steps,
-    so what a call pays once cancels): device time per step (the primary number);
-  * ``pipelined_us``: ``--iters`` calls issued with one sync at the end, per call (what a serving loop sees);
-  * ``synced_us``: median of calls each followed by a sync.
-The merge's own time is ``merge_us`` (the collective + merge alone on the real (o, lse) shapes, same loop
-method) and ``local_us`` (each device's kernel on its slice, no collective). Records (JSONL, one per
-measurement, with the environment and the device count) go to ``--out``.
+* ``cp_merge``: the collective + merge alone (``distributed.merge_across``, one per ``--merges``) on zero partial
+  states of the real (o, lse) shapes, no attention;
+* ``cp_local``: each device's kernel on its slice (fa_decode's paged entry over the identity table, the view the
+  program runs through), no collective (device 0's rows are the output, so the loop chains).
 
-The step's times (every merge on 1, 2, 4 devices: the loop clock, pipelined and synced calls, with oracle agreement)
-are compare's too: ``configs/cp_decode.toml`` (``pallas:fa_decode_cp:<merge>``), whose records are the ones to keep.
-This script stays for ``merge_us`` (``cp_merge``), which compare has no form for: a compare workload is an attention
-problem and an implementation computes its answer, and the collective + merge alone on zero states is neither.
-``scripts/cp_slice_probe.py`` times one device's kernel on its slice on the CUPTI clock (``local_us`` here also moves
-device 0's result to every device).
+ROLE: a probe. Why it is not a compare config: a compare workload is an attention problem and an implementation
+computes its answer; the collective + merge on zero states and the kernels on their slices without the merge are
+neither. The whole step (every merge on 1, 2, 4 devices: the loop clock, pipelined and synced calls, oracle agreement)
+is ``configs/cp_decode.toml``'s. ``scripts/cp_slice_probe.py`` times one device's kernel on its slice on the CUPTI
+clock. This file was ``scripts/bench_context_parallel.py`` until issue 26 item 5, which also timed the step (its
+``cp_decode`` records, now compare's); records it wrote stay under results/ with its old field names (``loop_us``,
+``merge_us``, ``local_us``: the best of 3 loop samples, at 50 steps).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -44,67 +40,64 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from compare import timing  # noqa: E402
-from pallas_attn import _compat, distributed  # noqa: E402
+from compare import records, timing  # noqa: E402
+from pallas_attn import _compat, api, distributed  # noqa: E402
 
-WORKLOADS = {  # name: (B, S)
-    "cp_decode_b1_s1048576": (1, 1048576),
-    "cp_decode_b8_s262144": (8, 262144),
+ROLE = "probe"
+PROBE = "cp_merge_probe"
+WORKLOADS = {  # configs/cp_decode.toml's workload names without the _dev{n}: (B, S, Hq, Hkv, D)
+    "cp_decode_b1_s1048576": (1, 1048576, 32, 8, 128),
+    "cp_decode_b8_s262144": (8, 262144, 32, 8, 128),
 }
-HQ, HKV, D, TQ = 32, 8, 128, 1
+SMOKE = {"cp_smoke_b2_s512": (2, 512, 8, 2, 64)}  # --smoke: the config's CPU workload
+TQ = 1
+MERGES = ("all_gather", "psum", "packed")
 
 
-def _env(n_dev: int) -> dict:
-    dev = jax.devices()[0]
-    return {"device_kind": getattr(dev, "device_kind", dev.platform), "platform": dev.platform,
-            "devices_visible": jax.device_count(), "devices_used": n_dev, "jax": jax.__version__,
-            "python": platform.python_version(), "git_sha": os.environ.get("PALLAS_ATTN_GIT_SHA"),
-            "xla_flags": os.environ.get("XLA_FLAGS")}
-
-
-def _inputs(mesh, b, s, dtype):
+def _kv(mesh, b, s, hq, hkv, d, dtype):
     sh_kv = NamedSharding(mesh, P(None, "cp", None, None))
     sh_q = NamedSharding(mesh, P())
 
-    @jax.jit
     def make(key):
         kq, kk, kv = jax.random.split(key, 3)
-        q = jax.random.normal(kq, (b, TQ, HQ, D), jnp.float32).astype(dtype)
-        k = jax.random.normal(kk, (b, s, HKV, D), jnp.float32).astype(dtype)
-        v = jax.random.normal(kv, (b, s, HKV, D), jnp.float32).astype(dtype)
+        q = jax.random.normal(kq, (b, TQ, hq, d), jnp.float32).astype(dtype)
+        k = jax.random.normal(kk, (b, s, hkv, d), jnp.float32).astype(dtype)
+        v = jax.random.normal(kv, (b, s, hkv, d), jnp.float32).astype(dtype)
         return q, k, v
 
-    f = jax.jit(make, out_shardings=(sh_q, sh_kv, sh_kv))
-    return f(jax.random.PRNGKey(0))
+    return jax.jit(make, out_shardings=(sh_q, sh_kv, sh_kv))(jax.random.PRNGKey(0))
 
 
-def _loop_time(step, args, iters: int) -> float:
-    """µs per step: ``compare.timing.time_loop`` (steps chained in one jitted program, two loop lengths
-    differenced so per-call costs cancel), the best of 3 samples. Records made before 2026-11-22 14:05 (git
-    2406d14d7e57) used T(iters) / iters instead, which carries the per-call cost / iters on top."""
-    return min(timing.time_loop(step, args, reps=3, iters=iters).samples_us)
+def _merge_step(mesh, n: int, merge: str):
+    """The merge alone: ``merge_across`` on each device's (o, lse) block, the merged o tiled back to the input's
+    shape so ``time_loop`` can chain it."""
+    mfn = jax.jit(jax.shard_map(lambda o, lse: distributed.merge_across(o, lse, axis_name="cp", merge=merge)[0],
+                                mesh=mesh, in_specs=(P("cp"), P("cp")), out_specs=P(), check_vma=False))
+    return lambda o, lse: jnp.tile(mfn(o, lse), (n, 1, 1, 1))
 
 
-def _call_times(fn, args, iters: int) -> tuple[float, float]:
-    jax.block_until_ready(fn(*args))
-    t0 = time.perf_counter()
-    outs = [fn(*args) for _ in range(iters)]
-    jax.block_until_ready(outs)
-    pipelined = (time.perf_counter() - t0) / iters * 1e6
-    synced = []
-    for _ in range(min(iters, 20)):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        synced.append((time.perf_counter() - t0) * 1e6)
-    return pipelined, statistics.median(synced)
+def _local_step(mesh, b: int, interpret):
+    """Each device's kernel on its slice (the program's paged view over the identity table), no collective."""
+    def local(q, k, v):
+        t = k.shape[1]
+        page = distributed._page_for(t)
+        per = t // page
+        table = jnp.arange(b, dtype=jnp.int32)[:, None] * per + jnp.arange(per, dtype=jnp.int32)[None, :]
+        return api.paged_attention(q, distributed._as_pool(k, page), distributed._as_pool(v, page), table,
+                                   jnp.full((b,), t, jnp.int32), check_block_table=False, interpret=interpret)
+
+    lfn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, "cp"), P(None, "cp")),
+                                out_specs=P("cp"), check_vma=False))
+    return lambda q, k, v: lfn(q, k, v)[:b]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", default="1,2,4")
-    ap.add_argument("--merges", default="all_gather,psum,packed")
+    ap.add_argument("--merges", default=",".join(MERGES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=20, help="steps of the shorter loop (compare's loop clock: 20)")
+    ap.add_argument("--reps", type=int, default=5, help="loop-difference samples per record")
     ap.add_argument("--out", default=None, help="directory for records.jsonl (default: print only)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU virtual devices)")
     a = ap.parse_args(argv)
@@ -113,82 +106,36 @@ def main(argv=None) -> int:
     dtype = jnp.float16
     counts = [int(x) for x in a.devices.split(",") if int(x) <= jax.device_count()]
     merges = a.merges.split(",")
-    sizes = {"cp_decode_smoke_b2_s1024": (2, 1024)} if a.smoke else {w: WORKLOADS[w] for w in a.workloads.split(",")}
-    iters = 2 if a.smoke else a.iters
-    records = []
-    out_path = None
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        out_path = os.path.join(a.out, "records.jsonl")
+    sizes = SMOKE if a.smoke else {w: WORKLOADS[w] for w in a.workloads.split(",")}
+    iters, reps = (2, 3) if a.smoke else (a.iters, a.reps)
+    out = records.ProbeWriter(PROBE, a.out, argv, {**vars(a), "iters": iters, "reps": reps})
 
-    def emit(rec):
-        records.append(rec)
-        if out_path:
-            with open(out_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-        print(json.dumps({k: v for k, v in rec.items() if k != "env"}), flush=True)
-
-    base_out = {}
-    for wl, (b, s) in sizes.items():
-        kv_bytes = 2 * b * s * HKV * D * 2
+    for wl, (b, s, hq, hkv, d) in sizes.items():
         for n in counts:
             mesh = Mesh(np.array(jax.devices()[:n]), ("cp",))
-            q, k, v = _inputs(mesh, b, s, dtype)
-            lens = jnp.full((b,), s, jnp.int32)
-            off = jnp.zeros((b,), jnp.int32)
+            shape = {"name": f"{wl}_dev{n}", "family": "decode", "batch": b, "heads_q": hq, "heads_kv": hkv,
+                     "q_len": TQ, "kv_len": s, "head_dim": d, "dtype": "float16", "causal": False, "devices": n,
+                     "config": "configs/cp_decode.toml"}
             for merge in merges:
-                prog = distributed.decode_program(mesh, axis="cp", head_axis=None, t_local=s // n, batch=b,
-                                                  causal=False, scale=None, merge=merge, generation="fa_decode",
-                                                  config=None, interpret=interpret)
-                out, lse = prog(q, k, v, lens, off)
-                out = np.asarray(jax.device_get(out), np.float32)
-                ref = base_out.setdefault(wl, out)  # the 1-device result (first count) is the reference
-                agree = float(np.max(np.abs(out - ref)))
-                finite = bool(np.all(np.isfinite(out)))
-                step = lambda q, k, v, _p=prog, _l=lens, _o=off: _p(q, k, v, _l, _o)[0]  # noqa: E731
-                loop_us = _loop_time(step, (q, k, v), iters)
-                call = lambda q, k, v, _p=prog, _l=lens, _o=off: _p(q, k, v, _l, _o)  # noqa: E731
-                pipelined_us, synced_us = _call_times(call, (q, k, v), iters)
-                emit({"type": "cp_decode", "workload": wl, "batch": b, "seq": s, "heads_q": HQ, "heads_kv": HKV,
-                      "head_dim": D, "dtype": "float16", "devices": n, "merge": merge, "loop_us": loop_us,
-                      "pipelined_us": pipelined_us, "synced_us": synced_us, "kv_bytes": kv_bytes,
-                      "tbps_loop": kv_bytes / (loop_us * 1e-6) / 1e12, "max_abs_vs_1dev": agree, "finite": finite,
-                      "iters": iters, "env": _env(n)})
-            # the merge alone on the real state shapes, and each device's kernel alone
-            for merge in merges:
-                o_st = jax.device_put(jnp.zeros((n * b, TQ, HQ, D), dtype), NamedSharding(mesh, P("cp")))
-                l_st = jax.device_put(jnp.zeros((n * b, HQ, TQ), jnp.float32), NamedSharding(mesh, P("cp")))
-                mfn = jax.jit(jax.shard_map(
-                    lambda o, l, _m=merge: distributed.merge_across(o, l, axis_name="cp", merge=_m)[0],
-                    mesh=mesh, in_specs=(P("cp"), P("cp")), out_specs=P(), check_vma=False))
-                m_us = _loop_time(lambda o, l, _f=mfn, _n=n: jnp.tile(_f(o, l), (_n, 1, 1, 1)), (o_st, l_st), iters)
-                emit({"type": "cp_merge", "workload": wl, "devices": n, "merge": merge, "merge_us": m_us,
-                      "iters": iters, "env": _env(n)})
-            from pallas_attn import api
-
-            def local(q, k, v, b=b):
-                t = k.shape[1]
-                page = distributed._page_for(t)
-                per = t // page
-                table = jnp.arange(b, dtype=jnp.int32)[:, None] * per + jnp.arange(per, dtype=jnp.int32)[None, :]
-                return api.paged_attention(q, distributed._as_pool(k, page), distributed._as_pool(v, page), table,
-                                           jnp.full((b,), t, jnp.int32), check_block_table=False,
-                                           interpret=interpret)
-
-            lfn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, "cp"), P(None, "cp")),
-                                        out_specs=P("cp"), check_vma=False))
-            l_us = _loop_time(lambda q, k, v, _f=lfn, _b=b: _f(q, k, v)[:_b], (q, k, v), iters)
-            emit({"type": "cp_local", "workload": wl, "devices": n, "local_us": l_us, "iters": iters,
-                  "env": _env(n)})
+                o_st = jax.device_put(jnp.zeros((n * b, TQ, hq, d), dtype), NamedSharding(mesh, P("cp")))
+                l_st = jax.device_put(jnp.zeros((n * b, hq, TQ), jnp.float32), NamedSharding(mesh, P("cp")))
+                t = timing.time_loop(_merge_step(mesh, n, merge), (o_st, l_st), reps=reps, iters=iters)
+                out.emit("cp_merge", {**shape, "merge": merge},
+                         {**out.timing_metrics(t), "state_bytes_per_device": b * TQ * hq * (d * 2 + 4)})
+                del o_st, l_st
+            q, k, v = _kv(mesh, b, s, hq, hkv, d, dtype)
+            t = timing.time_loop(_local_step(mesh, b, interpret), (q, k, v), reps=reps, iters=iters)
+            kv_bytes = 2 * b * (s // n) * hkv * d * 2
+            out.emit("cp_local", {**shape, "keys_per_device": s // n, "page_view": distributed._page_for(s // n)},
+                     {**out.timing_metrics(t), "kv_bytes_per_device": kv_bytes})
             del q, k, v
-    print("\nworkload                      devices  merge        loop us  pipelined us  synced us  TB/s  speed-up")
-    one = {(r["workload"], r["merge"]): r["loop_us"] for r in records if r["type"] == "cp_decode" and r["devices"] == 1}
-    for r in records:
-        if r["type"] != "cp_decode":
-            continue
-        sp = one.get((r["workload"], r["merge"]))
-        print(f"{r['workload']:29s} {r['devices']:7d}  {r['merge']:10s} {r['loop_us']:9.1f} {r['pipelined_us']:13.1f} "
-              f"{r['synced_us']:10.1f} {r['tbps_loop']:5.2f}  {sp / r['loop_us'] if sp else float('nan'):.2f}x")
+    out.close()
+    key = "time_us_p50" if out.env["device_kind"] == "gpu" else "cpu_interpret_us_p50"
+    print(f"\n{'workload':32s} {'kind':9s} {'merge':11s} {'p50 us':>9s}  clock")
+    for r in out.records:
+        m = r["metrics"]
+        print(f"{r['workload']['name']:32s} {r['kind']:9s} {r['workload'].get('merge', '-'):11s} {m[key]:9.1f}  "
+              f"{m['clock']}")
     return 0
 
 

@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 

@@ -32,6 +32,8 @@ from jax.sharding import PartitionSpec as P
 from compare import timing
 from pallas_attn import distributed
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 INTERP = bool(os.environ.get("CP_INTERP"))
 CMD_BUFFERS = {"xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL,COLLECTIVES,CUBLAS,CUBLASLT",
                "xla_gpu_graph_min_graph_size": 1}

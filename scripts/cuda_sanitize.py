@@ -29,6 +29,8 @@ import torch  # noqa: E402
 import cuda_ref  # noqa: E402
 from attn_core.oracle import attention_reference  # noqa: E402
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 # Output tolerance per generation from its operand column (the reference's: fp32 1e-4, fp16 operands 2e-2);
 # the log-sum-exp against the oracle on the operands the kernel reads: 1e-4 / 1e-3.
 ROWS = {g.id: g for g in cuda_ref.table() if g.entry == "dense"}

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 VARIANTS = {
     "default": {},
     "command_buffer_off": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},

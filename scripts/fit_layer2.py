@@ -39,6 +39,8 @@ from scipy.optimize import minimize
 
 from compare import layer2, scorecard
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 GKEYS = ["l2_bytes_per_clk_sm", "launch_us"]
 FIELDS = ("issue", "lat", "fixed", "key", "spill", "dequant", "ramp", "dram_loss", "sfu_hide")
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ROLE: tool (tests/test_scripts_roles.py: scripts/ holds probes and tools only)
 # GPU test files in parallel groups on one device (correctness only: no timings run while they share the GPU).
 # Usage: scripts/gpu_parallel_tests.sh "LIMIT_S:file1 file2" "LIMIT_S:file3" ...
 # Each group runs its files one after another under one time limit; groups run at the same time.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ROLE: tool (tests/test_scripts_roles.py: scripts/ holds probes and tools only)
 # One device call: build, GPU tests and measurements, stage by stage, each under its own time limit.
 # Usage (on the GPU machine, from the checkout): scripts/gpu_session.sh STAGE [STAGE ...]
 #   stages: pallas-tests cuda-build cuda-tests cuda-sanitize cuda-time pallas-time fa-tests fa-tune fa-tune-splits

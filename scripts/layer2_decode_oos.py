@@ -15,6 +15,8 @@ import statistics
 
 from compare import scorecard
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def main() -> None:
     recs = []

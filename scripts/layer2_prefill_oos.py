@@ -14,6 +14,8 @@ import statistics
 
 from compare import scorecard
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def _named(r) -> bool:
     return r["impl"].startswith("pallas:fa_prefill")

@@ -25,6 +25,8 @@ import sys
 
 from compare import scorecard
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def main(files: list[str], before: bool = False, all_runs: bool = False) -> None:
     errs: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)

@@ -41,6 +41,8 @@ from pallas_attn.kernels import fa_prefill_bwd as fb  # noqa: E402
 from pallas_attn.kernels import v12_mla_tc  # noqa: E402
 from pallas_attn.mla import mla_attention  # noqa: E402
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 SDS = jax.ShapeDtypeStruct
 
 

@@ -23,6 +23,8 @@ from call_breakdown import kernels_jax, summarize  # scripts/ (this script's fol
 import pallas_attn
 from pallas_attn.kernels import v12_mla_tc as v
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 SHAPES = {"b1_s2048": (1, 2048), "b1_s8192": (1, 8192), "b1_s32768": (1, 32768), "b8_s8192": (8, 8192),
           "b32_s2048": (32, 2048), "b64_s8192": (64, 8192), "b128_s2048": (128, 2048)}
 

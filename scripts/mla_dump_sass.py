@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def parse(spec: str):
     from pallas_attn import registry

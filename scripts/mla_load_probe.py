@@ -29,6 +29,8 @@ from jax.experimental import pallas as pl
 
 from compare.records import write_jsonl
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 B, ROWS_TILES, N_TILES, TN, DQK = 64, 2, 128, 64, 576
 
 

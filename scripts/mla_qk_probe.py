@@ -24,6 +24,8 @@ from jax.experimental import pallas as pl
 
 from compare.records import write_jsonl
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def build(n_keys: int, wgs: int, reps: int, ctas: int):
     from jax.experimental.pallas import mosaic_gpu as plgpu

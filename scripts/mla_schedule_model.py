@@ -15,6 +15,8 @@ Usage: python scripts/mla_schedule_model.py  (prints microseconds per tile for e
 
 from __future__ import annotations
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 DT = 0.002
 
 

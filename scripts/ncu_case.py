@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def _prefill_call(a):
     from pallas_attn.kernels import fa_prefill as fp

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# ROLE: tool (tests/test_scripts_roles.py: scripts/ holds probes and tools only)
 # Nsight Compute profiles of single kernel calls (scripts/ncu_case.py), exported as text under $OUT.
 # Usage (GPU machine, repo root): scripts/ncu_profiles.sh NAME "ARGS" [NAME "ARGS" ...]
 #   e.g. scripts/ncu_profiles.sh prefill "prefill --config default" mla "mla --config kv64"

@@ -16,6 +16,8 @@ import gzip
 import re
 import sys
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 KEEP_SUFFIX = ("SYNCS", "WARPGROUP", "HGMMA", "BAR", "MUFU", "UTMA")
 
 

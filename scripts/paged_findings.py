@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 DEFAULT_DIR = "results/paged_gqa/20261122_h100"
 FAMILY = ("v7_paged", "v8_gqa", "v8_gqa_tc", "v8_gqa_db", "v8_gqa_occ", "v8_gqa_ilp", "v8_gqa_ss")
 

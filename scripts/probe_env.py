@@ -69,6 +69,8 @@ section("pallas triton lowering")
 from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import triton as pltriton  # noqa: E402
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def kern(idx_ref, x_ref, o_ref):
     rows = idx_ref[...]  # gather rows through an index vector (paged-KV style)

@@ -32,6 +32,8 @@ import pallas_attn  # noqa: E402
 from compare import records  # noqa: E402
 from pallas_attn import distributed  # noqa: E402
 
+ROLE = "benchmark"  # not yet a probe: tests/test_scripts_roles.py lists it as pending (issue 26 item 5)
+
 
 def _wall(fn, args, reps):
     jax.block_until_ready(fn(*args))

@@ -39,6 +39,8 @@ from compare import records, timing  # noqa: E402
 from pallas_attn import _compat, chunked, dropin  # noqa: E402
 from pallas_attn.kernels import fa_prefill  # noqa: E402
 
+ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 HQ, HKV, D = 32, 8, 128
 
 

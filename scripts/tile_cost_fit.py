@@ -17,6 +17,8 @@ import argparse
 import json
 import sys
 
+ROLE = "tool"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
+
 
 def _blocks(q_len: int, rows: int, block: int) -> tuple[int, int]:
     """(row tiles, row-tile x key-block pairs) of one causal head."""

@@ -32,6 +32,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import cuda_ref  # noqa: E402
 from cuda_ref import api, build  # noqa: E402
 
+ROLE = "benchmark"  # not yet a probe: tests/test_scripts_roles.py lists it as pending (issue 26 item 5)
+
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0}
 PAGED = tuple(g.id for g in cuda_ref.table() if g.entry == "paged")
 
