@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from .kernels import seqlen
 from .kernels.contract import Problem
 
 __all__ = ["attention", "paged_attention", "generations", "validate_dense", "validate_paged", "problem_dense",
-           "problem_paged", "resolve", "default_generation"]
+           "problem_paged", "resolve", "resolve_pair", "deterministic_asked", "default_generation"]
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 
@@ -172,6 +173,37 @@ def resolve(generation: str, problem: Problem, config):
     return kern, kern.config(config, problem)
 
 
+_DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_exclude_nondeterministic_ops=true")
+
+
+def deterministic_asked(deterministic: bool | None = None) -> bool:
+    """Whether the backward must be bit-reproducible: ``deterministic`` when the caller says, else what XLA is told
+    for its own GPU ops (``XLA_FLAGS`` holding ``--xla_gpu_deterministic_ops=true`` or
+    ``--xla_gpu_exclude_nondeterministic_ops=true``), else False: the fastest path, as jax.nn's cuDNN and FA3 take."""
+    if deterministic is not None:
+        return bool(deterministic)
+    flags = os.environ.get("XLA_FLAGS", "")
+    return any(f in flags for f in _DETERMINISTIC_FLAGS)
+
+
+def resolve_pair(generation: str, problem: Problem, config=None, bwd_config=None, *,
+                 deterministic: bool | None = None, entry: str = "dot_product_attention"):
+    """``(kernel, config, backward config)`` of ``generation`` on ``problem``: the forward as ``resolve`` gives it
+    (the same checks and refusals), then the backward the kernel declares (``Kernel.backward``) for ``entry``'s
+    ``jax.grad``. ``bwd_config``: a config object or name of the backward's kernel (fa_prefill_bwd's ``CONFIGS``) or
+    None: its heuristic (this GPU's table, else its rule; with ``deterministic`` (``deterministic_asked``) only
+    bit-reproducible configs). The config is the named one; the kernel applies its ``effective`` form (fa_prefill_bwd:
+    ``d256`` at D 256). A backward set by the forward's config (fa_train) gives None and refuses a named one; a
+    generation without a backward for ``entry`` is a NotImplementedError naming both."""
+    kern, cfg = resolve(generation, problem, config)
+    if not kern.differentiates(entry):
+        raise NotImplementedError(f"pallas_attn.{entry}: generation {generation!r} has no backward kernel, so jax.grad "
+                                  f"cannot differentiate it")
+    bwd = kern.backward.config(bwd_config, problem, deterministic=deterministic_asked(deterministic),
+                               forward=kern.name)
+    return kern, cfg, bwd
+
+
 # The default dense generation, best first: the split-KV decode kernel for a few query rows (GQA and MHA), the
 # training kernel (any length, fp16/bf16/fp32, differentiable) for the rest; the first that supports the problem wins.
 # Session 16: MHA decode goes to fa_decode too. It had gone to fa_train, whose grid at Tq = 1 is one CTA per
@@ -267,7 +299,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, q_of
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           **feats)
 
-    if kern.backward is None:  # the kernel declares its backward (fa_train: a jax.custom_vjp over its Pallas kernels)
+    if not kern.differentiates("attention"):  # the kernel declares its backward (fa_train: a jax.custom_vjp)
         back = _default_backward(problem, s, causal, interpret) if chosen and not return_lse and not any(
             x is not None for x in feats.values()) else None
         call = _no_backward(generation, call) if back is None else _backward_by(call, back)
@@ -390,7 +422,7 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
                           interpret=_compat.default_interpret(interpret), config=cfg, return_lse=bool(return_lse),
                           check_block_table=check_block_table, **feats)
 
-    if kern.backward is None:  # every paged kernel today
+    if not kern.differentiates("paged_attention"):  # every paged kernel today
         call = _no_backward(generation, call, entry="paged_attention", hint=_DECODE_HINT)
     with _compat.quiet_triton():
         res = call(q, k_pool, v_pool, block_table, kv_lens, offs)

@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat
+from . import _compat, api
 from .kernels import seqlen
 
-__all__ = ["chunked_paged_attention", "uses_fa_prefill", "paged_in_kernel"]
+__all__ = ["chunked_paged_attention", "uses_fa_prefill", "paged_in_kernel", "resolve_chunk"]
 
 # fa_prefill's producer reads K / V pages through the block table on the GPU (TMA per page; no gather). Off: every
 # page is gathered into a dense cache first (the path of session 11). GPU-tested: tests/gpu/test_serving_gpu.py.
@@ -49,6 +49,21 @@ def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
 
     return (dtype_name in fa_prefill.KERNEL.dtypes and head_dim in fa_prefill._HEAD_DIMS
             and (interpret or dropin._is_sm90()))
+
+
+def resolve_chunk(problem, band, on_prefill: bool):
+    """``(generation, config)`` of the dense kernel a chunk runs on, through the one resolver (``api.resolve``: the
+    kernel's ``supports``, then its heuristic, this GPU's table else its rule) on ``problem``, the chunk's dense shape
+    over the page-rounded cache (``_problem``): fa_prefill with ``fa_prefill.config_for_window`` for the window
+    ``band`` (``(left, 0)`` or None), the drop-in's forward config at that shape (``dropin.prefill_config``), when
+    ``on_prefill`` (``uses_fa_prefill``); else fa_train. The decodes of a mixed batch resolve fa_decode in
+    ``_decode_part``."""
+    if on_prefill:
+        from .kernels import fa_prefill
+
+        _, cfg = api.resolve("fa_prefill", problem, None)
+        return "fa_prefill", fa_prefill.config_for_window(cfg, bool(problem.causal), band)
+    return "fa_train", api.resolve("fa_train", problem, None)[1]
 
 
 def _check_q_lens(q_lens, b: int, tq: int):
@@ -132,9 +147,7 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     else:
         q_lens_pf = q_lens
     if on_prefill:
-        from . import dropin
-
-        cfg = dropin.prefill_config(_problem(q, pps * page, hkv), band)  # this GPU's table / the rule, as the drop-in
+        _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, True)  # this GPU's table / the rule, as the drop-in
         fitted = fa_prefill.fit(cfg, d, jnp.dtype(q.dtype).itemsize, True)  # the block_kv the kernel will run
         if interp or not paged_in_kernel(page, fitted):  # gather the pages into a dense cache
             k_in, v_in, bt = _gather(k_pool, tbl), _gather(v_pool, tbl), None
@@ -149,9 +162,9 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
             lse = lse.at[:, :, :n].set(jnp.where(dec[:, None, None], lse_d, lse[:, :, :n]))
     else:
         k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
+        _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, False)
         out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
-                                          kv_lens=kv_lens, window=band, interpret=interp,
-                                          config=fa_train.heuristic(_problem(q, pps * page, hkv)))
+                                          kv_lens=kv_lens, window=band, interpret=interp, config=cfg)
     out, lse = cut_padding(out, lse, q_lens)
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)
@@ -174,15 +187,14 @@ def _decode_rows(q_lens, tq: int):
 def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, *, scale, interpret, window, softcap, sinks):
     """fa_decode over the first 16 rows of the decoding sequences (the others get no key: nothing read):
     ``(out [B, 16, Hq, D], lse [B, Hq, 16])``."""
-    from .api import problem_paged
     from .kernels import fa_decode
 
     qd = q[:, :fa_decode.KERNEL.max_q_len]
-    problem = problem_paged(qd, k_pool, tbl, causal=True)
+    _, cfg = api.resolve("fa_decode", api.problem_paged(qd, k_pool, tbl, causal=True), None)  # the one resolver
     kv_d = jnp.where(dec, kv_lens, 0).astype(jnp.int32)
     off_d = jnp.where(dec, offs, 0).astype(jnp.int32)
     return fa_decode.paged_forward(qd, k_pool, v_pool, tbl, kv_d, causal=True, scale=scale, q_offset=off_d,
-                                   interpret=interpret, config=fa_decode.KERNEL.heuristic(problem), return_lse=True,
+                                   interpret=interpret, config=cfg, return_lse=True,
                                    check_block_table=False, window=window, softcap=softcap, sinks=sinks)
 
 

@@ -51,13 +51,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _compat, api, tuning
+from . import _compat, api
 from .kernels import fa_prefill, fa_prefill_bwd, fa_train
 from .kernels.contract import Problem
 
@@ -386,32 +385,20 @@ def _empty_rows(t: int, s: int, *, causal: bool, window, kv_lens):
     return hi <= lo
 
 
-# fa_prefill's backward config in the drop-in, by causal: ``wide`` (two consumer warpgroups share each streamed tile)
-# and ``wide_ovl`` (wide with the software-pipelined dQ consumer). One H100 run (B4 H16 N4096 D128 fp16,
-# docs/fa_prefill.md "Backward"): non-causal wide_ovl 0.92x cuDNN's backward vs wide 0.86x; causal wide 0.90x vs
-# wide_ovl 0.88x
-DROPIN_BWD_CONFIG = {False: "wide_ovl", True: "wide"}
-NONDET_BWD_CONFIG = "fused"  # without a table row, unless determinism is asked for: causal D 64 (measured ahead there
-# on an H100, docs/fa_prefill.md "The five-product backward, measured")
-_DETERMINISTIC_FLAGS = ("--xla_gpu_deterministic_ops=true", "--xla_gpu_exclude_nondeterministic_ops=true")
-
-
-def deterministic_asked(deterministic: bool | None = None) -> bool:
-    """Whether the backward must be bit-reproducible: ``deterministic`` when the caller says, else what XLA is told
-    for its own GPU ops (``XLA_FLAGS`` holding ``--xla_gpu_deterministic_ops=true`` or
-    ``--xla_gpu_exclude_nondeterministic_ops=true``), else False: the fastest path, as jax.nn's cuDNN and FA3 take."""
-    if deterministic is not None:
-        return bool(deterministic)
-    flags = os.environ.get("XLA_FLAGS", "")
-    return any(f in flags for f in _DETERMINISTIC_FLAGS)
+# fa_prefill's backward config in the drop-in without a table row, by causal, and the non-deterministic one at causal
+# D 64: declared beside the backward's configs (fa_prefill_bwd.RULE_CONFIG / NONDET_CONFIG, where the measurements
+# that chose them are noted); the names stay here for their readers
+DROPIN_BWD_CONFIG = fa_prefill_bwd.RULE_CONFIG
+NONDET_BWD_CONFIG = fa_prefill_bwd.NONDET_CONFIG
+deterministic_asked = api.deterministic_asked  # whether the backward must be bit-reproducible (XLA's flag)
 
 
 def prefill_config(problem: Problem, window):
     """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, the H100's on an H200 without one:
     ``tuning.table_for``; else its own rule) at the shape,
-    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window). No support check (chunked,
-    distributed and compare ask it for shapes they checked themselves); the drop-in's own calls go through
-    ``_prefill_fwd_config``, the same config by way of the resolver."""
+    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window). No support check
+    (distributed and compare ask it for shapes they checked themselves); the drop-in's own calls and the chunked path
+    (``chunked.resolve_chunk``) get the same config by way of the resolver."""
     return fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(problem), bool(problem.causal), window)
 
 
@@ -422,25 +409,13 @@ def _prefill_fwd_config(problem: Problem, window):
 
 
 def bwd_config_name(problem: Problem, deterministic: bool | None = None) -> str:
-    """fa_prefill's backward config for the drop-in: this GPU's table (pallas_attn/tuning, made from the model-shape
-    sweep's training steps; an H200 without one reads the H100's, ``tuning.table_for``) at the problem's bucket, else
-    ``DROPIN_BWD_CONFIG`` by causal. (fa_prefill_bwd is no
-    generation of the table, so ``api.resolve`` has no row for it: its config is read off the same ``Problem`` the
-    forward was resolved on, by the same table lookup the kernels' heuristics use.)
-
-    By default the fastest path: the row's config, ``fused`` (dQ by TMA reduce-adds, not bit-reproducible) included;
-    without a table ``fused`` at causal D 64 (where it was measured ahead, docs/fa_prefill.md "The five-product
-    backward, measured"), else the rule by causal. When determinism is asked (``deterministic=True``, or XLA's
-    deterministic-ops flag: ``deterministic_asked``) only configs whose gradients are bit-identical run to run: a row
-    whose config is ``fused`` gives its fastest deterministic one, and no table gives the rule by causal."""
-    det = deterministic_asked(deterministic)
-    names = {n: c for n, c in fa_prefill_bwd.CONFIGS.items() if not (det and c.fused_dq)}
-    name = tuning.choose("fa_prefill_bwd", problem, names=names, fallback_to_row_best=True)
-    if name is not None:
-        return name
-    if not det and problem.causal and problem.head_dim == 64:
-        return NONDET_BWD_CONFIG
-    return DROPIN_BWD_CONFIG[bool(problem.causal)]
+    """The name of fa_prefill's backward config for the drop-in when the caller names none: the chooser fa_prefill's
+    contract declares for its backward (``fa_prefill.KERNEL.backward.heuristic``, ``fa_prefill_bwd.heuristic``: this
+    GPU's table at the problem's bucket, else ``DROPIN_BWD_CONFIG`` by causal, ``fused`` at causal D 64 without a table
+    unless determinism is asked: ``deterministic`` or XLA's flag, ``deterministic_asked``), the one
+    ``api.resolve_pair`` asks. No support check (distributed and compare ask it for shapes they checked themselves);
+    the drop-in's own calls resolve the pair through ``api.resolve_pair``."""
+    return fa_prefill.KERNEL.backward.heuristic(problem, deterministic_asked(deterministic))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,8 +497,14 @@ def _no_grad(fn, sinks, segment_ids=None):
     return lambda q, k, v: f(q, k, v, sinks, segment_ids)
 
 
+def _train_config(problem: Problem, bwd_config, deterministic):
+    """fa_train's config through the resolver (``api.resolve_pair``): it sets fa_train's forward and backward kernels,
+    so a named ``bwd_config`` is refused there, naming fa_train."""
+    return api.resolve_pair("fa_train", problem, None, bwd_config, deterministic=deterministic)[1]
+
+
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
-            sinks=None, segment_ids=None, deterministic: bool | None = None):
+            sinks=None, segment_ids=None, deterministic: bool | None = None, bwd_config=None):
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
@@ -535,14 +516,20 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         # causal-shaped window (its band of key blocks in both), soft-cap, sinks (differentiable), packed documents
         causal = bool(is_causal) or left is not None
         problem = dataclasses.replace(problem, causal=causal)
-        fwd = _prefill_fwd_config(problem, None if left is None else (left, 0))
+        # the pair through the one resolver: fa_prefill's config, and its declared backward's (the caller's, else
+        # this GPU's table, else the rule)
+        _, fwd, bwd = api.resolve_pair("fa_prefill", problem, None, bwd_config, deterministic=deterministic)
+        fwd = fa_prefill.config_for_window(fwd, causal, None if left is None else (left, 0))
         res = fa_prefill_bwd.attention_lse(
-            q, k, v, causal=causal, scale=scale, config=fwd,
-            bwd_config=fa_prefill_bwd.CONFIGS[bwd_config_name(problem, deterministic)],
+            q, k, v, causal=causal, scale=scale, config=fwd, bwd_config=bwd,
             interpret=_compat.default_interpret(None),
             with_lse=return_residual, window=left, softcap=softcap, sinks=sinks, segment_ids=segment_ids)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and (softcap is not None or sinks is not None or segment_ids is not None):  # fwd only
+        if bwd_config is not None:
+            raise NotImplementedError(f"bwd_config={bwd_config!r}: this call (segment_ids, or softcap / sinks with a "
+                                      "window that is not causal-shaped) runs on fa_prefill's forward only; it has no "
+                                      "backward to configure")
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
             interpret=_compat.default_interpret(None), config=_prefill_fwd_config(problem, window),
@@ -551,7 +538,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (this window)
         st = _WindowStatic(causal=bool(is_causal), scale=scale, window=window,
                            fwd_config=_prefill_fwd_config(problem, window),
-                           bwd_config=_resolve("fa_train", problem)[1], interpret=_compat.default_interpret(None))
+                           bwd_config=_train_config(problem, bwd_config, deterministic),
+                           interpret=_compat.default_interpret(None))
         if not return_residual:
             out = _window_out(q, k, v, st)
             lse = None
@@ -561,7 +549,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         with _compat.quiet_triton():
             out, lse = fa_train.attention_lse(
                 q, k, v, causal=bool(is_causal), scale=scale, q_lens=q_lens, kv_lens=kv_lens,
-                window=window, interpret=_compat.default_interpret(None), config=_resolve("fa_train", problem)[1])
+                window=window, interpret=_compat.default_interpret(None),
+                config=_train_config(problem, bwd_config, deterministic))
     # jax.nn's corner cases, outside the kernel (cheap [B, T] work; autodiff sees plain jnp):
     empty = None
     # a row can see no key only with lengths, a negative window side, or more queries than keys; otherwise the
@@ -595,7 +584,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
                           return_residual: bool = False, softcap: float | None = None, sinks=None, segment_ids=None,
-                          deterministic: bool | None = None):
+                          deterministic: bool | None = None, bwd_config=None):
     """``jax.nn.dot_product_attention`` on Pallas kernels (forward and backward). See the module docstring.
 
     query ``[B, T, N, H]`` (or ``[T, N, H]``), key/value ``[B, S, K, H]`` with ``N % K == 0`` (GQA); the
@@ -618,7 +607,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     else False): the backward is the fastest path, which where this GPU's table (or, without one, causal D 64) says
     so is fa_prefill_bwd's five-product kernel (``fused``: dQ summed by TMA reduce-adds in a varying order, as
     cuDNN's and FA3's backwards sum it; dK and dV stay bit-identical); ``True`` keeps every gradient bit-identical
-    run to run (docs/fa_prefill.md, "The five-product backward").
+    run to run (docs/fa_prefill.md, "The five-product backward"). ``bwd_config`` (default None: this GPU's table, else
+    the rule, as ``deterministic`` says): fa_prefill_bwd's config for the Hopper pair, a name of
+    ``fa_prefill_bwd.CONFIGS`` or a ``BwdConfig``, resolved with the forward (``api.resolve_pair``; an unknown name is
+    a ValueError listing the names; a named config runs as named, at D 256 as ``d256``); a call whose backward is
+    another (fa_train's, set by its forward config), or that has none (jax.nn's fallbacks, forward-only features),
+    refuses a named one.
     """
     if deterministic is not None and not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be None or a bool; got {deterministic!r}")
@@ -627,6 +621,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                                    local_window_size=local_window_size, implementation=implementation,
                                    softcap=softcap, sinks=sinks, segment_ids=segment_ids)
     if impl not in (_PALLAS, _PREFILL):
+        if bwd_config is not None:
+            raise NotImplementedError(f"bwd_config={bwd_config!r} configures a Pallas backward; this call runs "
+                                      f"jax.nn's {impl!r} implementation")
         return jax.nn.dot_product_attention(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
             key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
@@ -647,7 +644,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                   return_residual=bool(return_residual), softcap=softcap,
                   sinks=None if sinks is None else jnp.asarray(sinks, jnp.float32),
                   segment_ids=None if segment_ids is None else jnp.asarray(segment_ids),
-                  deterministic=None if deterministic is None else bool(deterministic))
+                  deterministic=None if deterministic is None else bool(deterministic), bwd_config=bwd_config)
     if len(out_shape) == 4:
         return res
     if return_residual:

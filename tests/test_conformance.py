@@ -175,16 +175,22 @@ def test_every_row_declares_a_consistent_contract():
 
 
 def test_the_declared_backward_is_what_jax_grad_sees(rng):
-    """A kernel declares its backward (``Kernel.backward``); the public entry differentiates exactly the kernels
-    that declare one and refuses every other by name: fa_train differentiates, v4_fused (no backward) raises."""
+    """A kernel declares its backward (``Kernel.backward``) and the public functions whose jax.grad runs it; the
+    ``attention`` entry differentiates exactly the kernels that declare it there and refuses every other by name:
+    fa_train differentiates, v4_fused (no backward) and fa_prefill (its backward serves the drop-in only) raise."""
     declared = {r.generation for r in registry.rows() if registry.built(r.generation)
-                and registry.kernel(r.generation).backward is not None}
+                and registry.kernel(r.generation).differentiates("attention")}
     assert declared == {"fa_train"}, declared
+    assert registry.kernel("fa_prefill").backward.entries == {"dot_product_attention"}
     q = _arr(rng, (1, 8, 2, 64), "float32")
     g = jax.grad(lambda q: pallas_attn.attention(q, q, q, generation="fa_train", interpret=True).sum())(q)
     assert np.all(np.isfinite(np.asarray(g)))
     with pytest.raises(NotImplementedError, match="'v4_fused' has no backward kernel"):
         jax.grad(lambda q: pallas_attn.attention(q, q, q, generation="v4_fused", interpret=True).sum())(q)
+    q16 = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.float16)
+    with pytest.raises(NotImplementedError, match="'fa_prefill' has no backward kernel"):
+        jax.eval_shape(jax.grad(lambda q: pallas_attn.attention(q, q, q, generation="fa_prefill", interpret=True)
+                                .astype(jnp.float32).sum()), q16)
 
 
 def test_unknown_and_unbuilt_generations_are_clear_errors(rng):

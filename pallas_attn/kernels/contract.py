@@ -26,7 +26,10 @@ One ``Problem`` type and one ``Kernel`` type serve every entry (issue 26, item 2
 reads are declared with a neutral default and checked against the entry: ``Problem.kv_lora_rank`` and the kernel's
 ``mla`` / ``templates`` / ``latent_precision`` / ``latent_q_dtypes`` / ``min_page`` belong to the "mla" entry;
 ``kv_precision`` / ``quantized_q_dtypes`` to the "quantized" one. A kernel's own refusals beyond the generic checks
-are a declared ``limits`` function, which ``Kernel.supports`` consults; no kernel subclasses the contract.
+are a declared ``limits`` function, which ``Kernel.supports`` consults; no kernel subclasses the contract. A kernel's
+backward is a ``Backward`` (``Kernel.backward``): the public functions whose ``jax.grad`` runs it and, for a backward
+kernel with configs of its own (fa_prefill_bwd), those configs and its chooser, which ``api.resolve_pair`` resolves
+with the forward.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["LOWERINGS", "ENTRIES", "CAUSAL_RULE", "Problem", "Precision", "RooflineInputs", "Kernel"]
+__all__ = ["LOWERINGS", "ENTRIES", "CAUSAL_RULE", "GRAD_ENTRIES", "Problem", "Precision", "RooflineInputs", "Backward",
+           "Kernel"]
 
 LOWERINGS = ("triton", "mosaic-gpu")
 ENTRIES = ("dense", "paged", "quantized", "mla")
+# the public functions whose jax.grad a kernel's backward may serve (``Backward.entries``)
+GRAD_ENTRIES = ("attention", "paged_attention", "mla_attention", "dot_product_attention")
 CAUSAL_RULE = ("top-left with offset: key j is visible to query i iff j <= i + q_offset "
                "(dense default q_offset = 0; paged default q_offset = kv_len - Tq per sequence)")
 
@@ -119,6 +125,70 @@ def _no_plan(problem: Problem, config: Any) -> Mapping[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Backward:
+    """How ``jax.grad`` differentiates a kernel's forward, declared with the forward (``Kernel.backward``).
+
+    ``description``: what runs (e.g. a jax.custom_vjp over its own Pallas backward kernels). ``entries``: the public
+    functions whose ``jax.grad`` runs it (``GRAD_ENTRIES``: ``"attention"`` differentiates the kernel's dense function
+    itself; ``"dot_product_attention"``, the drop-in, pairs the forward with it); any other entry raises naming the
+    entry and the generation. ``kernel``: the backward's own kernel when it has configs of its own (fa_prefill_bwd),
+    else None: the forward's config sets its backward kernels too (fa_train's one ``TrainConfig``), and a named
+    backward config is refused. With a kernel: ``config_cls`` and ``configs`` (its named configs), ``heuristic``
+    (``(problem, deterministic) -> config name``: this GPU's table, else its rule; ``deterministic`` keeps to configs
+    whose gradients are bit-identical run to run) and ``effective`` (``(problem, config) -> the config it runs``, e.g.
+    fa_prefill_bwd's ``d256`` at D 256; None: the config as given)."""
+
+    description: str
+    entries: frozenset[str]
+    kernel: str | None = None
+    config_cls: type | None = None
+    configs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    heuristic: Callable[[Problem, bool], str] | None = None
+    effective: Callable[[Problem, Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", frozenset(self.entries))
+        object.__setattr__(self, "configs", MappingProxyType(dict(self.configs)))
+        if not self.entries or not self.entries <= set(GRAD_ENTRIES):
+            raise ValueError(f"Backward.entries must be a non-empty subset of {GRAD_ENTRIES}; got {set(self.entries)}")
+        if self.kernel is None:
+            if self.configs or self.config_cls is not None or self.heuristic is not None or self.effective is not None:
+                raise ValueError("a Backward without its own kernel (the forward's config sets it) declares no configs")
+            return
+        if self.config_cls is None or not self.configs or self.heuristic is None:
+            raise ValueError(f"Backward {self.kernel}: a backward kernel declares config_cls, configs and heuristic")
+        for cname, cfg in self.configs.items():
+            if not isinstance(cfg, self.config_cls):
+                raise ValueError(f"{self.kernel}: config {cname!r} is not a {self.config_cls.__name__}")
+
+    def config(self, config: Any, problem: Problem, *, deterministic: bool = False, forward: str = "") -> Any:
+        """Resolve a backward config: a config object, a name in ``configs`` or None (``heuristic``); the config as
+        named (``effective`` is the kernel's to apply). A backward without its own kernel returns None for None and
+        refuses anything else, naming ``forward`` (the kernel whose config sets it)."""
+        if self.kernel is None:
+            if config is None:
+                return None
+            raise ValueError(f"{forward or 'this kernel'}'s backward runs at its forward config (one config sets "
+                             f"both); got bwd_config={config!r}")
+        if config is None:
+            config = self.heuristic(problem, bool(deterministic))
+        if isinstance(config, str):
+            try:
+                return self.configs[config]
+            except KeyError:
+                raise ValueError(f"{self.kernel} has configs {sorted(self.configs)}; got bwd_config={config!r}"
+                                 ) from None
+        if isinstance(config, self.config_cls):
+            return config
+        raise ValueError(f"bwd_config must be a {self.config_cls.__name__}, a name in {sorted(self.configs)} or None; "
+                         f"got {config!r}")
+
+    def runs(self, problem: Problem, config: Any) -> Any:
+        """The config the backward runs on ``problem`` (``effective``; the config itself without one)."""
+        return config if self.effective is None else self.effective(problem, config)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Kernel:
     """One Pallas kernel's declaration, for every entry. See the module docstring for the entry calling convention.
 
@@ -154,10 +224,10 @@ class Kernel:
     # (shape, plan, pass names, hw=, cfg=) -> [launches.Launch]: what one call launches, for the schedule model
     # (compare.layer2 prices it; None: layer 2 refuses to price the kernel, by name)
     launches: Callable[..., list] | None = None
-    # how jax.grad differentiates the kernel's entries: a short description of its backward (e.g. a jax.custom_vjp over
-    # its own Pallas backward kernels), or None: no backward kernel, and the public entries make jax.grad / jax.jvp
-    # raise naming the entry and the generation (issue 26, item 2)
-    backward: str | None = None
+    # how jax.grad differentiates the kernel (a ``Backward``: what runs, through which public entries, with which
+    # configs and chooser), or None: no backward kernel, and the public entries make jax.grad / jax.jvp raise naming
+    # the entry and the generation (issue 26, item 2)
+    backward: Backward | None = None
     # the "quantized" entry: KV storage format (Problem.kv_dtype, e.g. "fp8_e4m3", "nvfp4") -> how the kernel
     # computes on it (operand = the storage precision the roofline charges), the q dtypes it takes with a
     # quantized cache, and the ALU instructions per KV element its decode costs
@@ -204,6 +274,8 @@ class Kernel:
                 raise ValueError(f"{self.name}: config {cname!r} is not a {self.config_cls.__name__}")
         if not self.passes or not all(p.startswith("pallas_attn_") for p in self.passes):
             raise ValueError(f"{self.name}: passes must be the pallas_call names pallas_attn_<...>")
+        if self.backward is not None and not isinstance(self.backward, Backward):
+            raise ValueError(f"{self.name}: backward must be a Backward or None; got {self.backward!r}")
         if self.materializes_s and self.s_tile is None:
             raise ValueError(f"{self.name}: a kernel that materializes S must declare s_tile")
         if ("mla" in self.entries or self.mla is not None) and (self.entries != frozenset({"mla"}) or self.mla is None):
@@ -276,6 +348,11 @@ class Kernel:
         if p.page_size is not None and p.page_size < self.min_page:
             return False, f"{self.name} needs page_size >= {self.min_page}; got {p.page_size}"
         return True, ""
+
+    def differentiates(self, entry: str) -> bool:
+        """Whether ``jax.grad`` through the public function ``entry`` (``GRAD_ENTRIES``) runs this kernel's declared
+        backward; where not, the entry raises naming itself and the generation."""
+        return self.backward is not None and entry in self.backward.entries
 
     def default_config_name(self) -> str:
         return "faithful" if "faithful" in self.configs else "default"

@@ -54,7 +54,7 @@ from jax import lax
 
 from .. import tuning
 from .._compat import pl
-from .contract import Kernel, Precision, Problem
+from .contract import Backward, Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
 from .mosaic_kit import pad as _pad
@@ -1037,6 +1037,10 @@ def launches(s, plan: Mapping[str, Any], names: list[str], hw=None, cfg=None) ->
 
 _TC = "wgmma on fp16/bf16 operands from shared memory (P from registers), fp32 accumulation"
 
+# the backward the drop-in pairs with this forward: fa_prefill_bwd imports this module's block bounds, so it is
+# imported here, once they exist (pallas_attn's import of the drop-in loads this module first)
+from . import fa_prefill_bwd as _bwd  # noqa: E402
+
 KERNEL = Kernel(
     name=GEN,
     lowering="mosaic-gpu",
@@ -1054,4 +1058,11 @@ KERNEL = Kernel(
     plan=_plan,
     launches=launches,
     limits=_limits,
+    # pallas_attn.attention(generation="fa_prefill") has no backward (jax.grad raises naming it); the drop-in's
+    # jax.grad runs fa_prefill_bwd (its jax.custom_vjp, fa_prefill_bwd.attention_lse) at the config
+    # api.resolve_pair gives: the caller's, else this GPU's table, else the rule
+    backward=Backward("fa_prefill_bwd: Mosaic GPU dK/dV and dQ kernels (or the five-product fused one) in a "
+                      "jax.custom_vjp over this forward's output and LSE (fa_prefill_bwd.attention_lse)",
+                      entries={"dot_product_attention"}, kernel="fa_prefill_bwd", config_cls=_bwd.BwdConfig,
+                      configs=_bwd.CONFIGS, heuristic=_bwd.heuristic, effective=_bwd.effective),
 )

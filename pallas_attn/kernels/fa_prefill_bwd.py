@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _compat
+from .. import _compat, tuning
 from .._compat import pl
 from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
 from .launches import Launch, cdiv, xla_glue
@@ -82,8 +82,8 @@ from .mosaic_kit import pad as _pad
 from .mosaic_kit import ring_producer as _ring_producer
 from .mosaic_kit import smem_tile as _smem_tile
 
-__all__ = ["BwdConfig", "CONFIGS", "config_for", "backward", "emulate_backward", "attention_lse", "smem_bytes",
-           "PASS_NAMES", "launches"]
+__all__ = ["BwdConfig", "CONFIGS", "config_for", "heuristic", "effective", "RULE_CONFIG", "NONDET_CONFIG", "backward",
+           "emulate_backward", "attention_lse", "smem_bytes", "PASS_NAMES", "launches"]
 
 GEN = "fa_prefill"
 # packed documents (segment_ids) in the backward kernels on a GPU: on since tests/gpu/test_fa_prefill_bwd_gpu.py's
@@ -192,6 +192,39 @@ def config_for(d: int, cfg: BwdConfig) -> BwdConfig:
     if d == 256 and not cfg.dsplit:
         return CONFIGS["d256"]
     return cfg
+
+
+def effective(problem, cfg: BwdConfig) -> BwdConfig:
+    """The config the kernels run on ``problem`` (``Backward.effective``): ``config_for`` at its head dim."""
+    return config_for(problem.head_dim, cfg)
+
+
+# The rule where this GPU's table has no row, by causal: ``wide`` (two consumer warpgroups share each streamed tile)
+# and ``wide_ovl`` (wide with the software-pipelined dQ consumer). One H100 run (B4 H16 N4096 D128 fp16,
+# docs/fa_prefill.md "Backward"): non-causal wide_ovl 0.92x cuDNN's backward vs wide 0.86x; causal wide 0.90x vs
+# wide_ovl 0.88x. (The drop-in's DROPIN_BWD_CONFIG.)
+RULE_CONFIG = {False: "wide_ovl", True: "wide"}
+# without a table row, unless determinism is asked for: causal D 64 (measured ahead there on an H100,
+# docs/fa_prefill.md "The five-product backward, measured"). (The drop-in's NONDET_BWD_CONFIG.)
+NONDET_CONFIG = "fused"
+
+
+def heuristic(problem, deterministic: bool = False) -> str:
+    """The backward config's name for ``problem`` when the caller names none (``Backward.heuristic``, which
+    ``api.resolve_pair`` asks): this GPU's table (pallas_attn/tuning, made from the model-shape sweep's training steps;
+    an H200 without one reads the H100's, ``tuning.table_for``) at the problem's bucket, else ``RULE_CONFIG`` by causal.
+
+    By default the fastest path: the row's config, ``fused`` (dQ by TMA reduce-adds, not bit-reproducible) included;
+    without a table ``fused`` at causal D 64, else the rule by causal. ``deterministic``: only configs whose gradients
+    are bit-identical run to run: a row whose config is ``fused`` gives its fastest deterministic one, and no table
+    gives the rule by causal."""
+    names = {n: c for n, c in CONFIGS.items() if not (deterministic and c.fused_dq)}
+    name = tuning.choose("fa_prefill_bwd", problem, names=names, fallback_to_row_best=True)
+    if name is not None:
+        return name
+    if not deterministic and problem.causal and problem.head_dim == 64:
+        return NONDET_CONFIG
+    return RULE_CONFIG[bool(problem.causal)]
 
 
 def smem_bytes(d: int, itemsize: int, cfg: BwdConfig) -> int:

@@ -55,7 +55,7 @@ from .. import _compat
 from .._compat import load, pl, store
 from . import common as c
 from . import seqlen, softmax
-from .contract import Kernel, Precision, Problem
+from .contract import Backward, Kernel, Precision, Problem
 from .launches import Launch, cdiv
 
 __all__ = ["TrainConfig", "CONFIGS", "KERNEL", "forward", "attention_lse", "heuristic", "HEAD_DIMS"]
@@ -554,5 +554,7 @@ KERNEL = Kernel(
     heuristic=heuristic,
     plan=plan,
     launches=launches,
-    backward="jax.custom_vjp over its Pallas dK/dV and dQ kernels (the LSE saved by the forward)",
+    # its one TrainConfig sets the backward kernels too: no backward configs of their own
+    backward=Backward("jax.custom_vjp over its Pallas dK/dV and dQ kernels (the LSE saved by the forward)",
+                      entries={"attention", "dot_product_attention"}),
 )
