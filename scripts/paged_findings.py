@@ -3,8 +3,9 @@
     python scripts/paged_findings.py [--dir results/paged_gqa/20261122_h100] [--out <dir>/findings.md]
 
 Reads ``<dir>/records.jsonl`` (``python -m compare run --config paged_gqa``: the Pallas rows, fa_decode and
-jax:cudnn, p50 µs on the CUPTI clock, L2 flushed) and ``<dir>/paged_times.jsonl`` (``scripts/time_cuda_paged.py``:
-the CUDA twins' kernel-only times, partial + merge, CUPTI via torch.profiler, L2 flushed, median of 20). %HBM is
+jax:cudnn, p50 µs on the CUPTI clock, L2 flushed) and ``<dir>/paged_times.jsonl`` (``scripts/time_cuda_paged.py``,
+removed in issue 26 item 5, whose points the config's ``cuda:*`` rows now run; its file under results/ stays: the CUDA
+twins' kernel-only times, partial + merge, CUPTI via torch.profiler, L2 flushed, median of 20). %HBM is
 against ONE ceiling for both: the run header's best measured read bandwidth (``ceilings.measured.hbm_read_Bps``,
 jnp_sum on the H100 of 2026-11-22: 3.18 TB/s), with the bytes each file counts (compare: the workload's bytes,
 Q/O and the table included; time_cuda_paged: K + V only, the larger term). Ratios are written as "speed-up of X
