@@ -154,6 +154,31 @@ def test_sm90_fa_prefill_as_close_as_cudnn(dtype, causal, kh):
         assert _rel(o, c) <= 2 * _rel(x, c) + 2 * eps, (name, _rel(o, c), _rel(x, c))
 
 
+@pytest.mark.parametrize("bwd", ["wide", "fused", "default"])
+def test_sm90_named_bwd_config_within_xla_error(bwd):
+    """``bwd_config=`` (api.resolve_pair, session 24): a named fa_prefill_bwd config runs the backward and its
+    gradients are within XLA's error as above (GQA 4 causal bf16 D 64, B2 N2048 Hq16: where the table's rule would
+    pick ``fused``, so ``wide`` and ``default`` are the named ones that differ from the default path)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU: bwd_config names a fa_prefill_bwd config, Hopper only")
+    b, n, hq, _ = LOW_SHAPE
+    q, k, v, w = _arrays(7, b, n, n, hq, 4, 64, "bfloat16")
+
+    def loss(q, k, v, w):
+        out = pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config=bwd)
+        return jnp.sum(out.astype(jnp.float32) * w.astype(jnp.float32)), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True),
+                              compiler_options=_no_autotune())(q, k, v, w)
+    lo, lo_grads = _program("xla", True)(q, k, v, w)
+    ref, ref_grads = _program("xla", True, highest=True)(*(x.astype(jnp.float32) for x in (q, k, v, w)))
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, ours, theirs, truth in zip(("out", "dq", "dk", "dv"), (out, *grads), (lo, *lo_grads),
+                                         (ref, *ref_grads)):
+        assert np.isfinite(np.asarray(ours, np.float32)).all(), (bwd, name)
+        assert _rel(ours, truth) <= 2 * _rel(theirs, truth) + 2 * eps, (bwd, name, _rel(ours, truth))
+
+
 def test_sm90_fa_prefill_odd_lengths_residual_deterministic():
     """fa_prefill through the drop-in at odd lengths (T 1000 < S 1333, neither a multiple of 64; causal
     top-left, GQA 2, fp16 D 64): output and gradients within XLA's error as above, jax.nn's residual (the
