@@ -73,7 +73,7 @@ PASS_FALLBACK = f"pallas_attn_{GEN}_fwd_interpret"
 PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic module carries both spellings
 _LOG2E = math.log2(math.e)
 _SMEM_LIMIT = 227 * 1024  # H100: 227 KiB of shared memory per block (opt-in maximum)
-_HEAD_DIMS = (64, 128, 256)
+_HEAD_DIMS = (64, 96, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +146,13 @@ CONFIGS = {
     # at N 512-2048 (results/fa_prefill/20261127_s14_h100_c3/)
     "c3": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32),
 }
+
+
+def _swizzle(d: int, dtype) -> int:
+    """The shared-memory swizzle of a ``d``-column tile: 128 bytes (64 16-bit columns a swizzle atom) where ``d`` is
+    a multiple of 64, else the widest that divides a row (D 96: 64 bytes, three 32-column atoms a row)."""
+    row = d * jnp.dtype(dtype).itemsize
+    return next(sw for sw in (128, 64, 32) if row % sw == 0)
 
 
 def smem_bytes(d: int, itemsize: int, cfg: PrefillConfig, with_lse: bool = True, q_buffers: int = 1) -> int:
@@ -659,9 +666,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     if with_lse:
         out_type.append(jax.ShapeDtypeStruct((b, hq, tq_pad), jnp.float32))
     scratch = [
-        _smem_tile((nc, bq, d) if nqb == 1 else (nqb, nc, bq, d), dtype),
-        _smem_tile((ns, bkv, d), dtype),
-        _smem_tile((ns, bkv, d), dtype),
+        _smem_tile((nc, bq, d) if nqb == 1 else (nqb, nc, bq, d), dtype, swizzle=_swizzle(d, dtype)),
+        _smem_tile((ns, bkv, d), dtype, swizzle=_swizzle(d, dtype)),
+        _smem_tile((ns, bkv, d), dtype, swizzle=_swizzle(d, dtype)),
         *([plgpu.SMEM((nc, bq), jnp.float32)] if with_lse else []),
         plgpu.Barrier(num_arrivals=1, num_barriers=nc * nqb),
         plgpu.Barrier(num_arrivals=copies, num_barriers=ns),

@@ -59,6 +59,9 @@ _MATRIX += [("tiles2", "float16", 128), ("tiles4", "bfloat16", 64), ("tiles8", "
             ("tiles4", "float16", 256)]
 # three consumers (the rows of a tile are 192: every shape above leaves a partial tile)
 _MATRIX += [("c3", "bfloat16", 64), ("c3", "float16", 128), ("c3tiles3", "bfloat16", 64), ("c3serial", "float16", 64)]
+# D 96 (Phi-3): 96-column tiles with a 64-byte swizzle (three 32-column atoms a row), every schedule
+_MATRIX += [("default", "bfloat16", 96), ("default", "float16", 96), ("serial", "bfloat16", 96),
+            ("pingpong", "float16", 96), ("tiles4", "bfloat16", 96), ("c3", "bfloat16", 96)]
 
 
 @pytest.mark.parametrize("cfg,dtype,d", _MATRIX)
@@ -130,7 +133,7 @@ _FEATURES = [
 # every config at D 128, the pipelined default at D 64 / 256 too; each feature on one of two shapes in turn (GQA,
 # ragged lengths, per-sequence offsets; negative offsets: rows that see no key): one compile per feature and config
 @pytest.mark.parametrize("cfg,d", [("default", 64), ("default", 128), ("default", 256), ("serial", 128),
-                                   ("pingpong", 128), ("tiles4", 64), ("tiles8", 128), ("c3", 64)])
+                                   ("pingpong", 128), ("tiles4", 64), ("tiles8", 128), ("c3", 64), ("default", 96)])
 def test_features_match_oracle(cfg, d):
     key = jax.random.PRNGKey(100 + d)
     dtype = "bfloat16"
