@@ -182,7 +182,7 @@ def _unsupported(q, k, bias, mask) -> str:
 # Head dims the drop-in sends to fa_prefill: every head dim its forward and backward build (D 256 through the
 # backward's config d256), each of them through a passing GPU run (docs/fa_prefill.md). A head dim is added here only
 # after its GPU tests pass; the check below names this tuple when it refuses one.
-DROPIN_HEAD_DIMS = (64, 128, 256)
+DROPIN_HEAD_DIMS = (64, 96, 128, 256)
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:

@@ -40,22 +40,26 @@ def test_forward_only_has_no_lse_and_same_output_and_grads():
 
 
 def test_fallback_prefers_cudnn_on_a_gpu_where_it_takes_the_call(monkeypatch):
-    """D 96 (Phi-3): no Pallas kernel takes it. On a GPU the fallback is jax.nn's cuDNN when cuDNN takes the call
+    """D 80: no Pallas kernel takes it (D 96, Phi-3, runs fa_prefill since session 24). On a GPU the fallback is
+    jax.nn's cuDNN when cuDNN takes the call
     (fp16/bf16, D a multiple of 8 up to 128, no bias/mask/lengths); XLA otherwise and on a CPU."""
     import pallas_attn
     from pallas_attn import _compat, dropin
 
-    q = jax.ShapeDtypeStruct((2, 64, 4, 96), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((2, 64, 2, 96), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((2, 64, 4, 80), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 64, 2, 80), jnp.bfloat16)
     assert pallas_attn.which_implementation(q, kv, kv, is_causal=True)[0] == "xla"  # CPU: interpret mode
     monkeypatch.setattr(_compat, "default_interpret", lambda interpret: False)
     monkeypatch.setattr(_compat, "has_gpu", lambda: True)
     monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
     impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=True)
-    assert impl == "cudnn" and "cuDNN" in why and "96" in why
+    assert impl == "cudnn" and "cuDNN" in why and "80" in why
+    q96 = jax.ShapeDtypeStruct((2, 64, 4, 96), jnp.bfloat16)
+    kv96 = jax.ShapeDtypeStruct((2, 64, 2, 96), jnp.bfloat16)
+    assert pallas_attn.which_implementation(q96, kv96, kv96, is_causal=True)[0] == "pallas:fa_prefill"  # D 96
     assert pallas_attn.which_implementation(q, kv, kv, is_causal=True, local_window_size=(7, 0))[0] == "cudnn"
-    q32 = jax.ShapeDtypeStruct((2, 64, 4, 96), jnp.float32)
-    kv32 = jax.ShapeDtypeStruct((2, 64, 2, 96), jnp.float32)
+    q32 = jax.ShapeDtypeStruct((2, 64, 4, 80), jnp.float32)
+    kv32 = jax.ShapeDtypeStruct((2, 64, 2, 80), jnp.float32)
     assert pallas_attn.which_implementation(q32, kv32, kv32)[0] == "xla"  # fp32: not cuDNN's
     q200 = jax.ShapeDtypeStruct((2, 64, 4, 200), jnp.bfloat16)
     kv200 = jax.ShapeDtypeStruct((2, 64, 2, 200), jnp.bfloat16)

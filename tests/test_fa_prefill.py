@@ -27,7 +27,7 @@ def _p(**kw):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(dtype="float32"), "dtypes"),
-    (dict(head_dim=96), "head dims"),
+    (dict(head_dim=80), "head dims"),
     (dict(heads_q=6, heads_kv=4), "multiple of Hkv"),
     (dict(entry="paged", page_size=16), "serves"),
     (dict(kv_len=0), "at least one key"),

@@ -393,3 +393,38 @@ def test_packed_kernels_lower_for_cuda_and_are_refused_while_off(config, monkeyp
     with pytest.raises(NotImplementedError, match="D <= 128"):
         d256 = jax.ShapeDtypeStruct((2, 300, 4, 256), jnp.bfloat16)
         jax.jit(f).trace(d256, jax.ShapeDtypeStruct((2, 300, 2, 256), jnp.bfloat16), lse, seg)
+
+
+@pytest.mark.slow
+def test_d96_runs_the_d128_kernels_on_zero_columns(rng):
+    """D 96 (Phi-3): the backward pads q, k, v, o, do to 128 zero columns and cuts the gradients back (session 24);
+    on the GPU interpreter against jax.vjp of the float32 reference, odd lengths, GQA 2, an offset."""
+    b, tq, tk, hq, hkv, d, causal, offs, dt = 1, 70, 150, 2, 1, 96, True, (80,), "bfloat16"
+    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
+    off = jnp.asarray(offs, jnp.int32)
+    scale = 1.0 / np.sqrt(d)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
+    ref = vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
+    dq, dk, dv = fb.backward(q, k, v, out.astype(dt), lse, do, causal=causal, scale=scale, q_offset=off,
+                             config=fb.CONFIGS["wide"], interpret=True)
+    for name, ours, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, (q, k, v)):
+        assert ours.dtype == x.dtype and ours.shape == x.shape, name
+        assert _rel(ours, r) < _TOL[dt], (name, _rel(ours, r))
+
+
+def test_d96_backward_lowers_for_cuda():
+    """D 96's padded backward lowers for CUDA with the D 128 kernels (their names in the program)."""
+    sds = jax.ShapeDtypeStruct
+    q, k = sds((2, 200, 4, 96), jnp.bfloat16), sds((2, 333, 2, 96), jnp.bfloat16)
+    lse, off = sds((2, 4, 200), jnp.float32), sds((2,), jnp.int32)
+
+    def f(q, k, v, o, lse, do, off):
+        return fb.backward(q, k, v, o, lse, do, causal=True, scale=0.1, q_offset=off, config=fb.CONFIGS["wide"])
+
+    out = jax.eval_shape(f, q, k, k, q, lse, q, off)
+    assert [x.shape for x in out] == [q.shape, k.shape, k.shape]
+    text = jax.jit(f).trace(q, k, k, q, lse, q, off).lower(lowering_platforms=("cuda",)).as_text()
+    names = set(re.findall(r"pallas_attn_\w+", text))
+    assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
+    assert "wgmma" in text

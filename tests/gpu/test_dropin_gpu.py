@@ -179,6 +179,17 @@ def test_sm90_named_bwd_config_within_xla_error(bwd):
         assert _rel(ours, truth) <= 2 * _rel(theirs, truth) + 2 * eps, (bwd, name, _rel(ours, truth))
 
 
+@pytest.mark.parametrize("causal,kh", [(True, 32), (False, 8)])
+def test_sm90_d96_within_xla_error(causal, kh):
+    """D 96 (Phi-3, session 24): fa_prefill's forward with 96-column tiles and the backward on zero-padded D 128
+    columns, through the drop-in's own choice; output and dQ/dK/dV within XLA's error (bf16, B2 N1024 Hq32)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU")
+    q, k, v, w = _arrays(9, 2, 1024, 1024, 32, kh, 96, "bfloat16")
+    assert pallas_attn.which_implementation(q, k, v, is_causal=causal)[0] == "pallas:fa_prefill"
+    _check_within_xla_error(q, k, v, w, causal)
+
+
 def test_sm90_fa_prefill_odd_lengths_residual_deterministic():
     """fa_prefill through the drop-in at odd lengths (T 1000 < S 1333, neither a multiple of 64; causal
     top-left, GQA 2, fp16 D 64): output and gradients within XLA's error as above, jax.nn's residual (the

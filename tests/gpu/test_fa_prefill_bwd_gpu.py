@@ -84,6 +84,7 @@ def _rel(a, b) -> float:
 
 # D 64 / 128 run every config; D 256 runs d256 (the head-dim split; what any config becomes there)
 _D_CONFIGS = [(d, c) for d in (64, 128) for c in ("default", "wide", "wide_ovl", "fused")] + [(256, "d256")]
+_D_CONFIGS += [(96, "wide"), (96, "fused")]  # D 96: the D 128 kernels on zero-padded columns (session 24)
 
 
 @pytest.mark.parametrize("d,config", _D_CONFIGS)
