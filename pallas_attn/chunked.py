@@ -42,8 +42,8 @@ PAGED_IN_KERNEL = True
 
 
 def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
-    """Whether the chunked path runs fa_prefill (else fa_train): fp16 / bf16, D 64 / 128 / 256, on a Hopper or in
-    interpret mode."""
+    """Whether the chunked path runs fa_prefill (else fa_train): fp16 / bf16, D 64 / 96 / 128 / 256 (D 96 on a
+    gathered dense cache), on a Hopper or in interpret mode."""
     from . import dropin
     from .kernels import fa_prefill
 
@@ -149,7 +149,8 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     if on_prefill:
         _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, True)  # this GPU's table / the rule, as the drop-in
         fitted = fa_prefill.fit(cfg, d, jnp.dtype(q.dtype).itemsize, True)  # the block_kv the kernel will run
-        if interp or not paged_in_kernel(page, fitted):  # gather the pages into a dense cache
+        # gather the pages into a dense cache where the in-kernel page reads do not apply (D 96: dense only)
+        if interp or not paged_in_kernel(page, fitted) or d not in fa_prefill._PAGED_HEAD_DIMS:
             k_in, v_in, bt = _gather(k_pool, tbl), _gather(v_pool, tbl), None
         else:  # fa_prefill's producer reads the pages through the table (TMA per page), no gather
             k_in, v_in, bt = k_pool, v_pool, tbl

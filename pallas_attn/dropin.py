@@ -183,6 +183,14 @@ def _unsupported(q, k, bias, mask) -> str:
 # backward's config d256), each of them through a passing GPU run (docs/fa_prefill.md). A head dim is added here only
 # after its GPU tests pass; the check below names this tuple when it refuses one.
 DROPIN_HEAD_DIMS = (64, 96, 128, 256)
+# Head dims the drop-in takes when forced (``implementation="pallas:fa_prefill"``) but not by default, with the reason:
+# D 96's backward is the D 128 kernels on zero-padded columns, and its training step measured slower than jax.nn's
+# cuDNN (H100, session 24: 1.34x / 1.17x / 1.08x at Phi-3 N 1024 / 4096 / 16384), though its forward is faster
+# (0.85-0.95x at N >= 1024); the default keeps cuDNN's pair until the backward has a D 96 kernel of its own, or a
+# forward-only call is routed apart from a differentiated one.
+DEFAULT_SKIPS_HEAD_DIMS = {96: ("head dim 96: pallas:fa_prefill's backward runs it on zero-padded D 128 columns, "
+                                "slower than cuDNN's training step on an H100 (docs/fa_prefill.md, 'Head dim 96'); "
+                                "force implementation='pallas:fa_prefill' for it")}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -265,10 +273,13 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
         mode = "interpret mode: no GPU" if interpret else "Mosaic GPU on sm_90"
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"forced: {pair} support the call ({mode})"
-    if implementation in (None, "pallas") and sm90 and not why_prefill:
+    slow = DEFAULT_SKIPS_HEAD_DIMS.get(q.shape[3]) if implementation is None else None
+    if implementation in (None, "pallas") and sm90 and not why_prefill and not slow:
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
     why = _unsupported(q, k, bias, mask)
+    if slow and sm90 and not why_prefill:
+        why = f"{slow}; {why}" if why else slow
     if why:
         if implementation is not None:
             raise NotImplementedError(f"implementation={implementation!r}: {why}")

@@ -56,7 +56,11 @@ def test_fallback_prefers_cudnn_on_a_gpu_where_it_takes_the_call(monkeypatch):
     assert impl == "cudnn" and "cuDNN" in why and "80" in why
     q96 = jax.ShapeDtypeStruct((2, 64, 4, 96), jnp.bfloat16)
     kv96 = jax.ShapeDtypeStruct((2, 64, 2, 96), jnp.bfloat16)
-    assert pallas_attn.which_implementation(q96, kv96, kv96, is_causal=True)[0] == "pallas:fa_prefill"  # D 96
+    # D 96: forced, fa_prefill's pair; by default cuDNN's (its training step is faster than our padded backward)
+    assert pallas_attn.which_implementation(q96, kv96, kv96, is_causal=True,
+                                            implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
+    impl96, why96 = pallas_attn.which_implementation(q96, kv96, kv96, is_causal=True)
+    assert impl96 == "cudnn" and "head dim 96" in why96 and "zero-padded" in why96, why96
     assert pallas_attn.which_implementation(q, kv, kv, is_causal=True, local_window_size=(7, 0))[0] == "cudnn"
     q32 = jax.ShapeDtypeStruct((2, 64, 4, 80), jnp.float32)
     kv32 = jax.ShapeDtypeStruct((2, 64, 2, 80), jnp.float32)

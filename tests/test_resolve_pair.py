@@ -83,7 +83,7 @@ def test_resolve_pair_gives_the_table_choice_a_named_config_or_a_refusal_by_name
         api.resolve_pair("v4_fused", _p(dtype="float32", hkv=4), None, None)
     with pytest.raises(NotImplementedError, match="'fa_prefill' has no backward kernel"):
         api.resolve_pair("fa_prefill", _p(), None, None, entry="attention")
-    for bad in (_p(dtype="float32"), _p(d=96)):  # the forward's refusal first, as resolve words it
+    for bad in (_p(dtype="float32"), _p(d=80)):  # the forward's refusal first, as resolve words it
         with pytest.raises(NotImplementedError) as e1:
             api.resolve("fa_prefill", bad, None)
         with pytest.raises(NotImplementedError) as e2:
@@ -231,10 +231,19 @@ def test_chunked_off_fa_prefill_resolves_fa_train_and_words_its_refusals_as_befo
         dense = chunked._problem(q, pps * 16, 2)
         assert chunked.resolve_chunk(dense, None, False) == ("fa_train", fa_train.heuristic(dense))
         assert seen[-1] == fa_train.heuristic(dense)
-    q, pool, bt, kl, _ = _paged(2, 32, 4, 2, 96, 16, [100, 120], jnp.float16)
+    q, pool, bt, kl, _ = _paged(2, 32, 4, 2, 80, 16, [100, 120], jnp.float16)
     with pytest.raises(NotImplementedError, match=re.escape("fa_train supports head dims (16, 32, 64, 128, 256); got "
-                                                            "D=96")):
+                                                            "D=80")):
         jax.eval_shape(lambda q, kp, vp: pallas_attn.paged_attention(q, kp, vp, bt, kl, causal=True), q, pool, pool)
     with pytest.raises(NotImplementedError) as e:  # the same words fa_train's own check raises
-        fa_train.check_shapes(jnp.zeros((1, 4, 2, 96)), jnp.zeros((1, 4, 2, 96)), jnp.zeros((1, 4, 2, 96)))
-    assert "fa_train supports head dims (16, 32, 64, 128, 256); got D=96" == str(e.value)
+        fa_train.check_shapes(jnp.zeros((1, 4, 2, 80)), jnp.zeros((1, 4, 2, 80)), jnp.zeros((1, 4, 2, 80)))
+    assert "fa_train supports head dims (16, 32, 64, 128, 256); got D=80" == str(e.value)
+    # D 96: fa_prefill takes it on dense K / V only (session 24): a chunk runs it on the gathered pages, and the
+    # in-kernel paged path refuses it by name
+    q, pool, bt, kl, pps = _paged(2, 32, 4, 2, 96, 16, [100, 120], jnp.float16)
+    out = jax.eval_shape(lambda q, kp, vp: pallas_attn.paged_attention(q, kp, vp, bt, kl, causal=True), q, pool, pool)
+    assert out.shape == q.shape
+    assert chunked.resolve_chunk(chunked._problem(q, pps * 16, 2), None, True)[0] == "fa_prefill"
+    with pytest.raises(NotImplementedError, match="a paged cache at head dim 96 is not built"):
+        fa_prefill.forward(q, pool, pool, causal=True, scale=0.1, q_offset=jnp.zeros((2,), jnp.int32),
+                           interpret=True, config=fa_prefill.CONFIGS["default"], block_table=bt)

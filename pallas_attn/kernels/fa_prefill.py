@@ -74,6 +74,7 @@ PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic m
 _LOG2E = math.log2(math.e)
 _SMEM_LIMIT = 227 * 1024  # H100: 227 KiB of shared memory per block (opt-in maximum)
 _HEAD_DIMS = (64, 96, 128, 256)
+_PAGED_HEAD_DIMS = (64, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -869,6 +870,9 @@ def _check_paged(q, k_pool, v_pool, block_table, cfg: PrefillConfig) -> tuple[in
                          f", {v_pool.shape}")
     per_seq = jax.ShapeDtypeStruct((q.shape[0], k_pool.shape[1]) + tuple(k_pool.shape[2:]), k_pool.dtype)
     _check(q, per_seq, jax.ShapeDtypeStruct(per_seq.shape, v_pool.dtype))
+    if q.shape[3] not in _PAGED_HEAD_DIMS:  # D 96's 64-byte-swizzled tiles ran dense only (session 24)
+        raise NotImplementedError(f"{GEN}: a paged cache at head dim {q.shape[3]} is not built (the paged path takes "
+                                  f"{_PAGED_HEAD_DIMS}; D 96 runs on dense K / V only)")
     page = k_pool.shape[1]
     if block_table.ndim != 2 or block_table.shape[0] != q.shape[0] or jnp.dtype(block_table.dtype) != jnp.int32:
         raise ValueError(f"{GEN}: block_table must be int32 [B={q.shape[0]}, pages_per_seq]; got "
