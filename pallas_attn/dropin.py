@@ -6,7 +6,8 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``), no sequence lengths. Mosaic GPU kernels
+  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96 only when forced,
+  ``DEFAULT_SKIPS_HEAD_DIMS``), no sequence lengths. Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's

@@ -116,7 +116,8 @@ def test_ring_steps_run_fa_prefill_s_pair_on_a_hopper(monkeypatch):
     assert dist.ring_kernel("float16", 64, False) == "fa_prefill"
     assert dist.ring_kernel("bfloat16", 128, True) == "fa_train"
     assert dist.ring_kernel("float32", 128, False) == "fa_train"
-    assert dist.ring_kernel("bfloat16", 96, False) == "fa_train"
+    assert dist.ring_kernel("bfloat16", 96, False) == "fa_prefill"  # D 96: the backward on zero-padded D 128 columns
+    assert dist.ring_kernel("bfloat16", 80, False) == "fa_train"
     assert dist.ring_kernel("bfloat16", 128, False, config=object()) == "fa_train"
     monkeypatch.setattr(dist, "RING_FA_PREFILL", False)
     assert dist.ring_kernel("bfloat16", 128, False) == "fa_train"
