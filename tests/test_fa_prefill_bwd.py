@@ -43,6 +43,16 @@ def _inputs(rng, b, tq, tk, hq, hkv, d, dtype):
     return mk((b, tq, hq, d)), mk((b, tk, hkv, d)), mk((b, tk, hkv, d)), mk((b, tq, hq, d))
 
 
+def _case_with_reference(rng, b, tq, tk, hq, hkv, d, causal, offs, dt):
+    """A case's inputs, offsets and scale, and the float32 reference's output, LSE and (dq, dk, dv) by jax.vjp."""
+    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
+    off = jnp.asarray(offs, jnp.int32)
+    scale = 1.0 / np.sqrt(d)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
+    return q, k, v, do, off, scale, out, lse, vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
+
+
 def _rel(a, b) -> float:
     a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
     b = np.asarray(b, np.float64)
@@ -99,12 +109,7 @@ def test_mosaic_kernels_on_the_gpu_interpreter(rng, config, case):
     epilogues; wide: two consumers per ring slot and the skipped blocks) against jax.vjp of the float32
     reference, with no race reported."""
     b, tq, tk, hq, hkv, d, causal, offs, dt = case
-    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
-    off = jnp.asarray(offs, jnp.int32)
-    scale = 1.0 / np.sqrt(d)
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
-    ref = vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
+    q, k, v, do, off, scale, out, lse, ref = _case_with_reference(rng, b, tq, tk, hq, hkv, d, causal, offs, dt)
     dq, dk, dv, races = fb.emulate_backward(q, k, v, out.astype(dt), lse, do, causal=causal, scale=scale,
                                             q_offset=off, config=fb.CONFIGS[config])
     assert not races
@@ -400,12 +405,7 @@ def test_d96_runs_the_d128_kernels_on_zero_columns(rng):
     """D 96 (Phi-3): the backward pads q, k, v, o, do to 128 zero columns and cuts the gradients back (session 24);
     on the GPU interpreter against jax.vjp of the float32 reference, odd lengths, GQA 2, an offset."""
     b, tq, tk, hq, hkv, d, causal, offs, dt = 1, 70, 150, 2, 1, 96, True, (80,), "bfloat16"
-    q, k, v, do = _inputs(rng, b, tq, tk, hq, hkv, d, dt)
-    off = jnp.asarray(offs, jnp.int32)
-    scale = 1.0 / np.sqrt(d)
-    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-    (out, lse), vjp = jax.vjp(lambda q, k, v: reference(q, k, v, off, causal=causal, scale=scale), *f32)
-    ref = vjp((do.astype(jnp.float32), jnp.zeros_like(lse)))
+    q, k, v, do, off, scale, out, lse, ref = _case_with_reference(rng, b, tq, tk, hq, hkv, d, causal, offs, dt)
     dq, dk, dv = fb.backward(q, k, v, out.astype(dt), lse, do, causal=causal, scale=scale, q_offset=off,
                              config=fb.CONFIGS["wide"], interpret=True)
     for name, ours, r, x in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, (q, k, v)):
