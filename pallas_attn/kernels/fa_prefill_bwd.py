@@ -1116,8 +1116,7 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
         raise ValueError(f"{GEN} backward: config must be a BwdConfig; got {cfg!r}")
     d = q.shape[-1]
     if d in PADDED_HEAD_DIMS:  # zero columns change no score, no P and no dP; their dQ / dK / dV columns are 0
-        wide = PADDED_HEAD_DIMS[d]
-        padc = functools.partial(_pad_cols, width=wide)
+        padc = functools.partial(_pad, axis=-1, mult=PADDED_HEAD_DIMS[d])  # 96 -> 128: mosaic_kit.pad
         if o.shape != q.shape or do.shape != q.shape or k.shape[-1] != d or v.shape != k.shape:
             _check(q, k, v, o, lse, do)  # the unpadded shapes' own message
         dq, dk, dv = backward(padc(q), padc(k), padc(v), padc(o), lse, padc(do), causal=causal, scale=scale,
@@ -1142,11 +1141,6 @@ def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, 
     with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=False)):
         return _run(q, k, v, o, lse, do, q_offset, causal=causal, scale=float(scale), cfg=cfg, emulate=True,
                     dlse=dlse, left=window, softcap=softcap, segment_ids=segment_ids)
-
-
-def _pad_cols(x, *, width: int):
-    """``x`` [..., D] with zero columns up to ``width``."""
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
 
 
 def _interpreter():
