@@ -89,6 +89,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="per-record time budget: predicted or measured time for all calls above it -> fewer reps "
                         "(>= 3) or status 'skipped' with reason 'over time budget'; default: the config's top-level "
                         f"budget_s, else {DEFAULT_BUDGET_S:g}")
+    p.add_argument("--compile-workers", type=int, default=8,
+                   help="GPU runs: compile a workload's Pallas programs on this many threads while its inputs, oracle "
+                        "and first calls run; every compile finishes before the workload's first timed repetition, so "
+                        "no timing overlaps one. 0: each program compiles at its first call, one after another; "
+                        "default 8")
     p.add_argument("--max-run-s", type=float, default=None,
                    help="whole-run budget: once elapsed, remaining records are 'skipped' (reason says so)")
     p.add_argument("--clock", choices=("cupti", "kineto", "events"), default="cupti",
@@ -116,6 +121,7 @@ class RunOptions(types.SimpleNamespace):
     rounds: int = 1
     e2e_calls: int = 20
     allow_clock_fallback: bool = False
+    compile_workers: int = 0
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
@@ -124,11 +130,14 @@ class RunOptions(types.SimpleNamespace):
         if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1 or a.e2e_calls < 1:
             raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1, --e2e-calls >= 1; got {a.reps}, "
                              f"{a.warmup}, {a.e2e_reps}, {a.e2e_calls}")
+        if a.compile_workers < 0:
+            raise UsageError(f"--compile-workers must be >= 0; got {a.compile_workers}")
         if not 1 <= a.rounds <= a.reps:
             raise UsageError(f"--rounds must be in [1, --reps]; got {a.rounds} (reps {a.reps})")
         return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
                    warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
-                   max_run_s=a.max_run_s, clock=a.clock, allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
+                   max_run_s=a.max_run_s, compile_workers=a.compile_workers, clock=a.clock,
+                   allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
                    argv=["python", "-m", __package__ or "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
 
@@ -158,7 +167,8 @@ class RunOptions(types.SimpleNamespace):
 
 # not repeated in a record's repro: what was selected and where it went (repro selects one record itself),
 # how it was displayed, and whether a clock fallback fails the exit code
-_NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback"})
+_NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback",
+                        "compile_workers"})  # where a program compiles changes no measurement
 
 
 def parse_only(specs: list[str], names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -593,6 +603,10 @@ class _Run:
         state["plans"] = self.plan_workload(w, impls)
         state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
+        try:
+            self.precompile(w, impls, state)
+        except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
+            self.drain_compiles(state)
         if self.gpu and getattr(self.opts, "rounds", 1) > 1:
             recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
             impls = []
@@ -607,6 +621,7 @@ class _Run:
                 progress.advance(task)
             if rec is not None:
                 recs.append(rec)
+        self.drain_compiles(state)  # a pair that never ran (budget, error) leaves no compile behind
         self.finalize(recs, outputs)
         outputs.clear()
         state.clear()
@@ -639,6 +654,7 @@ class _Run:
                 entries.append((bad.to_json(), None, None))
             if progress is not None:
                 progress.advance(task)
+        self.drain_compiles(state)
         live = [i for i, (_, _, plan) in enumerate(entries) if plan is not None]
         n = getattr(self.opts, "rounds", 1)
         parts: dict[int, list[timing.Timing]] = {i: [] for i in live}
@@ -697,9 +713,19 @@ class _Run:
         phase = rec.metrics.setdefault("phase_s", {})
         phase.update(state.pop("phase_s", {}))
         try:
-            t0 = time.perf_counter()
-            prep = impl.prepare(w, state["inputs"], self.ctx)
-            phase["prepare"] = round(time.perf_counter() - t0, 3)
+            pre = state.get("prepared", {}).pop(id(impl), None)
+            if pre is not None:  # prepared by precompile, its program compiled (or compiling) on a worker thread
+                prep = pre["prep"]
+                phase["prepare"] = pre["prepare_s"]
+                t0 = time.perf_counter()
+                compile_s = _compile_result(pre["future"])
+                phase["compile_wait"] = round(time.perf_counter() - t0, 3)
+                if compile_s is not None:
+                    phase["compile_bg"] = compile_s
+            else:
+                t0 = time.perf_counter()
+                prep = impl.prepare(w, state["inputs"], self.ctx)
+                phase["prepare"] = round(time.perf_counter() - t0, 3)
             sync = _sync_for(prep.framework)
             t0 = time.perf_counter()
             out = prep.fn(*prep.args)
@@ -726,6 +752,8 @@ class _Run:
             outputs[impl.name] = out_btnh
         del out
         try:
+            if self.gpu:  # no compile of this workload runs while a pair is timed
+                self.drain_compiles(state)
             if self.gpu and hold is not None and prep.clock not in _OWN_CLOCKS:
                 hold["prep"] = prep
             elif self.gpu:
@@ -745,12 +773,12 @@ class _Run:
         per workload; a failure is kept in ``state`` and refuses every later pair of the workload alike."""
         if "inputs_error" in state:
             return Refusal("failed", state["inputs_error"])
-        if "inputs" in state:
+        if "oracle" in state:
             return None
         try:
-            t0 = time.perf_counter()
-            state["inputs"] = interop.make_inputs(w)
-            _sync_for("jax")([x for x in (state["inputs"].q, state["inputs"].k, state["inputs"].v) if x is not None])
+            if "inputs" not in state:
+                self.make_inputs(w, state)
+            inputs_s = state.pop("inputs_s")
             t1 = time.perf_counter()
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
@@ -761,12 +789,78 @@ class _Run:
                 state["oracle_fp16"] = accuracy.oracle(w, state["inputs"], state["subset"], kv="fp16")
                 state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
             # host wall seconds of the workload's shared work, on the first pair that ran it (where a run's time goes)
-            state["phase_s"] = {"plan": state.get("plan_s"), "inputs": round(t1 - t0, 3),
+            state["phase_s"] = {"plan": state.get("plan_s"), "inputs": inputs_s,
                                 "oracle": round(time.perf_counter() - t1, 3)}
         except Exception as e:
             state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
             return Refusal("oom" if _is_oom(e) else "failed", state["inputs_error"])
         return None
+
+    def make_inputs(self, w: Workload, state: dict) -> None:
+        """The workload's seeded inputs into ``state`` (on the device, synchronized), their host seconds in
+        ``state["inputs_s"]``."""
+        t0 = time.perf_counter()
+        state["inputs"] = interop.make_inputs(w)
+        _sync_for("jax")([x for x in (state["inputs"].q, state["inputs"].k, state["inputs"].v) if x is not None])
+        state["inputs_s"] = round(time.perf_counter() - t0, 3)
+
+    # -- compile ahead: a workload's Pallas programs on worker threads ------------------------------
+    def precompile(self, w: Workload, impls: list[Impl], state: dict) -> None:
+        """GPU runs with ``--compile-workers`` > 0: the workload's inputs, then every runnable Pallas pair prepared
+        here (on this thread: a prepare may launch device work) and its jitted program handed to a worker thread
+        (``jit(...).lower(*args).compile()``, the executable its first call then finds in JAX's cache), so the
+        compiles run at the same time as each other, the oracle and the first calls. ``drain_compiles`` waits for
+        all of them before any repetition is timed (a compile may run autotuning kernels, and a CUPTI window counts
+        every kernel of the process). A prepare or compile that fails here is left to the pair's own turn, which
+        repeats it and records the error as before."""
+        workers = getattr(self.opts, "compile_workers", 0)
+        if not self.gpu or workers <= 0:
+            return
+        plans = state.get("plans") or {}
+        todo = []
+        for impl in impls:
+            pp = plans.get(id(impl))
+            if (impl.framework != "pallas" or not isinstance(pp, PairPlan) or pp.refusal is not None
+                    or pp.skip is not None):
+                continue
+            todo.append(impl)
+        if not todo:
+            return
+        if "inputs" not in state:
+            try:
+                self.make_inputs(w, state)
+            except Exception:  # noqa: BLE001 -- workload_inputs repeats it in the first pair's turn and records it
+                state.pop("inputs", None)
+                return
+        pool = self._compile_pool(workers)
+        prepared = state.setdefault("prepared", {})
+        for impl in todo:
+            try:
+                t0 = time.perf_counter()
+                prep = impl.prepare(w, state["inputs"], self.ctx)
+                prepare_s = round(time.perf_counter() - t0, 3)
+            except Exception:  # noqa: BLE001 -- the pair's turn prepares again and records the error
+                continue
+            fut = None
+            if prep.framework == "jax" and prep.clock not in _OWN_CLOCKS and timing.is_jitted(prep.fn):
+                fut = pool.submit(_compile_ahead, prep.fn, prep.args)
+            prepared[id(impl)] = {"prep": prep, "prepare_s": prepare_s, "future": fut}
+
+    def _compile_pool(self, workers: int):
+        import concurrent.futures
+
+        pool = getattr(self, "_pool", None)
+        if pool is None:
+            pool = self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
+        return pool
+
+    def drain_compiles(self, state: dict) -> None:
+        """Wait for every compile this workload handed to a worker (results and errors are read in each pair's own
+        turn)."""
+        for pre in (state.get("prepared") or {}).values():
+            fut = pre.get("future")
+            if fut is not None:
+                _compile_result(fut)
 
     def agree(self, rec: ResultRecord, w: Workload, state: dict, out_btnh) -> bool:
         """The output against the oracle on the subset into ``rec.agreement``; False when the record ends here
@@ -909,6 +1003,8 @@ class _Run:
         requested = ("host-wall:in-jit-loop-diff" if prep.clock == "loop" else
                      "host-wall-pipelined" if prep.clock == "pipelined" else
                      "host-wall-e2e" if prep.clock == "wall" else kt.requested)
+        if kt.program is not None:  # JAX on CUPTI: the jitted call itself, or traced into a program of its own
+            m["timed_program"] = kt.program
         m.update(clock=kt.clock, clock_requested=requested, clock_notes=list(kt.notes), l2_flushed=kt.l2_flushed,
                  reps=len(kt.samples_us), time_us_p50=st["p50"], time_us_p10=st["p10"], time_us_p90=st["p90"],
                  time_us_mean=st["mean"], e2e_us_p50=e2e.stats["p50"], e2e_synced_us=e2e.stats["p50"],
@@ -1041,6 +1137,10 @@ class _Run:
         finally:
             if progress is not None:
                 progress.stop()
+            pool = getattr(self, "_pool", None)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
         return self.close(n_written, all_recs, console)
 
     def show_workload(self, console, w: Workload, recs: list[dict], not_run: list[str]) -> None:
@@ -1151,6 +1251,23 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 _OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
 
 
+def _compile_ahead(fn, args: tuple) -> float:
+    """A worker thread's job: ``fn`` (jitted) lowered and compiled for ``args``; its host seconds."""
+    t0 = time.perf_counter()
+    fn.lower(*args).compile()
+    return round(time.perf_counter() - t0, 3)
+
+
+def _compile_result(fut) -> float | None:
+    """A compile-ahead future's seconds; None when it failed (the first call compiles again and raises there)."""
+    if fut is None:
+        return None
+    try:
+        return fut.result()
+    except Exception:  # noqa: BLE001 -- the pair's first call repeats the compile and records its error
+        return None
+
+
 def merge_timings(parts: list[timing.Timing], *, rounds: int, others: int) -> timing.Timing:
     """One ``Timing`` from a pair's ``--rounds`` parts: their samples in order; the clock of the parts (a part on
     another clock, i.e. a fallback in one round, is named in the notes and the clock reads as the first part's
@@ -1165,7 +1282,7 @@ def merge_timings(parts: list[timing.Timing], *, rounds: int, others: int) -> ti
     notes.append(f"samples taken in {len(parts)} rounds of --rounds {rounds}, round-robin with {others} other "
                  f"implementation(s) of the workload")
     return timing.Timing(tuple(x for t in parts for x in t.samples_us), clock, all(t.l2_flushed for t in parts),
-                         tuple(dict.fromkeys(notes)), parts[0].requested)
+                         tuple(dict.fromkeys(notes)), parts[0].requested, parts[0].program)
 
 
 def _cpu_gate_flops(w: Workload) -> float:

@@ -38,6 +38,7 @@ __all__ = [
     "Timing",
     "percentiles",
     "time_kernels",
+    "is_jitted",
     "time_e2e",
     "time_pipelined",
     "time_cpu",
@@ -67,6 +68,9 @@ class Timing:
     l2_flushed: bool
     notes: tuple[str, ...] = ()  # why a fallback clock was used
     requested: str | None = None  # the clock asked for (None: no choice, e.g. e2e or CPU interpret)
+    # JAX on CUPTI: "direct" (the jitted call itself, the flush its own dispatch before it) or "wrapped" (the call
+    # traced into one program after the flush); None: not applicable
+    program: str | None = None
 
     @functools.cached_property
     def stats(self) -> dict[str, float]:
@@ -222,20 +226,46 @@ def _per_rep(kernels: list[tuple[str, float]], reps: int) -> list[list[tuple[str
     return per
 
 
-def _time_jax_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int) -> Timing:
+def is_jitted(fn: Callable) -> bool:
+    """True for a ``jax.jit``-wrapped function: calling it again runs the executable its first call compiled."""
+    return callable(getattr(fn, "lower", None)) and callable(getattr(fn, "trace", None))
+
+
+def _time_jax_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int, direct: bool | None = None) -> Timing:
+    """CUPTI samples of ``fn(*args)``, each repetition after an L2 flush.
+
+    ``direct`` (default: ``fn`` is jitted): every repetition dispatches the flush program, then ``fn`` itself, the
+    executable the pair's first call compiled (no second compile: session 25 found the wrapped program below cost a
+    whole second compile per pair, ~45% of a Pallas pair's host time in a sweep). Both go to the device's one compute
+    stream in dispatch order, so the flush runs first, as the barrier makes it in the wrapped program.
+    Otherwise (a plain Python ``fn``): ``fn`` traced inside one jitted program after the flush
+    (``_jax_timed``), a compile of its own."""
     import jax
 
     flush_names = _jax_flush_kernel_names(flush_bytes)
     buf = _jax_flush_buffer(flush_bytes)
-    timed = _jax_timed(fn)
-    jax.block_until_ready(timed(buf, *args))  # compiled before the collector starts
+    if direct is None:
+        direct = is_jitted(fn)
+    if direct:
+        fl = _jax_flush_fn()  # compiled by _jax_flush_kernel_names
 
-    def run() -> None:
-        outs = [timed(buf, *args) for _ in range(reps)]
-        jax.block_until_ready(outs)
+        def run() -> None:
+            outs = []
+            for _ in range(reps):
+                outs.append(fl(buf))
+                outs.append(fn(*args))
+            jax.block_until_ready(outs)
+    else:
+        timed = _jax_timed(fn)
+        jax.block_until_ready(timed(buf, *args))  # compiled before the collector starts
+
+        def run() -> None:
+            outs = [timed(buf, *args) for _ in range(reps)]
+            jax.block_until_ready(outs)
 
     per_iter = _per_rep(cupti_kernels(run), reps)
-    return Timing(tuple(_cupti_samples(per_iter, flush_names)), "cupti:mosaic", True)
+    return Timing(tuple(_cupti_samples(per_iter, flush_names)), "cupti:mosaic", True,
+                  program="direct" if direct else "wrapped")
 
 
 # ---------------------------------------------------------------------------------------------- torch
@@ -360,13 +390,15 @@ def _torch_sync(_: Any = None) -> None:
 
 
 def time_kernels(fn: Callable, args: tuple, *, framework: str, reps: int, flush_bytes: int,
-                 clock: str = "cupti") -> Timing:
+                 clock: str = "cupti", direct: bool | None = None) -> Timing:
     """Device time per call of ``fn(*args)`` (already warm), cold L2, ``reps`` repetitions.
 
     ``framework`` is ``"jax"`` (fn is jit-able on JAX arrays) or ``"torch"``. ``clock``: ``"cupti"`` (the
     Mosaic CUPTI collector for both), ``"kineto"`` (torch.profiler for both) or ``"events"`` (CUDA events
     for torch, host wall for JAX). On failure each step falls back to the next of ``clock_chain`` and says
-    why in ``notes``; ``Timing.requested`` is ``expected_clock(clock, framework)``.
+    why in ``notes``; ``Timing.requested`` is ``expected_clock(clock, framework)``. ``direct`` (JAX on CUPTI):
+    time the jitted ``fn`` itself (default when it is jitted) or traced into one program after the flush
+    (``False``; ``_time_jax_cupti``).
     """
     if reps < 1:
         raise ValueError(f"reps must be >= 1; got {reps}")
@@ -380,7 +412,7 @@ def time_kernels(fn: Callable, args: tuple, *, framework: str, reps: int, flush_
             return _time_kineto(lambda: fn(*args), lambda: fl(buf), _torch_sync, reps=reps,
                                 clock="cupti:torch-profiler", flush_key=f"jax{flush_bytes}")
 
-        how = {"cupti:mosaic": lambda: _time_jax_cupti(fn, args, reps=reps, flush_bytes=flush_bytes),
+        how = {"cupti:mosaic": lambda: _time_jax_cupti(fn, args, reps=reps, flush_bytes=flush_bytes, direct=direct),
                "cupti:torch-profiler": via_kineto,
                "host-wall": lambda: _time_host_flushed_jax(fn, args, reps=reps, flush_bytes=flush_bytes)}
     else:

@@ -120,6 +120,39 @@ def test_jax_is_timed_through_the_collector_when_it_answers(monkeypatch):
     assert t.clock == t.requested == "cupti:mosaic" and not t.fallback and t.notes == ()
     assert t.samples_us == pytest.approx((12.0, 12.0, 12.0))  # the flush dropped, partial + merge summed
     assert fake.calls == 2  # flush names, then the repetitions
+    assert t.program == "direct"  # a jitted call is timed as it is (no second compile)
+
+
+def test_a_jitted_call_is_timed_without_a_second_compile(monkeypatch):
+    """Session 25: the flush and the call traced into one program compiled every pair twice. A jitted ``fn`` is now
+    dispatched as it is after the flush program; a plain function still goes through the wrapped program."""
+    from jax._src import monitoring
+
+    timing._jax_flush_kernel_names.cache_clear()
+    rep = [("wrapped_not", 0.5), ("attn", 0.010)]
+    fake = FakeCupti(script=[[("wrapped_not", 0.5)], rep * 2, rep * 2])
+    monkeypatch.setattr(timing, "_CUPTI", fake)
+    compiles = []
+
+    def listener(name, _secs, **_kw):
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    f = jax.jit(lambda x: x * 3 + 1)
+    x = jnp.arange(256.0)
+    f(x).block_until_ready()
+    timing._jax_flush_kernel_names(1 << 12)  # the flush program compiled first: what is counted below is fn's
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        t = timing.time_kernels(f, (x,), framework="jax", reps=2, flush_bytes=1 << 12)
+        assert compiles == [] and t.program == "direct"
+        assert t.samples_us == pytest.approx((10.0, 10.0))
+        t = timing.time_kernels(f, (x,), framework="jax", reps=2, flush_bytes=1 << 12, direct=False)
+        assert len(compiles) == 1 and t.program == "wrapped"  # the wrapped program is a compile of its own
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+        timing._jax_flush_kernel_names.cache_clear()
+    assert not timing.is_jitted(lambda x: x) and timing.is_jitted(f)
 
 
 def test_a_subscriber_conflict_marks_every_jax_record_and_fails_the_run(tmp_path, monkeypatch, capsys):

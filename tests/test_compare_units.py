@@ -579,3 +579,70 @@ def test_records_say_where_the_run_time_went(tmp_path):
     assert {"plan", "inputs", "oracle", "prepare", "agreement"} <= set(first), first
     assert {"prepare", "agreement"} <= set(second) and "inputs" not in second, second
     assert all(v is None or v >= 0 for v in first.values())
+
+
+def test_compile_ahead_finishes_before_any_timing(monkeypatch, tmp_path, fake_gpu_clocks):
+    """``--compile-workers`` (session 25): a workload's Pallas programs are prepared on the run's thread and compiled
+    on worker threads while the inputs, oracle and first calls go on; every compile is done before the first timed
+    repetition (a CUPTI window counts every kernel of the process). The records are the ones a run without workers
+    writes; a compile that fails on a worker is repeated by the pair's first call, which records what it says."""
+    from compare import cli, runner, timing
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    pending_at_timing = []
+
+    def fake_kernels(fn, args, **kw):
+        prepared = run_ref[0]._state.get("prepared") or {}
+        pending_at_timing.append(sum(1 for p in prepared.values() if p["future"] and not p["future"].done()))
+        return timing.Timing((3.0,) * kw["reps"], "cupti:mosaic", True, (), requested="cupti:mosaic")
+
+    fake_gpu_clocks(fake_kernels)
+    w = Workload(name="t_ahead", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
+                 head_dim=64, dtype="float32", causal=True, seed=1)
+    names = ["pallas:v4_fused:faithful", "jax:xla", "pallas:v3_online:faithful"]
+    impls = sorted((i for i in all_impls() if i.name in names), key=lambda i: names.index(i.name))
+    assert len(impls) == 3
+    run_ref = []
+
+    def records(workers, tag):
+        opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / tag), reps=3, warmup=0, e2e_reps=1,
+                                 budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                                 no_ceilings=True, quiet=True, argv=[], compile_workers=workers)
+        run = runner._Run(opts, workloads=[w], impls=impls)
+        run.gpu = True
+        monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+        orig = run.precompile
+
+        def keep_state(w_, impls_, state):  # the test reads the workload's state from the fake clock
+            run._state = state
+            return orig(w_, impls_, state)
+
+        monkeypatch.setattr(run, "precompile", keep_state)
+        run._state = {}
+        run_ref[:] = [run]
+        try:
+            return run.run_workload(w, impls)
+        finally:
+            if getattr(run, "_pool", None) is not None:
+                run._pool.shutdown()
+
+    plain = records(0, "plain")
+    ahead = records(2, "ahead")
+    assert [r["status"] for r in ahead] == [r["status"] for r in plain] == ["ok"] * 3
+    assert pending_at_timing and not any(pending_at_timing)
+    phases = [r["metrics"]["phase_s"] for r in ahead]
+    assert "compile_bg" in phases[0] and "compile_bg" in phases[2] and "compile_bg" not in phases[1]
+    assert all("compile_bg" not in r["metrics"]["phase_s"] for r in plain)
+    for a, b in zip(ahead, plain):
+        assert a["agreement"]["rel_l2_err"] == b["agreement"]["rel_l2_err"]
+
+    def broken(fn, args):
+        raise RuntimeError("worker compile failed")
+
+    monkeypatch.setattr(runner, "_compile_ahead", broken)
+    again = records(2, "broken")
+    assert [r["status"] for r in again] == ["ok"] * 3  # the first call compiled it
+    assert all("compile_bg" not in r["metrics"]["phase_s"] for r in again)
+    with pytest.raises(runner.UsageError, match="compile-workers"):
+        runner.RunOptions.from_args(cli.build_parser().parse_args(["run", "--compile-workers", "-1"]))
