@@ -52,10 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.impl:
             prep = impls[name].prepare(w, inp, ctx)
             sync = runner._sync_for(prep.framework)
+            aot = None
+            if timing.is_jitted(prep.fn):  # what compare's compile-ahead does on a worker: does it leave work behind?
+                t0 = time.perf_counter()
+                prep.fn.lower(*prep.args).compile()
+                aot = round(time.perf_counter() - t0, 3)
             t0 = time.perf_counter()
             sync(prep.fn(*prep.args))
             first = time.perf_counter() - t0
-            row = {"workload": wn, "impl": name, "first_call_s": round(first, 3), "direct": [], "wrapped": []}
+            row = {"workload": wn, "impl": name, "lower_compile_s": aot, "first_call_s": round(first, 3),
+                   "direct": [], "wrapped": []}
+            print(f"{wn:40s} {name:14s} lower+compile {aot} s, then first call {first:.3f} s", flush=True)
             for _ in range(a.rounds):
                 for how in ("direct", "wrapped"):
                     t0 = time.perf_counter()
