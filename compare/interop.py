@@ -15,6 +15,7 @@ importing this module sets nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -207,6 +208,15 @@ def _feature_inputs(w, inp: Inputs, key, dt, seed: int) -> None:
         inp.w = jax.random.normal(jax.random.fold_in(key, 3), inp.q.shape, jnp.float32).astype(dt)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _draw_qkv(root, shape_q: tuple, shape_kv: tuple, dt):
+    """q, k, v: three streams split from ``root``, standard normal in float32, cast to ``dt``; one program per shape
+    (the same values as the three draws and casts run one by one, which compiled five programs a workload)."""
+    kq, kk, kv = jax.random.split(root, 3)
+    return tuple(jax.random.normal(key, shp, jnp.float32).astype(dt)
+                 for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
+
+
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
     (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``; a workload's
@@ -217,11 +227,9 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     # Drawn on the device (a 1e9-element KV cache takes seconds in numpy, microseconds on a GPU), seeded,
     # standard normal in float32, then cast once: every implementation and the oracle see these values.
     root = jax.random.key(w.seed if seed is None else seed)
-    kq, kk, kv = jax.random.split(root, 3)
     shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
     shape_kv = (w.batch, w.kv_len, w.heads_kv, w.head_dim)
-    q, k, v = (jax.random.normal(key, shp, jnp.float32).astype(dt)
-               for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
+    q, k, v = _draw_qkv(root, shape_q, shape_kv, dt)
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
     _feature_inputs(w, inp, root, dt, w.seed if seed is None else seed)

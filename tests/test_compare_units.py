@@ -646,3 +646,18 @@ def test_compile_ahead_finishes_before_any_timing(monkeypatch, tmp_path, fake_gp
     assert all("compile_bg" not in r["metrics"]["phase_s"] for r in again)
     with pytest.raises(runner.UsageError, match="compile-workers"):
         runner.RunOptions.from_args(cli.build_parser().parse_args(["run", "--compile-workers", "-1"]))
+
+
+def test_inputs_drawn_in_one_program_equal_the_draws_one_by_one():
+    """``interop._draw_qkv`` (session 25: one compiled program a workload instead of five) gives bitwise the values the
+    draws and casts gave one by one, so records before and after it judged the same inputs."""
+    from compare import interop
+
+    for dt, sq, skv in ((jnp.bfloat16, (2, 33, 4, 64), (2, 47, 2, 64)), (jnp.float32, (1, 8, 2, 16), (1, 8, 2, 16))):
+        root = jax.random.key(7)
+        kq, kk, kv = jax.random.split(root, 3)
+        one_by_one = [jax.random.normal(key, shp, jnp.float32).astype(dt)
+                      for key, shp in ((kq, sq), (kk, skv), (kv, skv))]
+        for a, b in zip(interop._draw_qkv(root, sq, skv, jnp.dtype(dt)), one_by_one):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
