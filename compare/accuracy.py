@@ -1,20 +1,26 @@
 """Agreement: every output against the float64 oracle (``attn_core.oracle``), and twin against twin.
 
-The oracle runs on the CPU in float64, which is too slow for the full output at real shapes, so it is
-computed on a *subset of rows*, over **every batch element and every query head** (a kernel that indexes
-one batch or head wrong is caught wherever it sits): all query rows when there are at most ``max_rows``
-and the work fits ``max_macs``, else a seeded sample of row ranges that always holds the first and the last
-rows (the last see the most keys under a causal mask). Only when one row over every (batch, head) is
-already more than ``max_macs`` are batches and heads sampled too (seeded, first and last always in). Every
-implementation is compared on the same subset; the record names it (``agreement.subset``). Twins
-(Pallas and CUDA of one generation) are compared on the full output, on the device.
+The oracle is float64, which is too slow for the full output at real shapes, so it is computed on a *subset of
+rows*, over **every batch element and every query head** (a kernel that indexes one batch or head wrong is caught
+wherever it sits): all query rows when there are at most ``max_rows`` and the work fits ``max_macs``, else a seeded
+sample of row ranges that always holds the first and the last rows (the last see the most keys under a causal
+mask). Only when one row over every (batch, head) is already more than ``max_macs`` are batches and heads sampled
+too (seeded, first and last always in). Every implementation is compared on the same subset; the record names it
+(``agreement.subset``). Twins (Pallas and CUDA of one generation) are compared on the full output, on the device.
+
+Where the float64 math runs (``ORACLE_NOTE``): rows of a dense cache without features on the device, by XLA in
+float64 (non-causal rows and single causal rows ``_device_rows_grouped``, causal ranges ``_device_rows_causal``),
+each path checked once per workload against attn_core.oracle's numpy on one KV head; paged caches, MLA and rows with
+a workload feature with attn_core.oracle's numpy on the host CPU.
 
 Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
 (``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
 also checks the gradients: ``dq``, ``dk``, ``dv`` of ``sum(out * w)`` on one batch row and one KV head with its
 group of query heads (``choose_grad_subset``: every row and key, or at long causal sequences the last rows and the
-keys only they see, which they fully determine), against ``attn_core.oracle.attention_grad_reference``
-(``grad_oracle``); seconds on the CPU at 32k tokens per batch.
+keys only they see, which they fully determine), against ``attn_core.oracle.attention_grad_reference``'s math
+(``grad_oracle``): without features on the device in float64 (``_grad_device``, checked in every call against the
+numpy reference on the last rows), with a feature the numpy reference itself (seconds on the CPU at 32k tokens per
+batch).
 
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
@@ -71,9 +77,15 @@ class Subset:
         return reference.to_f64(sub)
 
 
-ORACLE_NOTE = ("float64: attn_core.oracle (numpy, CPU); dense rows without features (session 18): the same float64 "
-               "math on the device (XLA, _device_rows_grouped), checked per workload against attn_core.oracle on "
-               "one (batch, KV head)")
+ORACLE_NOTE = ("float64. Dense cache, rows without features: on the device (XLA float64; non-causal and one-row causal "
+               "ranges _device_rows_grouped, multi-row causal ranges _device_rows_causal), each path checked once per "
+               "workload against attn_core.oracle (numpy, CPU) on the first KV head of its first row range; paged "
+               "caches, MLA and rows with a feature (window, soft-cap, sinks, packed): attn_core.oracle (numpy, CPU)")
+
+GRAD_ORACLE_NOTE = ("float64, attn_core.oracle.attention_grad_reference's analytic backward in its row blocks. Without "
+                    "features: on the device (XLA float64, _grad_device), checked in every call against "
+                    "attention_grad_reference (numpy, CPU) on the subset's last rows; with a feature (window, "
+                    "soft-cap, sinks, packed): attention_grad_reference itself (numpy, CPU)")
 
 
 def _sample(n: int, k: int, rng: np.random.Generator) -> tuple[int, ...]:
@@ -144,14 +156,15 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
         kv_heads = [h // g for h in subset.heads]
     q_all = inp.q
     # dense caches (16-bit or quantized, dequantized on the device): K/V stay on the device and rows without features
-    # go through _device_rows_grouped, checked once against the numpy path (session 18: the host's float64 copies of
-    # K / V were most of a large sweep workload's time)
+    # go through _device_rows_grouped (non-causal, one causal row) or _device_rows_causal (a causal range), each path
+    # checked once per workload against the numpy path (session 18: the host's float64 copies of K / V were most of a
+    # large sweep workload's time; the causal ranges of a prefill workload were still on the host after that)
     on_device = w.family != "paged_decode"
-    checked = not on_device
+    checked: set[str] = set()  # the device paths already checked against attn_core.oracle in this call
     outs = []
     for b in subset.batches:
         q_dev = q_all[b:b + 1][:, :, jnp.asarray(subset.heads)]  # [1, Tq, nh, D]
-        qb = reference.to_f64(q_dev)
+        qb = None  # the batch's query rows in float64 on the host: made only when a numpy path needs them
         ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant, f64=False, device=on_device)
         # the K/V column each query head of the subset reads (every head: the oracle's GQA map, head h -> h // g)
         qmap = hmap if len(hmap) == len(subset.heads) else [hmap[h // g] for h in subset.heads]
@@ -159,18 +172,25 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
         parts = []
         for r0, r1 in subset.rows:
             feats = feature_kwargs(w, inp, b, subset.heads, (r0, r1))
-            if on_device and not feats and (not w.causal or r1 - r0 == 1) and _visible_keys(ku, w.causal,
-                                                                                          base_offset + r0) > 0:
-                got = _device_rows_grouped(q_dev[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
-                                           q_offset=base_offset + r0)
-                if not checked:  # attn_core's numpy oracle on the first KV head of the first row range
-                    _check_device_rows(got, qb[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
-                                       q_offset=base_offset + r0)
-                    checked = True
+            plain = on_device and not feats and ku.shape[1] > 0
+            got, path = None, None
+            if plain and w.causal and r1 - r0 > 1:
+                got, path = _device_rows_causal(q_dev, ku, vu, qmap, rows=(r0, r1), scale=inp.scale,
+                                                q_offset=base_offset + r0), "causal"
+            elif plain and (not w.causal or r1 - r0 == 1) and _visible_keys(ku, w.causal, base_offset + r0) > 0:
+                got, path = _device_rows_grouped(q_dev[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
+                                                 q_offset=base_offset + r0), "grouped"
+            if got is not None:
+                if path not in checked:  # attn_core's numpy oracle on the first KV head of the path's first row range
+                    _check_device_rows(got, reference.to_f64(q_dev[:, r0:r1]), ku, vu, qmap, causal=w.causal,
+                                       scale=inp.scale, q_offset=base_offset + r0)
+                    checked.add(path)
                 parts.append(got)
                 continue
             if on_device:  # the numpy paths below read host arrays
                 ku, vu, on_device = np.asarray(ku), np.asarray(vu), False
+            if qb is None:
+                qb = reference.to_f64(q_dev)
             if not feats and (not w.causal or r1 - r0 == 1) and ku.shape[1] > 0:
                 # each KV head once, its query heads folded into rows: no K/V copy per query head (session 17: the
                 # per-head copies were ~90% of the oracle's time at sampled heads, ~40 s a large decode workload)
@@ -241,23 +261,93 @@ def _device_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offset:
     return out
 
 
+def _row_bucket(n: int) -> int:
+    """The padded row count of an ``n``-row causal range on the device: the next power of two, so that a workload's
+    ranges (``c``, ``2c`` when two merge, ``Tq`` when every row is in) compile a few programs, not one per range."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _row_max_safe(s):
+    """The numpy oracle's ``m_safe`` of scores ``s`` (last axis): the row max where it is finite, else 0. A row with a
+    NaN score takes 0 too, as ``np.max`` (which propagates NaN) makes it there: XLA's CPU reduce-max can skip a NaN, so
+    the NaN is looked for on its own (it changes nothing a NaN row's output shows, but a gradient's other keys see
+    that row's unnormalized ``exp(s)``)."""
+    mx = s.max(axis=-1, keepdims=True)
+    return jnp.where(jnp.isfinite(mx) & ~jnp.isnan(s).any(axis=-1, keepdims=True), mx, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "scale"))
+def _attend_causal_f64(q, heads, k, v, u, r0, q_offset, *, rows: int, scale: float):
+    """float64 causal attention of ``rows`` query rows from row ``r0`` of ``q [1, Tq, nh, D]``, query heads ``heads``
+    (int ``[m]``), over KV head ``u`` of ``k, v [1, Tk, nu, D]``: row ``i`` sees keys ``j <= q_offset + i``
+    (``q_offset`` is row ``r0``'s). ``[rows, m, Dv]``; rows past ``Tq`` (the bucket's padding) repeat the last row
+    and are the caller's to drop. ``u``, ``r0`` and ``q_offset`` are traced: one program serves every range and KV
+    head of a shape. Exactly ``attn_core.oracle.attention_reference``'s math, in its order: scores ``(q k^T) *
+    scale``, masked to ``-inf``, max-subtracted (a row with no visible key: max ``-inf`` taken as 0, so ``p = 0``,
+    sum 0 taken as 1, output 0), normalized, times V over every key (so NaN goes where the oracle sends it: a NaN
+    score in a row's visible keys, or a NaN value anywhere, reaches the row). Traced under ``jax.enable_x64``."""
+    f64 = jnp.float64
+    qr = jnp.take(q[0], r0 + jnp.arange(rows), axis=0, mode="clip")  # [rows, nh, D]
+    qr = jnp.take(qr, heads, axis=1).astype(f64)  # [rows, m, D]
+    ku = jax.lax.dynamic_index_in_dim(k[0], u, axis=1, keepdims=False).astype(f64)  # [Tk, D]
+    vu = jax.lax.dynamic_index_in_dim(v[0], u, axis=1, keepdims=False).astype(f64)
+    s = jnp.einsum("imd,jd->mij", qr, ku) * scale  # [m, rows, Tk]
+    visible = jnp.arange(ku.shape[0])[None, :] <= (q_offset + jnp.arange(rows))[:, None]  # [rows, Tk]
+    s = jnp.where(visible[None], s, -jnp.inf)
+    p = jnp.exp(s - _row_max_safe(s))
+    tot = p.sum(axis=-1, keepdims=True)
+    p = p / jnp.where(tot > 0, tot, 1.0)
+    return jnp.einsum("mij,jd->imd", p, vu)
+
+
+def _device_rows_causal(q, k, v, hmap, *, rows: tuple[int, int], scale: float, q_offset: int) -> np.ndarray:
+    """``attention_reference`` (causal, no features) on query rows ``rows = (r0, r1)`` of ``q [1, Tq, nh, D]`` whose
+    head ``i`` reads KV head ``hmap[i]`` of ``k, v [1, Tk, nu, D]``, row ``r0`` at position ``q_offset``, on the
+    device: per KV head, its query heads' rows in float64 by XLA (``_attend_causal_f64``) against every key (masked,
+    not sliced, so a range costs no new program), only the ``[1, n, nh, Dv]`` result to the host. The rows are
+    padded to ``_row_bucket(n)``; ``q``, ``k`` and ``v`` are passed whole, as stored."""
+    r0, r1 = rows
+    n = r1 - r0
+    if n < 1:
+        raise ValueError(f"causal rows: an empty range {rows}")
+    hmap = np.asarray(hmap)
+    out = np.empty((1, n, len(hmap), v.shape[3]), np.float64)
+    with jax.enable_x64(True):
+        res = {int(u): _attend_causal_f64(q, jnp.asarray(np.nonzero(hmap == u)[0], jnp.int32), k, v, int(u), r0,
+                                          int(q_offset), rows=_row_bucket(n), scale=float(scale))
+               for u in np.unique(hmap)}
+        for u, o in res.items():  # every head's call issued before the first result is waited for
+            out[0][:, np.nonzero(hmap == u)[0]] = np.asarray(o)[:n]
+    return out
+
+
 def _check_device_rows(got, q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> None:
-    """attn_core's numpy oracle on the first KV head of ``hmap`` against the device rows ``got``: equal to float64
-    rounding (a relative 1e-10 of the largest output), else a RuntimeError naming both (never a silent judge)."""
+    """attn_core's numpy oracle on the first KV head of ``hmap`` against the device rows ``got`` (``q [1, n, nh, D]``
+    float64 on the host, ``k, v [1, Tk, nu, D]``, row 0 at ``q_offset``): equal to float64 rounding (a relative 1e-10
+    of the largest output), else a RuntimeError naming both (never a silent judge). One row (or non-causal): the
+    grouped numpy rows; a causal range: ``attention_reference`` itself, causal, on that KV head's query heads."""
     hmap = np.asarray(hmap)
     idx = np.nonzero(hmap == hmap[0])[0]
     u = int(hmap[0])
-    ref = _reference_rows_grouped(q[:, :, idx], np.asarray(k[:, :, u:u + 1]), np.asarray(v[:, :, u:u + 1]),
-                                  [0] * len(idx), causal=causal, scale=scale, q_offset=q_offset)
-    mine = got[:, :, idx]
-    if not np.array_equal(np.isnan(mine), np.isnan(ref)):  # NaN in -> NaN out on both, at the same places
-        raise RuntimeError(f"the device float64 reference and attn_core.oracle have NaN at different places (KV head "
-                           f"{u}, query heads {idx.tolist()})")
+    ku, vu = np.asarray(k[:, :, u:u + 1]), np.asarray(v[:, :, u:u + 1])
+    if causal and q.shape[1] > 1:
+        ref, _ = reference.attention_reference(q[:, :, idx], ku, vu, causal=True, scale=scale, q_offset=q_offset)
+    else:
+        ref = _reference_rows_grouped(q[:, :, idx], ku, vu, [0] * len(idx), causal=causal, scale=scale,
+                                      q_offset=q_offset)
+    _check_close(got[:, :, idx], ref, f"KV head {u}, query heads {idx.tolist()}", "attn_core.oracle")
+
+
+def _check_close(mine: np.ndarray, ref: np.ndarray, where: str, what: str) -> None:
+    """The device float64 result ``mine`` against attn_core's numpy ``ref`` (named ``what``; ``where`` says which
+    part): NaN at the same places (NaN in -> NaN out on both) and the rest within a relative 1e-10 of the largest
+    ``|ref|``, else a RuntimeError naming both."""
+    if not np.array_equal(np.isnan(mine), np.isnan(ref)):
+        raise RuntimeError(f"the device float64 reference and {what} have NaN at different places ({where})")
     ok = ~np.isnan(ref)
     diff = float(np.max(np.abs(mine[ok] - ref[ok]))) if ok.any() else 0.0
     if not diff <= 1e-10 * max(float(np.max(np.abs(ref[ok]))) if ok.any() else 0.0, 1e-300):
-        raise RuntimeError(f"the device float64 reference disagrees with attn_core.oracle by {diff:.3g} "
-                           f"(KV head {u}, query heads {idx.tolist()})")
+        raise RuntimeError(f"the device float64 reference disagrees with {what} by {diff:.3g} ({where})")
 
 
 def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.ndarray, np.ndarray, int]:
@@ -417,7 +507,7 @@ class GradSubset:
 
     def describe(self) -> dict[str, Any]:
         return {"batch": self.batch, "kv_head": self.kv_head, "heads_q": list(self.heads), "rows": list(self.rows),
-                "keys": list(self.keys), "oracle": "attn_core.oracle.attention_grad_reference float64 (CPU)"}
+                "keys": list(self.keys), "oracle": GRAD_ORACLE_NOTE}
 
     def take(self, grads_btnh) -> dict[str, np.ndarray]:
         """``{"dq", "dk", "dv"}`` of this subset, float64 (``dq [1, rows, G, D]``, ``dk``/``dv [1, keys, 1, D]``)."""
@@ -453,20 +543,144 @@ def choose_grad_subset(w, *, max_scores: float = 2**26) -> GradSubset:
 def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     """float64 ``{"dq", "dk", "dv"}`` of ``sum(out * w)`` on ``gs`` (``attn_core.oracle.attention_grad_reference``
     on that batch row, KV head and its query heads, rows ``gs.rows`` against every key, with the workload's features
-    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them."""
+    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them. Without features the same float64 math runs on
+    the device (``_grad_device``: the inputs never leave it, only the gradients come back), checked in every call
+    against the numpy reference on the subset's last rows (``_check_grad_device``); with a feature, numpy on the
+    host as before."""
     if w.family != "train" or inp.w is None:
         raise ValueError(f"grad_oracle takes a train workload with its cotangent weight; got family {w.family!r}")
     b, h = gs.batch, jnp.asarray(gs.heads)
     r0, r1 = gs.rows
     kv = slice(gs.kv_head, gs.kv_head + 1)
+    feats = feature_kwargs(w, inp, b, gs.heads, (r0, r1))
+    keys = slice(*gs.keys)
+    if not feats and w.kv_len > 0 and r1 > r0:
+        q, do = inp.q[b:b + 1, r0:r1][:, :, h], inp.w[b:b + 1, r0:r1][:, :, h]
+        k, v = inp.k[b:b + 1, :, kv], inp.v[b:b + 1, :, kv]
+        g = _grad_device(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0)
+        return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
     q = reference.to_f64(inp.q[b:b + 1, r0:r1][:, :, h])
     k = reference.to_f64(inp.k[b:b + 1, :, kv])
     v = reference.to_f64(inp.v[b:b + 1, :, kv])
     do = reference.to_f64(inp.w[b:b + 1, r0:r1][:, :, h])
     g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0,
-                                           **feature_kwargs(w, inp, b, gs.heads, (r0, r1)))
-    keys = slice(*gs.keys)
+                                           **feats)
     return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
+
+
+def _grad_blocks(n: int, group: int, tk: int, *, causal: bool, q_offset: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """``attention_grad_reference``'s row blocks for ``n`` rows of ``group`` query heads against ``tk`` keys (one batch
+    row, one KV head, no features): its default block size (at most 256 rows and about 2^24 scores) capped at ``n``,
+    and per block ``(start, rows, hi)``, ``hi`` the end of the keys its rows can see (the causal bound; every key when
+    none is seen), the same key range the numpy blocks take part with."""
+    bq = min(n, max(1, min(256, (1 << 24) // max(1, group * max(tk, 1)))))
+    return bq, [(s0, min(bq, n - s0), _block_hi(s0 + min(bq, n - s0), tk, causal=causal, q_offset=q_offset))
+                for s0 in range(0, n, bq)]
+
+
+def _block_hi(end: int, tk: int, *, causal: bool, q_offset: int) -> int:
+    """The end of the keys seen by the rows before ``end`` (row ``i`` at position ``q_offset + i``): ``tk``
+    non-causal, else ``min(tk, end + q_offset)``, and ``tk`` when that leaves no key (as attention_grad_reference)."""
+    hi = min(tk, max(0, end + q_offset)) if causal else tk
+    return hi if hi > 0 else tk
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "causal", "scale"))
+def _grad_block_f64(q, do, k, v, dk, dv, start, n_valid, q_offset, hi, *, rows: int, causal: bool, scale: float):
+    """One row block of ``attention_grad_reference``'s analytic backward in float64 (traced under ``jax.enable_x64``):
+    rows ``start .. start + rows`` of ``q [N, G, D]`` and ``do [N, G, Dv]`` (``N >= start + rows``; the first
+    ``n_valid`` rows are real, row ``i`` at position ``q_offset + i``) against ``k, v [Tk, D]`` (one KV head, its
+    ``G`` query heads). Returns ``(dq [rows, G, D], dk + dK_block, dv + dV_block)`` (``dk``, ``dv`` float64 ``[Tk,
+    D]`` accumulators). Keys ``j >= hi`` take no part: K and V are zeroed there and every product through them
+    dropped, which is the numpy block's key range ``[0, hi)`` (so NaN goes where the numpy blocks send it); padded
+    rows likewise. ``start``, ``n_valid``, ``q_offset`` and ``hi`` are traced: one program serves every block.
+
+    The math, as the numpy reference writes it: ``s = (q k^T) * scale`` masked to ``-inf``, ``P`` the max-subtracted
+    softmax (no visible key: ``P = 0``), ``O = P V``; ``dV = P^T dO``; ``dP = dO V^T``; ``delta = rowsum(dO * O)``;
+    ``dS = P * (dP - delta)``; ``dQ = scale * dS K``; ``dK = scale * dS^T Q``, summed over the ``G`` heads."""
+    f64 = jnp.float64
+    tk = k.shape[0]
+    row_ok = jnp.arange(rows) < n_valid  # [rows]
+    in_keys = jnp.arange(tk) < hi  # [Tk]
+    qb = jnp.where(row_ok[:, None, None], jax.lax.dynamic_slice_in_dim(q, start, rows).astype(f64), 0.0)
+    dob = jnp.where(row_ok[:, None, None], jax.lax.dynamic_slice_in_dim(do, start, rows).astype(f64), 0.0)
+    kb = jnp.where(in_keys[:, None], k.astype(f64), 0.0)
+    vb = jnp.where(in_keys[:, None], v.astype(f64), 0.0)
+    visible = row_ok[:, None] & in_keys[None, :]  # [rows, Tk]
+    if causal:
+        visible = visible & (jnp.arange(tk)[None, :] <= (q_offset + jnp.arange(rows))[:, None])
+    s = jnp.where(visible[None], jnp.einsum("igd,jd->gij", qb, kb) * scale, -jnp.inf)  # [G, rows, Tk]
+    p = jnp.exp(s - _row_max_safe(s))
+    tot = p.sum(axis=-1, keepdims=True)
+    p = p / jnp.where(tot > 0, tot, 1.0)
+    o = jnp.einsum("gij,jd->gid", p, vb)  # [G, rows, Dv]
+    dv_blk = jnp.einsum("gij,igd->jd", p, dob)
+    dp = jnp.einsum("igd,jd->gij", dob, vb)
+    delta = jnp.sum(dob.transpose(1, 0, 2) * o, axis=-1, keepdims=True)  # [G, rows, 1]
+    ds = jnp.where((row_ok[:, None] & in_keys[None, :])[None], p * (dp - delta), 0.0)
+    dq = scale * jnp.einsum("gij,jd->igd", ds, kb)
+    dk_blk = scale * jnp.einsum("gij,igd->jd", ds, qb)
+    keep = in_keys[:, None]
+    return dq, dk + jnp.where(keep, dk_blk, 0.0), dv + jnp.where(keep, dv_blk, 0.0)
+
+
+def _grad_device(q, k, v, do, *, causal: bool, scale: float, q_offset: int, check: bool = True
+                 ) -> dict[str, np.ndarray]:
+    """``attention_grad_reference``'s ``{"dq", "dk", "dv"}`` (float64 numpy: ``dq [1, n, G, D]``, ``dk``/``dv [1, Tk,
+    1, D]``) of ``q [1, n, G, D]``, ``do [1, n, G, Dv]`` against one KV head ``k, v [1, Tk, 1, D]`` (arrays as
+    stored, any float dtype; no features), row 0 at ``q_offset``, computed on the device in float64 by XLA over the
+    numpy reference's own row blocks (``_grad_blocks``, ``_grad_block_f64``: float64 memory stays at about 2^24
+    scores a block; each block against every key, masked, so one program serves them all). ``check``: compare with
+    the numpy reference on the last rows first (``_check_grad_device``), a RuntimeError if they disagree."""
+    n, g, tk = q.shape[1], q.shape[2], k.shape[1]
+    if n < 1 or tk < 1 or k.shape[2] != 1:
+        raise ValueError(f"device gradients take rows, keys and one KV head; got {q.shape=}, {k.shape=}")
+    bq, blocks = _grad_blocks(n, g, tk, causal=causal, q_offset=q_offset)
+    with jax.enable_x64(True):
+        qp, dop = (jnp.pad(x[0], ((0, bq), (0, 0), (0, 0))) for x in (q, do))  # any start <= n has ``bq`` rows
+        kk, vv = k[0, :, 0], v[0, :, 0]
+        run = functools.partial(_grad_block_f64, qp, dop, kk, vv, rows=bq, causal=causal, scale=float(scale))
+        dk = jnp.zeros((tk, k.shape[3]), jnp.float64)
+        dv = jnp.zeros((tk, v.shape[3]), jnp.float64)
+        dqs = []
+        for s0, nv, hi in blocks:
+            dq_blk, dk, dv = run(dk, dv, s0, nv, q_offset + s0, hi)
+            dqs.append(dq_blk)
+        out = {"dq": np.concatenate([np.asarray(x) for x in dqs])[:n][None],
+               "dk": np.asarray(dk)[:, None][None], "dv": np.asarray(dv)[:, None][None]}
+        if check:
+            _check_grad_device(out, run, q, k, v, do, bq=bq, causal=causal, scale=scale, q_offset=q_offset)
+    return out
+
+
+def _check_grad_device(got, run, q, k, v, do, *, bq: int, causal: bool, scale: float, q_offset: int) -> None:
+    """The device gradients against ``attn_core.oracle.attention_grad_reference`` (numpy, CPU) on a sub-problem cheap
+    enough for the host: the last ``m`` rows (at most one block, 64 rows and about 2^22 scores) with every query head
+    of the group, against every key. Two comparisons, each within a relative 1e-10 of the largest ``|ref|`` of each
+    gradient, else a RuntimeError naming both: the device program (``run``, the one that made ``got``) on that same
+    sub-problem against numpy in full (dq, dk, dv; NaN at the same places), and ``got`` itself where the sub-problem
+    determines it, wherever both are finite: dQ of those rows (a row's dQ depends on that row alone) and, causal, dK
+    and dV of the keys only those rows see (``j >= q_offset + n - m``)."""
+    n, g, tk = q.shape[1], q.shape[2], k.shape[1]
+    m = max(1, min(n, bq, 64, (1 << 22) // max(1, g * tk)))
+    s0, off = n - m, q_offset + n - m
+    ref = reference.attention_grad_reference(q[:, s0:], k, v, do[:, s0:], causal=causal, scale=scale, q_offset=off)
+    dq_sub, dk_sub, dv_sub = run(jnp.zeros((tk, k.shape[3]), jnp.float64), jnp.zeros((tk, v.shape[3]), jnp.float64),
+                                 s0, m, off, _block_hi(n, tk, causal=causal, q_offset=q_offset))
+    mine = {"dq": np.asarray(dq_sub)[:m][None], "dk": np.asarray(dk_sub)[:, None][None],
+            "dv": np.asarray(dv_sub)[:, None][None]}
+    what = "attn_core.oracle.attention_grad_reference"
+    for name in ("dq", "dk", "dv"):
+        _check_close(mine[name], ref[name], f"{name} of rows {s0}..{n} against every key", what)
+    k0 = min(tk, max(0, off)) if causal else tk  # keys from k0 on: seen by no row before s0
+    for name, a, b in (("dq", got["dq"][:, s0:], ref["dq"]), ("dk", got["dk"][:, k0:], ref["dk"][:, k0:]),
+                       ("dv", got["dv"][:, k0:], ref["dv"][:, k0:])):
+        both = np.isfinite(a) & np.isfinite(b)
+        scale_ref = float(np.max(np.abs(b[both]))) if both.any() else 0.0
+        diff = float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
+        if not diff <= 1e-10 * max(scale_ref, 1e-300):
+            raise RuntimeError(f"the device float64 gradients disagree with {what} by {diff:.3g} ({name} of the "
+                               f"subset's rows {s0}..{n}{'' if name == 'dq' else f', keys {k0}..{tk}'})")
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
