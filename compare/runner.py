@@ -623,6 +623,10 @@ class _Run:
                 recs.append(rec)
         self.drain_compiles(state)  # a pair that never ran (budget, error) leaves no compile behind
         self.finalize(recs, outputs)
+        wall = round(time.perf_counter() - t0, 3)
+        for r in recs:  # the workload's host wall seconds, planning to its last record (what a sweep's time is made of)
+            if isinstance(r.get("metrics"), dict):
+                r["metrics"]["workload_wall_s"] = wall
         outputs.clear()
         state.clear()
         gc.collect()
@@ -874,8 +878,8 @@ class _Run:
         tol = accuracy.tolerance(precision)
         ag = {"subset": subset.describe(), "tol_rel_l2": tol, "precision": precision}
         if getattr(w, "kv_dtype", None):
-            ag["subset"]["oracle"] = (f"attn_core.oracle float64 (CPU) on the same {w.kv_dtype} operands the kernel "
-                                      "reads (dequantized exactly)")
+            ag["subset"]["oracle"] = (f"{accuracy.ORACLE_NOTE}; on the same {w.kv_dtype} operands the kernel reads "
+                                      "(dequantized exactly)")
             ag["quantization"] = {**state["quant_error"], "kv_dtype": w.kv_dtype, "what": (
                 "the format's error on the subset: float64 oracle on the quantized cache vs on the "
                 f"{w.dtype} values it was quantized from")}
