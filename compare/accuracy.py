@@ -149,6 +149,9 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     if w.family == "mla":
         return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
+    if (w.family != "paged_decode" and not quant and w.kv_len > 0 and subset.batches and subset.rows
+            and not feature_kwargs(w, inp, subset.batches[0], subset.heads, subset.rows[0])):
+        return _dense_oracle(w, inp, subset)
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
         kv_heads = list(range(w.heads_kv))
@@ -319,6 +322,86 @@ def _device_rows_causal(q, k, v, hmap, *, rows: tuple[int, int], scale: float, q
         for u, o in res.items():  # every head's call issued before the first result is waited for
             out[0][:, np.nonzero(hmap == u)[0]] = np.asarray(o)[:n]
     return out
+
+
+def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The subset's query heads by the KV head they read (``h // group``), as ``((kv_head, (positions in heads)),
+    ...)``, every group padded to the largest by repeating its first member (the program wants one shape; the caller
+    reads each position once)."""
+    by: dict[int, list[int]] = {}
+    for i, h in enumerate(heads):
+        by.setdefault(h // group, []).append(i)
+    m = max(len(v) for v in by.values())
+    return tuple((u, tuple(v + [v[0]] * (m - len(v)))) for u, v in sorted(by.items()))
+
+
+@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale", "q_offset"))
+def _dense_oracle_f64(q, k, v, *, batches: tuple, rows: tuple, heads: tuple, groups: tuple, causal: bool,
+                      scale: float, q_offset: int):
+    """The whole dense oracle of a workload in one program (traced under ``jax.enable_x64``): for each batch of
+    ``batches`` (``lax.map``, one at a time: float64 memory stays at one batch's scores), the rows ``rows`` (half-open
+    ranges, row ``r`` at position ``q_offset + r``) of the query heads ``heads`` against their KV heads (``groups``,
+    ``_head_groups``), every key visible (non-causal) or keys ``j <= q_offset + r`` (causal), in float64 with
+    ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, masked to ``-inf``,
+    max-subtracted (``_row_max_safe``), ``p / sum`` (a row that sees no key: 0), ``p V``. Returns the output
+    ``[nb, R, n_groups, m, Dv]`` and, for ``_check_dense_oracle``, the first batch's first group as stored: its
+    first range's query rows ``[n0, m, D]`` and its KV head ``[Tk, D]`` of K and V."""
+    f64 = jnp.float64
+    ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
+    us = np.array([u for u, _ in groups])
+    hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
+    tk = k.shape[1]
+    pos = q_offset + jnp.asarray(ridx)
+
+    def one(b):
+        qb = jnp.take(jnp.take(q[b], jnp.asarray(ridx), axis=0), jnp.asarray(hs), axis=1).astype(f64)  # [R, G, m, D]
+        kb = jnp.take(k[b], jnp.asarray(us), axis=1).astype(f64)  # [Tk, G, D]
+        vb = jnp.take(v[b], jnp.asarray(us), axis=1).astype(f64)
+        s = jnp.einsum("rumd,tud->umrt", qb, kb) * scale  # [G, m, R, Tk]
+        if causal:
+            s = jnp.where((jnp.arange(tk)[None, :] <= pos[:, None])[None, None], s, -jnp.inf)
+        p = jnp.exp(s - _row_max_safe(s))
+        tot = p.sum(axis=-1, keepdims=True)
+        p = p / jnp.where(tot > 0, tot, 1.0)
+        return jnp.einsum("umrt,tud->rumd", p, vb)  # [R, G, m, Dv]
+
+    out = jax.lax.map(one, jnp.asarray(batches))
+    b0, n0 = batches[0], rows[0][1] - rows[0][0]
+    q0 = jnp.take(q[b0, rows[0][0]:rows[0][0] + n0], jnp.asarray(hs[0]), axis=1)
+    return out, q0, k[b0, :, int(us[0])], v[b0, :, int(us[0])]
+
+
+def _dense_oracle(w, inp, subset: Subset) -> np.ndarray:
+    """The oracle of a dense 16-bit cache without features (``oracle``'s fast path): one program a workload
+    (``_dense_oracle_f64``; the paths it replaces compiled a slice per batch and range, ~0.1-0.3 s each on a GPU, most
+    of a sweep workload's oracle), the result ``[nb, nrows, nh, Dv]`` to the host, checked against attn_core's numpy
+    oracle on the first batch, first KV head and first row range (``_check_close``: a mismatch raises)."""
+    g = w.heads_q // w.heads_kv
+    groups = _head_groups(tuple(subset.heads), g)
+    with jax.enable_x64(True):
+        out, q0, k0, v0 = _dense_oracle_f64(inp.q, inp.k, inp.v, batches=tuple(subset.batches),
+                                            rows=tuple(tuple(r) for r in subset.rows), heads=tuple(subset.heads),
+                                            groups=groups, causal=bool(w.causal), scale=float(inp.scale),
+                                            q_offset=int(w.q_offset))
+        out = np.asarray(out)
+    nb, n_rows = out.shape[0], out.shape[1]
+    res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
+    for gi, (_, pos) in enumerate(groups):
+        for j, i in enumerate(pos):
+            res[:, :, i] = out[:, :, gi, j]
+    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0), np.asarray(v0), rows=subset.rows[0],
+                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(w.q_offset))
+    return res
+
+
+def _check_dense_oracle(out, q0, k0, v0, *, rows, causal: bool, scale: float, q_offset: int) -> None:
+    """``_dense_oracle_f64``'s first batch, first KV head group and first row range against
+    ``attn_core.oracle.attention_reference`` (numpy, CPU) on the same stored values."""
+    r0, r1 = rows
+    ref, _ = reference.attention_reference(q0[None], k0[:, None][None], v0[:, None][None], causal=causal,
+                                           scale=scale, q_offset=q_offset + r0)
+    _check_close(out[0, : r1 - r0, 0][None], ref, f"batch 0 of the subset, first KV head, rows {r0}..{r1}",
+                 "attn_core.oracle (numpy)")
 
 
 def _check_device_rows(got, q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> None:
@@ -549,16 +632,20 @@ def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     host as before."""
     if w.family != "train" or inp.w is None:
         raise ValueError(f"grad_oracle takes a train workload with its cotangent weight; got family {w.family!r}")
-    b, h = gs.batch, jnp.asarray(gs.heads)
+    b = gs.batch
     r0, r1 = gs.rows
     kv = slice(gs.kv_head, gs.kv_head + 1)
     feats = feature_kwargs(w, inp, b, gs.heads, (r0, r1))
     keys = slice(*gs.keys)
     if not feats and w.kv_len > 0 and r1 > r0:
-        q, do = inp.q[b:b + 1, r0:r1][:, :, h], inp.w[b:b + 1, r0:r1][:, :, h]
-        k, v = inp.k[b:b + 1, :, kv], inp.v[b:b + 1, :, kv]
-        g = _grad_device(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0)
+        # the subset's inputs in one program, to the host as stored (session 25: slicing them op by op compiled a
+        # program each, most of a train workload's gradient oracle on a GPU)
+        q, do, k, v = (np.asarray(x) for x in _grad_inputs(inp.q, inp.w, inp.k, inp.v, b=b, rows=(r0, r1),
+                                                            heads=tuple(gs.heads), kv_head=gs.kv_head))
+        g = _grad_device(q[None], k[None, :, None], v[None, :, None], do[None], causal=w.causal, scale=inp.scale,
+                         q_offset=w.q_offset + r0)
         return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
+    h = jnp.asarray(gs.heads)
     q = reference.to_f64(inp.q[b:b + 1, r0:r1][:, :, h])
     k = reference.to_f64(inp.k[b:b + 1, :, kv])
     v = reference.to_f64(inp.v[b:b + 1, :, kv])
@@ -566,6 +653,15 @@ def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0,
                                            **feats)
     return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
+
+
+@functools.partial(jax.jit, static_argnames=("b", "rows", "heads", "kv_head"))
+def _grad_inputs(q, wt, k, v, *, b: int, rows: tuple[int, int], heads: tuple[int, ...], kv_head: int):
+    """A gradient subset's inputs as stored: ``q``, ``wt`` rows ``rows`` of batch ``b`` and query heads ``heads``
+    (``[n, G, D]``), and KV head ``kv_head`` of ``k``, ``v`` (``[Tk, D]``)."""
+    h = jnp.asarray(heads)
+    r0, r1 = rows
+    return jnp.take(q[b, r0:r1], h, axis=1), jnp.take(wt[b, r0:r1], h, axis=1), k[b, :, kv_head], v[b, :, kv_head]
 
 
 def _grad_blocks(n: int, group: int, tk: int, *, causal: bool, q_offset: int) -> tuple[int, list[tuple[int, int, int]]]:
@@ -632,16 +728,18 @@ def _grad_device(q, k, v, do, *, causal: bool, scale: float, q_offset: int, chec
     numpy reference's own row blocks (``_grad_blocks``, ``_grad_block_f64``: float64 memory stays at about 2^24
     scores a block; each block against every key, masked, so one program serves them all). ``check``: compare with
     the numpy reference on the last rows first (``_check_grad_device``), a RuntimeError if they disagree."""
+    q, k, v, do = (np.asarray(x) for x in (q, k, v, do))  # host arrays: padding and slicing compile nothing
     n, g, tk = q.shape[1], q.shape[2], k.shape[1]
     if n < 1 or tk < 1 or k.shape[2] != 1:
         raise ValueError(f"device gradients take rows, keys and one KV head; got {q.shape=}, {k.shape=}")
     bq, blocks = _grad_blocks(n, g, tk, causal=causal, q_offset=q_offset)
     with jax.enable_x64(True):
-        qp, dop = (jnp.pad(x[0], ((0, bq), (0, 0), (0, 0))) for x in (q, do))  # any start <= n has ``bq`` rows
-        kk, vv = k[0, :, 0], v[0, :, 0]
+        # any start <= n has ``bq`` rows; the arrays reach the device as they are (transfers, no program)
+        qp, dop = (jax.device_put(np.pad(x[0], ((0, bq), (0, 0), (0, 0)))) for x in (q, do))
+        kk, vv = jax.device_put(np.ascontiguousarray(k[0, :, 0])), jax.device_put(np.ascontiguousarray(v[0, :, 0]))
         run = functools.partial(_grad_block_f64, qp, dop, kk, vv, rows=bq, causal=causal, scale=float(scale))
-        dk = jnp.zeros((tk, k.shape[3]), jnp.float64)
-        dv = jnp.zeros((tk, v.shape[3]), jnp.float64)
+        dk = jax.device_put(np.zeros((tk, k.shape[3]), np.float64))
+        dv = jax.device_put(np.zeros((tk, v.shape[3]), np.float64))
         dqs = []
         for s0, nv, hi in blocks:
             dq_blk, dk, dv = run(dk, dv, s0, nv, q_offset + s0, hi)
@@ -665,7 +763,8 @@ def _check_grad_device(got, run, q, k, v, do, *, bq: int, causal: bool, scale: f
     m = max(1, min(n, bq, 64, (1 << 22) // max(1, g * tk)))
     s0, off = n - m, q_offset + n - m
     ref = reference.attention_grad_reference(q[:, s0:], k, v, do[:, s0:], causal=causal, scale=scale, q_offset=off)
-    dq_sub, dk_sub, dv_sub = run(jnp.zeros((tk, k.shape[3]), jnp.float64), jnp.zeros((tk, v.shape[3]), jnp.float64),
+    dq_sub, dk_sub, dv_sub = run(jax.device_put(np.zeros((tk, k.shape[3]), np.float64)),
+                                 jax.device_put(np.zeros((tk, v.shape[3]), np.float64)),
                                  s0, m, off, _block_hi(n, tk, causal=causal, q_offset=q_offset))
     mine = {"dq": np.asarray(dq_sub)[:m][None], "dk": np.asarray(dk_sub)[:, None][None],
             "dv": np.asarray(dv_sub)[:, None][None]}

@@ -204,17 +204,21 @@ def _feature_inputs(w, inp: Inputs, key, dt, seed: int) -> None:
         flat = [n for d in docs for n in d]
         inp.cu_seqlens = jnp.asarray(np.concatenate([[0], np.cumsum(flat)]).astype(np.int32))
         inp.max_doc_len = int(max(flat))
-    if w.family == "train":
+    if w.family == "train" and inp.w is None:  # make_inputs draws it with q, k, v (_draw_qkv)
         inp.w = jax.random.normal(jax.random.fold_in(key, 3), inp.q.shape, jnp.float32).astype(dt)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _draw_qkv(root, shape_q: tuple, shape_kv: tuple, dt):
-    """q, k, v: three streams split from ``root``, standard normal in float32, cast to ``dt``; one program per shape
-    (the same values as the three draws and casts run one by one, which compiled five programs a workload)."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _draw_qkv(root, shape_q: tuple, shape_kv: tuple, dt, with_w: bool = False):
+    """q, k, v: three streams split from ``root``, standard normal in float32, cast to ``dt``; ``with_w``: also the
+    train family's cotangent weight (``_feature_inputs``'s stream, ``fold_in(root, 3)``, q's shape). One program per
+    shape: the same values as the draws and casts run one by one, which compiled a program each."""
     kq, kk, kv = jax.random.split(root, 3)
-    return tuple(jax.random.normal(key, shp, jnp.float32).astype(dt)
-                 for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
+    out = tuple(jax.random.normal(key, shp, jnp.float32).astype(dt)
+                for key, shp in ((kq, shape_q), (kk, shape_kv), (kv, shape_kv)))
+    if with_w:
+        out += (jax.random.normal(jax.random.fold_in(root, 3), shape_q, jnp.float32).astype(dt),)
+    return out
 
 
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
@@ -229,9 +233,11 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     root = jax.random.key(w.seed if seed is None else seed)
     shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
     shape_kv = (w.batch, w.kv_len, w.heads_kv, w.head_dim)
-    q, k, v = _draw_qkv(root, shape_q, shape_kv, dt)
+    q, k, v, *wt = _draw_qkv(root, shape_q, shape_kv, dt, w.family == "train")
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
+    if wt:
+        inp.w = wt[0]
     _feature_inputs(w, inp, root, dt, w.seed if seed is None else seed)
     kvd = getattr(w, "kv_dtype", None)
     if kvd:

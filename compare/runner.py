@@ -32,6 +32,7 @@ import math
 import re
 import shlex
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -784,8 +785,10 @@ class _Run:
                 self.make_inputs(w, state)
             inputs_s = state.pop("inputs_s")
             t1 = time.perf_counter()
+            c1 = _thread_compile_s()
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
+            tg, cg = time.perf_counter(), _thread_compile_s()
             if w.family == "train":  # dq, dk, dv in float64 on one batch row and KV head group
                 state["grad_subset"] = accuracy.choose_grad_subset(w)
                 state["grad_oracle"] = accuracy.grad_oracle(w, state["inputs"], state["grad_subset"])
@@ -794,7 +797,12 @@ class _Run:
                 state["quant_error"] = accuracy.quantization_error(state["oracle"], state["oracle_fp16"])
             # host wall seconds of the workload's shared work, on the first pair that ran it (where a run's time goes)
             state["phase_s"] = {"plan": state.get("plan_s"), "inputs": inputs_s,
-                                "oracle": round(time.perf_counter() - t1, 3)}
+                                "oracle": round(time.perf_counter() - t1, 3),
+                                # of which: the gradient oracle (train), and JAX compiles on this thread (trace,
+                                # lowering, XLA) in the forward and the gradient oracle
+                                "oracle_grad": round(time.perf_counter() - tg, 3),
+                                "oracle_compile": round(cg - c1, 3),
+                                "oracle_grad_compile": round(_thread_compile_s() - cg, 3)}
         except Exception as e:
             state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
             return Refusal("oom" if _is_oom(e) else "failed", state["inputs_error"])
@@ -1253,6 +1261,33 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 
 # clocks an implementation chooses for itself (Prepared.clock): timed on their own, never in --rounds
 _OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
+
+
+_COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                             "/jax/core/compile/backend_compile_duration"})
+_COMPILE_S: dict[int, float] = {}  # thread id -> JAX compile seconds on that thread since the listener was installed
+_COMPILE_LISTENER: list = []
+
+
+def _on_compile_event(name: str, secs: float, **_kw) -> None:
+    if name in _COMPILE_EVENTS:
+        tid = threading.get_ident()
+        _COMPILE_S[tid] = _COMPILE_S.get(tid, 0.0) + float(secs)
+
+
+def _thread_compile_s() -> float:
+    """JAX compile seconds (tracing, lowering, XLA) spent on the calling thread so far; the listener is installed on
+    first use (a phase's compile share is the difference of two readings)."""
+    if not _COMPILE_LISTENER:
+        try:
+            from jax._src import monitoring
+
+            monitoring.register_event_duration_secs_listener(_on_compile_event)
+            _COMPILE_LISTENER.append(_on_compile_event)
+        except Exception:  # noqa: BLE001 -- a JAX without the hook: the share reads 0
+            _COMPILE_LISTENER.append(None)
+    return _COMPILE_S.get(threading.get_ident(), 0.0)
 
 
 def _compile_ahead(fn, args: tuple) -> float:

@@ -105,22 +105,58 @@ def test_causal_prefill_oracle_on_the_device_matches_the_reference(q_offset, gro
     assert len(sub.rows) >= 3 and all(r1 - r0 > 1 for r0, r1 in sub.rows)
     full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=True, scale=inp.scale, q_offset=q_offset)
     _assert_same(accuracy.oracle(w, inp, sub), sub.take(full))
-    before = accuracy._attend_causal_f64._cache_size()
+    before = accuracy._dense_oracle_f64._cache_size()
+    _assert_same(accuracy.oracle(w, inp, sub), sub.take(full))
+    assert accuracy._dense_oracle_f64._cache_size() == before  # one program a workload (session 25), reused
+    # another subset of the same workload (other rows: a program of its own): the same answers
     shifted = accuracy.Subset(sub.batches, sub.heads, tuple((r0 + 1, r1 + 1) for r0, r1 in sub.rows[:-1]))
     _assert_same(accuracy.oracle(w, inp, shifted), shifted.take(full))
-    assert accuracy._attend_causal_f64._cache_size() == before  # new offsets and starts, the same programs
 
 
-def test_the_oracle_raises_when_the_causal_device_path_is_off(monkeypatch):
-    """A device result off by 1e-9 (far under any verdict tolerance) stops the oracle with a RuntimeError."""
-    w = _wl(q_len=64, kv_len=64, q_offset=0, batch=1)
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_oracle_raises_when_the_dense_device_program_is_off(monkeypatch, causal):
+    """A device result off by 1e-9 (far under any verdict tolerance) stops the oracle with a RuntimeError: the one
+    program a dense workload's oracle runs (``_dense_oracle_f64``, session 25)."""
+    w = _wl(q_len=64, kv_len=64, q_offset=0, batch=2, causal=causal)
     inp = interop.make_inputs(w)
     sub = accuracy.choose_subset(w)
     accuracy.oracle(w, inp, sub)  # agrees
-    real = accuracy._attend_causal_f64
-    monkeypatch.setattr(accuracy, "_attend_causal_f64", lambda *a, **kw: real(*a, **kw) + 1e-9)
+    real = accuracy._dense_oracle_f64
+
+    def off(*a, **kw):
+        out, *rest = real(*a, **kw)
+        return (out + 1e-9, *rest)
+
+    monkeypatch.setattr(accuracy, "_dense_oracle_f64", off)
     with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
         accuracy.oracle(w, inp, sub)
+
+
+@pytest.mark.parametrize("causal,q_len,q_offset", [(True, 1, 329), (True, 5, 325), (False, 7, 0), (True, 40, -9)])
+def test_the_dense_program_on_sampled_heads_and_batches(causal, q_len, q_offset):
+    """``_dense_oracle`` on a subset with sampled batches and heads whose KV groups differ in size (heads 0 and 1 read
+    KV head 0, head 5 reads KV head 1: padded to one shape) and on decode-like rows: attn_core's full reference."""
+    w = _wl(batch=3, q_len=q_len, kv_len=330, q_offset=q_offset, causal=causal)
+    inp = interop.make_inputs(w)
+    full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=causal, scale=inp.scale, q_offset=q_offset)
+    rows = ((0, q_len),) if q_len < 8 else ((0, 3), (17, 30), (q_len - 2, q_len))
+    for heads in ((0, 1, 5), (7,), tuple(range(8))):
+        sub = accuracy.Subset((0, 2), heads, rows)
+        _assert_same(accuracy.oracle(w, inp, sub), sub.take(full))
+    assert accuracy._head_groups((0, 1, 5), 4) == ((0, (0, 1)), (1, (2, 2)))
+
+
+def test_the_causal_range_check_raises_when_its_rows_are_off():
+    """The per-range causal path (a quantized dense cache's rows) and its check against numpy: off by 1e-9, it
+    raises."""
+    w = _wl(q_len=64, kv_len=64, q_offset=0, batch=1)
+    inp = interop.make_inputs(w)
+    hmap = [h // 4 for h in range(8)]
+    got = accuracy._device_rows_causal(inp.q, inp.k, inp.v, hmap, rows=(3, 40), scale=inp.scale, q_offset=3)
+    qf = reference.to_f64(inp.q[:, 3:40])
+    accuracy._check_device_rows(got, qf, inp.k, inp.v, hmap, causal=True, scale=inp.scale, q_offset=3)
+    with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
+        accuracy._check_device_rows(got + 1e-9, qf, inp.k, inp.v, hmap, causal=True, scale=inp.scale, q_offset=3)
 
 
 def _grad_problem(rng, n, g, tk, nan=None):

@@ -658,6 +658,8 @@ def test_inputs_drawn_in_one_program_equal_the_draws_one_by_one():
         kq, kk, kv = jax.random.split(root, 3)
         one_by_one = [jax.random.normal(key, shp, jnp.float32).astype(dt)
                       for key, shp in ((kq, sq), (kk, skv), (kv, skv))]
-        for a, b in zip(interop._draw_qkv(root, sq, skv, jnp.dtype(dt)), one_by_one):
+        one_by_one.append(jax.random.normal(jax.random.fold_in(root, 3), sq, jnp.float32).astype(dt))  # train's w
+        for a, b in zip(interop._draw_qkv(root, sq, skv, jnp.dtype(dt), True), one_by_one, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
             assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+        assert len(interop._draw_qkv(root, sq, skv, jnp.dtype(dt))) == 3
