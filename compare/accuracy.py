@@ -8,10 +8,12 @@ mask). Only when one row over every (batch, head) is already more than ``max_mac
 too (seeded, first and last always in). Every implementation is compared on the same subset; the record names it
 (``agreement.subset``). Twins (Pallas and CUDA of one generation) are compared on the full output, on the device.
 
-Where the float64 math runs (``ORACLE_NOTE``): rows of a dense cache without features on the device, by XLA in
-float64 (non-causal rows and single causal rows ``_device_rows_grouped``, causal ranges ``_device_rows_causal``),
-each path checked once per workload against attn_core.oracle's numpy on one KV head; paged caches, MLA and rows with
-a workload feature with attn_core.oracle's numpy on the host CPU.
+Where the float64 math runs (``ORACLE_NOTE``): a workload without features on a dense cache (16-bit, or quantized
+and dequantized exactly) or a 16-bit paged one (through its dense view, after ``_check_pools`` proved the pools hold
+the same values) in one XLA float64 program on the device (``_dense_oracle_f64``: session 25; slicing the inputs op by
+op compiled a program each, most of a sweep workload's oracle on a GPU), checked against attn_core.oracle's numpy on
+the first sampled batch, KV head and row range; paged quantized caches, MLA and rows with a workload feature with
+attn_core.oracle's numpy on the host CPU.
 
 Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
 (``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
@@ -77,10 +79,11 @@ class Subset:
         return reference.to_f64(sub)
 
 
-ORACLE_NOTE = ("float64. Dense cache, rows without features: on the device (XLA float64; non-causal and one-row causal "
-               "ranges _device_rows_grouped, multi-row causal ranges _device_rows_causal), each path checked once per "
-               "workload against attn_core.oracle (numpy, CPU) on the first KV head of its first row range; paged "
-               "caches, MLA and rows with a feature (window, soft-cap, sinks, packed): attn_core.oracle (numpy, CPU)")
+ORACLE_NOTE = ("float64. Without features: dense caches (16-bit, or quantized and dequantized exactly on the device) "
+               "and 16-bit paged caches (through their dense view, the pools checked value by value against it) in "
+               "one XLA float64 program a workload on the device (_dense_oracle_f64), checked against attn_core.oracle "
+               "(numpy, CPU) on the first sampled batch, KV head and row range; paged quantized caches, MLA and rows "
+               "with a feature (window, soft-cap, sinks, packed): attn_core.oracle (numpy, CPU)")
 
 GRAD_ORACLE_NOTE = ("float64, attn_core.oracle.attention_grad_reference's analytic backward in its row blocks. Without "
                     "features: on the device (XLA float64, _grad_device), checked in every call against "
@@ -149,9 +152,10 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     if w.family == "mla":
         return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
-    if (w.family != "paged_decode" and not quant and w.kv_len > 0 and subset.batches and subset.rows
+    paged_quant = w.family == "paged_decode" and getattr(inp, "kv_dtype", None) is not None
+    if (not paged_quant and w.kv_len > 0 and subset.batches and subset.rows
             and not feature_kwargs(w, inp, subset.batches[0], subset.heads, subset.rows[0])):
-        return _dense_oracle(w, inp, subset)
+        return _dense_oracle(w, inp, subset, quant=quant)
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
         kv_heads = list(range(w.heads_kv))
@@ -335,14 +339,15 @@ def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[i
     return tuple((u, tuple(v + [v[0]] * (m - len(v)))) for u, v in sorted(by.items()))
 
 
-@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale", "q_offset"))
-def _dense_oracle_f64(q, k, v, *, batches: tuple, rows: tuple, heads: tuple, groups: tuple, causal: bool,
-                      scale: float, q_offset: int):
+@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale"))
+def _dense_oracle_f64(q, k, v, q_offs, kv_valid, *, batches: tuple, rows: tuple, heads: tuple, groups: tuple,
+                      causal: bool, scale: float):
     """The whole dense oracle of a workload in one program (traced under ``jax.enable_x64``): for each batch of
     ``batches`` (``lax.map``, one at a time: float64 memory stays at one batch's scores), the rows ``rows`` (half-open
-    ranges, row ``r`` at position ``q_offset + r``) of the query heads ``heads`` against their KV heads (``groups``,
-    ``_head_groups``), every key visible (non-causal) or keys ``j <= q_offset + r`` (causal), in float64 with
-    ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, masked to ``-inf``,
+    ranges; in the i-th sampled batch row ``r`` is at position ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist:
+    a paged cache's ragged lengths) of the query heads ``heads`` against their KV heads (``groups``,
+    ``_head_groups``), every existing key visible (non-causal) or keys ``j <= q_offs[i] + r`` (causal), in float64
+    with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, masked to ``-inf``,
     max-subtracted (``_row_max_safe``), ``p / sum`` (a row that sees no key: 0), ``p V``. Returns the output
     ``[nb, R, n_groups, m, Dv]`` and, for ``_check_dense_oracle``, the first batch's first group as stored: its
     first range's query rows ``[n0, m, D]`` and its KV head ``[Tk, D]`` of K and V."""
@@ -351,52 +356,98 @@ def _dense_oracle_f64(q, k, v, *, batches: tuple, rows: tuple, heads: tuple, gro
     us = np.array([u for u, _ in groups])
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
     tk = k.shape[1]
-    pos = q_offset + jnp.asarray(ridx)
 
-    def one(b):
+    def one(args):
+        b, off, n_keys = args
         qb = jnp.take(jnp.take(q[b], jnp.asarray(ridx), axis=0), jnp.asarray(hs), axis=1).astype(f64)  # [R, G, m, D]
         kb = jnp.take(k[b], jnp.asarray(us), axis=1).astype(f64)  # [Tk, G, D]
         vb = jnp.take(v[b], jnp.asarray(us), axis=1).astype(f64)
+        kid = jnp.arange(tk)[None, :]
+        vb = jnp.where((kid[0] < n_keys)[:, None, None], vb, 0.0)  # past the sequence: no value (NaN stays out)
         s = jnp.einsum("rumd,tud->umrt", qb, kb) * scale  # [G, m, R, Tk]
+        visible = kid < n_keys
         if causal:
-            s = jnp.where((jnp.arange(tk)[None, :] <= pos[:, None])[None, None], s, -jnp.inf)
+            visible = visible & (kid <= off + jnp.asarray(ridx)[:, None])
+        s = jnp.where(visible[None, None], s, -jnp.inf)
         p = jnp.exp(s - _row_max_safe(s))
         tot = p.sum(axis=-1, keepdims=True)
         p = p / jnp.where(tot > 0, tot, 1.0)
         return jnp.einsum("umrt,tud->rumd", p, vb)  # [R, G, m, Dv]
 
-    out = jax.lax.map(one, jnp.asarray(batches))
+    out = jax.lax.map(one, (jnp.asarray(batches), q_offs, kv_valid))
     b0, n0 = batches[0], rows[0][1] - rows[0][0]
     q0 = jnp.take(q[b0, rows[0][0]:rows[0][0] + n0], jnp.asarray(hs[0]), axis=1)
     return out, q0, k[b0, :, int(us[0])], v[b0, :, int(us[0])]
 
 
-def _dense_oracle(w, inp, subset: Subset) -> np.ndarray:
-    """The oracle of a dense 16-bit cache without features (``oracle``'s fast path): one program a workload
+def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
+    """The oracle of a cache without features (``oracle``'s fast path) in one program a workload
     (``_dense_oracle_f64``; the paths it replaces compiled a slice per batch and range, ~0.1-0.3 s each on a GPU, most
-    of a sweep workload's oracle), the result ``[nb, nrows, nh, Dv]`` to the host, checked against attn_core's numpy
-    oracle on the first batch, first KV head and first row range (``_check_close``: a mismatch raises)."""
+    of a sweep workload's oracle): a dense 16-bit cache as stored; a quantized dense cache (``quant``) dequantized
+    once on the device (exactly, ``interop.dequantized``); a paged 16-bit cache through its dense view ``inp.k`` /
+    ``inp.v`` (the pools hold the same values: ``_check_pools`` proves it for every sequence) with each sequence's
+    length and offset ``kv_len - Tq`` (the paged contract). The result ``[nb, nrows, nh, Dv]`` to the host, checked
+    against attn_core's numpy oracle on the first sampled batch, first KV head and first row range (``_check_close``:
+    a mismatch raises)."""
+    from . import interop
+
     g = w.heads_q // w.heads_kv
     groups = _head_groups(tuple(subset.heads), g)
+    k, v = (interop.dequantized(inp.k_quant), interop.dequantized(inp.v_quant)) if quant else (inp.k, inp.v)
+    if w.family == "paged_decode":
+        _check_pools(inp)
+        lens = np.asarray(inp.kv_lens, np.int64)[list(subset.batches)]
+        q_offs, kv_valid = lens - w.q_len, lens
+    else:
+        q_offs = np.full(len(subset.batches), int(w.q_offset), np.int64)
+        kv_valid = np.full(len(subset.batches), int(w.kv_len), np.int64)
     with jax.enable_x64(True):
-        out, q0, k0, v0 = _dense_oracle_f64(inp.q, inp.k, inp.v, batches=tuple(subset.batches),
-                                            rows=tuple(tuple(r) for r in subset.rows), heads=tuple(subset.heads),
-                                            groups=groups, causal=bool(w.causal), scale=float(inp.scale),
-                                            q_offset=int(w.q_offset))
+        out, q0, k0, v0 = _dense_oracle_f64(inp.q, k, v, jax.device_put(q_offs), jax.device_put(kv_valid),
+                                            batches=tuple(subset.batches), rows=tuple(tuple(r) for r in subset.rows),
+                                            heads=tuple(subset.heads), groups=groups, causal=bool(w.causal),
+                                            scale=float(inp.scale))
         out = np.asarray(out)
     nb, n_rows = out.shape[0], out.shape[1]
     res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
     for gi, (_, pos) in enumerate(groups):
         for j, i in enumerate(pos):
             res[:, :, i] = out[:, :, gi, j]
-    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0), np.asarray(v0), rows=subset.rows[0],
-                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(w.q_offset))
+    n_keys = int(kv_valid[0])
+    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0)[:n_keys], np.asarray(v0)[:n_keys], rows=subset.rows[0],
+                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(q_offs[0]))
     return res
+
+
+@jax.jit
+def _pool_mismatches(k, v, k_pool, v_pool, table, kv_lens):
+    """How many stored values of the sequences' keys and values (``j < kv_lens[b]``) differ between the dense view
+    ``k, v [B, Tk, H, D]`` and the pools read through the block table (``pool[table[b, j // page], j % page]``)."""
+    tk = k.shape[1]
+    page = k_pool.shape[1]
+    j = jnp.arange(tk)
+    idx = jnp.take(table, jnp.minimum(j // page, table.shape[1] - 1), axis=1)  # [B, Tk] page of each key
+    valid = j[None, :] < kv_lens[:, None]
+    bad = 0
+    for dense, pool in ((k, k_pool), (v, v_pool)):
+        got = pool[jnp.where(valid, idx, 0), (j % page)[None, :]]  # [B, Tk, H, D]
+        same = (got == dense) | (jnp.isnan(got) & jnp.isnan(dense))
+        bad = bad + jnp.sum(valid[:, :, None, None] & ~same)
+    return bad
+
+
+def _check_pools(inp) -> None:
+    """A paged workload's pools hold its dense view's values for every sequence, key by key (the oracle reads the dense
+    view; before session 25 it gathered the sampled sequences' pages on the host, which checked the paging for them);
+    a RuntimeError otherwise."""
+    bad = int(_pool_mismatches(inp.k, inp.v, inp.k_pool, inp.v_pool, inp.block_table, jnp.asarray(inp.kv_lens)))
+    if bad:
+        raise RuntimeError(f"the paged pools differ from the dense keys/values at {bad} places: the oracle would not "
+                           "judge what the kernels read")
 
 
 def _check_dense_oracle(out, q0, k0, v0, *, rows, causal: bool, scale: float, q_offset: int) -> None:
     """``_dense_oracle_f64``'s first batch, first KV head group and first row range against
-    ``attn_core.oracle.attention_reference`` (numpy, CPU) on the same stored values."""
+    ``attn_core.oracle.attention_reference`` (numpy, CPU) on the same stored values (the sequence's keys only)."""
     r0, r1 = rows
     ref, _ = reference.attention_reference(q0[None], k0[:, None][None], v0[:, None][None], causal=causal,
                                            scale=scale, q_offset=q_offset + r0)

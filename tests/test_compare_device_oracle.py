@@ -234,4 +234,4 @@ def test_the_oracle_notes_say_where_the_math_runs():
     gs = accuracy.choose_grad_subset(_wl(family="train", q_len=32, kv_len=32))
     note = gs.describe()["oracle"]
     assert "device" in note and "attention_grad_reference" in note and "numpy" in note
-    assert "_device_rows_causal" in accuracy.ORACLE_NOTE and "numpy" in accuracy.ORACLE_NOTE
+    assert "_dense_oracle_f64" in accuracy.ORACLE_NOTE and "numpy" in accuracy.ORACLE_NOTE

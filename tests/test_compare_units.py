@@ -192,6 +192,24 @@ def test_paged_oracle_matches_dense_on_ragged_lengths():
     np.testing.assert_allclose(ref, sub.take(full), rtol=0, atol=1e-12)
 
 
+def test_paged_oracle_reads_the_dense_view_and_checks_the_pools():
+    """Session 25: a 16-bit paged workload's oracle runs on the dense view in one program (ragged lengths, a chunk of
+    Tq 5 at each sequence's end) and first proves the pools hold the dense values for every sequence; a pool that
+    differs in one value stops it."""
+    w = _wl(family="paged_decode", batch=3, heads_q=8, heads_kv=2, q_len=5, kv_len=70, q_offset=65,
+            page_size=16, ragged=True, dtype="bfloat16", causal=True)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=True, scale=inp.scale,
+                                            q_offset=inp.kv_lens - 5, kv_len=inp.kv_lens)
+    np.testing.assert_allclose(accuracy.oracle(w, inp, sub), sub.take(full), rtol=0, atol=1e-12)
+    b = int(np.argmin(inp.kv_lens))
+    page = int(np.asarray(inp.block_table)[b, 0])
+    inp.v_pool = inp.v_pool.at[page, 3, 1, 0].add(1.0)  # one value of a page the shortest sequence reads
+    with pytest.raises(RuntimeError, match="pools differ from the dense"):
+        accuracy.oracle(w, inp, sub)
+
+
 def test_inputs_are_seeded_and_never_zero():
     w = _wl()
     a, b = interop.make_inputs(w), interop.make_inputs(w)
