@@ -8,11 +8,11 @@ sequence ``b`` at ``pool[block_table[b, j // page_size], j % page_size]``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["build_paged_kv", "build_paged_latent"]
+__all__ = ["build_paged_kv", "build_paged_latent", "paged_layout", "PagedLayout"]
 
 
 def _as_numpy(x: Any, name: str) -> np.ndarray:
@@ -49,6 +49,36 @@ def build_paged_kv(
     if not isinstance(page_size, (int, np.integer)) or page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"page_size must be a positive power of two; got {page_size=!r}")
     b, tk, hkv, d = k.shape
+    lay = paged_layout(b, tk, page_size, seed=seed, shuffle=shuffle, kv_lens=kv_lens)
+    pps = lay.table.shape[1]
+    pad = pps * page_size - tk
+    kp = np.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
+    vp = np.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
+    k_pool = np.zeros((lay.n_pages, page_size, hkv, d), dtype=k.dtype)
+    v_pool = np.zeros_like(k_pool)
+    if lay.slots.size:
+        k_pool[lay.slots] = kp[lay.batch, lay.page]
+        v_pool[lay.slots] = vp[lay.batch, lay.page]
+    return k_pool, v_pool, lay.table
+
+
+class PagedLayout(NamedTuple):
+    """Where ``build_paged_kv`` puts each page: logical page ``page[i]`` of sequence ``batch[i]`` goes to physical slot
+    ``slots[i]`` of a pool of ``n_pages`` pages; ``table [B, pages_per_seq]`` int32 (unused entries 0)."""
+
+    n_pages: int
+    batch: np.ndarray
+    page: np.ndarray
+    slots: np.ndarray
+    table: np.ndarray
+
+
+def paged_layout(b: int, tk: int, page_size: int, *, seed: int = 0, shuffle: bool = True,
+                 kv_lens: Any = None) -> PagedLayout:
+    """``build_paged_kv``'s placement of a ``[B, Tk, ...]`` cache's pages, without the data (so a caller holding the
+    cache elsewhere, e.g. on a GPU, can place the same values in the same slots)."""
+    if not isinstance(page_size, (int, np.integer)) or page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a positive power of two; got {page_size=!r}")
     pps = max(1, -(-tk // page_size))
     if kv_lens is None:
         lens = np.full((b,), tk, dtype=np.int64)
@@ -57,25 +87,16 @@ def build_paged_kv(
         if lens.shape != (b,) or np.any(lens < 0) or np.any(lens > tk):
             raise ValueError(f"kv_lens must be [B] ints in [0, Tk={tk}]; got {np.asarray(kv_lens)!r}")
     used = (lens + page_size - 1) // page_size  # pages each sequence needs
-
-    pad = pps * page_size - tk
-    kp = np.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
-    vp = np.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, pps, page_size, hkv, d)
     owner = [(bi, lp) for bi in range(b) for lp in range(int(used[bi]))]
     n_pages = max(1, len(owner))  # keep a non-empty pool even when every length is 0
     perm = np.random.default_rng(seed).permutation(n_pages) if shuffle else np.arange(n_pages)
-
-    k_pool = np.zeros((n_pages, page_size, hkv, d), dtype=k.dtype)
-    v_pool = np.zeros_like(k_pool)
     table = np.zeros((b, pps), dtype=np.int32)
+    bi = np.array([o[0] for o in owner], dtype=np.int64)
+    lp = np.array([o[1] for o in owner], dtype=np.int64)
+    slots = perm[: len(owner)]
     if owner:
-        bi = np.array([o[0] for o in owner])
-        lp = np.array([o[1] for o in owner])
-        slots = perm[: len(owner)]
-        k_pool[slots] = kp[bi, lp]
-        v_pool[slots] = vp[bi, lp]
         table[bi, lp] = slots
-    return k_pool, v_pool, table
+    return PagedLayout(n_pages, bi, lp, slots, table)
 
 
 def build_paged_latent(

@@ -221,6 +221,21 @@ def _draw_qkv(root, shape_q: tuple, shape_kv: tuple, dt, with_w: bool = False):
     return out
 
 
+@functools.partial(jax.jit, static_argnames=("n_pages", "page_size"))
+def _page_on_device(k, v, batch, page, slots, *, n_pages: int, page_size: int):
+    """``attn_core.paging.build_paged_kv``'s pools from a device cache ``k, v [B, Tk, H, D]`` and its layout
+    (``paging.paged_layout``: logical page ``page[i]`` of sequence ``batch[i]`` to slot ``slots[i]``), zero
+    elsewhere; the same values in the same slots as the numpy builder."""
+    b, tk, h, d = k.shape
+    pps = -(-tk // page_size)
+
+    def pool(x):
+        xp = jnp.pad(x, ((0, 0), (0, pps * page_size - tk), (0, 0), (0, 0))).reshape(b, pps, page_size, h, d)
+        return jnp.zeros((n_pages, page_size, h, d), x.dtype).at[slots].set(xp[batch, page])
+
+    return pool(k), pool(v)
+
+
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
     (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``; a workload's
@@ -246,14 +261,15 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
         from attn_core import paging
 
         lens = kv_lengths(w)
-        # Build pools from the rounded values so dense and paged views hold identical numbers.
-        k_r, v_r = np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32))
-        k_pool, v_pool, table = paging.build_paged_kv(k_r, v_r, w.page_size, seed=w.seed, shuffle=True,
-                                                      kv_lens=lens)
+        # attn_core.paging's placement (build_paged_kv's, seeded), the values moved on the device: the pools hold
+        # the dense view's numbers (session 25: built on the host, a B32 S8k workload's inputs took ~16 s of numpy)
+        lay = paging.paged_layout(w.batch, w.kv_len, w.page_size, seed=w.seed, shuffle=True, kv_lens=lens)
         inp.kv_lens = lens
-        inp.k_pool = jnp.asarray(k_pool, dtype=dt)
-        inp.v_pool = jnp.asarray(v_pool, dtype=dt)
-        inp.block_table = jnp.asarray(table, dtype=jnp.int32)
+        inp.k_pool, inp.v_pool = _page_on_device(k, v, jax.device_put(lay.batch.astype(np.int32)),
+                                                 jax.device_put(lay.page.astype(np.int32)),
+                                                 jax.device_put(np.asarray(lay.slots, np.int32)),
+                                                 n_pages=lay.n_pages, page_size=w.page_size)
+        inp.block_table = jax.device_put(lay.table)
     return inp
 
 
