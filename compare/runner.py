@@ -86,6 +86,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-calls", type=int, default=20,
                    help="calls issued back to back, one sync, per pipelined e2e sample (metrics.e2e_pipelined_us, "
                         "median of 3 samples); default 20")
+    p.add_argument("--e2e-budget-s", type=float, default=0.5,
+                   help="host seconds the end-to-end figures of one record may take (measured one call x calls): "
+                        "above it, fewer synced calls (>= 3) and pipelined calls per sample (>= 2), marked "
+                        "metrics.e2e_reduced_for_budget; default 0.5")
     p.add_argument("--budget-s", type=float, default=None,
                    help="per-record time budget: predicted or measured time for all calls above it -> fewer reps "
                         "(>= 3) or status 'skipped' with reason 'over time budget'; default: the config's top-level "
@@ -123,6 +127,7 @@ class RunOptions(types.SimpleNamespace):
     e2e_calls: int = 20
     allow_clock_fallback: bool = False
     compile_workers: int = 0
+    e2e_budget_s: float | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
@@ -131,13 +136,16 @@ class RunOptions(types.SimpleNamespace):
         if a.reps < 1 or a.warmup < 0 or a.e2e_reps < 1 or a.e2e_calls < 1:
             raise UsageError(f"--reps >= 1, --warmup >= 0, --e2e-reps >= 1, --e2e-calls >= 1; got {a.reps}, "
                              f"{a.warmup}, {a.e2e_reps}, {a.e2e_calls}")
+        if not a.e2e_budget_s > 0:
+            raise UsageError(f"--e2e-budget-s must be > 0; got {a.e2e_budget_s}")
         if a.compile_workers < 0:
             raise UsageError(f"--compile-workers must be >= 0; got {a.compile_workers}")
         if not 1 <= a.rounds <= a.reps:
             raise UsageError(f"--rounds must be in [1, --reps]; got {a.rounds} (reps {a.reps})")
         return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
                    warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
-                   max_run_s=a.max_run_s, compile_workers=a.compile_workers, clock=a.clock,
+                   max_run_s=a.max_run_s, compile_workers=a.compile_workers, e2e_budget_s=a.e2e_budget_s,
+                   clock=a.clock,
                    allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
                    argv=["python", "-m", __package__ or "compare", *sys.argv[1:]] if sys.argv and sys.argv[0] else [])
@@ -963,6 +971,13 @@ class _Run:
         budget = self.budget_s
         if one * (reps + e2e_reps + 3 * e2e_calls) > budget:
             e2e_calls = max(1, min(e2e_calls, int(budget / one / 6)))
+        e2e_budget = getattr(o, "e2e_budget_s", None)
+        if e2e_budget is not None and one * (e2e_reps + 3 * e2e_calls) > e2e_budget:
+            # the host-wall figures are the record's second measurement: a long step needs few calls for them (a
+            # 30 ms training step took 2 s of e2e a pair at the defaults, a tenth of a sweep run: session 25)
+            e2e_reps = max(3, min(e2e_reps, int(e2e_budget / 2 / one)))
+            e2e_calls = max(2, min(e2e_calls, int(e2e_budget / 2 / 3 / one)))
+            m["e2e_reduced_for_budget"] = True
         if one * (reps + e2e_reps) > budget:
             reps = max(3, int(budget / one) - 1)
             e2e_reps = max(1, min(e2e_reps, reps // 2))
