@@ -616,7 +616,10 @@ class _Run:
             self.precompile(w, impls, state)
         except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
             self.drain_compiles(state)
-        if self.gpu and getattr(self.opts, "rounds", 1) > 1:
+        if self.gpu and (getattr(self.opts, "rounds", 1) > 1 or state.get("prepared")):
+            # with programs compiling on workers: every pair's first call and agreement before any timing, the
+            # pairs that wait for no worker first, so the compiles run behind them (one round: each pair's
+            # repetitions back to back, as below)
             recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
             impls = []
         for impl in impls:
@@ -648,23 +651,29 @@ class _Run:
         samples of all of them taken in N rounds, round-robin, then each pair's e2e timing; records in the
         implementations' order. Pairs on a clock of their own (multi-device loop / wall / pipelined, torch train
         steps on events) are timed as they come, as without rounds."""
-        entries: list[tuple[ResultRecord | dict | None, Any, tuple | None]] = []
-        for impl in impls:
+        entries: list[tuple[ResultRecord | dict | None, Any, tuple | None] | None] = [None] * len(impls)
+        prepared = state.get("prepared") or {}
+        # the order the pairs run to their agreement in: JAX pairs compiling at their first call, then those compiled
+        # on a worker (precompile), then torch (a torch train step times on its own clock at once, which waits for
+        # the workers); records keep the implementations' order
+        order = sorted(range(len(impls)), key=lambda i: (impls[i].framework == "torch", id(impls[i]) in prepared))
+        for idx in order:
+            impl = impls[idx]
             if progress is not None:
                 progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
             try:
                 pp = self.pair_plan(w, impl, state, flops)
                 if pp is None:
-                    entries.append((None, None, None))
+                    entries[idx] = (None, None, None)
                     continue
                 held: dict[str, Any] = {}
                 rec = self.execute(pp, state, outputs, hold=held)
                 prep = held.get("prep")
                 plan = self.timing_plan(prep, rec) if prep is not None else None
-                entries.append((rec, prep, plan))
+                entries[idx] = (rec, prep, plan)
             except Exception as e:  # last line of defence: a bug in compare itself is still a record
                 bad = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}")
-                entries.append((bad.to_json(), None, None))
+                entries[idx] = (bad.to_json(), None, None)
             if progress is not None:
                 progress.advance(task)
         self.drain_compiles(state)
@@ -686,9 +695,12 @@ class _Run:
         for i, (rec, prep, plan) in enumerate(entries):
             if i in live:
                 try:
-                    kt = merge_timings(parts[i], rounds=n, others=len(live) - 1)
-                    self.record_timing(prep, rec, kt, plan[1], plan[2])
-                    rec.metrics["timing_rounds"] = len(parts[i])
+                    if n == 1:  # one round (a run with compile workers): the pair's samples as they were taken
+                        self.record_timing(prep, rec, parts[i][0], plan[1], plan[2])
+                    else:
+                        kt = merge_timings(parts[i], rounds=n, others=len(live) - 1)
+                        self.record_timing(prep, rec, kt, plan[1], plan[2])
+                        rec.metrics["timing_rounds"] = len(parts[i])
                 except Exception as e:
                     rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
             if rec is not None:
@@ -765,7 +777,7 @@ class _Run:
             outputs[impl.name] = out_btnh
         del out
         try:
-            if self.gpu:  # no compile of this workload runs while a pair is timed
+            if self.gpu and (hold is None or prep.clock in _OWN_CLOCKS):  # no compile runs while a pair is timed
                 self.drain_compiles(state)
             if self.gpu and hold is not None and prep.clock not in _OWN_CLOCKS:
                 hold["prep"] = prep

@@ -343,3 +343,41 @@ def test_the_e2e_figures_of_a_long_call_fit_their_budget(tmp_path):
     fast = _types.SimpleNamespace(fn=lambda: None, args=(), framework="cpu")
     rec = _types.SimpleNamespace(metrics={})
     assert run.timing_plan(fast, rec) == (20, 10, 20) and "e2e_reduced_for_budget" not in rec.metrics
+
+
+def test_with_compile_workers_the_pairs_that_wait_for_none_run_first(tmp_path, monkeypatch, fake_gpu_clocks):
+    """Session 25: while a workload's Pallas programs compile on workers, its other JAX pairs run to their agreement
+    first (their own compiles behind the workers'), torch last; then every pair is timed, one round, and the records
+    keep the implementations' order with no rounds note."""
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    fake_gpu_clocks(lambda fn, args, **kw: timing.Timing((2.0,) * kw["reps"], "cupti:mosaic", True, (),
+                                                         requested="cupti:mosaic"))
+    w = Workload(name="t_order", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
+                 head_dim=64, dtype="float32", causal=True, seed=1)
+    names = ["pallas:v4_fused:faithful", "jax:xla", "pallas:v3_online:faithful"]
+    impls = sorted((i for i in all_impls() if i.name in names), key=lambda i: names.index(i.name))
+    opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / "o"), reps=3, warmup=0, e2e_reps=1,
+                             budget_s=30.0, max_run_s=None, clock="cupti", arch="h100", cpu_max_flops=1e8,
+                             no_ceilings=True, quiet=True, argv=[], compile_workers=2)
+    run = runner._Run(opts, workloads=[w], impls=impls)
+    run.gpu = True
+    monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+    seen = []
+    real = run.execute
+
+    def execute(pp, *a, **kw):
+        seen.append(pp.impl.name)
+        return real(pp, *a, **kw)
+
+    monkeypatch.setattr(run, "execute", execute)
+    try:
+        recs = run.run_workload(w, impls)
+    finally:
+        run._pool.shutdown()
+    assert seen == ["jax:xla", "pallas:v4_fused:faithful", "pallas:v3_online:faithful"]
+    assert [r["impl"]["name"] for r in recs] == names and [r["status"] for r in recs] == ["ok"] * 3
+    for r in recs:
+        assert "timing_rounds" not in r["metrics"] and not any("rounds" in n for n in r["metrics"]["clock_notes"])
+        assert r["metrics"]["time_us_p50"] == 2.0
