@@ -136,9 +136,13 @@ def choose_subset(w, *, max_rows: int = 256, max_macs: float = 2e9, seed: int = 
 def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     """float64 reference output on ``subset``: ``[nb, nrows, nh, D]``.
 
-    Dense: the keys of each sampled row range with ``q_offset`` shifted by the range start (so causal masks
-    stay exact). Paged: keys gathered through the block table from the pools (so paging is checked too),
-    ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says.
+    Without features (MLA and paged quantized caches aside): ``_dense_oracle``, one XLA float64 program a workload on
+    the device (a dense cache as stored or dequantized exactly; a 16-bit paged cache through its dense view, the pools
+    checked value by value against it), checked against attn_core.oracle's numpy. Else attn_core.oracle's numpy on the
+    host, row range by row range with ``q_offset`` shifted by the range start (so causal masks stay exact): a paged
+    quantized cache's keys gathered through the block table from the pools (so paging is checked too), ``q_offset =
+    kv_len[b] - Tq`` per sequence as the paged contract says; rows with a feature with the workload's feature inputs
+    (``feature_kwargs``). MLA: ``_mla_oracle``.
 
     ``kv``: ``"storage"`` (default) is the cache the kernels read: for a quantized-KV workload (``kv_dtype``)
     that is the quantized cache itself (``inp.k_quant`` or the quantized pools), dequantized exactly
@@ -153,51 +157,27 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
         return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
     paged_quant = w.family == "paged_decode" and getattr(inp, "kv_dtype", None) is not None
+    # a workload's features are the same for every batch and row range (feature_kwargs), so one look decides
     if (not paged_quant and w.kv_len > 0 and subset.batches and subset.rows
             and not feature_kwargs(w, inp, subset.batches[0], subset.heads, subset.rows[0])):
         return _dense_oracle(w, inp, subset, quant=quant)
+    # what is left runs on the host with attn_core.oracle's numpy: a paged quantized cache (its fp16 dense view for
+    # kv="fp16") and any cache with a feature
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
         kv_heads = list(range(w.heads_kv))
     else:  # a sample of heads: each gets its own KV head (expanded), so the oracle sees Hq == Hkv
         kv_heads = [h // g for h in subset.heads]
-    q_all = inp.q
-    # dense caches (16-bit or quantized, dequantized on the device): K/V stay on the device and rows without features
-    # go through _device_rows_grouped (non-causal, one causal row) or _device_rows_causal (a causal range), each path
-    # checked once per workload against the numpy path (session 18: the host's float64 copies of K / V were most of a
-    # large sweep workload's time; the causal ranges of a prefill workload were still on the host after that)
-    on_device = w.family != "paged_decode"
-    checked: set[str] = set()  # the device paths already checked against attn_core.oracle in this call
     outs = []
     for b in subset.batches:
-        q_dev = q_all[b:b + 1][:, :, jnp.asarray(subset.heads)]  # [1, Tq, nh, D]
-        qb = None  # the batch's query rows in float64 on the host: made only when a numpy path needs them
-        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant, f64=False, device=on_device)
+        qb = reference.to_f64(inp.q[b:b + 1][:, :, jnp.asarray(subset.heads)])  # [1, Tq, nh, D]
+        ku, vu, base_offset, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant)
         # the K/V column each query head of the subset reads (every head: the oracle's GQA map, head h -> h // g)
         qmap = hmap if len(hmap) == len(subset.heads) else [hmap[h // g] for h in subset.heads]
         expanded = None
         parts = []
         for r0, r1 in subset.rows:
             feats = feature_kwargs(w, inp, b, subset.heads, (r0, r1))
-            plain = on_device and not feats and ku.shape[1] > 0
-            got, path = None, None
-            if plain and w.causal and r1 - r0 > 1:
-                got, path = _device_rows_causal(q_dev, ku, vu, qmap, rows=(r0, r1), scale=inp.scale,
-                                                q_offset=base_offset + r0), "causal"
-            elif plain and (not w.causal or r1 - r0 == 1) and _visible_keys(ku, w.causal, base_offset + r0) > 0:
-                got, path = _device_rows_grouped(q_dev[:, r0:r1], ku, vu, qmap, causal=w.causal, scale=inp.scale,
-                                                 q_offset=base_offset + r0), "grouped"
-            if got is not None:
-                if path not in checked:  # attn_core's numpy oracle on the first KV head of the path's first row range
-                    _check_device_rows(got, reference.to_f64(q_dev[:, r0:r1]), ku, vu, qmap, causal=w.causal,
-                                       scale=inp.scale, q_offset=base_offset + r0)
-                    checked.add(path)
-                parts.append(got)
-                continue
-            if on_device:  # the numpy paths below read host arrays
-                ku, vu, on_device = np.asarray(ku), np.asarray(vu), False
-            if qb is None:
-                qb = reference.to_f64(q_dev)
             if not feats and (not w.causal or r1 - r0 == 1) and ku.shape[1] > 0:
                 # each KV head once, its query heads folded into rows: no K/V copy per query head (session 17: the
                 # per-head copies were ~90% of the oracle's time at sampled heads, ~40 s a large decode workload)
@@ -235,45 +215,6 @@ def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offs
     return out
 
 
-def _visible_keys(k, causal: bool, q_offset: int) -> int:
-    """Keys a one-row causal (or any non-causal) grouped call sees in ``k [1, Tk, nu, D]``."""
-    return min(k.shape[1], max(0, q_offset + 1)) if causal else k.shape[1]
-
-
-@functools.partial(jax.jit, static_argnames=("scale",))
-def _attend_f64(q, k, v, *, scale: float):
-    """float64 attention of ``q [n, m, D]`` over ``k, v [Tk, D]`` (every key visible): max-subtracted softmax, as
-    ``attn_core.oracle.attention_reference``; traced under ``jax.enable_x64``."""
-    n, m, d = q.shape
-    s = (q.astype(jnp.float64).reshape(n * m, d) @ k.astype(jnp.float64).T) * scale
-    p = jnp.exp(s - s.max(axis=-1, keepdims=True))
-    return ((p @ v.astype(jnp.float64)) / p.sum(axis=-1, keepdims=True)).reshape(n, m, v.shape[-1])
-
-
-def _device_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> np.ndarray:
-    """``_reference_rows_grouped`` with ``q [1, n, nh, D]``, ``k, v [1, Tk, nu, D]`` on the device: per KV head, its
-    query heads' rows in float64 by XLA (``_attend_f64``), only the ``[n, heads, D]`` result to the host. Same
-    conditions (non-causal, or causal with one row and at least one visible key)."""
-    n = q.shape[1]
-    if causal and n != 1:
-        raise ValueError("grouped rows: causal needs one query row per call")
-    tk = _visible_keys(k, causal, q_offset)
-    hmap = np.asarray(hmap)
-    out = np.empty(q.shape[:3] + (v.shape[3],), np.float64)
-    with jax.enable_x64(True):
-        res = {int(u): _attend_f64(q[0][:, jnp.asarray(np.nonzero(hmap == u)[0])], k[0, :tk, int(u)],
-                                   v[0, :tk, int(u)], scale=float(scale)) for u in np.unique(hmap)}
-        for u, o in res.items():  # every head's call issued before the first result is waited for
-            out[0][:, np.nonzero(hmap == u)[0]] = np.asarray(o)
-    return out
-
-
-def _row_bucket(n: int) -> int:
-    """The padded row count of an ``n``-row causal range on the device: the next power of two, so that a workload's
-    ranges (``c``, ``2c`` when two merge, ``Tq`` when every row is in) compile a few programs, not one per range."""
-    return 1 << max(0, n - 1).bit_length()
-
-
 def _row_max_safe(s):
     """The numpy oracle's ``m_safe`` of scores ``s`` (last axis): the row max where it is finite, else 0. A row with a
     NaN score takes 0 too, as ``np.max`` (which propagates NaN) makes it there: XLA's CPU reduce-max can skip a NaN, so
@@ -281,51 +222,6 @@ def _row_max_safe(s):
     that row's unnormalized ``exp(s)``)."""
     mx = s.max(axis=-1, keepdims=True)
     return jnp.where(jnp.isfinite(mx) & ~jnp.isnan(s).any(axis=-1, keepdims=True), mx, 0.0)
-
-
-@functools.partial(jax.jit, static_argnames=("rows", "scale"))
-def _attend_causal_f64(q, heads, k, v, u, r0, q_offset, *, rows: int, scale: float):
-    """float64 causal attention of ``rows`` query rows from row ``r0`` of ``q [1, Tq, nh, D]``, query heads ``heads``
-    (int ``[m]``), over KV head ``u`` of ``k, v [1, Tk, nu, D]``: row ``i`` sees keys ``j <= q_offset + i``
-    (``q_offset`` is row ``r0``'s). ``[rows, m, Dv]``; rows past ``Tq`` (the bucket's padding) repeat the last row
-    and are the caller's to drop. ``u``, ``r0`` and ``q_offset`` are traced: one program serves every range and KV
-    head of a shape. Exactly ``attn_core.oracle.attention_reference``'s math, in its order: scores ``(q k^T) *
-    scale``, masked to ``-inf``, max-subtracted (a row with no visible key: max ``-inf`` taken as 0, so ``p = 0``,
-    sum 0 taken as 1, output 0), normalized, times V over every key (so NaN goes where the oracle sends it: a NaN
-    score in a row's visible keys, or a NaN value anywhere, reaches the row). Traced under ``jax.enable_x64``."""
-    f64 = jnp.float64
-    qr = jnp.take(q[0], r0 + jnp.arange(rows), axis=0, mode="clip")  # [rows, nh, D]
-    qr = jnp.take(qr, heads, axis=1).astype(f64)  # [rows, m, D]
-    ku = jax.lax.dynamic_index_in_dim(k[0], u, axis=1, keepdims=False).astype(f64)  # [Tk, D]
-    vu = jax.lax.dynamic_index_in_dim(v[0], u, axis=1, keepdims=False).astype(f64)
-    s = jnp.einsum("imd,jd->mij", qr, ku) * scale  # [m, rows, Tk]
-    visible = jnp.arange(ku.shape[0])[None, :] <= (q_offset + jnp.arange(rows))[:, None]  # [rows, Tk]
-    s = jnp.where(visible[None], s, -jnp.inf)
-    p = jnp.exp(s - _row_max_safe(s))
-    tot = p.sum(axis=-1, keepdims=True)
-    p = p / jnp.where(tot > 0, tot, 1.0)
-    return jnp.einsum("mij,jd->imd", p, vu)
-
-
-def _device_rows_causal(q, k, v, hmap, *, rows: tuple[int, int], scale: float, q_offset: int) -> np.ndarray:
-    """``attention_reference`` (causal, no features) on query rows ``rows = (r0, r1)`` of ``q [1, Tq, nh, D]`` whose
-    head ``i`` reads KV head ``hmap[i]`` of ``k, v [1, Tk, nu, D]``, row ``r0`` at position ``q_offset``, on the
-    device: per KV head, its query heads' rows in float64 by XLA (``_attend_causal_f64``) against every key (masked,
-    not sliced, so a range costs no new program), only the ``[1, n, nh, Dv]`` result to the host. The rows are
-    padded to ``_row_bucket(n)``; ``q``, ``k`` and ``v`` are passed whole, as stored."""
-    r0, r1 = rows
-    n = r1 - r0
-    if n < 1:
-        raise ValueError(f"causal rows: an empty range {rows}")
-    hmap = np.asarray(hmap)
-    out = np.empty((1, n, len(hmap), v.shape[3]), np.float64)
-    with jax.enable_x64(True):
-        res = {int(u): _attend_causal_f64(q, jnp.asarray(np.nonzero(hmap == u)[0], jnp.int32), k, v, int(u), r0,
-                                          int(q_offset), rows=_row_bucket(n), scale=float(scale))
-               for u in np.unique(hmap)}
-        for u, o in res.items():  # every head's call issued before the first result is waited for
-            out[0][:, np.nonzero(hmap == u)[0]] = np.asarray(o)[:n]
-    return out
 
 
 def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -455,23 +351,6 @@ def _check_dense_oracle(out, q0, k0, v0, *, rows, causal: bool, scale: float, q_
                  "attn_core.oracle (numpy)")
 
 
-def _check_device_rows(got, q, k, v, hmap, *, causal: bool, scale: float, q_offset: int) -> None:
-    """attn_core's numpy oracle on the first KV head of ``hmap`` against the device rows ``got`` (``q [1, n, nh, D]``
-    float64 on the host, ``k, v [1, Tk, nu, D]``, row 0 at ``q_offset``): equal to float64 rounding (a relative 1e-10
-    of the largest output), else a RuntimeError naming both (never a silent judge). One row (or non-causal): the
-    grouped numpy rows; a causal range: ``attention_reference`` itself, causal, on that KV head's query heads."""
-    hmap = np.asarray(hmap)
-    idx = np.nonzero(hmap == hmap[0])[0]
-    u = int(hmap[0])
-    ku, vu = np.asarray(k[:, :, u:u + 1]), np.asarray(v[:, :, u:u + 1])
-    if causal and q.shape[1] > 1:
-        ref, _ = reference.attention_reference(q[:, :, idx], ku, vu, causal=True, scale=scale, q_offset=q_offset)
-    else:
-        ref = _reference_rows_grouped(q[:, :, idx], ku, vu, [0] * len(idx), causal=causal, scale=scale,
-                                      q_offset=q_offset)
-    _check_close(got[:, :, idx], ref, f"KV head {u}, query heads {idx.tolist()}", "attn_core.oracle")
-
-
 def _check_close(mine: np.ndarray, ref: np.ndarray, where: str, what: str) -> None:
     """The device float64 result ``mine`` against attn_core's numpy ``ref`` (named ``what``; ``where`` says which
     part): NaN at the same places (NaN in -> NaN out on both) and the rest within a relative 1e-10 of the largest
@@ -484,22 +363,15 @@ def _check_close(mine: np.ndarray, ref: np.ndarray, where: str, what: str) -> No
         raise RuntimeError(f"the device float64 reference disagrees with {what} by {diff:.3g} ({where})")
 
 
-def _kv_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool) -> tuple[np.ndarray, np.ndarray, int]:
-    """float64 ``K, V [1, Tk_b, len(kv_heads), D]`` of batch ``b`` and its base query offset. ``quant``: from the
-    quantized cache (dequantized on the device, only the needed pages and heads), else from the plain arrays."""
-    k, v, base, hmap = _kv_heads_of_batch(w, inp, b, kv_heads, quant)
-    return k[:, :, hmap], v[:, :, hmap], base
-
-
-def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool, *, f64: bool = True, device: bool = False
+def _kv_heads_of_batch(w, inp, b: int, kv_heads: list[int], quant: bool
                        ) -> tuple[np.ndarray, np.ndarray, int, list[int]]:
-    """``_kv_of_batch`` before the per-query-head copy: host ``K, V [1, Tk_b, nu, D]`` holding each needed KV head
-    once (float64, or with ``f64=False`` as the device holds them: 16-bit, dequantized or gathered values, converted
-    later per head), the base query offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``). ``device``
-    (dense caches only): the arrays stay on the device, as stored (``f64`` ignored)."""
+    """The host path's K/V of batch ``b``: host ``K, V [1, Tk_b, nu, D]`` holding each needed KV head once, as the
+    device holds them (16-bit, dequantized or gathered values; converted to float64 later, per head), the base query
+    offset, and ``hmap`` (requested head ``i`` is column ``hmap[i]``). ``quant``: from the quantized cache
+    (dequantized exactly on the device, only the needed pages and heads), else from the plain arrays."""
     from . import interop
 
-    host = (lambda x: x) if device else reference.to_f64 if f64 else np.asarray
+    host = np.asarray
 
     uniq = sorted(set(kv_heads))
     every = kv_heads == list(range(w.heads_kv))

@@ -1,10 +1,13 @@
-"""compare's float64 oracle on the device, on the CPU: the causal row ranges of a prefill workload
-(``accuracy._device_rows_causal``) and the train family's gradients (``accuracy._grad_device``) give
-``attn_core.oracle``'s numpy answers to float64 rounding, NaN where numpy puts it, with one compiled program for
-every range of a shape; and the checks against numpy raise when the device result is off (never a silent judge)."""
+"""compare's float64 oracle on the device, on the CPU: the one program a workload's forward oracle runs
+(``accuracy._dense_oracle_f64``: sampled batches, row ranges and query heads, causal offsets, GQA groups, per-batch
+ragged key counts) and the train family's gradients (``accuracy._grad_device``) give ``attn_core.oracle``'s numpy
+answers to float64 rounding, NaN where numpy puts it (keys past a sequence's length exist for neither), with one
+compiled program a workload; and the checks against numpy raise when the device result is off (never a silent
+judge)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -36,42 +39,73 @@ def _assert_same(got, want, rel=1e-12):
         assert float(np.max(np.abs(got[ok] - want[ok]))) <= rel * scale
 
 
+def _dense(q, k, v, *, group, batches, rows, heads, causal, scale, q_offs, kv_valid):
+    """``_dense_oracle_f64`` on float32 device copies of ``q [B, Tq, Hq, D]``, ``k, v [B, Tk, Hkv, D]`` (query head
+    ``h`` reads KV head ``h // group``): ``(out [nb, nrows, nh, Dv]`` in the subset's head order, the program's raw
+    ``(out, q0, k0, v0)`` for ``_check_dense_oracle``). A head position the program's groups never fill stays NaN."""
+    groups = accuracy._head_groups(tuple(heads), group)
+    with jax.enable_x64(True):
+        raw = accuracy._dense_oracle_f64(
+            *(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jax.device_put(np.asarray(q_offs, np.int64)),
+            jax.device_put(np.asarray(kv_valid, np.int64)), batches=tuple(batches), rows=tuple(rows),
+            heads=tuple(heads), groups=groups, causal=causal, scale=scale)
+        raw = tuple(np.asarray(x) for x in raw)
+    out = raw[0]
+    res = np.full(out.shape[:2] + (len(heads), out.shape[-1]), np.nan)
+    for gi, (_, pos) in enumerate(groups):
+        for j, i in enumerate(pos):
+            res[:, :, i] = out[:, :, gi, j]
+    return res, raw
+
+
+def _numpy(q, k, v, *, batches, rows, heads, causal, scale, q_offs, kv_valid):
+    """``attention_reference`` per sampled batch on that sequence's keys only (``k[b, :kv_valid]``: keys past its
+    length do not exist), the subset's rows and query heads: ``[nb, nrows, nh, Dv]``."""
+    ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
+    outs = []
+    for b, off, n in zip(batches, q_offs, kv_valid):
+        o, _ = reference.attention_reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=causal, scale=scale,
+                                             q_offset=int(off))
+        outs.append(o[:, ridx][:, :, list(heads)])
+    return np.concatenate(outs)
+
+
 @pytest.mark.parametrize("group", [1, 4])
 @pytest.mark.parametrize("q_offset", [0, 23, -9])
-def test_causal_device_rows_equal_the_numpy_oracle(group, q_offset):
-    """A causal range of rows (not the first of the sequence, so its offset is ``q_offset + r0``) on the device against
-    ``attention_reference`` on the same rows, per KV head of an unsorted head map; at a negative offset the first rows
-    see no key and are 0, as in numpy. The per-workload check passes on it and raises on a perturbed copy."""
+def test_dense_program_equals_the_numpy_oracle(group, q_offset):
+    """Causal row ranges (the first not at row 0, so its rows sit at ``q_offset + r``) of two batches and every query
+    head in a shuffled order, in one program, against ``attention_reference`` on the same rows; at a negative offset
+    the first rows see no key and are 0, as in numpy. ``_check_dense_oracle`` passes on the program's own result and
+    raises on a copy off by 1e-9 in the group it recomputes."""
     rng = np.random.default_rng(7)
     nu, tq, tk = 2, 40, 48
-    hmap = [1, 0] * group if group > 1 else [1, 0]
-    q = _f32(rng, (1, tq, len(hmap), 16))
-    k, v = _f32(rng, (1, tk, nu, 16)), _f32(rng, (1, tk, nu, 16))
-    r0, r1 = 5, 18
-    got = accuracy._device_rows_causal(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                       jnp.asarray(v, jnp.float32), hmap, rows=(r0, r1), scale=0.3,
-                                       q_offset=q_offset + r0)
-    want, _ = reference.attention_reference(q[:, r0:r1], k[:, :, hmap], v[:, :, hmap], causal=True, scale=0.3,
-                                            q_offset=q_offset + r0)
-    _assert_same(got, want)
-    blind = max(0, -(q_offset + r0))  # rows of the range that see no key
-    assert blind == (4 if q_offset == -9 else 0) and (got[:, :blind] == 0).all() and (got[:, blind:] != 0).any()
-    args = (q[:, r0:r1], jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32), hmap)
-    accuracy._check_device_rows(got, *args, causal=True, scale=0.3, q_offset=q_offset + r0)
-    bad = got.copy()
-    bad[0, -1, 0] += 1e-9  # query head 0 reads hmap[0], the KV head the check recomputes
+    hq = nu * group
+    heads = tuple(int(h) for h in rng.permutation(hq))
+    q = _f32(rng, (2, tq, hq, 16))
+    k, v = _f32(rng, (2, tk, nu, 16)), _f32(rng, (2, tk, nu, 16))
+    rows = ((5, 18), (30, 33))
+    kw = dict(batches=(0, 1), rows=rows, heads=heads, causal=True, scale=0.3, q_offs=[q_offset] * 2,
+              kv_valid=[tk] * 2)
+    got, (out, q0, k0, v0) = _dense(q, k, v, group=group, **kw)
+    _assert_same(got, _numpy(q, k, v, **kw))
+    blind = max(0, -(q_offset + rows[0][0]))  # rows of the first range that see no key
+    assert blind == (4 if q_offset == -9 else 0) and (got[:, :blind] == 0).all() and (got[:, blind:] != 0).all()
+    check = dict(rows=rows[0], causal=True, scale=0.3, q_offset=q_offset)
+    accuracy._check_dense_oracle(out, q0, k0, v0, **check)
+    bad = out.copy()
+    bad[0, rows[0][1] - rows[0][0] - 1, 0, 0, 0] += 1e-9  # batch 0, last row of the first range, first group
     with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
-        accuracy._check_device_rows(bad, *args, causal=True, scale=0.3, q_offset=q_offset + r0)
+        accuracy._check_dense_oracle(bad, q0, k0, v0, **check)
 
 
 @pytest.mark.parametrize("where", ["q", "k_seen", "k_unseen", "v"])
-def test_causal_device_rows_put_nan_where_numpy_does(where):
+def test_dense_program_puts_nan_where_numpy_does(where):
     """NaN in -> NaN out at numpy's places: a NaN query row for its own head only, a NaN key for the rows that see it
-    (not the rows it is masked from), a NaN value for every row of its KV head (the masked ``0 * NaN`` included)."""
+    (not the rows it is masked from), a NaN value of an existing key for every row of its KV head (the masked
+    ``0 * NaN`` included). The check against numpy passes on it."""
     rng = np.random.default_rng(8)
-    hmap = [0, 0, 1, 1]
     q, k, v = _f32(rng, (1, 30, 4, 16)), _f32(rng, (1, 40, 2, 16)), _f32(rng, (1, 40, 2, 16))
-    r0, r1, off = 4, 20, 10  # row i (of the range) sees keys j <= 14 + i
+    off = 10  # row i sees keys j <= 10 + i; the range's row 0 is row 4 of the sequence
     if where == "q":
         q[0, 9, 2, 0] = np.nan
     elif where == "k_seen":
@@ -79,26 +113,45 @@ def test_causal_device_rows_put_nan_where_numpy_does(where):
     elif where == "k_unseen":
         k[0, 35, 0, 3] = np.nan  # past every row's bound
     else:
-        v[0, 39, 1, 5] = np.nan
-    got = accuracy._device_rows_causal(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
-                                       jnp.asarray(v, jnp.float32), hmap, rows=(r0, r1), scale=0.25,
-                                       q_offset=off + r0)
-    want, _ = reference.attention_reference(q[:, r0:r1], k[:, :, hmap], v[:, :, hmap], causal=True, scale=0.25,
-                                            q_offset=off + r0)
-    _assert_same(got, want)
+        v[0, 39, 1, 5] = np.nan  # past every row's causal bound, a key of the sequence all the same
+    kw = dict(batches=(0,), rows=((4, 20),), heads=(0, 1, 2, 3), causal=True, scale=0.25, q_offs=[off],
+              kv_valid=[40])
+    got, (out, q0, k0, v0) = _dense(q, k, v, group=2, **kw)
+    _assert_same(got, _numpy(q, k, v, **kw))
     nan_rows = np.isnan(got).any(axis=(0, 3))  # [rows, heads]
     expect = {"q": nan_rows[5, 2] and nan_rows.sum() == 1, "k_seen": nan_rows[6:, :2].all() and not nan_rows[:6].any(),
               "k_unseen": not nan_rows.any(), "v": nan_rows[:, 2:].all() and not nan_rows[:, :2].any()}
     assert expect[where], nan_rows
-    accuracy._check_device_rows(got, q[:, r0:r1], jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32), hmap,
-                                causal=True, scale=0.25, q_offset=off + r0)
+    accuracy._check_dense_oracle(out, q0, k0, v0, rows=(4, 20), causal=True, scale=0.25, q_offset=off)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("batches", [(0, 1, 2), (1, 2)])
+def test_dense_program_on_ragged_lengths(causal, batches):
+    """Per-batch key counts (``kv_valid``, a paged cache's ragged lengths; the paged contract's offsets ``len - Tq``):
+    each sampled sequence sees only its own keys, so what is stored past its length never leaks, not a huge value and
+    not a NaN key or value (numpy run on each sequence's keys alone; a sample of batches keeps each one's length)."""
+    rng = np.random.default_rng(9)
+    tq, tk, lens = 5, 48, np.array([48, 31, 17])
+    q = _f32(rng, (3, tq, 8, 16))
+    k, v = _f32(rng, (3, tk, 2, 16)), _f32(rng, (3, tk, 2, 16))
+    k[1, 31:], v[1, 31:] = 1e3, 1e6  # past sequence 1: scores and values that would swamp it
+    k[2, 20, 0, 3], v[2, 40, 1, 5], v[1, 35, 0, 0] = np.nan, np.nan, np.nan  # past sequences 2 and 1
+    kw = dict(batches=batches, rows=((0, tq),), heads=tuple(range(8)), causal=causal, scale=0.3,
+              q_offs=lens[list(batches)] - tq, kv_valid=lens[list(batches)])
+    got, (out, q0, k0, v0) = _dense(q, k, v, group=4, **kw)
+    assert np.isfinite(got).all()
+    _assert_same(got, _numpy(q, k, v, **kw))
+    n0 = int(lens[batches[0]])
+    accuracy._check_dense_oracle(out, q0, k0[:n0], v0[:n0], rows=(0, tq), causal=causal, scale=0.3,
+                                 q_offset=n0 - tq)
 
 
 @pytest.mark.parametrize("q_offset,group", [(0, 4), (30, 1), (30, 4)])
 def test_causal_prefill_oracle_on_the_device_matches_the_reference(q_offset, group):
     """``accuracy.oracle`` of a causal prefill workload (bf16, sampled row ranges of several lengths, every head) equals
-    the full numpy reference on the subset; its ranges go to ``_device_rows_causal``, which compiles per padded range
-    length, not per range: the ranges of one length at other offsets add no program."""
+    the full numpy reference on the subset; the whole subset is one program (``_dense_oracle_f64``), compiled once and
+    reused by a second call; another subset of the same workload gives the same answers."""
     w = _wl(q_offset=q_offset, heads_kv=8 // group)
     inp = interop.make_inputs(w)
     sub = accuracy.choose_subset(w)
@@ -146,17 +199,25 @@ def test_the_dense_program_on_sampled_heads_and_batches(causal, q_len, q_offset)
     assert accuracy._head_groups((0, 1, 5), 4) == ((0, (0, 1)), (1, (2, 2)))
 
 
-def test_the_causal_range_check_raises_when_its_rows_are_off():
-    """The per-range causal path (a quantized dense cache's rows) and its check against numpy: off by 1e-9, it
-    raises."""
+def test_the_dense_check_raises_when_its_rows_are_off():
+    """``_check_dense_oracle`` on a workload's bf16 inputs as stored (a causal range from row 3, GQA group 4): it passes
+    on the program's own result, raises on a copy off by 1e-9, and on one with a NaN numpy does not have."""
     w = _wl(q_len=64, kv_len=64, q_offset=0, batch=1)
     inp = interop.make_inputs(w)
-    hmap = [h // 4 for h in range(8)]
-    got = accuracy._device_rows_causal(inp.q, inp.k, inp.v, hmap, rows=(3, 40), scale=inp.scale, q_offset=3)
-    qf = reference.to_f64(inp.q[:, 3:40])
-    accuracy._check_device_rows(got, qf, inp.k, inp.v, hmap, causal=True, scale=inp.scale, q_offset=3)
+    groups = accuracy._head_groups(tuple(range(8)), 4)
+    with jax.enable_x64(True):
+        out, q0, k0, v0 = (np.asarray(x) for x in accuracy._dense_oracle_f64(
+            inp.q, inp.k, inp.v, jax.device_put(np.array([0])), jax.device_put(np.array([64])), batches=(0,),
+            rows=((3, 40),), heads=tuple(range(8)), groups=groups, causal=True, scale=float(inp.scale)))
+    assert q0.dtype == k0.dtype == v0.dtype == jnp.bfloat16  # the values as stored reach the check
+    check = dict(rows=(3, 40), causal=True, scale=float(inp.scale), q_offset=0)
+    accuracy._check_dense_oracle(out, q0, k0, v0, **check)
     with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
-        accuracy._check_device_rows(got + 1e-9, qf, inp.k, inp.v, hmap, causal=True, scale=inp.scale, q_offset=3)
+        accuracy._check_dense_oracle(out + 1e-9, q0, k0, v0, **check)
+    bad = out.copy()
+    bad[0, 5, 0, 1, 2] = np.nan
+    with pytest.raises(RuntimeError, match="NaN at different places"):
+        accuracy._check_dense_oracle(bad, q0, k0, v0, **check)
 
 
 def _grad_problem(rng, n, g, tk, nan=None):

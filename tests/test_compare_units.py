@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -128,8 +129,9 @@ def test_oracle_subset_matches_full_reference(causal, q_offset):
 
 @pytest.mark.parametrize("causal,n", [(False, 1), (False, 5), (True, 1)])
 def test_grouped_oracle_rows_equal_the_per_head_copy(causal, n):
-    # the oracle's fast path (each KV head once, its query heads folded into rows) against the per-query-head copy of
-    # K/V it replaced, on an unsorted head map with repeats and an unused KV column
+    # the host path's grouped rows (a paged quantized cache without features: each KV head once, its query heads
+    # folded into rows) against the per-query-head copy of K/V it replaced, on an unsorted head map with repeats and
+    # an unused KV column
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, n, 5, 16))
     k, v = rng.standard_normal((1, 40, 3, 16)), rng.standard_normal((1, 40, 3, 16))
@@ -150,34 +152,50 @@ def test_grouped_oracle_rows_equal_the_per_head_copy(causal, n):
 
 
 @pytest.mark.parametrize("causal,n,q_offset", [(False, 1, 17), (False, 5, 17), (True, 1, 17), (True, 1, 60)])
-def test_device_oracle_rows_equal_the_numpy_oracle(causal, n, q_offset):
-    """The device float64 path (session 18: K/V stay on the device, XLA does the float64 math per KV head) gives the
-    numpy oracle's rows to float64 rounding, from bf16 K/V as the device holds them, on an unsorted head map with
-    repeats (causal: one row, its visible keys, all of them when the offset passes the end); and the per-workload
-    check raises, naming the gap, when the two disagree."""
+def test_dense_oracle_rows_equal_the_numpy_oracle(monkeypatch, causal, n, q_offset):
+    """The one-program oracle (``_dense_oracle_f64``, session 25) gives attn_core's numpy rows to float64 rounding
+    (relative 1e-12), from bf16 K/V as the device holds them, on sampled query heads out of order with a repeat whose
+    KV groups differ in size and leave a KV head unread (non-causal; causal one row, its visible keys, all of them
+    when the offset passes the end); a NaN key goes to the heads that read it and nowhere else; and the oracle's check
+    against numpy raises, naming the gap, when the program is off by 1e-6 or drops a NaN."""
     rng = np.random.default_rng(4)
-    q = rng.standard_normal((1, n, 5, 16))
+    w = _wl(batch=1, heads_q=6, heads_kv=3, q_len=n, kv_len=40, causal=causal, q_offset=q_offset)
+    q = jnp.asarray(rng.standard_normal((1, n, 6, 16)), jnp.float32)
     k, v = (jnp.asarray(rng.standard_normal((1, 40, 3, 16)), jnp.bfloat16) for _ in range(2))
-    hmap = [2, 0, 2, 2, 0]
-    got = accuracy._device_rows_grouped(jnp.asarray(q, jnp.float32), k, v, hmap, causal=causal, scale=0.3,
-                                        q_offset=q_offset)
-    want = accuracy._reference_rows_grouped(np.asarray(q, np.float32).astype(np.float64), np.asarray(k),
-                                            np.asarray(v), hmap, causal=causal, scale=0.3, q_offset=q_offset)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
-    args = (np.asarray(q, np.float32).astype(np.float64), k, v, hmap)
-    accuracy._check_device_rows(got, *args, causal=causal, scale=0.3, q_offset=q_offset)  # agrees: no error
-    bad = got.copy()
-    bad[0, 0, 3] += 1e-6  # query head 3 reads KV head 2 = hmap[0], the one the check recomputes
-    with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
-        accuracy._check_device_rows(bad, *args, causal=causal, scale=0.3, q_offset=q_offset)
-    # a NaN key: NaN out on both paths at the same places (the check passes); a NaN on one side only fails it
-    k_nan = k.at[0, 0, 2, 0].set(jnp.nan)
-    got_nan = accuracy._device_rows_grouped(jnp.asarray(q, jnp.float32), k_nan, v, hmap, causal=causal, scale=0.3,
-                                            q_offset=q_offset)
-    assert np.isnan(got_nan[0, :, [0, 2, 3]]).all() and not np.isnan(got_nan[0, :, [1, 4]]).any()
-    accuracy._check_device_rows(got_nan, args[0], k_nan, v, hmap, causal=causal, scale=0.3, q_offset=q_offset)
-    with pytest.raises(RuntimeError, match="NaN at different places"):
-        accuracy._check_device_rows(got, args[0], k_nan, v, hmap, causal=causal, scale=0.3, q_offset=q_offset)
+    sub = accuracy.Subset((0,), (5, 1, 4, 5, 0), ((0, n),))  # KV heads 2, 0, 2, 2, 0: KV head 1 unread
+
+    def same(got, want):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        assert float(np.max(np.abs(got[ok] - want[ok]))) <= 1e-12 * float(np.max(np.abs(want[ok])))
+
+    def numpy_rows(k):
+        full, _ = reference.attention_reference(q, k, v, causal=causal, scale=0.3, q_offset=q_offset)
+        return sub.take(full)
+
+    inp = SimpleNamespace(q=q, k=k, v=v, scale=0.3)
+    same(accuracy.oracle(w, inp, sub), numpy_rows(k))  # checked inside: agrees
+    # a NaN key seen by every row: NaN out for the heads reading KV head 0 (subset positions 1 and 4) only
+    k_nan = k.at[0, 0, 0, 0].set(jnp.nan)
+    inp_nan = SimpleNamespace(q=q, k=k_nan, v=v, scale=0.3)
+    got_nan = accuracy.oracle(w, inp_nan, sub)
+    assert np.isnan(got_nan[0, :, [1, 4]]).all() and not np.isnan(got_nan[0, :, [0, 2, 3]]).any()
+    same(got_nan, numpy_rows(k_nan))
+    real = accuracy._dense_oracle_f64
+
+    def changed(change):
+        def run(*a, **kw):
+            out, *rest = real(*a, **kw)
+            return (change(out), *rest)
+        return run
+
+    for change, case, match in ((lambda o: o.at[0, 0, 0, 0, 3].add(1e-6), inp, "disagrees with attn_core.oracle"),
+                                (jnp.nan_to_num, inp_nan, "NaN at different places")):
+        # the first KV group (KV head 0) is the one the check recomputes
+        monkeypatch.setattr(accuracy, "_dense_oracle_f64", changed(change))
+        with pytest.raises(RuntimeError, match=match):
+            accuracy.oracle(w, case, sub)
+        monkeypatch.undo()
 
 
 def test_paged_oracle_matches_dense_on_ragged_lengths():
