@@ -326,7 +326,7 @@ def test_a_cpu_run_shows_what_ran_then_one_line_per_other_workload(tmp_path, cap
 
 
 def test_the_e2e_figures_of_a_long_call_fit_their_budget(tmp_path):
-    """``--e2e-budget-s`` (session 25): a call of ~50 ms gets 4-5 synced calls and 2 pipelined calls a sample under a
+    """``--e2e-budget-s`` (session 25): a call of >= 50 ms gets 3-5 synced calls and 2 pipelined calls a sample under a
     0.5 s budget (not 10 and 20: 3.5 s), and the record says so; a fast call keeps the defaults."""
     import time as _time
     import types as _types
@@ -339,7 +339,7 @@ def test_the_e2e_figures_of_a_long_call_fit_their_budget(tmp_path):
     rec = _types.SimpleNamespace(metrics={})
     run.budget_s = 30.0
     reps, e2e_reps, e2e_calls = run.timing_plan(slow, rec)
-    assert reps == 20 and e2e_reps in (4, 5) and e2e_calls == 2 and rec.metrics["e2e_reduced_for_budget"]
+    assert reps == 20 and 3 <= e2e_reps <= 5 and e2e_calls == 2 and rec.metrics["e2e_reduced_for_budget"]
     fast = _types.SimpleNamespace(fn=lambda: None, args=(), framework="cpu")
     rec = _types.SimpleNamespace(metrics={})
     assert run.timing_plan(fast, rec) == (20, 10, 20) and "e2e_reduced_for_budget" not in rec.metrics
