@@ -8,21 +8,22 @@ mask). Only when one row over every (batch, head) is already more than ``max_mac
 too (seeded, first and last always in). Every implementation is compared on the same subset; the record names it
 (``agreement.subset``). Twins (Pallas and CUDA of one generation) are compared on the full output, on the device.
 
-Where the float64 math runs (``ORACLE_NOTE``): a workload without features on a dense cache (16-bit, or quantized
-and dequantized exactly) or a 16-bit paged one (through its dense view, after ``_check_pools`` proved the pools hold
-the same values) in one XLA float64 program on the device (``_dense_oracle_f64``: session 25; slicing the inputs op by
-op compiled a program each, most of a sweep workload's oracle on a GPU), checked against attn_core.oracle's numpy on
-the first sampled batch, KV head and row range; paged quantized caches, MLA and rows with a workload feature with
-attn_core.oracle's numpy on the host CPU.
+Where the float64 math runs (``ORACLE_NOTE``): a workload on a dense cache (16-bit, or quantized and dequantized
+exactly) or on a 16-bit paged one (through its dense view, after ``_check_pools`` proved the pools hold the same
+values), its features (window, soft-cap, sinks, packed documents) included, in one XLA float64 program
+(``_dense_oracle_f64``: session 25; slicing the inputs op by op compiled a program each, most of a sweep workload's
+oracle on a GPU) on the host's XLA CPU backend (``_oracle_device``: the inputs copied over as stored; compiled for the
+GPU, that one program took 1.5-6.5 s), checked against attn_core.oracle's numpy (features passed through) on the first
+sampled batch, KV head and row range; paged quantized caches and MLA with attn_core.oracle's numpy on the host CPU.
 
 Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
 (``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
 also checks the gradients: ``dq``, ``dk``, ``dv`` of ``sum(out * w)`` on one batch row and one KV head with its
 group of query heads (``choose_grad_subset``: every row and key, or at long causal sequences the last rows and the
 keys only they see, which they fully determine), against ``attn_core.oracle.attention_grad_reference``'s math
-(``grad_oracle``): without features on the device in float64 (``_grad_device``, checked in every call against the
-numpy reference on the last rows), with a feature the numpy reference itself (seconds on the CPU at 32k tokens per
-batch).
+(``grad_oracle``): without features by XLA in float64 on the host's CPU backend (``_grad_device``, checked in every
+call against the numpy reference on the last rows), with a feature the numpy reference itself (seconds on the CPU at 32k
+tokens per batch).
 
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
@@ -79,14 +80,15 @@ class Subset:
         return reference.to_f64(sub)
 
 
-ORACLE_NOTE = ("float64. Without features: dense caches (16-bit, or quantized and dequantized exactly on the device) "
-               "and 16-bit paged caches (through their dense view, the pools checked value by value against it) in "
-               "one XLA float64 program a workload on the device (_dense_oracle_f64), checked against attn_core.oracle "
-               "(numpy, CPU) on the first sampled batch, KV head and row range; paged quantized caches, MLA and rows "
-               "with a feature (window, soft-cap, sinks, packed): attn_core.oracle (numpy, CPU)")
+ORACLE_NOTE = ("float64. Dense caches (16-bit, or quantized and dequantized exactly on the device) and 16-bit paged "
+               "caches (through their dense view, the pools checked value by value against it), window, soft-cap, "
+               "sinks and packed documents included: one XLA float64 program a workload on the host's XLA CPU backend "
+               "(_dense_oracle_f64, the inputs copied from the device), checked against attn_core.oracle (numpy, CPU) "
+               "on the first sampled batch, KV head and row range; paged quantized caches and MLA: attn_core.oracle "
+               "(numpy, CPU)")
 
 GRAD_ORACLE_NOTE = ("float64, attn_core.oracle.attention_grad_reference's analytic backward in its row blocks. Without "
-                    "features: on the device (XLA float64, _grad_device), checked in every call against "
+                    "features: XLA float64 on the host's CPU backend (_grad_device), checked in every call against "
                     "attention_grad_reference (numpy, CPU) on the subset's last rows; with a feature (window, "
                     "soft-cap, sinks, packed): attention_grad_reference itself (numpy, CPU)")
 
@@ -136,13 +138,13 @@ def choose_subset(w, *, max_rows: int = 256, max_macs: float = 2e9, seed: int = 
 def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     """float64 reference output on ``subset``: ``[nb, nrows, nh, D]``.
 
-    Without features (MLA and paged quantized caches aside): ``_dense_oracle``, one XLA float64 program a workload on
-    the device (a dense cache as stored or dequantized exactly; a 16-bit paged cache through its dense view, the pools
-    checked value by value against it), checked against attn_core.oracle's numpy. Else attn_core.oracle's numpy on the
-    host, row range by row range with ``q_offset`` shifted by the range start (so causal masks stay exact): a paged
-    quantized cache's keys gathered through the block table from the pools (so paging is checked too), ``q_offset =
-    kv_len[b] - Tq`` per sequence as the paged contract says; rows with a feature with the workload's feature inputs
-    (``feature_kwargs``). MLA: ``_mla_oracle``.
+    MLA and paged quantized caches aside: ``_dense_oracle``, one XLA float64 program a workload on the host's CPU
+    backend (a dense cache as stored or dequantized exactly; a 16-bit paged cache through its dense view, the pools
+    checked value by value against it; the workload's features included), checked against attn_core.oracle's numpy.
+    A paged quantized cache: attn_core.oracle's numpy on the host, row range by row range with ``q_offset`` shifted by
+    the range start (so causal masks stay exact), its keys gathered through the block table from the pools (so paging
+    is checked too), ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says, rows with a feature with
+    the workload's feature inputs (``feature_kwargs``). MLA: ``_mla_oracle``.
 
     ``kv``: ``"storage"`` (default) is the cache the kernels read: for a quantized-KV workload (``kv_dtype``)
     that is the quantized cache itself (``inp.k_quant`` or the quantized pools), dequantized exactly
@@ -157,12 +159,10 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
         return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
     paged_quant = w.family == "paged_decode" and getattr(inp, "kv_dtype", None) is not None
-    # a workload's features are the same for every batch and row range (feature_kwargs), so one look decides
-    if (not paged_quant and w.kv_len > 0 and subset.batches and subset.rows
-            and not feature_kwargs(w, inp, subset.batches[0], subset.heads, subset.rows[0])):
+    if not paged_quant and w.kv_len > 0 and subset.batches and subset.rows:
         return _dense_oracle(w, inp, subset, quant=quant)
     # what is left runs on the host with attn_core.oracle's numpy: a paged quantized cache (its fp16 dense view for
-    # kv="fp16") and any cache with a feature
+    # kv="fp16"), with or without features
     g = w.heads_q // w.heads_kv
     if list(subset.heads) == list(range(w.heads_q)):  # every head: K/V as they are (the oracle maps GQA)
         kv_heads = list(range(w.heads_kv))
@@ -224,6 +224,14 @@ def _row_max_safe(s):
     return jnp.where(jnp.isfinite(mx) & ~jnp.isnan(s).any(axis=-1, keepdims=True), mx, 0.0)
 
 
+def _oracle_device():
+    """Where the float64 oracle programs run: the host's XLA CPU backend (a GPU run copies the inputs over). Session
+    25 on an H100: XLA's GPU compile of one float64 oracle program took 1.5-6.5 s a workload, most of a sweep
+    workload's host time; compiled for the CPU it takes a fraction of a second and the float64 math (at most ~7e10
+    FLOPs, the gradient subset) runs on the host's cores."""
+    return jax.devices("cpu")[0]
+
+
 def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """The subset's query heads by the KV head they read (``h // group``), as ``((kv_head, (positions in heads)),
     ...)``, every group padded to the largest by repeating its first member (the program wants one shape; the caller
@@ -235,16 +243,20 @@ def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[i
     return tuple((u, tuple(v + [v[0]] * (m - len(v)))) for u, v in sorted(by.items()))
 
 
-@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale"))
-def _dense_oracle_f64(q, k, v, q_offs, kv_valid, *, batches: tuple, rows: tuple, heads: tuple, groups: tuple,
-                      causal: bool, scale: float):
+@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale", "window",
+                                             "softcap"))
+def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batches: tuple, rows: tuple, heads: tuple,
+                      groups: tuple, causal: bool, scale: float, window=None, softcap: float | None = None):
     """The whole dense oracle of a workload in one program (traced under ``jax.enable_x64``): for each batch of
     ``batches`` (``lax.map``, one at a time: float64 memory stays at one batch's scores), the rows ``rows`` (half-open
     ranges; in the i-th sampled batch row ``r`` is at position ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist:
     a paged cache's ragged lengths) of the query heads ``heads`` against their KV heads (``groups``,
     ``_head_groups``), every existing key visible (non-causal) or keys ``j <= q_offs[i] + r`` (causal), in float64
-    with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, masked to ``-inf``,
-    max-subtracted (``_row_max_safe``), ``p / sum`` (a row that sees no key: 0), ``p V``. Returns the output
+    with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, soft-capped
+    (``softcap * tanh(s / softcap)``), masked to ``-inf`` (causal, ``window`` as attn_core reads it: an int keeps
+    ``j > pos - window``, a ``(left, right)`` pair ``pos - left <= j <= pos + right``; packed documents: the row's
+    segment ``segs[b, r]`` equals the key's ``segs[b, j]``), max-subtracted with the head's sink logit
+    (``sinks [Hq]``) in the max and in the sum, ``p / sum`` (a row that sees nothing: 0), ``p V``. Returns the output
     ``[nb, R, n_groups, m, Dv]`` and, for ``_check_dense_oracle``, the first batch's first group as stored: its
     first range's query rows ``[n0, m, D]`` and its KV head ``[Tk, D]`` of K and V."""
     f64 = jnp.float64
@@ -252,6 +264,8 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, *, batches: tuple, rows: tuple,
     us = np.array([u for u, _ in groups])
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
     tk = k.shape[1]
+
+    sink = None if sinks is None else jnp.take(sinks.astype(f64), jnp.asarray(hs))[:, :, None, None]  # [G, m, 1, 1]
 
     def one(args):
         b, off, n_keys = args
@@ -261,12 +275,32 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, *, batches: tuple, rows: tuple,
         kid = jnp.arange(tk)[None, :]
         vb = jnp.where((kid[0] < n_keys)[:, None, None], vb, 0.0)  # past the sequence: no value (NaN stays out)
         s = jnp.einsum("rumd,tud->umrt", qb, kb) * scale  # [G, m, R, Tk]
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
+        pos = off + jnp.asarray(ridx)[:, None]  # [R, 1]
         visible = kid < n_keys
         if causal:
-            visible = visible & (kid <= off + jnp.asarray(ridx)[:, None])
+            visible = visible & (kid <= pos)
+        if isinstance(window, tuple):
+            if window[0] is not None:
+                visible = visible & (kid >= pos - window[0])
+            if window[1] is not None:
+                visible = visible & (kid <= pos + window[1])
+        elif window is not None:
+            visible = visible & (kid > pos - window)
+        if segs is not None:
+            visible = visible & (jnp.take(segs[b], jnp.asarray(ridx))[:, None] == segs[b][None, :])
         s = jnp.where(visible[None, None], s, -jnp.inf)
-        p = jnp.exp(s - _row_max_safe(s))
+        mx = s.max(axis=-1, keepdims=True)
+        nan_row = jnp.isnan(s).any(axis=-1, keepdims=True)  # numpy's max propagates a NaN; XLA's may skip it
+        if sink is not None:
+            mx = jnp.maximum(mx, sink)
+            nan_row = nan_row | jnp.isnan(sink)
+        m_safe = jnp.where(jnp.isfinite(mx) & ~nan_row, mx, 0.0)
+        p = jnp.exp(s - m_safe)
         tot = p.sum(axis=-1, keepdims=True)
+        if sink is not None:
+            tot = tot + jnp.exp(sink - m_safe)
         p = p / jnp.where(tot > 0, tot, 1.0)
         return jnp.einsum("umrt,tud->rumd", p, vb)  # [R, G, m, Dv]
 
@@ -277,7 +311,8 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, *, batches: tuple, rows: tuple,
 
 
 def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
-    """The oracle of a cache without features (``oracle``'s fast path) in one program a workload
+    """The oracle of a workload (``oracle``'s path for all but MLA and paged quantized caches) in one program
+    (window, soft-cap, sinks and packed documents as the workload has them)
     (``_dense_oracle_f64``; the paths it replaces compiled a slice per batch and range, ~0.1-0.3 s each on a GPU, most
     of a sweep workload's oracle): a dense 16-bit cache as stored; a quantized dense cache (``quant``) dequantized
     once on the device (exactly, ``interop.dequantized``); a paged 16-bit cache through its dense view ``inp.k`` /
@@ -297,11 +332,20 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
     else:
         q_offs = np.full(len(subset.batches), int(w.q_offset), np.int64)
         kv_valid = np.full(len(subset.batches), int(w.kv_len), np.int64)
+    window = getattr(w, "window", None)
+    window = tuple(window) if isinstance(window, (list, tuple)) else (None if window is None else int(window))
+    softcap = None if getattr(w, "softcap", None) is None else float(w.softcap)
+    sinks = inp.sinks if getattr(w, "sinks", False) else None
+    segs = inp.segment_ids if getattr(w, "packed", False) else None
+    cpu = _oracle_device()
     with jax.enable_x64(True):
-        out, q0, k0, v0 = _dense_oracle_f64(inp.q, k, v, jax.device_put(q_offs), jax.device_put(kv_valid),
+        # on the host's XLA CPU backend: the arrays copied over as stored, the program compiled for the CPU (session
+        # 25, H100: the same program compiled for the GPU took 1.5-3 s a workload, most of its oracle)
+        q, k, v, q_offs, kv_valid, sinks_c, segs_c = jax.device_put((inp.q, k, v, q_offs, kv_valid, sinks, segs), cpu)
+        out, q0, k0, v0 = _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks_c, segs_c,
                                             batches=tuple(subset.batches), rows=tuple(tuple(r) for r in subset.rows),
                                             heads=tuple(subset.heads), groups=groups, causal=bool(w.causal),
-                                            scale=float(inp.scale))
+                                            scale=float(inp.scale), window=window, softcap=softcap)
         out = np.asarray(out)
     nb, n_rows = out.shape[0], out.shape[1]
     res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
@@ -309,8 +353,15 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
         for j, i in enumerate(pos):
             res[:, :, i] = out[:, :, gi, j]
     n_keys = int(kv_valid[0])
-    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0)[:n_keys], np.asarray(v0)[:n_keys], rows=subset.rows[0],
-                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(q_offs[0]))
+    b0, (r0, r1) = subset.batches[0], subset.rows[0]
+    feats = {"window": window, "softcap": softcap}
+    if sinks is not None:
+        feats["sinks"] = reference.to_f64(sinks)[[subset.heads[i] for i in groups[0][1]]]
+    if segs is not None:
+        seg = np.asarray(segs)[b0:b0 + 1]
+        feats["q_segments"], feats["kv_segments"] = seg[:, r0:r1], seg[:, :n_keys]
+    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0)[:n_keys], np.asarray(v0)[:n_keys], rows=(r0, r1),
+                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(np.asarray(q_offs)[0]), **feats)
     return res
 
 
@@ -341,12 +392,13 @@ def _check_pools(inp) -> None:
                            "judge what the kernels read")
 
 
-def _check_dense_oracle(out, q0, k0, v0, *, rows, causal: bool, scale: float, q_offset: int) -> None:
+def _check_dense_oracle(out, q0, k0, v0, *, rows, causal: bool, scale: float, q_offset: int, **features) -> None:
     """``_dense_oracle_f64``'s first batch, first KV head group and first row range against
     ``attn_core.oracle.attention_reference`` (numpy, CPU) on the same stored values (the sequence's keys only)."""
     r0, r1 = rows
+    features = {k: v for k, v in features.items() if v is not None}
     ref, _ = reference.attention_reference(q0[None], k0[:, None][None], v0[:, None][None], causal=causal,
-                                           scale=scale, q_offset=q_offset + r0)
+                                           scale=scale, q_offset=q_offset + r0, **features)
     _check_close(out[0, : r1 - r0, 0][None], ref, f"batch 0 of the subset, first KV head, rows {r0}..{r1}",
                  "attn_core.oracle (numpy)")
 
@@ -549,8 +601,8 @@ def choose_grad_subset(w, *, max_scores: float = 2**26) -> GradSubset:
 def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     """float64 ``{"dq", "dk", "dv"}`` of ``sum(out * w)`` on ``gs`` (``attn_core.oracle.attention_grad_reference``
     on that batch row, KV head and its query heads, rows ``gs.rows`` against every key, with the workload's features
-    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them. Without features the same float64 math runs on
-    the device (``_grad_device``: the inputs never leave it, only the gradients come back), checked in every call
+    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them. Without features the same float64 math runs by
+    XLA on the host's CPU backend (``_grad_device``; the subset's inputs cut there from copies), checked in every call
     against the numpy reference on the subset's last rows (``_check_grad_device``); with a feature, numpy on the
     host as before."""
     if w.family != "train" or inp.w is None:
@@ -563,8 +615,9 @@ def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     if not feats and w.kv_len > 0 and r1 > r0:
         # the subset's inputs in one program, to the host as stored (session 25: slicing them op by op compiled a
         # program each, most of a train workload's gradient oracle on a GPU)
-        q, do, k, v = (np.asarray(x) for x in _grad_inputs(inp.q, inp.w, inp.k, inp.v, b=b, rows=(r0, r1),
-                                                            heads=tuple(gs.heads), kv_head=gs.kv_head))
+        host = jax.device_put((inp.q, inp.w, inp.k, inp.v), _oracle_device())
+        q, do, k, v = (np.asarray(x) for x in _grad_inputs(*host, b=b, rows=(r0, r1), heads=tuple(gs.heads),
+                                                            kv_head=gs.kv_head))
         g = _grad_device(q[None], k[None, :, None], v[None, :, None], do[None], causal=w.causal, scale=inp.scale,
                          q_offset=w.q_offset + r0)
         return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
@@ -647,22 +700,24 @@ def _grad_device(q, k, v, do, *, causal: bool, scale: float, q_offset: int, chec
                  ) -> dict[str, np.ndarray]:
     """``attention_grad_reference``'s ``{"dq", "dk", "dv"}`` (float64 numpy: ``dq [1, n, G, D]``, ``dk``/``dv [1, Tk,
     1, D]``) of ``q [1, n, G, D]``, ``do [1, n, G, Dv]`` against one KV head ``k, v [1, Tk, 1, D]`` (arrays as
-    stored, any float dtype; no features), row 0 at ``q_offset``, computed on the device in float64 by XLA over the
-    numpy reference's own row blocks (``_grad_blocks``, ``_grad_block_f64``: float64 memory stays at about 2^24
-    scores a block; each block against every key, masked, so one program serves them all). ``check``: compare with
-    the numpy reference on the last rows first (``_check_grad_device``), a RuntimeError if they disagree."""
+    stored, any float dtype; no features), row 0 at ``q_offset``, computed in float64 by XLA on ``_oracle_device``
+    (the host's CPU backend) over the numpy reference's own row blocks (``_grad_blocks``, ``_grad_block_f64``: float64
+    memory stays at about 2^24 scores a block; each block against every key, masked, so one program serves them all).
+    ``check``: compare with the numpy reference on the last rows first (``_check_grad_device``), a RuntimeError if
+    they disagree."""
     q, k, v, do = (np.asarray(x) for x in (q, k, v, do))  # host arrays: padding and slicing compile nothing
     n, g, tk = q.shape[1], q.shape[2], k.shape[1]
     if n < 1 or tk < 1 or k.shape[2] != 1:
         raise ValueError(f"device gradients take rows, keys and one KV head; got {q.shape=}, {k.shape=}")
     bq, blocks = _grad_blocks(n, g, tk, causal=causal, q_offset=q_offset)
     with jax.enable_x64(True):
-        # any start <= n has ``bq`` rows; the arrays reach the device as they are (transfers, no program)
-        qp, dop = (jax.device_put(np.pad(x[0], ((0, bq), (0, 0), (0, 0)))) for x in (q, do))
-        kk, vv = jax.device_put(np.ascontiguousarray(k[0, :, 0])), jax.device_put(np.ascontiguousarray(v[0, :, 0]))
+        # any start <= n has ``bq`` rows; the arrays reach the oracle's device as they are (transfers, no program)
+        cpu = _oracle_device()
+        qp, dop = (jax.device_put(np.pad(x[0], ((0, bq), (0, 0), (0, 0))), cpu) for x in (q, do))
+        kk, vv = (jax.device_put(np.ascontiguousarray(x[0, :, 0]), cpu) for x in (k, v))
         run = functools.partial(_grad_block_f64, qp, dop, kk, vv, rows=bq, causal=causal, scale=float(scale))
-        dk = jax.device_put(np.zeros((tk, k.shape[3]), np.float64))
-        dv = jax.device_put(np.zeros((tk, v.shape[3]), np.float64))
+        dk = jax.device_put(np.zeros((tk, k.shape[3]), np.float64), cpu)
+        dv = jax.device_put(np.zeros((tk, v.shape[3]), np.float64), cpu)
         dqs = []
         for s0, nv, hi in blocks:
             dq_blk, dk, dv = run(dk, dv, s0, nv, q_offset + s0, hi)
@@ -686,8 +741,8 @@ def _check_grad_device(got, run, q, k, v, do, *, bq: int, causal: bool, scale: f
     m = max(1, min(n, bq, 64, (1 << 22) // max(1, g * tk)))
     s0, off = n - m, q_offset + n - m
     ref = reference.attention_grad_reference(q[:, s0:], k, v, do[:, s0:], causal=causal, scale=scale, q_offset=off)
-    dq_sub, dk_sub, dv_sub = run(jax.device_put(np.zeros((tk, k.shape[3]), np.float64)),
-                                 jax.device_put(np.zeros((tk, v.shape[3]), np.float64)),
+    dq_sub, dk_sub, dv_sub = run(jax.device_put(np.zeros((tk, k.shape[3]), np.float64), _oracle_device()),
+                                 jax.device_put(np.zeros((tk, v.shape[3]), np.float64), _oracle_device()),
                                  s0, m, off, _block_hi(n, tk, causal=causal, q_offset=q_offset))
     mine = {"dq": np.asarray(dq_sub)[:m][None], "dk": np.asarray(dk_sub)[:, None][None],
             "dv": np.asarray(dv_sub)[:, None][None]}

@@ -296,3 +296,44 @@ def test_the_oracle_notes_say_where_the_math_runs():
     note = gs.describe()["oracle"]
     assert "device" in note and "attention_grad_reference" in note and "numpy" in note
     assert "_dense_oracle_f64" in accuracy.ORACLE_NOTE and "numpy" in accuracy.ORACLE_NOTE
+
+
+_FEATS = [dict(window=37), dict(softcap=5.0), dict(sinks=True), dict(window=50, softcap=3.0, sinks=True)]
+
+
+@pytest.mark.parametrize("family,feat", [("prefill", f) for f in _FEATS + [dict(packed=True)]]
+                         + [("paged_decode", f) for f in _FEATS])  # packed documents: a prefill / train layout
+def test_the_one_program_oracle_takes_every_feature(feat, family):
+    """Session 25: window, soft-cap, sinks and packed documents run in ``_dense_oracle_f64`` too (on a dense and on a
+    ragged paged cache); the answers are attn_core's full reference on the subset, features passed through."""
+    kw = dict(q_len=300, kv_len=330, q_offset=30) if family == "prefill" else dict(
+        q_len=4, kv_len=70, q_offset=66, page_size=16, ragged=True)
+    if feat.get("packed"):
+        kw = dict(q_len=200, kv_len=200, q_offset=0)
+    w = _wl(family=family, **kw, **feat)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    extra = {k: v for k, v in dict(window=w.window, softcap=w.softcap).items() if v is not None}
+    if w.sinks:
+        extra["sinks"] = reference.to_f64(inp.sinks)
+    if w.packed:
+        extra["q_segments"] = extra["kv_segments"] = np.asarray(inp.segment_ids)
+    if family == "paged_decode":
+        full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=True, scale=inp.scale,
+                                                q_offset=inp.kv_lens - w.q_len, kv_len=inp.kv_lens, **extra)
+    else:
+        full, _ = reference.attention_reference(inp.q, inp.k, inp.v, causal=True, scale=inp.scale,
+                                                q_offset=w.q_offset, **extra)
+    _assert_same(accuracy.oracle(w, inp, sub), sub.take(full))
+
+
+def test_the_feature_check_raises_when_the_program_drops_a_feature(monkeypatch):
+    """The check on the first KV head runs attn_core's reference with the workload's features: a program that lost
+    the soft-cap (a plausible bug) stops the oracle."""
+    w = _wl(softcap=5.0)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    real = accuracy._dense_oracle_f64
+    monkeypatch.setattr(accuracy, "_dense_oracle_f64", lambda *a, **kw: real(*a, **{**kw, "softcap": None}))
+    with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
+        accuracy.oracle(w, inp, sub)
