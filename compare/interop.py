@@ -236,6 +236,18 @@ def _page_on_device(k, v, batch, page, slots, *, n_pages: int, page_size: int):
     return pool(k), pool(v)
 
 
+def compile_inputs(w) -> bool:
+    """Compile the program ``make_inputs`` draws ``w``'s q, k, v (and train's cotangent) with, from shapes alone (no
+    data, no device work): a runner warms it on a worker thread while the workload before ``w`` runs. False where
+    ``make_inputs`` draws otherwise (MLA)."""
+    if w.family == "mla":
+        return False
+    key = jax.random.key(0)
+    _draw_qkv.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), (w.batch, w.q_len, w.heads_q, w.head_dim),
+                    (w.batch, w.kv_len, w.heads_kv, w.head_dim), jnp.dtype(w.dtype), w.family == "train").compile()
+    return True
+
+
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
     """Seeded inputs for a workload (``w.seed`` unless given). Paged workloads also get shuffled pools
     (``attn_core.paging.build_paged_kv``) holding the same keys and values as the dense ``k``/``v``; a workload's

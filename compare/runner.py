@@ -616,6 +616,7 @@ class _Run:
             self.precompile(w, impls, state)
         except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
             self.drain_compiles(state)
+        self.look_ahead(getattr(self, "_next_workload", None))
         if self.gpu and (getattr(self.opts, "rounds", 1) > 1 or state.get("prepared")):
             # with programs compiling on workers: every pair's first call and agreement before any timing, the
             # pairs that wait for no worker first, so the compiles run behind them (one round: each pair's
@@ -886,6 +887,25 @@ class _Run:
             pool = self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
         return pool
 
+    def look_ahead(self, nxt: Workload | None) -> None:
+        """With compile workers on a GPU: the next workload's input program (``interop.compile_inputs``: shapes only,
+        no device work) compiled on a worker while this workload runs (about 1 s of XLA's GPU compile a workload on an
+        H100, session 25). ``record_timing`` waits for it before the host-wall figures; a failure is left to the
+        next workload's own compile."""
+        self._lookahead = None
+        workers = getattr(self.opts, "compile_workers", 0)
+        if nxt is None or not self.gpu or workers <= 0:
+            return
+        self._lookahead = self._compile_pool(workers).submit(interop.compile_inputs, nxt)
+
+    def _wait_lookahead(self) -> None:
+        fut = getattr(self, "_lookahead", None)
+        if fut is not None:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 -- the next workload compiles its inputs itself
+                pass
+
     def drain_compiles(self, state: dict) -> None:
         """Wait for every compile this workload handed to a worker (results and errors are read in each pair's own
         turn)."""
@@ -1034,6 +1054,7 @@ class _Run:
         """The kernel timing ``kt``, then the e2e latency and pipelined throughput, into ``rec.metrics``; the
         rates."""
         m = rec.metrics
+        self._wait_lookahead()  # no worker compiles while the host-wall figures are taken
         t0 = time.perf_counter()
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
         pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
@@ -1155,7 +1176,8 @@ class _Run:
                 task = progress.add_task("", total=total)
             not_run: list[str] = []  # CPU runs: one line per workload where nothing ran, after the tables
             all_recs: list[dict] = []
-            for w, lst in plan:
+            for i, (w, lst) in enumerate(plan):
+                self._next_workload = plan[i + 1][0] if i + 1 < len(plan) else None
                 recs = self.run_workload(w, lst, progress, task if progress else None)
                 self.write(recs)
                 self._inflight = ([], {})

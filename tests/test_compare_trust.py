@@ -381,3 +381,58 @@ def test_with_compile_workers_the_pairs_that_wait_for_none_run_first(tmp_path, m
     for r in recs:
         assert "timing_rounds" not in r["metrics"] and not any("rounds" in n for n in r["metrics"]["clock_notes"])
         assert r["metrics"]["time_us_p50"] == 2.0
+
+
+def test_the_next_workloads_inputs_compile_ahead_and_never_under_the_host_clock(tmp_path, monkeypatch,
+                                                                                fake_gpu_clocks):
+    """Session 25: with compile workers, the next workload's input program compiles on a worker while this one runs
+    (``interop.compile_inputs``: shapes only); the end-to-end (host-wall) figures wait for it. Without workers
+    nothing is looked ahead."""
+    import threading as _threading
+    import time as _time
+
+    from compare import interop
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    done = _threading.Event()
+    looked = []
+
+    def slow_compile(w):
+        looked.append(w.name)
+        _time.sleep(0.3)
+        done.set()
+        return True
+
+    monkeypatch.setattr(interop, "compile_inputs", slow_compile)
+    e2e_after_done = []
+
+    def wall(fn, args, **kw):
+        e2e_after_done.append(done.is_set())
+        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
+
+    fake_gpu_clocks(lambda fn, args, **kw: timing.Timing((2.0,) * kw["reps"], "cupti:mosaic", True, (),
+                                                         requested="cupti:mosaic"))
+    monkeypatch.setattr(timing, "time_e2e", wall)
+    ws = [Workload(name=f"t_look{i}", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16, kv_len=16,
+                   head_dim=64, dtype="float32", causal=True, seed=1) for i in range(2)]
+    impls = [i for i in all_impls() if i.name == "jax:xla"]
+    for workers, expect in ((2, ["t_look1"]), (0, [])):
+        looked.clear()
+        e2e_after_done.clear()
+        done.clear()
+        opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / f"o{workers}"), reps=3, warmup=0,
+                                 e2e_reps=1, budget_s=30.0, max_run_s=None, clock="cupti", arch="h100",
+                                 cpu_max_flops=1e8, no_ceilings=True, quiet=True, argv=[], compile_workers=workers)
+        run = runner._Run(opts, workloads=ws, impls=impls)
+        run.gpu = True
+        monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+        run._next_workload = ws[1]
+        try:
+            recs = run.run_workload(ws[0], impls)
+        finally:
+            if getattr(run, "_pool", None) is not None:
+                run._pool.shutdown()
+        assert [r["status"] for r in recs] == ["ok"] and looked == expect
+        if workers:
+            assert e2e_after_done == [True]
