@@ -79,6 +79,25 @@ class Subset:
         sub = x[jnp.asarray(self.batches)][:, jnp.asarray(rows)][:, :, jnp.asarray(self.heads)]
         return reference.to_f64(sub)
 
+    def take_checked(self, out_btnh: Any) -> tuple[bool, np.ndarray]:
+        """``(every value of the output finite, take(out))``; a device output in one compiled program a shape
+        (``_finite_and_take``: session 25, the finite check and the three gathers compiled a program each, ~2 s of a
+        sweep workload's first agreement on a GPU), only the subset to the host."""
+        if isinstance(out_btnh, np.ndarray):
+            return all_finite(out_btnh), self.take(out_btnh)
+        finite, sub = _finite_and_take(jnp.asarray(out_btnh), batches=tuple(self.batches),
+                                       rows=tuple(tuple(r) for r in self.rows), heads=tuple(self.heads))
+        return bool(finite), reference.to_f64(np.asarray(sub))
+
+
+@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads"))
+def _finite_and_take(x, *, batches: tuple, rows: tuple, heads: tuple):
+    """``all(isfinite(x))`` and ``x[batches][:, rows][:, :, heads]`` (rows: half-open ranges) of a BTNH array."""
+    ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
+    sub = jnp.take(jnp.take(jnp.take(x, jnp.asarray(batches), axis=0), jnp.asarray(ridx), axis=1),
+                   jnp.asarray(heads), axis=2)
+    return jnp.isfinite(x).all(), sub
+
 
 ORACLE_NOTE = ("float64. Dense caches (16-bit, or quantized and dequantized exactly on the device) and 16-bit paged "
                "caches (through their dense view, the pools checked value by value against it), window, soft-cap, "
@@ -581,6 +600,28 @@ class GradSubset:
                 "dk": reference.to_f64(jnp.asarray(dk)[b:b + 1, keys, kv]),
                 "dv": reference.to_f64(jnp.asarray(dv)[b:b + 1, keys, kv])}
 
+    def take_checked(self, grads_btnh) -> tuple[dict[str, bool], dict[str, np.ndarray]]:
+        """``({name: every value finite}, take(grads))`` for ``dq``, ``dk``, ``dv``; device gradients in one compiled
+        program a shape (``_grads_finite_and_take``), only the subsets to the host."""
+        names = ("dq", "dk", "dv")
+        if isinstance(grads_btnh[0], np.ndarray):
+            return {n: all_finite(g) for n, g in zip(names, grads_btnh)}, self.take(grads_btnh)
+        finite, subs = _grads_finite_and_take(*(jnp.asarray(g) for g in grads_btnh), batch=self.batch,
+                                              kv_head=self.kv_head, heads=tuple(self.heads), rows=tuple(self.rows),
+                                              keys=tuple(self.keys))
+        return ({n: bool(f) for n, f in zip(names, finite)},
+                {n: reference.to_f64(np.asarray(x)) for n, x in zip(names, subs)})
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "kv_head", "heads", "rows", "keys"))
+def _grads_finite_and_take(dq, dk, dv, *, batch: int, kv_head: int, heads: tuple, rows: tuple, keys: tuple):
+    """``GradSubset.take``'s slices of ``dq``, ``dk``, ``dv`` and whether each is finite everywhere."""
+    b = slice(batch, batch + 1)
+    sub_q = jnp.take(dq[b, rows[0]:rows[1]], jnp.asarray(heads), axis=2)
+    sub_k = dk[b, keys[0]:keys[1], kv_head:kv_head + 1]
+    sub_v = dv[b, keys[0]:keys[1], kv_head:kv_head + 1]
+    return tuple(jnp.isfinite(g).all() for g in (dq, dk, dv)), (sub_q, sub_k, sub_v)
+
 
 def choose_grad_subset(w, *, max_scores: float = 2**26) -> GradSubset:
     """The last batch row and the last KV head (the ends catch offset and indexing errors the first would not). All
@@ -774,6 +815,8 @@ def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def all_finite(out_btnh: Any) -> bool:
+    if isinstance(out_btnh, np.ndarray):
+        return bool(np.isfinite(out_btnh).all())
     return bool(jnp.all(jnp.isfinite(jnp.asarray(out_btnh).astype(jnp.float32))))
 
 

@@ -932,10 +932,10 @@ class _Run:
                 "the format's error on the subset: float64 oracle on the quantized cache vs on the "
                 f"{w.dtype} values it was quantized from")}
         rec.agreement = ag
-        if not accuracy.all_finite(out_btnh):
+        finite, got = subset.take_checked(out_btnh)
+        if not finite:
             rec.fail("failed", "non-finite output (NaN/Inf)")
             return False
-        got = subset.take(out_btnh)
         max_abs, rel = accuracy.errors(got, ref)
         ag.update(max_abs_err=max_abs, rel_l2_err=rel)
         if getattr(w, "kv_dtype", None):  # what a user of the quantized cache sees vs the fp16 one: kernel + format
@@ -957,11 +957,11 @@ class _Run:
         ag: dict[str, Any] = {"subset": gs.describe(), "tol_rel_l2": tol, "precision": precision,
                               "what": "d/d(q, k, v) of sum(out * w), w the workload's seeded cotangent weight"}
         rec.agreement["grads"] = ag
-        for name, g in zip(("dq", "dk", "dv"), grads_btnh):
-            if not accuracy.all_finite(g):
+        finite, got = gs.take_checked(grads_btnh)
+        for name in ("dq", "dk", "dv"):
+            if not finite[name]:
                 rec.fail("failed", f"non-finite gradient (NaN/Inf) in {name}")
                 return False
-        got = gs.take(grads_btnh)
         over = []
         for name in ("dq", "dk", "dv"):
             max_abs, rel = accuracy.errors(got[name], ref[name])

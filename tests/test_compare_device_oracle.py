@@ -337,3 +337,25 @@ def test_the_feature_check_raises_when_the_program_drops_a_feature(monkeypatch):
     monkeypatch.setattr(accuracy, "_dense_oracle_f64", lambda *a, **kw: real(*a, **{**kw, "softcap": None}))
     with pytest.raises(RuntimeError, match="disagrees with attn_core.oracle"):
         accuracy.oracle(w, inp, sub)
+
+
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf])
+def test_the_one_program_check_and_take_equal_the_op_by_op_ones(bad):
+    """``Subset.take_checked`` / ``GradSubset.take_checked`` (session 25: one compiled program a shape) give the op by
+    op ``all_finite`` and ``take`` answers, a NaN or Inf anywhere in the full array (not only in the subset) found."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 40, 6, 8)).astype(np.float32)
+    if bad is not None:
+        x[1, 39, 5, 7] = bad  # outside the subset's rows below
+    xj = jnp.asarray(x, jnp.bfloat16)
+    sub = accuracy.Subset((0, 2), (1, 4), ((0, 3), (10, 12)))
+    finite, got = sub.take_checked(xj)
+    assert finite == accuracy.all_finite(xj) == (bad is None)
+    np.testing.assert_array_equal(got, sub.take(xj))
+    gs = accuracy.GradSubset(batch=2, kv_head=1, group=3, rows=(5, 40), keys=(5, 40))
+    dk = jnp.asarray(x[:, :, :2], jnp.bfloat16)
+    finite_g, got_g = gs.take_checked((xj, dk, dk + 1))
+    assert finite_g == {"dq": bad is None, "dk": True, "dv": True}
+    want = gs.take((xj, dk, dk + 1))
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_array_equal(got_g[name], want[name])
