@@ -653,11 +653,12 @@ class _Run:
         implementations' order. Pairs on a clock of their own (multi-device loop / wall / pipelined, torch train
         steps on events) are timed as they come, as without rounds."""
         entries: list[tuple[ResultRecord | dict | None, Any, tuple | None] | None] = [None] * len(impls)
-        prepared = state.get("prepared") or {}
-        # the order the pairs run to their agreement in: JAX pairs compiling at their first call, then those compiled
-        # on a worker (precompile), then torch (a torch train step times on its own clock at once, which waits for
-        # the workers); records keep the implementations' order
-        order = sorted(range(len(impls)), key=lambda i: (impls[i].framework == "torch", id(impls[i]) in prepared))
+        # the order the pairs run to their agreement in: the JAX peers (compiled on a worker or at their first call:
+        # seconds at most), then the Pallas pairs (their Mosaic compiles, the longest, run on the workers meanwhile),
+        # then torch and the rest (a torch train step times on its own clock at once, which waits for the workers);
+        # records keep the implementations' order
+        order = sorted(range(len(impls)), key=lambda i: (impls[i].framework not in _COMPILED_AHEAD,
+                                                         impls[i].framework == "pallas"))
         for idx in order:
             impl = impls[idx]
             if progress is not None:
@@ -839,13 +840,13 @@ class _Run:
 
     # -- compile ahead: a workload's Pallas programs on worker threads ------------------------------
     def precompile(self, w: Workload, impls: list[Impl], state: dict) -> None:
-        """GPU runs with ``--compile-workers`` > 0: the workload's inputs, then every runnable Pallas pair prepared
-        here (on this thread: a prepare may launch device work) and its jitted program handed to a worker thread
-        (``jit(...).lower(*args).compile()``, the executable its first call then finds in JAX's cache), so the
-        compiles run at the same time as each other, the oracle and the first calls. ``drain_compiles`` waits for
-        all of them before any repetition is timed (a compile may run autotuning kernels, and a CUPTI window counts
-        every kernel of the process). A prepare or compile that fails here is left to the pair's own turn, which
-        repeats it and records the error as before."""
+        """GPU runs with ``--compile-workers`` > 0: the workload's inputs, then every runnable JAX pair (Pallas, the
+        JAX peers: ``_COMPILED_AHEAD``) prepared here (on this thread: a prepare may launch device work) and its jitted
+        program handed to a worker thread (``jit(...).lower(*args).compile()``, the executable its first call then
+        finds in JAX's cache), so the compiles run at the same time as each other, the oracle and the first calls.
+        ``drain_compiles`` waits for all of them before any repetition is timed (a compile may run autotuning kernels,
+        and a CUPTI window counts every kernel of the process). A prepare or compile that fails here is left to the
+        pair's own turn, which repeats it and records the error as before."""
         workers = getattr(self.opts, "compile_workers", 0)
         if not self.gpu or workers <= 0:
             return
@@ -853,7 +854,7 @@ class _Run:
         todo = []
         for impl in impls:
             pp = plans.get(id(impl))
-            if (impl.framework != "pallas" or not isinstance(pp, PairPlan) or pp.refusal is not None
+            if (impl.framework not in _COMPILED_AHEAD or not isinstance(pp, PairPlan) or pp.refusal is not None
                     or pp.skip is not None):
                 continue
             todo.append(impl)
@@ -1310,6 +1311,9 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 
 # clocks an implementation chooses for itself (Prepared.clock): timed on their own, never in --rounds
 _OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
+# the frameworks whose pairs compile_workers prepare early and compile on a worker (jitted JAX programs); torch, the
+# CUDA twins and FlashInfer compile at their first call
+_COMPILED_AHEAD = ("pallas", "jax", "jax-pallas")
 
 
 _COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
