@@ -657,8 +657,7 @@ class _Run:
         # seconds at most), then the Pallas pairs (their Mosaic compiles, the longest, run on the workers meanwhile),
         # then torch and the rest (a torch train step times on its own clock at once, which waits for the workers);
         # records keep the implementations' order
-        order = sorted(range(len(impls)), key=lambda i: (impls[i].framework not in _COMPILED_AHEAD,
-                                                         impls[i].framework == "pallas"))
+        order = sorted(range(len(impls)), key=lambda i: _PHASE1_RANK.get(impls[i].framework, 2))
         for idx in order:
             impl = impls[idx]
             if progress is not None:
@@ -841,7 +840,7 @@ class _Run:
     # -- compile ahead: a workload's Pallas programs on worker threads ------------------------------
     def precompile(self, w: Workload, impls: list[Impl], state: dict) -> None:
         """GPU runs with ``--compile-workers`` > 0: the workload's inputs, then every runnable JAX pair (Pallas, the
-        JAX peers: ``_COMPILED_AHEAD``) prepared here (on this thread: a prepare may launch device work) and its jitted
+        JAX peers: ``_compiled_ahead``) prepared here (on this thread: a prepare may launch device work) and its jitted
         program handed to a worker thread (``jit(...).lower(*args).compile()``, the executable its first call then
         finds in JAX's cache), so the compiles run at the same time as each other, the oracle and the first calls.
         ``drain_compiles`` waits for all of them before any repetition is timed (a compile may run autotuning kernels,
@@ -854,7 +853,7 @@ class _Run:
         todo = []
         for impl in impls:
             pp = plans.get(id(impl))
-            if (impl.framework not in _COMPILED_AHEAD or not isinstance(pp, PairPlan) or pp.refusal is not None
+            if (not _compiled_ahead(impl) or not isinstance(pp, PairPlan) or pp.refusal is not None
                     or pp.skip is not None):
                 continue
             todo.append(impl)
@@ -1311,9 +1310,17 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 
 # clocks an implementation chooses for itself (Prepared.clock): timed on their own, never in --rounds
 _OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
-# the frameworks whose pairs compile_workers prepare early and compile on a worker (jitted JAX programs); torch, the
-# CUDA twins and FlashInfer compile at their first call
-_COMPILED_AHEAD = ("pallas", "jax", "jax-pallas")
+_PHASE1_RANK = {"jax": 0, "jax-pallas": 0, "pallas": 1}  # with compile workers: JAX peers, Pallas, the rest
+
+
+def _compiled_ahead(impl: Impl) -> bool:
+    """Whether compile workers prepare the pair early and compile its program on a worker: jitted JAX programs whose
+    compile runs nothing on the GPU (Pallas, JAX's Pallas ops, the cuDNN and FA3 peers). XLA's own attention
+    (``jax:xla*``) is left to its first call: XLA autotunes its matrix products by running them, which other work on
+    the GPU at the same time would disturb; torch, the CUDA twins and FlashInfer compile at their first call."""
+    if impl.framework in ("pallas", "jax-pallas"):
+        return True
+    return impl.framework == "jax" and not impl.name.startswith("jax:xla")
 
 
 _COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",

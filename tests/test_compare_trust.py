@@ -436,3 +436,15 @@ def test_the_next_workloads_inputs_compile_ahead_and_never_under_the_host_clock(
         assert [r["status"] for r in recs] == ["ok"] and looked == expect
         if workers:
             assert e2e_after_done == [True]
+
+
+def test_which_pairs_compile_on_workers():
+    """Jitted JAX programs whose compile runs nothing on the GPU compile on workers; XLA's own attention (its matrix
+    products are autotuned by running them) and torch / CUDA twins compile at their first call."""
+    from compare.impls import all_impls
+
+    by = {i.name: i for i in all_impls()}
+    ahead = {n: runner._compiled_ahead(by[n]) for n in ("pallas:auto", "jax:cudnn", "fa3:mha", "jax:xla",
+                                                         "torch:cudnn", "cuda:v4_fused")}
+    assert ahead == {"pallas:auto": True, "jax:cudnn": True, "fa3:mha": True, "jax:xla": False, "torch:cudnn": False,
+                     "cuda:v4_fused": False}

@@ -668,7 +668,8 @@ def test_compile_ahead_finishes_before_any_timing(monkeypatch, tmp_path, fake_gp
     assert [r["status"] for r in ahead] == [r["status"] for r in plain] == ["ok"] * 3
     assert pending_at_timing and not any(pending_at_timing)
     phases = [r["metrics"]["phase_s"] for r in ahead]
-    assert all("compile_bg" in ph for ph in phases)  # the Pallas pairs and the JAX peer (jax:xla) alike
+    # the Pallas pairs on workers; XLA's own attention compiles at its first call (its autotuning runs kernels)
+    assert "compile_bg" in phases[0] and "compile_bg" in phases[2] and "compile_bg" not in phases[1]
     assert all("compile_bg" not in r["metrics"]["phase_s"] for r in plain)
     for a, b in zip(ahead, plain):
         assert a["agreement"]["rel_l2_err"] == b["agreement"]["rel_l2_err"]
