@@ -14,7 +14,9 @@ values), its features (window, soft-cap, sinks, packed documents) included, in o
 (``_dense_oracle_f64``: session 25; slicing the inputs op by op compiled a program each, most of a sweep workload's
 oracle on a GPU) on the host's XLA CPU backend (``_oracle_device``: the inputs copied over as stored; compiled for the
 GPU, that one program took 1.5-6.5 s), checked against attn_core.oracle's numpy (features passed through) on the first
-sampled batch, KV head and row range; paged quantized caches and MLA with attn_core.oracle's numpy on the host CPU.
+sampled batch, KV head and row range; a 16-bit MLA latent the same way (keys the latent, values its first
+``kv_lora_rank`` columns, its pool checked against the dense latent); paged quantized caches and quantized MLA latents
+with attn_core.oracle's numpy on the host CPU.
 
 Workload features (window, soft-cap, sinks, packed documents) reach the oracle with the workload's own inputs
 (``feature_kwargs``: the sink logits of the sampled heads, the segment ids of the sampled rows). A train workload
@@ -103,7 +105,8 @@ ORACLE_NOTE = ("float64. Dense caches (16-bit, or quantized and dequantized exac
                "caches (through their dense view, the pools checked value by value against it), window, soft-cap, "
                "sinks and packed documents included: one XLA float64 program a workload on the host's XLA CPU backend "
                "(_dense_oracle_f64, the inputs copied from the device), checked against attn_core.oracle (numpy, CPU) "
-               "on the first sampled batch, KV head and row range; paged quantized caches and MLA: attn_core.oracle "
+               "on the first sampled batch, KV head and row range; a 16-bit MLA latent the same way (its pool checked "
+               "against the dense latent); paged quantized caches and quantized MLA latents: attn_core.oracle "
                "(numpy, CPU)")
 
 GRAD_ORACLE_NOTE = ("float64, attn_core.oracle.attention_grad_reference's analytic backward in its row blocks. Without "
@@ -175,6 +178,8 @@ def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     if kv not in ("storage", "fp16"):
         raise ValueError(f"kv must be 'storage' or 'fp16'; got {kv!r}")
     if w.family == "mla":
+        if getattr(inp, "kv_dtype", None) is None or kv == "fp16":  # the 16-bit latent: the one-program oracle
+            return _dense_oracle(w, inp, subset, mla=True)
         return _mla_oracle(w, inp, subset, kv)
     quant = kv == "storage" and getattr(inp, "kv_dtype", None) is not None
     paged_quant = w.family == "paged_decode" and getattr(inp, "kv_dtype", None) is not None
@@ -263,9 +268,10 @@ def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[i
 
 
 @functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale", "window",
-                                             "softcap"))
+                                             "softcap", "v_width"))
 def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batches: tuple, rows: tuple, heads: tuple,
-                      groups: tuple, causal: bool, scale: float, window=None, softcap: float | None = None):
+                      groups: tuple, causal: bool, scale: float, window=None, softcap: float | None = None,
+                      v_width: int | None = None):
     """The whole dense oracle of a workload in one program (traced under ``jax.enable_x64``): for each batch of
     ``batches`` (``lax.map``, one at a time: float64 memory stays at one batch's scores), the rows ``rows`` (half-open
     ranges; in the i-th sampled batch row ``r`` is at position ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist:
@@ -279,6 +285,8 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     ``[nb, R, n_groups, m, Dv]`` and, for ``_check_dense_oracle``, the first batch's first group as stored: its
     first range's query rows ``[n0, m, D]`` and its KV head ``[Tk, D]`` of K and V."""
     f64 = jnp.float64
+    if v_width is not None:  # MLA: the values are the latent's first ``v_width`` columns
+        v = v[..., :v_width]
     ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
     us = np.array([u for u, _ in groups])
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
@@ -326,10 +334,10 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     out = jax.lax.map(one, (jnp.asarray(batches), q_offs, kv_valid))
     b0, n0 = batches[0], rows[0][1] - rows[0][0]
     q0 = jnp.take(q[b0, rows[0][0]:rows[0][0] + n0], jnp.asarray(hs[0]), axis=1)
-    return out, q0, k[b0, :, int(us[0])], v[b0, :, int(us[0])]
+    return out, q0, k[b0, :, int(us[0])], v[b0, :, int(us[0])]  # v: the values the program read (MLA: sliced)
 
 
-def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
+def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False, mla: bool = False) -> np.ndarray:
     """The oracle of a workload (``oracle``'s path for all but MLA and paged quantized caches) in one program
     (window, soft-cap, sinks and packed documents as the workload has them)
     (``_dense_oracle_f64``; the paths it replaces compiled a slice per batch and range, ~0.1-0.3 s each on a GPU, most
@@ -341,11 +349,17 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
     a mismatch raises)."""
     from . import interop
 
-    g = w.heads_q // w.heads_kv
+    g = w.heads_q if mla else w.heads_q // w.heads_kv  # MLA: one latent head for every query head
     groups = _head_groups(tuple(subset.heads), g)
     k, v = (interop.dequantized(inp.k_quant), interop.dequantized(inp.v_quant)) if quant else (inp.k, inp.v)
-    if w.family == "paged_decode":
-        _check_pools(inp)
+    v_width = int(inp.kv_lora_rank) if mla else None
+    if w.family in ("paged_decode", "mla"):
+        if getattr(inp, "kv_dtype", None) is not None:
+            pass  # kv="fp16" on a quantized cache: the dense values the pool was quantized from; no pool to compare
+        elif mla:  # the latent pool (16-bit) holds the dense latent's values, read through the table
+            _check_pools(inp, k_pool=inp.latent_pool, v_pool=inp.latent_pool)
+        else:
+            _check_pools(inp)
         lens = np.asarray(inp.kv_lens, np.int64)[list(subset.batches)]
         q_offs, kv_valid = lens - w.q_len, lens
     else:
@@ -364,7 +378,8 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False) -> np.ndarray:
         out, q0, k0, v0 = _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks_c, segs_c,
                                             batches=tuple(subset.batches), rows=tuple(tuple(r) for r in subset.rows),
                                             heads=tuple(subset.heads), groups=groups, causal=bool(w.causal),
-                                            scale=float(inp.scale), window=window, softcap=softcap)
+                                            scale=float(inp.scale), window=window, softcap=softcap,
+                                            v_width=v_width)
         out = np.asarray(out)
     nb, n_rows = out.shape[0], out.shape[1]
     res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
@@ -401,11 +416,13 @@ def _pool_mismatches(k, v, k_pool, v_pool, table, kv_lens):
     return bad
 
 
-def _check_pools(inp) -> None:
+def _check_pools(inp, *, k_pool=None, v_pool=None) -> None:
     """A paged workload's pools hold its dense view's values for every sequence, key by key (the oracle reads the dense
     view; before session 25 it gathered the sampled sequences' pages on the host, which checked the paging for them);
     a RuntimeError otherwise."""
-    bad = int(_pool_mismatches(inp.k, inp.v, inp.k_pool, inp.v_pool, inp.block_table, jnp.asarray(inp.kv_lens)))
+    k_pool = inp.k_pool if k_pool is None else k_pool
+    v_pool = inp.v_pool if v_pool is None else v_pool
+    bad = int(_pool_mismatches(inp.k, inp.v, k_pool, v_pool, inp.block_table, jnp.asarray(inp.kv_lens)))
     if bad:
         raise RuntimeError(f"the paged pools differ from the dense keys/values at {bad} places: the oracle would not "
                            "judge what the kernels read")

@@ -359,3 +359,32 @@ def test_the_one_program_check_and_take_equal_the_op_by_op_ones(bad):
     want = gs.take((xj, dk, dk + 1))
     for name in ("dq", "dk", "dv"):
         np.testing.assert_array_equal(got_g[name], want[name])
+
+
+@pytest.mark.parametrize("q_len,causal", [(1, False), (3, True)])
+def test_the_one_program_oracle_on_an_mla_latent(q_len, causal):
+    """Session 25: a 16-bit MLA workload's oracle is the one program on its dense latent (keys the whole latent, values
+    its first kv_lora_rank columns, one latent head for every query head; ragged lengths), after the latent pool is
+    proved to hold the same values through the table: attn_core's MLA reference per sequence. A pool that differs in
+    one value stops it."""
+    import dataclasses
+
+    from compare.workloads import load_config
+
+    w = {x.name: x for x in load_config("mla")}["mla_smoke_ragged_bfloat16"]
+    w = dataclasses.replace(w, q_len=q_len, causal=causal, q_offset=w.kv_len - q_len)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    got = accuracy.oracle(w, inp, sub)
+    lat = np.asarray(inp.k.astype(jnp.float32)).astype(np.float64)
+    for i, b in enumerate(sub.batches):
+        n = int(inp.kv_lens[b])
+        q = np.asarray(inp.q[b:b + 1].astype(jnp.float32)).astype(np.float64)
+        ref, _ = reference.attention_reference(q, lat[b:b + 1, :n], lat[b:b + 1, :n, :, :w.kv_lora_rank],
+                                               causal=causal, scale=inp.scale, q_offset=n - q_len)
+        rows = np.concatenate([np.arange(r0, r1) for r0, r1 in sub.rows])
+        _assert_same(got[i], ref[0][rows][:, list(sub.heads)])
+    page = int(np.asarray(inp.block_table)[0, 0])
+    inp.latent_pool = inp.latent_pool.at[page, 2, 0, 5].add(1.0)
+    with pytest.raises(RuntimeError, match="pools differ from the dense"):
+        accuracy.oracle(w, inp, sub)
