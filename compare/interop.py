@@ -238,11 +238,13 @@ def _page_on_device(k, v, batch, page, slots, *, n_pages: int, page_size: int):
 
 def compile_inputs(w) -> bool:
     """Compile the program ``make_inputs`` draws ``w``'s q, k, v (and train's cotangent) with, from shapes alone (no
-    data, no device work): a runner warms it on a worker thread while the workload before ``w`` runs. False where
-    ``make_inputs`` draws otherwise (MLA)."""
-    if w.family == "mla":
-        return False
+    data, no device work): a runner warms it on a worker thread while the workload before ``w`` runs (an MLA
+    workload's ``_draw_mla``)."""
     key = jax.random.key(0)
+    if w.family == "mla":
+        _draw_mla.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), (w.batch, w.q_len, w.heads_q, w.head_dim),
+                        (w.batch, w.kv_len, 1, w.head_dim), jnp.dtype(w.dtype)).compile()
+        return True
     _draw_qkv.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), (w.batch, w.q_len, w.heads_q, w.head_dim),
                     (w.batch, w.kv_len, w.heads_kv, w.head_dim), jnp.dtype(w.dtype), w.family == "train").compile()
     return True
@@ -334,6 +336,20 @@ def take_quantized(t, index) -> Any:
 # ------------------------------------------------------------------------------------------------- MLA
 
 
+@functools.partial(jax.jit, static_argnames=("lead", "fill"))
+def _page_field(field, gather, spare, *, lead: tuple, fill):
+    """One field ``[B, Tk, 1, W]`` of a latent paged by ``page_latent``'s index pool (``gather``: 0 for the builder's
+    zero padding, else 1 + the token's flat index) into ``[*lead, W]``, the builder's spare blocks (``spare``, or None)
+    set to ``fill`` (an int code, or ``"amax"``: the field's largest magnitude); one compiled program a shape."""
+    b, tk, w = field.shape[0], field.shape[1], field.shape[-1]
+    flat = jnp.concatenate([jnp.zeros((1, w), field.dtype), field.reshape(b * tk, w)])
+    out = flat[gather].reshape(*lead, w)
+    if spare is not None:
+        value = jnp.max(jnp.abs(field)) if fill == "amax" else jnp.asarray(fill)
+        out = jnp.where(spare, value.astype(field.dtype), out)
+    return out
+
+
 def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax.Array]:
     """Page a dense latent ``[B, Tk, 1, DQK]`` (a JAX array in any dtype, or a pallas_attn.quant Fp8Tensor /
     Nvfp4Tensor of it) into ``(pool [num_blocks, page, 1, ...], block_table int32 [B, pages_per_seq])``.
@@ -368,21 +384,25 @@ def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax
     spare_j = jnp.asarray(spare) if spare.any() else None
 
     def page(field, fill):  # [B, Tk, 1, W] -> [num_blocks, page, 1, W]
-        flat = field.reshape(b * tk, field.shape[-1])
-        flat = jnp.concatenate([jnp.zeros((1, flat.shape[-1]), flat.dtype), flat])
-        out = flat[gather].reshape(*lead, field.shape[-1])
-        if spare_j is not None:
-            out = jnp.where(spare_j, jnp.asarray(fill).astype(field.dtype), out)
-        return out
+        return _page_field(field, gather, spare_j, lead=tuple(int(x) for x in lead),
+                           fill=None if spare_j is None else fill)
 
     if fmt == "fp8_e4m3":  # 0x7E: 448, the largest finite E4M3 code; NVFP4 0x77: level 6 twice
         pool = quant.Fp8Tensor(data=page(latent.data, 0x7E), scale=latent.scale)
     elif fmt == "nvfp4":
         pool = quant.Nvfp4Tensor(packed=page(latent.packed, 0x77), micro=page(latent.micro, 0x7E), scale=latent.scale)
     else:
-        lat = jnp.asarray(latent)
-        pool = page(lat, jnp.max(jnp.abs(lat)) if spare_j is not None else 0)
+        pool = page(jnp.asarray(latent), "amax")
     return pool, jnp.asarray(table, dtype=jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _draw_mla(root, shape_q: tuple, shape_lat: tuple, dt):
+    """An MLA workload's q and latent: two streams split from ``root``, standard normal in float32, cast to ``dt``
+    (one program a shape; the same values as the draws one by one)."""
+    kq, kl = jax.random.split(root, 2)
+    return (jax.random.normal(kq, shape_q, jnp.float32).astype(dt),
+            jax.random.normal(kl, shape_lat, jnp.float32).astype(dt))
 
 
 def make_mla_inputs(w, *, seed: int | None = None) -> Inputs:
@@ -396,9 +416,8 @@ def make_mla_inputs(w, *, seed: int | None = None) -> Inputs:
     if w.family != "mla":
         raise ValueError(f"make_mla_inputs takes an mla workload; got family {w.family!r}")
     dt = jnp.dtype(w.dtype)
-    kq, kl = jax.random.split(jax.random.key(w.seed if seed is None else seed), 2)
-    q = jax.random.normal(kq, (w.batch, w.q_len, w.heads_q, w.head_dim), jnp.float32).astype(dt)
-    latent = jax.random.normal(kl, (w.batch, w.kv_len, 1, w.head_dim), jnp.float32).astype(dt)
+    q, latent = _draw_mla(jax.random.key(w.seed if seed is None else seed), (w.batch, w.q_len, w.heads_q, w.head_dim),
+                          (w.batch, w.kv_len, 1, w.head_dim), dt)
     lens = kv_lengths(w)
     inp = Inputs(q=q, k=latent, v=latent, scale=1.0 / float(np.sqrt(w.head_dim)), kv_lens=lens,
                  kv_lora_rank=int(w.kv_lora_rank))

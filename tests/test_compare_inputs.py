@@ -37,3 +37,31 @@ def test_the_layout_is_the_builders():
     assert lay.n_pages == kp.shape[0] == 1 + 3 and sorted(lay.slots.tolist()) == [0, 1, 2, 3]
     for i, (b, p, s) in enumerate(zip(lay.batch, lay.page, lay.slots, strict=True)):
         np.testing.assert_array_equal(kp[s], np.pad(k[b], ((0, 4), (0, 0), (0, 0)))[p * 8:(p + 1) * 8], err_msg=str(i))
+
+
+def test_mla_draws_in_one_program_equal_the_draws_one_by_one():
+    """``interop._draw_mla`` (session 25) gives bitwise the q and latent the two draws and casts gave one by one."""
+    import jax
+
+    root = jax.random.key(11)
+    kq, kl = jax.random.split(root, 2)
+    sq, sl = (2, 1, 16, 96), (2, 200, 1, 96)
+    q, lat = interop._draw_mla(root, sq, sl, jnp.dtype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                  np.asarray(jax.random.normal(kq, sq, jnp.float32).astype(jnp.bfloat16)
+                                             .astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(lat.astype(jnp.float32)),
+                                  np.asarray(jax.random.normal(kl, sl, jnp.float32).astype(jnp.bfloat16)
+                                             .astype(jnp.float32)))
+
+
+def test_a_16bit_latent_pool_is_the_builders():
+    """``page_latent`` (its fields paged by one compiled program, session 25) holds what
+    ``attn_core.paging.build_paged_latent`` places, spare blocks and their fill included, with its table."""
+    lens = np.array([200, 77])
+    lat = jnp.asarray(np.random.default_rng(0).standard_normal((2, 200, 1, 24)), jnp.bfloat16)
+    pool, table = interop.page_latent(lat, 16, seed=4, kv_lens=lens)
+    want_pool, want_table, _ = paging.build_paged_latent(np.asarray(lat.astype(jnp.float32)), 16, seed=4,
+                                                          kv_lens=lens)
+    np.testing.assert_array_equal(np.asarray(pool.astype(jnp.float32)), want_pool)
+    np.testing.assert_array_equal(np.asarray(table), want_table)
