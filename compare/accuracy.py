@@ -10,10 +10,10 @@ too (seeded, first and last always in). Every implementation is compared on the 
 
 Where the float64 math runs (``ORACLE_NOTE``): a workload on a dense cache (16-bit, or quantized and dequantized
 exactly) or on a 16-bit paged one (through its dense view, after ``_check_pools`` proved the pools hold the same
-values), its features (window, soft-cap, sinks, packed documents) included, in one XLA float64 program
-(``_dense_oracle_f64``: session 25; slicing the inputs op by op compiled a program each, most of a sweep workload's
-oracle on a GPU) on the host's XLA CPU backend (``_oracle_device``: the inputs copied over as stored; compiled for the
-GPU, that one program took 1.5-6.5 s), checked against attn_core.oracle's numpy (features passed through) on the first
+values), its features (window, soft-cap, sinks, packed documents) included, in float64 numpy on the host, one pass
+over the subset (``_dense_oracle_f64``: session 25; slicing the inputs on the GPU op by op compiled a program each,
+and the same math as one XLA program took 1.5-3.2 s of GPU compile a workload; numpy compiles nothing and its BLAS
+products beat XLA's CPU float64 ones), checked against attn_core.oracle's numpy (features passed through) on the first
 sampled batch, KV head and row range; a 16-bit MLA latent the same way (keys the latent, values its first
 ``kv_lora_rank`` columns, its pool checked against the dense latent); paged quantized caches and quantized MLA latents
 with attn_core.oracle's numpy on the host CPU.
@@ -103,7 +103,7 @@ def _finite_and_take(x, *, batches: tuple, rows: tuple, heads: tuple):
 
 ORACLE_NOTE = ("float64. Dense caches (16-bit, or quantized and dequantized exactly on the device) and 16-bit paged "
                "caches (through their dense view, the pools checked value by value against it), window, soft-cap, "
-               "sinks and packed documents included: one XLA float64 program a workload on the host's XLA CPU backend "
+               "sinks and packed documents included: float64 numpy on the host, one pass over the subset "
                "(_dense_oracle_f64, the inputs copied from the device), checked against attn_core.oracle (numpy, CPU) "
                "on the first sampled batch, KV head and row range; a 16-bit MLA latent the same way (its pool checked "
                "against the dense latent); paged quantized caches and quantized MLA latents: attn_core.oracle "
@@ -160,13 +160,13 @@ def choose_subset(w, *, max_rows: int = 256, max_macs: float = 2e9, seed: int = 
 def oracle(w, inp, subset: Subset, *, kv: str = "storage") -> np.ndarray:
     """float64 reference output on ``subset``: ``[nb, nrows, nh, D]``.
 
-    MLA and paged quantized caches aside: ``_dense_oracle``, one XLA float64 program a workload on the host's CPU
-    backend (a dense cache as stored or dequantized exactly; a 16-bit paged cache through its dense view, the pools
-    checked value by value against it; the workload's features included), checked against attn_core.oracle's numpy.
-    A paged quantized cache: attn_core.oracle's numpy on the host, row range by row range with ``q_offset`` shifted by
-    the range start (so causal masks stay exact), its keys gathered through the block table from the pools (so paging
-    is checked too), ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says, rows with a feature with
-    the workload's feature inputs (``feature_kwargs``). MLA: ``_mla_oracle``.
+    Quantized MLA latents and paged quantized caches aside: ``_dense_oracle``, float64 numpy on the host in one pass
+    over the subset (a dense cache as stored or dequantized exactly; a 16-bit paged cache through its dense view, the
+    pools checked value by value against it; the workload's features included), checked against attn_core.oracle's
+    numpy. A paged quantized cache: attn_core.oracle's numpy on the host, row range by row range with ``q_offset``
+    shifted by the range start (so causal masks stay exact), its keys gathered through the block table from the pools
+    (so paging is checked too), ``q_offset = kv_len[b] - Tq`` per sequence as the paged contract says, rows with a
+    feature with the workload's feature inputs (``feature_kwargs``). A quantized MLA latent: ``_mla_oracle``.
 
     ``kv``: ``"storage"`` (default) is the cache the kernels read: for a quantized-KV workload (``kv_dtype``)
     that is the quantized cache itself (``inp.k_quant`` or the quantized pools), dequantized exactly
@@ -249,10 +249,9 @@ def _row_max_safe(s):
 
 
 def _oracle_device():
-    """Where the float64 oracle programs run: the host's XLA CPU backend (a GPU run copies the inputs over). Session
-    25 on an H100: XLA's GPU compile of one float64 oracle program took 1.5-6.5 s a workload, most of a sweep
-    workload's host time; compiled for the CPU it takes a fraction of a second and the float64 math (at most ~7e10
-    FLOPs, the gradient subset) runs on the host's cores."""
+    """Where the gradient oracle's float64 XLA programs run: the host's XLA CPU backend (a GPU run copies the inputs
+    over). Session 25 on an H100: XLA's GPU compile of the gradient programs took 3.5-6.5 s a train workload, most of
+    its host time; compiled for the CPU they take a fraction of a second."""
     return jax.devices("cpu")[0]
 
 
@@ -267,86 +266,83 @@ def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[i
     return tuple((u, tuple(v + [v[0]] * (m - len(v)))) for u, v in sorted(by.items()))
 
 
-@functools.partial(jax.jit, static_argnames=("batches", "rows", "heads", "groups", "causal", "scale", "window",
-                                             "softcap", "v_width"))
 def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batches: tuple, rows: tuple, heads: tuple,
                       groups: tuple, causal: bool, scale: float, window=None, softcap: float | None = None,
                       v_width: int | None = None):
-    """The whole dense oracle of a workload in one program (traced under ``jax.enable_x64``): for each batch of
-    ``batches`` (``lax.map``, one at a time: float64 memory stays at one batch's scores), the rows ``rows`` (half-open
-    ranges; in the i-th sampled batch row ``r`` is at position ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist:
-    a paged cache's ragged lengths) of the query heads ``heads`` against their KV heads (``groups``,
-    ``_head_groups``), every existing key visible (non-causal) or keys ``j <= q_offs[i] + r`` (causal), in float64
-    with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, soft-capped
-    (``softcap * tanh(s / softcap)``), masked to ``-inf`` (causal, ``window`` as attn_core reads it: an int keeps
-    ``j > pos - window``, a ``(left, right)`` pair ``pos - left <= j <= pos + right``; packed documents: the row's
-    segment ``segs[b, r]`` equals the key's ``segs[b, j]``), max-subtracted with the head's sink logit
-    (``sinks [Hq]``) in the max and in the sum, ``p / sum`` (a row that sees nothing: 0), ``p V``. Returns the output
-    ``[nb, R, n_groups, m, Dv]`` and, for ``_check_dense_oracle``, the first batch's first group as stored: its
-    first range's query rows ``[n0, m, D]`` and its KV head ``[Tk, D]`` of K and V."""
-    f64 = jnp.float64
+    """The whole dense oracle of a workload in float64 numpy on the host, BLAS matrix products (session 25: the same
+    math as one XLA program took 1.5-3.2 s of XLA's GPU compile a workload on an H100, compiled for the CPU
+    0.4-0.6 s and ran its float64 products at a quarter of numpy's BLAS speed; numpy compiles nothing). For each
+    batch of ``batches``, the rows ``rows`` (half-open ranges; in the i-th sampled batch row ``r`` is at position
+    ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist: a paged cache's ragged lengths) of the query heads
+    ``heads`` against their KV heads (``groups``, ``_head_groups``; a group's query heads folded into the rows of one
+    product), with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, soft-capped
+    (``softcap * tanh(s / softcap)``), masked to ``-inf`` (causal ``j <= pos``; ``window`` as attn_core reads it: an
+    int keeps ``j > pos - window``, a ``(left, right)`` pair ``pos - left <= j <= pos + right``; packed documents: the
+    row's segment ``segs[b, r]`` equals the key's), the row max with the head's sink logit (``sinks [Hq]``), NaN
+    propagating as numpy's max does, ``exp(s - max)``, the sum with the sink's share, ``p / sum`` (a row that sees
+    nothing: 0), ``p V`` (MLA: ``v_width``, the latent's first columns). Arrays may be JAX or numpy (read to the host
+    once each, as stored). Returns ``(out [nb, R, n_groups, m, Dv], q0 [n0, m, D], k0 [Tk, D], v0 [Tk, Dv])``: the
+    output and, for ``_check_dense_oracle``, the first batch's first group as stored (its first range's rows)."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
     if v_width is not None:  # MLA: the values are the latent's first ``v_width`` columns
         v = v[..., :v_width]
+    q_offs, kv_valid = np.asarray(q_offs, np.int64), np.asarray(kv_valid, np.int64)
+    sinks = None if sinks is None else reference.to_f64(sinks)
+    segs = None if segs is None else np.asarray(segs)
     ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
-    us = np.array([u for u, _ in groups])
+    n_rows = len(ridx)
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
-    tk = k.shape[1]
-
-    sink = None if sinks is None else jnp.take(sinks.astype(f64), jnp.asarray(hs))[:, :, None, None]  # [G, m, 1, 1]
-
-    def one(args):
-        b, off, n_keys = args
-        qb = jnp.take(jnp.take(q[b], jnp.asarray(ridx), axis=0), jnp.asarray(hs), axis=1).astype(f64)  # [R, G, m, D]
-        kb = jnp.take(k[b], jnp.asarray(us), axis=1).astype(f64)  # [Tk, G, D]
-        vb = jnp.take(v[b], jnp.asarray(us), axis=1).astype(f64)
-        kid = jnp.arange(tk)[None, :]
-        vb = jnp.where((kid[0] < n_keys)[:, None, None], vb, 0.0)  # past the sequence: no value (NaN stays out)
-        s = jnp.einsum("rumd,tud->umrt", qb, kb) * scale  # [G, m, R, Tk]
-        if softcap is not None:
-            s = softcap * jnp.tanh(s / softcap)
-        pos = off + jnp.asarray(ridx)[:, None]  # [R, 1]
-        visible = kid < n_keys
+    m = hs.shape[1]
+    out = np.empty((len(batches), n_rows, len(groups), m, v.shape[-1]), np.float64)
+    for bi, b in enumerate(batches):
+        n, off = int(kv_valid[bi]), int(q_offs[bi])
+        pos = off + ridx  # [R] the rows' positions
+        kid = np.arange(n)
+        visible = np.ones((n_rows, n), bool)
         if causal:
-            visible = visible & (kid <= pos)
+            visible &= kid[None, :] <= pos[:, None]
         if isinstance(window, tuple):
             if window[0] is not None:
-                visible = visible & (kid >= pos - window[0])
+                visible &= kid[None, :] >= pos[:, None] - window[0]
             if window[1] is not None:
-                visible = visible & (kid <= pos + window[1])
+                visible &= kid[None, :] <= pos[:, None] + window[1]
         elif window is not None:
-            visible = visible & (kid > pos - window)
+            visible &= kid[None, :] > pos[:, None] - window
         if segs is not None:
-            visible = visible & (jnp.take(segs[b], jnp.asarray(ridx))[:, None] == segs[b][None, :])
-        s = jnp.where(visible[None, None], s, -jnp.inf)
-        mx = s.max(axis=-1, keepdims=True)
-        nan_row = jnp.isnan(s).any(axis=-1, keepdims=True)  # numpy's max propagates a NaN; XLA's may skip it
-        if sink is not None:
-            mx = jnp.maximum(mx, sink)
-            nan_row = nan_row | jnp.isnan(sink)
-        m_safe = jnp.where(jnp.isfinite(mx) & ~nan_row, mx, 0.0)
-        p = jnp.exp(s - m_safe)
-        tot = p.sum(axis=-1, keepdims=True)
-        if sink is not None:
-            tot = tot + jnp.exp(sink - m_safe)
-        p = p / jnp.where(tot > 0, tot, 1.0)
-        return jnp.einsum("umrt,tud->rumd", p, vb)  # [R, G, m, Dv]
-
-    out = jax.lax.map(one, (jnp.asarray(batches), q_offs, kv_valid))
-    b0, n0 = batches[0], rows[0][1] - rows[0][0]
-    q0 = jnp.take(q[b0, rows[0][0]:rows[0][0] + n0], jnp.asarray(hs[0]), axis=1)
-    return out, q0, k[b0, :, int(us[0])], v[b0, :, int(us[0])]  # v: the values the program read (MLA: sliced)
+            visible &= segs[b, ridx][:, None] == segs[b, :n][None, :]
+        qb = q[b, ridx].astype(np.float64)  # [R, Hq, D]
+        for gi, (u, _) in enumerate(groups):
+            ku, vu = k[b, :n, u].astype(np.float64), v[b, :n, u].astype(np.float64)  # [n, D], [n, Dv]
+            qg = qb[:, hs[gi]].transpose(1, 0, 2).reshape(m * n_rows, -1)  # [m * R, D]: the group's heads as rows
+            sc = ((qg @ ku.T) * scale).reshape(m, n_rows, n)
+            if softcap is not None:
+                sc = softcap * np.tanh(sc / softcap)
+            sc = np.where(visible[None], sc, -np.inf)
+            mx = sc.max(axis=-1, keepdims=True) if n else np.full((m, n_rows, 1), -np.inf)
+            sink = None if sinks is None else sinks[hs[gi]][:, None, None]  # [m, 1, 1]
+            if sink is not None:
+                mx = np.maximum(mx, sink)  # NaN in a score or a sink stays NaN
+            m_safe = np.where(np.isfinite(mx), mx, 0.0)
+            p = np.exp(sc - m_safe)
+            tot = p.sum(axis=-1, keepdims=True)
+            if sink is not None:
+                tot = tot + np.exp(sink - m_safe)
+            p = p / np.where(tot > 0, tot, 1.0)
+            out[bi, :, gi] = (p.reshape(m * n_rows, n) @ vu).reshape(m, n_rows, -1).transpose(1, 0, 2)
+    b0, (r0, r1) = batches[0], rows[0]
+    u0 = int(groups[0][0])
+    return out, q[b0, r0:r1][:, hs[0]], k[b0, :, u0], v[b0, :, u0]
 
 
 def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False, mla: bool = False) -> np.ndarray:
-    """The oracle of a workload (``oracle``'s path for all but MLA and paged quantized caches) in one program
-    (window, soft-cap, sinks and packed documents as the workload has them)
-    (``_dense_oracle_f64``; the paths it replaces compiled a slice per batch and range, ~0.1-0.3 s each on a GPU, most
-    of a sweep workload's oracle): a dense 16-bit cache as stored; a quantized dense cache (``quant``) dequantized
-    once on the device (exactly, ``interop.dequantized``); a paged 16-bit cache through its dense view ``inp.k`` /
-    ``inp.v`` (the pools hold the same values: ``_check_pools`` proves it for every sequence) with each sequence's
-    length and offset ``kv_len - Tq`` (the paged contract). The result ``[nb, nrows, nh, Dv]`` to the host, checked
-    against attn_core's numpy oracle on the first sampled batch, first KV head and first row range (``_check_close``:
-    a mismatch raises)."""
+    """The oracle of a workload (``oracle``'s path for all but quantized MLA latents and paged quantized caches) in
+    one pass of float64 numpy (``_dense_oracle_f64``; window, soft-cap, sinks and packed documents as the workload has
+    them; a 16-bit MLA latent as keys and its first ``kv_lora_rank`` columns as values): a dense 16-bit cache as stored;
+    a quantized dense cache (``quant``) dequantized once on the device (exactly, ``interop.dequantized``); a paged
+    16-bit cache through its dense view ``inp.k`` / ``inp.v`` (the pools hold the same values: ``_check_pools`` proves
+    it for every sequence) with each sequence's length and offset ``kv_len - Tq`` (the paged contract). The result
+    ``[nb, nrows, nh, Dv]``, checked against attn_core's numpy oracle on the first sampled batch, first KV head and
+    first row range (``_check_close``: a mismatch raises)."""
     from . import interop
 
     g = w.heads_q if mla else w.heads_q // w.heads_kv  # MLA: one latent head for every query head
@@ -370,17 +366,10 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False, mla: bool = Fa
     softcap = None if getattr(w, "softcap", None) is None else float(w.softcap)
     sinks = inp.sinks if getattr(w, "sinks", False) else None
     segs = inp.segment_ids if getattr(w, "packed", False) else None
-    cpu = _oracle_device()
-    with jax.enable_x64(True):
-        # on the host's XLA CPU backend: the arrays copied over as stored, the program compiled for the CPU (session
-        # 25, H100: the same program compiled for the GPU took 1.5-3 s a workload, most of its oracle)
-        q, k, v, q_offs, kv_valid, sinks_c, segs_c = jax.device_put((inp.q, k, v, q_offs, kv_valid, sinks, segs), cpu)
-        out, q0, k0, v0 = _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks_c, segs_c,
-                                            batches=tuple(subset.batches), rows=tuple(tuple(r) for r in subset.rows),
-                                            heads=tuple(subset.heads), groups=groups, causal=bool(w.causal),
-                                            scale=float(inp.scale), window=window, softcap=softcap,
-                                            v_width=v_width)
-        out = np.asarray(out)
+    out, q0, k0, v0 = _dense_oracle_f64(inp.q, k, v, q_offs, kv_valid, sinks, segs, batches=tuple(subset.batches),
+                                        rows=tuple(tuple(r) for r in subset.rows), heads=tuple(subset.heads),
+                                        groups=groups, causal=bool(w.causal), scale=float(inp.scale), window=window,
+                                        softcap=softcap, v_width=v_width)
     nb, n_rows = out.shape[0], out.shape[1]
     res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
     for gi, (_, pos) in enumerate(groups):
