@@ -23,9 +23,8 @@ Workload features (window, soft-cap, sinks, packed documents) reach the oracle w
 also checks the gradients: ``dq``, ``dk``, ``dv`` of ``sum(out * w)`` on one batch row and one KV head with its
 group of query heads (``choose_grad_subset``: every row and key, or at long causal sequences the last rows and the
 keys only they see, which they fully determine), against ``attn_core.oracle.attention_grad_reference``'s math
-(``grad_oracle``): without features by XLA in float64 on the host's CPU backend (``_grad_device``, checked in every
-call against the numpy reference on the last rows), with a feature the numpy reference itself (seconds on the CPU at 32k
-tokens per batch).
+(``grad_oracle``): numpy on the host, from copies of the subset's inputs as stored (seconds on the CPU at 32k tokens
+per batch).
 
 Errors: ``max_abs_err = max |out - ref|`` and ``rel_l2_err = ||out - ref||_2 / ||ref||_2``. A non-finite
 value anywhere in the full output fails the record before any error is computed (NaN never passes).
@@ -109,10 +108,8 @@ ORACLE_NOTE = ("float64. Dense caches (16-bit, or quantized and dequantized exac
                "against the dense latent); paged quantized caches and quantized MLA latents: attn_core.oracle "
                "(numpy, CPU)")
 
-GRAD_ORACLE_NOTE = ("float64, attn_core.oracle.attention_grad_reference's analytic backward in its row blocks. Without "
-                    "features: XLA float64 on the host's CPU backend (_grad_device), checked in every call against "
-                    "attention_grad_reference (numpy, CPU) on the subset's last rows; with a feature (window, "
-                    "soft-cap, sinks, packed): attention_grad_reference itself (numpy, CPU)")
+GRAD_ORACLE_NOTE = ("float64: attn_core.oracle.attention_grad_reference (numpy, CPU) on copies of the subset's "
+                    "inputs as stored, the workload's features passed through")
 
 
 def _sample(n: int, k: int, rng: np.random.Generator) -> tuple[int, ...]:
@@ -237,22 +234,6 @@ def _reference_rows_grouped(q, k, v, hmap, *, causal: bool, scale: float, q_offs
                                               vt[u].astype(np.float64)[None, :, None], scale=scale)
         out[:, :, idx] = oj.reshape(1, len(idx), n, -1).transpose(0, 2, 1, 3)
     return out
-
-
-def _row_max_safe(s):
-    """The numpy oracle's ``m_safe`` of scores ``s`` (last axis): the row max where it is finite, else 0. A row with a
-    NaN score takes 0 too, as ``np.max`` (which propagates NaN) makes it there: XLA's CPU reduce-max can skip a NaN, so
-    the NaN is looked for on its own (it changes nothing a NaN row's output shows, but a gradient's other keys see
-    that row's unnormalized ``exp(s)``)."""
-    mx = s.max(axis=-1, keepdims=True)
-    return jnp.where(jnp.isfinite(mx) & ~jnp.isnan(s).any(axis=-1, keepdims=True), mx, 0.0)
-
-
-def _oracle_device():
-    """Where the gradient oracle's float64 XLA programs run: the host's XLA CPU backend (a GPU run copies the inputs
-    over). Session 25 on an H100: XLA's GPU compile of the gradient programs took 3.5-6.5 s a train workload, most of
-    its host time; compiled for the CPU they take a fraction of a second."""
-    return jax.devices("cpu")[0]
 
 
 def _head_groups(heads: tuple[int, ...], group: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -648,163 +629,21 @@ def choose_grad_subset(w, *, max_scores: float = 2**26) -> GradSubset:
 def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     """float64 ``{"dq", "dk", "dv"}`` of ``sum(out * w)`` on ``gs`` (``attn_core.oracle.attention_grad_reference``
     on that batch row, KV head and its query heads, rows ``gs.rows`` against every key, with the workload's features
-    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them. Without features the same float64 math runs by
-    XLA on the host's CPU backend (``_grad_device``; the subset's inputs cut there from copies), checked in every call
-    against the numpy reference on the subset's last rows (``_check_grad_device``); with a feature, numpy on the
-    host as before."""
+    and its cotangent ``inp.w``), shaped as ``gs.take`` gives them. numpy on the host, from copies of the inputs as
+    stored, cut there (session 25: slicing them on the GPU compiled a program each, and the same math as XLA programs
+    took 3.5-6.5 s of GPU compile a train workload on an H100, or ran on the host's XLA CPU backend at a fraction of
+    numpy's BLAS speed)."""
     if w.family != "train" or inp.w is None:
         raise ValueError(f"grad_oracle takes a train workload with its cotangent weight; got family {w.family!r}")
     b = gs.batch
     r0, r1 = gs.rows
-    kv = slice(gs.kv_head, gs.kv_head + 1)
-    feats = feature_kwargs(w, inp, b, gs.heads, (r0, r1))
-    keys = slice(*gs.keys)
-    if not feats and w.kv_len > 0 and r1 > r0:
-        # the subset's inputs in one program, to the host as stored (session 25: slicing them op by op compiled a
-        # program each, most of a train workload's gradient oracle on a GPU)
-        host = jax.device_put((inp.q, inp.w, inp.k, inp.v), _oracle_device())
-        q, do, k, v = (np.asarray(x) for x in _grad_inputs(*host, b=b, rows=(r0, r1), heads=tuple(gs.heads),
-                                                            kv_head=gs.kv_head))
-        g = _grad_device(q[None], k[None, :, None], v[None, :, None], do[None], causal=w.causal, scale=inp.scale,
-                         q_offset=w.q_offset + r0)
-        return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
-    h = jnp.asarray(gs.heads)
-    q = reference.to_f64(inp.q[b:b + 1, r0:r1][:, :, h])
-    k = reference.to_f64(inp.k[b:b + 1, :, kv])
-    v = reference.to_f64(inp.v[b:b + 1, :, kv])
-    do = reference.to_f64(inp.w[b:b + 1, r0:r1][:, :, h])
+    h = list(gs.heads)
+    q, do = (np.asarray(x)[b:b + 1, r0:r1][:, :, h] for x in (inp.q, inp.w))
+    k, v = (np.asarray(x)[b:b + 1, :, gs.kv_head:gs.kv_head + 1] for x in (inp.k, inp.v))
     g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0,
-                                           **feats)
+                                           **feature_kwargs(w, inp, b, gs.heads, (r0, r1)))
+    keys = slice(*gs.keys)
     return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
-
-
-@functools.partial(jax.jit, static_argnames=("b", "rows", "heads", "kv_head"))
-def _grad_inputs(q, wt, k, v, *, b: int, rows: tuple[int, int], heads: tuple[int, ...], kv_head: int):
-    """A gradient subset's inputs as stored: ``q``, ``wt`` rows ``rows`` of batch ``b`` and query heads ``heads``
-    (``[n, G, D]``), and KV head ``kv_head`` of ``k``, ``v`` (``[Tk, D]``)."""
-    h = jnp.asarray(heads)
-    r0, r1 = rows
-    return jnp.take(q[b, r0:r1], h, axis=1), jnp.take(wt[b, r0:r1], h, axis=1), k[b, :, kv_head], v[b, :, kv_head]
-
-
-def _grad_blocks(n: int, group: int, tk: int, *, causal: bool, q_offset: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """``attention_grad_reference``'s row blocks for ``n`` rows of ``group`` query heads against ``tk`` keys (one batch
-    row, one KV head, no features): its default block size (at most 256 rows and about 2^24 scores) capped at ``n``,
-    and per block ``(start, rows, hi)``, ``hi`` the end of the keys its rows can see (the causal bound; every key when
-    none is seen), the same key range the numpy blocks take part with."""
-    bq = min(n, max(1, min(256, (1 << 24) // max(1, group * max(tk, 1)))))
-    return bq, [(s0, min(bq, n - s0), _block_hi(s0 + min(bq, n - s0), tk, causal=causal, q_offset=q_offset))
-                for s0 in range(0, n, bq)]
-
-
-def _block_hi(end: int, tk: int, *, causal: bool, q_offset: int) -> int:
-    """The end of the keys seen by the rows before ``end`` (row ``i`` at position ``q_offset + i``): ``tk``
-    non-causal, else ``min(tk, end + q_offset)``, and ``tk`` when that leaves no key (as attention_grad_reference)."""
-    hi = min(tk, max(0, end + q_offset)) if causal else tk
-    return hi if hi > 0 else tk
-
-
-@functools.partial(jax.jit, static_argnames=("rows", "causal", "scale"))
-def _grad_block_f64(q, do, k, v, dk, dv, start, n_valid, q_offset, hi, *, rows: int, causal: bool, scale: float):
-    """One row block of ``attention_grad_reference``'s analytic backward in float64 (traced under ``jax.enable_x64``):
-    rows ``start .. start + rows`` of ``q [N, G, D]`` and ``do [N, G, Dv]`` (``N >= start + rows``; the first
-    ``n_valid`` rows are real, row ``i`` at position ``q_offset + i``) against ``k, v [Tk, D]`` (one KV head, its
-    ``G`` query heads). Returns ``(dq [rows, G, D], dk + dK_block, dv + dV_block)`` (``dk``, ``dv`` float64 ``[Tk,
-    D]`` accumulators). Keys ``j >= hi`` take no part: K and V are zeroed there and every product through them
-    dropped, which is the numpy block's key range ``[0, hi)`` (so NaN goes where the numpy blocks send it); padded
-    rows likewise. ``start``, ``n_valid``, ``q_offset`` and ``hi`` are traced: one program serves every block.
-
-    The math, as the numpy reference writes it: ``s = (q k^T) * scale`` masked to ``-inf``, ``P`` the max-subtracted
-    softmax (no visible key: ``P = 0``), ``O = P V``; ``dV = P^T dO``; ``dP = dO V^T``; ``delta = rowsum(dO * O)``;
-    ``dS = P * (dP - delta)``; ``dQ = scale * dS K``; ``dK = scale * dS^T Q``, summed over the ``G`` heads."""
-    f64 = jnp.float64
-    tk = k.shape[0]
-    row_ok = jnp.arange(rows) < n_valid  # [rows]
-    in_keys = jnp.arange(tk) < hi  # [Tk]
-    qb = jnp.where(row_ok[:, None, None], jax.lax.dynamic_slice_in_dim(q, start, rows).astype(f64), 0.0)
-    dob = jnp.where(row_ok[:, None, None], jax.lax.dynamic_slice_in_dim(do, start, rows).astype(f64), 0.0)
-    kb = jnp.where(in_keys[:, None], k.astype(f64), 0.0)
-    vb = jnp.where(in_keys[:, None], v.astype(f64), 0.0)
-    visible = row_ok[:, None] & in_keys[None, :]  # [rows, Tk]
-    if causal:
-        visible = visible & (jnp.arange(tk)[None, :] <= (q_offset + jnp.arange(rows))[:, None])
-    s = jnp.where(visible[None], jnp.einsum("igd,jd->gij", qb, kb) * scale, -jnp.inf)  # [G, rows, Tk]
-    p = jnp.exp(s - _row_max_safe(s))
-    tot = p.sum(axis=-1, keepdims=True)
-    p = p / jnp.where(tot > 0, tot, 1.0)
-    o = jnp.einsum("gij,jd->gid", p, vb)  # [G, rows, Dv]
-    dv_blk = jnp.einsum("gij,igd->jd", p, dob)
-    dp = jnp.einsum("igd,jd->gij", dob, vb)
-    delta = jnp.sum(dob.transpose(1, 0, 2) * o, axis=-1, keepdims=True)  # [G, rows, 1]
-    ds = jnp.where((row_ok[:, None] & in_keys[None, :])[None], p * (dp - delta), 0.0)
-    dq = scale * jnp.einsum("gij,jd->igd", ds, kb)
-    dk_blk = scale * jnp.einsum("gij,igd->jd", ds, qb)
-    keep = in_keys[:, None]
-    return dq, dk + jnp.where(keep, dk_blk, 0.0), dv + jnp.where(keep, dv_blk, 0.0)
-
-
-def _grad_device(q, k, v, do, *, causal: bool, scale: float, q_offset: int, check: bool = True
-                 ) -> dict[str, np.ndarray]:
-    """``attention_grad_reference``'s ``{"dq", "dk", "dv"}`` (float64 numpy: ``dq [1, n, G, D]``, ``dk``/``dv [1, Tk,
-    1, D]``) of ``q [1, n, G, D]``, ``do [1, n, G, Dv]`` against one KV head ``k, v [1, Tk, 1, D]`` (arrays as
-    stored, any float dtype; no features), row 0 at ``q_offset``, computed in float64 by XLA on ``_oracle_device``
-    (the host's CPU backend) over the numpy reference's own row blocks (``_grad_blocks``, ``_grad_block_f64``: float64
-    memory stays at about 2^24 scores a block; each block against every key, masked, so one program serves them all).
-    ``check``: compare with the numpy reference on the last rows first (``_check_grad_device``), a RuntimeError if
-    they disagree."""
-    q, k, v, do = (np.asarray(x) for x in (q, k, v, do))  # host arrays: padding and slicing compile nothing
-    n, g, tk = q.shape[1], q.shape[2], k.shape[1]
-    if n < 1 or tk < 1 or k.shape[2] != 1:
-        raise ValueError(f"device gradients take rows, keys and one KV head; got {q.shape=}, {k.shape=}")
-    bq, blocks = _grad_blocks(n, g, tk, causal=causal, q_offset=q_offset)
-    with jax.enable_x64(True):
-        # any start <= n has ``bq`` rows; the arrays reach the oracle's device as they are (transfers, no program)
-        cpu = _oracle_device()
-        qp, dop = (jax.device_put(np.pad(x[0], ((0, bq), (0, 0), (0, 0))), cpu) for x in (q, do))
-        kk, vv = (jax.device_put(np.ascontiguousarray(x[0, :, 0]), cpu) for x in (k, v))
-        run = functools.partial(_grad_block_f64, qp, dop, kk, vv, rows=bq, causal=causal, scale=float(scale))
-        dk = jax.device_put(np.zeros((tk, k.shape[3]), np.float64), cpu)
-        dv = jax.device_put(np.zeros((tk, v.shape[3]), np.float64), cpu)
-        dqs = []
-        for s0, nv, hi in blocks:
-            dq_blk, dk, dv = run(dk, dv, s0, nv, q_offset + s0, hi)
-            dqs.append(dq_blk)
-        out = {"dq": np.concatenate([np.asarray(x) for x in dqs])[:n][None],
-               "dk": np.asarray(dk)[:, None][None], "dv": np.asarray(dv)[:, None][None]}
-        if check:
-            _check_grad_device(out, run, q, k, v, do, bq=bq, causal=causal, scale=scale, q_offset=q_offset)
-    return out
-
-
-def _check_grad_device(got, run, q, k, v, do, *, bq: int, causal: bool, scale: float, q_offset: int) -> None:
-    """The device gradients against ``attn_core.oracle.attention_grad_reference`` (numpy, CPU) on a sub-problem cheap
-    enough for the host: the last ``m`` rows (at most one block, 64 rows and about 2^22 scores) with every query head
-    of the group, against every key. Two comparisons, each within a relative 1e-10 of the largest ``|ref|`` of each
-    gradient, else a RuntimeError naming both: the device program (``run``, the one that made ``got``) on that same
-    sub-problem against numpy in full (dq, dk, dv; NaN at the same places), and ``got`` itself where the sub-problem
-    determines it, wherever both are finite: dQ of those rows (a row's dQ depends on that row alone) and, causal, dK
-    and dV of the keys only those rows see (``j >= q_offset + n - m``)."""
-    n, g, tk = q.shape[1], q.shape[2], k.shape[1]
-    m = max(1, min(n, bq, 64, (1 << 22) // max(1, g * tk)))
-    s0, off = n - m, q_offset + n - m
-    ref = reference.attention_grad_reference(q[:, s0:], k, v, do[:, s0:], causal=causal, scale=scale, q_offset=off)
-    dq_sub, dk_sub, dv_sub = run(jax.device_put(np.zeros((tk, k.shape[3]), np.float64), _oracle_device()),
-                                 jax.device_put(np.zeros((tk, v.shape[3]), np.float64), _oracle_device()),
-                                 s0, m, off, _block_hi(n, tk, causal=causal, q_offset=q_offset))
-    mine = {"dq": np.asarray(dq_sub)[:m][None], "dk": np.asarray(dk_sub)[:, None][None],
-            "dv": np.asarray(dv_sub)[:, None][None]}
-    what = "attn_core.oracle.attention_grad_reference"
-    for name in ("dq", "dk", "dv"):
-        _check_close(mine[name], ref[name], f"{name} of rows {s0}..{n} against every key", what)
-    k0 = min(tk, max(0, off)) if causal else tk  # keys from k0 on: seen by no row before s0
-    for name, a, b in (("dq", got["dq"][:, s0:], ref["dq"]), ("dk", got["dk"][:, k0:], ref["dk"][:, k0:]),
-                       ("dv", got["dv"][:, k0:], ref["dv"][:, k0:])):
-        both = np.isfinite(a) & np.isfinite(b)
-        scale_ref = float(np.max(np.abs(b[both]))) if both.any() else 0.0
-        diff = float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
-        if not diff <= 1e-10 * max(scale_ref, 1e-300):
-            raise RuntimeError(f"the device float64 gradients disagree with {what} by {diff:.3g} ({name} of the "
-                               f"subset's rows {s0}..{n}{'' if name == 'dq' else f', keys {k0}..{tk}'})")
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
