@@ -86,6 +86,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-calls", type=int, default=20,
                    help="calls issued back to back, one sync, per pipelined e2e sample (metrics.e2e_pipelined_us, "
                         "median of 3 samples); default 20")
+    p.add_argument("--look-ahead", action="store_true",
+                   help="with compile workers: once a workload's pairs have their agreement and host-wall figures, "
+                        "make the next workload's inputs and start compiling its Pallas programs, then take this "
+                        "workload's kernel-clock samples while they compile (the compiles run on the CPU; a stray "
+                        "kernel in a timing window fails that record's timing, never a silent number). Off by "
+                        "default until measured on a GPU (docs/compare.md)")
     p.add_argument("--e2e-budget-s", type=float, default=0.5,
                    help="host seconds the end-to-end figures of one record may take (measured one call x calls): "
                         "above it, fewer synced calls (>= 3) and pipelined calls per sample (>= 2), marked "
@@ -127,6 +133,7 @@ class RunOptions(types.SimpleNamespace):
     e2e_calls: int = 20
     allow_clock_fallback: bool = False
     compile_workers: int = 0
+    look_ahead: bool = False
     e2e_budget_s: float | None = None
 
     @classmethod
@@ -144,7 +151,8 @@ class RunOptions(types.SimpleNamespace):
             raise UsageError(f"--rounds must be in [1, --reps]; got {a.rounds} (reps {a.reps})")
         return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
                    warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
-                   max_run_s=a.max_run_s, compile_workers=a.compile_workers, e2e_budget_s=a.e2e_budget_s,
+                   max_run_s=a.max_run_s, compile_workers=a.compile_workers, look_ahead=a.look_ahead,
+                   e2e_budget_s=a.e2e_budget_s,
                    clock=a.clock,
                    allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
@@ -177,7 +185,7 @@ class RunOptions(types.SimpleNamespace):
 # not repeated in a record's repro: what was selected and where it went (repro selects one record itself),
 # how it was displayed, and whether a clock fallback fails the exit code
 _NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback",
-                        "compile_workers"})  # where a program compiles changes no measurement
+                        "compile_workers", "look_ahead"})  # where a program compiles changes no measurement
 
 
 def parse_only(specs: list[str], names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -609,8 +617,12 @@ class _Run:
         outputs: dict[str, Any] = {}  # impl name -> BTNH output, for twin agreement (freed per workload)
         self._inflight = (recs, outputs)  # what main flushes if the run is interrupted mid-workload
         t0 = time.perf_counter()
-        state["plans"] = self.plan_workload(w, impls)
-        state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
+        ahead = getattr(self, "_ahead", None)
+        if ahead is not None and ahead[0] is w:  # --look-ahead began this workload during the last one
+            state, self._ahead = ahead[1], None
+        else:
+            state["plans"] = self.plan_workload(w, impls)
+            state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         try:
             self.precompile(w, impls, state)
@@ -680,6 +692,18 @@ class _Run:
         self.drain_compiles(state)
         live = [i for i, (_, _, plan) in enumerate(entries) if plan is not None]
         n = getattr(self.opts, "rounds", 1)
+        e2e: dict[int, tuple] = {}
+        if self.gpu and getattr(self.opts, "look_ahead", False) and getattr(self.opts, "compile_workers", 0) > 0:
+            # the host-wall figures first, while nothing compiles; then the next workload's compiles start and run
+            # while this one's kernel-clock samples are taken (their clock is the device's)
+            for i in list(live):
+                rec, prep, plan = entries[i]
+                try:
+                    e2e[i] = self.measure_e2e(prep, rec, plan[1], plan[2])
+                except Exception as e:
+                    rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
+                    live.remove(i)
+            self.start_look_ahead()
         parts: dict[int, list[timing.Timing]] = {i: [] for i in live}
         for r in range(n):
             for i in list(live):
@@ -697,10 +721,10 @@ class _Run:
             if i in live:
                 try:
                     if n == 1:  # one round (a run with compile workers): the pair's samples as they were taken
-                        self.record_timing(prep, rec, parts[i][0], plan[1], plan[2])
+                        self.record_timing(prep, rec, parts[i][0], plan[1], plan[2], e2e=e2e.get(i))
                     else:
                         kt = merge_timings(parts[i], rounds=n, others=len(live) - 1)
-                        self.record_timing(prep, rec, kt, plan[1], plan[2])
+                        self.record_timing(prep, rec, kt, plan[1], plan[2], e2e=e2e.get(i))
                         rec.metrics["timing_rounds"] = len(parts[i])
                 except Exception as e:
                     rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
@@ -838,7 +862,7 @@ class _Run:
         state["inputs_s"] = round(time.perf_counter() - t0, 3)
 
     # -- compile ahead: a workload's Pallas programs on worker threads ------------------------------
-    def precompile(self, w: Workload, impls: list[Impl], state: dict) -> None:
+    def precompile(self, w: Workload, impls: list[Impl], state: dict, *, pallas_only: bool = False) -> None:
         """GPU runs with ``--compile-workers`` > 0: the workload's inputs, then every runnable JAX pair (Pallas, the
         JAX peers: ``_compiled_ahead``) prepared here (on this thread: a prepare may launch device work) and its jitted
         program handed to a worker thread (``jit(...).lower(*args).compile()``, the executable its first call then
@@ -850,11 +874,13 @@ class _Run:
         if not self.gpu or workers <= 0:
             return
         plans = state.get("plans") or {}
+        done = state.get("prepared") or {}
         todo = []
         for impl in impls:
             pp = plans.get(id(impl))
             if (not _compiled_ahead(impl) or not isinstance(pp, PairPlan) or pp.refusal is not None
-                    or pp.skip is not None):
+                    or pp.skip is not None or id(impl) in done
+                    or (pallas_only and impl.framework not in ("pallas", "jax-pallas"))):
                 continue
             todo.append(impl)
         if not todo:
@@ -897,6 +923,25 @@ class _Run:
         if nxt is None or not self.gpu or workers <= 0:
             return
         self._lookahead = self._compile_pool(workers).submit(interop.compile_inputs, nxt)
+
+    def start_look_ahead(self) -> None:
+        """``--look-ahead``: the next workload's plans and inputs made now (on this thread, synchronized: device work
+        ends before this workload's timing windows open) and its Pallas programs handed to the workers
+        (``precompile``, Pallas only: their compiles run nothing on the GPU); ``run_workload`` adopts that state."""
+        nxt, impls = getattr(self, "_next_workload", None), getattr(self, "_next_impls", None)
+        self._ahead = None
+        if nxt is None or not impls:
+            return
+        state: dict[str, Any] = {}
+        try:
+            t0 = time.perf_counter()
+            state["plans"] = self.plan_workload(nxt, impls)
+            state["plan_s"] = round(time.perf_counter() - t0, 3)
+            self.precompile(nxt, impls, state, pallas_only=True)
+        except Exception:  # noqa: BLE001 -- the next workload starts from nothing, as without look-ahead
+            self.drain_compiles(state)
+            return
+        self._ahead = (nxt, state)
 
     def _wait_lookahead(self) -> None:
         fut = getattr(self, "_lookahead", None)
@@ -1050,15 +1095,22 @@ class _Run:
         return timing.time_kernels(prep.fn, prep.args, framework=prep.framework, reps=reps,
                                    flush_bytes=self.flush_bytes, clock=o.clock)
 
-    def record_timing(self, prep, rec: ResultRecord, kt: timing.Timing, e2e_reps: int, e2e_calls: int) -> None:
-        """The kernel timing ``kt``, then the e2e latency and pipelined throughput, into ``rec.metrics``; the
-        rates."""
-        m = rec.metrics
-        self._wait_lookahead()  # no worker compiles while the host-wall figures are taken
+    def measure_e2e(self, prep, rec: ResultRecord, e2e_reps: int, e2e_calls: int) -> tuple:
+        """The e2e latency and pipelined throughput of a pair, ``(e2e, pipe)`` timings, taken while no worker
+        compiles (the host-wall clock would count a worker's hold on the interpreter)."""
+        self._wait_lookahead()
         t0 = time.perf_counter()
         e2e = timing.time_e2e(prep.fn, prep.args, framework=prep.framework, reps=e2e_reps)
         pipe = timing.time_pipelined(prep.fn, prep.args, framework=prep.framework, calls=e2e_calls, reps=3)
-        m.setdefault("phase_s", {})["e2e"] = round(time.perf_counter() - t0, 3)
+        rec.metrics.setdefault("phase_s", {})["e2e"] = round(time.perf_counter() - t0, 3)
+        return e2e, pipe
+
+    def record_timing(self, prep, rec: ResultRecord, kt: timing.Timing, e2e_reps: int, e2e_calls: int,
+                      e2e: tuple | None = None) -> None:
+        """The kernel timing ``kt`` and the e2e latency and pipelined throughput (``e2e``: taken before, by
+        ``measure_e2e``; else now) into ``rec.metrics``; the rates."""
+        m = rec.metrics
+        e2e, pipe = e2e if e2e is not None else self.measure_e2e(prep, rec, e2e_reps, e2e_calls)
         st = kt.stats
         requested = ("host-wall:in-jit-loop-diff" if prep.clock == "loop" else
                      "host-wall-pipelined" if prep.clock == "pipelined" else
@@ -1178,6 +1230,7 @@ class _Run:
             all_recs: list[dict] = []
             for i, (w, lst) in enumerate(plan):
                 self._next_workload = plan[i + 1][0] if i + 1 < len(plan) else None
+                self._next_impls = plan[i + 1][1] if i + 1 < len(plan) else None
                 recs = self.run_workload(w, lst, progress, task if progress else None)
                 self.write(recs)
                 self._inflight = ([], {})

@@ -448,3 +448,72 @@ def test_which_pairs_compile_on_workers():
                                                          "torch:cudnn", "cuda:v4_fused")}
     assert ahead == {"pallas:auto": True, "jax:cudnn": True, "fa3:mha": True, "jax:xla": False, "torch:cudnn": False,
                      "cuda:v4_fused": False}
+
+
+def test_look_ahead_compiles_the_next_workload_while_this_one_is_timed(tmp_path, monkeypatch, fake_gpu_clocks):
+    """``--look-ahead`` (session 25, off by default, not yet GPU-run): after a workload's agreements and host-wall
+    figures, the next workload's inputs are made and its Pallas programs handed to the workers, then this workload's
+    kernel clock runs (the next one's compile may still be going); the next workload adopts that state (its Pallas
+    program compiled once), and every record is the one a run without it writes."""
+    import time as _time
+
+    from compare.impls import all_impls
+    from compare.workloads import Workload
+
+    events = []
+    real_compile = runner._compile_ahead
+
+    def slow_compile(fn, args):
+        events.append("compile")
+        _time.sleep(0.2)
+        return real_compile(fn, args)
+
+    monkeypatch.setattr(runner, "_compile_ahead", slow_compile)
+
+    def kernels(fn, args, **kw):
+        ahead = getattr(run_ref[0], "_ahead", None)
+        events.append("kernel" + ("+ahead" if ahead is not None else ""))
+        return timing.Timing((2.0,) * kw["reps"], "cupti:mosaic", True, (), requested="cupti:mosaic")
+
+    def wall(fn, args, **kw):
+        events.append("e2e")
+        return timing.Timing((4.0, 5.0, 6.0), "host-wall", False)
+
+    fake_gpu_clocks(kernels)
+    monkeypatch.setattr(timing, "time_e2e", wall)
+    monkeypatch.setattr(timing, "time_pipelined", wall)
+    ws = [Workload(name=f"t_ahead{i}", family="prefill", batch=1, heads_q=2, heads_kv=2, q_len=16 + 8 * i,
+                   kv_len=16 + 8 * i, head_dim=64, dtype="float32", causal=True, seed=1) for i in range(2)]
+    names = ["pallas:v4_fused:faithful", "jax:xla"]
+    impls = sorted((i for i in all_impls() if i.name in names), key=lambda i: names.index(i.name))
+    run_ref = []
+
+    def records(look):
+        events.clear()
+        opts = runner.RunOptions(config="smoke", only=[], out=str(tmp_path / f"o{look}"), reps=3, warmup=0,
+                                 e2e_reps=1, budget_s=30.0, max_run_s=None, clock="cupti", arch="h100",
+                                 cpu_max_flops=1e8, no_ceilings=True, quiet=True, argv=[], compile_workers=2,
+                                 look_ahead=look)
+        run = runner._Run(opts, workloads=ws, impls=impls)
+        run.gpu = True
+        run_ref[:] = [run]
+        monkeypatch.setattr(run, "fill_rates", lambda rec: None)
+        out = []
+        try:
+            for i, w in enumerate(ws):
+                run._next_workload, run._next_impls = (ws[1], impls) if i == 0 else (None, None)
+                out += run.run_workload(w, impls)
+        finally:
+            run._pool.shutdown()
+        return out, list(events)
+
+    plain, ev_plain = records(False)
+    ahead, ev_ahead = records(True)
+    assert [r["status"] for r in ahead] == [r["status"] for r in plain] == ["ok"] * 4
+    for a, b in zip(ahead, plain):
+        assert a["agreement"]["rel_l2_err"] == b["agreement"]["rel_l2_err"]
+    assert ev_plain.count("compile") == ev_ahead.count("compile") == 2  # one Pallas program a workload, once
+    k = next(i for i, e in enumerate(ev_ahead) if e.startswith("kernel"))  # workload 0's first kernel-clock sample
+    assert ev_ahead[:k].count("e2e") == 4  # both pairs' host-wall figures (synced, pipelined) before any of it
+    assert ev_ahead[k] == "kernel+ahead"  # and the next workload already begun when it runs
+    assert "kernel+ahead" not in ev_plain
