@@ -858,7 +858,7 @@ class _Run:
         ``state["inputs_s"]``."""
         t0 = time.perf_counter()
         state["inputs"] = interop.make_inputs(w)
-        _sync_for("jax")([x for x in (state["inputs"].q, state["inputs"].k, state["inputs"].v) if x is not None])
+        _sync_for("jax")(_device_leaves(state["inputs"]))  # every field made, pools and quantized caches included
         state["inputs_s"] = round(time.perf_counter() - t0, 3)
 
     # -- compile ahead: a workload's Pallas programs on worker threads ------------------------------
@@ -1401,6 +1401,15 @@ def _thread_compile_s() -> float:
         except Exception:  # noqa: BLE001 -- a JAX without the hook: the share reads 0
             _COMPILE_LISTENER.append(None)
     return _COMPILE_S.get(threading.get_ident(), 0.0)
+
+
+def _device_leaves(inp) -> list:
+    """Every JAX array an ``Inputs`` holds (fields, and the arrays inside quantized-cache pytrees): what to wait for
+    before the device may be timed (``--look-ahead`` makes a workload's inputs just before another one's timing)."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves([v for v in vars(inp).values() if v is not None])
+    return [x for x in leaves if isinstance(x, jax.Array)]
 
 
 def _compile_ahead(fn, args: tuple) -> float:
