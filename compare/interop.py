@@ -340,12 +340,13 @@ def take_quantized(t, index) -> Any:
 def _page_field(field, gather, spare, *, lead: tuple, fill):
     """One field ``[B, Tk, 1, W]`` of a latent paged by ``page_latent``'s index pool (``gather``: 0 for the builder's
     zero padding, else 1 + the token's flat index) into ``[*lead, W]``, the builder's spare blocks (``spare``, or None)
-    set to ``fill`` (an int code, or ``"amax"``: the field's largest magnitude); one compiled program a shape."""
+    set to ``fill`` (an int code, or ``"amax"``: the largest magnitude in the placed pages); one compiled program a
+    shape."""
     b, tk, w = field.shape[0], field.shape[1], field.shape[-1]
     flat = jnp.concatenate([jnp.zeros((1, w), field.dtype), field.reshape(b * tk, w)])
     out = flat[gather].reshape(*lead, w)
-    if spare is not None:
-        value = jnp.max(jnp.abs(field)) if fill == "amax" else jnp.asarray(fill)
+    if spare is not None:  # "amax": over the placed pages, as the builder takes it (not tokens past a sequence)
+        value = jnp.max(jnp.abs(out)) if fill == "amax" else jnp.asarray(fill)
         out = jnp.where(spare, value.astype(field.dtype), out)
     return out
 

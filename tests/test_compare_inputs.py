@@ -57,11 +57,14 @@ def test_mla_draws_in_one_program_equal_the_draws_one_by_one():
 
 def test_a_16bit_latent_pool_is_the_builders():
     """``page_latent`` (its fields paged by one compiled program, session 25) holds what
-    ``attn_core.paging.build_paged_latent`` places, spare blocks and their fill included, with its table."""
-    lens = np.array([200, 77])
-    lat = jnp.asarray(np.random.default_rng(0).standard_normal((2, 200, 1, 24)), jnp.bfloat16)
-    pool, table = interop.page_latent(lat, 16, seed=4, kv_lens=lens)
-    want_pool, want_table, _ = paging.build_paged_latent(np.asarray(lat.astype(jnp.float32)), 16, seed=4,
-                                                          kv_lens=lens)
-    np.testing.assert_array_equal(np.asarray(pool.astype(jnp.float32)), want_pool)
-    np.testing.assert_array_equal(np.asarray(table), want_table)
+    ``attn_core.paging.build_paged_latent`` places, spare blocks and their fill included (the largest magnitude of
+    the placed pages: before session 25's review it took the whole latent's, tokens past a length included, and
+    differed from the builder in 11 of 20 ragged draws), with its table."""
+    for seed in range(6):  # ragged: the largest value often sits past a sequence's length (seeds 0-5 hold such cases)
+        lens = np.array([200, 30])
+        lat = jnp.asarray(np.random.default_rng(seed).standard_normal((2, 200, 1, 24)), jnp.bfloat16)
+        pool, table = interop.page_latent(lat, 16, seed=4, kv_lens=lens)
+        want_pool, want_table, _ = paging.build_paged_latent(np.asarray(lat.astype(jnp.float32)), 16, seed=4,
+                                                              kv_lens=lens)
+        np.testing.assert_array_equal(np.asarray(pool.astype(jnp.float32)), want_pool, err_msg=f"seed {seed}")
+        np.testing.assert_array_equal(np.asarray(table), want_table)
