@@ -12,7 +12,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["build_paged_kv", "build_paged_latent", "paged_layout", "PagedLayout"]
+__all__ = ["build_paged_kv", "build_paged_latent", "paged_layout", "PagedLayout", "LATENT_SPARE_BLOCKS"]
+
+LATENT_SPARE_BLOCKS = 2  # build_paged_latent's default spare blocks (filled, pointed at by no table entry)
 
 
 def _as_numpy(x: Any, name: str) -> np.ndarray:
@@ -105,7 +107,7 @@ def build_paged_latent(
     *,
     seed: int = 0,
     kv_lens: Any = None,
-    spare: int = 2,
+    spare: int = LATENT_SPARE_BLOCKS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Page an MLA latent cache ``[B, Tk, 1, DQK]`` (one latent head; keys and values both read it).
 

@@ -221,19 +221,29 @@ def _draw_qkv(root, shape_q: tuple, shape_kv: tuple, dt, with_w: bool = False):
     return out
 
 
-@functools.partial(jax.jit, static_argnames=("n_pages", "page_size"))
-def _page_on_device(k, v, batch, page, slots, *, n_pages: int, page_size: int):
-    """``attn_core.paging.build_paged_kv``'s pools from a device cache ``k, v [B, Tk, H, D]`` and its layout
-    (``paging.paged_layout``: logical page ``page[i]`` of sequence ``batch[i]`` to slot ``slots[i]``), zero
-    elsewhere; the same values in the same slots as the numpy builder."""
-    b, tk, h, d = k.shape
+@functools.partial(jax.jit, static_argnames=("n_pages", "page_size", "spare", "fill"))
+def _page_field(x, batch, page, slots, *, n_pages: int, page_size: int, spare: int = 0, fill=None):
+    """One field ``[B, Tk, ...]`` of a device cache paged as ``attn_core.paging`` pages it, from its layout
+    (``paging.paged_layout``: logical page ``page[i]`` of sequence ``batch[i]`` to slot ``slots[i]`` of ``n_pages``),
+    zero elsewhere, then ``spare`` extra blocks set to ``fill`` (an int code, or ``"amax"``: the largest finite
+    magnitude in the placed pages, else 0, as ``build_paged_latent`` fills them); one compiled program a shape."""
+    b, tk, rest = x.shape[0], x.shape[1], x.shape[2:]
     pps = -(-tk // page_size)
+    xp = jnp.pad(x, ((0, 0), (0, pps * page_size - tk)) + ((0, 0),) * len(rest)).reshape(b, pps, page_size, *rest)
+    pool = jnp.zeros((n_pages, page_size, *rest), x.dtype).at[slots].set(xp[batch, page])
+    if spare:
+        if fill == "amax":
+            amax = jnp.max(jnp.abs(pool.astype(jnp.float32)))
+            value = jnp.where(jnp.isfinite(amax), amax, 0.0)
+        else:
+            value = jnp.asarray(fill)
+        pool = jnp.concatenate([pool, jnp.full((spare, page_size, *rest), value.astype(x.dtype))])
+    return pool
 
-    def pool(x):
-        xp = jnp.pad(x, ((0, 0), (0, pps * page_size - tk), (0, 0), (0, 0))).reshape(b, pps, page_size, h, d)
-        return jnp.zeros((n_pages, page_size, h, d), x.dtype).at[slots].set(xp[batch, page])
 
-    return pool(k), pool(v)
+def _layout_on_device(lay) -> tuple:
+    """A ``paging.PagedLayout``'s placement arrays on the device (int32), for ``_page_field``."""
+    return tuple(jax.device_put(np.asarray(a, np.int32)) for a in (lay.batch, lay.page, lay.slots))
 
 
 def compile_inputs(w) -> bool:
@@ -278,11 +288,9 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
         # attn_core.paging's placement (build_paged_kv's, seeded), the values moved on the device: the pools hold
         # the dense view's numbers (session 25: built on the host, a B32 S8k workload's inputs took ~16 s of numpy)
         lay = paging.paged_layout(w.batch, w.kv_len, w.page_size, seed=w.seed, shuffle=True, kv_lens=lens)
+        where = _layout_on_device(lay)
         inp.kv_lens = lens
-        inp.k_pool, inp.v_pool = _page_on_device(k, v, jax.device_put(lay.batch.astype(np.int32)),
-                                                 jax.device_put(lay.page.astype(np.int32)),
-                                                 jax.device_put(np.asarray(lay.slots, np.int32)),
-                                                 n_pages=lay.n_pages, page_size=w.page_size)
+        inp.k_pool, inp.v_pool = (_page_field(x, *where, n_pages=lay.n_pages, page_size=w.page_size) for x in (k, v))
         inp.block_table = jax.device_put(lay.table)
     return inp
 
@@ -336,34 +344,17 @@ def take_quantized(t, index) -> Any:
 # ------------------------------------------------------------------------------------------------- MLA
 
 
-@functools.partial(jax.jit, static_argnames=("lead", "fill"))
-def _page_field(field, gather, spare, *, lead: tuple, fill):
-    """One field ``[B, Tk, 1, W]`` of a latent paged by ``page_latent``'s index pool (``gather``: 0 for the builder's
-    zero padding, else 1 + the token's flat index) into ``[*lead, W]``, the builder's spare blocks (``spare``, or None)
-    set to ``fill`` (an int code, or ``"amax"``: the largest magnitude in the placed pages); one compiled program a
-    shape."""
-    b, tk, w = field.shape[0], field.shape[1], field.shape[-1]
-    flat = jnp.concatenate([jnp.zeros((1, w), field.dtype), field.reshape(b * tk, w)])
-    out = flat[gather].reshape(*lead, w)
-    if spare is not None:  # "amax": over the placed pages, as the builder takes it (not tokens past a sequence)
-        value = jnp.max(jnp.abs(out)) if fill == "amax" else jnp.asarray(fill)
-        out = jnp.where(spare, value.astype(field.dtype), out)
-    return out
-
-
 def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax.Array]:
     """Page a dense latent ``[B, Tk, 1, DQK]`` (a JAX array in any dtype, or a pallas_attn.quant Fp8Tensor /
     Nvfp4Tensor of it) into ``(pool [num_blocks, page, 1, ...], block_table int32 [B, pages_per_seq])``.
 
-    The table and the page placement come from ``attn_core.paging.build_paged_latent`` (the shared builder;
-    ``build_paged_kv`` with the latent as K where it is absent), run on the host over *token indices* only
-    (int32: token ``t`` as ``-(t + 1)``, so the builder's zero padding stays 0 and any positive fill it puts in
-    spare blocks stays recognisable); every field of the latent is then gathered on the device with that one
-    index pool. So the pool holds the bytes the builder would have placed (same permutation, zeros where it pads,
-    and in its spare blocks, which no table entry points at, the builder's fill: the latent's largest magnitude,
-    for a quantized latent the largest finite code, which leaves the per-tensor scale unchanged)
-    without copying a multi-GB latent through the host; a quantized latent is quantized first (one per-tensor
-    scale over the whole cache) and then paged, as ``pallas_attn.quant.build_paged_quantized`` does."""
+    The table and the page placement are ``attn_core.paging.build_paged_latent``'s (its layout,
+    ``paging.paged_layout``, and its ``LATENT_SPARE_BLOCKS`` spare blocks), every field of the latent placed on the
+    device (``_page_field``). So the pool holds the bytes the builder would have placed (same permutation, zeros where
+    it pads, and in its spare blocks, which no table entry points at, the builder's fill: the largest magnitude of the
+    placed pages, for a quantized latent the largest finite code, which leaves the per-tensor scale unchanged) without
+    copying a multi-GB latent through the host; a quantized latent is quantized first (one per-tensor scale over the
+    whole cache) and then paged, as ``pallas_attn.quant.build_paged_quantized`` does."""
     from attn_core import paging
     from pallas_attn import quant
 
@@ -371,22 +362,12 @@ def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax
     shape = tuple(latent.shape)
     if len(shape) != 4 or shape[2] != 1:
         raise ValueError(f"latent must be [B, Tk, 1, DQK]; got shape {shape}")
-    b, tk = shape[0], shape[1]
-    idx = -(np.arange(b * tk, dtype=np.int32) + 1).reshape(b, tk, 1, 1)
-    builder = getattr(paging, "build_paged_latent", None)
-    if builder is not None:
-        idx_pool, table, _ = builder(idx, page_size, seed=seed, kv_lens=kv_lens)
-    else:  # the latent as K (and V): the same pool and table
-        idx_pool, _, table = paging.build_paged_kv(idx, idx, page_size, seed=seed, shuffle=True, kv_lens=kv_lens)
-    idx_pool = np.asarray(idx_pool)
-    lead = idx_pool.shape[:3]
-    gather = jnp.asarray(np.where(idx_pool < 0, -idx_pool, 0).reshape(-1))  # 0: the zero padding row
-    spare = idx_pool > 0  # the builder's spare blocks (its fill of a negative-index pool is positive)
-    spare_j = jnp.asarray(spare) if spare.any() else None
+    lay = paging.paged_layout(shape[0], shape[1], page_size, seed=seed, shuffle=True, kv_lens=kv_lens)
+    where = _layout_on_device(lay)
 
-    def page(field, fill):  # [B, Tk, 1, W] -> [num_blocks, page, 1, W]
-        return _page_field(field, gather, spare_j, lead=tuple(int(x) for x in lead),
-                           fill=None if spare_j is None else fill)
+    def page(field, fill):  # [B, Tk, 1, W] -> [num_blocks + spare, page, 1, W]
+        return _page_field(field, *where, n_pages=lay.n_pages, page_size=page_size,
+                           spare=paging.LATENT_SPARE_BLOCKS, fill=fill)
 
     if fmt == "fp8_e4m3":  # 0x7E: 448, the largest finite E4M3 code; NVFP4 0x77: level 6 twice
         pool = quant.Fp8Tensor(data=page(latent.data, 0x7E), scale=latent.scale)
@@ -394,7 +375,7 @@ def page_latent(latent, page_size: int, *, seed: int, kv_lens) -> tuple[Any, jax
         pool = quant.Nvfp4Tensor(packed=page(latent.packed, 0x77), micro=page(latent.micro, 0x7E), scale=latent.scale)
     else:
         pool = page(jnp.asarray(latent), "amax")
-    return pool, jnp.asarray(table, dtype=jnp.int32)
+    return pool, jax.device_put(lay.table)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

@@ -1,5 +1,5 @@
 """compare's workload inputs built on the device (session 25) hold exactly what the host builders made before: the
-paged pools of ``interop._page_on_device`` are ``attn_core.paging.build_paged_kv``'s, byte for byte, with the same
+paged pools of ``interop._page_field`` are ``attn_core.paging.build_paged_kv``'s, byte for byte, with the same
 block table, for ragged and full lengths, pages 16 and 64, 16- and 32-bit caches."""
 
 from __future__ import annotations
