@@ -110,7 +110,7 @@ def _check_features(b: int, tq: int, tk: int, hq: int, *, causal: bool, window, 
     return window, softcap, sinks, q_segments, kv_segments
 
 
-def _visible(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window, q_segments, kv_segments):
+def visible_mask(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window, q_segments, kv_segments):
     """``[B, 1, Tq, Tk]`` True where key ``j`` is visible to query ``i`` (every rule of the module docstring)."""
     j = np.arange(tk)[None, None, None, :]
     i = np.arange(tq)[None, None, :, None]
@@ -134,6 +134,37 @@ def _visible(b: int, tq: int, tk: int, *, causal: bool, q_offset, kv_len, window
     return visible
 
 
+def masked_softmax(s, visible, sink=None):
+    """The softmax of scores ``s [..., Tq, Tk]`` over the keys ``visible`` (broadcast against ``s``) with an optional
+    sink logit (``sink``, broadcast against ``s[..., :1]``) in the max and the denominator: ``(p, p_sink, m_safe, l,
+    l_safe)``. Masked keys are ``-inf`` (``p = 0``); the max of a row with a NaN score or sink is NaN, taken as 0
+    (``m_safe``), so NaN reaches the row; a row that sees nothing sums to 0 and is divided by 1 (``p = 0``). Every
+    float64 attention in this project's references goes through it (the reference forward and backward here, compare's
+    dense oracle)."""
+    s = np.where(visible, s, -np.inf)
+    shape = s.shape[:-1] + (1,)
+    if s.shape[-1] == 0:  # an empty cache: every row is fully masked (a sink alone takes the whole denominator)
+        p = np.zeros(s.shape)
+        m = np.full(shape, -np.inf) if sink is None else np.broadcast_to(sink, shape)
+    else:
+        m = s.max(axis=-1, keepdims=True)
+        if sink is not None:
+            m = np.maximum(m, sink)  # NaN in a score or a sink stays NaN
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    if s.shape[-1]:
+        p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked keys
+    l = p.sum(axis=-1, keepdims=True)
+    p_sink = None
+    if sink is not None:
+        p_sink = np.exp(sink - m_safe)
+        l = l + p_sink
+    l_safe = np.where(l > 0, l, 1.0)
+    p = p / l_safe
+    if p_sink is not None:
+        p_sink = p_sink / l_safe
+    return p, p_sink, m_safe, l, l_safe
+
+
 def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, sinks, q_segments, kv_segments):
     """The forward of one problem (checked, float64): ``(p [B, Hq, Tq, Tk], p_sink [B, Hq, Tq, 1] | None,
     tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_h, v_h)`` with ``k_h``/``v_h`` K/V head-major
@@ -150,29 +181,10 @@ def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, 
     if softcap is not None:
         th = np.tanh(s / softcap)
         s = softcap * th
-    visible = _visible(b, tq, tk, causal=causal, q_offset=q_offset, kv_len=kv_len, window=window,
+    visible = visible_mask(b, tq, tk, causal=causal, q_offset=q_offset, kv_len=kv_len, window=window,
                        q_segments=q_segments, kv_segments=kv_segments)
-    s = np.where(visible, s, -np.inf)
     sink = None if sinks is None else sinks[None, :, None, None]  # [1, Hq, 1, 1]
-    if tk == 0:  # an empty cache: every row is fully masked (a sink alone takes the whole denominator)
-        p = np.zeros((b, hq, tq, 0))
-        m = np.full((b, hq, tq, 1), -np.inf) if sink is None else np.broadcast_to(sink, (b, hq, tq, 1))
-    else:
-        m = s.max(axis=-1, keepdims=True)
-        if sink is not None:
-            m = np.maximum(m, sink)  # NaN in a score or a sink stays NaN
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    if tk:
-        p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked keys
-    l = p.sum(axis=-1, keepdims=True)
-    p_sink = None
-    if sink is not None:
-        p_sink = np.exp(sink - m_safe)
-        l = l + p_sink
-    l_safe = np.where(l > 0, l, 1.0)
-    p = p / l_safe
-    if p_sink is not None:
-        p_sink = p_sink / l_safe
+    p, p_sink, m_safe, l, l_safe = masked_softmax(s, visible, sink)
     out = (p @ v_h).transpose(0, 2, 1, 3)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l_safe[..., 0]), -np.inf)

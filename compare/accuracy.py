@@ -257,11 +257,9 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     ``q_offs[i] + r`` and keys ``j < kv_valid[i]`` exist: a paged cache's ragged lengths) of the query heads
     ``heads`` against their KV heads (``groups``, ``_head_groups``; a group's query heads folded into the rows of one
     product), with ``attn_core.oracle.attention_reference``'s math in its order: ``(q k^T) * scale``, soft-capped
-    (``softcap * tanh(s / softcap)``), masked to ``-inf`` (causal ``j <= pos``; ``window`` as attn_core reads it: an
-    int keeps ``j > pos - window``, a ``(left, right)`` pair ``pos - left <= j <= pos + right``; packed documents: the
-    row's segment ``segs[b, r]`` equals the key's), the row max with the head's sink logit (``sinks [Hq]``), NaN
-    propagating as numpy's max does, ``exp(s - max)``, the sum with the sink's share, ``p / sum`` (a row that sees
-    nothing: 0), ``p V`` (MLA: ``v_width``, the latent's first columns). Arrays may be JAX or numpy (read to the host
+    (``softcap * tanh(s / softcap)``), then attn_core's own mask (``visible_mask``: causal, ``window``, packed
+    documents ``segs``) and softmax (``masked_softmax``, the head's sink logit ``sinks [Hq]`` in it), ``p V`` (MLA:
+    ``v_width``, the latent's first columns). Arrays may be JAX or numpy (read to the host
     once each, as stored). Returns ``(out [nb, R, n_groups, m, Dv], q0 [n0, m, D], k0 [Tk, D], v0 [Tk, Dv])``: the
     output and, for ``_check_dense_oracle``, the first batch's first group as stored (its first range's rows)."""
     q, k, v = (np.asarray(x) for x in (q, k, v))
@@ -277,20 +275,12 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     out = np.empty((len(batches), n_rows, len(groups), m, v.shape[-1]), np.float64)
     for bi, b in enumerate(batches):
         n, off = int(kv_valid[bi]), int(q_offs[bi])
-        pos = off + ridx  # [R] the rows' positions
-        kid = np.arange(n)
-        visible = np.ones((n_rows, n), bool)
-        if causal:
-            visible &= kid[None, :] <= pos[:, None]
-        if isinstance(window, tuple):
-            if window[0] is not None:
-                visible &= kid[None, :] >= pos[:, None] - window[0]
-            if window[1] is not None:
-                visible &= kid[None, :] <= pos[:, None] + window[1]
-        elif window is not None:
-            visible &= kid[None, :] > pos[:, None] - window
-        if segs is not None:
-            visible &= segs[b, ridx][:, None] == segs[b, :n][None, :]
+        # attn_core's own rules (visible_mask, range by range: the rows are sampled ranges) and softmax
+        # (masked_softmax); only the products are grouped here
+        visible = np.concatenate([reference.visible_mask(
+            1, r1 - r0, n, causal=causal, q_offset=off + r0, kv_len=None, window=window,
+            q_segments=None if segs is None else segs[b:b + 1, r0:r1],
+            kv_segments=None if segs is None else segs[b:b + 1, :n])[0, 0] for r0, r1 in rows])  # [R, n]
         qb = q[b, ridx].astype(np.float64)  # [R, Hq, D]
         for gi, (u, _) in enumerate(groups):
             ku, vu = k[b, :n, u].astype(np.float64), v[b, :n, u].astype(np.float64)  # [n, D], [n, Dv]
@@ -298,17 +288,8 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
             sc = ((qg @ ku.T) * scale).reshape(m, n_rows, n)
             if softcap is not None:
                 sc = softcap * np.tanh(sc / softcap)
-            sc = np.where(visible[None], sc, -np.inf)
-            mx = sc.max(axis=-1, keepdims=True) if n else np.full((m, n_rows, 1), -np.inf)
             sink = None if sinks is None else sinks[hs[gi]][:, None, None]  # [m, 1, 1]
-            if sink is not None:
-                mx = np.maximum(mx, sink)  # NaN in a score or a sink stays NaN
-            m_safe = np.where(np.isfinite(mx), mx, 0.0)
-            p = np.exp(sc - m_safe)
-            tot = p.sum(axis=-1, keepdims=True)
-            if sink is not None:
-                tot = tot + np.exp(sink - m_safe)
-            p = p / np.where(tot > 0, tot, 1.0)
+            p, *_ = reference.masked_softmax(sc, visible[None], sink)
             out[bi, :, gi] = (p.reshape(m * n_rows, n) @ vu).reshape(m, n_rows, -1).transpose(1, 0, 2)
     b0, (r0, r1) = batches[0], rows[0]
     u0 = int(groups[0][0])
