@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -251,13 +252,19 @@ def compile_inputs(w) -> bool:
     data, no device work): a runner warms it on a worker thread while the workload before ``w`` runs (an MLA
     workload's ``_draw_mla``)."""
     key = jax.random.key(0)
-    if w.family == "mla":
-        _draw_mla.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), (w.batch, w.q_len, w.heads_q, w.head_dim),
-                        (w.batch, w.kv_len, 1, w.head_dim), jnp.dtype(w.dtype)).compile()
-        return True
-    _draw_qkv.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), (w.batch, w.q_len, w.heads_q, w.head_dim),
-                    (w.batch, w.kv_len, w.heads_kv, w.head_dim), jnp.dtype(w.dtype), w.family == "train").compile()
+    draw, args = _draw_of(w)
+    draw.lower(jax.ShapeDtypeStruct(key.shape, key.dtype), *args).compile()
     return True
+
+
+def _draw_of(w) -> tuple[Callable, tuple]:
+    """The program that draws ``w``'s inputs and its static arguments after the key: ``_draw_mla`` (q, latent) for
+    MLA, else ``_draw_qkv`` (q, k, v, and the cotangent of a train workload)."""
+    dt = jnp.dtype(w.dtype)
+    shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
+    if w.family == "mla":
+        return _draw_mla, (shape_q, (w.batch, w.kv_len, 1, w.head_dim), dt)
+    return _draw_qkv, (shape_q, (w.batch, w.kv_len, w.heads_kv, w.head_dim), dt, w.family == "train")
 
 
 def make_inputs(w, *, seed: int | None = None) -> Inputs:
@@ -270,9 +277,8 @@ def make_inputs(w, *, seed: int | None = None) -> Inputs:
     # Drawn on the device (a 1e9-element KV cache takes seconds in numpy, microseconds on a GPU), seeded,
     # standard normal in float32, then cast once: every implementation and the oracle see these values.
     root = jax.random.key(w.seed if seed is None else seed)
-    shape_q = (w.batch, w.q_len, w.heads_q, w.head_dim)
-    shape_kv = (w.batch, w.kv_len, w.heads_kv, w.head_dim)
-    q, k, v, *wt = _draw_qkv(root, shape_q, shape_kv, dt, w.family == "train")
+    draw, args = _draw_of(w)
+    q, k, v, *wt = draw(root, *args)
     scale = 1.0 / float(np.sqrt(w.head_dim))
     inp = Inputs(q=q, k=k, v=v, scale=scale)
     if wt:
@@ -397,9 +403,8 @@ def make_mla_inputs(w, *, seed: int | None = None) -> Inputs:
     ``scale`` is 1/sqrt(DQK), the entries' default (a real model passes its own, 1/sqrt(Dn + R))."""
     if w.family != "mla":
         raise ValueError(f"make_mla_inputs takes an mla workload; got family {w.family!r}")
-    dt = jnp.dtype(w.dtype)
-    q, latent = _draw_mla(jax.random.key(w.seed if seed is None else seed), (w.batch, w.q_len, w.heads_q, w.head_dim),
-                          (w.batch, w.kv_len, 1, w.head_dim), dt)
+    draw, args = _draw_of(w)
+    q, latent = draw(jax.random.key(w.seed if seed is None else seed), *args)
     lens = kv_lengths(w)
     inp = Inputs(q=q, k=latent, v=latent, scale=1.0 / float(np.sqrt(w.head_dim)), kv_lens=lens,
                  kv_lora_rank=int(w.kv_lora_rank))

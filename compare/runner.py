@@ -880,7 +880,7 @@ class _Run:
             pp = plans.get(id(impl))
             if (not _compiled_ahead(impl) or not isinstance(pp, PairPlan) or pp.refusal is not None
                     or pp.skip is not None or id(impl) in done
-                    or (pallas_only and impl.framework not in ("pallas", "jax-pallas"))):
+                    or (pallas_only and impl.framework not in _PALLAS_FRAMEWORKS)):
                 continue
             todo.append(impl)
         if not todo:
@@ -1363,6 +1363,7 @@ def summarize_workload(recs: list[dict], outputs: dict) -> None:
 
 # clocks an implementation chooses for itself (Prepared.clock): timed on their own, never in --rounds
 _OWN_CLOCKS = ("loop", "wall", "pipelined", "events")
+_PALLAS_FRAMEWORKS = ("pallas", "jax-pallas")  # Mosaic GPU / Triton kernels: their compiles run nothing on the GPU
 _PHASE1_RANK = {"jax": 0, "jax-pallas": 0, "pallas": 1}  # with compile workers: JAX peers, Pallas, the rest
 
 
@@ -1371,7 +1372,7 @@ def _compiled_ahead(impl: Impl) -> bool:
     compile runs nothing on the GPU (Pallas, JAX's Pallas ops, the cuDNN and FA3 peers). XLA's own attention
     (``jax:xla*``) is left to its first call: XLA autotunes its matrix products by running them, which other work on
     the GPU at the same time would disturb; torch, the CUDA twins and FlashInfer compile at their first call."""
-    if impl.framework in ("pallas", "jax-pallas"):
+    if impl.framework in _PALLAS_FRAMEWORKS:
         return True
     return impl.framework == "jax" and not impl.name.startswith("jax:xla")
 
