@@ -38,7 +38,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from . import accuracy, ceilings, hardware, interop, layer2, records, roofline, timing
+from . import accuracy, ceilings, hardware, interop, lanes, layer2, records, roofline, timing
 from .impls import all_impls
 from .record import PairPlan, Refusal, ResultRecord
 from .schema import Ctx, Impl, Support
@@ -57,6 +57,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="default", help="config name (configs/<name>.toml) or path; default: default")
     add_run_options(p)
+    p.add_argument("--jobs", type=int, default=1, metavar="K",
+                   help="split the run over K processes on the one GPU (lanes): each takes the next workload as it "
+                        "frees up; their compiles, oracles and first calls overlap, while every timing window runs "
+                        "with the GPU to itself (an exclusive lock between the lanes); each lane gets 0.9/K of the "
+                        "GPU's memory, and a workload that runs out of it runs again alone afterwards; the records "
+                        "merge into one run in the plan's order (docs/compare.md, \"Lanes\"); default 1")
+    # one lane of a --jobs run (set by the parent, not by hand): compare/lanes.py
+    p.add_argument("--lane", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lane-dir", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lane-pass", default="main", help=argparse.SUPPRESS)
+    p.add_argument("--lane-names", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--run-id", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run_cli)
 
 
@@ -135,6 +147,12 @@ class RunOptions(types.SimpleNamespace):
     compile_workers: int = 0
     look_ahead: bool = False
     e2e_budget_s: float | None = None
+    jobs: int = 1
+    lane: str | None = None
+    lane_dir: str | None = None
+    lane_pass: str = "main"
+    lane_names: str | None = None
+    run_id: str | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RunOptions:
@@ -149,7 +167,19 @@ class RunOptions(types.SimpleNamespace):
             raise UsageError(f"--compile-workers must be >= 0; got {a.compile_workers}")
         if not 1 <= a.rounds <= a.reps:
             raise UsageError(f"--rounds must be in [1, --reps]; got {a.rounds} (reps {a.reps})")
-        return cls(config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
+        jobs = getattr(a, "jobs", 1)
+        if jobs < 1:
+            raise UsageError(f"--jobs must be >= 1; got {jobs}")
+        lane = getattr(a, "lane", None)
+        if lane is not None:
+            from .lanes import parse_lane
+
+            parse_lane(lane)
+            if not getattr(a, "lane_dir", None) or not getattr(a, "run_id", None):
+                raise UsageError("--lane is set by --jobs for its lanes, with --lane-dir and --run-id")
+        lane_opts = {k: getattr(a, k, None) for k in ("lane", "lane_dir", "lane_names", "run_id")}
+        return cls(jobs=jobs, lane_pass=getattr(a, "lane_pass", "main"), **lane_opts,
+                   config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
                    warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
                    max_run_s=a.max_run_s, compile_workers=a.compile_workers, look_ahead=a.look_ahead,
                    e2e_budget_s=a.e2e_budget_s,
@@ -185,7 +215,8 @@ class RunOptions(types.SimpleNamespace):
 # not repeated in a record's repro: what was selected and where it went (repro selects one record itself),
 # how it was displayed, and whether a clock fallback fails the exit code
 _NOT_REPRO = frozenset({"help", "config", "only", "impl", "out", "append", "quiet", "allow_clock_fallback",
-                        "compile_workers", "look_ahead"})  # where a program compiles changes no measurement
+                        "compile_workers", "look_ahead",  # where a program compiles changes no measurement
+                        "jobs", "lane", "lane_dir", "lane_pass", "lane_names", "run_id"})  # nor which process
 
 
 def parse_only(specs: list[str], names: list[str] | None = None) -> list[tuple[str, str]]:
@@ -359,6 +390,20 @@ class _Run:
         self.gpu = self.ctx.jax_gpu
         stamp = time.strftime("%Y%m%dT%H%M%S")
         self.run_id = f"{stamp}_{_slug(self.env['gpu'] or 'cpu-interpret')}"
+        # one lane of a --jobs run (compare/lanes.py): the parent's run id, the lanes' GPU lock, its share of memory
+        self.lane = None
+        self.lock = lanes.NoLock()
+        if getattr(opts, "lane", None):
+            self.lane = lanes.parse_lane(opts.lane)
+            self.lane_dir = Path(opts.lane_dir)
+            self.run_id = opts.run_id
+            self.lock = lanes.GpuLock(self.lane_dir / "gpu.lock")
+            lanes.cap_torch_memory()
+            if getattr(opts, "lane_names", None):
+                import json
+
+                keep = set(json.loads(Path(opts.lane_names).read_text()))
+                self.plan = [(w, lst) for w, lst in self.plan if w.name in keep]
         out = Path(opts.out) if opts.out else Path("results") / self.run_id
         self.path = out if out.suffix == ".jsonl" else out / "records.jsonl"
         self._open_out()
@@ -407,7 +452,7 @@ class _Run:
                          *map(shlex.quote, flags)])
 
     # -- ceilings and clock check --------------------------------------------------------------
-    def measure_ceilings(self) -> None:
+    def measure_ceilings(self) -> dict:
         rec = self.base("ceilings")
         ds = None
         if self.hw_ds is not None:
@@ -420,16 +465,21 @@ class _Run:
             meas, reason = ceilings.measure()
         rec["measured"] = meas
         rec["reason"] = reason
+        self.use_ceilings(meas)
+        if self.gpu and self.hw_ds is None:
+            rec["reason"] = (reason or "") + f"; no datasheet row for {self.env['gpu']!r}: predictions omitted"
+        self.write([rec])
+        return rec
+
+    def use_ceilings(self, meas: dict | None) -> None:
+        """The measured ceilings (or None) as the run's: rates and fractions are against them."""
         self.ceil = meas
         if meas and self.hw_ds is not None:
             self.hw = self.hw_ds.with_measured(hbm_bw=meas.get("hbm_read_Bps"), flops=meas.get("flops", {}))
-        elif self.gpu and self.hw_ds is None:
-            rec["reason"] = (reason or "") + f"; no datasheet row for {self.env['gpu']!r}: predictions omitted"
-        self.write([rec])
 
-    def clock_check(self) -> None:
+    def clock_check(self) -> list[dict]:
         if not self.gpu or not self.ceil or not self.ceil.get("hbm_copy_Bps"):
-            return
+            return []
         recs = []
         nbytes = 1 << 30
         for fw in ("jax", "torch") if self.ctx.torch_cuda else ("jax",):
@@ -466,6 +516,7 @@ class _Run:
                 gc.collect()
             recs.append(rec)
         self.write(recs)
+        return recs
 
     # -- predictions ---------------------------------------------------------------------------
     def predict(self, w: Workload, impl: Impl | None) -> dict[str, Any] | None:
@@ -624,8 +675,10 @@ class _Run:
             state["plans"] = self.plan_workload(w, impls)
             state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
+        waits0 = self.lock.waits()
         try:
-            self.precompile(w, impls, state)
+            with self.lock.shared():  # inputs, and prepares that may launch device work
+                self.precompile(w, impls, state)
         except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
             self.drain_compiles(state)
         self.look_ahead(getattr(self, "_next_workload", None))
@@ -647,11 +700,19 @@ class _Run:
             if rec is not None:
                 recs.append(rec)
         self.drain_compiles(state)  # a pair that never ran (budget, error) leaves no compile behind
-        self.finalize(recs, outputs)
+        with self.lock.shared():  # twin agreement on the full outputs
+            self.finalize(recs, outputs)
         wall = round(time.perf_counter() - t0, 3)
+        lane = None
+        if self.lane is not None:  # which lane, and how long it waited for the GPU lock in this workload
+            waits = self.lock.waits()
+            lane = {"lane": f"{self.lane[0]}/{self.lane[1]}", "pass": self.opts.lane_pass,
+                    **{f"lock_wait_{k}_s": round(waits[k] - waits0.get(k, 0.0), 3) for k in waits}}
         for r in recs:  # the workload's host wall seconds, planning to its last record (what a sweep's time is made of)
             if isinstance(r.get("metrics"), dict):
                 r["metrics"]["workload_wall_s"] = wall
+                if lane is not None:
+                    r["metrics"]["lane"] = lane
         outputs.clear()
         state.clear()
         gc.collect()
@@ -682,7 +743,8 @@ class _Run:
                 held: dict[str, Any] = {}
                 rec = self.execute(pp, state, outputs, hold=held)
                 prep = held.get("prep")
-                plan = self.timing_plan(prep, rec) if prep is not None else None
+                with self.lock.shared():  # warm-up and one call: no quiet GPU needed
+                    plan = self.timing_plan(prep, rec) if prep is not None else None
                 entries[idx] = (rec, prep, plan)
             except Exception as e:  # last line of defence: a bug in compare itself is still a record
                 bad = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}")
@@ -690,6 +752,12 @@ class _Run:
             if progress is not None:
                 progress.advance(task)
         self.drain_compiles(state)
+        with self.lock.exclusive():  # every timing window of the workload with the GPU to itself (lanes)
+            return self._time_entries(entries)
+
+    def _time_entries(self, entries: list) -> list[dict[str, Any]]:
+        """``run_workload_rounds``' second half: the held pairs' e2e figures and kernel-clock rounds, then every
+        entry's record in the implementations' order."""
         live = [i for i, (_, _, plan) in enumerate(entries) if plan is not None]
         n = getattr(self.opts, "rounds", 1)
         e2e: dict[int, tuple] = {}
@@ -756,7 +824,8 @@ class _Run:
                                                  f"{self.opts.max_run_s:g} s exhausted before this record"))
         if pp.skip is not None:
             return rec.refuse(pp.skip)
-        err = self.workload_inputs(w, state)  # inputs and oracle: once per workload, shared by every impl
+        with self.lock.shared():
+            err = self.workload_inputs(w, state)  # inputs and oracle: once per workload, shared by every impl
         if err is not None:
             return rec.refuse(err)
         grads_btnh = None
@@ -772,30 +841,32 @@ class _Run:
                 phase["compile_wait"] = round(time.perf_counter() - t0, 3)
                 if compile_s is not None:
                     phase["compile_bg"] = compile_s
-            else:
+            with self.lock.shared():
+                if pre is None:
+                    t0 = time.perf_counter()
+                    prep = impl.prepare(w, state["inputs"], self.ctx)
+                    phase["prepare"] = round(time.perf_counter() - t0, 3)
+                sync = _sync_for(prep.framework)
                 t0 = time.perf_counter()
-                prep = impl.prepare(w, state["inputs"], self.ctx)
-                phase["prepare"] = round(time.perf_counter() - t0, 3)
-            sync = _sync_for(prep.framework)
-            t0 = time.perf_counter()
-            out = prep.fn(*prep.args)
-            sync(out)
-            first_call_s = time.perf_counter() - t0
-            if w.family == "train":  # (out, (dq, dk, dv), loss): compare.train
-                from . import train
+                out = prep.fn(*prep.args)
+                sync(out)
+                first_call_s = time.perf_counter() - t0
+                if w.family == "train":  # (out, (dq, dk, dv), loss): compare.train
+                    from . import train
 
-                out, grads = train.split_output(out)
-                grads_btnh = tuple(interop.to_jax_btnh(g, prep.layout) for g in grads)
-            out_btnh = interop.to_jax_btnh(out, prep.layout)
+                    out, grads = train.split_output(out)
+                    grads_btnh = tuple(interop.to_jax_btnh(g, prep.layout) for g in grads)
+                out_btnh = interop.to_jax_btnh(out, prep.layout)
         except Exception as e:
             return rec.fail("oom" if _is_oom(e) else _failure_status(e), _reason(e))
         rec.impl["prepared_notes"] = prep.notes
         rec.metrics["first_call_s"] = first_call_s
         t0 = time.perf_counter()
-        if not self.agree(rec, w, state, out_btnh):
-            return rec
-        if grads_btnh is not None and not self.agree_grads(rec, w, state, grads_btnh):
-            return rec
+        with self.lock.shared():
+            if not self.agree(rec, w, state, out_btnh):
+                return rec
+            if grads_btnh is not None and not self.agree_grads(rec, w, state, grads_btnh):
+                return rec
         phase["agreement"] = round(time.perf_counter() - t0, 3)
         del grads_btnh
         if impl.framework in ("pallas", "cuda") and impl.generation:
@@ -1024,11 +1095,13 @@ class _Run:
     def time_gpu(self, prep, rec: ResultRecord, basis: dict) -> None:
         """Warm-up, then kernel timing (the requested clock, cold L2), end-to-end latency and pipelined
         throughput into ``rec.metrics``, scaled down to ``--budget-s`` (or 'skipped'); then the rates."""
-        plan = self.timing_plan(prep, rec)
+        with self.lock.shared():
+            plan = self.timing_plan(prep, rec)
         if plan is None:
             return
         reps, e2e_reps, e2e_calls = plan
-        self.record_timing(prep, rec, self.kernel_timing(prep, rec, reps), e2e_reps, e2e_calls)
+        with self.lock.exclusive():  # the timing windows with the GPU to itself (lanes)
+            self.record_timing(prep, rec, self.kernel_timing(prep, rec, reps), e2e_reps, e2e_calls)
 
     def timing_plan(self, prep, rec: ResultRecord) -> tuple[int, int, int] | None:
         """Warm-up and one timed call, then ``(reps, e2e_reps, e2e_calls)`` within ``--budget-s``; None when
@@ -1201,8 +1274,11 @@ class _Run:
         n_written = 0
         progress = None
         try:
-            self.measure_ceilings()
-            self.clock_check()
+            if self.lane is None:
+                self.measure_ceilings()
+                self.clock_check()
+            else:
+                self.lane_ceilings()
             plan = self.plan
             total = sum(len(lst) for _, lst in plan)
             console = report.console()
@@ -1228,14 +1304,17 @@ class _Run:
                 task = progress.add_task("", total=total)
             not_run: list[str] = []  # CPU runs: one line per workload where nothing ran, after the tables
             all_recs: list[dict] = []
-            for i, (w, lst) in enumerate(plan):
-                self._next_workload = plan[i + 1][0] if i + 1 < len(plan) else None
-                self._next_impls = plan[i + 1][1] if i + 1 < len(plan) else None
+            for i in self.workload_order(len(plan)):
+                w, lst = plan[i]
+                nxt = plan[i + 1] if i + 1 < len(plan) and self.lane is None else (None, None)
+                self._next_workload, self._next_impls = nxt
                 recs = self.run_workload(w, lst, progress, task if progress else None)
                 self.write(recs)
                 self._inflight = ([], {})
                 n_written += len(recs)
                 all_recs += recs
+                if self.lane is not None:
+                    self.lane_done(i, len(plan), w, recs)
                 if not self.opts.quiet:
                     self.show_workload(console, w, recs, not_run)
             if not_run and not self.opts.quiet:
@@ -1256,6 +1335,54 @@ class _Run:
                 pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
         return self.close(n_written, all_recs, console)
+
+    # -- one lane of a --jobs run (compare/lanes.py) ------------------------------------------------
+    def workload_order(self, n: int):
+        """The plan's indices this process runs: all of them in order, or (a lane) each next one no lane took."""
+        if self.lane is None:
+            yield from range(n)
+            return
+        counter = self.lane_dir / f"next.{self.opts.lane_pass}"
+        while (i := lanes.claim(counter)) < n:
+            yield i
+
+    def lane_ceilings(self) -> None:
+        """The lane that claims the role publishes the plan, then measures the ceilings and runs the clock check
+        with the GPU to itself and publishes them; the others wait for them and use the same values."""
+        import json
+
+        names = [w.name for w, _ in self.plan]
+        if lanes.claim_role(self.lane_dir):
+            lanes.publish(self.lane_dir / lanes.PLAN_FILE, {"workloads": names})
+            try:
+                with self.lock.exclusive():
+                    recs = [self.measure_ceilings(), *self.clock_check()]
+            except BaseException as e:
+                lanes.publish(self.lane_dir / lanes.CEILINGS_FILE, {"lane": self.lane[0], "error": repr(e)[:300]})
+                raise
+            lanes.publish(self.lane_dir / lanes.CEILINGS_FILE,
+                          {"lane": self.lane[0], "ceil": self.ceil, "records": recs})
+            return
+        got = lanes.wait_for(self.lane_dir / lanes.CEILINGS_FILE)
+        if "error" in got:
+            raise RuntimeError(f"lanes: the lane that measures the ceilings failed: {got['error']}")
+        self.use_ceilings(got.get("ceil"))
+        theirs = json.loads((self.lane_dir / lanes.PLAN_FILE).read_text())["workloads"]
+        if (not set(names) <= set(theirs)) if getattr(self.opts, "lane_names", None) else names != theirs:
+            raise RuntimeError("lanes: this lane's plan differs from the role lane's (the same command must select "
+                               "the same workloads)")
+
+    def lane_done(self, i: int, n: int, w: Workload, recs: list[dict]) -> None:
+        """A lane's workload written: marked done for the parent, one progress line."""
+        from . import report
+
+        lanes.mark_done(self.lane_dir, self.lane[0], self.opts.lane_pass, w.name)
+        m = next((r.get("metrics") for r in recs if isinstance(r.get("metrics"), dict)), None) or {}
+        lane = m.get("lane") or {}
+        print(f"lane {self.lane[0]}{'' if self.opts.lane_pass == 'main' else ' ' + self.opts.lane_pass} "
+              f"[{i + 1}/{n}] {w.name}: {report.status_summary(recs) if recs else 'no records'}; "
+              f"{m.get('workload_wall_s', 0.0):.1f} s (lock waits {lane.get('lock_wait_shared_s', 0.0):.1f} s "
+              f"shared, {lane.get('lock_wait_exclusive_s', 0.0):.1f} s exclusive)", flush=True)
 
     def show_workload(self, console, w: Workload, recs: list[dict], not_run: list[str]) -> None:
         """A workload's table once its records are written (GPU: timings; CPU: agreement and the predicted
@@ -1289,6 +1416,8 @@ class _Run:
         """The closing lines and the exit code: 1 when nothing ran, 3 on a clock fallback (unless accepted)."""
         from . import report
 
+        if self.lane is not None:  # a lane: the parent merges, reports and sets the run's exit code
+            return 0
         if n_written == 0:
             print(f"nothing ran: every selected (workload, implementation) pair is n/a (not applicable) on this "
                   f"machine; no result records in {self.path}", file=sys.stderr)
@@ -1316,6 +1445,10 @@ class _Run:
 
 
 def run(opts: RunOptions) -> int:
+    if getattr(opts, "jobs", 1) > 1 and getattr(opts, "lane", None) is None:
+        from .lanes import run_jobs
+
+        return run_jobs(opts)
     return _Run(opts).main()
 
 

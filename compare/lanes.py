@@ -1,0 +1,396 @@
+"""``compare run --jobs K``: one run split over K processes ("lanes") on one GPU, its timing windows one at a time.
+
+Why: most of a sweep workload's host time is compiles (Mosaic GPU, XLA), the float64 oracle and first calls, work
+that several workloads can do at once; only the timing windows (the kernel clock and the host-wall e2e figures) need
+the GPU to themselves (docs/compare.md, "Lanes").
+
+How:
+* the parent (``run_jobs``) starts K children, each the same ``compare run`` with ``--lane i/K``; it never touches
+  the GPU itself;
+* a child claims the plan's workloads one at a time from a shared counter (``claim``), so long and short workloads
+  spread over the lanes as they come;
+* a child holds ``GpuLock`` *shared* around everything it runs on the GPU (inputs, oracle copies, first calls,
+  agreement, warm-up) and *exclusive* around its timing windows and the ceilings: an exclusive holder waits until no
+  other lane is inside a shared section, and no lane enters one while it holds or waits (a writer-first
+  readers-writer lock over two ``flock`` files). Compiles that run nothing on the GPU (Mosaic GPU, cuDNN and FA3
+  custom calls on the compile workers) and the oracle's numpy arithmetic on host copies run outside any lock;
+* one lane (whichever claims the role first) measures the ceilings and runs the clock check, exclusively; the others
+  wait for them (``ceilings.json``) and use the same values;
+* each lane's JAX memory is capped at 0.9/K of the GPU (``XLA_PYTHON_CLIENT_MEM_FRACTION``, and torch's
+  ``set_per_process_memory_fraction``); a workload that ran out of memory in a lane, or whose lane died before it
+  finished, runs again once the lanes are done, alone, in one process with the whole GPU;
+* the parent merges the lanes' records into one run (one run id, one header, the role lane's ceilings and clock
+  check, the results in the plan's order): the same file a one-process run writes. The lanes' own files stay in
+  ``<out>/lanes/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+LANE_MEMORY = 0.9  # of the GPU, shared by the lanes (the rest: CUDA contexts, cuDNN and cuBLAS workspaces)
+ROLE_FILE = "ceilings.claim"
+CEILINGS_FILE = "ceilings.json"
+PLAN_FILE = "plan.json"
+CEILINGS_WAIT_S = 900.0  # how long a lane waits for the role lane's ceilings before giving up
+
+
+# ------------------------------------------------------------------------------------------- the lock
+
+
+class NoLock:
+    """One process: nothing to share the GPU with."""
+
+    @contextlib.contextmanager
+    def shared(self):
+        yield
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        yield
+
+    def waits(self) -> dict[str, float]:
+        return {}
+
+
+class GpuLock:
+    """A writer-first readers-writer lock between processes: ``shared()`` around GPU work that needs no quiet GPU,
+    ``exclusive()`` around timing windows. Two ``flock`` files: the turnstile ``<path>.turn`` (everyone passes
+    through it, exclusively, to change their hold on the main file) and ``<path>`` (shared or exclusive). A writer
+    keeps the turnstile while it waits for the readers to leave, so no new reader enters meanwhile.
+
+    Re-entrant within the process (a shared section inside an exclusive one is already covered; an exclusive one
+    inside a shared one gives up the shared hold first, so two lanes that both want to time never wait on each
+    other's shared hold) and for the main thread only: the compile workers never take it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._main = open(self.path, "a+")  # noqa: SIM115 -- held for the process's life
+        self._turn = open(str(self.path) + ".turn", "a+")  # noqa: SIM115
+        self.mode: str | None = None
+        self._wait = {"shared": 0.0, "exclusive": 0.0}
+
+    def _acquire(self, mode: str) -> None:
+        t0 = time.perf_counter()
+        fcntl.flock(self._turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._main, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self._turn, fcntl.LOCK_UN)
+        self._wait[mode] += time.perf_counter() - t0
+        self.mode = mode
+
+    def _release(self) -> None:
+        fcntl.flock(self._main, fcntl.LOCK_UN)
+        self.mode = None
+
+    @contextlib.contextmanager
+    def shared(self):
+        if self.mode is not None:  # already shared or exclusive: covered
+            yield
+            return
+        self._acquire("shared")
+        try:
+            yield
+        finally:
+            self._release()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        if self.mode == "exclusive":
+            yield
+            return
+        was_shared = self.mode == "shared"
+        if was_shared:
+            self._release()
+        self._acquire("exclusive")
+        try:
+            yield
+        finally:
+            self._release()
+            if was_shared:
+                self._acquire("shared")
+
+    def waits(self) -> dict[str, float]:
+        """Host seconds spent waiting for the lock so far, by mode."""
+        return {k: round(v, 3) for k, v in self._wait.items()}
+
+
+# ------------------------------------------------------------------------------------ shared files
+
+
+def claim(path: str | os.PathLike) -> int:
+    """The next index of a counter file shared by the lanes (0, 1, 2, ... across all of them)."""
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read().strip()
+        i = int(text) if text else 0
+        f.seek(0)
+        f.truncate()
+        f.write(str(i + 1))
+        f.flush()
+        return i
+
+
+def claim_role(lane_dir: Path) -> bool:
+    """True for the first lane to ask (it measures the ceilings and runs the clock check)."""
+    try:
+        fd = os.open(lane_dir / ROLE_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def publish(path: Path, obj: Any) -> None:
+    """Write JSON so that a reader sees all of it or nothing (rename)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, default=str))
+    os.replace(tmp, path)
+
+
+def wait_for(path: Path, *, timeout_s: float = CEILINGS_WAIT_S, poll_s: float = 0.2) -> Any:
+    """The JSON another lane publishes at ``path``; RuntimeError after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not path.exists():
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"lanes: no {path.name} from the lane that measures the ceilings after {timeout_s:g} s")
+        time.sleep(poll_s)
+    return json.loads(path.read_text())
+
+
+def mark_done(lane_dir: Path, lane: int, pass_name: str, name: str) -> None:
+    """A workload's records are written (the parent reruns a claimed workload that never got here)."""
+    with open(lane_dir / f"done.{pass_name}.{lane}", "a") as f:
+        f.write(name + "\n")
+
+
+def done_names(lane_dir: Path, pass_name: str = "*") -> set[str]:
+    """The workloads whose records a lane of ``pass_name`` (every pass by default) wrote in full."""
+    names: set[str] = set()
+    for p in lane_dir.glob(f"done.{pass_name}.*"):
+        names.update(x for x in p.read_text().splitlines() if x)
+    return names
+
+
+def parse_lane(spec: str) -> tuple[int, int]:
+    """``"i/K"`` -> ``(i, K)`` with 0 <= i < K."""
+    from .workloads import UsageError
+
+    try:
+        i, k = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise UsageError(f"--lane wants i/K (e.g. 0/4); got {spec!r}") from None
+    if not 0 <= i < k:
+        raise UsageError(f"--lane {spec}: want 0 <= i < K")
+    return i, k
+
+
+def cap_torch_memory() -> None:
+    """A lane's torch allocations capped as its JAX ones are (``PALLAS_ATTN_LANE_TORCH_FRACTION``), best effort:
+    torch missing or without CUDA leaves nothing to cap."""
+    frac = os.environ.get("PALLAS_ATTN_LANE_TORCH_FRACTION")
+    if not frac:
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(float(frac))
+    except Exception:  # noqa: BLE001 -- no torch: nothing to cap
+        pass
+
+
+# ----------------------------------------------------------------------------------------- the parent
+
+# the options a lane repeats as they were given (dest -> flag); selection, timing and budgets. The parent's own
+# (--jobs, --out, --append, --quiet) and the lane options are set per lane below; tests/test_lanes.py checks that
+# every option of ``compare run`` is one or the other
+FORWARDED = {"config": "--config", "only": "--only", "impl": "--impl", "reps": "--reps", "warmup": "--warmup",
+             "rounds": "--rounds", "e2e_reps": "--e2e-reps", "e2e_calls": "--e2e-calls",
+             "e2e_budget_s": "--e2e-budget-s", "budget_s": "--budget-s", "max_run_s": "--max-run-s",
+             "clock": "--clock", "allow_clock_fallback": "--allow-clock-fallback", "arch": "--arch",
+             "cpu_max_flops": "--cpu-max-flops", "no_ceilings": "--no-ceilings", "look_ahead": "--look-ahead"}
+PARENT_ONLY = frozenset({"jobs", "out", "append", "quiet", "compile_workers", "lane", "lane_dir", "lane_pass",
+                         "lane_names", "run_id", "argv"})
+
+
+def lane_argv(opts, *, lane: int, lanes: int, lane_dir: Path, run_id: str, out: Path, pass_name: str,
+              names_file: Path | None, compile_workers: int) -> list[str]:
+    """The child command of one lane."""
+    args = [sys.executable, "-m", "compare", "run"]
+    for dest, flag in FORWARDED.items():
+        val = getattr(opts, dest, None)
+        if val is None or val is False:
+            continue
+        if val is True:
+            args.append(flag)
+        elif isinstance(val, (list, tuple)):
+            for v in val:
+                args += [flag, str(v)]
+        else:
+            args += [flag, repr(val) if isinstance(val, float) else str(val)]
+    args += ["--out", str(out), "--quiet", "--compile-workers", str(compile_workers), "--lane", f"{lane}/{lanes}",
+             "--lane-dir", str(lane_dir), "--lane-pass", pass_name, "--run-id", run_id]
+    if names_file is not None:
+        args += ["--lane-names", str(names_file)]
+    return args
+
+
+def _spawn(cmds: list[tuple[list[str], dict[str, str]]]) -> tuple[list[int], bool]:
+    """Start the lanes and wait for them; ``(exit codes, interrupted)``."""
+    procs = [subprocess.Popen(cmd, env=env) for cmd, env in cmds]
+    try:
+        return [p.wait() for p in procs], False
+    except KeyboardInterrupt:  # the lanes got the same SIGINT: let them write what finished
+        return [p.wait() for p in procs], True
+
+
+def _lane_env(lanes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if lanes > 1:
+        frac = f"{LANE_MEMORY / lanes:.3f}"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = frac
+        env["PALLAS_ATTN_LANE_TORCH_FRACTION"] = frac
+    else:  # the rerun pass: the whole GPU, as a one-process run has it
+        env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+        env.pop("PALLAS_ATTN_LANE_TORCH_FRACTION", None)
+    return env
+
+
+def run_jobs(opts) -> int:
+    """``--jobs K``: the lanes, the rerun pass, the merge; the exit code (0; 1 nothing ran; 2 workloads missing; 3 a
+    clock fallback, unless accepted)."""
+    from . import records
+    from .workloads import UsageError, ensure_writable
+
+    k = int(opts.jobs)
+    if getattr(opts, "append", False):
+        raise UsageError("--jobs and --append: a run over lanes writes a new records file; give a new --out")
+    if getattr(opts, "look_ahead", False):
+        raise UsageError("--jobs and --look-ahead: lanes already overlap one workload's compiles with another's "
+                         "timing; use one or the other")
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    out = Path(opts.out) if opts.out else Path("results") / f"{stamp}_lanes{k}"
+    path = out if out.suffix == ".jsonl" else out / "records.jsonl"
+    if path.is_file() and path.stat().st_size > 0:
+        raise UsageError(f"{path} already holds records; not overwriting it: give a new --out")
+    ensure_writable(path, f"--out {opts.out or path}")
+    lane_dir = path.parent / (f"{path.stem}.lanes" if out.suffix == ".jsonl" else "lanes")
+    if lane_dir.exists() and any(lane_dir.iterdir()):
+        raise UsageError(f"{lane_dir} is not empty (the lanes of an earlier run?); give a new --out")
+    lane_dir.mkdir(parents=True, exist_ok=True)
+    run_id = f"{stamp}_lanes{k}"
+    workers = max(1, int(getattr(opts, "compile_workers", 8) or 0) // k) if opts.compile_workers else 0
+    t0 = time.perf_counter()
+    print(f"compare run --jobs {k}: {k} lanes, {workers} compile workers each, lane files in {lane_dir}", flush=True)
+    env = _lane_env(k)
+    rcs, interrupted = _spawn([(lane_argv(opts, lane=i, lanes=k, lane_dir=lane_dir, run_id=run_id,
+                             out=lane_dir / f"lane{i}.jsonl", pass_name="main", names_file=None,
+                             compile_workers=workers), env) for i in range(k)])
+    plan_path = lane_dir / PLAN_FILE
+    if not plan_path.exists():
+        print(f"lanes: no lane published the plan (exit codes {rcs}); nothing to merge", file=sys.stderr)
+        return 2
+    plan = json.loads(plan_path.read_text())["workloads"]
+    lane_files = [lane_dir / f"lane{i}.jsonl" for i in range(k)]
+    recs = [r for p in lane_files if p.exists() for r in records.read_jsonl(p)]
+    rerun = [] if interrupted else rerun_names(plan, recs, done_names(lane_dir, "main"))
+    if rerun:
+        print(f"lanes: {len(rerun)} workloads again, alone with the whole GPU (out of memory in a lane, or their "
+              f"lane ended before them): {', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}", flush=True)
+        names_file = lane_dir / "rerun.json"
+        names_file.write_text(json.dumps(rerun))
+        rc, interrupted = _spawn([(lane_argv(opts, lane=0, lanes=1, lane_dir=lane_dir, run_id=run_id,
+                                             out=lane_dir / "rerun.jsonl", pass_name="rerun", names_file=names_file,
+                                             compile_workers=int(opts.compile_workers)), _lane_env(1))])
+        rcs += rc
+    merged, missing = merge(plan, lane_files, lane_dir / "rerun.jsonl", rerun, lane_dir, opts, k)
+    records.write_jsonl(path, merged)
+    results = [r for r in merged if r.get("type") == "result"]
+    from . import report
+
+    wall = time.perf_counter() - t0
+    print(f"{len(results)} records in {wall:.0f} s over {k} lanes -> {path}: {report.status_summary(results)}")
+    print(f"render: python -m compare report {path}")
+    if interrupted:
+        print(f"interrupted: the finished records of the lanes are merged into {path}", file=sys.stderr)
+        return 130
+    if missing:
+        print(f"lanes: {len(missing)} workloads have no finished records (lane exit codes {rcs}): "
+              f"{', '.join(missing[:6])}", file=sys.stderr)
+        return 2
+    if not results:
+        return 1
+    fallbacks = sum(1 for r in results if (r.get("metrics") or {}).get("clock_fallback"))
+    if fallbacks and not getattr(opts, "allow_clock_fallback", False):
+        print(f"clock fallback: {fallbacks} records were timed by a clock other than the one requested; exit 3 "
+              "(--allow-clock-fallback accepts them)", file=sys.stderr)
+        return 3
+    return 0
+
+
+def rerun_names(plan: list[str], recs: list[dict], done: set[str]) -> list[str]:
+    """The workloads to run again alone: any record out of memory, or claimed by a lane that never finished them."""
+    oom = {(r.get("workload") or {}).get("name") for r in recs
+           if r.get("type") == "result" and r.get("status") == "oom"}
+    return [n for n in plan if n in oom or n not in done]
+
+
+def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list[str], lane_dir: Path, opts,
+          k: int) -> tuple[list[dict], list[str]]:
+    """One run's records from the lanes': the role lane's header (the parent's options), its ceilings and clock
+    check, then every workload's results in the plan's order (a rerun workload's from the rerun pass). Also the
+    names of planned workloads that finished nowhere."""
+    from . import records
+
+    by_lane = [list(records.read_jsonl(p)) if p.exists() else [] for p in lane_files]
+    again = list(records.read_jsonl(rerun_file)) if rerun and rerun_file.exists() else []
+    role = json.loads((lane_dir / CEILINGS_FILE).read_text()) if (lane_dir / CEILINGS_FILE).exists() else {}
+    role_lane = role.get("lane", 0)
+    header = next((r for r in by_lane[role_lane] if r.get("type") == "header"), None) if by_lane else None
+    header = dict(header or {})
+    main_done, again_done = done_names(lane_dir, "main"), done_names(lane_dir, "rerun")
+    redone = {n for n in rerun if n in again_done}  # a rerun that did not finish keeps the lane's records
+    if header:
+        options = dict(header.get("options") or {})
+        for key in ("lane", "lane_dir", "lane_pass", "lane_names", "run_id"):
+            options.pop(key, None)
+        options.update(jobs=k, out=getattr(opts, "out", None), quiet=getattr(opts, "quiet", False))
+        header["options"] = options
+        header["argv"] = list(getattr(opts, "argv", []) or [])
+        header["lanes"] = {"jobs": k, "lane_memory_fraction": round(LANE_MEMORY / k, 3),
+                           "role_lane": role_lane, "rerun_alone": rerun,
+                           "rerun_unfinished": [n for n in rerun if n not in redone],
+                           "lane_files": [str(p.name) for p in lane_files if p.exists()]
+                           + (["rerun.jsonl"] if again else []),
+                           "what": "one run over lanes (docs/compare.md, \"Lanes\"): the lanes' results in the plan's "
+                                   "order; the ceilings and clock check of the role lane"}
+    out: list[dict] = [header] if header else []
+    out += [r for r in role.get("records", [])]
+    results: dict[str, list[dict]] = {}
+    for recs in by_lane:
+        for r in recs:
+            name = (r.get("workload") or {}).get("name")
+            if r.get("type") == "result" and name not in redone:
+                results.setdefault(name, []).append(r)
+    for r in again:
+        name = (r.get("workload") or {}).get("name")
+        if r.get("type") == "result" and name in redone:
+            results.setdefault(name, []).append(r)
+    for name in plan:
+        out += results.get(name, [])
+    missing = [n for n in plan if n not in main_done and n not in again_done]
+    return out, missing

@@ -1,0 +1,258 @@
+"""``compare run --jobs K`` (compare/lanes.py): the GPU lock between processes, the shared counter, the lanes'
+command lines, the merge, and one CPU run over two lanes against the same run in one process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from compare import cli, lanes, runner
+from compare.workloads import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(code: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env)
+
+
+def _wait_file(p: Path, timeout: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not p.exists():
+        assert time.monotonic() - t0 < timeout, f"{p} never appeared"
+        time.sleep(0.02)
+
+
+def test_exclusive_waits_for_another_process_shared_section(tmp_path):
+    lock_path, held, log = tmp_path / "gpu.lock", tmp_path / "held", tmp_path / "log"
+    child = _child(f"""
+        import time
+        from compare.lanes import GpuLock
+        lk = GpuLock({str(lock_path)!r})
+        with lk.shared():
+            open({str(held)!r}, "w").close()
+            time.sleep(0.6)
+            open({str(log)!r}, "w").write(repr(time.time()))
+    """)
+    try:
+        _wait_file(held)
+        lk = lanes.GpuLock(lock_path)
+        with lk.exclusive():
+            got = time.time()
+            child_end = float(log.read_text())  # the child's section ended before this one began
+        assert got >= child_end
+        assert lk.waits()["exclusive"] > 0.2
+    finally:
+        assert child.wait(30) == 0
+
+
+def test_shared_sections_of_two_processes_overlap(tmp_path):
+    lock_path, held = tmp_path / "gpu.lock", tmp_path / "held"
+    child = _child(f"""
+        import time
+        from compare.lanes import GpuLock
+        lk = GpuLock({str(lock_path)!r})
+        with lk.shared():
+            open({str(held)!r}, "w").close()
+            time.sleep(1.0)
+    """)
+    try:
+        _wait_file(held)
+        lk = lanes.GpuLock(lock_path)
+        t0 = time.perf_counter()
+        with lk.shared():
+            waited = time.perf_counter() - t0
+        assert waited < 0.5  # readers do not wait for readers
+    finally:
+        assert child.wait(30) == 0
+
+
+def test_a_waiting_writer_holds_new_readers_back(tmp_path):
+    """Writer first: while one process waits to time, another's new shared section waits behind it."""
+    lock_path, held, wrote, read = (tmp_path / n for n in ("gpu.lock", "held", "wrote", "read"))
+    reader = _child(f"""
+        import time
+        from compare.lanes import GpuLock
+        lk = GpuLock({str(lock_path)!r})
+        with lk.shared():
+            open({str(held)!r}, "w").close()
+            time.sleep(0.8)
+    """)
+    _wait_file(held)
+    writer = _child(f"""
+        import time
+        from compare.lanes import GpuLock
+        lk = GpuLock({str(lock_path)!r})
+        with lk.exclusive():
+            time.sleep(0.5)
+            open({str(wrote)!r}, "w").write(repr(time.time()))
+    """)
+    try:
+        time.sleep(0.3)  # the writer is now waiting for the first reader
+        lk = lanes.GpuLock(lock_path)
+        with lk.shared():
+            read.write_text(repr(time.time()))
+        assert float(read.read_text()) >= float(wrote.read_text())
+    finally:
+        assert reader.wait(30) == 0 and writer.wait(30) == 0
+
+
+def test_lock_reentry_and_exclusive_inside_shared(tmp_path):
+    lk = lanes.GpuLock(tmp_path / "gpu.lock")
+    with lk.shared():
+        assert lk.mode == "shared"
+        with lk.shared():
+            assert lk.mode == "shared"
+        with lk.exclusive():
+            assert lk.mode == "exclusive"
+            with lk.shared():  # covered by the exclusive hold
+                assert lk.mode == "exclusive"
+        assert lk.mode == "shared"  # the shared hold is back
+    assert lk.mode is None
+
+
+def test_claim_hands_each_index_to_one_process(tmp_path):
+    counter, outs = tmp_path / "next", [tmp_path / f"got{i}" for i in range(3)]
+    kids = [_child(f"""
+        from compare.lanes import claim
+        got = [claim({str(counter)!r}) for _ in range(40)]
+        open({str(o)!r}, "w").write(" ".join(map(str, got)))
+    """) for o in outs]
+    for k in kids:
+        assert k.wait(60) == 0
+    got = [int(x) for o in outs for x in o.read_text().split()]
+    assert sorted(got) == list(range(120))
+
+
+def test_claim_role_goes_to_one_lane(tmp_path):
+    assert lanes.claim_role(tmp_path) is True
+    assert lanes.claim_role(tmp_path) is False
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    runner.add_parser(sub)
+    return sub.choices["run"]
+
+
+def test_every_run_option_is_forwarded_to_the_lanes_or_set_by_the_parent():
+    dests = {a.dest for a in _run_parser()._actions if a.option_strings and a.dest != "help"}
+    assert dests <= set(lanes.FORWARDED) | lanes.PARENT_ONLY, dests - set(lanes.FORWARDED) - lanes.PARENT_ONLY
+    assert not set(lanes.FORWARDED) & lanes.PARENT_ONLY
+
+
+def test_a_lane_repeats_the_parent_options(tmp_path):
+    argv = ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode_f16", "--impl", "pallas:*",
+            "--reps", "7", "--warmup", "2", "--rounds", "2", "--e2e-reps", "4", "--e2e-calls", "9",
+            "--e2e-budget-s", "0.25", "--budget-s", "1.5", "--max-run-s", "100", "--clock", "events",
+            "--allow-clock-fallback", "--arch", "h200", "--cpu-max-flops", "1000", "--no-ceilings", "--jobs", "3",
+            "--compile-workers", "6", "--out", str(tmp_path / "o")]
+    parent = runner.RunOptions.from_args(_run_parser().parse_args(argv))
+    cmd = lanes.lane_argv(parent, lane=1, lanes=3, lane_dir=tmp_path, run_id="rid", out=tmp_path / "lane1.jsonl",
+                          pass_name="main", names_file=None, compile_workers=2)
+    assert cmd[1:4] == ["-m", "compare", "run"]
+    child = runner.RunOptions.from_args(_run_parser().parse_args(cmd[4:]))
+    for dest in lanes.FORWARDED:
+        assert getattr(child, dest) == getattr(parent, dest), dest
+    assert (child.lane, child.lane_dir, child.run_id, child.jobs) == ("1/3", str(tmp_path), "rid", 1)
+    assert child.compile_workers == 2 and child.quiet and child.out == str(tmp_path / "lane1.jsonl")
+
+
+def test_lane_options_are_checked():
+    with pytest.raises(UsageError, match="lane"):
+        runner.RunOptions.from_args(_run_parser().parse_args(["--lane", "0/2"]))
+    with pytest.raises(UsageError, match="0 <= i < K"):
+        lanes.parse_lane("2/2")
+    with pytest.raises(UsageError, match="i/K"):
+        lanes.parse_lane("two")
+    with pytest.raises(UsageError, match="jobs"):
+        runner.RunOptions.from_args(_run_parser().parse_args(["--jobs", "0"]))
+
+
+def test_jobs_refuses_append_and_look_ahead(tmp_path):
+    for extra in (["--append"], ["--look-ahead"]):
+        opts = runner.RunOptions.from_args(_run_parser().parse_args(
+            ["--config", "smoke", "--jobs", "2", "--out", str(tmp_path / "x"), *extra]))
+        with pytest.raises(UsageError, match="--jobs"):
+            lanes.run_jobs(opts)
+
+
+def _res(name, impl, status="ok"):
+    return {"type": "result", "run_id": "r", "workload": {"name": name}, "impl": {"name": impl}, "status": status}
+
+
+def _write(p: Path, recs):
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_merge_orders_by_plan_and_takes_reruns(tmp_path):
+    d = tmp_path
+    plan = ["a", "b", "c", "d"]
+    _write(d / "lane0.jsonl", [{"type": "header", "run_id": "r", "options": {"lane": "0/2", "jobs": 1}},
+                               _res("c", "x"), _res("c", "y"), _res("a", "x", "oom")])
+    _write(d / "lane1.jsonl", [{"type": "header", "run_id": "r", "options": {"lane": "1/2"}}, _res("b", "x"),
+                               _res("d", "x", "oom")])
+    lanes.publish(d / lanes.CEILINGS_FILE, {"lane": 0, "records": [{"type": "ceilings", "run_id": "r"}]})
+    (d / "done.main.0").write_text("c\na\n")
+    (d / "done.main.1").write_text("b\nd\n")
+    recs = [r for f in ("lane0.jsonl", "lane1.jsonl") for r in map(json.loads, (d / f).read_text().splitlines())]
+    rerun = lanes.rerun_names(plan, recs, lanes.done_names(d, "main"))
+    assert rerun == ["a", "d"]
+    _write(d / "rerun.jsonl", [{"type": "header", "run_id": "r"}, _res("a", "x")])  # d's rerun never finished
+    (d / "done.rerun.0").write_text("a\n")
+    opts = argparse.Namespace(out=str(d), quiet=False, argv=["python", "-m", "compare", "run", "--jobs", "2"])
+    merged, missing = lanes.merge(plan, [d / "lane0.jsonl", d / "lane1.jsonl"], d / "rerun.jsonl", rerun, d, opts, 2)
+    assert missing == []
+    assert [r["type"] for r in merged[:2]] == ["header", "ceilings"]
+    got = [(r["workload"]["name"], r["impl"]["name"], r["status"]) for r in merged[2:]]
+    # a: the rerun's record replaces the lane's oom; d: its rerun did not finish, so the lane's record stays
+    assert got == [("a", "x", "ok"), ("b", "x", "ok"), ("c", "x", "ok"), ("c", "y", "ok"), ("d", "x", "oom")]
+    h = merged[0]
+    assert h["options"]["jobs"] == 2 and "lane" not in h["options"]
+    assert h["lanes"]["rerun_alone"] == ["a", "d"] and h["lanes"]["rerun_unfinished"] == ["d"]
+
+
+def test_merge_names_workloads_no_lane_finished(tmp_path):
+    d = tmp_path
+    _write(d / "lane0.jsonl", [{"type": "header", "run_id": "r", "options": {}}, _res("a", "x")])
+    (d / "done.main.0").write_text("a\n")
+    opts = argparse.Namespace(out=str(d), quiet=False, argv=[])
+    merged, missing = lanes.merge(["a", "b"], [d / "lane0.jsonl"], d / "rerun.jsonl", [], d, opts, 1)
+    assert missing == ["b"]
+
+
+def _strip(p: Path):
+    out = []
+    for r in map(json.loads, p.read_text().splitlines()):
+        out.append((r["type"], (r.get("workload") or {}).get("name"), (r.get("impl") or {}).get("name"),
+                    r.get("status"), (r.get("agreement") or {}).get("rel_l2_err"), r.get("run_id") is not None))
+    return out
+
+
+def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
+    sel = ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode*", "--impl", "pallas:v1*",
+           "--impl", "pallas:auto", "--quiet"]
+    assert cli.main(["run", *sel, "--out", str(tmp_path / "one")]) == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    got = subprocess.run([sys.executable, "-m", "compare", "run", *sel, "--jobs", "2", "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "lane 0" in got.stdout and "lane 1" in got.stdout  # a progress line per workload
+    one, two = _strip(tmp_path / "one" / "records.jsonl"), _strip(tmp_path / "two" / "records.jsonl")
+    assert one == two
+    recs = [json.loads(x) for x in (tmp_path / "two" / "records.jsonl").read_text().splitlines()]
+    assert len({r["run_id"] for r in recs}) == 1  # one run
+    assert recs[0]["lanes"]["jobs"] == 2
+    lanes_seen = {r["metrics"]["lane"]["lane"] for r in recs if r["type"] == "result" and r["status"] == "ok"}
+    assert lanes_seen <= {"0/2", "1/2"} and lanes_seen
+    assert (tmp_path / "two" / "lanes" / "lane0.jsonl").exists()
