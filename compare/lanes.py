@@ -41,6 +41,7 @@ ROLE_FILE = "ceilings.claim"
 CEILINGS_FILE = "ceilings.json"
 PLAN_FILE = "plan.json"
 CEILINGS_WAIT_S = 900.0  # how long a lane waits for the role lane's ceilings before giving up
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # ------------------------------------------------------------------------------------------- the lock
@@ -260,6 +261,10 @@ def _lane_env(lanes: int) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    # one BLAS thread a lane (the oracle's float64 products are small): several processes' spinning BLAS thread
+    # teams on the same cores made a 3 s oracle take 24 s (session 26, 4 lanes on an H100 host's 16 cores)
+    for var in BLAS_THREAD_VARS:
+        env.setdefault(var, "1")
     if lanes > 1:
         frac = f"{LANE_MEMORY / lanes:.3f}"
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = frac

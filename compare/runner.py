@@ -676,6 +676,14 @@ class _Run:
             state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         waits0 = self.lock.waits()
+        if self.lane is not None and self.gpu and "inputs" not in state:
+            # a lane compiles its input program before it takes the lock (shapes only: nothing runs on the GPU), so
+            # a lane waiting to time does not wait for this compile; one process runs it on a worker for the next
+            # workload instead (look_ahead), which a lane cannot know
+            try:
+                interop.compile_inputs(w)
+            except Exception:  # noqa: BLE001 -- make_inputs compiles it itself and records any error
+                pass
         try:
             with self.lock.shared():  # inputs, and prepares that may launch device work
                 self.precompile(w, impls, state)
