@@ -676,7 +676,9 @@ class _Run:
             state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         waits0 = self.lock.waits()
-        if self.lane is not None and self.gpu and "inputs" not in state:
+        if self.over_run_budget():  # every pair is 'skipped' in its turn: nothing to make or compile for them
+            state["prepared"] = {}
+        elif self.lane is not None and self.gpu and "inputs" not in state:
             # a lane compiles its input program before it takes the lock (shapes only: nothing runs on the GPU), so
             # a lane waiting to time does not wait for this compile; one process runs it on a worker for the next
             # workload instead (look_ahead), which a lane cannot know
@@ -686,7 +688,8 @@ class _Run:
                 pass
         try:
             with self.lock.shared():  # inputs, and prepares that may launch device work
-                self.precompile(w, impls, state)
+                if not self.over_run_budget():
+                    self.precompile(w, impls, state)
         except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
             self.drain_compiles(state)
         self.look_ahead(getattr(self, "_next_workload", None))
