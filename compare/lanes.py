@@ -27,6 +27,7 @@ How:
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -313,12 +314,19 @@ def run_jobs(opts) -> int:
     lane_files = [lane_dir / f"lane{i}.jsonl" for i in range(k)]
     recs = [r for p in lane_files if p.exists() for r in records.read_jsonl(p)]
     rerun = [] if interrupted else rerun_names(plan, recs, done_names(lane_dir, "main"))
+    rerun_opts = copy.copy(opts)
+    if rerun and opts.max_run_s is not None:  # the rerun pass gets what is left of the run's budget
+        rerun_opts.max_run_s = opts.max_run_s - (time.perf_counter() - t0)
+        if rerun_opts.max_run_s < 1.0:
+            print(f"lanes: no time left in --max-run-s {opts.max_run_s:g} to run {len(rerun)} workloads again alone; "
+                  "their lanes' records stay", flush=True)
+            rerun = []
     if rerun:
         print(f"lanes: {len(rerun)} workloads again, alone with the whole GPU (out of memory in a lane, or their "
               f"lane ended before them): {', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}", flush=True)
         names_file = lane_dir / "rerun.json"
         names_file.write_text(json.dumps(rerun))
-        rc, interrupted = _spawn([(lane_argv(opts, lane=0, lanes=1, lane_dir=lane_dir, run_id=run_id,
+        rc, interrupted = _spawn([(lane_argv(rerun_opts, lane=0, lanes=1, lane_dir=lane_dir, run_id=run_id,
                                              out=lane_dir / "rerun.jsonl", pass_name="rerun", names_file=names_file,
                                              compile_workers=int(opts.compile_workers)), _lane_env(1))])
         rcs += rc
@@ -349,9 +357,17 @@ def run_jobs(opts) -> int:
 
 def rerun_names(plan: list[str], recs: list[dict], done: set[str]) -> list[str]:
     """The workloads to run again alone: any record out of memory, or claimed by a lane that never finished them."""
-    oom = {(r.get("workload") or {}).get("name") for r in recs
-           if r.get("type") == "result" and r.get("status") == "oom"}
+    oom = {(r.get("workload") or {}).get("name") for r in recs if r.get("type") == "result" and _out_of_memory(r)}
     return [n for n in plan if n in oom or n not in done]
+
+
+def _out_of_memory(r: dict) -> bool:
+    """An 'oom' record, or one whose timing or reason says it ran out of memory (a clock that failed for memory
+    falls back to another clock, so the record can be 'ok' with ``metrics.clock_fallback`` naming it)."""
+    if r.get("status") == "oom":
+        return True
+    text = " ".join(str(x) for x in (r.get("reason"), (r.get("metrics") or {}).get("clock_fallback")) if x).lower()
+    return "resource_exhausted" in text or "out of memory" in text
 
 
 def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list[str], lane_dir: Path, opts,

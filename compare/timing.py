@@ -34,6 +34,11 @@ from typing import Any
 
 import numpy as np
 
+# _LAST_ONLY: a timing window keeps only the last repetition's outputs alive. Each earlier one is freed when the next
+# is dispatched (stream-ordered: its memory is reused only after the kernels that read it), so a window's memory is
+# one call's, not reps x one call's (20 x 537 MB for a Llama-70B prefill output: with several processes on one GPU,
+# ``compare run --jobs``, that ran out of memory; session 26). Before session 26 every output was kept to the end.
+
 __all__ = [
     "Timing",
     "percentiles",
@@ -250,18 +255,19 @@ def _time_jax_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int, d
         fl = _jax_flush_fn()  # compiled by _jax_flush_kernel_names
 
         def run() -> None:
-            outs = []
+            last = None
             for _ in range(reps):
-                outs.append(fl(buf))
-                outs.append(fn(*args))
-            jax.block_until_ready(outs)
+                last = (fl(buf), fn(*args))  # the previous repetition's outputs freed (_LAST_ONLY)
+            jax.block_until_ready(last)
     else:
         timed = _jax_timed(fn)
         jax.block_until_ready(timed(buf, *args))  # compiled before the collector starts
 
         def run() -> None:
-            outs = [timed(buf, *args) for _ in range(reps)]
-            jax.block_until_ready(outs)
+            last = None
+            for _ in range(reps):
+                last = timed(buf, *args)
+            jax.block_until_ready(last)
 
     per_iter = _per_rep(cupti_kernels(run), reps)
     return Timing(tuple(_cupti_samples(per_iter, flush_names)), "cupti:mosaic", True,
@@ -283,12 +289,12 @@ def _kineto_kernels(step: Callable[[], Any], reps: int, sync: Callable[[], None]
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    keep = []
+    last = None
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            keep.append(step())
+            last = step()  # the previous call's outputs freed (_LAST_ONLY)
         sync()
-    del keep
+    del last
     out = []
     for e in prof.events():
         if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
@@ -344,16 +350,15 @@ def _time_torch_cupti(fn: Callable, args: tuple, *, reps: int, flush_bytes: int)
             raise RuntimeError("CUPTI recorded no kernel for the torch L2 flush")
         _MOSAIC_TORCH_FLUSH_NAMES[flush_bytes] = names
     flush_names = _MOSAIC_TORCH_FLUSH_NAMES[flush_bytes]
-    keep = []
-
     def run() -> None:
+        last = None
         for _ in range(reps):
             buf.bitwise_not_()
-            keep.append(fn(*args))
+            last = fn(*args)  # the previous call's outputs freed (_LAST_ONLY)
         _torch_sync()
+        del last
 
     kernels = cupti_kernels(run)
-    keep.clear()
     evts = [(n, 0.0, 1e3 * ms) for n, ms in kernels]  # durations only (launch order), in µs
     return Timing(tuple(_split_by_flush(evts, flush_names, reps)), "cupti:mosaic", True)
 

@@ -222,6 +222,16 @@ def test_merge_orders_by_plan_and_takes_reruns(tmp_path):
     assert h["lanes"]["rerun_alone"] == ["a", "d"] and h["lanes"]["rerun_unfinished"] == ["d"]
 
 
+def test_a_clock_fallback_for_memory_reruns_the_workload():
+    ok = _res("a", "x")
+    why = ("requested cupti:mosaic, timed with host-wall: cupti:mosaic failed: JaxRuntimeError: RESOURCE_EXHAUSTED: "
+           "Out of memory")
+    fell = {**_res("b", "x"), "metrics": {"clock_fallback": why}}
+    other = {**_res("c", "x"), "metrics": {"clock_fallback": "requested cupti, timed with events: no CUPTI"}}
+    said = {**_res("d", "x", "failed"), "reason": "CUDA error: out of memory"}
+    assert lanes.rerun_names(["a", "b", "c", "d"], [ok, fell, other, said], {"a", "b", "c", "d"}) == ["b", "d"]
+
+
 def test_merge_names_workloads_no_lane_finished(tmp_path):
     d = tmp_path
     _write(d / "lane0.jsonl", [{"type": "header", "run_id": "r", "options": {}}, _res("a", "x")])
