@@ -903,8 +903,8 @@ class _Run:
     def workload_inputs(self, w: Workload, state: dict) -> Refusal | None:
         """Inputs, oracle subset and float64 oracle (and the quantized-KV references) into ``state``, once
         per workload; a failure is kept in ``state`` and refuses every later pair of the workload alike."""
-        if "inputs_error" in state:
-            return Refusal("failed", state["inputs_error"])
+        if "inputs_error" in state:  # every later pair of the workload gets the first pair's status and reason
+            return Refusal(state.get("inputs_status", "failed"), state["inputs_error"])
         if "oracle" in state:
             return None
         try:
@@ -932,7 +932,8 @@ class _Run:
                                 "oracle_grad_compile": round(_thread_compile_s() - cg, 3)}
         except Exception as e:
             state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
-            return Refusal("oom" if _is_oom(e) else "failed", state["inputs_error"])
+            state["inputs_status"] = "oom" if _is_oom(e) else "failed"
+            return Refusal(state["inputs_status"], state["inputs_error"])
         return None
 
     def make_inputs(self, w: Workload, state: dict) -> None:

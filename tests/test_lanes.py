@@ -266,3 +266,25 @@ def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
     lanes_seen = {r["metrics"]["lane"]["lane"] for r in recs if r["type"] == "result" and r["status"] == "ok"}
     assert lanes_seen <= {"0/2", "1/2"} and lanes_seen
     assert (tmp_path / "two" / "lanes" / "lane0.jsonl").exists()
+
+
+def test_every_pair_of_a_workload_whose_inputs_ran_out_of_memory_is_oom():
+    """The first pair and the later ones alike (session 26 call 4: the later pairs said 'failed')."""
+
+    class _Fake:
+        def make_inputs(self, w, state):
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB")
+
+    state: dict = {}
+    first = runner._Run.workload_inputs(_Fake(), None, state)
+    later = runner._Run.workload_inputs(_Fake(), None, state)
+    assert first.status == later.status == "oom"
+    assert first.reason == later.reason and "Out of memory" in later.reason
+
+    class _Broken:
+        def make_inputs(self, w, state):
+            raise ValueError("bad shape")
+
+    state = {}
+    assert runner._Run.workload_inputs(_Broken(), None, state).status == "failed"
+    assert runner._Run.workload_inputs(_Broken(), None, state).status == "failed"
