@@ -36,8 +36,10 @@ per-kernel tolerances.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -45,6 +47,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn_core import oracle as reference
+
+# The oracle's host-only sections (numpy on copies already on the host) run inside ``_host_only()``. The runner of a
+# ``--jobs`` lane sets it (``host_sections``) to give up its shared GPU lock there, so a lane waiting to time does not
+# wait for another lane's float64 arithmetic (session 26: lanes waited most of their time behind such sections).
+_HOST_ONLY: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def host_sections(factory: Callable[[], contextlib.AbstractContextManager]) -> Iterator[None]:
+    """Within this block, the oracle's host-only sections run inside ``factory()`` (e.g. a lane's lock released)."""
+    global _HOST_ONLY
+    prev, _HOST_ONLY = _HOST_ONLY, factory
+    try:
+        yield
+    finally:
+        _HOST_ONLY = prev
+
+
+def _host_only() -> contextlib.AbstractContextManager:
+    return _HOST_ONLY()
 
 __all__ = ["Subset", "choose_subset", "oracle", "quantization_error", "errors", "twin_errors", "all_finite",
            "tolerance", "TOLERANCE", "GradSubset", "choose_grad_subset", "grad_oracle", "feature_kwargs"]
@@ -89,6 +111,28 @@ class Subset:
         finite, sub = _finite_and_take(jnp.asarray(out_btnh), batches=tuple(self.batches),
                                        rows=tuple(tuple(r) for r in self.rows), heads=tuple(self.heads))
         return bool(finite), reference.to_f64(np.asarray(sub))
+
+
+def compile_checks(w) -> int:
+    """Compile the agreement's programs for ``w`` from shapes alone (no device work): ``_finite_and_take`` for the
+    output as most implementations give it (``[B, Tq, Hq, Dv]`` in the workload dtype) and, for a train workload,
+    ``_grads_finite_and_take``; the number compiled. A runner does it off the GPU lock (a ``--jobs`` lane), so the
+    first agreement of a workload runs a compiled program; an output of another dtype or shape compiles at its
+    agreement as before."""
+    dv = int(w.kv_lora_rank) if w.family == "mla" else int(w.head_dim)
+    dt = jnp.dtype(w.dtype)
+    sub = choose_subset(w)
+    out = jax.ShapeDtypeStruct((w.batch, w.q_len, w.heads_q, dv), dt)
+    _finite_and_take.lower(out, batches=tuple(sub.batches), rows=tuple(tuple(r) for r in sub.rows),
+                           heads=tuple(sub.heads)).compile()
+    if w.family != "train":
+        return 1
+    gs = choose_grad_subset(w)
+    q = jax.ShapeDtypeStruct((w.batch, w.q_len, w.heads_q, w.head_dim), dt)
+    kv = jax.ShapeDtypeStruct((w.batch, w.kv_len, w.heads_kv, w.head_dim), dt)
+    _grads_finite_and_take.lower(q, kv, kv, batch=gs.batch, kv_head=gs.kv_head, heads=tuple(gs.heads),
+                                 rows=tuple(gs.rows), keys=tuple(gs.keys)).compile()
+    return 2
 
 
 @functools.partial(jax.jit, static_argnames=("batches", "rows", "heads"))
@@ -262,12 +306,21 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     ``v_width``, the latent's first columns). Arrays may be JAX or numpy (read to the host
     once each, as stored). Returns ``(out [nb, R, n_groups, m, Dv], q0 [n0, m, D], k0 [Tk, D], v0 [Tk, Dv])``: the
     output and, for ``_check_dense_oracle``, the first batch's first group as stored (its first range's rows)."""
-    q, k, v = (np.asarray(x) for x in (q, k, v))
-    if v_width is not None:  # MLA: the values are the latent's first ``v_width`` columns
-        v = v[..., :v_width]
+    q, k, v = (np.asarray(x) for x in (q, k, v))  # the device copies; what follows is the host's alone
     q_offs, kv_valid = np.asarray(q_offs, np.int64), np.asarray(kv_valid, np.int64)
     sinks = None if sinks is None else reference.to_f64(sinks)
     segs = None if segs is None else np.asarray(segs)
+    with _host_only():
+        return _dense_oracle_f64_host(q, k, v, q_offs, kv_valid, sinks, segs, batches=batches, rows=rows, heads=heads,
+                                      groups=groups, causal=causal, scale=scale, window=window, softcap=softcap,
+                                      v_width=v_width)
+
+
+def _dense_oracle_f64_host(q, k, v, q_offs, kv_valid, sinks, segs, *, batches, rows, heads, groups, causal, scale,
+                           window, softcap, v_width):
+    """``_dense_oracle_f64`` on host arrays (numpy only)."""
+    if v_width is not None:  # MLA: the values are the latent's first ``v_width`` columns
+        v = v[..., :v_width]
     ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
     n_rows = len(ridx)
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
@@ -333,10 +386,6 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False, mla: bool = Fa
                                         groups=groups, causal=bool(w.causal), scale=float(inp.scale), window=window,
                                         softcap=softcap, v_width=v_width)
     nb, n_rows = out.shape[0], out.shape[1]
-    res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
-    for gi, (_, pos) in enumerate(groups):
-        for j, i in enumerate(pos):
-            res[:, :, i] = out[:, :, gi, j]
     n_keys = int(kv_valid[0])
     b0, (r0, r1) = subset.batches[0], subset.rows[0]
     feats = {"window": window, "softcap": softcap}
@@ -345,8 +394,14 @@ def _dense_oracle(w, inp, subset: Subset, *, quant: bool = False, mla: bool = Fa
     if segs is not None:
         seg = np.asarray(segs)[b0:b0 + 1]
         feats["q_segments"], feats["kv_segments"] = seg[:, r0:r1], seg[:, :n_keys]
-    _check_dense_oracle(out, np.asarray(q0), np.asarray(k0)[:n_keys], np.asarray(v0)[:n_keys], rows=(r0, r1),
-                        causal=bool(w.causal), scale=float(inp.scale), q_offset=int(np.asarray(q_offs)[0]), **feats)
+    with _host_only():  # q0, k0, v0 came back as host arrays
+        res = np.empty((nb, n_rows, len(subset.heads), out.shape[-1]), np.float64)
+        for gi, (_, pos) in enumerate(groups):
+            for j, i in enumerate(pos):
+                res[:, :, i] = out[:, :, gi, j]
+        _check_dense_oracle(out, np.asarray(q0), np.asarray(k0)[:n_keys], np.asarray(v0)[:n_keys], rows=(r0, r1),
+                            causal=bool(w.causal), scale=float(inp.scale), q_offset=int(np.asarray(q_offs)[0]),
+                            **feats)
     return res
 
 
@@ -621,8 +676,10 @@ def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     h = list(gs.heads)
     q, do = (np.asarray(x)[b:b + 1, r0:r1][:, :, h] for x in (inp.q, inp.w))
     k, v = (np.asarray(x)[b:b + 1, :, gs.kv_head:gs.kv_head + 1] for x in (inp.k, inp.v))
-    g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale, q_offset=w.q_offset + r0,
-                                           **feature_kwargs(w, inp, b, gs.heads, (r0, r1)))
+    feats = feature_kwargs(w, inp, b, gs.heads, (r0, r1))  # copies of the feature inputs too
+    with _host_only():
+        g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale,
+                                               q_offset=w.q_offset + r0, **feats)
     keys = slice(*gs.keys)
     return {"dq": g["dq"], "dk": g["dk"][:, keys], "dv": g["dv"][:, keys]}
 

@@ -52,6 +52,10 @@ class NoLock:
     """One process: nothing to share the GPU with."""
 
     @contextlib.contextmanager
+    def released(self):
+        yield
+
+    @contextlib.contextmanager
     def shared(self):
         yield
 
@@ -120,6 +124,19 @@ class GpuLock:
             self._release()
             if was_shared:
                 self._acquire("shared")
+
+    @contextlib.contextmanager
+    def released(self):
+        """Within a shared section, a stretch of host-only work (numpy on host copies) with the shared hold given up,
+        so a lane waiting to time need not wait for it; the hold is taken again after. Elsewhere: nothing."""
+        if self.mode != "shared":
+            yield
+            return
+        self._release()
+        try:
+            yield
+        finally:
+            self._acquire("shared")
 
     def waits(self) -> dict[str, float]:
         """Host seconds spent waiting for the lock so far, by mode."""

@@ -679,13 +679,14 @@ class _Run:
         if self.over_run_budget():  # every pair is 'skipped' in its turn: nothing to make or compile for them
             state["prepared"] = {}
         elif self.lane is not None and self.gpu and "inputs" not in state:
-            # a lane compiles its input program before it takes the lock (shapes only: nothing runs on the GPU), so
-            # a lane waiting to time does not wait for this compile; one process runs it on a worker for the next
-            # workload instead (look_ahead), which a lane cannot know
-            try:
-                interop.compile_inputs(w)
-            except Exception:  # noqa: BLE001 -- make_inputs compiles it itself and records any error
-                pass
+            # a lane compiles its input program and its agreement's before it takes the lock (shapes only: nothing
+            # runs on the GPU), so a lane waiting to time does not wait for these compiles; one process runs the
+            # input program's on a worker for the next workload instead (look_ahead), which a lane cannot know
+            for ahead in (interop.compile_inputs, accuracy.compile_checks):
+                try:
+                    ahead(w)
+                except Exception:  # noqa: BLE001 -- the program compiles at its first use and records any error
+                    pass
         try:
             with self.lock.shared():  # inputs, and prepares that may launch device work
                 if not self.over_run_budget():
@@ -1279,6 +1280,10 @@ class _Run:
         return header
 
     def main(self) -> int:
+        with accuracy.host_sections(self.lock.released):  # a lane: the oracle's numpy without the GPU lock
+            return self._main()
+
+    def _main(self) -> int:
         from . import report
 
         self.write([self.header()])

@@ -288,3 +288,66 @@ def test_every_pair_of_a_workload_whose_inputs_ran_out_of_memory_is_oom():
     state = {}
     assert runner._Run.workload_inputs(_Broken(), None, state).status == "failed"
     assert runner._Run.workload_inputs(_Broken(), None, state).status == "failed"
+
+
+def test_released_lets_a_writer_in_during_host_only_work(tmp_path):
+    lock_path, inside, done = tmp_path / "gpu.lock", tmp_path / "inside", tmp_path / "done"
+    child = _child(f"""
+        import time
+        from compare.lanes import GpuLock
+        lk = GpuLock({str(lock_path)!r})
+        with lk.shared():
+            with lk.released():
+                assert lk.mode is None
+                open({str(inside)!r}, "w").close()
+                time.sleep(1.0)
+            assert lk.mode == "shared"
+            open({str(done)!r}, "w").write(repr(time.time()))
+    """)
+    try:
+        _wait_file(inside)
+        lk = lanes.GpuLock(lock_path)
+        t0 = time.perf_counter()
+        with lk.exclusive():
+            waited = time.perf_counter() - t0
+            held_at = time.time()
+            time.sleep(0.3)
+        assert waited < 0.5  # the child's host-only stretch does not hold the lock
+    finally:
+        assert child.wait(30) == 0
+    assert float(done.read_text()) >= held_at  # the child's shared hold came back after the writer
+
+
+def test_the_oracle_runs_its_numpy_inside_the_host_sections():
+    import contextlib
+
+    from compare import accuracy, interop
+    from compare.workloads import load_config
+
+    entered = []
+
+    @contextlib.contextmanager
+    def mark():
+        entered.append(1)
+        yield
+
+    ws = {w.name: w for w in load_config("smoke")}
+    w = ws["smoke_prefill_f16"]
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w)
+    plain = accuracy.oracle(w, inp, sub)
+    with accuracy.host_sections(mark):
+        got = accuracy.oracle(w, inp, sub)
+    assert len(entered) >= 2  # the float64 pass and its check against attn_core
+    assert (got == plain).all()
+    assert accuracy._HOST_ONLY is contextlib.nullcontext  # restored
+
+
+def test_agreement_programs_compile_from_shapes():
+    from compare import accuracy
+    from compare.workloads import load_config
+
+    ws = {w.name: w for w in load_config("sweep")}
+    assert accuracy.compile_checks(ws["sweep_prefill_gpt-2_n512"]) == 1
+    assert accuracy.compile_checks(ws["sweep_train_gpt-2_n512"]) == 2
+    assert accuracy.compile_checks(ws["sweep_mla_deepseek-v2-lite_b1_s2048"]) == 1
