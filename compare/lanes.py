@@ -230,6 +230,44 @@ def cap_torch_memory() -> None:
         pass
 
 
+def estimated_bytes(w) -> int:
+    """A workload's device memory in a lane, roughly: 3x its KV cache (twice for a paged one: the pools and the dense
+    view) and its query-sized tensors (q and the output; train also the cotangent and the gradients). Session 26's
+    12 GB lanes ran every workload with a 3 GiB cache and ran out of memory at every one with 4 GiB (XLA's and Triton's
+    autotuners, torch's copies)."""
+    item = 4 if str(w.dtype) == "float32" else 2
+    if w.family == "mla":
+        kv = w.batch * w.kv_len * w.head_dim * item
+    else:
+        kv = 2 * w.batch * w.kv_len * w.heads_kv * w.head_dim * item
+    if w.family == "paged_decode":
+        kv *= 2
+    q = w.batch * w.q_len * w.heads_q * w.head_dim * item
+    return 3 * (kv + q * (4 if w.family == "train" else 2))
+
+
+def defer_alone(w, bytes_limit: int | None) -> bool:
+    """True when a lane should leave ``w`` to the pass that runs alone with the whole GPU: its estimate
+    (``estimated_bytes``) is over the lane's memory limit (None: unknown, never defer)."""
+    return bytes_limit is not None and estimated_bytes(w) > bytes_limit
+
+
+def device_bytes_limit() -> int | None:
+    """This process's JAX memory limit on its first GPU (a lane's share), or None; ``PALLAS_ATTN_LANE_BYTES_LIMIT``
+    (bytes) sets it instead (a smaller share by hand; the CPU tests)."""
+    if os.environ.get("PALLAS_ATTN_LANE_BYTES_LIMIT"):
+        return int(os.environ["PALLAS_ATTN_LANE_BYTES_LIMIT"])
+    try:
+        import jax
+
+        dev = jax.devices()[0]
+        if dev.platform != "gpu":
+            return None
+        return int((dev.memory_stats() or {}).get("bytes_limit") or 0) or None
+    except Exception:  # noqa: BLE001 -- unknown: never defer
+        return None
+
+
 # ----------------------------------------------------------------------------------------- the parent
 
 # the options a lane repeats as they were given (dest -> flag); selection, timing and budgets. The parent's own
@@ -339,8 +377,9 @@ def run_jobs(opts) -> int:
                   "their lanes' records stay", flush=True)
             rerun = []
     if rerun:
-        print(f"lanes: {len(rerun)} workloads again, alone with the whole GPU (out of memory in a lane, or their "
-              f"lane ended before them): {', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}", flush=True)
+        print(f"lanes: {len(rerun)} workloads alone with the whole GPU (too large for a lane's memory, out of memory "
+              f"in a lane, or their lane ended before them): {', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}",
+              flush=True)
         names_file = lane_dir / "rerun.json"
         names_file.write_text(json.dumps(rerun))
         rc, interrupted = _spawn([(lane_argv(rerun_opts, lane=0, lanes=1, lane_dir=lane_dir, run_id=run_id,
@@ -373,7 +412,8 @@ def run_jobs(opts) -> int:
 
 
 def rerun_names(plan: list[str], recs: list[dict], done: set[str]) -> list[str]:
-    """The workloads to run again alone: any record out of memory, or claimed by a lane that never finished them."""
+    """The workloads to run alone after the lanes: any record out of memory, or not finished by a lane (a lane's
+    memory too small for it, ``defer_alone``, or the lane ended before it)."""
     oom = {(r.get("workload") or {}).get("name") for r in recs if r.get("type") == "result" and _out_of_memory(r)}
     return [n for n in plan if n in oom or n not in done]
 

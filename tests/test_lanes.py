@@ -249,11 +249,24 @@ def _strip(p: Path):
     return out
 
 
+def test_a_lane_leaves_a_workload_too_large_for_its_memory_to_the_pass_alone():
+    from compare.workloads import load_config
+
+    ws = {w.name: w for w in load_config("sweep")}
+    limit = int(0.15 * 79.18 * 2**30)  # an H100 lane of six (session 26)
+    # session 26's 12 GB lanes: every decode workload with a 3 GiB cache ran, every one with 4 GiB ran out of memory
+    assert not lanes.defer_alone(ws["sweep_decode_qwen2.5-7b_b128_s8192"], limit)  # 3 GiB of KV
+    assert lanes.defer_alone(ws["sweep_decode_llama-3.1-8b_b128_s8192"], limit)  # 4 GiB
+    assert not lanes.defer_alone(ws["sweep_prefill_llama-3.1-70b_n16384"], limit)
+    assert not lanes.defer_alone(ws["sweep_decode_llama-3.1-8b_b128_s8192"], None)  # unknown limit: never
+
+
 def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
     sel = ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode*", "--impl", "pallas:v1*",
            "--impl", "pallas:auto", "--quiet"]
     assert cli.main(["run", *sel, "--out", str(tmp_path / "one")]) == 0
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # a lane's memory set below smoke_decode_f16's estimate (1.8 MB): the lanes leave it to the pass alone
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PALLAS_ATTN_LANE_BYTES_LIMIT="1000000")
     got = subprocess.run([sys.executable, "-m", "compare", "run", *sel, "--jobs", "2", "--out", str(tmp_path / "two")],
                          env=env, capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, got.stderr[-2000:]
@@ -263,6 +276,7 @@ def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "two" / "records.jsonl").read_text().splitlines()]
     assert len({r["run_id"] for r in recs}) == 1  # one run
     assert recs[0]["lanes"]["jobs"] == 2
+    assert recs[0]["lanes"]["rerun_alone"] == ["smoke_decode_f16"] and "left to the pass alone" in got.stdout
     lanes_seen = {r["metrics"]["lane"]["lane"] for r in recs if r["type"] == "result" and r["status"] == "ok"}
     assert lanes_seen <= {"0/2", "1/2"} and lanes_seen
     assert (tmp_path / "two" / "lanes" / "lane0.jsonl").exists()
