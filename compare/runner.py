@@ -873,8 +873,8 @@ class _Run:
             return rec.fail("oom" if _is_oom(e) else _failure_status(e), _reason(e))
         rec.impl["prepared_notes"] = prep.notes
         rec.metrics["first_call_s"] = first_call_s
-        t0 = time.perf_counter()
         with self.lock.shared():
+            t0 = time.perf_counter()  # after the lock (a lane's wait for it is metrics.lane's)
             if not self.agree(rec, w, state, out_btnh):
                 return rec
             if grads_btnh is not None and not self.agree_grads(rec, w, state, grads_btnh):
