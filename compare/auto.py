@@ -110,7 +110,13 @@ def _dropin_choice(w) -> dict[str, Any]:
     impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w),
                                                  softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
-    if impl == "pallas:fa_prefill":
+    if impl == dropin.APART:  # fa_prefill's forward when not differentiated, cuDNN's pair when differentiated
+        if w.family == "train":
+            out.update(generation=None, config=None, chose="cudnn")
+        else:
+            _, fwd = prefill_forward_config(w)
+            out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
+    elif impl == "pallas:fa_prefill":
         p, fwd = prefill_forward_config(w)
         left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")

@@ -6,8 +6,9 @@ them, ``return_residual``), computed by Pallas kernels (a forward saving the LSE
 kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
-  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96 only when forced,
-  ``DEFAULT_SKIPS_HEAD_DIMS``), no sequence lengths. Mosaic GPU kernels
+  the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96's pair only when forced,
+  ``DEFAULT_SKIPS_HEAD_DIMS``; by default a D 96 call from query length 1024 on runs fa_prefill's forward when it is
+  not differentiated and jax.nn's cuDNN pair when it is, ``APART``), no sequence lengths. Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
@@ -64,6 +65,10 @@ from .kernels.contract import Problem
 __all__ = ["dot_product_attention", "which_implementation", "IMPLEMENTATIONS"]
 
 IMPLEMENTATIONS = (None, "pallas", "pallas:fa_train", "pallas:fa_prefill", "xla", "cudnn")
+# What ``which_implementation`` returns for a default call whose forward and backward run apart: fa_prefill's forward
+# when the call is not differentiated, jax.nn's cuDNN forward and backward when it is (``_forward_apart``). Not an
+# ``implementation`` a caller passes: the two named ones force either side.
+APART = "pallas:fa_prefill|cudnn"
 _PALLAS = "pallas:fa_train"
 _PREFILL = "pallas:fa_prefill"
 
@@ -192,6 +197,11 @@ DROPIN_HEAD_DIMS = (64, 96, 128, 256)
 DEFAULT_SKIPS_HEAD_DIMS = {96: ("head dim 96: pallas:fa_prefill's backward runs it on zero-padded D 128 columns, "
                                 "slower than cuDNN's training step on an H100 (docs/fa_prefill.md, 'Head dim 96'); "
                                 "force implementation='pallas:fa_prefill' for it")}
+# Of those head dims, from which query length a default call runs fa_prefill's forward when it is not differentiated
+# and cuDNN's pair when it is (``APART``): Phi-3's forward through fa_prefill took 0.95 / 0.89 / 0.88 / 0.84 / 0.85x
+# jax.nn cuDNN's time at N 1024 / 2048 / 4096 / 8192 / 16384 and 1.04x at N 512 (H100, session 24,
+# results/sweep/20261127_s24_h100_call5/). Below it, cuDNN's forward too.
+FORWARD_APART_MIN_Q_LEN = {96: 1024}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -239,13 +249,15 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
                          segment_ids=None) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
-    ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"`` or ``"cudnn"``; ``reason`` says
+    ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"``, ``"cudnn"`` or ``APART`` (fa_prefill's
+    forward when the call is not differentiated, cuDNN's pair when it is: head dim 96 from a query length on, a
+    Hopper GPU, no ``return_residual``; ``FORWARD_APART_MIN_Q_LEN``); ``reason`` says
     why (for ``None``: the unsupported argument that made it fall back, or which kernel pair supports the
     call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
     ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
     ``softcap`` / ``sinks`` / ``segment_ids`` (extensions beyond jax.nn) run on fa_prefill only: anything else raises.
     """
-    del scale, return_residual
+    del scale
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
     if softcap is not None or sinks is not None or segment_ids is not None:
         win = _window(local_window_size, is_causal, q.shape[1], k.shape[1])
@@ -278,6 +290,14 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     if implementation in (None, "pallas") and sm90 and not why_prefill and not slow:
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
+    apart_from = FORWARD_APART_MIN_Q_LEN.get(q.shape[3])
+    if (slow and sm90 and not why_prefill and not interpret and not return_residual and apart_from is not None
+            and q.shape[1] >= apart_from and _cudnn_takes(q, bias, mask, query_seq_lengths, key_value_seq_lengths,
+                                                          is_causal=is_causal, window=win)):
+        return APART, (f"head dim {q.shape[3]}, query length >= {apart_from}: pallas:fa_prefill's forward when the "
+                       "call is not differentiated (faster than cuDNN's there), jax.nn's cuDNN forward and backward "
+                       "when it is (cuDNN's training step is faster than our zero-padded backward); "
+                       "docs/fa_prefill.md, 'Head dim 96'")
     why = _unsupported(q, k, bias, mask)
     if slow and sm90 and not why_prefill:
         why = f"{slow}; {why}" if why else slow
@@ -592,6 +612,30 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
     return out, res.astype(k.dtype)
 
 
+# jax.nn's implementation that ``APART`` differentiates through (the tests on a CPU, where cuDNN is not, set "xla")
+_APART_DIFFERENTIATED = "cudnn"
+
+
+def _forward_apart(forward, differentiable):
+    """``forward`` when the call is not differentiated, ``differentiable``'s forward and backward when it is: a
+    ``jax.custom_vjp`` whose primal is ``forward`` and whose rule takes ``jax.vjp`` of ``differentiable`` (its vjp
+    function, a pytree of arrays, is the residual). Under ``jax.grad`` / ``jax.value_and_grad`` every output, the
+    value included, is ``differentiable``'s, so a training step is exactly that implementation's."""
+
+    @jax.custom_vjp
+    def f(q, k, v):
+        return forward(q, k, v)
+
+    def fwd(q, k, v):
+        return jax.vjp(differentiable, q, k, v)
+
+    def bwd(vjp_fn, g):
+        return vjp_fn(g)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
@@ -631,7 +675,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
     impl, _ = which_implementation(query, key, value, bias, mask, is_causal=is_causal,
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                    local_window_size=local_window_size, implementation=implementation,
-                                   softcap=softcap, sinks=sinks, segment_ids=segment_ids)
+                                   return_residual=return_residual, softcap=softcap, sinks=sinks,
+                                   segment_ids=segment_ids)
+    if impl == APART:
+        if bwd_config is not None:
+            raise NotImplementedError(f"bwd_config={bwd_config!r} configures a Pallas backward; this call's backward "
+                                      "is jax.nn's cuDNN (its forward, not differentiated, fa_prefill's)")
+        kw = dict(scale=scale, is_causal=is_causal, local_window_size=local_window_size)
+        return _forward_apart(
+            lambda q, k, v: dot_product_attention(q, k, v, implementation=_PREFILL, **kw),
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_APART_DIFFERENTIATED, **kw),
+        )(query, key, value)
     if impl not in (_PALLAS, _PREFILL):
         if bwd_config is not None:
             raise NotImplementedError(f"bwd_config={bwd_config!r} configures a Pallas backward; this call runs "

@@ -5,6 +5,7 @@ and the fallback's choice of jax.nn's cuDNN over XLA on a GPU. Interpret mode / 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pallas_attn.kernels import fa_prefill_bwd as fb
 
@@ -99,3 +100,96 @@ def test_window_without_empty_rows_skips_the_corner_pass_and_keeps_the_answer(mo
     ref2 = jax.nn.dot_product_attention(qt, kt, vt, local_window_size=(3, -1), implementation="xla")
     np.testing.assert_allclose(np.asarray(g(qt, kt, vt)), np.asarray(ref2), atol=2e-5, rtol=2e-5)
     assert len(calls) == 1  # T > S and a negative window side: rows can be empty, the pass is kept
+
+
+def _gpu_like(monkeypatch):
+    from pallas_attn import _compat, dropin
+
+    monkeypatch.setattr(_compat, "default_interpret", lambda interpret: False)
+    monkeypatch.setattr(_compat, "has_gpu", lambda: True)
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+
+
+def test_d96_forward_runs_apart_from_its_backward_from_query_length_1024(monkeypatch):
+    """D 96 on a Hopper GPU: fa_prefill's forward when the call is not differentiated, cuDNN's pair when it is, from
+    N 1024 on (session 24, H100: the forward 0.84-0.95x cuDNN's at N >= 1024, 1.04x at N 512; the training step on our
+    zero-padded backward 1.08-1.34x cuDNN's)."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    _gpu_like(monkeypatch)
+    q = jax.ShapeDtypeStruct((2, 1024, 32, 96), jnp.bfloat16)
+    impl, why = pallas_attn.which_implementation(q, q, q, is_causal=True)
+    assert impl == dropin.APART and "not differentiated" in why and "cuDNN" in why
+    short = jax.ShapeDtypeStruct((2, 512, 32, 96), jnp.bfloat16)
+    assert pallas_attn.which_implementation(short, short, short, is_causal=True)[0] == "cudnn"
+    # jax.nn's residual comes from cuDNN's pair; forcing either side still forces it
+    assert pallas_attn.which_implementation(q, q, q, is_causal=True, return_residual=True)[0] == "cudnn"
+    assert pallas_attn.which_implementation(q, q, q, is_causal=True,
+                                            implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
+    assert pallas_attn.which_implementation(q, q, q, is_causal=True, implementation="cudnn")[0] == "cudnn"
+    f32 = jax.ShapeDtypeStruct((2, 1024, 32, 96), jnp.float32)  # not cuDNN's: no pair to differentiate through
+    assert pallas_attn.which_implementation(f32, f32, f32, is_causal=True)[0] != dropin.APART
+    q128 = jax.ShapeDtypeStruct((2, 1024, 32, 128), jnp.bfloat16)  # D 128: fa_prefill's own pair, as before
+    assert pallas_attn.which_implementation(q128, q128, q128, is_causal=True)[0] == "pallas:fa_prefill"
+
+
+def test_forward_apart_is_the_forward_alone_and_the_other_pair_under_differentiation():
+    from pallas_attn import dropin
+
+    def forward(q, k, v):
+        return q * k + v + 1.0  # distinguishable from the differentiable side's value
+
+    def differentiable(q, k, v):
+        return q * k + v
+
+    f = dropin._forward_apart(forward, differentiable)
+    q, k, v = (jnp.arange(6, dtype=jnp.float32).reshape(2, 3) + i for i in range(3))
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(q, k, v)), np.asarray(forward(q, k, v)))
+    val, grads = jax.value_and_grad(lambda *a: jnp.sum(f(*a) * 2.0), argnums=(0, 1, 2))(q, k, v)
+    ref_val, ref_grads = jax.value_and_grad(lambda *a: jnp.sum(differentiable(*a) * 2.0), argnums=(0, 1, 2))(q, k, v)
+    assert float(val) == float(ref_val)
+    for a, b in zip(grads, ref_grads):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
+    """The APART route through ``dot_product_attention`` on a CPU: fa_prefill's forward (interpret mode) when not
+    differentiated, jax.nn's pair (XLA here, cuDNN on a GPU) under jax.grad: its value and gradients exactly."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    real = dropin.which_implementation
+
+    def which(*a, **kw):  # the route a Hopper GPU takes at N >= 1024, here at a small shape
+        if kw.get("implementation") is None and not kw.get("return_residual"):
+            return dropin.APART, "test"
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dropin, "which_implementation", which)
+    monkeypatch.setattr(dropin, "_APART_DIFFERENTIATED", "xla")
+    kq, kk, kv, kw = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(kq, (1, 128, 2, 96), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(kk, (1, 128, 1, 96), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(kv, (1, 128, 1, 96), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (1, 128, 2, 96), jnp.float32)
+    out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
+    ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2, rtol=0)
+    forced = pallas_attn.dot_product_attention(q, k, v, is_causal=True, implementation="pallas:fa_prefill")
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(forced, np.float32))  # fa_prefill's
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+    val, g = jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, is_causal=True)),
+                                argnums=(0, 1, 2))(q, k, v)
+    rval, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, is_causal=True,
+                                                                                implementation="xla")),
+                                  argnums=(0, 1, 2))(q, k, v)
+    assert float(val) == float(rval)
+    for a, b in zip(g, rg):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(NotImplementedError, match="cuDNN"):
+        pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="wide")

@@ -186,12 +186,39 @@ def test_sm90_d96_within_xla_error(causal, kh):
     if not dropin._is_sm90():
         pytest.skip("not a Hopper (sm_90) GPU")
     q, k, v, w = _arrays(9, 2, 1024, 1024, 32, kh, 96, "bfloat16")
-    # forced: the default keeps cuDNN at D 96 (dropin.DEFAULT_SKIPS_HEAD_DIMS); session 24's GPU run of this test
+    # forced: the default keeps cuDNN's pair at D 96 (dropin.DEFAULT_SKIPS_HEAD_DIMS), with fa_prefill's forward for
+    # a call not differentiated from N 1024 on (dropin.APART, session 26); session 24's GPU run of this test
     # (results/gpu_runs/20261127_s24_h100_call5_d96/) had the pair as the default choice, the same kernels
-    assert pallas_attn.which_implementation(q, k, v, is_causal=causal)[0] == "cudnn"
+    assert pallas_attn.which_implementation(q, k, v, is_causal=causal)[0] == dropin.APART
     assert pallas_attn.which_implementation(q, k, v, is_causal=causal,
                                             implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
     _check_within_xla_error(q, k, v, w, causal, impl="pallas:fa_prefill")
+
+
+def test_sm90_d96_default_runs_the_forward_apart():
+    """D 96 by default (session 26, ``dropin.APART``): not differentiated, exactly fa_prefill's forward (forced);
+    under jax.value_and_grad, exactly jax.nn cuDNN's value and gradients (B2 N1024 Hq32 Hkv8 bf16, causal)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU")
+    q, k, v, w = _arrays(10, 2, 1024, 1024, 32, 8, 96, "bfloat16")
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == dropin.APART
+    out = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True))(q, k, v)
+    forced = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="pallas:fa_prefill"))(q, k, v)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(forced, np.float32))
+
+    def step(impl):
+        def loss(q, k, v):
+            if impl is None:
+                o = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
+            else:
+                o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+            return jnp.sum(o.astype(jnp.float32) * w)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+    got, ref = step(None)(q, k, v), step("cudnn")(q, k, v)
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
 
 
 def test_sm90_fa_prefill_odd_lengths_residual_deterministic():
