@@ -179,13 +179,33 @@ def publish(path: Path, obj: Any) -> None:
 
 
 def wait_for(path: Path, *, timeout_s: float = CEILINGS_WAIT_S, poll_s: float = 0.2) -> Any:
-    """The JSON another lane publishes at ``path``; RuntimeError after ``timeout_s``."""
+    """The JSON the role lane publishes at ``path``; RuntimeError after ``timeout_s``, or at once when the role lane's
+    process (its pid in ``ROLE_FILE``) is gone without publishing it."""
     t0 = time.monotonic()
     while not path.exists():
         if time.monotonic() - t0 > timeout_s:
             raise RuntimeError(f"lanes: no {path.name} from the lane that measures the ceilings after {timeout_s:g} s")
+        if not _role_alive(path.parent) and not path.exists():
+            raise RuntimeError(f"lanes: the lane that measures the ceilings ended without publishing {path.name}")
         time.sleep(poll_s)
     return json.loads(path.read_text())
+
+
+def _role_alive(lane_dir: Path) -> bool:
+    """Whether the process that claimed the role is still running (True while its pid is not yet written)."""
+    try:
+        pid = int((lane_dir / ROLE_FILE).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def mark_done(lane_dir: Path, lane: int, pass_name: str, name: str) -> None:

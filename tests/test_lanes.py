@@ -138,6 +138,20 @@ def test_claim_role_goes_to_one_lane(tmp_path):
     assert lanes.claim_role(tmp_path) is False
 
 
+def test_a_lane_stops_waiting_when_the_role_lane_is_gone(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / lanes.ROLE_FILE).write_text(gone.stdout.strip())  # a pid that has exited
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="ended without publishing"):
+        lanes.wait_for(tmp_path / lanes.CEILINGS_FILE, timeout_s=30)
+    assert time.monotonic() - t0 < 5
+    (tmp_path / lanes.ROLE_FILE).write_text(str(os.getpid()))  # alive: waits, then times out
+    with pytest.raises(RuntimeError, match="after 0.5 s"):
+        lanes.wait_for(tmp_path / lanes.CEILINGS_FILE, timeout_s=0.5)
+    lanes.publish(tmp_path / lanes.CEILINGS_FILE, {"lane": 0, "ceil": None})
+    assert lanes.wait_for(tmp_path / lanes.CEILINGS_FILE) == {"lane": 0, "ceil": None}
+
+
 def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers()
