@@ -13,12 +13,14 @@ How:
   agreement, warm-up) and *exclusive* around its timing windows and the ceilings: an exclusive holder waits until no
   other lane is inside a shared section, and no lane enters one while it holds or waits (a writer-first
   readers-writer lock over two ``flock`` files). Compiles that run nothing on the GPU (Mosaic GPU, cuDNN and FA3
-  custom calls on the compile workers) and the oracle's numpy arithmetic on host copies run outside any lock;
+  custom calls on the compile workers; a workload's input and agreement programs) and the oracle's numpy arithmetic
+  on host copies (``GpuLock.released``, through ``accuracy.host_sections``) run outside any lock;
 * one lane (whichever claims the role first) measures the ceilings and runs the clock check, exclusively; the others
   wait for them (``ceilings.json``) and use the same values;
 * each lane's JAX memory is capped at 0.9/K of the GPU (``XLA_PYTHON_CLIENT_MEM_FRACTION``, and torch's
-  ``set_per_process_memory_fraction``); a workload that ran out of memory in a lane, or whose lane died before it
-  finished, runs again once the lanes are done, alone, in one process with the whole GPU;
+  ``set_per_process_memory_fraction``); a workload whose estimate is over that (``defer_alone``), that ran out of
+  memory in a lane, or whose lane died before it finished, runs once the lanes are done, alone, in one process with
+  the whole GPU;
 * the parent merges the lanes' records into one run (one run id, one header, the role lane's ceilings and clock
   check, the results in the plan's order): the same file a one-process run writes. The lanes' own files stay in
   ``<out>/lanes/``.
