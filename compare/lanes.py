@@ -292,33 +292,22 @@ def device_bytes_limit() -> int | None:
 
 # ----------------------------------------------------------------------------------------- the parent
 
-# the options a lane repeats as they were given (dest -> flag); selection, timing and budgets. The parent's own
-# (--jobs, --out, --append, --quiet) and the lane options are set per lane below; tests/test_lanes.py checks that
-# every option of ``compare run`` is one or the other
-FORWARDED = {"config": "--config", "only": "--only", "impl": "--impl", "reps": "--reps", "warmup": "--warmup",
-             "rounds": "--rounds", "e2e_reps": "--e2e-reps", "e2e_calls": "--e2e-calls",
-             "e2e_budget_s": "--e2e-budget-s", "budget_s": "--budget-s", "max_run_s": "--max-run-s",
-             "clock": "--clock", "allow_clock_fallback": "--allow-clock-fallback", "arch": "--arch",
-             "cpu_max_flops": "--cpu-max-flops", "no_ceilings": "--no-ceilings", "look_ahead": "--look-ahead"}
-PARENT_ONLY = frozenset({"jobs", "out", "append", "quiet", "compile_workers", "lane", "lane_dir", "lane_pass",
-                         "lane_names", "run_id", "argv"})
+# the options a lane does not take from the parent: the parent's own (where the run goes, how it is shown, its exit
+# code, --jobs itself; --look-ahead is refused with --jobs) and the lane options set per lane. Every other option is
+# repeated as the parent has it: the selection, and the record's own flags (``RunOptions.repro_flags``: every
+# measurement option that differs from its default); tests/test_lanes.py checks a lane's options equal the parent's
+PARENT_ONLY = frozenset({"jobs", "out", "append", "quiet", "compile_workers", "allow_clock_fallback", "look_ahead",
+                         "lane", "lane_dir", "lane_pass", "lane_names", "run_id", "argv"})
 
 
 def lane_argv(opts, *, lane: int, lanes: int, lane_dir: Path, run_id: str, out: Path, pass_name: str,
               names_file: Path | None, compile_workers: int) -> list[str]:
     """The child command of one lane."""
-    args = [sys.executable, "-m", "compare", "run"]
-    for dest, flag in FORWARDED.items():
-        val = getattr(opts, dest, None)
-        if val is None or val is False:
-            continue
-        if val is True:
-            args.append(flag)
-        elif isinstance(val, (list, tuple)):
-            for v in val:
-                args += [flag, str(v)]
-        else:
-            args += [flag, repr(val) if isinstance(val, float) else str(val)]
+    args = [sys.executable, "-m", "compare", "run", "--config", str(opts.config)]
+    for flag, vals in (("--only", opts.only), ("--impl", opts.impl)):
+        for v in vals:
+            args += [flag, str(v)]
+    args += opts.repro_flags()
     args += ["--out", str(out), "--quiet", "--compile-workers", str(compile_workers), "--lane", f"{lane}/{lanes}",
              "--lane-dir", str(lane_dir), "--lane-pass", pass_name, "--run-id", run_id]
     if names_file is not None:
@@ -443,10 +432,12 @@ def rerun_names(plan: list[str], recs: list[dict], done: set[str]) -> list[str]:
 def _out_of_memory(r: dict) -> bool:
     """An 'oom' record, or one whose timing or reason says it ran out of memory (a clock that failed for memory
     falls back to another clock, so the record can be 'ok' with ``metrics.clock_fallback`` naming it)."""
+    from .record import says_out_of_memory
+
     if r.get("status") == "oom":
         return True
-    text = " ".join(str(x) for x in (r.get("reason"), (r.get("metrics") or {}).get("clock_fallback")) if x).lower()
-    return "resource_exhausted" in text or "out of memory" in text
+    return says_out_of_memory(" ".join(str(x) for x in (r.get("reason"), (r.get("metrics") or {}).get("clock_fallback"))
+                                       if x))
 
 
 def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list[str], lane_dir: Path, opts,

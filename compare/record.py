@@ -23,6 +23,14 @@ from typing import Any
 __all__ = ["Refusal", "ResultRecord", "PairPlan"]
 
 
+def says_out_of_memory(text: str) -> bool:
+    """Whether an error's text says the device ran out of memory (or of another resource): the runner's ``oom``
+    status, and which workloads a ``--jobs`` run reruns alone (``lanes.rerun_names``)."""
+    s = text.lower()
+    return ("out of memory" in s or "resource_exhausted" in s or "outofmemory" in s or "out of resource" in s
+            or "outofresources" in s)
+
+
 @dataclasses.dataclass(frozen=True)
 class Refusal:
     """Why a pair is recorded without running: a status other than ``ok`` and its reason."""

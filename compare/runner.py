@@ -40,7 +40,7 @@ from typing import Any
 
 from . import accuracy, ceilings, hardware, interop, lanes, layer2, records, roofline, timing
 from .impls import all_impls
-from .record import PairPlan, Refusal, ResultRecord
+from .record import PairPlan, Refusal, ResultRecord, says_out_of_memory
 from .schema import Ctx, Impl, Support
 from .workloads import CPU_ONLY, UsageError, Workload, config_budget_s, ensure_writable, load_config
 
@@ -676,9 +676,8 @@ class _Run:
             state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         waits0 = self.lock.waits()
-        if self.over_run_budget():  # every pair is 'skipped' in its turn: nothing to make or compile for them
-            state["prepared"] = {}
-        elif self.lane is not None and self.gpu and "inputs" not in state:
+        over = self.over_run_budget()  # every pair is 'skipped' in its turn: nothing to make or compile for them
+        if not over and self.lane is not None and self.gpu and "inputs" not in state:
             # a lane compiles its input program and its agreement's before it takes the lock (shapes only: nothing
             # runs on the GPU), so a lane waiting to time does not wait for these compiles; one process runs the
             # input program's on a worker for the next workload instead (look_ahead), which a lane cannot know
@@ -689,7 +688,7 @@ class _Run:
                     pass
         try:
             with self.lock.shared():  # inputs, and prepares that may launch device work
-                if not self.over_run_budget():
+                if not over:
                     self.precompile(w, impls, state)
         except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
             self.drain_compiles(state)
@@ -1623,9 +1622,7 @@ def _sync_for(framework: str):
 
 
 def _is_oom(e: BaseException) -> bool:
-    s = f"{type(e).__name__} {e}".lower()
-    return ("out of memory" in s or "resource_exhausted" in s or "outofmemory" in s or "out of resource" in s
-            or "outofresources" in s)
+    return says_out_of_memory(f"{type(e).__name__} {e}")
 
 
 _SMEM = (re.compile(r"shared memory size limit exceeded: requested (\d+), available:? (\d+)", re.I),  # XLA / jaxlib

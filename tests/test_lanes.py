@@ -159,24 +159,37 @@ def _run_parser() -> argparse.ArgumentParser:
     return sub.choices["run"]
 
 
-def test_every_run_option_is_forwarded_to_the_lanes_or_set_by_the_parent():
-    dests = {a.dest for a in _run_parser()._actions if a.option_strings and a.dest != "help"}
-    assert dests <= set(lanes.FORWARDED) | lanes.PARENT_ONLY, dests - set(lanes.FORWARDED) - lanes.PARENT_ONLY
-    assert not set(lanes.FORWARDED) & lanes.PARENT_ONLY
+def _dests() -> set[str]:
+    return {a.dest for a in _run_parser()._actions if a.option_strings and a.dest != "help"}
 
 
-def test_a_lane_repeats_the_parent_options(tmp_path):
-    argv = ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode_f16", "--impl", "pallas:*",
+def _parent_argv(tmp_path) -> list[str]:
+    """Every option of ``compare run`` away from its default."""
+    return ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode_f16", "--impl", "pallas:*",
             "--reps", "7", "--warmup", "2", "--rounds", "2", "--e2e-reps", "4", "--e2e-calls", "9",
             "--e2e-budget-s", "0.25", "--budget-s", "1.5", "--max-run-s", "100", "--clock", "events",
             "--allow-clock-fallback", "--arch", "h200", "--cpu-max-flops", "1000", "--no-ceilings", "--jobs", "3",
             "--compile-workers", "6", "--out", str(tmp_path / "o")]
-    parent = runner.RunOptions.from_args(_run_parser().parse_args(argv))
+
+
+def test_every_run_option_is_forwarded_to_the_lanes_or_set_by_the_parent(tmp_path):
+    """Each option a lane takes from the parent is set away from its default in the test below, so a new option is
+    checked there as soon as it exists (or named parent-only)."""
+    parser = _run_parser()
+    given = vars(parser.parse_args(_parent_argv(tmp_path)))
+    defaults = {a.dest: a.default for a in parser._actions if a.option_strings}
+    forwarded = _dests() - lanes.PARENT_ONLY
+    assert {d for d in forwarded if given[d] == defaults[d]} == set(), "set them in _parent_argv"
+    assert lanes.PARENT_ONLY - {"argv"} <= _dests()
+
+
+def test_a_lane_repeats_the_parent_options(tmp_path):
+    parent = runner.RunOptions.from_args(_run_parser().parse_args(_parent_argv(tmp_path)))
     cmd = lanes.lane_argv(parent, lane=1, lanes=3, lane_dir=tmp_path, run_id="rid", out=tmp_path / "lane1.jsonl",
                           pass_name="main", names_file=None, compile_workers=2)
     assert cmd[1:4] == ["-m", "compare", "run"]
     child = runner.RunOptions.from_args(_run_parser().parse_args(cmd[4:]))
-    for dest in lanes.FORWARDED:
+    for dest in _dests() - lanes.PARENT_ONLY:
         assert getattr(child, dest) == getattr(parent, dest), dest
     assert (child.lane, child.lane_dir, child.run_id, child.jobs) == ("1/3", str(tmp_path), "rid", 1)
     assert child.compile_workers == 2 and child.quiet and child.out == str(tmp_path / "lane1.jsonl")
