@@ -116,7 +116,9 @@ def _dropin_choice(w) -> dict[str, Any]:
         else:
             _, fwd = prefill_forward_config(w)
             out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")
-    elif impl == "pallas:fa_prefill":
+    elif impl == dropin.CUDNN_FORWARD and w.family != "train":  # cuDNN's forward when not differentiated
+        out.update(generation=None, config=None, chose="cudnn")
+    elif impl in ("pallas:fa_prefill", dropin.CUDNN_FORWARD):  # differentiated: fa_prefill's pair either way
         p, fwd = prefill_forward_config(w)
         left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
         out.update(generation="fa_prefill", config=fwd, chose=f"fa_prefill:{fwd}")

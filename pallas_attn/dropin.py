@@ -69,6 +69,10 @@ IMPLEMENTATIONS = (None, "pallas", "pallas:fa_train", "pallas:fa_prefill", "xla"
 # when the call is not differentiated, jax.nn's cuDNN forward and backward when it is (``_forward_apart``). Not an
 # ``implementation`` a caller passes: the two named ones force either side.
 APART = "pallas:fa_prefill|cudnn"
+# The mirror route: jax.nn's cuDNN forward when the call is not differentiated, fa_prefill's own pair (forward with its
+# LSE, then its backward) when it is: at the short sequences where cuDNN's forward is faster than fa_prefill's
+# (``CUDNN_FORWARD_MAX_Q_LEN``). Not an ``implementation`` a caller passes either.
+CUDNN_FORWARD = "cudnn|pallas:fa_prefill"
 _PALLAS = "pallas:fa_train"
 _PREFILL = "pallas:fa_prefill"
 
@@ -202,6 +206,15 @@ DEFAULT_SKIPS_HEAD_DIMS = {96: ("head dim 96: pallas:fa_prefill's backward runs 
 # jax.nn cuDNN's time at N 1024 / 2048 / 4096 / 8192 / 16384 and 1.04x at N 512 (H100, session 24,
 # results/sweep/20261127_s24_h100_call5/). Below it, cuDNN's forward too.
 FORWARD_APART_MIN_Q_LEN = {96: 1024}
+# ``(head dim, causal)``: up to which query length a default self-attention call (T == S, no window, no lengths, no
+# extension) runs jax.nn's cuDNN forward when it is not differentiated and fa_prefill's pair when it is
+# (``CUDNN_FORWARD``). The evidence is the model-shape sweep, one H100 run (session 26, lanes, call 3:
+# results/gpu_runs/20261128_s26_h100_call3_lanes_sweep/): fa_prefill's forward took 1.275 / 1.113 / 1.125 / 1.172x
+# jax.nn cuDNN's time at GPT-2 (D 64, B*N tokens 32k) N 512 / 1024 / 2048 / 4096, 1.003x at N 8192 and 0.927x at N 16384
+# (its three-consumer config); at D 128 1.041-1.078x at N 512 (Llama-3.1-8B / 70B, Qwen2.5-7B) and 0.996-0.998x at
+# N 1024. The training steps there stay ours: 0.96-1.06x cuDNN's at GPT-2 N <= 4096, 0.70-0.73x at D 128 N 512.
+# The per-row-tile fixed cost that makes fa_prefill's forward slow at short N is docs/fa_prefill.md's "What is left".
+CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (128, True): 512}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -287,6 +300,12 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"forced: {pair} support the call ({mode})"
     slow = DEFAULT_SKIPS_HEAD_DIMS.get(q.shape[3]) if implementation is None else None
+    if (implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual
+            and _cudnn_forward_takes(q, k, is_causal=is_causal, window=win)):
+        return CUDNN_FORWARD, (f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {q.shape[1]} <= "
+                               f"{CUDNN_FORWARD_MAX_Q_LEN[(q.shape[3], bool(is_causal))]}: jax.nn's cuDNN forward when "
+                               "the call is not differentiated (faster than fa_prefill's at this length), "
+                               "pallas:fa_prefill's forward and backward when it is; docs/dropin.md, 'Short sequences'")
     if implementation in (None, "pallas") and sm90 and not why_prefill and not slow:
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
@@ -382,6 +401,16 @@ def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
     if segment_ids is not None:
         return window is None and _packed_grads(q)
     return window is None or _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is not None
+
+
+def _cudnn_forward_takes(q, k, *, is_causal, window) -> bool:
+    """Whether a default call that fa_prefill's pair takes runs cuDNN's forward when not differentiated
+    (``CUDNN_FORWARD_MAX_Q_LEN``): self-attention (T == S) with no window at a (head dim, causal) row, T up to the
+    row's length, where cuDNN takes the call."""
+    limit = CUDNN_FORWARD_MAX_Q_LEN.get((q.shape[3], bool(is_causal)))
+    if limit is None or window is not None or q.shape[1] != k.shape[1] or q.shape[1] > limit:
+        return False
+    return _cudnn_takes(q, None, None, None, None, is_causal=is_causal, window=None)
 
 
 def _cudnn_takes(q, bias, mask, q_lens, kv_lens, *, is_causal, window) -> bool:
@@ -614,6 +643,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
 
 # jax.nn's implementation that ``APART`` differentiates through (the tests on a CPU, where cuDNN is not, set "xla")
 _APART_DIFFERENTIATED = "cudnn"
+# jax.nn's implementation that ``CUDNN_FORWARD`` runs when not differentiated (the same for the CPU tests)
+_CUDNN_FORWARD_IMPL = "cudnn"
 
 
 def _forward_apart(forward, differentiable):
@@ -685,6 +716,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         return _forward_apart(
             lambda q, k, v: dot_product_attention(q, k, v, implementation=_PREFILL, **kw),
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_APART_DIFFERENTIATED, **kw),
+        )(query, key, value)
+    if impl == CUDNN_FORWARD:
+        kw = dict(scale=scale, is_causal=is_causal)
+        return _forward_apart(
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_CUDNN_FORWARD_IMPL, **kw),
+            lambda q, k, v: dot_product_attention(q, k, v, implementation=_PREFILL, deterministic=deterministic,
+                                                  bwd_config=bwd_config, **kw),
         )(query, key, value)
     if impl not in (_PALLAS, _PREFILL):
         if bwd_config is not None:

@@ -193,3 +193,81 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     with pytest.raises(NotImplementedError, match="cuDNN"):
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="wide")
+
+
+def test_short_causal_calls_run_cudnns_forward_and_our_pair_under_differentiation(monkeypatch):
+    """The mirror of APART (``dropin.CUDNN_FORWARD``): a default causal self-attention call at D 64 up to N 4096 and
+    at D 128 up to N 512 runs jax.nn's cuDNN forward when not differentiated (session 26's sweep: fa_prefill's forward
+    1.11-1.28x cuDNN's there) and fa_prefill's pair when it is; every other call keeps its route."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    _gpu_like(monkeypatch)
+
+    def which(b, t, h, d, *, s=None, dtype=jnp.bfloat16, **kw):
+        q = jax.ShapeDtypeStruct((b, t, h, d), dtype)
+        k = jax.ShapeDtypeStruct((b, t if s is None else s, max(h // 4, 1), d), dtype)
+        return pallas_attn.which_implementation(q, k, k, **kw)
+
+    impl, why = which(64, 512, 12, 64, is_causal=True)
+    assert impl == dropin.CUDNN_FORWARD and "not differentiated" in why and "4096" in why
+    assert which(8, 4096, 12, 64, is_causal=True)[0] == dropin.CUDNN_FORWARD
+    assert which(4, 8192, 12, 64, is_causal=True)[0] == "pallas:fa_prefill"  # a tie at N 8192, ours faster beyond
+    assert which(64, 512, 32, 128, is_causal=True)[0] == dropin.CUDNN_FORWARD
+    assert which(32, 1024, 32, 128, is_causal=True)[0] == "pallas:fa_prefill"
+    # Mistral's 4096-key window over 512 tokens masks nothing: the plain call, so cuDNN's plain forward
+    assert which(64, 512, 32, 128, is_causal=True, local_window_size=(4096, 0))[0] == dropin.CUDNN_FORWARD
+    # a window that masks something, another length of keys, no causal mask, a residual, fp32, D 256, a forced
+    # implementation, an extension: no measured case for cuDNN's forward, so the route is as before
+    assert which(64, 512, 32, 128, is_causal=True, local_window_size=(128, 0))[0] == "pallas:fa_prefill"
+    assert which(64, 512, 32, 128, s=1024, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, is_causal=False)[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, is_causal=True, return_residual=True)[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, dtype=jnp.float32, is_causal=True)[0] != dropin.CUDNN_FORWARD
+    assert which(64, 512, 8, 256, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, is_causal=True, implementation="pallas")[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, is_causal=True, implementation="pallas:fa_prefill")[0] == "pallas:fa_prefill"
+    assert which(64, 512, 12, 64, is_causal=True, softcap=30.0)[0] == "pallas:fa_prefill"
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: False)  # not a Hopper: no fa_prefill pair to differentiate
+    assert which(64, 512, 12, 64, is_causal=True)[0] == "pallas:fa_train"
+
+
+@pytest.mark.slow
+def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
+    """The CUDNN_FORWARD route through ``dot_product_attention`` on a CPU: jax.nn's forward (XLA here, cuDNN on a GPU)
+    exactly when not differentiated; under jax.value_and_grad, exactly the forced fa_prefill pair's value and
+    gradients (interpret mode), with ``bwd_config`` reaching its backward."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    real = dropin.which_implementation
+
+    def which(*a, **kw):  # the route a Hopper GPU takes at short N, here at a small shape
+        if kw.get("implementation") is None and not kw.get("return_residual"):
+            return dropin.CUDNN_FORWARD, "test"
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dropin, "which_implementation", which)
+    monkeypatch.setattr(dropin, "_CUDNN_FORWARD_IMPL", "xla")
+    kq, kk, kv, kw = jax.random.split(jax.random.key(5), 4)
+    q = jax.random.normal(kq, (1, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(kk, (1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(kv, (1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (1, 128, 2, 64), jnp.float32)
+    out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
+    ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+
+    def loss(**kw):
+        return lambda q, k, v: jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw)
+                                       .astype(jnp.float32) * w)
+
+    for bwd in (None, "wide"):
+        val, g = jax.value_and_grad(loss(bwd_config=bwd), argnums=(0, 1, 2))(q, k, v)
+        rval, rg = jax.value_and_grad(loss(bwd_config=bwd, implementation="pallas:fa_prefill"),
+                                      argnums=(0, 1, 2))(q, k, v)
+        assert float(val) == float(rval)
+        for a, b in zip(g, rg):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with pytest.raises(ValueError, match="bwd_config"):
+        jax.grad(loss(bwd_config="no-such-config"))(q, k, v)

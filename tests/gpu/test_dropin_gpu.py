@@ -230,6 +230,41 @@ def test_sm90_d96_default_runs_the_forward_apart():
         assert rel < 1e-2, (name, rel)
 
 
+def test_sm90_short_causal_default_runs_cudnns_forward_and_our_pair_under_grad():
+    """Short causal self-attention by default (session 27, ``dropin.CUDNN_FORWARD``; GPT-2's shape, B4 N512 H12 D64
+    bf16): not differentiated, exactly jax.nn cuDNN's forward, a program with cuDNN's attention and no Mosaic GPU
+    kernel; under jax.value_and_grad, fa_prefill's pair (a program with Mosaic GPU kernels and no cuDNN attention):
+    with ``deterministic=True`` its value and gradients exactly the forced pair's, by default within two units of
+    bf16 rounding of them (the default backward may sum dQ in a varying order)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU")
+    q, k, v, w = _arrays(12, 4, 512, 512, 12, 12, 64, "bfloat16")
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == dropin.CUDNN_FORWARD
+    fwd = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True))
+    cud = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
+    np.testing.assert_array_equal(np.asarray(fwd(q, k, v), np.float32), np.asarray(cud(q, k, v), np.float32))
+    text = fwd.lower(q, k, v).as_text()
+    assert "fmha" in text and "mosaic_gpu" not in text
+
+    def step(**kw):
+        def loss(q, k, v):
+            return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw).astype(jnp.float32) * w)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+    text = step().lower(q, k, v).as_text()
+    assert "mosaic_gpu" in text and "fmha" not in text
+    (val, grads), (rval, rgrads) = step(deterministic=True)(q, k, v), step(
+        deterministic=True, implementation="pallas:fa_prefill")(q, k, v)
+    assert float(val) == float(rval)
+    for a, b in zip(grads, rgrads):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    dval, dgrads = step()(q, k, v)
+    assert float(dval) == float(rval)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, a, b in zip(("dq", "dk", "dv"), dgrads, rgrads):
+        assert _rel(a, b) <= 2 * eps, (name, _rel(a, b))
+
+
 def test_sm90_fa_prefill_odd_lengths_residual_deterministic():
     """fa_prefill through the drop-in at odd lengths (T 1000 < S 1333, neither a multiple of 64; causal
     top-left, GQA 2, fp16 D 64): output and gradients within XLA's error as above, jax.nn's residual (the
@@ -304,14 +339,19 @@ def test_vmap_and_remat():
     """bf16 causal GQA4: vmap of the forward over a stacked batch, and grad through jax.checkpoint."""
     b, n, hq, hkv, d = VMAP_SHAPE
     q, k, v, w = _arrays(3, b, n, n, hq, hkv, d, "bfloat16")
-    f = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    # the Pallas pair named (by default this short causal call runs cuDNN's forward on sm_90, dropin.CUDNN_FORWARD,
+    # since session 27; its vmap is checked below too)
+    f = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True, implementation="pallas")  # noqa
     r = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
     stack = [jnp.stack([x, x[::-1]]) for x in (q, k, v)]
     want = "pallas:fa_prefill" if dropin._is_sm90() else "pallas:fa_train"
-    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == want
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True, implementation="pallas")[0] == want
     out = jax.jit(jax.vmap(f), compiler_options=_no_autotune())(*stack)
     assert out.shape == stack[0].shape and out.dtype == jnp.bfloat16
-    assert _rel(out, jax.jit(jax.vmap(r), compiler_options=_no_autotune())(*stack)) < 2e-2
+    ref = jax.jit(jax.vmap(r), compiler_options=_no_autotune())(*stack)
+    assert _rel(out, ref) < 2e-2
+    default = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    assert _rel(jax.jit(jax.vmap(default), compiler_options=_no_autotune())(*stack), ref) < 2e-2
 
     def grad_k(attn, remat):
         loss = lambda k: jnp.sum(attn(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))  # noqa: E731
