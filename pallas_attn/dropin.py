@@ -8,7 +8,10 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
   the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96's pair only when forced,
   ``DEFAULT_SKIPS_HEAD_DIMS``; by default a D 96 call from query length 1024 on runs fa_prefill's forward when it is
-  not differentiated and jax.nn's cuDNN pair when it is, ``APART``), no sequence lengths. Mosaic GPU kernels
+  not differentiated and jax.nn's cuDNN pair when it is, ``APART``), no sequence lengths. At short self-attention
+  (D 64 up to N 4096, D 128 up to N 512 causal / 1024 not; ``CUDNN_FORWARD_MAX_Q_LEN``) a default call runs jax.nn's
+  cuDNN forward when it is not differentiated and this pair when it is (``CUDNN_FORWARD``; docs/dropin.md, "Short
+  sequences"). Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
@@ -208,13 +211,18 @@ DEFAULT_SKIPS_HEAD_DIMS = {96: ("head dim 96: pallas:fa_prefill's backward runs 
 FORWARD_APART_MIN_Q_LEN = {96: 1024}
 # ``(head dim, causal)``: up to which query length a default self-attention call (T == S, no window, no lengths, no
 # extension) runs jax.nn's cuDNN forward when it is not differentiated and fa_prefill's pair when it is
-# (``CUDNN_FORWARD``). The evidence is the model-shape sweep, one H100 run (session 26, lanes, call 3:
+# (``CUDNN_FORWARD``). Evidence, H100: the model-shape sweep (session 26, lanes, call 3:
 # results/gpu_runs/20261128_s26_h100_call3_lanes_sweep/): fa_prefill's forward took 1.275 / 1.113 / 1.125 / 1.172x
-# jax.nn cuDNN's time at GPT-2 (D 64, B*N tokens 32k) N 512 / 1024 / 2048 / 4096, 1.003x at N 8192 and 0.927x at N 16384
-# (its three-consumer config); at D 128 1.041-1.078x at N 512 (Llama-3.1-8B / 70B, Qwen2.5-7B) and 0.996-0.998x at
-# N 1024. The training steps there stay ours: 0.96-1.06x cuDNN's at GPT-2 N <= 4096, 0.70-0.73x at D 128 N 512.
-# The per-row-tile fixed cost that makes fa_prefill's forward slow at short N is docs/fa_prefill.md's "What is left".
-CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (128, True): 512}
+# jax.nn cuDNN's time at GPT-2 (D 64, H 12, 32k tokens a call) N 512 / 1024 / 2048 / 4096 causal, 1.003x at N 8192,
+# 0.927x at N 16384; 1.041-1.078x at D 128 N 512 (Llama-3.1-8B / 70B, Qwen2.5-7B), 0.996-0.998x at N 1024. Then one
+# process, every config beside cuDNN (session 27, results/gpu_runs/20261128_s27_h100_call1_route/,
+# configs/route_short_prefill.toml), fa_prefill's best named config over cuDNN: causal D 64 N 256-4096 1.35 / 1.28 /
+# 1.13 / 1.13 / 1.12x, N 8192 1.002x; causal D 128 (GQA 32 / 8) N 256 / 512 1.29 / 1.06x, N 1024 / 2048 1.00 / 0.99x;
+# non-causal D 64 N 256-4096 1.28 / 1.17 / 1.11 / 1.06 / 1.01x, N 8192 0.94x (c3); non-causal D 128 N 256 / 512 /
+# 1024 1.27 / 1.06 / 1.02x, N 2048 1.006x. The training steps stay ours (0.96-1.05x cuDNN's at GPT-2 N 512 / 4096,
+# 0.71x at Llama-3.1-8B N 512). The per-row-tile fixed cost that makes fa_prefill's forward slow at short N is
+# docs/fa_prefill.md's "What is left".
+CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (64, False): 4096, (128, True): 512, (128, False): 1024}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:

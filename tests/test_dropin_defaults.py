@@ -195,10 +195,11 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="wide")
 
 
-def test_short_causal_calls_run_cudnns_forward_and_our_pair_under_differentiation(monkeypatch):
-    """The mirror of APART (``dropin.CUDNN_FORWARD``): a default causal self-attention call at D 64 up to N 4096 and
-    at D 128 up to N 512 runs jax.nn's cuDNN forward when not differentiated (session 26's sweep: fa_prefill's forward
-    1.11-1.28x cuDNN's there) and fa_prefill's pair when it is; every other call keeps its route."""
+def test_short_self_attention_runs_cudnns_forward_and_our_pair_under_differentiation(monkeypatch):
+    """The mirror of APART (``dropin.CUDNN_FORWARD``): a default self-attention call at D 64 up to N 4096, at D 128 up
+    to N 512 (causal) or 1024 (not) runs jax.nn's cuDNN forward when not differentiated (H100, sessions 26-27:
+    fa_prefill's forward 1.01-1.35x cuDNN's there) and fa_prefill's pair when it is; every other call keeps its
+    route."""
     import pallas_attn
     from pallas_attn import dropin
 
@@ -217,11 +218,14 @@ def test_short_causal_calls_run_cudnns_forward_and_our_pair_under_differentiatio
     assert which(32, 1024, 32, 128, is_causal=True)[0] == "pallas:fa_prefill"
     # Mistral's 4096-key window over 512 tokens masks nothing: the plain call, so cuDNN's plain forward
     assert which(64, 512, 32, 128, is_causal=True, local_window_size=(4096, 0))[0] == dropin.CUDNN_FORWARD
-    # a window that masks something, another length of keys, no causal mask, a residual, fp32, D 256, a forced
+    # a window that masks something, another length of keys, a residual, fp32, D 256, a forced
     # implementation, an extension: no measured case for cuDNN's forward, so the route is as before
     assert which(64, 512, 32, 128, is_causal=True, local_window_size=(128, 0))[0] == "pallas:fa_prefill"
     assert which(64, 512, 32, 128, s=1024, is_causal=True)[0] == "pallas:fa_prefill"
-    assert which(64, 512, 12, 64, is_causal=False)[0] == "pallas:fa_prefill"
+    assert which(8, 4096, 12, 64, is_causal=False)[0] == dropin.CUDNN_FORWARD  # and without the causal mask
+    assert which(4, 8192, 12, 64, is_causal=False)[0] == "pallas:fa_prefill"
+    assert which(32, 1024, 32, 128, is_causal=False)[0] == dropin.CUDNN_FORWARD
+    assert which(16, 2048, 32, 128, is_causal=False)[0] == "pallas:fa_prefill"
     assert which(64, 512, 12, 64, is_causal=True, return_residual=True)[0] == "pallas:fa_prefill"
     assert which(64, 512, 12, 64, dtype=jnp.float32, is_causal=True)[0] != dropin.CUDNN_FORWARD
     assert which(64, 512, 8, 256, is_causal=True)[0] == "pallas:fa_prefill"

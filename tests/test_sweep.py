@@ -446,3 +446,22 @@ def test_on_an_h100_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatch
             continue
         assert auto.choice(ws[r["workload"]])["chose"] == f"fa_prefill:{r['config']}", r["workload"]
     assert skipped == sum(r["key"].get("head_dim") == 96 for r in rows)
+
+
+def test_on_a_hopper_auto_names_cudnns_forward_at_short_prefill_and_our_pair_in_training(monkeypatch, ws):
+    """The drop-in's CUDNN_FORWARD route as compare's auto plan names it (a faked Hopper with a GPU, nothing runs):
+    GPT-2 N 512 prefill chose "cudnn" (its forward), the same shape's training step fa_prefill's pair; GPT-2 N 8192
+    and Llama-3.1-8B N 1024 prefill stay on fa_prefill."""
+    from pallas_attn import dropin, tuning
+
+    monkeypatch.setattr(tuning, "chip", lambda: "h100")
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+    monkeypatch.setattr(dropin._compat, "has_gpu", lambda: True)
+    ws = {w.name: w for w in ws}
+    pre = auto.choice(ws["sweep_prefill_gpt-2_n512"])
+    assert pre["chose"] == "cudnn" and pre["generation"] is None and "cuDNN forward" in pre["why"]
+    train = auto.choice(ws["sweep_train_gpt-2_n512"])
+    assert train["generation"] == "fa_prefill" and "+bwd:" in train["chose"]
+    for name in ("sweep_prefill_gpt-2_n8192", "sweep_prefill_llama-3.1-8b_n1024"):
+        assert auto.choice(ws[name])["chose"].startswith("fa_prefill:"), name
