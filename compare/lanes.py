@@ -19,8 +19,9 @@ How:
   wait for them (``ceilings.json``) and use the same values;
 * each lane's JAX memory is capped at 0.9/K of the GPU (``XLA_PYTHON_CLIENT_MEM_FRACTION``, and torch's
   ``set_per_process_memory_fraction``); a workload whose estimate is over that (``defer_alone``), that ran out of
-  memory in a lane, or whose lane died before it finished, runs once the lanes are done, alone, in one process with
-  the whole GPU;
+  memory in a lane, or whose lane died before it finished, runs once the lanes are done: with K > 2 first in a second
+  stage of ``SECOND_STAGE_LANES`` lanes (0.45 of the GPU each; session 27), then, what that stage leaves or runs out
+  of memory in, alone, in one process with the whole GPU;
 * the parent merges the lanes' records into one run (one run id, one header, the role lane's ceilings and clock
   check, the results in the plan's order): the same file a one-process run writes. The lanes' own files stay in
   ``<out>/lanes/``.
@@ -45,6 +46,8 @@ CEILINGS_FILE = "ceilings.json"
 PLAN_FILE = "plan.json"
 CEILINGS_WAIT_S = 900.0  # how long a lane waits for the role lane's ceilings before giving up
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+SECOND_STAGE_LANES = 2  # the lanes of the second stage (the workloads the main pass left), when --jobs is more
+STAGE2 = "stage2"  # its pass name (lane files stage2<i>.jsonl, done.stage2.<i>, names in stage2.json)
 
 
 # ------------------------------------------------------------------------------------------- the lock
@@ -268,6 +271,11 @@ def estimated_bytes(w) -> int:
     return 3 * (kv + q * (4 if w.family == "train" else 2))
 
 
+def gib(n: int) -> str:
+    """Bytes for a progress line: GiB, or MiB below one GiB."""
+    return f"{n / 2**30:.0f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def defer_alone(w, bytes_limit: int | None) -> bool:
     """True when a lane should leave ``w`` to the pass that runs alone with the whole GPU: its estimate
     (``estimated_bytes``) is over the lane's memory limit (None: unknown, never defer)."""
@@ -324,8 +332,14 @@ def _spawn(cmds: list[tuple[list[str], dict[str, str]]]) -> tuple[list[int], boo
         return [p.wait() for p in procs], True
 
 
-def _lane_env(lanes: int) -> dict[str, str]:
+def _lane_env(lanes: int, main_lanes: int | None = None) -> dict[str, str]:
+    """A lane's environment at ``lanes`` lanes. A hand-set ``PALLAS_ATTN_LANE_BYTES_LIMIT`` is a lane's share at
+    ``main_lanes`` (the run's ``--jobs``): a stage with fewer lanes gets it scaled by ``main_lanes / lanes``, as the
+    memory fraction is."""
     env = dict(os.environ)
+    hand = env.get("PALLAS_ATTN_LANE_BYTES_LIMIT")
+    if hand and main_lanes and lanes > 1 and lanes != main_lanes:
+        env["PALLAS_ATTN_LANE_BYTES_LIMIT"] = str(int(int(hand) * main_lanes / lanes))
     env.setdefault("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     # one BLAS thread a lane (the oracle's float64 products are small): several processes' spinning BLAS thread
@@ -380,13 +394,34 @@ def run_jobs(opts) -> int:
     lane_files = [lane_dir / f"lane{i}.jsonl" for i in range(k)]
     recs = [r for p in lane_files if p.exists() for r in records.read_jsonl(p)]
     rerun = [] if interrupted else rerun_names(plan, recs, done_names(lane_dir, "main"))
-    rerun_opts = copy.copy(opts)
-    if rerun and opts.max_run_s is not None:  # the rerun pass gets what is left of the run's budget
-        rerun_opts.max_run_s = opts.max_run_s - (time.perf_counter() - t0)
-        if rerun_opts.max_run_s < 1.0:
-            print(f"lanes: no time left in --max-run-s {opts.max_run_s:g} to run {len(rerun)} workloads again alone; "
-                  "their lanes' records stay", flush=True)
+    stage2: tuple[list[Path], list[str]] | None = None
+    k2 = SECOND_STAGE_LANES
+    if rerun and k > k2 and len(rerun) > 1:
+        # the second stage: the workloads the main pass left, over fewer lanes with a larger share of memory each
+        # (session 27: the 27 left by six lanes ran over two in 231 s, against ~12 s each alone); what is still too
+        # large for its share, or runs out of memory there, goes on to the pass alone
+        stage_opts = _left_of_budget(opts, t0, len(rerun), f"over {k2} lanes")
+        if stage_opts is None:
             rerun = []
+        else:
+            print(f"lanes: {len(rerun)} workloads over {k2} lanes of {LANE_MEMORY / k2:.2f} of the GPU each (too large "
+                  f"for a lane's memory, out of memory in a lane, or their lane ended before them): "
+                  f"{', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}", flush=True)
+            names_file = lane_dir / f"{STAGE2}.json"
+            names_file.write_text(json.dumps(rerun))
+            env2 = _lane_env(k2, k)
+            files2 = [lane_dir / f"{STAGE2}{i}.jsonl" for i in range(k2)]
+            rc, interrupted = _spawn([(lane_argv(stage_opts, lane=i, lanes=k2, lane_dir=lane_dir, run_id=run_id,
+                                                 out=files2[i], pass_name=STAGE2, names_file=names_file,
+                                                 compile_workers=max(1, int(opts.compile_workers or 0) // k2)
+                                                 if opts.compile_workers else 0), env2) for i in range(k2)])
+            rcs += rc
+            recs2 = [r for p in files2 if p.exists() for r in records.read_jsonl(p)]
+            stage2 = (files2, rerun)
+            rerun = [] if interrupted else rerun_names(rerun, recs2, done_names(lane_dir, STAGE2))
+    rerun_opts = _left_of_budget(opts, t0, len(rerun), "alone") if rerun else copy.copy(opts)
+    if rerun_opts is None:
+        rerun = []
     if rerun:
         print(f"lanes: {len(rerun)} workloads alone with the whole GPU (too large for a lane's memory, out of memory "
               f"in a lane, or their lane ended before them): {', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}",
@@ -397,7 +432,7 @@ def run_jobs(opts) -> int:
                                              out=lane_dir / "rerun.jsonl", pass_name="rerun", names_file=names_file,
                                              compile_workers=int(opts.compile_workers)), _lane_env(1))])
         rcs += rc
-    merged, missing = merge(plan, lane_files, lane_dir / "rerun.jsonl", rerun, lane_dir, opts, k)
+    merged, missing = merge(plan, lane_files, lane_dir / "rerun.jsonl", rerun, lane_dir, opts, k, stage2=stage2)
     records.write_jsonl(path, merged)
     results = [r for r in merged if r.get("type") == "result"]
     from . import report
@@ -422,6 +457,18 @@ def run_jobs(opts) -> int:
     return 0
 
 
+def _left_of_budget(opts, t0: float, n: int, how: str):
+    """The options of a later pass: the same, with what is left of ``--max-run-s`` (None when nothing is)."""
+    later = copy.copy(opts)
+    if opts.max_run_s is not None:
+        later.max_run_s = opts.max_run_s - (time.perf_counter() - t0)
+        if later.max_run_s < 1.0:
+            print(f"lanes: no time left in --max-run-s {opts.max_run_s:g} to run {n} workloads again {how}; their "
+                  "lanes' records stay", flush=True)
+            return None
+    return later
+
+
 def rerun_names(plan: list[str], recs: list[dict], done: set[str]) -> list[str]:
     """The workloads to run alone after the lanes: any record out of memory, or not finished by a lane (a lane's
     memory too small for it, ``defer_alone``, or the lane ended before it)."""
@@ -441,20 +488,26 @@ def _out_of_memory(r: dict) -> bool:
 
 
 def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list[str], lane_dir: Path, opts,
-          k: int) -> tuple[list[dict], list[str]]:
+          k: int, stage2: tuple[list[Path], list[str]] | None = None) -> tuple[list[dict], list[str]]:
     """One run's records from the lanes': the role lane's header (the parent's options), its ceilings and clock
-    check, then every workload's results in the plan's order (a rerun workload's from the rerun pass). Also the
-    names of planned workloads that finished nowhere."""
+    check, then every workload's results in the plan's order, each from the last pass that finished it (the pass
+    alone, else the second stage's lanes ``stage2 = (their files, the workloads given them)``, else the main lanes;
+    a workload no pass finished keeps the main lanes' records). Also the names of planned workloads that finished
+    nowhere."""
     from . import records
 
     by_lane = [list(records.read_jsonl(p)) if p.exists() else [] for p in lane_files]
     again = list(records.read_jsonl(rerun_file)) if rerun and rerun_file.exists() else []
+    files2, names2 = stage2 if stage2 is not None else ([], [])
+    second = [r for p in files2 if p.exists() for r in records.read_jsonl(p)]
     role = json.loads((lane_dir / CEILINGS_FILE).read_text()) if (lane_dir / CEILINGS_FILE).exists() else {}
     role_lane = role.get("lane", 0)
     header = next((r for r in by_lane[role_lane] if r.get("type") == "header"), None) if by_lane else None
     header = dict(header or {})
     main_done, again_done = done_names(lane_dir, "main"), done_names(lane_dir, "rerun")
-    redone = {n for n in rerun if n in again_done}  # a rerun that did not finish keeps the lane's records
+    redone = {n for n in rerun if n in again_done}  # a rerun that did not finish keeps the earlier records
+    done2 = done_names(lane_dir, STAGE2) if stage2 is not None else set()
+    redone2 = {n for n in names2 if n in done2 and n not in redone}  # the second stage's, unless the pass alone's
     if header:
         options = dict(header.get("options") or {})
         for key in ("lane", "lane_dir", "lane_pass", "lane_names", "run_id"):
@@ -463,10 +516,15 @@ def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list
         header["options"] = options
         header["argv"] = list(getattr(opts, "argv", []) or [])
         header["lanes"] = {"jobs": k, "lane_memory_fraction": round(LANE_MEMORY / k, 3),
-                           "role_lane": role_lane, "rerun_alone": rerun,
+                           "role_lane": role_lane,
+                           "second_stage": None if stage2 is None else {
+                               "jobs": SECOND_STAGE_LANES,
+                               "lane_memory_fraction": round(LANE_MEMORY / SECOND_STAGE_LANES, 3),
+                               "workloads": names2, "unfinished": [n for n in names2 if n not in done2]},
+                           "rerun_alone": rerun,
                            "rerun_unfinished": [n for n in rerun if n not in redone],
                            "lane_files": [str(p.name) for p in lane_files if p.exists()]
-                           + (["rerun.jsonl"] if again else []),
+                           + [str(p.name) for p in files2 if p.exists()] + (["rerun.jsonl"] if again else []),
                            "what": "one run over lanes (docs/compare.md, \"Lanes\"): the lanes' results in the plan's "
                                    "order; the ceilings and clock check of the role lane"}
     out: list[dict] = [header] if header else []
@@ -475,13 +533,17 @@ def merge(plan: list[str], lane_files: list[Path], rerun_file: Path, rerun: list
     for recs in by_lane:
         for r in recs:
             name = (r.get("workload") or {}).get("name")
-            if r.get("type") == "result" and name not in redone:
+            if r.get("type") == "result" and name not in redone and name not in redone2:
                 results.setdefault(name, []).append(r)
+    for r in second:
+        name = (r.get("workload") or {}).get("name")
+        if r.get("type") == "result" and name in redone2:
+            results.setdefault(name, []).append(r)
     for r in again:
         name = (r.get("workload") or {}).get("name")
         if r.get("type") == "result" and name in redone:
             results.setdefault(name, []).append(r)
     for name in plan:
         out += results.get(name, [])
-    missing = [n for n in plan if n not in main_done and n not in again_done]
+    missing = [n for n in plan if n not in main_done and n not in again_done and n not in done2]
     return out, missing

@@ -1323,10 +1323,9 @@ class _Run:
             limit = lanes.device_bytes_limit() if self.lane is not None and self.lane[1] > 1 else None
             for i in self.workload_order(len(plan)):
                 w, lst = plan[i]
-                if lanes.defer_alone(w, limit):  # left to the pass alone with the whole GPU (not marked done)
-                    print(f"lane {self.lane[0]} [{i + 1}/{len(plan)}] {w.name}: left to the pass alone (about "
-                          f"{lanes.estimated_bytes(w) / 2**30:.0f} GiB, over this lane's {limit / 2**30:.0f} GiB)",
-                          flush=True)
+                if lanes.defer_alone(w, limit):  # left to a later pass with more memory (not marked done)
+                    print(f"lane {self.lane[0]} [{i + 1}/{len(plan)}] {w.name}: left to a later pass (about "
+                          f"{lanes.gib(lanes.estimated_bytes(w))}, over this lane's {lanes.gib(limit)})", flush=True)
                     continue
                 nxt = plan[i + 1] if i + 1 < len(plan) and self.lane is None else (None, None)
                 self._next_workload, self._next_impls = nxt

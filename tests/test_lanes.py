@@ -249,6 +249,51 @@ def test_merge_orders_by_plan_and_takes_reruns(tmp_path):
     assert h["lanes"]["rerun_alone"] == ["a", "d"] and h["lanes"]["rerun_unfinished"] == ["d"]
 
 
+def test_merge_takes_each_workload_from_the_last_pass_that_finished_it(tmp_path):
+    """Main lanes, then the second stage (2 lanes), then the pass alone: a from the second stage (its oom in a main
+    lane replaced), b from the second stage (left by the main lanes), c from its main lane, d from the pass alone
+    (left by both stages), e from its main lane (its second-stage run never finished)."""
+    d = tmp_path
+    plan = ["a", "b", "c", "d", "e"]
+    _write(d / "lane0.jsonl", [{"type": "header", "run_id": "r", "options": {"lane": "0/3"}}, _res("a", "x", "oom"),
+                               _res("c", "x")])
+    _write(d / "lane1.jsonl", [{"type": "header", "run_id": "r", "options": {"lane": "1/3"}},
+                               _res("e", "x", "oom")])
+    lanes.publish(d / lanes.CEILINGS_FILE, {"lane": 0, "records": []})
+    (d / "done.main.0").write_text("a\nc\n")
+    (d / "done.main.1").write_text("e\n")
+    recs = [r for f in ("lane0.jsonl", "lane1.jsonl") for r in map(json.loads, (d / f).read_text().splitlines())]
+    left = lanes.rerun_names(plan, recs, lanes.done_names(d, "main"))
+    assert left == ["a", "b", "d", "e"]
+    _write(d / "stage20.jsonl", [{"type": "header", "run_id": "r"}, _res("a", "y"), _res("e", "y", "failed")])
+    _write(d / "stage21.jsonl", [{"type": "header", "run_id": "r"}, _res("b", "y")])
+    (d / "done.stage2.0").write_text("a\n")
+    (d / "done.stage2.1").write_text("b\n")
+    recs2 = [r for f in ("stage20.jsonl", "stage21.jsonl") for r in map(json.loads, (d / f).read_text().splitlines())]
+    alone = lanes.rerun_names(left, recs2, lanes.done_names(d, lanes.STAGE2))
+    assert alone == ["d", "e"]
+    _write(d / "rerun.jsonl", [{"type": "header", "run_id": "r"}, _res("d", "z")])
+    (d / "done.rerun.0").write_text("d\n")
+    opts = argparse.Namespace(out=str(d), quiet=False, argv=[])
+    merged, missing = lanes.merge(plan, [d / "lane0.jsonl", d / "lane1.jsonl"], d / "rerun.jsonl", alone, d, opts, 3,
+                                  stage2=([d / "stage20.jsonl", d / "stage21.jsonl"], left))
+    assert missing == []
+    got = [(r["workload"]["name"], r["impl"]["name"], r["status"]) for r in merged[1:]]
+    assert got == [("a", "y", "ok"), ("b", "y", "ok"), ("c", "x", "ok"), ("d", "z", "ok"), ("e", "x", "oom")]
+    h = merged[0]["lanes"]
+    assert h["second_stage"]["workloads"] == left and h["second_stage"]["unfinished"] == ["d", "e"]
+    assert h["second_stage"]["jobs"] == lanes.SECOND_STAGE_LANES
+    assert h["rerun_alone"] == ["d", "e"] and h["rerun_unfinished"] == ["e"]
+
+
+def test_a_hand_set_lane_limit_scales_with_the_stage(monkeypatch):
+    monkeypatch.setenv("PALLAS_ATTN_LANE_BYTES_LIMIT", "700000")
+    assert lanes._lane_env(3)["PALLAS_ATTN_LANE_BYTES_LIMIT"] == "700000"
+    assert lanes._lane_env(2, 3)["PALLAS_ATTN_LANE_BYTES_LIMIT"] == "1050000"
+    assert lanes._lane_env(6, 6)["PALLAS_ATTN_LANE_BYTES_LIMIT"] == "700000"
+    assert lanes._lane_env(2, 3)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.450"
+
+
 def test_a_clock_fallback_for_memory_reruns_the_workload():
     ok = _res("a", "x")
     why = ("requested cupti:mosaic, timed with host-wall: cupti:mosaic failed: JaxRuntimeError: RESOURCE_EXHAUSTED: "
@@ -303,10 +348,34 @@ def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "two" / "records.jsonl").read_text().splitlines()]
     assert len({r["run_id"] for r in recs}) == 1  # one run
     assert recs[0]["lanes"]["jobs"] == 2
-    assert recs[0]["lanes"]["rerun_alone"] == ["smoke_decode_f16"] and "left to the pass alone" in got.stdout
+    assert recs[0]["lanes"]["rerun_alone"] == ["smoke_decode_f16"] and "left to a later pass" in got.stdout
     lanes_seen = {r["metrics"]["lane"]["lane"] for r in recs if r["type"] == "result" and r["status"] == "ok"}
     assert lanes_seen <= {"0/2", "1/2"} and lanes_seen
     assert (tmp_path / "two" / "lanes" / "lane0.jsonl").exists()
+
+
+def test_a_cpu_run_over_three_lanes_passes_what_they_left_to_two_lanes_then_alone(tmp_path):
+    """--jobs 3 with a lane's memory set by hand below both decode workloads' estimates (0.80 and 1.85 MB): the main
+    lanes leave both; the second stage (2 lanes, 1.5x the share: 1.05 MB) runs the smaller one and leaves the other
+    to the pass alone; the merged run is the one-process run's, record by record."""
+    sel = ["--config", "smoke", "--only", "smoke_prefill*", "--only", "smoke_decode*", "--impl", "pallas:v1*",
+           "--impl", "pallas:auto", "--quiet"]
+    assert cli.main(["run", *sel, "--out", str(tmp_path / "one")]) == 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PALLAS_ATTN_LANE_BYTES_LIMIT="700000")
+    got = subprocess.run([sys.executable, "-m", "compare", "run", *sel, "--jobs", "3", "--out",
+                          str(tmp_path / "three")], env=env, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    one, three = _strip(tmp_path / "one" / "records.jsonl"), _strip(tmp_path / "three" / "records.jsonl")
+    assert one == three
+    recs = [json.loads(x) for x in (tmp_path / "three" / "records.jsonl").read_text().splitlines()]
+    h = recs[0]["lanes"]
+    assert sorted(h["second_stage"]["workloads"]) == ["smoke_decode_f16", "smoke_decode_gqa_bf16"]
+    assert h["second_stage"]["unfinished"] == ["smoke_decode_f16"] and h["rerun_alone"] == ["smoke_decode_f16"]
+    passes = {r["workload"]["name"]: r["metrics"]["lane"]["pass"] for r in recs
+              if r["type"] == "result" and (r.get("metrics") or {}).get("lane")}
+    assert passes["smoke_decode_gqa_bf16"] == lanes.STAGE2 and passes["smoke_decode_f16"] == "rerun"
+    assert set(passes.values()) == {"main", lanes.STAGE2, "rerun"}
+    assert "over 2 lanes" in got.stdout
 
 
 def test_every_pair_of_a_workload_whose_inputs_ran_out_of_memory_is_oom():
