@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,25 @@ def estimated_bytes(w) -> int:
         kv *= 2
     q = w.batch * w.q_len * w.heads_q * w.head_dim * item
     return 3 * (kv + q * (4 if w.family == "train" else 2))
+
+
+# The CPU priority (nice) of a lane's compile workers, and the ptxas processes they start (session 27): a lanes run
+# timed a few percent noisier than one process, and one suspect is the other lanes' compiles taking the cores from the
+# timed lane's launch thread (docs/compare.md, "Lanes"). Not yet measured; PALLAS_ATTN_LANE_COMPILE_NICE=0 turns it
+# off for the comparison.
+COMPILE_NICE = 10
+
+
+def lower_thread_priority() -> None:
+    """A compile worker's initializer in a lane: this thread's nice value raised by ``COMPILE_NICE`` (Linux: nice is
+    per thread, and a process it starts inherits it); nothing where the OS does not allow it."""
+    try:
+        step = int(os.environ.get("PALLAS_ATTN_LANE_COMPILE_NICE", COMPILE_NICE))
+        if step > 0 and hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + step))
+    except (OSError, ValueError):
+        pass
 
 
 def gib(n: int) -> str:

@@ -993,7 +993,9 @@ class _Run:
 
         pool = getattr(self, "_pool", None)
         if pool is None:
-            pool = self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
+            init = lanes.lower_thread_priority if self.lane is not None else None
+            pool = self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile",
+                                                                      initializer=init)
         return pool
 
     def look_ahead(self, nxt: Workload | None) -> None:

@@ -461,3 +461,22 @@ def test_agreement_programs_compile_from_shapes():
     assert accuracy.compile_checks(ws["sweep_prefill_gpt-2_n512"]) == 1
     assert accuracy.compile_checks(ws["sweep_train_gpt-2_n512"]) == 2
     assert accuracy.compile_checks(ws["sweep_mla_deepseek-v2-lite_b1_s2048"]) == 1
+
+
+def test_a_lanes_compile_worker_runs_at_a_lower_cpu_priority(monkeypatch):
+    """Compile workers of a lane start with their nice value raised (lanes.lower_thread_priority); the process's own
+    thread keeps its priority; PALLAS_ATTN_LANE_COMPILE_NICE=0 leaves the worker as it was."""
+    import concurrent.futures
+    import threading
+
+    def nice_of_worker():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for env, want in (({}, min(19, base + lanes.COMPILE_NICE)), ({"PALLAS_ATTN_LANE_COMPILE_NICE": "0"}, base)):
+        monkeypatch.delenv("PALLAS_ATTN_LANE_COMPILE_NICE", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with concurrent.futures.ThreadPoolExecutor(1, initializer=lanes.lower_thread_priority) as pool:
+            assert pool.submit(nice_of_worker).result() == want
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
