@@ -270,9 +270,11 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
                          segment_ids=None) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
-    ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"``, ``"cudnn"`` or ``APART`` (fa_prefill's
+    ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"``, ``"cudnn"``, ``APART`` (fa_prefill's
     forward when the call is not differentiated, cuDNN's pair when it is: head dim 96 from a query length on, a
-    Hopper GPU, no ``return_residual``; ``FORWARD_APART_MIN_Q_LEN``); ``reason`` says
+    Hopper GPU, no ``return_residual``; ``FORWARD_APART_MIN_Q_LEN``) or ``CUDNN_FORWARD`` (the mirror: cuDNN's
+    forward when not differentiated, fa_prefill's pair when it is: short self-attention at D 64 / 128 on a Hopper
+    GPU, ``implementation=None`` only; ``CUDNN_FORWARD_MAX_Q_LEN``); ``reason`` says
     why (for ``None``: the unsupported argument that made it fall back, or which kernel pair supports the
     call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
     ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
