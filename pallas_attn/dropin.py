@@ -728,6 +728,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_APART_DIFFERENTIATED, **kw),
         )(query, key, value)
     if impl == CUDNN_FORWARD:
+        if bwd_config is not None:  # refused now if unknown, as the pair refuses it, not only once differentiated
+            q4, k4 = _ensure_4d(query), _ensure_4d(key)
+            api.resolve_pair("fa_prefill", Problem(
+                entry="dense", dtype=jnp.dtype(q4.dtype).name, batch=q4.shape[0], q_len=q4.shape[1],
+                kv_len=k4.shape[1], heads_q=q4.shape[2], heads_kv=k4.shape[2], head_dim=q4.shape[3],
+                causal=bool(is_causal)), None, bwd_config, deterministic=deterministic)
         kw = dict(scale=scale, is_causal=is_causal)
         return _forward_apart(
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_CUDNN_FORWARD_IMPL, **kw),

@@ -275,3 +275,5 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     with pytest.raises(ValueError, match="bwd_config"):
         jax.grad(loss(bwd_config="no-such-config"))(q, k, v)
+    with pytest.raises(ValueError, match="bwd_config"):  # not differentiated: refused all the same
+        pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="no-such-config")
