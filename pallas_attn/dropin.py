@@ -223,6 +223,17 @@ FORWARD_APART_MIN_Q_LEN = {96: 1024}
 # 0.71x at Llama-3.1-8B N 512). The per-row-tile fixed cost that makes fa_prefill's forward slow at short N is
 # docs/fa_prefill.md's "What is left".
 CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (64, False): 4096, (128, True): 512, (128, False): 1024}
+# ``(head dim, causal)``: from which query length a default self-attention call (T == S, no window, no lengths, no
+# extension, no ``bwd_config``, determinism not asked) runs fa_prefill's forward when it is not differentiated and
+# jax.nn's cuDNN forward and backward when it is (``APART``, as D 96 does). Evidence, H100, the training step (our pair
+# over jax.nn cuDNN's, each within one run): one process, Llama-3.1-70B N 8192 1.073x and Qwen2.5-7B N 16384 1.082x
+# (session 22, results/sweep/20261127_s22_h100_call1/), Llama-3.1-8B N 16384 1.069x (session 21,
+# results/gpu_runs/20261127_s21_h100_call4/); the six-lane sweep (session 27,
+# results/gpu_runs/20261128_s27_h100_call2_lanes_sweep/) Llama-3.1-8B / 70B / Qwen2.5-7B 1.136 / 1.085 / 1.042x at
+# N 8192 and 1.035 / 1.104 / 1.138x at N 16384; at N 4096 0.97-1.01x in one process, so not there. fa_prefill's
+# forward there is 0.91-1.00x cuDNN's (the same sweep), so a call not differentiated keeps it. Not yet GPU-run at D 128
+# (the mechanism is D 96's, GPU-tested in session 27); docs/fa_prefill.md, "Long training steps on cuDNN's pair".
+TRAIN_ON_CUDNN_MIN_Q_LEN = {(128, True): 8192}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -267,7 +278,7 @@ def _hopper_bwd_left(is_causal, window, t: int, s: int) -> int | None:
 def which_implementation(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                          query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                          implementation=None, return_residual=False, softcap=None, sinks=None,
-                         segment_ids=None) -> tuple[str, str]:
+                         segment_ids=None, deterministic=None, bwd_config=None) -> tuple[str, str]:
     """``(impl, reason)``: what ``dot_product_attention`` with these arguments runs.
 
     ``impl`` is ``"pallas:fa_prefill"``, ``"pallas:fa_train"``, ``"xla"``, ``"cudnn"``, ``APART`` (fa_prefill's
@@ -279,6 +290,8 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
     call and, when fa_train is chosen, why fa_prefill is not; "interpret mode" when no GPU is present).
     ``implementation="pallas"`` (or a named kernel pair) on an unsupported call raises NotImplementedError.
     ``softcap`` / ``sinks`` / ``segment_ids`` (extensions beyond jax.nn) run on fa_prefill only: anything else raises.
+    ``deterministic`` / ``bwd_config`` as ``dot_product_attention`` takes them: asking for determinism or naming a
+    backward config keeps a differentiated call on fa_prefill's pair (``TRAIN_ON_CUDNN_MIN_Q_LEN``).
     """
     del scale
     q, k, _ = _check(query, key, value, bias, mask, query_seq_lengths, key_value_seq_lengths, implementation)
@@ -310,6 +323,14 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"forced: {pair} support the call ({mode})"
     slow = DEFAULT_SKIPS_HEAD_DIMS.get(q.shape[3]) if implementation is None else None
+    if (implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual
+            and bwd_config is None and not api.deterministic_asked(deterministic)
+            and _cudnn_trains(q, k, is_causal=is_causal, window=win)):
+        return APART, (f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {q.shape[1]} >= "
+                       f"{TRAIN_ON_CUDNN_MIN_Q_LEN[(q.shape[3], bool(is_causal))]}: pallas:fa_prefill's forward when "
+                       "the call is not differentiated, jax.nn's cuDNN forward and backward when it is (cuDNN's "
+                       "training step is faster than ours at this length; deterministic=True or a bwd_config keeps "
+                       "ours); docs/fa_prefill.md, 'Long training steps on cuDNN's pair'")
     if (implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual
             and _cudnn_forward_takes(q, k, is_causal=is_causal, window=win)):
         return CUDNN_FORWARD, (f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {q.shape[1]} <= "
@@ -411,6 +432,16 @@ def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
     if segment_ids is not None:
         return window is None and _packed_grads(q)
     return window is None or _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is not None
+
+
+def _cudnn_trains(q, k, *, is_causal, window) -> bool:
+    """Whether a default call that fa_prefill's pair takes is differentiated through cuDNN's pair
+    (``TRAIN_ON_CUDNN_MIN_Q_LEN``): self-attention (T == S) with no window at a (head dim, causal) row, T from the
+    row's length on, where cuDNN takes the call."""
+    start = TRAIN_ON_CUDNN_MIN_Q_LEN.get((q.shape[3], bool(is_causal)))
+    if start is None or window is not None or q.shape[1] != k.shape[1] or q.shape[1] < start:
+        return False
+    return _cudnn_takes(q, None, None, None, None, is_causal=is_causal, window=None)
 
 
 def _cudnn_forward_takes(q, k, *, is_causal, window) -> bool:
@@ -717,7 +748,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                                    query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
                                    local_window_size=local_window_size, implementation=implementation,
                                    return_residual=return_residual, softcap=softcap, sinks=sinks,
-                                   segment_ids=segment_ids)
+                                   segment_ids=segment_ids, deterministic=deterministic, bwd_config=bwd_config)
     if impl == APART:
         if bwd_config is not None:
             raise NotImplementedError(f"bwd_config={bwd_config!r} configures a Pallas backward; this call's backward "

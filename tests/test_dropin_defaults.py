@@ -277,3 +277,36 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
         jax.grad(loss(bwd_config="no-such-config"))(q, k, v)
     with pytest.raises(ValueError, match="bwd_config"):  # not differentiated: refused all the same
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="no-such-config")
+
+
+def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwise(monkeypatch):
+    """``dropin.TRAIN_ON_CUDNN_MIN_Q_LEN``: a default causal D 128 self-attention call from N 8192 runs fa_prefill's
+    forward when not differentiated and cuDNN's pair when it is (``APART``; our step measured 1.04-1.14x cuDNN's
+    there). Determinism asked (the argument or XLA's flag), a named backward config, a window that masks something,
+    N 4096, no causal mask, D 64: fa_prefill's pair as before."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    _gpu_like(monkeypatch)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+
+    def which(t, h=32, d=128, **kw):
+        q = jax.ShapeDtypeStruct((32768 // t, t, h, d), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((32768 // t, t, 8, d), jnp.bfloat16)
+        return pallas_attn.which_implementation(q, k, k, **kw)
+
+    impl, why = which(8192, is_causal=True)
+    assert impl == dropin.APART and "training step" in why and "deterministic=True" in why
+    assert which(16384, is_causal=True)[0] == dropin.APART
+    assert which(4096, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=True, deterministic=True)[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=True, deterministic=False)[0] == dropin.APART
+    assert which(8192, is_causal=True, bwd_config="wide")[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=True, local_window_size=(4095, 0))[0] == "pallas:fa_prefill"  # Mistral's window
+    assert which(8192, is_causal=True, local_window_size=(8191, 0))[0] == dropin.APART  # masks nothing
+    assert which(8192, is_causal=False)[0] == "pallas:fa_prefill"
+    assert which(8192, d=64, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=True, return_residual=True)[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=True, implementation="pallas")[0] == "pallas:fa_prefill"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
+    assert which(8192, is_causal=True)[0] == "pallas:fa_prefill"
