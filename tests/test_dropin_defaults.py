@@ -153,6 +153,26 @@ def test_forward_apart_is_the_forward_alone_and_the_other_pair_under_differentia
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _force_route(monkeypatch, route: str, d: int, seed: int):
+    """A default call (no implementation, no residual) routed to ``route`` as a Hopper GPU routes it, here at a small
+    shape; returns bf16 ``q [1, 128, 2, d]``, ``k``, ``v [1, 128, 1, d]`` and a float32 cotangent weight ``w``."""
+    from pallas_attn import dropin
+
+    real = dropin.which_implementation
+
+    def which(*a, **kw):
+        if kw.get("implementation") is None and not kw.get("return_residual"):
+            return route, "test"
+        return real(*a, **kw)
+
+    monkeypatch.setattr(dropin, "which_implementation", which)
+    kq, kk, kv, kw = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(kq, (1, 128, 2, d), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(kk, (1, 128, 1, d), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(kv, (1, 128, 1, d), jnp.float32).astype(jnp.bfloat16)
+    return q, k, v, jax.random.normal(kw, (1, 128, 2, d), jnp.float32)
+
+
 @pytest.mark.slow
 def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
     """The APART route through ``dot_product_attention`` on a CPU: fa_prefill's forward (interpret mode) when not
@@ -160,20 +180,8 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
     import pallas_attn
     from pallas_attn import dropin
 
-    real = dropin.which_implementation
-
-    def which(*a, **kw):  # the route a Hopper GPU takes at N >= 1024, here at a small shape
-        if kw.get("implementation") is None and not kw.get("return_residual"):
-            return dropin.APART, "test"
-        return real(*a, **kw)
-
-    monkeypatch.setattr(dropin, "which_implementation", which)
+    q, k, v, w = _force_route(monkeypatch, dropin.APART, 96, 3)  # the route a Hopper GPU takes at N >= 1024
     monkeypatch.setattr(dropin, "_APART_DIFFERENTIATED", "xla")
-    kq, kk, kv, kw = jax.random.split(jax.random.key(3), 4)
-    q = jax.random.normal(kq, (1, 128, 2, 96), jnp.float32).astype(jnp.bfloat16)
-    k = jax.random.normal(kk, (1, 128, 1, 96), jnp.float32).astype(jnp.bfloat16)
-    v = jax.random.normal(kv, (1, 128, 1, 96), jnp.float32).astype(jnp.bfloat16)
-    w = jax.random.normal(kw, (1, 128, 2, 96), jnp.float32)
     out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
     ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2, rtol=0)
@@ -244,20 +252,8 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
     import pallas_attn
     from pallas_attn import dropin
 
-    real = dropin.which_implementation
-
-    def which(*a, **kw):  # the route a Hopper GPU takes at short N, here at a small shape
-        if kw.get("implementation") is None and not kw.get("return_residual"):
-            return dropin.CUDNN_FORWARD, "test"
-        return real(*a, **kw)
-
-    monkeypatch.setattr(dropin, "which_implementation", which)
+    q, k, v, w = _force_route(monkeypatch, dropin.CUDNN_FORWARD, 64, 5)  # the route a Hopper GPU takes at short N
     monkeypatch.setattr(dropin, "_CUDNN_FORWARD_IMPL", "xla")
-    kq, kk, kv, kw = jax.random.split(jax.random.key(5), 4)
-    q = jax.random.normal(kq, (1, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
-    k = jax.random.normal(kk, (1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
-    v = jax.random.normal(kv, (1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
-    w = jax.random.normal(kw, (1, 128, 2, 64), jnp.float32)
     out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
     ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))

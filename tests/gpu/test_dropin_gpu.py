@@ -195,14 +195,23 @@ def test_sm90_d96_within_xla_error(causal, kh):
     _check_within_xla_error(q, k, v, w, causal, impl="pallas:fa_prefill")
 
 
-def test_sm90_d96_default_runs_the_forward_apart():
-    """D 96 by default (session 26, ``dropin.APART``): not differentiated, exactly fa_prefill's forward (forced), a
-    program with Mosaic GPU kernels and no cuDNN attention; under jax.value_and_grad, jax.nn cuDNN's forward and
-    backward (its value exactly, the gradients within bf16 rounding of its own: cuDNN's backward may sum in a varying
-    order), a program with cuDNN's backward and no Mosaic GPU kernel (B2 N1024 Hq32 Hkv8 bf16, causal)."""
-    if not dropin._is_sm90():
-        pytest.skip("not a Hopper (sm_90) GPU")
-    q, k, v, w = _arrays(10, 2, 1024, 1024, 32, 8, 96, "bfloat16")
+def _step(w, impl=None, **kw):
+    """jit(value_and_grad) of ``sum(out * w)`` in q, k, v through the drop-in's default (``impl`` None, with ``kw``)
+    or jax.nn's ``impl``; causal."""
+    def loss(q, k, v):
+        if impl is None:
+            o = pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw)
+        else:
+            o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        return jnp.sum(o.astype(jnp.float32) * w)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def _check_forward_apart(q, k, v, w):
+    """The default is ``dropin.APART`` here: not differentiated, exactly fa_prefill's forward (forced), a program with
+    Mosaic GPU kernels and no cuDNN attention; under jax.value_and_grad, jax.nn cuDNN's forward and backward (its
+    value exactly, the gradients within bf16 rounding of its own: cuDNN's backward may sum in a varying order), a
+    program with cuDNN's backward and no Mosaic GPU kernel."""
     assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == dropin.APART
     fwd = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True))
     forced = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(
@@ -210,63 +219,33 @@ def test_sm90_d96_default_runs_the_forward_apart():
     np.testing.assert_array_equal(np.asarray(fwd(q, k, v), np.float32), np.asarray(forced(q, k, v), np.float32))
     text = fwd.lower(q, k, v).as_text()
     assert "mosaic_gpu" in text and "fmha" not in text
-
-    def step(impl):
-        def loss(q, k, v):
-            if impl is None:
-                o = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
-            else:
-                o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
-            return jnp.sum(o.astype(jnp.float32) * w)
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-
-    text = step(None).lower(q, k, v).as_text()
+    text = _step(w).lower(q, k, v).as_text()
     assert "fmha" in text and "backward" in text.lower() and "mosaic_gpu" not in text
-    (val, grads), (rval, rgrads) = step(None)(q, k, v), step("cudnn")(q, k, v)
+    (val, grads), (rval, rgrads) = _step(w)(q, k, v), _step(w, "cudnn")(q, k, v)
     assert float(val) == float(rval)
     for name, a, b in zip(("dq", "dk", "dv"), grads, rgrads):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         rel = np.linalg.norm(a - b) / np.linalg.norm(b)
         assert rel < 1e-2, (name, rel)
+
+
+def test_sm90_d96_default_runs_the_forward_apart():
+    """D 96 by default (session 26, ``dropin.APART``; B2 N1024 Hq32 Hkv8 bf16, causal): ``_check_forward_apart``."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU")
+    _check_forward_apart(*_arrays(10, 2, 1024, 1024, 32, 8, 96, "bfloat16"))
 
 
 def test_sm90_long_d128_default_trains_through_cudnn_and_keeps_our_forward(monkeypatch):
     """D 128 from N 8192 by default (session 27, ``dropin.TRAIN_ON_CUDNN_MIN_Q_LEN``; B1 N8192 Hq8 Hkv2 bf16 causal):
-    not differentiated, exactly fa_prefill's forward (forced), a program with Mosaic GPU kernels and no cuDNN
-    attention; under jax.value_and_grad, jax.nn cuDNN's step (its value exactly, the gradients within bf16 rounding
-    of its own), a program with cuDNN's backward and no Mosaic GPU kernel; with ``deterministic=True``, fa_prefill's
-    pair (Mosaic GPU, no cuDNN attention)."""
+    ``_check_forward_apart``; with ``deterministic=True``, fa_prefill's pair (Mosaic GPU, no cuDNN attention)."""
     if not dropin._is_sm90():
         pytest.skip("not a Hopper (sm_90) GPU")
     monkeypatch.delenv("XLA_FLAGS", raising=False)  # read again by the routing only
     q, k, v, w = _arrays(14, 1, 8192, 8192, 8, 2, 128, "bfloat16")
-    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == dropin.APART
-    fwd = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True))
-    forced = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(
-        q, k, v, is_causal=True, implementation="pallas:fa_prefill"))
-    np.testing.assert_array_equal(np.asarray(fwd(q, k, v), np.float32), np.asarray(forced(q, k, v), np.float32))
-    text = fwd.lower(q, k, v).as_text()
+    _check_forward_apart(q, k, v, w)
+    text = _step(w, deterministic=True).lower(q, k, v).as_text()
     assert "mosaic_gpu" in text and "fmha" not in text
-
-    def step(impl=None, **kw):
-        def loss(q, k, v):
-            if impl is None:
-                o = pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw)
-            else:
-                o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
-            return jnp.sum(o.astype(jnp.float32) * w)
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-
-    text = step().lower(q, k, v).as_text()
-    assert "fmha" in text and "mosaic_gpu" not in text
-    text = step(deterministic=True).lower(q, k, v).as_text()
-    assert "mosaic_gpu" in text and "fmha" not in text
-    (val, grads), (rval, rgrads) = step()(q, k, v), step("cudnn")(q, k, v)
-    assert float(val) == float(rval)
-    for name, a, b in zip(("dq", "dk", "dv"), grads, rgrads):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
-        assert rel < 1e-2, (name, rel)
 
 
 def test_sm90_short_causal_default_runs_cudnns_forward_and_our_pair_under_grad():
@@ -285,19 +264,14 @@ def test_sm90_short_causal_default_runs_cudnns_forward_and_our_pair_under_grad()
     text = fwd.lower(q, k, v).as_text()
     assert "fmha" in text and "mosaic_gpu" not in text
 
-    def step(**kw):
-        def loss(q, k, v):
-            return jnp.sum(pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw).astype(jnp.float32) * w)
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-
-    text = step().lower(q, k, v).as_text()
+    text = _step(w).lower(q, k, v).as_text()
     assert "mosaic_gpu" in text and "fmha" not in text
-    (val, grads), (rval, rgrads) = step(deterministic=True)(q, k, v), step(
-        deterministic=True, implementation="pallas:fa_prefill")(q, k, v)
+    (val, grads), (rval, rgrads) = _step(w, deterministic=True)(q, k, v), _step(
+        w, deterministic=True, implementation="pallas:fa_prefill")(q, k, v)
     assert float(val) == float(rval)
     for a, b in zip(grads, rgrads):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-    dval, dgrads = step()(q, k, v)
+    dval, dgrads = _step(w)(q, k, v)
     assert float(dval) == float(rval)
     eps = float(jnp.finfo(jnp.bfloat16).eps)
     for name, a, b in zip(("dq", "dk", "dv"), dgrads, rgrads):
