@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,8 +67,38 @@ def host_sections(factory: Callable[[], contextlib.AbstractContextManager]) -> I
         _HOST_ONLY = prev
 
 
-def _host_only() -> contextlib.AbstractContextManager:
-    return _HOST_ONLY()
+# Seconds this thread spent in the oracle's host-only numpy (``_host_only``) and in copying its inputs to the host
+# (``_to_host``), for ``metrics.phase_s.oracle_host`` / ``oracle_fetch`` (session 27: the oracle was 35% of a lane's
+# workload time, and which half was not known).
+_SECONDS = threading.local()
+
+
+def seconds(kind: str) -> float:
+    """This thread's total seconds so far of ``kind``: "host" (the oracle's numpy) or "fetch" (its copies to host)."""
+    return getattr(_SECONDS, kind, 0.0)
+
+
+def _add_seconds(kind: str, t0: float) -> None:
+    setattr(_SECONDS, kind, seconds(kind) + (time.perf_counter() - t0))
+
+
+@contextlib.contextmanager
+def _host_only() -> Iterator[None]:
+    with _HOST_ONLY():  # a lane's lock is given up here and taken again after: that wait is not counted
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            _add_seconds("host", t0)
+
+
+def _to_host(*xs) -> tuple[np.ndarray, ...]:
+    """Host copies (``np.asarray``) of the given device arrays, the seconds counted as "fetch"."""
+    t0 = time.perf_counter()
+    try:
+        return tuple(np.asarray(x) for x in xs)
+    finally:
+        _add_seconds("fetch", t0)
 
 __all__ = ["Subset", "choose_subset", "oracle", "quantization_error", "errors", "twin_errors", "all_finite",
            "tolerance", "TOLERANCE", "GradSubset", "choose_grad_subset", "grad_oracle", "feature_kwargs"]
@@ -306,7 +338,7 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
     ``v_width``, the latent's first columns). Arrays may be JAX or numpy (read to the host
     once each, as stored). Returns ``(out [nb, R, n_groups, m, Dv], q0 [n0, m, D], k0 [Tk, D], v0 [Tk, Dv])``: the
     output and, for ``_check_dense_oracle``, the first batch's first group as stored (its first range's rows)."""
-    q, k, v = (np.asarray(x) for x in (q, k, v))  # the device copies; what follows is the host's alone
+    q, k, v = _to_host(q, k, v)  # the device copies; what follows is the host's alone
     q_offs, kv_valid = np.asarray(q_offs, np.int64), np.asarray(kv_valid, np.int64)
     sinks = None if sinks is None else reference.to_f64(sinks)
     segs = None if segs is None else np.asarray(segs)
@@ -674,8 +706,9 @@ def grad_oracle(w, inp, gs: GradSubset) -> dict[str, np.ndarray]:
     b = gs.batch
     r0, r1 = gs.rows
     h = list(gs.heads)
-    q, do = (np.asarray(x)[b:b + 1, r0:r1][:, :, h] for x in (inp.q, inp.w))
-    k, v = (np.asarray(x)[b:b + 1, :, gs.kv_head:gs.kv_head + 1] for x in (inp.k, inp.v))
+    hq, hw, hk, hv = _to_host(inp.q, inp.w, inp.k, inp.v)
+    q, do = (x[b:b + 1, r0:r1][:, :, h] for x in (hq, hw))
+    k, v = (x[b:b + 1, :, gs.kv_head:gs.kv_head + 1] for x in (hk, hv))
     feats = feature_kwargs(w, inp, b, gs.heads, (r0, r1))  # copies of the feature inputs too
     with _host_only():
         g = reference.attention_grad_reference(q, k, v, do, causal=w.causal, scale=inp.scale,

@@ -913,6 +913,7 @@ class _Run:
             inputs_s = state.pop("inputs_s")
             t1 = time.perf_counter()
             c1 = _thread_compile_s()
+            h1, f1 = accuracy.seconds("host"), accuracy.seconds("fetch")
             state["subset"] = accuracy.choose_subset(w)
             state["oracle"] = accuracy.oracle(w, state["inputs"], state["subset"])
             tg, cg = time.perf_counter(), _thread_compile_s()
@@ -929,7 +930,10 @@ class _Run:
                                 # lowering, XLA) in the forward and the gradient oracle
                                 "oracle_grad": round(time.perf_counter() - tg, 3),
                                 "oracle_compile": round(cg - c1, 3),
-                                "oracle_grad_compile": round(_thread_compile_s() - cg, 3)}
+                                "oracle_grad_compile": round(_thread_compile_s() - cg, 3),
+                                # of the oracle: its float64 numpy, and its inputs' copies to the host (session 27)
+                                "oracle_host": round(accuracy.seconds("host") - h1, 3),
+                                "oracle_fetch": round(accuracy.seconds("fetch") - f1, 3)}
         except Exception as e:
             state["inputs_error"] = f"inputs/oracle: {type(e).__name__}: {str(e)[:300]}"
             state["inputs_status"] = "oom" if _is_oom(e) else "failed"

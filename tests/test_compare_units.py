@@ -617,7 +617,8 @@ def test_records_say_where_the_run_time_went(tmp_path):
     recs = [r for r in run.run_workload(w, impls) if r["status"] == "ok"]
     assert len(recs) == 2
     first, second = (r["metrics"]["phase_s"] for r in recs)
-    assert {"plan", "inputs", "oracle", "prepare", "agreement"} <= set(first), first
+    assert {"plan", "inputs", "oracle", "oracle_host", "oracle_fetch", "prepare", "agreement"} <= set(first), first
+    assert first["oracle_host"] + first["oracle_fetch"] <= first["oracle"] + 2e-3  # parts of it (a tiny workload: ~0)
     assert {"prepare", "agreement"} <= set(second) and "inputs" not in second, second
     assert all(v is None or v >= 0 for v in first.values())
 
@@ -705,3 +706,22 @@ def test_inputs_drawn_in_one_program_equal_the_draws_one_by_one():
             assert a.dtype == b.dtype and a.shape == b.shape
             assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
         assert len(interop._draw_qkv(root, sq, skv, jnp.dtype(dt))) == 3
+
+
+def test_the_oracle_counts_its_host_numpy_and_its_copies_to_host():
+    """``accuracy.seconds``: the float64 numpy inside ``_host_only`` counts as "host", ``_to_host``'s copies as
+    "fetch", per thread (``metrics.phase_s.oracle_host`` / ``oracle_fetch``, session 27)."""
+    import time
+
+    import jax.numpy as jnp
+
+    from compare import accuracy
+
+    h0, f0 = accuracy.seconds("host"), accuracy.seconds("fetch")
+    with accuracy._host_only():
+        time.sleep(0.02)
+    y = jnp.ones((4, 4)).block_until_ready()  # made (and compiled) before the copy is timed
+    (x,) = accuracy._to_host(y)
+    assert isinstance(x, np.ndarray) and x.shape == (4, 4)
+    assert accuracy.seconds("host") - h0 >= 0.02
+    assert 0 < accuracy.seconds("fetch") - f0 < accuracy.seconds("host") - h0
