@@ -399,13 +399,10 @@ def run_jobs(opts) -> int:
         raise UsageError(f"{lane_dir} is not empty (the lanes of an earlier run?); give a new --out")
     lane_dir.mkdir(parents=True, exist_ok=True)
     run_id = f"{stamp}_lanes{k}"
-    workers = max(1, int(getattr(opts, "compile_workers", 8) or 0) // k) if opts.compile_workers else 0
     t0 = time.perf_counter()
-    print(f"compare run --jobs {k}: {k} lanes, {workers} compile workers each, lane files in {lane_dir}", flush=True)
-    env = _lane_env(k)
-    rcs, interrupted = _spawn([(lane_argv(opts, lane=i, lanes=k, lane_dir=lane_dir, run_id=run_id,
-                             out=lane_dir / f"lane{i}.jsonl", pass_name="main", names_file=None,
-                             compile_workers=workers), env) for i in range(k)])
+    print(f"compare run --jobs {k}: {k} lanes, {_workers_per_lane(opts, k)} compile workers each, lane files in "
+          f"{lane_dir}", flush=True)
+    rcs, interrupted = _run_pass(opts, k, k, lane_dir, run_id, "main", [lane_dir / f"lane{i}.jsonl" for i in range(k)])
     plan_path = lane_dir / PLAN_FILE
     if not plan_path.exists():
         print(f"lanes: no lane published the plan (exit codes {rcs}); nothing to merge", file=sys.stderr)
@@ -429,12 +426,8 @@ def run_jobs(opts) -> int:
                   f"{', '.join(rerun[:6])}{' ...' if len(rerun) > 6 else ''}", flush=True)
             names_file = lane_dir / f"{STAGE2}.json"
             names_file.write_text(json.dumps(rerun))
-            env2 = _lane_env(k2, k)
             files2 = [lane_dir / f"{STAGE2}{i}.jsonl" for i in range(k2)]
-            rc, interrupted = _spawn([(lane_argv(stage_opts, lane=i, lanes=k2, lane_dir=lane_dir, run_id=run_id,
-                                                 out=files2[i], pass_name=STAGE2, names_file=names_file,
-                                                 compile_workers=max(1, int(opts.compile_workers or 0) // k2)
-                                                 if opts.compile_workers else 0), env2) for i in range(k2)])
+            rc, interrupted = _run_pass(stage_opts, k2, k, lane_dir, run_id, STAGE2, files2, names_file)
             rcs += rc
             recs2 = [r for p in files2 if p.exists() for r in records.read_jsonl(p)]
             stage2 = (files2, rerun)
@@ -448,9 +441,7 @@ def run_jobs(opts) -> int:
               flush=True)
         names_file = lane_dir / "rerun.json"
         names_file.write_text(json.dumps(rerun))
-        rc, interrupted = _spawn([(lane_argv(rerun_opts, lane=0, lanes=1, lane_dir=lane_dir, run_id=run_id,
-                                             out=lane_dir / "rerun.jsonl", pass_name="rerun", names_file=names_file,
-                                             compile_workers=int(opts.compile_workers)), _lane_env(1))])
+        rc, interrupted = _run_pass(rerun_opts, 1, k, lane_dir, run_id, "rerun", [lane_dir / "rerun.jsonl"], names_file)
         rcs += rc
     merged, missing = merge(plan, lane_files, lane_dir / "rerun.jsonl", rerun, lane_dir, opts, k, stage2=stage2)
     records.write_jsonl(path, merged)
@@ -475,6 +466,22 @@ def run_jobs(opts) -> int:
               "(--allow-clock-fallback accepts them)", file=sys.stderr)
         return 3
     return 0
+
+
+def _workers_per_lane(opts, lanes: int) -> int:
+    """A lane's share of ``--compile-workers`` (at least one when there are any)."""
+    workers = int(getattr(opts, "compile_workers", 0) or 0)
+    return max(1, workers // lanes) if workers else 0
+
+
+def _run_pass(opts, lanes: int, main_lanes: int, lane_dir: Path, run_id: str, pass_name: str, outs: list[Path],
+              names_file: Path | None = None) -> tuple[list[int], bool]:
+    """One pass of ``lanes`` lane processes (each writing ``outs[i]``), with that pass's memory share and compile
+    workers; ``(exit codes, interrupted)``."""
+    env = _lane_env(lanes, main_lanes)
+    return _spawn([(lane_argv(opts, lane=i, lanes=lanes, lane_dir=lane_dir, run_id=run_id, out=outs[i],
+                              pass_name=pass_name, names_file=names_file,
+                              compile_workers=_workers_per_lane(opts, lanes)), env) for i in range(lanes)])
 
 
 def _left_of_budget(opts, t0: float, n: int, how: str):

@@ -323,20 +323,10 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"forced: {pair} support the call ({mode})"
     slow = DEFAULT_SKIPS_HEAD_DIMS.get(q.shape[3]) if implementation is None else None
-    if (implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual
-            and bwd_config is None and not api.deterministic_asked(deterministic)
-            and _cudnn_trains(q, k, is_causal=is_causal, window=win)):
-        return APART, (f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {q.shape[1]} >= "
-                       f"{TRAIN_ON_CUDNN_MIN_Q_LEN[(q.shape[3], bool(is_causal))]}: pallas:fa_prefill's forward when "
-                       "the call is not differentiated, jax.nn's cuDNN forward and backward when it is (cuDNN's "
-                       "training step is faster than ours at this length; deterministic=True or a bwd_config keeps "
-                       "ours); docs/fa_prefill.md, 'Long training steps on cuDNN's pair'")
-    if (implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual
-            and _cudnn_forward_takes(q, k, is_causal=is_causal, window=win)):
-        return CUDNN_FORWARD, (f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {q.shape[1]} <= "
-                               f"{CUDNN_FORWARD_MAX_Q_LEN[(q.shape[3], bool(is_causal))]}: jax.nn's cuDNN forward when "
-                               "the call is not differentiated (faster than fa_prefill's at this length), "
-                               "pallas:fa_prefill's forward and backward when it is; docs/dropin.md, 'Short sequences'")
+    if implementation is None and sm90 and not why_prefill and not slow and not interpret and not return_residual:
+        route = _cudnn_route(q, k, is_causal=is_causal, window=win, deterministic=deterministic, bwd_config=bwd_config)
+        if route is not None:
+            return route
     if implementation in (None, "pallas") and sm90 and not why_prefill and not slow:
         pair = _pair_words(q, k, is_causal, win)
         return _PREFILL, f"{pair} support the call (Mosaic GPU on sm_90)"
@@ -434,24 +424,29 @@ def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
     return window is None or _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1]) is not None
 
 
-def _cudnn_trains(q, k, *, is_causal, window) -> bool:
-    """Whether a default call that fa_prefill's pair takes is differentiated through cuDNN's pair
-    (``TRAIN_ON_CUDNN_MIN_Q_LEN``): self-attention (T == S) with no window at a (head dim, causal) row, T from the
-    row's length on, where cuDNN takes the call."""
-    start = TRAIN_ON_CUDNN_MIN_Q_LEN.get((q.shape[3], bool(is_causal)))
-    if start is None or window is not None or q.shape[1] != k.shape[1] or q.shape[1] < start:
-        return False
-    return _cudnn_takes(q, None, None, None, None, is_causal=is_causal, window=None)
-
-
-def _cudnn_forward_takes(q, k, *, is_causal, window) -> bool:
-    """Whether a default call that fa_prefill's pair takes runs cuDNN's forward when not differentiated
-    (``CUDNN_FORWARD_MAX_Q_LEN``): self-attention (T == S) with no window at a (head dim, causal) row, T up to the
-    row's length, where cuDNN takes the call."""
-    limit = CUDNN_FORWARD_MAX_Q_LEN.get((q.shape[3], bool(is_causal)))
-    if limit is None or window is not None or q.shape[1] != k.shape[1] or q.shape[1] > limit:
-        return False
-    return _cudnn_takes(q, None, None, None, None, is_causal=is_causal, window=None)
+def _cudnn_route(q, k, *, is_causal, window, deterministic, bwd_config) -> tuple[str, str] | None:
+    """For a default call that fa_prefill's pair takes on a Hopper: ``(APART, reason)`` from a
+    ``TRAIN_ON_CUDNN_MIN_Q_LEN`` row's length on (unless determinism is asked or a ``bwd_config`` named),
+    ``(CUDNN_FORWARD, reason)`` up to a ``CUDNN_FORWARD_MAX_Q_LEN`` row's length, else None. Both only for
+    self-attention (T == S) with no window, where cuDNN takes the call."""
+    row = (q.shape[3], bool(is_causal))
+    t = q.shape[1]
+    if window is not None or t != k.shape[1] or not _cudnn_takes(q, None, None, None, None, is_causal=is_causal,
+                                                                   window=None):
+        return None
+    shape = f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {t}"
+    start = TRAIN_ON_CUDNN_MIN_Q_LEN.get(row)
+    if start is not None and t >= start and bwd_config is None and not api.deterministic_asked(deterministic):
+        return APART, (f"{shape} >= {start}: pallas:fa_prefill's forward when the call is not differentiated, "
+                       "jax.nn's cuDNN forward and backward when it is (cuDNN's training step is faster than ours at "
+                       "this length; deterministic=True or a bwd_config keeps ours); docs/fa_prefill.md, 'Long "
+                       "training steps on cuDNN's pair'")
+    limit = CUDNN_FORWARD_MAX_Q_LEN.get(row)
+    if limit is not None and t <= limit:
+        return CUDNN_FORWARD, (f"{shape} <= {limit}: jax.nn's cuDNN forward when the call is not differentiated "
+                               "(faster than fa_prefill's at this length), pallas:fa_prefill's forward and backward "
+                               "when it is; docs/dropin.md, 'Short sequences'")
+    return None
 
 
 def _cudnn_takes(q, bias, mask, q_lens, kv_lens, *, is_causal, window) -> bool:
