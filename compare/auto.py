@@ -111,7 +111,7 @@ def _dropin_choice(w) -> dict[str, Any]:
                                                  softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
     if impl == dropin.APART:  # fa_prefill's forward when not differentiated, cuDNN's pair when differentiated
-        # (D 96, and D 128 from N 8192: dropin.TRAIN_ON_CUDNN_MIN_Q_LEN)
+        # (D 96, and causal D 128 from N 4096: dropin.TRAIN_ON_CUDNN_MIN_Q_LEN)
         if w.family == "train":
             out.update(generation=None, config=None, chose="cudnn")
         else:

@@ -69,6 +69,10 @@ class NoLock:
     def exclusive(self):
         yield
 
+    @contextlib.contextmanager
+    def compiling(self):
+        yield
+
     def waits(self) -> dict[str, float]:
         return {}
 
@@ -143,6 +147,31 @@ class GpuLock:
             yield
         finally:
             self._acquire("shared")
+
+    @contextlib.contextmanager
+    def compiling(self):
+        """Around a compile (any thread) when ``COMPILE_UNDER_LOCK`` is on: a shared hold of its own, through file
+        descriptions of its own (``flock`` treats each open file description as another holder, so a compile worker
+        thread holds beside the main thread and no timing window of any lane overlaps it). An XLA compile may run
+        autotuning kernels and loads the executable onto the GPU: GPU work from another process during another lane's
+        timing window. Off: nothing (the compiles run outside any lock, as before session 28)."""
+        if not compile_under_lock():
+            yield
+            return
+        main = open(self.path, "a+")  # noqa: SIM115 -- closed below, which releases the hold
+        turn = open(str(self.path) + ".turn", "a+")  # noqa: SIM115
+        t0 = time.perf_counter()
+        try:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(main, fcntl.LOCK_SH)
+            finally:
+                fcntl.flock(turn, fcntl.LOCK_UN)
+            self._wait["compile"] = self._wait.get("compile", 0.0) + time.perf_counter() - t0
+            yield
+        finally:
+            main.close()
+            turn.close()
 
     def waits(self) -> dict[str, float]:
         """Host seconds spent waiting for the lock so far, by mode."""
@@ -277,6 +306,17 @@ def estimated_bytes(w) -> int:
 # timed lane's launch thread (docs/compare.md, "Lanes"). Not yet measured; PALLAS_ATTN_LANE_COMPILE_NICE=0 turns it
 # off for the comparison.
 COMPILE_NICE = 10
+
+# Whether a lane's compiles (the compile workers' and the main thread's ahead-of-the-lock ones) hold the GPU lock
+# shared (``GpuLock.compiling``), so no lane's timing window overlaps any compile (session 28): the nice above did not
+# change the noise (46 / 50 of 156 prefill records with p90/p10 > 1.05 at nice 0 / +10), and an XLA compile can run
+# kernels on the GPU (autotuning) and loads its executable there. PALLAS_ATTN_LANE_COMPILE_LOCK=1 turns it on.
+COMPILE_UNDER_LOCK = False
+
+
+def compile_under_lock() -> bool:
+    v = os.environ.get("PALLAS_ATTN_LANE_COMPILE_LOCK")
+    return COMPILE_UNDER_LOCK if v is None else v not in ("", "0")
 
 
 def lower_thread_priority() -> None:

@@ -25,6 +25,7 @@ and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fnmatch
 import gc
@@ -683,7 +684,8 @@ class _Run:
             # input program's on a worker for the next workload instead (look_ahead), which a lane cannot know
             for ahead in (interop.compile_inputs, accuracy.compile_checks):
                 try:
-                    ahead(w)
+                    with self.lock.compiling():
+                        ahead(w)
                 except Exception:  # noqa: BLE001 -- the program compiles at its first use and records any error
                     pass
         try:
@@ -989,7 +991,7 @@ class _Run:
                 continue
             fut = None
             if prep.framework == "jax" and prep.clock not in _OWN_CLOCKS and timing.is_jitted(prep.fn):
-                fut = pool.submit(_compile_ahead, prep.fn, prep.args)
+                fut = pool.submit(_compile_ahead, prep.fn, prep.args, self.lock)
             prepared[id(impl)] = {"prep": prep, "prepare_s": prepare_s, "future": fut}
 
     def _compile_pool(self, workers: int):
@@ -1573,10 +1575,12 @@ def _device_leaves(inp) -> list:
     return [x for x in leaves if isinstance(x, jax.Array)]
 
 
-def _compile_ahead(fn, args: tuple) -> float:
-    """A worker thread's job: ``fn`` (jitted) lowered and compiled for ``args``; its host seconds."""
+def _compile_ahead(fn, args: tuple, lock=None) -> float:
+    """A worker thread's job: ``fn`` (jitted) lowered and compiled for ``args``; its host seconds (a lane: inside
+    ``lock.compiling()``, the wait for it included)."""
     t0 = time.perf_counter()
-    fn.lower(*args).compile()
+    with (lock.compiling() if lock is not None else contextlib.nullcontext()):
+        fn.lower(*args).compile()
     return round(time.perf_counter() - t0, 3)
 
 

@@ -230,10 +230,14 @@ CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (64, False): 4096, (128, True): 512
 # (session 22, results/sweep/20261127_s22_h100_call1/), Llama-3.1-8B N 16384 1.069x (session 21,
 # results/gpu_runs/20261127_s21_h100_call4/); the six-lane sweep (session 27,
 # results/gpu_runs/20261128_s27_h100_call2_lanes_sweep/) Llama-3.1-8B / 70B / Qwen2.5-7B 1.136 / 1.085 / 1.042x at
-# N 8192 and 1.035 / 1.104 / 1.138x at N 16384; at N 4096 0.97-1.01x in one process, so not there. fa_prefill's
-# forward there is 0.91-1.00x cuDNN's (the same sweep), so a call not differentiated keeps it. Not yet GPU-run at D 128
-# (the mechanism is D 96's, GPU-tested in session 27); docs/fa_prefill.md, "Long training steps on cuDNN's pair".
-TRAIN_ON_CUDNN_MIN_Q_LEN = {(128, True): 8192}
+# N 8192 and 1.035 / 1.104 / 1.138x at N 16384. Session 28's one process, 4 rounds
+# (results/gpu_runs/20261128_s28_h100_call0_long_d128_route/): 8192 to 16384 on cuDNN's pair measured 0.98-1.02x
+# cuDNN's own step (the route works), our pair 1.06-1.10x there, and at N 4096 our pair 1.025 / 1.059 / 1.044x
+# cuDNN's (Llama-3.1-8B / 70B / Qwen2.5-7B; the lanes said 1.025 / 1.005 / 1.092x), so the row starts at 4096 now
+# (sessions 21-22 had read 0.97-1.01x there). At N 2048 ours is 0.94-0.98x cuDNN's. fa_prefill's forward is
+# 0.91-1.00x cuDNN's at these lengths, so a call not differentiated keeps it. docs/fa_prefill.md, "Long training
+# steps on cuDNN's pair".
+TRAIN_ON_CUDNN_MIN_Q_LEN = {(128, True): 4096}
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:

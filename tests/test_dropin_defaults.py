@@ -276,10 +276,10 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
 
 
 def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwise(monkeypatch):
-    """``dropin.TRAIN_ON_CUDNN_MIN_Q_LEN``: a default causal D 128 self-attention call from N 8192 runs fa_prefill's
-    forward when not differentiated and cuDNN's pair when it is (``APART``; our step measured 1.04-1.14x cuDNN's
+    """``dropin.TRAIN_ON_CUDNN_MIN_Q_LEN``: a default causal D 128 self-attention call from N 4096 runs fa_prefill's
+    forward when not differentiated and cuDNN's pair when it is (``APART``; our step measured 1.03-1.10x cuDNN's
     there). Determinism asked (the argument or XLA's flag), a named backward config, a window that masks something,
-    N 4096, no causal mask, D 64: fa_prefill's pair as before."""
+    N 2048, no causal mask, D 64: fa_prefill's pair as before."""
     import pallas_attn
     from pallas_attn import dropin
 
@@ -294,7 +294,9 @@ def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwi
     impl, why = which(8192, is_causal=True)
     assert impl == dropin.APART and "training step" in why and "deterministic=True" in why
     assert which(16384, is_causal=True)[0] == dropin.APART
-    assert which(4096, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(4096, is_causal=True)[0] == dropin.APART
+    assert which(2048, is_causal=True)[0] == "pallas:fa_prefill"
+    assert which(4096, is_causal=True, local_window_size=(4095, 0))[0] == dropin.APART  # Mistral at N 4096: no mask
     assert which(8192, is_causal=True, deterministic=True)[0] == "pallas:fa_prefill"
     assert which(8192, is_causal=True, deterministic=False)[0] == dropin.APART
     assert which(8192, is_causal=True, bwd_config="wide")[0] == "pallas:fa_prefill"

@@ -480,3 +480,43 @@ def test_a_lanes_compile_worker_runs_at_a_lower_cpu_priority(monkeypatch):
         with concurrent.futures.ThreadPoolExecutor(1, initializer=lanes.lower_thread_priority) as pool:
             assert pool.submit(nice_of_worker).result() == want
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+
+
+def test_with_the_compile_lock_a_compile_on_any_thread_keeps_every_timing_window_out(tmp_path, monkeypatch):
+    """PALLAS_ATTN_LANE_COMPILE_LOCK=1 (``GpuLock.compiling``): a compile on a worker thread holds the lock shared
+    through file descriptions of its own, so another process's exclusive section waits for it, even while this
+    process's main thread holds nothing; off (the default), ``compiling`` takes nothing and the writer walks in."""
+    import threading
+
+    lock_path, done = tmp_path / "gpu.lock", tmp_path / "done"
+    lk = lanes.GpuLock(lock_path)
+    for on in (True, False):
+        monkeypatch.setenv("PALLAS_ATTN_LANE_COMPILE_LOCK", "1" if on else "0")
+        inside, release = threading.Event(), threading.Event()
+
+        def compile_job(inside=inside, release=release):
+            with lk.compiling():
+                inside.set()
+                release.wait(10)
+
+        th = threading.Thread(target=compile_job)
+        th.start()
+        assert inside.wait(10)
+        done.unlink(missing_ok=True)
+        child = _child(f"""
+            from compare.lanes import GpuLock
+            with GpuLock({str(lock_path)!r}).exclusive():
+                open({str(done)!r}, "w").close()
+        """)
+        try:
+            time.sleep(0.8)
+            assert done.exists() is (not on)  # held out while the compile runs, only with the lock on
+            assert lk.mode is None
+        finally:
+            release.set()
+            th.join(10)
+            assert child.wait(30) == 0
+        assert done.exists()
+    assert lk.waits().get("compile", 0.0) < 1.0
+    monkeypatch.delenv("PALLAS_ATTN_LANE_COMPILE_LOCK")
+    assert lanes.compile_under_lock() is lanes.COMPILE_UNDER_LOCK
