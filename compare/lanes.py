@@ -301,16 +301,18 @@ def estimated_bytes(w) -> int:
     return 3 * (kv + q * (4 if w.family == "train" else 2))
 
 
-# The CPU priority (nice) of a lane's compile workers, and the ptxas processes they start (session 27): a lanes run
-# timed a few percent noisier than one process, and one suspect is the other lanes' compiles taking the cores from the
-# timed lane's launch thread (docs/compare.md, "Lanes"). Not yet measured; PALLAS_ATTN_LANE_COMPILE_NICE=0 turns it
-# off for the comparison.
+# The CPU priority (nice) of a lane's compile workers, and the ptxas processes they start (session 27): built against
+# a suspected cause of the lanes' timing spread (the other lanes' compiles taking the cores from the timed lane's
+# launch thread). Measured in session 28: no effect on the spread (50 against 46 of 156 prefill records with p90/p10 >
+# 1.05 at nice +10 and 0), which is no lanes effect at all (one process at --rounds 1 spreads as much; docs/compare.md,
+# "Timing noise, measured"). Kept: it costs nothing and keeps the compiles polite. PALLAS_ATTN_LANE_COMPILE_NICE=0
+# turns it off.
 COMPILE_NICE = 10
 
 # Whether a lane's compiles (the compile workers' and the main thread's ahead-of-the-lock ones) hold the GPU lock
-# shared (``GpuLock.compiling``), so no lane's timing window overlaps any compile (session 28): the nice above did not
-# change the noise (46 / 50 of 156 prefill records with p90/p10 > 1.05 at nice 0 / +10), and an XLA compile can run
-# kernels on the GPU (autotuning) and loads its executable there. PALLAS_ATTN_LANE_COMPILE_LOCK=1 turns it on.
+# shared (``GpuLock.compiling``), so no lane's timing window overlaps any compile: an XLA compile can run kernels on
+# the GPU (autotuning) and loads its executable there. A diagnostic, off: measured in session 28, it left the spread
+# as it was (45 of 156 either way) and doubled the lanes' wall time. PALLAS_ATTN_LANE_COMPILE_LOCK=1 turns it on.
 COMPILE_UNDER_LOCK = False
 
 
