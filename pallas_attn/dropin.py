@@ -238,6 +238,13 @@ CUDNN_FORWARD_MAX_Q_LEN = {(64, True): 4096, (64, False): 4096, (128, True): 512
 # 0.91-1.00x cuDNN's at these lengths, so a call not differentiated keeps it. docs/fa_prefill.md, "Long training
 # steps on cuDNN's pair".
 TRAIN_ON_CUDNN_MIN_Q_LEN = {(128, True): 4096}
+# The narrowest causal window that the row above also routes, as ``left`` (keys before the query's own): Mistral's
+# 4096-key window, ``(4095, 0)``, the one measured.
+# Our pair's step over jax.nn cuDNN's at Mistral-7B N 8192 / 16384 (H100; each within one run): 1.018 / 1.010x
+# (session 10), 1.027x (session 21), 1.032 / 0.959x (session 26's lanes), 1.001 / 1.043x (session 27's lanes),
+# 1.042 / 1.045x (session 28's lanes, results/gpu_runs/20261128_s28_h100_call3_whole_sweep/): cuDNN's is faster in 8
+# of 10, by ~3% at the median. Narrower windows were never measured against cuDNN's and keep our pair.
+TRAIN_ON_CUDNN_MIN_WINDOW = 4095
 
 
 def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens) -> str:
@@ -430,14 +437,30 @@ def _extension_grads(q, k, is_causal, window, segment_ids) -> bool:
 
 def _cudnn_route(q, k, *, is_causal, window, deterministic, bwd_config) -> tuple[str, str] | None:
     """For a default call that fa_prefill's pair takes on a Hopper: ``(APART, reason)`` from a
-    ``TRAIN_ON_CUDNN_MIN_Q_LEN`` row's length on (unless determinism is asked or a ``bwd_config`` named),
-    ``(CUDNN_FORWARD, reason)`` up to a ``CUDNN_FORWARD_MAX_Q_LEN`` row's length, else None. Both only for
-    self-attention (T == S) with no window, where cuDNN takes the call."""
+    ``TRAIN_ON_CUDNN_MIN_Q_LEN`` row's length on (unless determinism is asked or a ``bwd_config`` named; a causal
+    window of at least ``TRAIN_ON_CUDNN_MIN_WINDOW`` keys too), ``(CUDNN_FORWARD, reason)`` up to a
+    ``CUDNN_FORWARD_MAX_Q_LEN`` row's length without a window, else None. Both only for self-attention (T == S)
+    where cuDNN takes the call."""
     row = (q.shape[3], bool(is_causal))
     t = q.shape[1]
-    if window is not None or t != k.shape[1] or not _cudnn_takes(q, None, None, None, None, is_causal=is_causal,
-                                                                   window=None):
+    if t != k.shape[1] or not _cudnn_takes(q, None, None, None, None, is_causal=is_causal, window=window):
         return None
+    shape = f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {t}"
+    start = TRAIN_ON_CUDNN_MIN_Q_LEN.get(row)
+    wide_window = window is None or (is_causal and window[0] >= TRAIN_ON_CUDNN_MIN_WINDOW)
+    if (start is not None and t >= start and wide_window and bwd_config is None
+            and not api.deterministic_asked(deterministic)):
+        return APART, (f"{shape} >= {start}{'' if window is None else f', window left {window[0]}'}: "
+                       "pallas:fa_prefill's forward when the call is not differentiated, jax.nn's cuDNN forward and "
+                       "backward when it is (cuDNN's training step is faster than ours at this length; "
+                       "deterministic=True or a bwd_config keeps ours); docs/fa_prefill.md, 'Long training steps on "
+                       "cuDNN's pair'")
+    limit = CUDNN_FORWARD_MAX_Q_LEN.get(row)
+    if window is None and limit is not None and t <= limit:
+        return CUDNN_FORWARD, (f"{shape} <= {limit}: jax.nn's cuDNN forward when the call is not differentiated "
+                               "(faster than fa_prefill's at this length), pallas:fa_prefill's forward and backward "
+                               "when it is; docs/dropin.md, 'Short sequences'")
+    return None
     shape = f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {t}"
     start = TRAIN_ON_CUDNN_MIN_Q_LEN.get(row)
     if start is not None and t >= start and bwd_config is None and not api.deterministic_asked(deterministic):

@@ -278,8 +278,8 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
 def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwise(monkeypatch):
     """``dropin.TRAIN_ON_CUDNN_MIN_Q_LEN``: a default causal D 128 self-attention call from N 4096 runs fa_prefill's
     forward when not differentiated and cuDNN's pair when it is (``APART``; our step measured 1.03-1.10x cuDNN's
-    there). Determinism asked (the argument or XLA's flag), a named backward config, a window that masks something,
-    N 2048, no causal mask, D 64: fa_prefill's pair as before."""
+    there), Mistral's causal 4096-key window too (``TRAIN_ON_CUDNN_MIN_WINDOW``). Determinism asked (the argument
+    or XLA's flag), a named backward config, a narrower window, N 2048, no causal mask, D 64: fa_prefill's pair."""
     import pallas_attn
     from pallas_attn import dropin
 
@@ -300,7 +300,12 @@ def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwi
     assert which(8192, is_causal=True, deterministic=True)[0] == "pallas:fa_prefill"
     assert which(8192, is_causal=True, deterministic=False)[0] == dropin.APART
     assert which(8192, is_causal=True, bwd_config="wide")[0] == "pallas:fa_prefill"
-    assert which(8192, is_causal=True, local_window_size=(4095, 0))[0] == "pallas:fa_prefill"  # Mistral's window
+    impl, why = which(8192, is_causal=True, local_window_size=(4095, 0))  # Mistral's window (masks here): measured
+    assert impl == dropin.APART and "window left 4095" in why
+    assert which(16384, is_causal=True, local_window_size=(8191, 0))[0] == dropin.APART
+    assert which(8192, is_causal=True, local_window_size=(1023, 0))[0] == "pallas:fa_prefill"  # narrower: unmeasured
+    assert which(8192, is_causal=True, local_window_size=(4095, 0), deterministic=True)[0] == "pallas:fa_prefill"
+    assert which(8192, is_causal=False, local_window_size=(4095, 4095))[0] == "pallas:fa_prefill"
     assert which(8192, is_causal=True, local_window_size=(8191, 0))[0] == dropin.APART  # masks nothing
     assert which(8192, is_causal=False)[0] == "pallas:fa_prefill"
     assert which(8192, d=64, is_causal=True)[0] == "pallas:fa_prefill"

@@ -195,33 +195,34 @@ def test_sm90_d96_within_xla_error(causal, kh):
     _check_within_xla_error(q, k, v, w, causal, impl="pallas:fa_prefill")
 
 
-def _step(w, impl=None, **kw):
+def _step(w, impl=None, local_window_size=None, **kw):
     """jit(value_and_grad) of ``sum(out * w)`` in q, k, v through the drop-in's default (``impl`` None, with ``kw``)
-    or jax.nn's ``impl``; causal."""
+    or jax.nn's ``impl``; causal, with ``local_window_size`` on either."""
     def loss(q, k, v):
         if impl is None:
-            o = pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw)
+            o = pallas_attn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local_window_size, **kw)
         else:
-            o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+            o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl,
+                                             local_window_size=local_window_size)
         return jnp.sum(o.astype(jnp.float32) * w)
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
-def _check_forward_apart(q, k, v, w):
+def _check_forward_apart(q, k, v, w, **kw):
     """The default is ``dropin.APART`` here: not differentiated, exactly fa_prefill's forward (forced), a program with
     Mosaic GPU kernels and no cuDNN attention; under jax.value_and_grad, jax.nn cuDNN's forward and backward (its
     value exactly, the gradients within bf16 rounding of its own: cuDNN's backward may sum in a varying order), a
-    program with cuDNN's backward and no Mosaic GPU kernel."""
-    assert pallas_attn.which_implementation(q, k, v, is_causal=True)[0] == dropin.APART
-    fwd = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True))
+    program with cuDNN's backward and no Mosaic GPU kernel. ``kw``: ``local_window_size``, on every side."""
+    assert pallas_attn.which_implementation(q, k, v, is_causal=True, **kw)[0] == dropin.APART
+    fwd = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True, **kw))
     forced = jax.jit(lambda q, k, v: pallas_attn.dot_product_attention(
-        q, k, v, is_causal=True, implementation="pallas:fa_prefill"))
+        q, k, v, is_causal=True, implementation="pallas:fa_prefill", **kw))
     np.testing.assert_array_equal(np.asarray(fwd(q, k, v), np.float32), np.asarray(forced(q, k, v), np.float32))
     text = fwd.lower(q, k, v).as_text()
     assert "mosaic_gpu" in text and "fmha" not in text
-    text = _step(w).lower(q, k, v).as_text()
+    text = _step(w, **kw).lower(q, k, v).as_text()
     assert "fmha" in text and "backward" in text.lower() and "mosaic_gpu" not in text
-    (val, grads), (rval, rgrads) = _step(w)(q, k, v), _step(w, "cudnn")(q, k, v)
+    (val, grads), (rval, rgrads) = _step(w, **kw)(q, k, v), _step(w, "cudnn", **kw)(q, k, v)
     assert float(val) == float(rval)
     for name, a, b in zip(("dq", "dk", "dv"), grads, rgrads):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -245,6 +246,19 @@ def test_sm90_long_d128_default_trains_through_cudnn_and_keeps_our_forward(monke
     q, k, v, w = _arrays(14, 1, 8192, 8192, 8, 2, 128, "bfloat16")
     _check_forward_apart(q, k, v, w)
     text = _step(w, deterministic=True).lower(q, k, v).as_text()
+    assert "mosaic_gpu" in text and "fmha" not in text
+
+
+def test_sm90_mistral_window_default_trains_through_cudnn_and_keeps_our_forward(monkeypatch):
+    """Mistral's causal 4096-key window at N 8192, where it masks (session 28, ``dropin.TRAIN_ON_CUDNN_MIN_WINDOW``;
+    B1 Hq8 Hkv2 D128 bf16): ``_check_forward_apart`` with the window on every side; a narrower window (1024 keys)
+    keeps fa_prefill's pair under grad (Mosaic GPU, no cuDNN attention)."""
+    if not dropin._is_sm90():
+        pytest.skip("not a Hopper (sm_90) GPU")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    q, k, v, w = _arrays(15, 1, 8192, 8192, 8, 2, 128, "bfloat16")
+    _check_forward_apart(q, k, v, w, local_window_size=(4095, 0))
+    text = _step(w, local_window_size=(1023, 0)).lower(q, k, v).as_text()
     assert "mosaic_gpu" in text and "fmha" not in text
 
 
