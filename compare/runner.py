@@ -25,7 +25,6 @@ and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import fnmatch
 import gc
@@ -991,7 +990,7 @@ class _Run:
                 continue
             fut = None
             if prep.framework == "jax" and prep.clock not in _OWN_CLOCKS and timing.is_jitted(prep.fn):
-                fut = pool.submit(_compile_ahead, prep.fn, prep.args, self.lock)
+                fut = pool.submit(_compile_locked, self.lock, prep.fn, prep.args)
             prepared[id(impl)] = {"prep": prep, "prepare_s": prepare_s, "future": fut}
 
     def _compile_pool(self, workers: int):
@@ -1575,13 +1574,18 @@ def _device_leaves(inp) -> list:
     return [x for x in leaves if isinstance(x, jax.Array)]
 
 
-def _compile_ahead(fn, args: tuple, lock=None) -> float:
-    """A worker thread's job: ``fn`` (jitted) lowered and compiled for ``args``; its host seconds (a lane: inside
-    ``lock.compiling()``, the wait for it included)."""
+def _compile_ahead(fn, args: tuple) -> float:
+    """A worker thread's job: ``fn`` (jitted) lowered and compiled for ``args``; its host seconds."""
     t0 = time.perf_counter()
-    with (lock.compiling() if lock is not None else contextlib.nullcontext()):
-        fn.lower(*args).compile()
+    fn.lower(*args).compile()
     return round(time.perf_counter() - t0, 3)
+
+
+def _compile_locked(lock, fn, args: tuple) -> float:
+    """``_compile_ahead`` inside ``lock.compiling()`` (a lane with ``PALLAS_ATTN_LANE_COMPILE_LOCK=1``: the GPU lock
+    held shared; otherwise nothing); the wait for the lock is the lane's ``lock_wait_compile_s``, not these seconds."""
+    with lock.compiling():
+        return _compile_ahead(fn, args)
 
 
 def _compile_result(fut) -> float | None:

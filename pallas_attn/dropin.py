@@ -461,19 +461,6 @@ def _cudnn_route(q, k, *, is_causal, window, deterministic, bwd_config) -> tuple
                                "(faster than fa_prefill's at this length), pallas:fa_prefill's forward and backward "
                                "when it is; docs/dropin.md, 'Short sequences'")
     return None
-    shape = f"head dim {q.shape[3]}, {'causal ' if is_causal else ''}query length {t}"
-    start = TRAIN_ON_CUDNN_MIN_Q_LEN.get(row)
-    if start is not None and t >= start and bwd_config is None and not api.deterministic_asked(deterministic):
-        return APART, (f"{shape} >= {start}: pallas:fa_prefill's forward when the call is not differentiated, "
-                       "jax.nn's cuDNN forward and backward when it is (cuDNN's training step is faster than ours at "
-                       "this length; deterministic=True or a bwd_config keeps ours); docs/fa_prefill.md, 'Long "
-                       "training steps on cuDNN's pair'")
-    limit = CUDNN_FORWARD_MAX_Q_LEN.get(row)
-    if limit is not None and t <= limit:
-        return CUDNN_FORWARD, (f"{shape} <= {limit}: jax.nn's cuDNN forward when the call is not differentiated "
-                               "(faster than fa_prefill's at this length), pallas:fa_prefill's forward and backward "
-                               "when it is; docs/dropin.md, 'Short sequences'")
-    return None
 
 
 def _cudnn_takes(q, bias, mask, q_lens, kv_lens, *, is_causal, window) -> bool:
