@@ -167,28 +167,40 @@ def masked_softmax(s, visible, sink=None):
 
 def _softmax_rows(q, k, v, *, scale, causal, q_offset, kv_len, window, softcap, sinks, q_segments, kv_segments):
     """The forward of one problem (checked, float64): ``(p [B, Hq, Tq, Tk], p_sink [B, Hq, Tq, 1] | None,
-    tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_h, v_h)`` with ``k_h``/``v_h`` K/V head-major
-    ``[B, Hq, Tk, D]``, repeated to the query heads. Products are batched ``matmul`` (BLAS), not ``einsum``."""
-    hq, hkv = q.shape[2], k.shape[2]
+    tanh(s / c) | None, out [B, Tq, Hq, Dv], lse [B, Hq, Tq], k_t, v_t)`` with ``k_t``/``v_t`` K/V head-major
+    ``[B, Hkv, Tk, D]`` (views, not repeated to the query heads). Products are batched ``matmul`` (BLAS), not
+    ``einsum``; a KV head's G query heads broadcast against it (``_by_kv_head``), so no copy of K/V is made per query
+    head (session 28: up to 128 query heads over one MLA latent made that copy 4.8 GB at S 8192), each query head's
+    product the same BLAS call on the same values as with the copy."""
+    hkv = k.shape[2]
     b, tq, _, _ = q.shape
     tk = k.shape[1]
-    g = hq // hkv
-    # repeat_interleave: query head h reads KV head h // G (G == 1: a view, K/V are only read)
-    k_h = k.transpose(0, 2, 1, 3) if g == 1 else np.repeat(k.transpose(0, 2, 1, 3), g, axis=1)
-    v_h = v.transpose(0, 2, 1, 3) if g == 1 else np.repeat(v.transpose(0, 2, 1, 3), g, axis=1)
-    s = (np.ascontiguousarray(q.transpose(0, 2, 1, 3)) @ k_h.swapaxes(-1, -2)) * scale  # [B, Hq, Tq, Tk]
+    k_t, v_t = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, Tk, D]: views
+    q_h = np.ascontiguousarray(q.transpose(0, 2, 1, 3))  # [B, Hq, Tq, D]
+    s = _from_kv_head(_by_kv_head(q_h, hkv) @ k_t[:, :, None].swapaxes(-1, -2)) * scale  # [B, Hq, Tq, Tk]
     th = None
     if softcap is not None:
         th = np.tanh(s / softcap)
         s = softcap * th
     visible = visible_mask(b, tq, tk, causal=causal, q_offset=q_offset, kv_len=kv_len, window=window,
-                       q_segments=q_segments, kv_segments=kv_segments)
+                           q_segments=q_segments, kv_segments=kv_segments)
     sink = None if sinks is None else sinks[None, :, None, None]  # [1, Hq, 1, 1]
     p, p_sink, m_safe, l, l_safe = masked_softmax(s, visible, sink)
-    out = (p @ v_h).transpose(0, 2, 1, 3)
+    out = _from_kv_head(_by_kv_head(p, hkv) @ v_t[:, :, None]).transpose(0, 2, 1, 3)
     with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l_safe[..., 0]), -np.inf)
-    return p, p_sink, th, out, lse, k_h, v_h
+    return p, p_sink, th, out, lse, k_t, v_t
+
+
+def _by_kv_head(a, hkv: int):
+    """``[B, Hq, ...]`` as ``[B, Hkv, G, ...]`` (query head ``h`` reads KV head ``h // G``): a view of a contiguous
+    array, so a product against ``[B, Hkv, 1, ...]`` broadcasts each KV head over its G query heads."""
+    return a.reshape(a.shape[0], hkv, a.shape[1] // hkv, *a.shape[2:])
+
+
+def _from_kv_head(a):
+    """``[B, Hkv, G, ...]`` back to ``[B, Hq, ...]`` (``_by_kv_head``'s inverse; a product's result is contiguous)."""
+    return a.reshape(a.shape[0], a.shape[1] * a.shape[2], *a.shape[3:])
 
 
 def attention_reference(
@@ -296,7 +308,7 @@ def attention_grad_reference(
             if hi <= lo:
                 lo, hi = 0, tk
         kl = None if kv_len is None else np.asarray(kv_len, dtype=np.int64) - lo
-        p, p_sink, th, o, ls, k_h, v_h = _softmax_rows(
+        p, p_sink, th, o, ls, k_t, v_t = _softmax_rows(
             q[:, r0:r1], k[:, lo:hi], v[:, lo:hi], scale=scale, causal=causal, q_offset=qo_arr + r0 - lo,
             kv_len=kl, window=window, softcap=softcap, sinks=sinks,
             q_segments=None if q_segments is None else q_segments[:, r0:r1],
@@ -304,12 +316,12 @@ def attention_grad_reference(
         out[:, r0:r1], lse[:, :, r0:r1] = o, ls
         do_h = np.ascontiguousarray(do[:, r0:r1].transpose(0, 2, 1, 3))  # [B, Hq, n, Dv]
         dv_h[:, :, lo:hi] += p.swapaxes(-1, -2) @ do_h
-        dp = do_h @ v_h.swapaxes(-1, -2)  # [B, Hq, n, Tk']
+        dp = _from_kv_head(_by_kv_head(do_h, hkv) @ v_t[:, :, None].swapaxes(-1, -2))  # [B, Hq, n, Tk']
         delta = np.sum(do_h * o.transpose(0, 2, 1, 3), axis=-1, keepdims=True)  # [B, Hq, n, 1]
         ds = p * (dp - delta)
         if th is not None:
             ds = ds * (1.0 - th * th)
-        dq[:, r0:r1] = scale * (ds @ k_h).transpose(0, 2, 1, 3)
+        dq[:, r0:r1] = scale * _from_kv_head(_by_kv_head(ds, hkv) @ k_t[:, :, None]).transpose(0, 2, 1, 3)
         dk_h[:, :, lo:hi] += scale * (ds.swapaxes(-1, -2) @ np.ascontiguousarray(q[:, r0:r1].transpose(0, 2, 1, 3)))
         if dsinks is not None:
             dsinks -= np.sum(p_sink[..., 0] * delta[..., 0], axis=(0, 2))

@@ -137,3 +137,36 @@ def test_bad_shapes_are_value_errors(rng):
         ref.attention_reference(q, q[:, :, :2], q[:, :, :2])
     with pytest.raises(ValueError, match="rank 4"):
         ref.attention_reference(q[0], q, q)
+
+
+def test_a_kv_head_serves_its_query_heads_without_a_copy_per_head(rng):
+    """Session 28: each KV head broadcasts over its G query heads (``_by_kv_head``) instead of being repeated G times.
+    The values are bit-identical to running the same problem with K/V expanded to every query head by hand, forward
+    and gradients; and an MLA-shaped problem (64 query heads over one 256-wide latent of 4096 keys) allocates far
+    less than the 2 x 537 MB the repeat of K and V would (tracemalloc, which sees numpy's allocations)."""
+    import tracemalloc
+
+    q = rng.standard_normal((2, 5, 8, 32))
+    k = rng.standard_normal((2, 9, 2, 32))
+    v = rng.standard_normal((2, 9, 2, 24))
+    do = rng.standard_normal((2, 5, 8, 24))
+    k_all, v_all = np.repeat(k, 4, axis=2), np.repeat(v, 4, axis=2)  # query head h reads KV head h // 4
+    for kw in ({}, {"causal": True, "q_offset": 4}, {"softcap": 5.0, "sinks": rng.standard_normal(8)}):
+        out, lse = ref.attention_reference(q, k, v, **kw)
+        out_all, lse_all = ref.attention_reference(q, k_all, v_all, **kw)
+        np.testing.assert_array_equal(out, out_all)
+        np.testing.assert_array_equal(lse, lse_all)
+        g, g_all = ref.attention_grad_reference(q, k, v, do, **kw), ref.attention_grad_reference(q, k_all, v_all, do,
+                                                                                                   **kw)
+        np.testing.assert_array_equal(g["dq"], g_all["dq"])
+        np.testing.assert_array_equal(g["dk"], g_all["dk"].reshape(2, 9, 2, 4, 32).sum(axis=3))
+        np.testing.assert_array_equal(g["dv"], g_all["dv"].reshape(2, 9, 2, 4, 24).sum(axis=3))
+    q = rng.standard_normal((1, 1, 64, 256))
+    lat = rng.standard_normal((1, 4096, 1, 256))
+    tracemalloc.start()
+    try:
+        ref.attention_reference(q, lat, lat)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, peak
