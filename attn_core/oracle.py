@@ -141,7 +141,7 @@ def masked_softmax(s, visible, sink=None):
     (``m_safe``), so NaN reaches the row; a row that sees nothing sums to 0 and is divided by 1 (``p = 0``). Every
     float64 attention in this project's references goes through it (the reference forward and backward here, compare's
     dense oracle)."""
-    s = np.where(visible, s, -np.inf)
+    s = np.where(visible, s, -np.inf)  # a new array: the steps below work in it in place (no score-sized temporaries)
     shape = s.shape[:-1] + (1,)
     if s.shape[-1] == 0:  # an empty cache: every row is fully masked (a sink alone takes the whole denominator)
         p = np.zeros(s.shape)
@@ -152,14 +152,14 @@ def masked_softmax(s, visible, sink=None):
             m = np.maximum(m, sink)  # NaN in a score or a sink stays NaN
     m_safe = np.where(np.isfinite(m), m, 0.0)
     if s.shape[-1]:
-        p = np.exp(s - m_safe)  # exp(-inf) = 0 for masked keys
+        p = np.exp(np.subtract(s, m_safe, out=s), out=s)  # exp(-inf) = 0 for masked keys
     l = p.sum(axis=-1, keepdims=True)
     p_sink = None
     if sink is not None:
         p_sink = np.exp(sink - m_safe)
         l = l + p_sink
     l_safe = np.where(l > 0, l, 1.0)
-    p = p / l_safe
+    p = np.divide(p, l_safe, out=p)
     if p_sink is not None:
         p_sink = p_sink / l_safe
     return p, p_sink, m_safe, l, l_safe
