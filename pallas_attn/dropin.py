@@ -11,7 +11,10 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
   not differentiated and jax.nn's cuDNN pair when it is, ``APART``), no sequence lengths. At short self-attention
   (D 64 up to N 4096, D 128 up to N 512 causal / 1024 not; ``CUDNN_FORWARD_MAX_Q_LEN``) a default call runs jax.nn's
   cuDNN forward when it is not differentiated and this pair when it is (``CUDNN_FORWARD``; docs/dropin.md, "Short
-  sequences"). Mosaic GPU kernels
+  sequences"). The mirror at long causal D 128 (from N 4096, ``TRAIN_ON_CUDNN_MIN_Q_LEN``; with no window or a
+  causal one of at least Mistral's 4096 keys, ``TRAIN_ON_CUDNN_MIN_WINDOW``): this pair's forward when not
+  differentiated, jax.nn's cuDNN pair when it is (``APART``), unless determinism is asked or a ``bwd_config`` named
+  (docs/dropin.md, "Long training steps"). Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
