@@ -77,6 +77,16 @@ class NoLock:
         return {}
 
 
+def _through_turnstile(turn, main, mode: str) -> None:
+    """Take ``main`` (``"shared"`` or ``"exclusive"``) through the turnstile ``turn``: held exclusively while waiting,
+    so a writer waiting for the readers to leave keeps new readers out (``GpuLock``'s writer-first rule)."""
+    fcntl.flock(turn, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(main, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(turn, fcntl.LOCK_UN)
+
+
 class GpuLock:
     """A writer-first readers-writer lock between processes: ``shared()`` around GPU work that needs no quiet GPU,
     ``exclusive()`` around timing windows. Two ``flock`` files: the turnstile ``<path>.turn`` (everyone passes
@@ -96,11 +106,7 @@ class GpuLock:
 
     def _acquire(self, mode: str) -> None:
         t0 = time.perf_counter()
-        fcntl.flock(self._turn, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._main, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(self._turn, fcntl.LOCK_UN)
+        _through_turnstile(self._turn, self._main, mode)
         self._wait[mode] += time.perf_counter() - t0
         self.mode = mode
 
@@ -162,11 +168,7 @@ class GpuLock:
         turn = open(str(self.path) + ".turn", "a+")  # noqa: SIM115
         t0 = time.perf_counter()
         try:
-            fcntl.flock(turn, fcntl.LOCK_EX)
-            try:
-                fcntl.flock(main, fcntl.LOCK_SH)
-            finally:
-                fcntl.flock(turn, fcntl.LOCK_UN)
+            _through_turnstile(turn, main, "shared")
             self._wait["compile"] = self._wait.get("compile", 0.0) + time.perf_counter() - t0
             yield
         finally:
@@ -404,10 +406,7 @@ def _lane_env(lanes: int, main_lanes: int | None = None) -> dict[str, str]:
         env["PALLAS_ATTN_LANE_BYTES_LIMIT"] = str(int(int(hand) * main_lanes / lanes))
     env.setdefault("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    # one BLAS thread a lane (the oracle's float64 products are small): several processes' spinning BLAS thread
-    # teams on the same cores made a 3 s oracle take 24 s (session 26, 4 lanes on an H100 host's 16 cores)
-    for var in BLAS_THREAD_VARS:
-        env.setdefault(var, "1")
+    # one BLAS thread a lane: each lane is ``python -m compare``, whose __main__ sets BLAS_THREAD_VARS unless given
     if lanes > 1:
         frac = f"{LANE_MEMORY / lanes:.3f}"
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = frac

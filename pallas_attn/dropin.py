@@ -183,16 +183,20 @@ def _refusal(generation: str, problem: Problem) -> str:
     return ""
 
 
+def _dense_problem(q, k, causal: bool = False) -> Problem:
+    """The dense ``Problem`` of a BTNH call (``q [B, T, N, H]``, ``k [B, S, K, H]``) for the kernels' resolvers."""
+    b, t, n, h = q.shape
+    return Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
+                   heads_kv=k.shape[2], head_dim=h, causal=bool(causal))
+
+
 def _unsupported(q, k, bias, mask) -> str:
     """Why the Pallas kernel cannot take this call ("" when it can)."""
     if bias is not None:
         return "bias is not supported by pallas:fa_train (its gradient is a [B, N, T, S] array)"
     if mask is not None:
         return "mask is not supported by pallas:fa_train (use is_causal / seq lengths / local_window_size)"
-    b, t, n, h = q.shape
-    problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=k.shape[1],
-                      heads_q=n, heads_kv=k.shape[2], head_dim=h)
-    return _refusal("fa_train", problem)
+    return _refusal("fa_train", _dense_problem(q, k))
 
 
 # Head dims the drop-in sends to fa_prefill: every head dim its forward and backward build (D 256 through the
@@ -267,8 +271,7 @@ def _prefill_unsupported(q, k, bias, mask, *, is_causal, window, q_lens, kv_lens
     if h not in DROPIN_HEAD_DIMS:
         return (f"pallas:fa_prefill at head dim {h} has not passed a GPU run; the drop-in takes head dims "
                 f"{DROPIN_HEAD_DIMS} (dropin.DROPIN_HEAD_DIMS)")
-    problem = Problem(entry="dense", dtype=dt, batch=b, q_len=t, kv_len=k.shape[1], heads_q=n,
-                      heads_kv=k.shape[2], head_dim=h, causal=bool(is_causal))
+    problem = _dense_problem(q, k, is_causal)
     why = _refusal("fa_prefill", problem)
     if not why and window is not None and _hopper_bwd_left(is_causal, window, t, k.shape[1]) is None:
         # a window fa_prefill_bwd has not (not causal-shaped, or rows that may see no key): fa_train's backward
@@ -619,10 +622,9 @@ def _train_config(problem: Problem, bwd_config, deterministic):
 
 def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, return_residual, softcap=None,
             sinks=None, segment_ids=None, deterministic: bool | None = None, bwd_config=None):
-    b, t, n, h = q.shape
+    b, t, n, _ = q.shape
     s, kh = k.shape[1], k.shape[2]
-    problem = Problem(entry="dense", dtype=jnp.dtype(q.dtype).name, batch=b, q_len=t, kv_len=s, heads_q=n,
-                      heads_kv=kh, head_dim=h, causal=bool(is_causal))
+    problem = _dense_problem(q, k, is_causal)
     left = _hopper_bwd_left(is_causal, window, t, s) if kernel == _PREFILL and segment_ids is None else None
     packed = kernel == _PREFILL and segment_ids is not None and window is None and _packed_grads(q)
     if kernel == _PREFILL and (packed or segment_ids is None and (left is not None or window is None)):
@@ -772,11 +774,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         )(query, key, value)
     if impl == CUDNN_FORWARD:
         if bwd_config is not None:  # refused now if unknown, as the pair refuses it, not only once differentiated
-            q4, k4 = _ensure_4d(query), _ensure_4d(key)
-            api.resolve_pair("fa_prefill", Problem(
-                entry="dense", dtype=jnp.dtype(q4.dtype).name, batch=q4.shape[0], q_len=q4.shape[1],
-                kv_len=k4.shape[1], heads_q=q4.shape[2], heads_kv=k4.shape[2], head_dim=q4.shape[3],
-                causal=bool(is_causal)), None, bwd_config, deterministic=deterministic)
+            api.resolve_pair("fa_prefill", _dense_problem(_ensure_4d(query), _ensure_4d(key), is_causal), None,
+                             bwd_config, deterministic=deterministic)
         kw = dict(scale=scale, is_causal=is_causal)
         return _forward_apart(
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_CUDNN_FORWARD_IMPL, **kw),
