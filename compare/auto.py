@@ -79,7 +79,8 @@ def prefill_forward_config(w):
     left = dropin._hopper_bwd_left(w.causal, _window(w), w.q_len, w.kv_len)
     p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
                 heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal) or left is not None)
-    return p, _config_name("fa_prefill", dropin.prefill_config(p, _window(w)), w.head_dim)
+    return p, _config_name("fa_prefill", dropin.prefill_config(p, _window(w), bool(getattr(w, "packed", False))),
+                           w.head_dim)
 
 
 def chunk_prefill_config(w) -> tuple[Any, str]:

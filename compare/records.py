@@ -28,6 +28,7 @@ beyond that tolerance), ``failed`` (raised, produced NaN/Inf, or its kernel modu
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -246,7 +247,9 @@ def _json_default(x: Any) -> Any:
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    with Path(path).open() as f:
+    """The records of a ``.jsonl`` file, or of a gzipped one (``.jsonl.gz``: how results/ keeps them)."""
+    path = Path(path)
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         for i, line in enumerate(f, 1):
             line = line.strip()
             if not line:

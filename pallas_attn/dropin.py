@@ -510,19 +510,25 @@ NONDET_BWD_CONFIG = fa_prefill_bwd.NONDET_CONFIG
 deterministic_asked = api.deterministic_asked  # whether the backward must be bit-reproducible (XLA's flag)
 
 
-def prefill_config(problem: Problem, window):
-    """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, the H100's on an H200 without one:
-    ``tuning.table_for``; else its own rule) at the shape,
-    then ``fa_prefill.config_for_window`` (several row tiles per CTA under a narrow window). No support check
-    (distributed and compare ask it for shapes they checked themselves); the drop-in's own calls and the chunked path
-    (``chunked.resolve_chunk``) get the same config by way of the resolver."""
-    return fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(problem), bool(problem.causal), window)
+def _feature_config(cfg, problem: Problem, window, packed: bool):
+    cfg = fa_prefill.config_for_window(cfg, bool(problem.causal), window)
+    return fa_prefill.config_for_packed(cfg, problem.q_len) if packed else cfg
 
 
-def _prefill_fwd_config(problem: Problem, window):
+def prefill_config(problem: Problem, window, packed: bool = False):
+    """fa_prefill's forward config for the drop-in: its heuristic (this GPU's table, rows of a shape kind the chip
+    lacks from its sibling's: ``tuning.choose``; else its own rule) at the shape, then ``fa_prefill.config_for_window``
+    (several row tiles per CTA under a narrow window) and, with packed documents (``segment_ids``),
+    ``fa_prefill.config_for_packed``. No support check (distributed and compare ask it for shapes they checked
+    themselves); the drop-in's own calls and the chunked path (``chunked.resolve_chunk``) get the same config by way of
+    the resolver."""
+    return _feature_config(fa_prefill.KERNEL.heuristic(problem), problem, window, packed)
+
+
+def _prefill_fwd_config(problem: Problem, window, packed: bool = False):
     """``prefill_config`` through the resolver: ``api.resolve("fa_prefill", problem)``'s config (the kernel's
-    heuristic once ``supports`` passes), then ``fa_prefill.config_for_window``."""
-    return fa_prefill.config_for_window(_resolve("fa_prefill", problem)[1], bool(problem.causal), window)
+    heuristic once ``supports`` passes), then the window's and packed documents' rules."""
+    return _feature_config(_resolve("fa_prefill", problem)[1], problem, window, packed)
 
 
 def bwd_config_name(problem: Problem, deterministic: bool | None = None) -> str:
@@ -635,7 +641,7 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
         # the pair through the one resolver: fa_prefill's config, and its declared backward's (the caller's, else
         # this GPU's table, else the rule)
         _, fwd, bwd = api.resolve_pair("fa_prefill", problem, None, bwd_config, deterministic=deterministic)
-        fwd = fa_prefill.config_for_window(fwd, causal, None if left is None else (left, 0))
+        fwd = _feature_config(fwd, problem, None if left is None else (left, 0), segment_ids is not None)
         res = fa_prefill_bwd.attention_lse(
             q, k, v, causal=causal, scale=scale, config=fwd, bwd_config=bwd,
             interpret=_compat.default_interpret(None),
@@ -648,7 +654,8 @@ def _pallas(q, k, v, *, kernel, scale, is_causal, q_lens, kv_lens, window, retur
                                       "backward to configure")
         res = _no_grad(functools.partial(
             fa_prefill.forward, causal=bool(is_causal), scale=scale, q_offset=jnp.zeros((b,), jnp.int32),
-            interpret=_compat.default_interpret(None), config=_prefill_fwd_config(problem, window),
+            interpret=_compat.default_interpret(None),
+            config=_prefill_fwd_config(problem, window, segment_ids is not None),
             return_lse=bool(return_residual), window=window, softcap=softcap), sinks, segment_ids)(q, k, v)
         out, lse = res if return_residual else (res, None)
     elif kernel == _PREFILL and window is not None:  # fa_prefill's forward, fa_train's backward (this window)

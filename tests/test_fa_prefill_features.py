@@ -330,6 +330,65 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n4096"])["chose"] == "fa_prefill:default"
 
 
+def test_packed_documents_up_to_4096_tokens_run_four_tiles_per_cta(monkeypatch):
+    """fa_prefill.config_for_packed: packed documents in rows of at most PACKED_TILES_MAX_Q_LEN tokens get
+    PACKED_TILES row tiles per CTA (a one-tile config only; c3 gives way to tiles4); longer rows keep the shape's
+    config; compare's pallas:auto names it, and the drop-in hands it to the kernel pair (packed training)."""
+    from compare import auto, workloads
+
+    d = fp.CONFIGS["default"]
+    assert fp.PACKED_TILES_MAX_Q_LEN == 4096 and fp.PACKED_TILES == 4
+    assert fp.config_for_packed(d, 4096) == fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(d, 512) == fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(d, 4097) is d and fp.config_for_packed(d, 16384) is d
+    assert fp.config_for_packed(fp.CONFIGS["c3"], 4096) is fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(fp.CONFIGS["tiles8"], 1024) is fp.CONFIGS["tiles8"]
+    pp = fp.config_for_packed(fp.CONFIGS["pingpong"], 2048)
+    assert pp.tiles == 4 and pp.pingpong
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")  # the kernel's own rule (no GPU, no table here anyway)
+    ws = {w.name: w for w in workloads.load_config("sweep")}
+    for model in ("llama-3.1-8b", "gpt-2"):
+        assert auto.choice(ws[f"sweep_prefill_packed_{model}_n4096"])["chose"] == "fa_prefill:tiles4"
+        assert auto.choice(ws[f"sweep_prefill_packed_{model}_n16384"])["chose"] == "fa_prefill:default"
+    # the drop-in's packed training path hands the packed config to the pair (captured, not run)
+    seen = []
+
+    def fake_pair(q, k, v, *, config, **kw):
+        seen.append(config)
+        return jnp.zeros(q.shape, q.dtype)
+
+    monkeypatch.setattr(fb, "attention_lse", fake_pair)
+    monkeypatch.setattr(fb, "PACKED_BWD_ON_GPU", True)
+    for t, want in ((4096, fp.CONFIGS["tiles4"]), (8192, d)):
+        q = jnp.zeros((1, t, 4, 64), jnp.bfloat16)
+        seg = jnp.zeros((1, t), jnp.int32)
+        seen.clear()
+        dropin._pallas(q, q, q, kernel=dropin._PREFILL, scale=0.125, is_causal=True, q_lens=None, kv_lens=None,
+                       window=None, return_residual=False, segment_ids=seg)
+        assert seen == [want], (t, seen)
+
+
+def test_c3_at_d256_fits_with_two_consumers_whether_or_not_the_lse_is_returned():
+    """c3 at D 256: three consumers with 64-key tiles estimate 372 bytes under the shared-memory limit without the
+    LSE staging and failed Mosaic GPU's pass pipeline on an H200 (session 29), so fit() counts the LSE either way and
+    gives two consumers; a config built by hand that fits only without the LSE is refused by name, not compiled."""
+    import dataclasses
+
+    c3 = fp.CONFIGS["c3"]
+    for with_lse in (True, False):
+        cfg = fp.fit(c3, 256, 2, with_lse)
+        assert cfg.consumers == 2 and (cfg.block_kv, cfg.stages) == (64, 2), with_lse
+        assert fp.smem_bytes(256, 2, cfg) <= fp._SMEM_LIMIT
+    tight = dataclasses.replace(c3, block_kv=64, stages=2)  # not a named config: fit() returns it as is
+    assert fp.smem_bytes(256, 2, tight, with_lse=False) <= fp._SMEM_LIMIT < fp.smem_bytes(256, 2, tight)
+    q = jnp.zeros((1, 128, 2, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match="LSE staging counted"):
+        fp.forward(q, q, q, causal=True, scale=0.0625, q_offset=jnp.zeros((1,), jnp.int32), interpret=False,
+                   config=tight, return_lse=False)
+
+
 @pytest.mark.parametrize("bkv", [64, 128])
 @pytest.mark.parametrize("window", [None, (127, 0)])
 def test_block_schedule_with_packed_documents(bkv, window):

@@ -165,30 +165,38 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
     assert not (tuning.table_for("fa_mla") or {}).get("kernels", {}).get("fa_mla")
 
 
-def test_h200_without_prefill_rows_reads_the_h100_rows_for_the_prefill_kernels(monkeypatch):
-    """The H200's table holds fa_decode rows only (session 23): fa_prefill's and the drop-in backward's heuristics
-    read the H100's rows there (the same SMs), fa_decode its own H200 rows, fa_mla its own rule;
-    PALLAS_ATTN_TUNING=off turns them all off."""
-    from pallas_attn import dropin, tuning
+def test_h200_reads_its_own_prefill_rows_and_the_h100_rows_of_kinds_it_never_measured(monkeypatch):
+    """Since session 29 the H200's table holds fa_prefill and drop-in backward rows from its own sweep (causal, the
+    sweep's kinds) beside its fa_decode rows: there they rule (gpt-oss-20b N 2048: tiles8 on the H200, where the
+    H100's nearest row says default); a kind the H200 never measured (non-causal D 64) reads the H100's rows of that
+    kind, never a row of another kind; fa_mla keeps its own rule; PALLAS_ATTN_TUNING=off turns them all off."""
+    from pallas_attn import tuning
     from pallas_attn.kernels import fa_prefill
     from pallas_attn.kernels.contract import Problem
 
-    short = Problem(entry="dense", dtype="bfloat16", batch=64, q_len=512, kv_len=512, heads_q=32, heads_kv=8,
-                    head_dim=128, causal=True)  # Llama-3.1-8B N 512: the H100 table's row is not "default"
+    oss = Problem(entry="dense", dtype="bfloat16", batch=16, q_len=2048, kv_len=2048, heads_q=64, heads_kv=8,
+                  head_dim=64, causal=True)
+    noncausal = dataclasses.replace(oss, batch=32, q_len=1024, kv_len=1024, heads_q=12, heads_kv=12, causal=False)
     monkeypatch.setattr(tuning, "chip", lambda: "h100")
-    on_h100 = tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS)
-    bwd_h100 = dropin.bwd_config_name(short)
+    assert tuning.choose("fa_prefill", oss, names=fa_prefill.CONFIGS) == "default"
+    on_h100 = tuning.choose("fa_prefill", noncausal, names=fa_prefill.CONFIGS)
     assert on_h100 not in (None, "default")
     monkeypatch.setattr(tuning, "chip", lambda: "h200")
     own = tuning.table()
-    assert set(own["kernels"]) == {"fa_decode"} and tuning.table_for("fa_prefill") is tuning.table("h100")
-    assert tuning.table_for("fa_decode") is own and tuning.table_for("fa_prefill_bwd") is tuning.table("h100")
-    assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) == on_h100
-    assert fa_prefill.KERNEL.heuristic(short) == fa_prefill.fit(fa_prefill.CONFIGS[on_h100], 128)
-    assert dropin.bwd_config_name(short) == bwd_h100
+    assert set(own["kernels"]) == {"fa_decode", "fa_prefill", "fa_prefill_bwd"}
+    assert tuning.table_for("fa_prefill") is own and tuning.table_for("fa_prefill_bwd") is own
+    assert not any(r["key"]["causal"] is False for r in own["kernels"]["fa_prefill"]["rows"])
+    assert tuning.choose("fa_prefill", oss, names=fa_prefill.CONFIGS) == "tiles8"
+    assert fa_prefill.KERNEL.heuristic(oss) == fa_prefill.CONFIGS["tiles8"]
+    assert tuning.sibling_table("fa_prefill") is tuning.table("h100")
+    assert tuning.choose("fa_prefill", noncausal, names=fa_prefill.CONFIGS) == on_h100  # the H100's row of that kind
+    # given a table explicitly, no sibling is read: a kind it lacks gives None
+    assert tuning.choose("fa_prefill", noncausal, names=fa_prefill.CONFIGS, tbl=own) is None
+    assert tuning.sibling_table("fa_decode") is None and tuning.sibling_table("fa_mla") is None
     assert tuning.table_for("fa_mla") is own  # no MLA rows in it: choose() finds none, the kernel's own rule
     monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
-    assert tuning.choose("fa_prefill", short, names=fa_prefill.CONFIGS) is None
+    assert tuning.choose("fa_prefill", oss, names=fa_prefill.CONFIGS) is None
+    assert tuning.choose("fa_prefill", noncausal, names=fa_prefill.CONFIGS) is None
 
 
 def test_every_default_reads_its_table(tmp_path, monkeypatch):
@@ -420,20 +428,23 @@ peers = []
     assert autos["a_decode"]["workload"]["model"] == "m" and autos["a_mla"]["workload"]["entry"] == "mla"
 
 
-def test_on_an_h100_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatch, ws):
-    """The default is the best path: at every sweep prefill workload the shipped H100 table has a row for, pallas:auto
-    (the drop-in as a user calls it, on a faked Hopper) chooses that row's config, the fastest named config of the
-    records the row was made from (e.g. Llama-3.1-70B N 512 -> tiles8, which the run before the rebuild timed at
-    714.9 us where auto's default took 923.5)."""
+@pytest.mark.parametrize("chip,named", [("h100", ("sweep_prefill_llama-3.1-70b_n512", "tiles8")),
+                                        ("h200", ("sweep_prefill_gpt-oss-20b_n2048", "tiles8"))])
+def test_on_a_hopper_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatch, ws, chip, named):
+    """The default is the best path: at every sweep prefill workload the shipped table of the chip has a row for,
+    pallas:auto (the drop-in as a user calls it, on a faked Hopper) chooses that row's config, the fastest named config
+    of the records the row was made from (e.g. H100: Llama-3.1-70B N 512 -> tiles8, which the run before the rebuild
+    timed at 714.9 us where auto's default took 923.5; H200: gpt-oss-20b N 2048 -> tiles8, 1447.0 us where auto's
+    default took 1641.9 in session 29's call 0)."""
     from pallas_attn import dropin, tuning
     from pallas_attn.kernels import fa_prefill
 
-    monkeypatch.setattr(tuning, "chip", lambda: "h100")
+    monkeypatch.setattr(tuning, "chip", lambda: chip)
     monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # nothing runs: the choice only
     monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
     ws = {w.name: w for w in ws}
     rows = [r for r in tuning.table()["kernels"]["fa_prefill"]["rows"] if r["workload"].startswith("sweep_prefill_")]
-    assert any(r["workload"] == "sweep_prefill_llama-3.1-70b_n512" and r["config"] == "tiles8" for r in rows)
+    assert any(r["workload"] == named[0] and r["config"] == named[1] for r in rows)
     skipped = 0
     for r in rows:
         assert min(r["time_us"], key=r["time_us"].get) == r["config"] or r["config"] == r["default"], r["workload"]

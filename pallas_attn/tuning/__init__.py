@@ -16,6 +16,9 @@ A chip without its own rows for a kernel reads a sibling's for the kernels whose
 faster, larger memory, so the compute-bound Hopper schedules of fa_prefill and its backward, chosen by per-tile
 latencies, read the H100's rows there; the memory-bound decode kernels and MLA keep their own rules unless the
 H200's table has rows for them (docs/sweep.md, "Session 22: the H200"; since session 23 it has fa_decode's).
+Where the chip has rows of its own for such a kernel (the H200's fa_prefill and drop-in backward rows from its own
+sweep, session 29), they rule the shape kinds they cover, and a kind they never measured (e.g. non-causal prefill)
+still reads the sibling's rows of that kind: rows of two chips are never mixed within one kind.
 
 ``PALLAS_ATTN_TUNING=off`` in the environment turns the tables off (each kernel's own rule), for measuring what the
 tables buy; ``PALLAS_ATTN_TUNING=<path.json>`` reads that table instead of the shipped one (for a new chip).
@@ -32,8 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "chip", "chip_of", "table", "table_for", "choose", "bucket", "CHIPS", "use_chip", "SIBLING",
-           "SIBLING_KERNELS"]
+__all__ = ["KEYS", "chip", "chip_of", "table", "table_for", "sibling_table", "choose", "bucket", "CHIPS", "use_chip",
+           "SIBLING", "SIBLING_KERNELS"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
 KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -133,10 +136,33 @@ def table_for(kernel: str, name: str | None = None) -> Mapping[str, Any] | None:
     session 23), and its other kernels still read the sibling. ``PALLAS_ATTN_TUNING`` rules both as in ``table``."""
     own = table(name)
     has = bool(own) and bool(((own.get("kernels") or {}).get(kernel) or {}).get("rows"))
-    if has or kernel not in SIBLING_KERNELS or os.environ.get("PALLAS_ATTN_TUNING", ""):
+    if has:
         return own
+    return sibling_table(kernel, name) or own
+
+
+def sibling_table(kernel: str, name: str | None = None) -> Mapping[str, Any] | None:
+    """The sibling chip's table (``SIBLING``) for a kernel of ``SIBLING_KERNELS`` on chip ``name`` (default: this
+    GPU's), None otherwise or while ``PALLAS_ATTN_TUNING`` is set. ``choose`` reads its rows for a shape kind (the
+    kernel's exact keys: dtype, head dim, causal, ...) that the chip's own rows lack."""
+    if kernel not in SIBLING_KERNELS or os.environ.get("PALLAS_ATTN_TUNING", ""):
+        return None
     sib = SIBLING.get(chip() if name is None else name)
     return table(sib) if sib else None
+
+
+def _nearest(tbl: Mapping[str, Any], kernel: str, want: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The row of ``tbl`` for ``kernel`` with ``want``'s exact keys and the nearest numeric ones, None if none."""
+    exact, numeric = KEYS[kernel]
+    best, best_d = None, math.inf
+    for row in (tbl.get("kernels") or {}).get(kernel, {}).get("rows", []):
+        key = row.get("key", {})
+        if any(key.get(k) != want[k] for k in exact):
+            continue
+        d = _distance(key, want, numeric)
+        if d < best_d:
+            best, best_d = row, d
+    return best
 
 
 def _distance(row_key: Mapping[str, Any], want: Mapping[str, Any], numeric: tuple[str, ...]) -> float:
@@ -158,20 +184,17 @@ def choose(kernel: str, problem: Any, *, names: Mapping[str, Any] | None = None,
     table's rule: the row's default config stays unless the fastest allowed one beats it by more than the table's
     ``min_gain``. Without ``tbl`` and without a table for this chip, a kernel of ``SIBLING_KERNELS`` reads the
     sibling chip's table (``table_for``)."""
-    tbl = table_for(kernel) if tbl is None else tbl
+    implicit = tbl is None
+    tbl = table_for(kernel) if implicit else tbl
     if not tbl:
         return None
-    rows = (tbl.get("kernels") or {}).get(kernel, {}).get("rows", [])
-    exact, numeric = KEYS[kernel]
     want = bucket(kernel, problem)
-    best, best_d = None, math.inf
-    for row in rows:
-        key = row.get("key", {})
-        if any(key.get(k) != want[k] for k in exact):
-            continue
-        d = _distance(key, want, numeric)
-        if d < best_d:
-            best, best_d = row, d
+    best = _nearest(tbl, kernel, want)
+    if best is None and implicit:
+        # a shape kind (the exact keys) this chip's own rows never measured: its sibling's rows of that kind
+        sib = sibling_table(kernel)
+        if sib is not None and sib is not tbl:
+            tbl, best = sib, _nearest(sib, kernel, want)
     if best is None:
         return None
     name = best.get("config")
