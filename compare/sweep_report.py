@@ -152,6 +152,9 @@ class WorkloadResult:
     git: tuple[str | None, bool | None]
     named_p10: float | None = None  # p10 µs of the best named config's record (the spread note below)
     twin: tuple[str, float] | None = None  # (impl name, p50 µs) of auto's dense twin (the chunked entry's bar)
+    # the latest earlier run of the workload that timed auto beside named configs, where this run timed no named
+    # config (a peers-only sweep): auto / best named is read there, within that run
+    named_from: WorkloadResult | None = None
 
     @property
     def same_config(self) -> bool:
@@ -173,6 +176,9 @@ class WorkloadResult:
 
     @property
     def vs_named(self) -> float | None:
+        """auto / the best named config, within one run: this one, else ``named_from``'s (an earlier run's)."""
+        if self.named is None and self.named_from is not None:
+            return self.named_from.vs_named
         return None if self.auto_us is None or self.named is None else self.auto_us / self.named[1]
 
     @property
@@ -225,7 +231,7 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
     whose auto record was ``skipped`` by that run's time budget, which measured nothing). Only sweep workloads
     (``is_sweep``)."""
     by_key: dict[tuple[str, str], WorkloadResult] = {}
-    notes = {"replaced": 0, "cpu": 0, "no_auto_later": 0}
+    notes = {"replaced": 0, "cpu": 0, "no_auto_later": 0, "named_earlier": 0}
     for run_id, run in sorted(runs.items(), key=lambda kv: str(kv[0])):
         groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in run["results"]:
@@ -260,7 +266,11 @@ def collect(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, list[Workl
                 continue
             if (chip, name) in by_key:
                 notes["replaced"] += 1
-                del by_key[(chip, name)]  # re-inserted: the workload takes the later run's place in the order
+                prev = by_key.pop((chip, name))  # re-inserted: the workload takes the later run's place in the order
+                earlier = prev if prev.named is not None else prev.named_from
+                if res.named is None and earlier is not None and earlier.vs_named is not None:
+                    res.named_from = earlier
+                    notes["named_earlier"] += 1
             by_key[(chip, name)] = res
     out: dict[str, list[WorkloadResult]] = defaultdict(list)
     for (chip, _), res in by_key.items():
@@ -321,7 +331,7 @@ def aggregate(results: Iterable[WorkloadResult]) -> Agg:
         no_auto=no_auto,
         no_auto_with_peer=sum(1 for r in results if r.missing and r.peer),
         no_auto_with_named=sum(1 for r in results if r.missing and r.named),
-        with_named=sum(1 for r in results if r.named),
+        with_named=sum(1 for r in results if r.named or r.vs_named is not None),
         no_peer=sum(1 for r in results if r.peer is None),
         best_peers=Counter(r.peer[0] for r in results if r.peer),
         auto_floor=[r.auto_floor for r in results if r.auto_floor is not None and r.peer_floor is not None],
@@ -500,6 +510,10 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
         parts += [f"_{notes['no_auto_later']} later workload results without a `pallas:auto` record (runs of named "
                   "configs only) or with auto skipped by the run's time budget left auto's earlier run of the "
                   "workload in place._", ""]
+    if notes.get("named_earlier"):
+        parts += [f"_{notes['named_earlier']} workloads' latest run timed no named config (e.g. a peers-only sweep): "
+                  "their auto / best named ratio is the latest earlier run's that timed both, within that run "
+                  "(its auto, at that run's code)._", ""]
     if notes.get("cpu"):
         parts += [f"_{notes['cpu']} CPU-interpret sweep records (no kernel times) are not in these tables._", ""]
     written: list[Path] = []
@@ -527,9 +541,11 @@ def render_section(by_chip: Mapping[str, list[WorkloadResult]], notes: Mapping[s
                 parts.append(f"- no timed `pallas:auto` on {k}: {reason}")
             wn = max(((r.vs_named, r) for r in sel if r.vs_named is not None), default=None, key=lambda t: t[0])
             if wn is not None:
-                r = wn[1]
+                r = wn[1] if wn[1].named is not None else wn[1].named_from  # the run the ratio was read in
                 line = (f"- worst against the named configs: `{r.name}`, auto chose `{r.chose or 'not recorded'}`, "
                         f"best named `{r.named[0]}` ({r.named[1]:.1f} µs vs auto {r.auto_us:.1f} µs)")
+                if r is not wn[1]:
+                    line += f" (run `{r.run_id}`, earlier than the workload's latest)"
                 if r.same_config and r.vs_named > SWEEP_NEAR:  # the verdict counts it; the reader learns what it is
                     spread = (f"; p10 {r.auto_p10:.1f} vs {r.named_p10:.1f} µs"
                               if r.auto_p10 is not None and r.named_p10 is not None else "")

@@ -93,7 +93,7 @@ def _prefill_run(run="r1", gpu=H100, sha="1234abc"):
 def test_ratios_geomeans_and_worst_by_hand(tmp_path):
     path = _write(tmp_path / "r" / "records.jsonl", _prefill_run())
     by_chip, notes = _collect(path)
-    assert list(by_chip) == [H100] and notes == {"replaced": 0, "cpu": 0, "no_auto_later": 0}
+    assert list(by_chip) == [H100] and notes == {"replaced": 0, "cpu": 0, "no_auto_later": 0, "named_earlier": 0}
     res = {r.name: r for r in by_chip[H100]}
     assert res["p_llama_n1024"].peer == ("torch:cudnn", 100.0)  # the wrong torch:flash at 1 µs is not a peer time
     assert res["p_llama_n1024"].named == ("pallas:fa_prefill:wide", 88.0)  # the tuning point at 10 µs is not named
@@ -161,6 +161,19 @@ def test_a_later_run_of_the_same_chip_replaces_a_workload(tmp_path):
     assert notes["replaced"] == 1 and len(by_chip[H100]) == 3
     gpt = next(r for r in by_chip[H100] if r.model == "gpt")
     assert gpt.run_id == "r2" and gpt.vs_peer == pytest.approx(0.8) and gpt.named is None  # not r1's named
+    # r2 timed no named config: auto / best named is r1's, read within r1 (50 / 50), never r2's auto over r1's named
+    assert notes["named_earlier"] == 1 and gpt.named_from.run_id == "r1" and gpt.vs_named == pytest.approx(1.0)
+    agg = sweep_report.aggregate(by_chip[H100])
+    assert agg.with_named == 3 and agg.near == 2  # llama n1024 90 / 88 is 2.3% over (within 3%); n2048 1.1x is not
+    text, _ = sweep_report.render_section(by_chip, notes, tmp_path / "out.md", tmp_path / "img", plots=False)
+    assert "latest run timed no named config" in text
+    # a third run with a named config of its own reads its own ratio again
+    third = [_header("r3", H100), _rec("r3", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:auto", 60.0),
+             _rec("r3", H100, _wl("p_gpt_n1024", model="gpt"), "pallas:fa_prefill:default", 50.0)]
+    path = _write(tmp_path / "s" / "records.jsonl", first + second + third)
+    by_chip, notes = _collect(path)
+    gpt = next(r for r in by_chip[H100] if r.model == "gpt")
+    assert gpt.named_from is None and gpt.vs_named == pytest.approx(1.2) and notes["named_earlier"] == 1
 
 
 def test_a_later_run_without_auto_does_not_replace_autos_run(tmp_path):
