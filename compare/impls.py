@@ -328,7 +328,7 @@ def _dropin_problem(w):
                    heads_kv=w.heads_kv, head_dim=w.head_dim, causal=bool(w.causal))
 
 
-_DROPIN_FEATURES = frozenset({"window", "softcap", "sinks"})
+_DROPIN_FEATURES = frozenset({"window", "softcap", "sinks", "packed"})
 
 
 
@@ -339,7 +339,7 @@ def _dropin_forward(w):
     from pallas_attn import dropin, registry
 
     kern = registry.kernel("fa_prefill")
-    cfg = dropin.prefill_config(_dropin_problem(w), window_pair(w))
+    cfg = dropin.prefill_config(_dropin_problem(w), window_pair(w), bool(getattr(w, "packed", False)))
     name = next((n for n, c in registry.configs("fa_prefill").items() if c == cfg), repr(cfg))
     return kern, cfg, name
 
@@ -363,6 +363,9 @@ def _dropin_supports(bwd: str, w, ctx: Ctx) -> Support:
     if not why and w.window is not None and dropin._hopper_bwd_left(bool(w.causal), window_pair(w), w.q_len,
                                                                     w.kv_len) is None:
         why = "fa_prefill_bwd has no window of this form (causal-shaped, T <= S only); the drop-in pairs fa_train's"
+    if not why and getattr(w, "packed", False) and (w.head_dim > 128 or w.window is not None):
+        why = (f"fa_prefill_bwd's packed kernels take D <= 128 without a window; got D {w.head_dim}, window "
+               f"{w.window}")
     if why:
         return Support(False, why, "unsupported")
     if not ctx.hopper:
@@ -382,9 +385,11 @@ def _dropin_prepare(bwd: str, w, inp, ctx: Ctx) -> Prepared:
     out_only = _accepts(fa_prefill_bwd.attention_lse, "with_lse")
 
     feats = {}
-    if w.features & _DROPIN_FEATURES:  # the model's window / soft-cap / sinks (the sinks a constant of the step)
+    if w.features & _DROPIN_FEATURES:  # the model's window / soft-cap / sinks (the sinks a constant of the step) /
+        # packed documents (the segment ids a constant of the step, as the drop-in takes them)
         feats = dict(window=None if w.window is None else w.window - 1, softcap=w.softcap,
-                     sinks=inp.sinks if getattr(w, "sinks", False) else None)
+                     sinks=inp.sinks if getattr(w, "sinks", False) else None,
+                     segment_ids=inp.segment_ids if getattr(w, "packed", False) else None)
 
     def attn(q, k, v):
         res = fa_prefill_bwd.attention_lse(q, k, v, causal=bool(w.causal), scale=inp.scale, config=fwd_cfg,

@@ -371,7 +371,7 @@ def test_dropin_rows_on_the_cpu_interpreter():
     assert names == [f"pallas:dropin:{n}" for n in fa_prefill_bwd.CONFIGS]
     imp = next(i for i in all_impls() if i.name == "pallas:dropin:wide")
     assert (imp.generation, imp.config, imp.families, imp.features) == ("fa_prefill", "wide", {"train"},
-                                                                      {"window", "softcap", "sinks"})
+                                                                      {"window", "softcap", "sinks", "packed"})
     w = _wl(dtype="bfloat16", heads_q=2, heads_kv=1, batch=1, q_len=128, kv_len=128, head_dim=64)
     assert imp.supports(w, CPU).status == "unavailable" and "Hopper" in imp.supports(w, CPU).reason
     hopper = Ctx(jax_gpu=False, torch_cuda=False, hopper=True, interpret=True)
@@ -401,6 +401,24 @@ def test_dropin_rows_on_the_cpu_interpreter():
     out, grads = train.split_output(prep.fn(*prep.args))
     g = ref.attention_grad_reference(inp.q, inp.k, inp.v, inp.w, causal=True, scale=inp.scale, window=32,
                                      softcap=20.0, sinks=np.asarray(inp.sinks, np.float64))
+    for name, x in zip(("out", "dq", "dk", "dv"), (out, *grads)):
+        _, rel = accuracy.errors(np.asarray(x, np.float32), g[name])
+        assert rel < 1e-2, (name, rel)
+    # packed documents (session 29: the named backward configs beside auto on the sweep's packed training steps): the
+    # segment ids a constant of the step, fa_prefill's packed forward rule (tiles4 at N <= 4096) in the plan; D 256 or
+    # a window with packed documents refused (fa_prefill_bwd's packed kernels)
+    wp = dataclasses.replace(w, q_len=96, kv_len=96, packed=True, name="t_train_packed")
+    for bad in (dict(head_dim=256), dict(window=32)):
+        sup = imp.supports(dataclasses.replace(wp, **bad), hopper)
+        assert sup.status == "unsupported" and "packed kernels" in sup.reason, bad
+    assert imp.supports(wp, hopper).ok and imp.plan(wp, hopper)["forward_config"] == "tiles4"
+    inp = interop.make_inputs(wp)
+    prep = imp.prepare(wp, inp, hopper)
+    assert "with packed" in prep.notes
+    out, grads = train.split_output(prep.fn(*prep.args))
+    seg = np.asarray(inp.segment_ids)
+    g = ref.attention_grad_reference(inp.q, inp.k, inp.v, inp.w, causal=True, scale=inp.scale, q_segments=seg,
+                                     kv_segments=seg)
     for name, x in zip(("out", "dq", "dk", "dv"), (out, *grads)):
         _, rel = accuracy.errors(np.asarray(x, np.float32), g[name])
         assert rel < 1e-2, (name, rel)
