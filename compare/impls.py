@@ -279,7 +279,7 @@ _FA_PREFILL = "fa_prefill"
 _PREFILL_FEATURES = frozenset({"window", "softcap", "sinks", "packed"})
 
 
-def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
+def _fa_prefill_prepare(config, w, inp, ctx: Ctx) -> Prepared:
     """fa_prefill at a named config: a workload with features (window ``(W - 1, 0)``, soft-cap, sinks, packed
     documents as ``segment_ids``) through ``fa_prefill.forward``'s keyword extensions (the forward the drop-in runs
     for them); anything else as every Pallas generation (``_pallas_prepare``)."""
@@ -291,7 +291,7 @@ def _fa_prefill_prepare(config: str, w, inp, ctx: Ctx) -> Prepared:
 
     if not (w.features & _PREFILL_FEATURES):
         return _pallas_prepare(_FA_PREFILL, config, w, inp, ctx)
-    cfg = registry.configs(_FA_PREFILL)[config]
+    cfg = registry.configs(_FA_PREFILL)[config] if isinstance(config, str) else config  # a tuning point's object
     window = window_pair(w)
     off = jnp.full((w.batch,), w.q_offset, jnp.int32)
     sinks = inp.sinks if getattr(w, "sinks", False) else None

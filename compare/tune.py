@@ -151,15 +151,19 @@ def tune_impls(points: list[GridPoint], baselines: list[str], known: list[Impl] 
         kern = registry.kernel(p.generation)
         kind = "frontier" if core.get(p.generation).frontier else "mirror"
         ov = ", ".join(f"{k}={v}" for k, v in p.overrides)
+        # fa_prefill's points take the model features its named configs take (window, soft-cap, sinks, packed)
+        prefill = p.generation == _impls._FA_PREFILL
+        prepare = (functools.partial(_impls._fa_prefill_prepare, p.config) if prefill else
+                   functools.partial(_impls._pallas_prepare, p.generation, p.config))
         out.append(Impl(
             p.name, "pallas", p.generation, p.label, kind, kern.lowering,
             f"tuning point: {p.generation} config {p.base!r}" + (f" with {ov}" if ov else ""),
             functools.partial(_on_workloads, p.workloads, functools.partial(_impls._pallas_supports, p.generation,
                                                                             p.config)),
-            functools.partial(_impls._pallas_prepare, p.generation, p.config),
+            prepare,
             roofline_fn=functools.partial(_impls._pallas_roofline, p.generation, p.config),
             plan_fn=functools.partial(_impls._pallas_plan, p.generation, p.config),
-            overrides=dict(p.overrides)))
+            overrides=dict(p.overrides), **({"features": _impls._PREFILL_FEATURES} if prefill else {})))
     return out
 
 

@@ -31,6 +31,12 @@ def test_shipped_tune_configs_load():
     impls = tune.tune_impls(pts, ["pallas:fa_decode:default"])
     assert impls[0].name == "pallas:fa_decode:default" and impls[1].as_dict()["overrides"] == {"splits": 1}
     assert "overrides" not in impls[0].as_dict()  # compare's own implementations keep their record shape
+    # fa_prefill's points take the model features its named configs take: the window grid's points run the window
+    # (session 29's first run of it recorded every point "unsupported: does not implement window")
+    ws, pts, base = tune.load_tune("tune_fa_prefill_window")
+    assert all(w.window == 4096 for w in ws) and pts
+    for imp in tune.tune_impls(pts, []):
+        assert {"window", "softcap", "sinks", "packed"} <= set(imp.features), imp.name
 
 
 @pytest.mark.parametrize("grid,msg", [

@@ -330,18 +330,20 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n4096"])["chose"] == "fa_prefill:default"
 
 
-def test_packed_documents_up_to_4096_tokens_run_four_tiles_per_cta(monkeypatch):
-    """fa_prefill.config_for_packed: packed documents in rows of at most PACKED_TILES_MAX_Q_LEN tokens get
-    PACKED_TILES row tiles per CTA (a one-tile config only; c3 gives way to tiles4); longer rows keep the shape's
-    config; compare's pallas:auto names it, and the drop-in hands it to the kernel pair (packed training)."""
+def test_packed_documents_run_four_tiles_per_cta_to_4096_tokens_and_two_to_8192(monkeypatch):
+    """fa_prefill.config_for_packed: packed documents in rows of at most 4096 tokens get four row tiles per CTA, up to
+    8192 two (a one-tile config only; c3 gives way to tiles4 / tiles2); longer rows keep the shape's config;
+    compare's pallas:auto names it, and the drop-in hands it to the kernel pair (packed training)."""
     from compare import auto, workloads
 
     d = fp.CONFIGS["default"]
-    assert fp.PACKED_TILES_MAX_Q_LEN == 4096 and fp.PACKED_TILES == 4
+    assert fp.PACKED_TILES == ((4096, 4), (8192, 2)) and fp.PACKED_TILES_MAX_Q_LEN == 8192
     assert fp.config_for_packed(d, 4096) == fp.CONFIGS["tiles4"]
     assert fp.config_for_packed(d, 512) == fp.CONFIGS["tiles4"]
-    assert fp.config_for_packed(d, 4097) is d and fp.config_for_packed(d, 16384) is d
+    assert fp.config_for_packed(d, 4097) == fp.CONFIGS["tiles2"] == fp.config_for_packed(d, 8192)
+    assert fp.config_for_packed(d, 8193) is d and fp.config_for_packed(d, 16384) is d
     assert fp.config_for_packed(fp.CONFIGS["c3"], 4096) is fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(fp.CONFIGS["c3"], 8192) is fp.CONFIGS["tiles2"]
     assert fp.config_for_packed(fp.CONFIGS["tiles8"], 1024) is fp.CONFIGS["tiles8"]
     pp = fp.config_for_packed(fp.CONFIGS["pingpong"], 2048)
     assert pp.tiles == 4 and pp.pingpong
@@ -361,7 +363,7 @@ def test_packed_documents_up_to_4096_tokens_run_four_tiles_per_cta(monkeypatch):
 
     monkeypatch.setattr(fb, "attention_lse", fake_pair)
     monkeypatch.setattr(fb, "PACKED_BWD_ON_GPU", True)
-    for t, want in ((4096, fp.CONFIGS["tiles4"]), (8192, d)):
+    for t, want in ((4096, fp.CONFIGS["tiles4"]), (8192, fp.CONFIGS["tiles2"]), (8448, d)):
         q = jnp.zeros((1, t, 4, 64), jnp.bfloat16)
         seg = jnp.zeros((1, t), jnp.int32)
         seen.clear()

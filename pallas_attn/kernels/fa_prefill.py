@@ -227,24 +227,28 @@ def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig
     return dataclasses.replace(cfg, tiles=NARROW_WINDOW_TILES)
 
 
-# Packed documents (segment_ids) at most this long a row run PACKED_TILES row tiles per CTA: a row tile sees only its
-# own document's keys, so with short documents each tile is a few key blocks, as under a narrow window (H200, the
-# sweep's packed rows, documents of N/16 to N/2 tokens, session 29: at N 4096 tiles4 758.1 us vs the dense shape's
-# default 813.6 at Llama-3.1-8B and 246.5 vs 269.1 at GPT-2; at N 16384 tiles4 lost 3-9% to the dense shape's
-# config; results/gpu_runs/20261128_s29_h200_call0_sweep_bar/). N 8192 is not measured: the bound is the measured side.
-PACKED_TILES_MAX_Q_LEN = 4096
-PACKED_TILES = 4
+# Packed documents (segment_ids): a row tile sees only its own document's keys, so with short documents each tile is a
+# few key blocks, as under a narrow window, and several row tiles a CTA pay the tile's fixed cost once. Rows of at
+# most PACKED_TILES[i][0] tokens run PACKED_TILES[i][1] row tiles a CTA (the first bound that holds). Measured on an
+# H200 with the sweep's document mix (documents of N/16 to N/2 tokens; session 29, calls 0 and 4,
+# results/gpu_runs/20261128_s29_h200_call4_packed_window/): at N 2048-4096 tiles4 is 0.90-0.94x the dense shape's
+# one-tile config at D 64 and D 128; at N 8192 tiles2 is 0.976x (D 128) and 0.952x (D 64, against c3) where tiles4
+# gains less; at N 16384 every multi-tile config loses 1-9% to the dense shape's config.
+PACKED_TILES: tuple[tuple[int, int], ...] = ((4096, 4), (8192, 2))
+PACKED_TILES_MAX_Q_LEN = PACKED_TILES[-1][0]
 
 
 def config_for_packed(cfg: PrefillConfig, q_len: int) -> PrefillConfig:
     """The config for a call with packed documents (``segment_ids``) of ``q_len`` tokens a row given the shape's
-    config ``cfg``: with ``q_len <= PACKED_TILES_MAX_Q_LEN`` and a one-tile config, the same config with
-    ``PACKED_TILES`` row tiles per CTA (``tiles4``, two consumers, in place of ``c3``); otherwise ``cfg``."""
-    if cfg.tiles != 1 or q_len > PACKED_TILES_MAX_Q_LEN:
+    config ``cfg``: a one-tile config runs ``PACKED_TILES``' row tiles per CTA for its length (four up to 4096 tokens,
+    two up to 8192; the named ``tiles4`` / ``tiles2``, two consumers, in place of ``c3``); a multi-tile config or a
+    longer row keeps ``cfg``."""
+    tiles = next((n for bound, n in PACKED_TILES if q_len <= bound), None)
+    if cfg.tiles != 1 or tiles is None:
         return cfg
     if cfg.consumers == 3:
-        return CONFIGS["tiles4"] if PACKED_TILES == 4 else dataclasses.replace(CONFIGS["default"], tiles=PACKED_TILES)
-    return dataclasses.replace(cfg, tiles=PACKED_TILES)
+        return CONFIGS.get(f"tiles{tiles}") or dataclasses.replace(CONFIGS["default"], tiles=tiles)
+    return dataclasses.replace(cfg, tiles=tiles)
 
 
 def _limits(p: Problem) -> tuple[bool, str]:
