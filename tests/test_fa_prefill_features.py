@@ -372,6 +372,29 @@ def test_packed_documents_run_four_tiles_per_cta_to_4096_tokens_and_two_to_8192(
         assert seen == [want], (t, seen)
 
 
+def test_the_pair_without_a_config_takes_the_packed_rule(monkeypatch):
+    """fa_prefill_bwd.attention_lse called with packed documents and no config (fa_prefill's heuristic) applies the
+    drop-in's packed rule too, so the kernel's own entry and the drop-in run the same forward."""
+    seen = []
+    real = fp.config_for_packed
+
+    def spy(cfg, q_len):
+        out = real(cfg, q_len)
+        seen.append((q_len, out))
+        return out
+
+    monkeypatch.setattr(fp, "config_for_packed", spy)
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
+    t = 96
+    q = jax.random.normal(jax.random.PRNGKey(3), (1, t, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    seg = jnp.asarray(np.repeat(np.arange(3), (20, 50, 26))[None], jnp.int32)
+    out = fb.attention_lse(q, q, q, causal=True, scale=0.125, interpret=True, with_lse=False, segment_ids=seg)
+    assert seen == [(t, fp.CONFIGS["tiles4"])]
+    ref, _ = oracle.attention_reference(q, q, q, causal=True, scale=0.125, q_segments=np.asarray(seg))
+    o64 = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    assert np.linalg.norm(o64 - ref) / np.linalg.norm(ref) < 1e-2
+
+
 def test_c3_at_d256_fits_with_two_consumers_whether_or_not_the_lse_is_returned():
     """c3 at D 256: three consumers with 64-key tiles estimate 372 bytes under the shared-memory limit without the
     LSE staging and failed Mosaic GPU's pass pipeline on an H200 (session 29), so fit() counts the LSE either way and

@@ -1264,7 +1264,8 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
                   window: int | None = None, softcap: float | None = None, sinks=None, segment_ids=None):
     """``(out, lse)`` of fa_prefill's forward (natural-log LSE, fp32 ``[B, Hq, Tq]``), differentiable in q, k, v
     (and through the LSE) by this module's backward: the pair ``pallas_attn.dot_product_attention`` uses on
-    Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic); ``bwd_config``: a
+    Hopper. ``config``: a ``fa_prefill.PrefillConfig`` (None: fa_prefill's heuristic, then the drop-in's window and
+    packed-documents rules, ``fa_prefill.config_for_window`` / ``config_for_packed``); ``bwd_config``: a
     ``BwdConfig`` (None: ``CONFIGS["default"]``); ``interpret``: the forward's Pallas twin and the backward's
     kernels on the GPU interpreter (CPU, small shapes only). ``with_lse=False`` returns ``out`` alone, and a call
     that is not differentiated then runs the forward without the LSE. Features, forward and backward:
@@ -1292,6 +1293,8 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
         config = fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(Problem(
             entry="dense", dtype=q.dtype.name, batch=b, q_len=q.shape[1], kv_len=k.shape[1], heads_q=q.shape[2],
             heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal))), bool(causal), fwd_window)
+        if segment_ids is not None:  # the drop-in's rule for packed documents (several row tiles a CTA)
+            config = fa_prefill.config_for_packed(config, q.shape[1])
     bwd = CONFIGS["default"] if bwd_config is None else bwd_config
     if not isinstance(bwd, BwdConfig):
         raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
