@@ -511,8 +511,8 @@ deterministic_asked = api.deterministic_asked  # whether the backward must be bi
 
 
 def _feature_config(cfg, problem: Problem, window, packed: bool):
-    cfg = fa_prefill.config_for_window(cfg, bool(problem.causal), window)
-    return fa_prefill.config_for_packed(cfg, problem.q_len) if packed else cfg
+    return fa_prefill.config_for_features(cfg, causal=bool(problem.causal), window=window, q_len=problem.q_len,
+                                          packed=packed)
 
 
 def prefill_config(problem: Problem, window, packed: bool = False):

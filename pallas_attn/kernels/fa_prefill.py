@@ -221,10 +221,16 @@ def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig
     hi_off, lo_off = _mask_bounds(causal, tuple(window))
     if hi_off is None or lo_off is None or hi_off + lo_off + 1 > NARROW_WINDOW:
         return cfg
-    if cfg.consumers == 3:  # three consumers lose where a tile is a few key blocks (short N: 1.1-1.6x two consumers)
-        return CONFIGS["tiles8"] if NARROW_WINDOW_TILES == 8 else dataclasses.replace(
-            CONFIGS["default"], tiles=NARROW_WINDOW_TILES)
-    return dataclasses.replace(cfg, tiles=NARROW_WINDOW_TILES)
+    return _several_tiles(cfg, NARROW_WINDOW_TILES)
+
+
+def _several_tiles(cfg: PrefillConfig, tiles: int) -> PrefillConfig:
+    """One-tile ``cfg`` with ``tiles`` row tiles a CTA: the same config with ``tiles``, or for three consumers (which
+    lose where a tile is a few key blocks: short N, 1.1-1.6x two consumers) the named ``tiles<n>`` config (two
+    consumers; ``default`` with ``tiles`` where no such name exists)."""
+    if cfg.consumers == 3:
+        return CONFIGS.get(f"tiles{tiles}") or dataclasses.replace(CONFIGS["default"], tiles=tiles)
+    return dataclasses.replace(cfg, tiles=tiles)
 
 
 # Packed documents (segment_ids): a row tile sees only its own document's keys, so with short documents each tile is a
@@ -246,9 +252,14 @@ def config_for_packed(cfg: PrefillConfig, q_len: int) -> PrefillConfig:
     tiles = next((n for bound, n in PACKED_TILES if q_len <= bound), None)
     if cfg.tiles != 1 or tiles is None:
         return cfg
-    if cfg.consumers == 3:
-        return CONFIGS.get(f"tiles{tiles}") or dataclasses.replace(CONFIGS["default"], tiles=tiles)
-    return dataclasses.replace(cfg, tiles=tiles)
+    return _several_tiles(cfg, tiles)
+
+
+def config_for_features(cfg: PrefillConfig, *, causal: bool, window, q_len: int, packed: bool) -> PrefillConfig:
+    """The shape's config ``cfg`` after the rules for the call's features: ``config_for_window``, then for packed
+    documents ``config_for_packed``. The one composition the drop-in and ``fa_prefill_bwd.attention_lse`` use."""
+    cfg = config_for_window(cfg, causal, window)
+    return config_for_packed(cfg, q_len) if packed else cfg
 
 
 def _limits(p: Problem) -> tuple[bool, str]:

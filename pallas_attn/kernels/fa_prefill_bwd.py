@@ -1289,12 +1289,11 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
     fwd_window, softcap, sinks = fa_prefill.check_features(None if window is None else (int(window), 0), softcap,
                                                            sinks, q.shape[2])
     b = q.shape[0]
-    if config is None:
-        config = fa_prefill.config_for_window(fa_prefill.KERNEL.heuristic(Problem(
+    if config is None:  # the drop-in's rules for the features too (several row tiles a CTA where they pay)
+        config = fa_prefill.config_for_features(fa_prefill.KERNEL.heuristic(Problem(
             entry="dense", dtype=q.dtype.name, batch=b, q_len=q.shape[1], kv_len=k.shape[1], heads_q=q.shape[2],
-            heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal))), bool(causal), fwd_window)
-        if segment_ids is not None:  # the drop-in's rule for packed documents (several row tiles a CTA)
-            config = fa_prefill.config_for_packed(config, q.shape[1])
+            heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal))), causal=bool(causal), window=fwd_window,
+            q_len=q.shape[1], packed=segment_ids is not None)
     bwd = CONFIGS["default"] if bwd_config is None else bwd_config
     if not isinstance(bwd, BwdConfig):
         raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
