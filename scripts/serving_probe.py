@@ -15,7 +15,9 @@ all kernels of one call, the gather included):
 * ``mixed``: one call over [a 2048-query chunk over 8k, two decodes over 8k and 32k, a 512-query chunk over 8k]
   (``q_lens``, Tq 2048) against the sum of its parts called separately (each chunk alone; the two decodes together on
   fa_decode);
-* ``window``: fa_decode, B 8, Tq 1, a 4096-key window against no window at S 8k / 32k / 128k.
+* ``window``: fa_decode, B 8, Tq 1, a 4096-key window against no window at S 8k / 32k / 128k;
+* ``pagecfg`` (asked for by name): fa_prefill's in-kernel pages at page 16 (and 64) against the dense cache under a
+  few configs (the producer's register budget, 64-key tiles with a four-deep ring), chunks of 512 and 2048 over 8k.
 
 Records (JSONL, with the environment) go to ``--out/records.jsonl``; a table is printed last.
 """
@@ -117,6 +119,34 @@ def main(argv=None) -> int:
             dense = jax.jit(lambda q, k, v, off, cfg=cfg: fa_prefill.forward(
                 q, k, v, causal=True, scale=scale, q_offset=off, interpret=interpret, config=cfg))
             timed("chunk", f"c{c}_s{s} fa_prefill on the dense cache", dense, (q, kd, vd, off), **info)
+
+    if "pagecfg" in parts:  # issue 32: page 16's cost against fa_prefill's knobs (the producer's registers, the ring)
+        cfgs = {"default": fa_prefill.CONFIGS["default"],
+                "regs224_56": fa_prefill.PrefillConfig(consumer_regs=224, producer_regs=56),
+                "kv64_s4": fa_prefill.PrefillConfig(block_kv=64, stages=4),
+                "kv64_s4_regs224_56": fa_prefill.PrefillConfig(block_kv=64, stages=4, consumer_regs=224,
+                                                               producer_regs=56)}
+        for c, s in chunk_shapes[:2]:
+            q = _q(rng, b, c)
+            off = jnp.full((b,), s - c, jnp.int32)
+            for pg in (16, 64):
+                kp, vp, tbl = _pool(rng, b, s // pg, pg)
+                kd, vd = chunked._gather(kp, tbl), chunked._gather(vp, tbl)
+                info = dict(batch=b, chunk=c, cached=s, page=pg)
+                for cname, cfg in cfgs.items():
+                    if pg == 64 and cname != "default":
+                        continue
+                    paged = jax.jit(lambda q, kp, vp, t, off, cfg=cfg: fa_prefill.forward(
+                        q, kp, vp, causal=True, scale=scale, q_offset=off, interpret=interpret, config=cfg,
+                        block_table=t))
+                    timed("pagecfg", f"c{c}_s{s} p{pg} {cname} in-kernel pages", paged, (q, kp, vp, tbl, off),
+                          config=cname, **info)
+                    if pg == 16:
+                        dense = jax.jit(lambda q, k, v, off, cfg=cfg: fa_prefill.forward(
+                            q, k, v, causal=True, scale=scale, q_offset=off, interpret=interpret, config=cfg))
+                        timed("pagecfg", f"c{c}_s{s} {cname} dense cache", dense, (q, kd, vd, off), config=cname,
+                              **info)
+                del kp, vp, kd, vd
 
     if "mixed" in parts:
         big, small, s8, s32 = (2048, 512, 8192, 32768) if not args.smoke else (64, 16, 128, 256)

@@ -274,10 +274,11 @@ def test_a_window_that_masks_nothing_is_no_window(rng):
         assert np.linalg.norm(a - r) / np.linalg.norm(r) < 2e-3, window
 
 
+@pytest.mark.parametrize("snake", [False, True])
 @pytest.mark.parametrize("tiles", [1, 2, 3, 4, 8, 16])
-def test_multi_tile_ctas_cover_every_row_block_once(tiles):
+def test_multi_tile_ctas_cover_every_row_block_once(tiles, snake):
     """cfg.tiles: the CTAs of a head (the grid's q axis, ``ceil(n_qblocks / tiles)`` of them) run every row block
-    exactly once, heavy (late) blocks first within each CTA."""
+    exactly once, heavy (late) blocks first within each CTA, in either order (``strided`` / ``snake``)."""
     for n_qblocks in range(1, 41):
         t_eff = min(tiles, n_qblocks)
         n_groups = -(-n_qblocks // t_eff)
@@ -285,10 +286,35 @@ def test_multi_tile_ctas_cover_every_row_block_once(tiles):
         for g in range(n_groups):
             n = int(fp._n_tiles(jnp.int32(g), t_eff, n_qblocks, n_groups))
             assert 1 <= n <= t_eff, (tiles, n_qblocks, g)
-            blocks = [int(fp._tile_qblock(g, t, n_qblocks, n_groups)) for t in range(n)]
+            blocks = [int(fp._tile_qblock(jnp.int32(g), t, n_qblocks, n_groups, snake)) for t in range(n)]
             assert blocks == sorted(blocks, reverse=True), (tiles, n_qblocks, g)
             seen += blocks
         assert sorted(seen) == list(range(n_qblocks)), (tiles, n_qblocks)
+
+
+@pytest.mark.parametrize("tiles", [2, 4, 8])
+def test_snake_order_balances_causal_work(tiles):
+    """``order="snake"``: where the tiles make whole pairs of rounds, every CTA of a head runs the same causal work
+    (row block r costs r + 1 key blocks of its width); ``strided`` gives CTA 0 ``tiles * n_groups`` blocks more
+    than the last CTA. N 4096 (32 row tiles of 128) and N 2048 (16)."""
+    for n_qblocks in (16, 32):
+        n_groups = n_qblocks // tiles
+
+        def work(snake, n_qblocks=n_qblocks, n_groups=n_groups):
+            return [sum(int(fp._tile_qblock(jnp.int32(g), t, n_qblocks, n_groups, snake)) + 1 for t in range(tiles))
+                    for g in range(n_groups)]
+
+        even = work(True)
+        assert len(set(even)) == 1, (tiles, n_qblocks, even)
+        assert even[0] * n_groups == n_qblocks * (n_qblocks + 1) // 2
+        strided = work(False)
+        assert strided[0] - strided[-1] == tiles * (n_groups - 1), strided
+
+
+def test_prefill_order_is_checked():
+    with pytest.raises(ValueError, match="order"):
+        fp.PrefillConfig(order="zigzag")
+    assert fp.PrefillConfig(tiles=2, order="snake").order == "snake"
 
 
 @pytest.mark.parametrize("cfg", ["tiles2", "tiles4", "tiles8"])
@@ -303,6 +329,25 @@ def test_multi_tile_configs_lower_for_cuda(cfg):
 
     text = jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
     assert fp.PASS_FWD in text
+
+
+def test_snake_order_lowers_for_cuda_and_changes_the_program():
+    """``order="snake"`` lowers (tiles 2 and 4, causal, D 128) and is a different program from ``strided``; at one
+    tile a CTA the order changes nothing (the same program)."""
+    q = jax.ShapeDtypeStruct((1, 1024, 4, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 1024, 2, 128), jnp.bfloat16)
+    off = jax.ShapeDtypeStruct((1,), jnp.int32)
+
+    def text(cfg):
+        def f(q, k, off):
+            return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False, config=cfg)
+        return jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
+
+    for tiles in (2, 4):
+        a = text(fp.PrefillConfig(tiles=tiles))
+        b = text(fp.PrefillConfig(tiles=tiles, order="snake"))
+        assert fp.PASS_FWD in b and a != b, tiles
+    assert text(fp.PrefillConfig()) == text(fp.PrefillConfig(order="snake"))
 
 
 def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):

@@ -93,7 +93,9 @@ class PrefillConfig:
     CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
     warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
     as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
-    512``), and ping-pong (a two-consumer handshake) is refused.
+    512``), and ping-pong (a two-consumer handshake) is refused. order: which row tiles a multi-tile CTA runs
+    (``_tile_qblock``): ``strided`` (rank ``g + t * n_groups``) or ``snake`` (every second round reversed, so a CTA's
+    causal work is the same in every CTA of a head); no effect at ``tiles=1``.
     """
 
     block_q: int = 64
@@ -105,6 +107,7 @@ class PrefillConfig:
     producer_regs: int = 40
     tiles: int = 1
     consumers: int = 2
+    order: str = "strided"
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -122,6 +125,8 @@ class PrefillConfig:
         for name in ("overlap", "pingpong"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
+        if self.order not in ("strided", "snake"):
+            raise ValueError(f"PrefillConfig.order must be 'strided' or 'snake'; got {self.order!r}")
         if isinstance(self.consumers, bool) or self.consumers not in (2, 3):
             raise ValueError(f"PrefillConfig.consumers must be 2 or 3; got {self.consumers!r}")
         # setmaxnreg moves registers between the warpgroups of a CTA launched with 65536 / (128 x warpgroups) per
@@ -320,10 +325,19 @@ def _consumer_bounds(r0, off, *, bq: int, bkv: int, tk: int, hi_off, lo_off, seg
     return a, n_lfull, n_full, jnp.maximum(n_total, a + 1)
 
 
-def _tile_qblock(g, t, n_qblocks: int, n_groups: int):
+def _tile_qblock(g, t, n_qblocks: int, n_groups: int, snake: bool = False):
     """The row block (of consumers * block_q rows) that CTA ``g`` runs as its tile ``t``: heavy (late) blocks first,
-    strided by the number of CTAs per head."""
-    return n_qblocks - 1 - (g + t * n_groups)
+    strided by the number of CTAs per head. Round ``t`` hands the ``n_groups`` CTAs the row blocks of rank ``[t *
+    n_groups, (t + 1) * n_groups)``, heaviest first: ``strided`` gives rank ``t * n_groups + g`` every round (CTA 0
+    the heaviest each time: under causal masking its work is ``tiles * n_groups`` key blocks above the last CTA's);
+    ``snake`` reverses every odd full round (CTA 0 the heaviest, then the lightest of the next ``n_groups``), so two
+    rounds sum to the same causal work in every CTA. A last round that is not full runs straight in both (the same
+    CTAs run it, so ``_n_tiles`` holds for both orders)."""
+    r = g + t * n_groups
+    if snake:
+        full = (t + 1) * n_groups <= n_qblocks
+        r = jnp.where(full & (lax.rem(t, 2) == 1), t * n_groups + n_groups - 1 - g, r)
+    return n_qblocks - 1 - r
 
 
 def _n_tiles(g, tiles: int, n_qblocks: int, n_groups: int):
@@ -382,6 +396,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     n_qblocks = tq_pad // rows
     tiles = min(cfg.tiles, n_qblocks)
     n_groups = -(-n_qblocks // tiles)
+    snake = cfg.order == "snake" and tiles > 1
     nqb = q_buffers(d, dtype.itemsize, cfg, tiles, with_lse)
     hi_off, lo_off = _mask_bounds(causal, window)
     bounded = hi_off is not None or lo_off is not None
@@ -440,7 +455,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             blocks over the CTA's tiles: block s of a tile whose loads start after ``base`` earlier ones uses slot
             (base + s - a_p) % stages in every warpgroup. With ``rowlim`` any consumer may be padding (one block
             from 0): the union is taken over all of them."""
-            q0 = _tile_qblock(g, t, n_qblocks, n_groups) * rows
+            q0 = _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows
             if rowlim:
                 bs = [bounds(q0, row_off(q0))] + [bounds(q0 + w * bq, row_off(q0 + w * bq)) for w in range(1, nc)]
                 return q0, functools.reduce(jnp.minimum, [x[0] for x in bs]), functools.reduce(
@@ -461,7 +476,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 return qo_smem.at[wg] if nqb == 1 else qo_smem.at[buf, wg]
 
             def q_load(t, buf):  # this consumer's rows of tile t into Q/O buffer buf
-                r = _tile_qblock(g, t, n_qblocks, n_groups) * rows + wg * bq
+                r = _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows + wg * bq
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
 
             if nqb == 2:  # double-buffered Q/O (several tiles per CTA): the first tile's Q before the loop

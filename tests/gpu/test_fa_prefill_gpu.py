@@ -212,11 +212,13 @@ def test_dropin_softcap_sinks_window_grads_on_hopper(d):
 
 @pytest.mark.parametrize("cfg", [fp.CONFIGS["tiles4"], fp.PrefillConfig(tiles=3),
                                  fp.PrefillConfig(tiles=3, pingpong=True), fp.PrefillConfig(tiles=5, overlap=False),
-                                 _EXTRA["c3tiles3"]],
-                         ids=["tiles4", "t3", "t3pp", "t5serial", "c3t3"])
+                                 _EXTRA["c3tiles3"], fp.PrefillConfig(tiles=2, order="snake"),
+                                 fp.PrefillConfig(tiles=3, order="snake"), fp.PrefillConfig(tiles=4, order="snake")],
+                         ids=["tiles4", "t3", "t3pp", "t5serial", "c3t3", "t2snake", "t3snake", "t4snake"])
 def test_multi_tile_ragged_grid(cfg):
     """Several row tiles per CTA where the tiles do not divide the row blocks (8 blocks over 3 or 5 tiles: CTAs run
-    3, 3, 2 or 5, 3), causal with per-sequence offsets, with and without a window, against the oracle."""
+    3, 3, 2 or 5, 3), causal with per-sequence offsets, with and without a window, against the oracle; the snake
+    order over whole rounds (tiles 2, 4) and with a last round that is not full (tiles 3: 3, 3, 2)."""
     key = jax.random.PRNGKey(11)
     b, tq, tk, hq, hkv, d = 2, 900, 1000, 4, 2, 128
     kq, kk, kv = jax.random.split(key, 3)
