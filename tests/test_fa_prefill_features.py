@@ -314,7 +314,8 @@ def test_snake_order_balances_causal_work(tiles):
 def test_prefill_order_is_checked():
     with pytest.raises(ValueError, match="order"):
         fp.PrefillConfig(order="zigzag")
-    assert fp.PrefillConfig(tiles=2, order="snake").order == "snake"
+    assert fp.PrefillConfig(tiles=2, order="strided").order == "strided"
+    assert all(c.order == "snake" for c in fp.CONFIGS.values())  # the named multi-tile configs run the snake
 
 
 @pytest.mark.parametrize("cfg", ["tiles2", "tiles4", "tiles8"])
@@ -344,10 +345,11 @@ def test_snake_order_lowers_for_cuda_and_changes_the_program():
         return jax.jit(f).trace(q, k, off).lower(lowering_platforms=("cuda",)).as_text()
 
     for tiles in (2, 4):
-        a = text(fp.PrefillConfig(tiles=tiles))
+        a = text(fp.PrefillConfig(tiles=tiles, order="strided"))
         b = text(fp.PrefillConfig(tiles=tiles, order="snake"))
         assert fp.PASS_FWD in b and a != b, tiles
-    assert text(fp.PrefillConfig()) == text(fp.PrefillConfig(order="snake"))
+        assert text(fp.PrefillConfig(tiles=tiles)) == b  # snake is the default order (session 30)
+    assert text(fp.PrefillConfig(order="strided")) == text(fp.PrefillConfig(order="snake"))
 
 
 def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):

@@ -27,7 +27,7 @@ fp32 accumulation, online softmax, docs/reference.md §2.5); the changes:
   * Features beyond the contract (``forward``'s keyword arguments, docs/fa_prefill.md "Features"): a window band
     ``(left, right)`` (key blocks outside every row's band are never loaded; the band's partial blocks run as masked
     serial steps), a logit soft-cap (tanh before the mask), attention sinks (one logit per head in the denominator).
-  * ``tiles``: a CTA may run several row tiles in turn (strided, heavy first), the K/V ring counting blocks across
+  * ``tiles``: a CTA may run several row tiles in turn (snake order, heavy first), the K/V ring counting blocks across
     them, for short sequences and narrow windows where one tile is mostly latency.
 
 Conventions (``contract``): BTNH arrays, causal top-left with a per-sequence offset: key ``j`` is visible
@@ -82,20 +82,22 @@ class PrefillConfig:
     """Knobs of the Hopper forward.
 
     block_q: query rows per consumer warpgroup (64: one wgmma M tile; the CTA holds consumers * block_q rows).
-    block_kv: keys per K/V tile (a multiple of 64, 64..256). stages: depth of the K/V shared-memory ring
-    (2..4). overlap: software-pipeline each consumer (issue S_s = Q K_s^T and O += P_{s-1} V_{s-1} together,
-    softmax of block s under the P V wgmma; FA-3 §3.2); without it a consumer waits for each wgmma before
-    its softmax. pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs /
-    producer_regs: per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256). tiles: row
-    tiles (consumers * block_q rows each) one CTA runs in turn, strided over the head's row tiles; the producer
-    streams the next tile's K/V while the consumers finish the current one (short sequences and narrow windows, where
-    one tile is a few microseconds of latency and the H100 holds one CTA per SM). consumers: consumer warpgroups per
-    CTA (2 or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third
-    warpgroup's wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long
-    as its wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <=
-    512``), and ping-pong (a two-consumer handshake) is refused. order: which row tiles a multi-tile CTA runs
-    (``_tile_qblock``): ``strided`` (rank ``g + t * n_groups``) or ``snake`` (every second round reversed, so a CTA's
-    causal work is the same in every CTA of a head); no effect at ``tiles=1``.
+    block_kv: keys per K/V tile (a multiple of 64, 64..256). stages: depth of the K/V shared-memory ring (2..4).
+    overlap: software-pipeline each consumer (issue S_s = Q K_s^T and O += P_{s-1} V_{s-1} together, softmax of
+    block s under the P V wgmma; FA-3 §3.2); without it a consumer waits for each wgmma before its softmax.
+    pingpong: the two consumers alternate on the tensor cores (FA-3 ping-pong). consumer_regs / producer_regs:
+    per-thread register budgets after ``set_max_registers`` (multiples of 8, 24..256). tiles: row tiles (consumers *
+    block_q rows each) one CTA runs in turn, spread over the head's row tiles (``order``); the producer streams the
+    next tile's K/V while the consumers finish the current one (short sequences and narrow windows, where one tile
+    is a few microseconds of latency and the H100 holds one CTA per SM). consumers: consumer warpgroups per CTA (2
+    or 3; the CTA holds ``consumers * block_q`` rows and one producer): 3 gives the tensor cores a third warpgroup's
+    wgmmas to run while two others are in their softmax (D 64, where a tile's exponentials take as long as its
+    wgmmas); the register budgets must then fit four warpgroups (``3 * consumer_regs + producer_regs <= 512``), and
+    ping-pong (a two-consumer handshake) is refused. order: which row tiles a multi-tile CTA runs
+    (``_tile_qblock``): ``snake`` (every second round reversed, so a CTA's causal work is the same in every CTA of a
+    head; the default since session 30: on an H200 at D 128, N 2048-8192, 0.5-2.4% faster than ``strided`` at the
+    same tiles in 12 of 12 pairs, results/gpu_runs/20261128_s30_h200_call1_order_pagecfg/) or ``strided`` (rank ``g
+    + t * n_groups``, what every multi-tile config ran before); no effect at ``tiles=1``.
     """
 
     block_q: int = 64
@@ -107,7 +109,7 @@ class PrefillConfig:
     producer_regs: int = 40
     tiles: int = 1
     consumers: int = 2
-    order: str = "strided"
+    order: str = "snake"
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -436,9 +438,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             seg = (seg_ref[bi, r0].astype(jnp.int32), seg_ref[bi, r0 + bq - 1].astype(jnp.int32)) if segments else None
             return _consumer_bounds(r0, off, bq=bq, bkv=bkv, tk=tk, hi_off=hi_off, lo_off=lo_off, seg=seg)
 
-        # this CTA's row tiles (nc * bq rows each): tile t is row block n_qblocks - 1 - (g + t * n_groups), heavy (late,
-        # causal) tiles first, strided so that every CTA gets a mix of heavy and light ones; q is the launch's
-        # fastest-varying axis (see the grid). With cfg.tiles == 1 one tile per CTA.
+        # this CTA's row tiles (nc * bq rows each): tile t is row block _tile_qblock(g, t, ...), heavy (late, causal)
+        # tiles first, every CTA a mix of heavy and light ones (cfg.order); q is the launch's fastest-varying axis (see
+        # the grid). With cfg.tiles == 1 one tile per CTA.
         g = lax.axis_index("q")
         n_tiles = _n_tiles(g, tiles, n_qblocks, n_groups) if tiles > 1 else 1
 
