@@ -167,7 +167,7 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
 
 def test_h200_reads_its_own_prefill_rows_and_the_h100_rows_of_kinds_it_never_measured(monkeypatch):
     """Since session 29 the H200's table holds fa_prefill and drop-in backward rows from its own sweep (causal, the
-    sweep's kinds) beside its fa_decode rows: there they rule (gpt-oss-20b N 2048: tiles8 on the H200, where the
+    sweep's kinds) beside its fa_decode rows: there they rule (gpt-oss-20b N 2048: a multi-tile config on the H200, where the
     H100's nearest row says default); a kind the H200 never measured (non-causal D 64) reads the H100's rows of that
     kind, never a row of another kind; fa_mla keeps its own rule; PALLAS_ATTN_TUNING=off turns them all off."""
     from pallas_attn import tuning
@@ -186,8 +186,11 @@ def test_h200_reads_its_own_prefill_rows_and_the_h100_rows_of_kinds_it_never_mea
     assert set(own["kernels"]) == {"fa_decode", "fa_prefill", "fa_prefill_bwd"}
     assert tuning.table_for("fa_prefill") is own and tuning.table_for("fa_prefill_bwd") is own
     assert not any(r["key"]["causal"] is False for r in own["kernels"]["fa_prefill"]["rows"])
-    assert tuning.choose("fa_prefill", oss, names=fa_prefill.CONFIGS) == "tiles8"
-    assert fa_prefill.KERNEL.heuristic(oss) == fa_prefill.CONFIGS["tiles8"]
+    # the H200's own row: a multi-tile config (tiles8 from session 29's records, tiles4 from session 30's)
+    row = next(r for r in own["kernels"]["fa_prefill"]["rows"] if r["workload"] == "sweep_prefill_gpt-oss-20b_n2048")
+    assert row["config"] in ("tiles4", "tiles8"), row["config"]
+    assert tuning.choose("fa_prefill", oss, names=fa_prefill.CONFIGS) == row["config"]
+    assert fa_prefill.KERNEL.heuristic(oss) == fa_prefill.CONFIGS[row["config"]]
     assert tuning.sibling_table("fa_prefill") is tuning.table("h100")
     assert tuning.choose("fa_prefill", noncausal, names=fa_prefill.CONFIGS) == on_h100  # the H100's row of that kind
     # given a table explicitly, no sibling is read: a kind it lacks gives None
@@ -429,13 +432,13 @@ peers = []
 
 
 @pytest.mark.parametrize("chip,named", [("h100", ("sweep_prefill_llama-3.1-70b_n512", "tiles8")),
-                                        ("h200", ("sweep_prefill_gpt-oss-20b_n2048", "tiles8"))])
+                                        ("h200", ("sweep_prefill_llama-3.1-8b_n4096", "tiles8"))])
 def test_on_a_hopper_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatch, ws, chip, named):
     """The default is the best path: at every sweep prefill workload the shipped table of the chip has a row for,
     pallas:auto (the drop-in as a user calls it, on a faked Hopper) chooses that row's config, the fastest named config
     of the records the row was made from (e.g. H100: Llama-3.1-70B N 512 -> tiles8, which the run before the rebuild
-    timed at 714.9 us where auto's default took 923.5; H200: gpt-oss-20b N 2048 -> tiles8, 1447.0 us where auto's
-    default took 1641.9 in session 29's call 0)."""
+    timed at 714.9 us where auto's default took 923.5; H200: Llama-3.1-8B N 4096 -> tiles8, 1698.7 us where auto's
+    default took 1758.6 in session 30's call 2, the snake order's)."""
     from pallas_attn import dropin, tuning
     from pallas_attn.kernels import fa_prefill
 
