@@ -6,6 +6,7 @@ in tests/gpu/test_fa_prefill_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -19,6 +20,7 @@ from attn_core import oracle
 from pallas_attn import dropin
 from pallas_attn.kernels import fa_prefill as fp
 from pallas_attn.kernels import fa_prefill_bwd as fb
+from pallas_attn.kernels.contract import Problem
 
 
 def _visible_rows(r0, bq, off, tk, hi_off, lo_off):
@@ -375,6 +377,39 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     assert auto.choice(ws["sweep_prefill_gpt-oss-20b:local_n4096"])["chose"] == "fa_prefill:tiles8"
     assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n4096"])["chose"] == "fa_prefill:default"
     assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n4096"])["chose"] == "fa_prefill:default"
+
+
+def test_wide_causal_windows_over_two_windows_of_rows_run_eight_tiles_at_d128(monkeypatch):
+    """fa_prefill.config_for_window's wide-window rule: a causal window of w keys over N rows with w < N <= 2 w at
+    D 128 runs WIDE_WINDOW_TILES (Mistral's 4096-key window at N 8192, session 30: tiles8 0.976-0.979x one tile in
+    three H200 runs); N 16384 (0.987x), N <= w (the window masks nothing: the dense row's config), D 256 (Gemma-2's
+    local layers lose 2%) and calls without the shape (the chunked path) keep the shape's config; the drop-in names it
+    only for self-attention (q_len == kv_len)."""
+    from compare import auto, workloads
+
+    d, w = fp.CONFIGS["default"], (4095, 0)
+    assert fp.config_for_window(d, True, w, q_len=8192, head_dim=128) == fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(d, True, w, q_len=4097, head_dim=128) == fp.CONFIGS["tiles8"]
+    for q_len, head_dim in ((16384, 128), (8193, 128), (4096, 128), (8192, 256), (8192, 64), (8192, None),
+                            (None, 128)):
+        assert fp.config_for_window(d, True, w, q_len=q_len, head_dim=head_dim) is d, (q_len, head_dim)
+    assert fp.config_for_window(d, False, (4095, 4095), q_len=8192, head_dim=128) is d  # two-sided: not the rule
+    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, w, q_len=8192, head_dim=128) is fp.CONFIGS["tiles2"]
+    assert fp.config_for_window(fp.CONFIGS["c3"], True, w, q_len=8192, head_dim=128) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_features(d, causal=True, window=w, q_len=8192, packed=False,
+                                  head_dim=128) == fp.CONFIGS["tiles8"]
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs
+    monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)
+    monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")  # the kernel's own rule: default at every dense shape
+    ws = {x.name: x for x in workloads.load_config("sweep")}
+    assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n8192"])["chose"] == "fa_prefill:tiles8"
+    assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n16384"])["chose"] == "fa_prefill:default"
+    assert auto.choice(ws["sweep_prefill_gemma-2-9b:local_n8192"])["chose"] != "fa_prefill:tiles8"
+    base = Problem(entry="dense", dtype="bfloat16", batch=4, q_len=8192, kv_len=8192, heads_q=32, heads_kv=8,
+                   head_dim=128, causal=True)
+    assert dropin.prefill_config(base, w) == fp.CONFIGS["tiles8"]
+    cross = dataclasses.replace(base, kv_len=12288)  # rows and keys not one sequence: the shape's config
+    assert dropin.prefill_config(cross, w) is dropin.prefill_config(cross, None)
 
 
 def test_packed_documents_run_four_tiles_per_cta_to_4096_tokens_and_two_to_8192(monkeypatch):

@@ -167,9 +167,10 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
 
 def test_h200_reads_its_own_prefill_rows_and_the_h100_rows_of_kinds_it_never_measured(monkeypatch):
     """Since session 29 the H200's table holds fa_prefill and drop-in backward rows from its own sweep (causal, the
-    sweep's kinds) beside its fa_decode rows: there they rule (gpt-oss-20b N 2048: a multi-tile config on the H200, where the
-    H100's nearest row says default); a kind the H200 never measured (non-causal D 64) reads the H100's rows of that
-    kind, never a row of another kind; fa_mla keeps its own rule; PALLAS_ATTN_TUNING=off turns them all off."""
+    sweep's kinds) beside its fa_decode rows: there they rule (gpt-oss-20b N 2048: a multi-tile config on the H200,
+    where the H100's nearest row says default); a kind the H200 never measured (non-causal D 64) reads the H100's
+    rows of that kind, never a row of another kind; fa_mla keeps its own rule; PALLAS_ATTN_TUNING=off turns them all
+    off."""
     from pallas_attn import tuning
     from pallas_attn.kernels import fa_prefill
     from pallas_attn.kernels.contract import Problem

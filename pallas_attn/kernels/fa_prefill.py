@@ -217,18 +217,36 @@ def _heuristic(p: Problem) -> PrefillConfig:
 # 128 and 4096 is not measured; 512 is a guess recorded as such in docs/fa_prefill.md.
 NARROW_WINDOW = 512
 NARROW_WINDOW_TILES = 8
+# A wide causal window over rows at most two windows long (window < N <= 2 x window) at D 128: the first window's row
+# tiles are the causal triangle (1 to 32 key blocks at a 4096-key window), the rest the full band, and several row
+# tiles a CTA in the snake order balance the triangle and hide each tile's prologue. H200, Mistral-7B's 4096-key window
+# (Hq 32 / Hkv 8, 32k tokens): at N 8192 tiles8 0.976-0.979x the one-tile config in three runs (session 30 calls 2-4,
+# results/gpu_runs/20261128_s30_h200_call4_window_tiles/), at N 16384 0.987x (under the 2% a rule needs: not taken);
+# Gemma-2's local layers (D 256, the same window, N 8192) lose 2% with any multi-tile config (call 2), and D 64 / 96
+# under a wide window are not measured, so the rule is D 128's alone.
+WIDE_WINDOW_TILES = 8
+WIDE_WINDOW_HEAD_DIMS = (128,)
 
 
-def config_for_window(cfg: PrefillConfig, causal: bool, window) -> PrefillConfig:
+def config_for_window(cfg: PrefillConfig, causal: bool, window, *, q_len: int | None = None,
+                      head_dim: int | None = None) -> PrefillConfig:
     """The config for a call with ``window`` (``(left, right)`` or None) given the shape's config ``cfg``: with a
     band of at most ``NARROW_WINDOW`` keys per row and a one-tile config, the same config with
-    ``NARROW_WINDOW_TILES`` row tiles per CTA (two consumers in place of three); otherwise ``cfg``."""
+    ``NARROW_WINDOW_TILES`` row tiles per CTA (two consumers in place of three); with a wider causal window of
+    ``left + 1`` keys over ``q_len`` rows where ``left + 1 < q_len <= 2 * (left + 1)`` at a head dim of
+    ``WIDE_WINDOW_HEAD_DIMS`` (both given: the drop-in's self-attention), ``WIDE_WINDOW_TILES``; otherwise ``cfg``."""
     if window is None or cfg.tiles != 1:
         return cfg
     hi_off, lo_off = _mask_bounds(causal, tuple(window))
-    if hi_off is None or lo_off is None or hi_off + lo_off + 1 > NARROW_WINDOW:
+    if hi_off is None or lo_off is None:
         return cfg
-    return _several_tiles(cfg, NARROW_WINDOW_TILES)
+    band = hi_off + lo_off + 1
+    if band <= NARROW_WINDOW:
+        return _several_tiles(cfg, NARROW_WINDOW_TILES)
+    if (causal and hi_off == 0 and q_len is not None and head_dim in WIDE_WINDOW_HEAD_DIMS
+            and band < q_len <= 2 * band):
+        return _several_tiles(cfg, WIDE_WINDOW_TILES)
+    return cfg
 
 
 def _several_tiles(cfg: PrefillConfig, tiles: int) -> PrefillConfig:
@@ -262,10 +280,12 @@ def config_for_packed(cfg: PrefillConfig, q_len: int) -> PrefillConfig:
     return _several_tiles(cfg, tiles)
 
 
-def config_for_features(cfg: PrefillConfig, *, causal: bool, window, q_len: int, packed: bool) -> PrefillConfig:
-    """The shape's config ``cfg`` after the rules for the call's features: ``config_for_window``, then for packed
-    documents ``config_for_packed``. The one composition the drop-in and ``fa_prefill_bwd.attention_lse`` use."""
-    cfg = config_for_window(cfg, causal, window)
+def config_for_features(cfg: PrefillConfig, *, causal: bool, window, q_len: int, packed: bool,
+                        head_dim: int | None = None) -> PrefillConfig:
+    """The shape's config ``cfg`` after the rules for the call's features: ``config_for_window`` (its wide-window
+    rule where ``head_dim`` is given), then for packed documents ``config_for_packed``. The one composition the
+    drop-in and ``fa_prefill_bwd.attention_lse`` use."""
+    cfg = config_for_window(cfg, causal, window, q_len=q_len, head_dim=head_dim)
     return config_for_packed(cfg, q_len) if packed else cfg
 
 
