@@ -414,7 +414,7 @@ def test_wide_causal_windows_over_two_windows_of_rows_run_eight_tiles_at_d128(mo
 
 def test_packed_documents_run_four_tiles_per_cta_to_4096_tokens_and_two_to_8192(monkeypatch):
     """fa_prefill.config_for_packed: packed documents in rows of at most 4096 tokens get four row tiles per CTA, up to
-    8192 two (a one-tile config only; c3 gives way to tiles4 / tiles2); longer rows keep the shape's config;
+    8192 two (whatever the dense row's tiles; c3 gives way to tiles4 / tiles2); longer rows keep the shape's config;
     compare's pallas:auto names it, and the drop-in hands it to the kernel pair (packed training)."""
     from compare import auto, workloads
 
@@ -426,7 +426,16 @@ def test_packed_documents_run_four_tiles_per_cta_to_4096_tokens_and_two_to_8192(
     assert fp.config_for_packed(d, 8193) is d and fp.config_for_packed(d, 16384) is d
     assert fp.config_for_packed(fp.CONFIGS["c3"], 4096) is fp.CONFIGS["tiles4"]
     assert fp.config_for_packed(fp.CONFIGS["c3"], 8192) is fp.CONFIGS["tiles2"]
-    assert fp.config_for_packed(fp.CONFIGS["tiles8"], 1024) is fp.CONFIGS["tiles8"]
+    # the packed rule's tiles whatever the dense row's (the H200's dense N 4096 row is tiles8 since session 30)
+    assert fp.config_for_packed(fp.CONFIGS["tiles8"], 1024) is fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(fp.CONFIGS["tiles8"], 4096) is fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(fp.CONFIGS["tiles4"], 8192) is fp.CONFIGS["tiles2"]
+    assert fp.config_for_packed(fp.CONFIGS["tiles4"], 4096) is fp.CONFIGS["tiles4"]
+    assert fp.config_for_packed(fp.CONFIGS["tiles8"], 16384) is fp.CONFIGS["tiles8"]
+    # the named object, so fit() adapts it at D 256 (an unnamed copy of 128-key tiles would not fit shared memory)
+    for c in (fp.config_for_packed(d, 4096), fp.config_for_window(d, True, (127, 0))):
+        assert any(c is n for n in fp.CONFIGS.values()), c
+        assert fp.smem_bytes(256, 2, fp.fit(c, 256)) <= fp._SMEM_LIMIT
     pp = fp.config_for_packed(fp.CONFIGS["pingpong"], 2048)
     assert pp.tiles == 4 and pp.pingpong
     monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs

@@ -250,12 +250,16 @@ def config_for_window(cfg: PrefillConfig, causal: bool, window, *, q_len: int | 
 
 
 def _several_tiles(cfg: PrefillConfig, tiles: int) -> PrefillConfig:
-    """One-tile ``cfg`` with ``tiles`` row tiles a CTA: the same config with ``tiles``, or for three consumers (which
-    lose where a tile is a few key blocks: short N, 1.1-1.6x two consumers) the named ``tiles<n>`` config (two
-    consumers; ``default`` with ``tiles`` where no such name exists)."""
+    """``cfg`` with ``tiles`` row tiles a CTA: the same config with ``tiles``, or for three consumers (which lose where
+    a tile is a few key blocks: short N, 1.1-1.6x two consumers) the named ``tiles<n>`` config (two consumers;
+    ``default`` with ``tiles`` where no such name exists). A result equal to a named config is that named object, so
+    ``fit`` still adapts it to the head dim (``default`` with four tiles is ``tiles4``, which ``fit`` gives 64-key
+    tiles at D 256; an unnamed copy would be refused there for its shared memory)."""
     if cfg.consumers == 3:
-        return CONFIGS.get(f"tiles{tiles}") or dataclasses.replace(CONFIGS["default"], tiles=tiles)
-    return dataclasses.replace(cfg, tiles=tiles)
+        out = CONFIGS.get(f"tiles{tiles}") or dataclasses.replace(CONFIGS["default"], tiles=tiles)
+    else:
+        out = dataclasses.replace(cfg, tiles=tiles)
+    return next((c for c in CONFIGS.values() if c == out), out)
 
 
 # Packed documents (segment_ids): a row tile sees only its own document's keys, so with short documents each tile is a
@@ -271,11 +275,12 @@ PACKED_TILES_MAX_Q_LEN = PACKED_TILES[-1][0]
 
 def config_for_packed(cfg: PrefillConfig, q_len: int) -> PrefillConfig:
     """The config for a call with packed documents (``segment_ids``) of ``q_len`` tokens a row given the shape's
-    config ``cfg``: a one-tile config runs ``PACKED_TILES``' row tiles per CTA for its length (four up to 4096 tokens,
-    two up to 8192; the named ``tiles4`` / ``tiles2``, two consumers, in place of ``c3``); a multi-tile config or a
-    longer row keeps ``cfg``."""
+    config ``cfg``: ``PACKED_TILES``' row tiles per CTA for its length (four up to 4096 tokens, two up to 8192; the
+    named ``tiles4`` / ``tiles2``, two consumers, in place of ``c3``), whatever the dense shape's tiles (session 30:
+    the H200's dense N 4096 row became tiles8, and the packed Llama-3.1-8B N 4096 call then ran 785.9 us where tiles4
+    ran 768.0, results/gpu_runs/20261128_s30_h200_call5_prefill_window_rule/); a longer row keeps ``cfg``."""
     tiles = next((n for bound, n in PACKED_TILES if q_len <= bound), None)
-    if cfg.tiles != 1 or tiles is None:
+    if tiles is None or cfg.tiles == tiles:
         return cfg
     return _several_tiles(cfg, tiles)
 
