@@ -356,7 +356,7 @@ def test_snake_order_lowers_for_cuda_and_changes_the_program():
 
 def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     """fa_prefill.config_for_window: a band of at most NARROW_WINDOW keys gets NARROW_WINDOW_TILES row tiles per CTA
-    (a one-tile config only); wider or one-sided windows keep the shape's config; the drop-in and compare's
+    (whatever the shape's tiles); wider or one-sided windows keep the shape's config; the drop-in and compare's
     pallas:auto name the config that runs."""
     from compare import auto, workloads
 
@@ -365,7 +365,11 @@ def test_narrow_windows_run_several_tiles_per_cta(monkeypatch):
     assert fp.config_for_window(d, False, (200, 200)) == fp.CONFIGS["tiles8"]
     for causal, window in ((True, (4095, 0)), (True, None), (False, (100, None)), (True, (None, 0))):
         assert fp.config_for_window(d, causal, window) is d, (causal, window)
-    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, (127, 0)) is fp.CONFIGS["tiles2"]
+    # the narrow rule's tiles whatever the dense row's (the H200's gpt-oss N 2048 row is tiles4 since session 30)
+    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, (127, 0)) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(fp.CONFIGS["tiles4"], True, (127, 0)) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(fp.CONFIGS["tiles8"], True, (127, 0)) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, (4095, 0)) is fp.CONFIGS["tiles2"]
     # three consumers (the H100 table's D 64 N >= 8192 choice) give way to two at a narrow band: a tile of a few key
     # blocks is where three lose (short N, docs/fa_prefill.md)
     assert fp.config_for_window(fp.CONFIGS["c3"], True, (127, 0)) is fp.CONFIGS["tiles8"]

@@ -231,19 +231,21 @@ WIDE_WINDOW_HEAD_DIMS = (128,)
 def config_for_window(cfg: PrefillConfig, causal: bool, window, *, q_len: int | None = None,
                       head_dim: int | None = None) -> PrefillConfig:
     """The config for a call with ``window`` (``(left, right)`` or None) given the shape's config ``cfg``: with a
-    band of at most ``NARROW_WINDOW`` keys per row and a one-tile config, the same config with
-    ``NARROW_WINDOW_TILES`` row tiles per CTA (two consumers in place of three); with a wider causal window of
-    ``left + 1`` keys over ``q_len`` rows where ``left + 1 < q_len <= 2 * (left + 1)`` at a head dim of
-    ``WIDE_WINDOW_HEAD_DIMS`` (both given: the drop-in's self-attention), ``WIDE_WINDOW_TILES``; otherwise ``cfg``."""
-    if window is None or cfg.tiles != 1:
+    band of at most ``NARROW_WINDOW`` keys per row, the same config with ``NARROW_WINDOW_TILES`` row tiles per CTA
+    (two consumers in place of three), whatever the dense shape's tiles (session 30, H200: gpt-oss-20b's local layers
+    ran 3-4% slower on the dense N 2048-8192 rows' tiles4 than on tiles8, results/gpu_runs/
+    20261128_s30_h200_call5_prefill_window_rule/); with a wider causal window of ``left + 1`` keys over ``q_len`` rows
+    where ``left + 1 < q_len <= 2 * (left + 1)`` at a head dim of ``WIDE_WINDOW_HEAD_DIMS`` (both given: the
+    drop-in's self-attention) and a one-tile config, ``WIDE_WINDOW_TILES``; otherwise ``cfg``."""
+    if window is None:
         return cfg
     hi_off, lo_off = _mask_bounds(causal, tuple(window))
     if hi_off is None or lo_off is None:
         return cfg
     band = hi_off + lo_off + 1
     if band <= NARROW_WINDOW:
-        return _several_tiles(cfg, NARROW_WINDOW_TILES)
-    if (causal and hi_off == 0 and q_len is not None and head_dim in WIDE_WINDOW_HEAD_DIMS
+        return cfg if cfg.tiles == NARROW_WINDOW_TILES else _several_tiles(cfg, NARROW_WINDOW_TILES)
+    if (cfg.tiles == 1 and causal and hi_off == 0 and q_len is not None and head_dim in WIDE_WINDOW_HEAD_DIMS
             and band < q_len <= 2 * band):
         return _several_tiles(cfg, WIDE_WINDOW_TILES)
     return cfg
