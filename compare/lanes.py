@@ -76,6 +76,9 @@ class NoLock:
     def waits(self) -> dict[str, float]:
         return {}
 
+    def holds(self) -> dict[str, int]:
+        return {}
+
 
 def _through_turnstile(turn, main, mode: str) -> None:
     """Take ``main`` (``"shared"`` or ``"exclusive"``) through the turnstile ``turn``: held exclusively while waiting,
@@ -103,11 +106,13 @@ class GpuLock:
         self._turn = open(str(self.path) + ".turn", "a+")  # noqa: SIM115
         self.mode: str | None = None
         self._wait = {"shared": 0.0, "exclusive": 0.0}
+        self._holds = {"shared": 0, "exclusive": 0}
 
     def _acquire(self, mode: str) -> None:
         t0 = time.perf_counter()
         _through_turnstile(self._turn, self._main, mode)
         self._wait[mode] += time.perf_counter() - t0
+        self._holds[mode] += 1
         self.mode = mode
 
     def _release(self) -> None:
@@ -178,6 +183,10 @@ class GpuLock:
     def waits(self) -> dict[str, float]:
         """Host seconds spent waiting for the lock so far, by mode."""
         return {k: round(v, 3) for k, v in self._wait.items()}
+
+    def holds(self) -> dict[str, int]:
+        """How many times this process took the lock so far, by mode (each take may wait behind another lane)."""
+        return dict(self._holds)
 
 
 # ------------------------------------------------------------------------------------ shared files

@@ -25,6 +25,7 @@ and only agreement is reported; CPU timings are labelled ``cpu_interpret_us_*`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fnmatch
 import gc
@@ -104,6 +105,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "workload's kernel-clock samples while they compile (the compiles run on the CPU; a stray "
                         "kernel in a timing window fails that record's timing, never a silent number). Off by "
                         "default until measured on a GPU (docs/compare.md)")
+    p.add_argument("--run-up-hold", choices=("each", "one"), default="each",
+                   help="--jobs lanes: how a lane holds the shared GPU lock over a workload's run-up (inputs, "
+                        "oracle copies, first calls, agreement, warm-ups). each: a hold per step (about ten a "
+                        "workload, each of which may wait out another lane's timing window); one: one hold from the "
+                        "inputs to the last warm-up, given up only for the oracle's host arithmetic and compile "
+                        "waits. Default each, until measured on a GPU (docs/sweep.md, session 30)")
     p.add_argument("--e2e-budget-s", type=float, default=0.5,
                    help="host seconds the end-to-end figures of one record may take (measured one call x calls): "
                         "above it, fewer synced calls (>= 3) and pipelined calls per sample (>= 2), marked "
@@ -147,6 +154,7 @@ class RunOptions(types.SimpleNamespace):
     compile_workers: int = 0
     look_ahead: bool = False
     e2e_budget_s: float | None = None
+    run_up_hold: str = "each"
     jobs: int = 1
     lane: str | None = None
     lane_dir: str | None = None
@@ -182,7 +190,7 @@ class RunOptions(types.SimpleNamespace):
                    config=a.config, only=list(a.only), impl=list(a.impl), append=a.append, out=a.out, reps=a.reps,
                    warmup=a.warmup, rounds=a.rounds, e2e_reps=a.e2e_reps, e2e_calls=a.e2e_calls, budget_s=a.budget_s,
                    max_run_s=a.max_run_s, compile_workers=a.compile_workers, look_ahead=a.look_ahead,
-                   e2e_budget_s=a.e2e_budget_s,
+                   e2e_budget_s=a.e2e_budget_s, run_up_hold=getattr(a, "run_up_hold", "each"),
                    clock=a.clock,
                    allow_clock_fallback=a.allow_clock_fallback, arch=a.arch,
                    cpu_max_flops=a.cpu_max_flops, no_ceilings=a.no_ceilings, quiet=a.quiet,
@@ -676,6 +684,7 @@ class _Run:
             state["plan_s"] = round(time.perf_counter() - t0, 3)  # predictions and refusals of every pair
         flops = _cpu_gate_flops(w)
         waits0 = self.lock.waits()
+        holds0 = self.lock.holds()
         over = self.over_run_budget()  # every pair is 'skipped' in its turn: nothing to make or compile for them
         if not over and self.lane is not None and self.gpu and "inputs" not in state:
             # a lane compiles its input program and its agreement's before it takes the lock (shapes only: nothing
@@ -687,39 +696,46 @@ class _Run:
                         ahead(w)
                 except Exception:  # noqa: BLE001 -- the program compiles at its first use and records any error
                     pass
-        try:
-            with self.lock.shared():  # inputs, and prepares that may launch device work
-                if not over:
-                    self.precompile(w, impls, state)
-        except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
-            self.drain_compiles(state)
-        self.look_ahead(getattr(self, "_next_workload", None))
-        if self.gpu and (getattr(self.opts, "rounds", 1) > 1 or state.get("prepared")):
-            # with programs compiling on workers: every pair's first call and agreement before any timing, the
-            # pairs that wait for no worker first, so the compiles run behind them (one round: each pair's
-            # repetitions back to back, as below)
-            recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
-            impls = []
-        for impl in impls:
-            if progress is not None:
-                progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
+        # --run-up-hold one (lanes): one shared hold over the whole run-up; the steps' own holds below are then covered,
+        # a timing window inside gives it up and takes it again, compile waits and the oracle's numpy give it up
+        run_up = (self.lock.shared() if self.lane is not None and getattr(self.opts, "run_up_hold", "each") == "one"
+                  else contextlib.nullcontext())
+        with run_up:
             try:
-                rec = self.run_one(w, impl, state, outputs, flops)
-            except Exception as e:  # last line of defence: a bug in compare itself is still a record
-                rec = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}").to_json()
-            if progress is not None:
-                progress.advance(task)
-            if rec is not None:
-                recs.append(rec)
-        self.drain_compiles(state)  # a pair that never ran (budget, error) leaves no compile behind
-        with self.lock.shared():  # twin agreement on the full outputs
-            self.finalize(recs, outputs)
+                with self.lock.shared():  # inputs, and prepares that may launch device work
+                    if not over:
+                        self.precompile(w, impls, state)
+            except Exception:  # noqa: BLE001 -- a warm-up only: every pair still compiles at its first call
+                self.drain_compiles(state)
+            self.look_ahead(getattr(self, "_next_workload", None))
+            if self.gpu and (getattr(self.opts, "rounds", 1) > 1 or state.get("prepared")):
+                # with programs compiling on workers: every pair's first call and agreement before any timing, the
+                # pairs that wait for no worker first, so the compiles run behind them (one round: each pair's
+                # repetitions back to back, as below)
+                recs += self.run_workload_rounds(w, impls, state, outputs, flops, progress, task)
+                impls = []
+            for impl in impls:
+                if progress is not None:
+                    progress.update(task, description=f"{w.name[:34]:34s} {impl.name[:30]:30s}")
+                try:
+                    rec = self.run_one(w, impl, state, outputs, flops)
+                except Exception as e:  # last line of defence: a bug in compare itself is still a record
+                    rec = self.record(w, impl, "failed", f"compare error: {type(e).__name__}: {str(e)[:300]}").to_json()
+                if progress is not None:
+                    progress.advance(task)
+                if rec is not None:
+                    recs.append(rec)
+            self.drain_compiles(state)  # a pair that never ran (budget, error) leaves no compile behind
+            with self.lock.shared():  # twin agreement on the full outputs
+                self.finalize(recs, outputs)
         wall = round(time.perf_counter() - t0, 3)
         lane = None
         if self.lane is not None:  # which lane, and how long it waited for the GPU lock in this workload
             waits = self.lock.waits()
+            holds = self.lock.holds()
             lane = {"lane": f"{self.lane[0]}/{self.lane[1]}", "pass": self.opts.lane_pass,
-                    **{f"lock_wait_{k}_s": round(waits[k] - waits0.get(k, 0.0), 3) for k in waits}}
+                    **{f"lock_wait_{k}_s": round(waits[k] - waits0.get(k, 0.0), 3) for k in waits},
+                    **{f"lock_holds_{k}": holds[k] - holds0.get(k, 0) for k in holds}}
         for r in recs:  # the workload's host wall seconds, planning to its last record (what a sweep's time is made of)
             if isinstance(r.get("metrics"), dict):
                 r["metrics"]["workload_wall_s"] = wall
@@ -849,7 +865,8 @@ class _Run:
                 prep = pre["prep"]
                 phase["prepare"] = pre["prepare_s"]
                 t0 = time.perf_counter()
-                compile_s = _compile_result(pre["future"])
+                with self.lock.released():  # a worker's compile: host work, no GPU hold (--run-up-hold one)
+                    compile_s = _compile_result(pre["future"])
                 phase["compile_wait"] = round(time.perf_counter() - t0, 3)
                 if compile_s is not None:
                     phase["compile_bg"] = compile_s
@@ -1047,7 +1064,8 @@ class _Run:
         for pre in (state.get("prepared") or {}).values():
             fut = pre.get("future")
             if fut is not None:
-                _compile_result(fut)
+                with self.lock.released():  # host work: a shared hold (--run-up-hold one) is given up meanwhile
+                    _compile_result(fut)
 
     def agree(self, rec: ResultRecord, w: Workload, state: dict, out_btnh) -> bool:
         """The output against the oracle on the subset into ``rec.agreement``; False when the record ends here

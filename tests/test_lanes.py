@@ -169,7 +169,7 @@ def _parent_argv(tmp_path) -> list[str]:
             "--reps", "7", "--warmup", "2", "--rounds", "2", "--e2e-reps", "4", "--e2e-calls", "9",
             "--e2e-budget-s", "0.25", "--budget-s", "1.5", "--max-run-s", "100", "--clock", "events",
             "--allow-clock-fallback", "--arch", "h200", "--cpu-max-flops", "1000", "--no-ceilings", "--jobs", "3",
-            "--compile-workers", "6", "--out", str(tmp_path / "o")]
+            "--compile-workers", "6", "--run-up-hold", "one", "--out", str(tmp_path / "o")]
 
 
 def test_every_run_option_is_forwarded_to_the_lanes_or_set_by_the_parent(tmp_path):
@@ -352,6 +352,29 @@ def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
     lanes_seen = {r["metrics"]["lane"]["lane"] for r in recs if r["type"] == "result" and r["status"] == "ok"}
     assert lanes_seen <= {"0/2", "1/2"} and lanes_seen
     assert (tmp_path / "two" / "lanes" / "lane0.jsonl").exists()
+
+
+def test_one_run_up_hold_takes_the_shared_lock_fewer_times_for_the_same_records(tmp_path):
+    """--run-up-hold one (a lane holds the shared GPU lock once over a workload's run-up, giving it up only for host
+    work and timing) records what --run-up-hold each records, in fewer takes of the shared lock per workload
+    (metrics.lane.lock_holds_shared, counted by the lock itself)."""
+    sel = ["--config", "smoke", "--only", "smoke_prefill*", "--impl", "pallas:v1*", "--impl", "pallas:v4*",
+           "--impl", "pallas:auto", "--quiet", "--jobs", "2"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    holds = {}
+    for mode in ("each", "one"):
+        got = subprocess.run([sys.executable, "-m", "compare", "run", *sel, "--run-up-hold", mode,
+                              "--out", str(tmp_path / mode)], env=env, capture_output=True, text=True, timeout=600)
+        assert got.returncode == 0, got.stderr[-2000:]
+        recs = [json.loads(x) for x in (tmp_path / mode / "records.jsonl").read_text().splitlines()]
+        by_w = {r["workload"]["name"]: r["metrics"]["lane"] for r in recs
+                if r["type"] == "result" and isinstance(r.get("metrics"), dict) and r["metrics"].get("lane")}
+        assert by_w and all(v["lock_holds_shared"] >= 1 for v in by_w.values()), by_w
+        holds[mode] = by_w
+    assert _strip(tmp_path / "each" / "records.jsonl") == _strip(tmp_path / "one" / "records.jsonl")
+    assert holds["each"].keys() == holds["one"].keys()
+    for w in holds["each"]:
+        assert holds["one"][w]["lock_holds_shared"] < holds["each"][w]["lock_holds_shared"], (w, holds)
 
 
 def test_a_cpu_run_over_three_lanes_passes_what_they_left_to_two_lanes_then_alone(tmp_path):
