@@ -348,9 +348,41 @@ def _dense_oracle_f64(q, k, v, q_offs, kv_valid, sinks=None, segs=None, *, batch
                                       v_width=v_width)
 
 
+# Threads the host part of the dense oracle runs its (batch, KV head group) products on (``set_host_threads``; each
+# product single-threaded in BLAS, numpy releasing the GIL in its conversions and products; the result is the same
+# bit for bit at any count). 1 unless the runner sets it: a lane of K on an N-core host gets N // (2 K) (session 30:
+# a large decode workload's oracle spent 6.8 s of numpy on one thread in the sweep's second stage, two lanes on
+# sixteen cores).
+_HOST_THREADS = 1
+
+
+def set_host_threads(n: int) -> None:
+    """How many threads the dense oracle's host products use (>= 1)."""
+    global _HOST_THREADS
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"host threads must be an int >= 1; got {n!r}")
+    _HOST_THREADS = n
+
+
+def host_threads() -> int:
+    return _HOST_THREADS
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Within this block the dense oracle's host products use ``n`` threads (``set_host_threads``), restored after."""
+    prev = _HOST_THREADS
+    set_host_threads(n)
+    try:
+        yield
+    finally:
+        set_host_threads(prev)
+
+
 def _dense_oracle_f64_host(q, k, v, q_offs, kv_valid, sinks, segs, *, batches, rows, heads, groups, causal, scale,
                            window, softcap, v_width):
-    """``_dense_oracle_f64`` on host arrays (numpy only)."""
+    """``_dense_oracle_f64`` on host arrays (numpy only); the (batch, group) products on ``host_threads()``
+    threads, each writing its own slice of the output."""
     if v_width is not None:  # MLA: the values are the latent's first ``v_width`` columns
         v = v[..., :v_width]
     ridx = np.concatenate([np.arange(r0, r1) for r0, r1 in rows])
@@ -358,6 +390,7 @@ def _dense_oracle_f64_host(q, k, v, q_offs, kv_valid, sinks, segs, *, batches, r
     hs = np.array([[heads[i] for i in pos] for _, pos in groups])  # [n_groups, m] query heads
     m = hs.shape[1]
     out = np.empty((len(batches), n_rows, len(groups), m, v.shape[-1]), np.float64)
+    per_batch = []
     for bi, b in enumerate(batches):
         n, off = int(kv_valid[bi]), int(q_offs[bi])
         # attn_core's own rules (visible_mask, range by range: the rows are sampled ranges) and softmax
@@ -366,16 +399,30 @@ def _dense_oracle_f64_host(q, k, v, q_offs, kv_valid, sinks, segs, *, batches, r
             1, r1 - r0, n, causal=causal, q_offset=off + r0, kv_len=None, window=window,
             q_segments=None if segs is None else segs[b:b + 1, r0:r1],
             kv_segments=None if segs is None else segs[b:b + 1, :n])[0, 0] for r0, r1 in rows])  # [R, n]
-        qb = q[b, ridx].astype(np.float64)  # [R, Hq, D]
-        for gi, (u, _) in enumerate(groups):
-            ku, vu = k[b, :n, u].astype(np.float64), v[b, :n, u].astype(np.float64)  # [n, D], [n, Dv]
-            qg = qb[:, hs[gi]].transpose(1, 0, 2).reshape(m * n_rows, -1)  # [m * R, D]: the group's heads as rows
-            sc = ((qg @ ku.T) * scale).reshape(m, n_rows, n)
-            if softcap is not None:
-                sc = softcap * np.tanh(sc / softcap)
-            sink = None if sinks is None else sinks[hs[gi]][:, None, None]  # [m, 1, 1]
-            p, *_ = reference.masked_softmax(sc, visible[None], sink)
-            out[bi, :, gi] = (p.reshape(m * n_rows, n) @ vu).reshape(m, n_rows, -1).transpose(1, 0, 2)
+        per_batch.append((b, n, visible, q[b, ridx].astype(np.float64)))  # qb: [R, Hq, D]
+
+    def product(bi: int, gi: int) -> None:
+        b, n, visible, qb = per_batch[bi]
+        u = groups[gi][0]
+        ku, vu = k[b, :n, u].astype(np.float64), v[b, :n, u].astype(np.float64)  # [n, D], [n, Dv]
+        qg = qb[:, hs[gi]].transpose(1, 0, 2).reshape(m * n_rows, -1)  # [m * R, D]: the group's heads as rows
+        sc = ((qg @ ku.T) * scale).reshape(m, n_rows, n)
+        if softcap is not None:
+            sc = softcap * np.tanh(sc / softcap)
+        sink = None if sinks is None else sinks[hs[gi]][:, None, None]  # [m, 1, 1]
+        p, *_ = reference.masked_softmax(sc, visible[None], sink)
+        out[bi, :, gi] = (p.reshape(m * n_rows, n) @ vu).reshape(m, n_rows, -1).transpose(1, 0, 2)
+
+    items = [(bi, gi) for bi in range(len(batches)) for gi in range(len(groups))]
+    if _HOST_THREADS > 1 and len(items) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(_HOST_THREADS, len(items)), thread_name_prefix="oracle") as pool:
+            for f in [pool.submit(product, bi, gi) for bi, gi in items]:
+                f.result()  # an error in any product raises here
+    else:
+        for bi, gi in items:
+            product(bi, gi)
     b0, (r0, r1) = batches[0], rows[0]
     u0 = int(groups[0][0])
     return out, q[b0, r0:r1][:, hs[0]], k[b0, :, u0], v[b0, :, u0]

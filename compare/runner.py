@@ -30,6 +30,7 @@ import dataclasses
 import fnmatch
 import gc
 import math
+import os
 import re
 import shlex
 import sys
@@ -1304,7 +1305,8 @@ class _Run:
         return header
 
     def main(self) -> int:
-        with accuracy.host_sections(self.lock.released):  # a lane: the oracle's numpy without the GPU lock
+        # a lane: the oracle's numpy without the GPU lock, on its share of the host's cores (accuracy._HOST_THREADS)
+        with accuracy.host_sections(self.lock.released), accuracy.threads(oracle_threads(self.lane, os.cpu_count())):
             return self._main()
 
     def _main(self) -> int:
@@ -1604,6 +1606,13 @@ def _compile_locked(lock, fn, args: tuple) -> float:
     held shared; otherwise nothing); the wait for the lock is the lane's ``lock_wait_compile_s``, not these seconds."""
     with lock.compiling():
         return _compile_ahead(fn, args)
+
+
+def oracle_threads(lane: tuple[int, int] | None, cores: int | None) -> int:
+    """Threads for the float64 oracle's host products: half the host's cores shared by the run's processes (one
+    process, or the K lanes of a pass; the other half is left to the compile workers and the timing loops)."""
+    k = 1 if lane is None else max(1, int(lane[1]))
+    return max(1, (cores or 1) // (2 * k))
 
 
 def _compile_result(fut) -> float | None:

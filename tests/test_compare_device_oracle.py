@@ -348,3 +348,28 @@ def test_the_one_program_oracle_on_an_mla_latent(q_len, causal):
     inp.latent_pool = inp.latent_pool.at[page, 2, 0, 5].add(1.0)
     with pytest.raises(RuntimeError, match="pools differ from the dense"):
         accuracy.oracle(w, inp, sub)
+
+
+@pytest.mark.parametrize("feats", [{}, {"window": 40, "softcap": 30.0, "sinks": True}, {"packed": True}])
+def test_the_oracles_host_threads_change_nothing_bit_for_bit(feats):
+    """``accuracy.threads(n)``: the dense oracle's (batch, KV group) products on n threads (the runner gives a lane of K
+    half the host's cores over K) give the one-thread result bit for bit, features included; a bad count is
+    refused, and the count is restored after the block."""
+    from compare import runner
+
+    kw = dict(batch=3, q_len=200, kv_len=200, q_offset=0) if feats.get("packed") else {}
+    w = _wl(**kw, **feats)
+    inp = interop.make_inputs(w)
+    sub = accuracy.choose_subset(w, max_macs=2e6)
+    assert len(sub.batches) * len(accuracy._head_groups(tuple(sub.heads), w.heads_q // w.heads_kv)) > 2
+    with accuracy.threads(1):
+        one = accuracy.oracle(w, inp, sub)
+    for n in (2, 5):
+        with accuracy.threads(n):
+            assert accuracy.host_threads() == n
+            np.testing.assert_array_equal(accuracy.oracle(w, inp, sub), one)
+    assert accuracy.host_threads() == 1
+    with pytest.raises(ValueError, match="threads"):
+        accuracy.set_host_threads(0)
+    assert runner.oracle_threads(None, 16) == 8 and runner.oracle_threads((0, 6), 16) == 1
+    assert runner.oracle_threads((1, 2), 16) == 4 and runner.oracle_threads((0, 1), None) == 1
