@@ -511,10 +511,8 @@ deterministic_asked = api.deterministic_asked  # whether the backward must be bi
 
 
 def _feature_config(cfg, problem: Problem, window, packed: bool):
-    # the wide-window rule is self-attention's (rows and keys one sequence): the head dim only then
     return fa_prefill.config_for_features(cfg, causal=bool(problem.causal), window=window, q_len=problem.q_len,
-                                          packed=packed,
-                                          head_dim=problem.head_dim if problem.q_len == problem.kv_len else None)
+                                          packed=packed, kv_len=problem.kv_len, head_dim=problem.head_dim)
 
 
 def prefill_config(problem: Problem, window, packed: bool = False):

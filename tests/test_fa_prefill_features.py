@@ -392,15 +392,18 @@ def test_wide_causal_windows_over_two_windows_of_rows_run_eight_tiles_at_d128(mo
     from compare import auto, workloads
 
     d, w = fp.CONFIGS["default"], (4095, 0)
-    assert fp.config_for_window(d, True, w, q_len=8192, head_dim=128) == fp.CONFIGS["tiles8"]
-    assert fp.config_for_window(d, True, w, q_len=4097, head_dim=128) == fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(d, True, w, q_len=8192, kv_len=8192, head_dim=128) == fp.CONFIGS["tiles8"]
+    assert fp.config_for_window(d, True, w, q_len=4097, kv_len=4097, head_dim=128) == fp.CONFIGS["tiles8"]
     for q_len, head_dim in ((16384, 128), (8193, 128), (4096, 128), (8192, 256), (8192, 64), (8192, None),
                             (None, 128)):
-        assert fp.config_for_window(d, True, w, q_len=q_len, head_dim=head_dim) is d, (q_len, head_dim)
-    assert fp.config_for_window(d, False, (4095, 4095), q_len=8192, head_dim=128) is d  # two-sided: not the rule
-    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, w, q_len=8192, head_dim=128) is fp.CONFIGS["tiles2"]
-    assert fp.config_for_window(fp.CONFIGS["c3"], True, w, q_len=8192, head_dim=128) is fp.CONFIGS["tiles8"]
-    assert fp.config_for_features(d, causal=True, window=w, q_len=8192, packed=False,
+        assert fp.config_for_window(d, True, w, q_len=q_len, kv_len=q_len, head_dim=head_dim) is d, (q_len, head_dim)
+    assert fp.config_for_window(d, False, (4095, 4095), q_len=8192, kv_len=8192, head_dim=128) is d  # two-sided
+    assert fp.config_for_window(d, True, w, q_len=8192, kv_len=12288, head_dim=128) is d  # not self-attention
+    assert fp.config_for_window(fp.CONFIGS["tiles2"], True, w, q_len=8192, kv_len=8192,
+                                head_dim=128) is fp.CONFIGS["tiles2"]
+    assert fp.config_for_window(fp.CONFIGS["c3"], True, w, q_len=8192, kv_len=8192,
+                                head_dim=128) is fp.CONFIGS["tiles8"]
+    assert fp.config_for_features(d, causal=True, window=w, q_len=8192, packed=False, kv_len=8192,
                                   head_dim=128) == fp.CONFIGS["tiles8"]
     monkeypatch.setattr(dropin, "_is_sm90", lambda: True)  # the device query faked to a Hopper: nothing runs
     monkeypatch.setattr(dropin._compat, "default_interpret", lambda interpret: False)

@@ -229,14 +229,14 @@ WIDE_WINDOW_HEAD_DIMS = (128,)
 
 
 def config_for_window(cfg: PrefillConfig, causal: bool, window, *, q_len: int | None = None,
-                      head_dim: int | None = None) -> PrefillConfig:
+                      kv_len: int | None = None, head_dim: int | None = None) -> PrefillConfig:
     """The config for a call with ``window`` (``(left, right)`` or None) given the shape's config ``cfg``: with a
     band of at most ``NARROW_WINDOW`` keys per row, the same config with ``NARROW_WINDOW_TILES`` row tiles per CTA
     (two consumers in place of three), whatever the dense shape's tiles (session 30, H200: gpt-oss-20b's local layers
     ran 3-4% slower on the dense N 2048-8192 rows' tiles4 than on tiles8, results/gpu_runs/
     20261128_s30_h200_call5_prefill_window_rule/); with a wider causal window of ``left + 1`` keys over ``q_len`` rows
-    where ``left + 1 < q_len <= 2 * (left + 1)`` at a head dim of ``WIDE_WINDOW_HEAD_DIMS`` (both given: the
-    drop-in's self-attention) and a one-tile config, ``WIDE_WINDOW_TILES``; otherwise ``cfg``."""
+    where ``left + 1 < q_len <= 2 * (left + 1)`` at a head dim of ``WIDE_WINDOW_HEAD_DIMS`` (self-attention:
+    ``kv_len == q_len``, all three given) and a one-tile config, ``WIDE_WINDOW_TILES``; otherwise ``cfg``."""
     if window is None:
         return cfg
     hi_off, lo_off = _mask_bounds(causal, tuple(window))
@@ -245,8 +245,8 @@ def config_for_window(cfg: PrefillConfig, causal: bool, window, *, q_len: int | 
     band = hi_off + lo_off + 1
     if band <= NARROW_WINDOW:
         return cfg if cfg.tiles == NARROW_WINDOW_TILES else _several_tiles(cfg, NARROW_WINDOW_TILES)
-    if (cfg.tiles == 1 and causal and hi_off == 0 and q_len is not None and head_dim in WIDE_WINDOW_HEAD_DIMS
-            and band < q_len <= 2 * band):
+    if (cfg.tiles == 1 and causal and hi_off == 0 and q_len is not None and kv_len == q_len
+            and head_dim in WIDE_WINDOW_HEAD_DIMS and band < q_len <= 2 * band):
         return _several_tiles(cfg, WIDE_WINDOW_TILES)
     return cfg
 
@@ -288,11 +288,11 @@ def config_for_packed(cfg: PrefillConfig, q_len: int) -> PrefillConfig:
 
 
 def config_for_features(cfg: PrefillConfig, *, causal: bool, window, q_len: int, packed: bool,
-                        head_dim: int | None = None) -> PrefillConfig:
+                        kv_len: int | None = None, head_dim: int | None = None) -> PrefillConfig:
     """The shape's config ``cfg`` after the rules for the call's features: ``config_for_window`` (its wide-window
-    rule where ``head_dim`` is given), then for packed documents ``config_for_packed``. The one composition the
-    drop-in and ``fa_prefill_bwd.attention_lse`` use."""
-    cfg = config_for_window(cfg, causal, window, q_len=q_len, head_dim=head_dim)
+    rule where ``kv_len`` and ``head_dim`` are given), then for packed documents ``config_for_packed``. The one
+    composition the drop-in and ``fa_prefill_bwd.attention_lse`` use."""
+    cfg = config_for_window(cfg, causal, window, q_len=q_len, kv_len=kv_len, head_dim=head_dim)
     return config_for_packed(cfg, q_len) if packed else cfg
 
 

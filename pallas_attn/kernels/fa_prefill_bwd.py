@@ -1293,8 +1293,7 @@ def attention_lse(q, k, v, *, causal: bool, scale: float, q_offset=None, config=
         config = fa_prefill.config_for_features(fa_prefill.KERNEL.heuristic(Problem(
             entry="dense", dtype=q.dtype.name, batch=b, q_len=q.shape[1], kv_len=k.shape[1], heads_q=q.shape[2],
             heads_kv=k.shape[2], head_dim=q.shape[3], causal=bool(causal))), causal=bool(causal), window=fwd_window,
-            q_len=q.shape[1], packed=segment_ids is not None,
-            head_dim=q.shape[3] if q.shape[1] == k.shape[1] else None)
+            q_len=q.shape[1], packed=segment_ids is not None, kv_len=k.shape[1], head_dim=q.shape[3])
     bwd = CONFIGS["default"] if bwd_config is None else bwd_config
     if not isinstance(bwd, BwdConfig):
         raise ValueError(f"{GEN} attention_lse: bwd_config must be a BwdConfig; got {bwd!r}")
