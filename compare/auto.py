@@ -111,9 +111,15 @@ def _dropin_choice(w) -> dict[str, Any]:
     impl, why = pallas_attn.which_implementation(q, kv, kv, is_causal=w.causal, local_window_size=_window(w),
                                                  softcap=w.softcap, sinks=sinks, segment_ids=seg)
     out: dict[str, Any] = {"why": why}
-    if impl == dropin.APART:  # fa_prefill's forward when not differentiated, cuDNN's pair when differentiated
-        # (D 96, and causal D 128 from N 4096: dropin.TRAIN_ON_CUDNN_MIN_Q_LEN)
-        if w.family == "train":
+    if impl == dropin.APART:  # fa_prefill's forward when not differentiated; differentiated, that forward and
+        # cuDNN's backward (session 31, dropin.APART_STEP), else cuDNN's pair (D 96, and causal D 128 from N 4096:
+        # dropin.TRAIN_ON_CUDNN_MIN_Q_LEN)
+        hybrid = not dropin._hybrid_takes(q, kv, is_causal=w.causal,
+                                          window=dropin._window(_window(w), w.causal, w.q_len, w.kv_len))
+        if w.family == "train" and hybrid:
+            _, fwd = prefill_forward_config(w)
+            out.update(generation="fa_prefill", config=fwd, bwd_config="jax:cudnn", chose=f"fa_prefill:{fwd}+bwd:cudnn")
+        elif w.family == "train":
             out.update(generation=None, config=None, chose="cudnn")
         else:
             _, fwd = prefill_forward_config(w)

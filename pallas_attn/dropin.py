@@ -7,14 +7,15 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
   the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96's pair only when forced,
-  ``DEFAULT_SKIPS_HEAD_DIMS``; by default a D 96 call from query length 1024 on runs fa_prefill's forward when it is
-  not differentiated and jax.nn's cuDNN pair when it is, ``APART``), no sequence lengths. At short self-attention
+  ``DEFAULT_SKIPS_HEAD_DIMS``; by default a D 96 call from query length 1024 on runs fa_prefill's forward, and when
+  it is differentiated that forward's output and LSE go to jax.nn cuDNN's backward, ``APART``), no sequence lengths. At short self-attention
   (D 64 up to N 4096, D 128 up to N 512 causal / 1024 not; ``CUDNN_FORWARD_MAX_Q_LEN``) a default call runs jax.nn's
   cuDNN forward when it is not differentiated and this pair when it is (``CUDNN_FORWARD``; docs/dropin.md, "Short
   sequences"). The mirror at long causal D 128 (from N 4096, ``TRAIN_ON_CUDNN_MIN_Q_LEN``; with no window or a
-  causal one of at least Mistral's 4096 keys, ``TRAIN_ON_CUDNN_MIN_WINDOW``): this pair's forward when not
-  differentiated, jax.nn's cuDNN pair when it is (``APART``), unless determinism is asked or a ``bwd_config`` named
-  (docs/dropin.md, "Long training steps"). Mosaic GPU kernels
+  causal one of at least Mistral's 4096 keys, ``TRAIN_ON_CUDNN_MIN_WINDOW``): this pair's forward, and when
+  differentiated jax.nn cuDNN's backward on its output and LSE (``APART``, ``APART_STEP``; jax.nn's cuDNN pair where
+  jax's private cuDNN backward primitive is not the one ``_cudnn_backward`` binds), unless determinism is asked or a
+  ``bwd_config`` named (docs/dropin.md, "Long training steps"). Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
@@ -352,9 +353,9 @@ def which_implementation(query, key, value, bias=None, mask=None, *, scale=None,
             and q.shape[1] >= apart_from and _cudnn_takes(q, bias, mask, query_seq_lengths, key_value_seq_lengths,
                                                           is_causal=is_causal, window=win)):
         return APART, (f"head dim {q.shape[3]}, query length >= {apart_from}: pallas:fa_prefill's forward when the "
-                       "call is not differentiated (faster than cuDNN's there), jax.nn's cuDNN forward and backward "
-                       "when it is (cuDNN's training step is faster than our zero-padded backward); "
-                       "docs/fa_prefill.md, 'Head dim 96'")
+                       "call is not differentiated (faster than cuDNN's there), "
+                       f"{_apart_step_words(q, k, is_causal, win)} when it is (cuDNN's backward is faster than our "
+                       "zero-padded one); docs/fa_prefill.md, 'Head dim 96'")
     why = _unsupported(q, k, bias, mask)
     if slow and sm90 and not why_prefill:
         why = f"{slow}; {why}" if why else slow
@@ -457,10 +458,10 @@ def _cudnn_route(q, k, *, is_causal, window, deterministic, bwd_config) -> tuple
     if (start is not None and t >= start and wide_window and bwd_config is None
             and not api.deterministic_asked(deterministic)):
         return APART, (f"{shape} >= {start}{'' if window is None else f', window left {window[0]}'}: "
-                       "pallas:fa_prefill's forward when the call is not differentiated, jax.nn's cuDNN forward and "
-                       "backward when it is (cuDNN's training step is faster than ours at this length; "
-                       "deterministic=True or a bwd_config keeps ours); docs/fa_prefill.md, 'Long training steps on "
-                       "cuDNN's pair'")
+                       f"pallas:fa_prefill's forward when the call is not differentiated, "
+                       f"{_apart_step_words(q, k, is_causal, window)} when it is (cuDNN's backward is faster than "
+                       "ours at this length; deterministic=True or a bwd_config keeps our training step); "
+                       "docs/fa_prefill.md, 'Long training steps on cuDNN's pair'")
     limit = CUDNN_FORWARD_MAX_Q_LEN.get(row)
     if window is None and limit is not None and t <= limit:
         return CUDNN_FORWARD, (f"{shape} <= {limit}: jax.nn's cuDNN forward when the call is not differentiated "
@@ -729,6 +730,110 @@ def _forward_apart(forward, differentiable):
     return f
 
 
+# How a differentiated ``APART`` call runs: ``"ours+cudnn_bwd"`` (fa_prefill's forward with its LSE, then jax.nn cuDNN's
+# backward primitive on that output and LSE: ``_ours_then_cudnn``, session 31) or ``"cudnn"`` (jax.nn's cuDNN forward
+# and backward, sessions 26-30). The first needs a private jax module whose signature ``_cudnn_bwd_api`` checks; when
+# it differs the second runs, and ``which_implementation``'s reason says so. docs/fa_prefill.md, "Our forward, cuDNN's
+# backward".
+APART_STEP = "ours+cudnn_bwd"
+# the positional operands and keyword parameters of jax's cuDNN backward primitive that ``_cudnn_backward`` binds
+_CUDNN_BWD_OPERANDS = ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets",
+                       "page_table_k", "page_table_v", "activation", "fwd_output", "grad_output")
+_CUDNN_BWD_PARAMS = frozenset(("scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+                               "sliding_window_length"))
+
+
+@functools.cache
+def _cudnn_bwd_api():
+    """``(module, "")``: jax's cuDNN attention module (``jax._src.cudnn.fused_attention_stablehlo``, private) when its
+    backward primitive has the operands and parameters ``_cudnn_backward`` binds, else ``(None, why)``."""
+    import inspect
+
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+    except ImportError as e:  # pragma: no cover - every jax this project supports has it
+        return None, f"jax's cuDNN attention module does not import ({e})"
+    names = ("_dot_product_attention_bwd_p_wrapper", "_dot_product_attention_bwd_abstract", "MaskType",
+             "AttentionLayout")
+    missing = [n for n in names if not hasattr(fa, n)]
+    if missing:
+        return None, f"jax's cuDNN attention module lacks {', '.join(missing)}"
+    params = inspect.signature(fa._dot_product_attention_bwd_abstract).parameters.values()
+    operands = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+    keywords = frozenset(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    if operands != _CUDNN_BWD_OPERANDS or keywords != _CUDNN_BWD_PARAMS:
+        return None, (f"jax's cuDNN backward primitive has operands {operands} and parameters {sorted(keywords)}, "
+                      f"not the ones this drop-in binds")
+    return fa, ""
+
+
+def _cudnn_backward(q, k, v, out, lse, dout, *, scale: float, causal: bool, left: int | None):
+    """``(dq, dk, dv)`` from jax.nn cuDNN's backward kernel given a forward's ``out`` (BTNH) and its natural-log LSE
+    (fp32 ``[B, N, T]``, what cuDNN's own forward saves as its softmax statistics); ``left``: a causal window's left
+    side (cuDNN's sliding window of ``left + 1`` keys, as jax.nn maps ``local_window_size``)."""
+    fa, why = _cudnn_bwd_api()
+    if fa is None:
+        raise NotImplementedError(why)
+    none = jnp.zeros((0,), q.dtype)  # no bias, lengths, offsets or page tables (jax.nn's placeholder)
+    grads = fa._dot_product_attention_bwd_p_wrapper.bind(
+        q, k, v, none, none, none, none, none, none, none, lse.astype(jnp.float32), out, dout.astype(out.dtype),
+        scale=float(scale), seed=42, dropout_rate=0.0, variadic_args=(False, False),
+        mask_type=fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK, layout=fa.AttentionLayout.BTNH.value,
+        sliding_window_length=None if left is None else int(left) + 1)
+    return tuple(grads[:3])
+
+
+def _hybrid_takes(q, k, *, is_causal, window) -> str:
+    """Why a differentiated ``APART`` call keeps jax.nn cuDNN's pair ("" when ``_ours_then_cudnn`` takes it):
+    self-attention (T == S) with no window or a causal one."""
+    if APART_STEP != "ours+cudnn_bwd":
+        return f"APART_STEP is {APART_STEP!r}"
+    why = _cudnn_bwd_api()[1]
+    if why:
+        return why
+    if q.shape[1] != k.shape[1]:
+        return f"query length {q.shape[1]} != key length {k.shape[1]}"
+    if window is not None and not (is_causal and _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1])
+                                   is not None):
+        return f"window {window} is not a causal one"
+    return ""
+
+
+def _apart_step_words(q, k, is_causal, window) -> str:
+    """How a differentiated ``APART`` call runs, in words for ``which_implementation``."""
+    why = _hybrid_takes(q, k, is_causal=is_causal, window=window)
+    if not why:
+        return "that forward with its LSE and jax.nn cuDNN's backward on them"
+    return f"jax.nn's cuDNN forward and backward ({why})"
+
+
+def _ours_then_cudnn(q, k, v, *, scale: float, is_causal: bool, window):
+    """A ``jax.custom_vjp`` over BTNH ``q, k, v``: not differentiated, fa_prefill's forward (the forced pair's, the
+    same program); differentiated, fa_prefill's forward with its LSE and then ``_cudnn_backward`` on that output and
+    LSE. ``window``: None or a causal window (``_hybrid_takes``)."""
+    left = None if window is None else _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1])
+    causal = bool(is_causal) or left is not None
+    problem = dataclasses.replace(_dense_problem(q, k, causal), causal=causal)
+    cfg = _prefill_fwd_config(problem, None if left is None else (left, 0))
+    fwd_kw = dict(causal=causal, scale=scale, q_offset=jnp.zeros((q.shape[0],), jnp.int32),
+                  interpret=_compat.default_interpret(None), config=cfg, window=None if left is None else (left, 0))
+
+    @jax.custom_vjp
+    def f(q, k, v):
+        return fa_prefill.forward(q, k, v, **fwd_kw)
+
+    def fwd(q, k, v):
+        out, lse = fa_prefill.forward(q, k, v, return_lse=True, **fwd_kw)
+        return out, (q, k, v, out, lse)
+
+    def bwd(res, g):
+        q, k, v, out, lse = res
+        return _cudnn_backward(q, k, v, out, lse, g, scale=scale, causal=causal, left=left)
+
+    f.defvjp(fwd, bwd)
+    return f(q, k, v)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
@@ -774,6 +879,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         if bwd_config is not None:
             raise NotImplementedError(f"bwd_config={bwd_config!r} configures a Pallas backward; this call's backward "
                                       "is jax.nn's cuDNN (its forward, not differentiated, fa_prefill's)")
+        q4, k4, v4 = (_ensure_4d(x) for x in (query, key, value))
+        win = _window(local_window_size, is_causal, q4.shape[1], k4.shape[1])
+        if not _hybrid_takes(q4, k4, is_causal=is_causal, window=win):
+            sc = (1.0 / math.sqrt(q4.shape[3])) if scale is None else scale
+            try:
+                sc = float(sc)
+            except (TypeError, jax.errors.ConcretizationTypeError) as e:
+                raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") \
+                    from e
+            return jnp.reshape(_ours_then_cudnn(q4, k4, v4, scale=sc, is_causal=bool(is_causal), window=win),
+                               jnp.shape(query))
         kw = dict(scale=scale, is_causal=is_causal, local_window_size=local_window_size)
         return _forward_apart(
             lambda q, k, v: dot_product_attention(q, k, v, implementation=_PREFILL, **kw),

@@ -182,6 +182,7 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
 
     q, k, v, w = _force_route(monkeypatch, dropin.APART, 96, 3)  # the route a Hopper GPU takes at N >= 1024
     monkeypatch.setattr(dropin, "_APART_DIFFERENTIATED", "xla")
+    monkeypatch.setattr(dropin, "APART_STEP", "cudnn")  # the pair; the default's hybrid: the tests below
     out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
     ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-2, rtol=0)
@@ -201,6 +202,125 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     with pytest.raises(NotImplementedError, match="cuDNN"):
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="wide")
+
+
+def _reference_backward(q, k, v, out, lse, g, *, scale, causal, left):
+    """``(dq, dk, dv)`` in float32 jnp from a forward's ``out`` and natural-log ``lse`` [B, N, T] (what cuDNN's
+    backward reads): P = exp(S - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K, dK = dS^T Q; GQA
+    groups summed; a causal mask and a causal window's left side."""
+    f = lambda x: x.astype(jnp.float32)  # noqa: E731
+    qf, kf, vf, of, gf = f(q), f(k), f(v), f(out), f(g)
+    grp = q.shape[2] // k.shape[2]
+    kr, vr = jnp.repeat(kf, grp, axis=2), jnp.repeat(vf, grp, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", qf, kr) * scale
+    i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    keep = jnp.ones_like(i >= j)
+    if causal:
+        keep = keep & (j <= i)
+    if left is not None:
+        keep = keep & (j >= i - left)
+    p = jnp.where(keep, jnp.exp(s - lse[..., None]), 0.0)
+    dv = jnp.einsum("bnts,btnh->bsnh", p, gf)
+    dp = jnp.einsum("btnh,bsnh->bnts", gf, vr)
+    delta = jnp.swapaxes(jnp.sum(gf * of, axis=-1), 1, 2)  # [B, N, T]
+    ds = p * (dp - delta[..., None])
+    dq = jnp.einsum("bnts,bsnh->btnh", ds, kr) * scale
+    dk = jnp.einsum("bnts,btnh->bsnh", ds, qf) * scale
+    fold = lambda x: x.reshape(x.shape[0], x.shape[1], k.shape[2], grp, x.shape[3]).sum(axis=3)  # noqa: E731
+    return dq.astype(q.dtype), fold(dk).astype(k.dtype), fold(dv).astype(v.dtype)
+
+
+def test_cudnn_backward_binds_jax_cudnn_primitive():
+    """``dropin._cudnn_backward``: jax.nn cuDNN's backward primitive on our output and LSE, by shape (abstract eval)
+    and as lowered for CUDA (cuDNN's fused backward custom call, the mask and sliding window jax.nn would give)."""
+    from pallas_attn import dropin
+
+    fa, why = dropin._cudnn_bwd_api()
+    assert fa is not None and why == ""
+    q = jax.ShapeDtypeStruct((2, 256, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 256, 2, 128), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 8, 256), jnp.float32)
+    for causal, left, mask, window in ((True, None, "CAUSAL", None), (True, 4095, "CAUSAL", 4096),
+                                       (False, None, "NO_MASK", None)):
+        fn = jax.jit(lambda q, k, v, o, lse, g, c=causal, lf=left: dropin._cudnn_backward(
+            q, k, v, o, lse, g, scale=0.125, causal=c, left=lf))
+        shapes = jax.eval_shape(fn, q, k, k, q, lse, q)
+        assert [(x.shape, x.dtype) for x in shapes] == [(q.shape, q.dtype), (k.shape, k.dtype), (k.shape, k.dtype)]
+        text = fn.trace(q, k, k, q, lse, q).lower(lowering_platforms=("cuda",)).as_text()
+        assert "fmhaSoftmaxBackward" in text and "fmhaSoftmax\"" not in text  # the backward alone, no forward
+        assert f"\\22mask_type\\22: \\22{mask}\\22" in text, mask
+        assert "tensor<2x8x256xf32>" in text  # our LSE as cuDNN's softmax statistics, [B, N, T] fp32
+        assert (f"sliding_window_length\\22: {window}" in text) == (window is not None)
+
+
+def test_cudnn_bwd_api_refuses_a_changed_primitive(monkeypatch):
+    """A jax whose cuDNN backward primitive takes other operands: ``_cudnn_bwd_api`` says so, and an APART call keeps
+    jax.nn cuDNN's pair, its reason naming why."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    import pallas_attn
+    from pallas_attn import dropin
+
+    def changed(query, key, value, bias, activation, fwd_output, grad_output, *, scale, mask_type, layout):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(fa, "_dot_product_attention_bwd_abstract", changed)
+    api, why = dropin._cudnn_bwd_api.__wrapped__()
+    assert api is None and "operands" in why
+    monkeypatch.setattr(dropin, "_cudnn_bwd_api", lambda: (None, why))
+    _gpu_like(monkeypatch)
+    q = jax.ShapeDtypeStruct((1, 8192, 32, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 8192, 8, 128), jnp.bfloat16)
+    impl, reason = pallas_attn.which_implementation(q, k, k, is_causal=True)
+    assert impl == dropin.APART and "jax.nn's cuDNN forward and backward" in reason and "operands" in reason
+    monkeypatch.setattr(dropin, "_cudnn_bwd_api", lambda: (fa, ""))
+    impl, reason = pallas_attn.which_implementation(q, k, k, is_causal=True)
+    assert impl == dropin.APART and "cuDNN's backward on them" in reason
+    short_k = jax.ShapeDtypeStruct((1, 4096, 8, 128), jnp.bfloat16)
+    assert dropin._hybrid_takes(q, short_k, is_causal=True, window=None) == "query length 8192 != key length 4096"
+    assert "not a causal one" in dropin._hybrid_takes(q, k, is_causal=False, window=(100, 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d,hk,window", [(128, 1, None), (96, 2, None), (128, 1, (40, 0))])
+def test_apart_trains_our_forward_with_cudnns_backward(monkeypatch, d, hk, window):
+    """A differentiated APART call (the default on a Hopper GPU for causal D 128 from N 4096, D 96 from N 1024, and
+    Mistral's window) on a CPU: fa_prefill's forward (interpret mode) and then the backward ``_cudnn_backward``
+    binds, here a float32 jnp twin of it (``_reference_backward``) given the same output and LSE. The value under
+    jax.value_and_grad is fa_prefill's forward's, exactly (the forced pair's); the gradients are within bf16 rounding
+    of jax.nn XLA's."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    q, k, v, w = _force_route(monkeypatch, dropin.APART, d, 5 + d)
+    if hk == 2:
+        k, v = (jnp.concatenate([x, x[..., ::-1]], axis=2) for x in (k, v))
+    seen = []
+
+    def twin(*a, **kw):
+        seen.append(kw)
+        return _reference_backward(*a, **kw)
+
+    monkeypatch.setattr(dropin, "_cudnn_backward", twin)
+    kw = dict(is_causal=True, local_window_size=window)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+    val, g = jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
+                                argnums=(0, 1, 2))(q, k, v)
+    assert seen and seen[0]["causal"] is True and seen[0]["left"] == (None if window is None else window[0])
+    forced = pallas_attn.dot_product_attention(q, k, v, implementation="pallas:fa_prefill", **kw)
+    assert float(val) == float(jnp.sum(forced.astype(jnp.float32) * w))
+    rval, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, implementation="xla", **kw)),
+                                  argnums=(0, 1, 2))(q, k, v)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, a, b in zip(("dq", "dk", "dv"), g, rg):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.isfinite(a).all()
+        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+        assert rel < eps, (name, rel)
+    assert float(val) == pytest.approx(float(rval), rel=eps)
 
 
 def test_short_self_attention_runs_cudnns_forward_and_our_pair_under_differentiation(monkeypatch):

@@ -8,7 +8,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from compare import auto, impls, runner, tune_table
+from compare import auto, hardware, impls, layer2, runner, tune_table
 from compare.schema import Ctx
 from compare.workloads import DROPPED_BY_MEMORY, ConfigError, load_config
 
@@ -483,8 +483,10 @@ def test_on_a_hopper_auto_names_cudnns_forward_at_short_prefill_and_our_pair_in_
 
 
 def test_on_a_hopper_auto_times_the_steps_the_drop_in_differentiates_through_cudnn(monkeypatch, ws):
-    """A training step the drop-in runs on cuDNN's pair (causal D 128 from N 4096, D 96: dropin.APART) is timed as
-    what a user gets (chose "cudnn"), not left 'unsupported'; its prefill twin keeps fa_prefill's forward; XLA's
+    """A training step the drop-in differentiates through cuDNN (causal D 128 from N 4096, D 96: dropin.APART) is
+    timed as what a user gets, not left 'unsupported': since session 31 fa_prefill's forward and cuDNN's backward
+    (chose "fa_prefill:<config>+bwd:cudnn"; layer 2 has no model of cuDNN's backward), with
+    ``dropin.APART_STEP = "cudnn"`` cuDNN's pair (chose "cudnn"); its prefill twin keeps fa_prefill's forward; XLA's
     fallback stays 'unsupported'."""
     from pallas_attn import dropin, tuning
 
@@ -497,11 +499,21 @@ def test_on_a_hopper_auto_times_the_steps_the_drop_in_differentiates_through_cud
     for name in ("sweep_train_llama-3.1-8b_n4096", "sweep_train_llama-3.1-8b_n8192", "sweep_train_qwen2.5-7b_n16384",
                  "sweep_train_phi-3-mini_n4096", "sweep_train_mistral-7b-v0.1_n4096"):  # Mistral's window masks nothing
         c = auto.choice(ws[name])
-        assert c["chose"] == "cudnn" and c["generation"] is None, name
+        fwd = auto.prefill_forward_config(ws[name])[1]
+        assert c["chose"] == f"fa_prefill:{fwd}+bwd:cudnn" and c["generation"] == "fa_prefill", name
+        assert c["bwd_config"] == "jax:cudnn" and "cuDNN's backward on them" in c["why"], name
         assert auto._supports(ws[name], None).ok, name
+        with pytest.raises(NotImplementedError, match="fa_prefill_bwd only"):
+            layer2.train_launches(layer2.AUTO, layer2.Shape.of(ws[name]), hardware.get("h100"), c)
     assert auto.choice(ws["sweep_prefill_llama-3.1-8b_n8192"])["chose"].startswith("fa_prefill:")
     assert auto.choice(ws["sweep_train_llama-3.1-8b_n2048"])["generation"] == "fa_prefill"
-    assert auto.choice(ws["sweep_train_mistral-7b-v0.1_n8192"])["chose"] == "cudnn"  # its window masks: measured
+    mistral = auto.choice(ws["sweep_train_mistral-7b-v0.1_n8192"])  # its window masks: measured
+    assert mistral["chose"].endswith("+bwd:cudnn") and "window left 4095" in mistral["why"]
+    monkeypatch.setattr(dropin, "APART_STEP", "cudnn")
+    for name in ("sweep_train_llama-3.1-8b_n8192", "sweep_train_phi-3-mini_n4096", "sweep_train_mistral-7b-v0.1_n8192"):
+        c = auto.choice(ws[name])
+        assert c["chose"] == "cudnn" and c["generation"] is None and "APART_STEP" in c["why"], name
+        assert auto._supports(ws[name], None).ok, name
     assert auto.choice(ws["sweep_prefill_mistral-7b-v0.1_n8192"])["chose"].startswith("fa_prefill:")
     monkeypatch.setattr(dropin._compat, "has_gpu", lambda: False)  # no cuDNN: Phi-3's step falls back to XLA
     assert not auto._supports(ws["sweep_train_phi-3-mini_n4096"], None).ok
