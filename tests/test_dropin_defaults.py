@@ -312,15 +312,16 @@ def test_apart_trains_our_forward_with_cudnns_backward(monkeypatch, d, hk, windo
     assert seen and seen[0]["causal"] is True and seen[0]["left"] == (None if window is None else window[0])
     forced = pallas_attn.dot_product_attention(q, k, v, implementation="pallas:fa_prefill", **kw)
     assert float(val) == float(jnp.sum(forced.astype(jnp.float32) * w))
-    rval, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, implementation="xla", **kw)),
-                                  argnums=(0, 1, 2))(q, k, v)
+    _, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, implementation="xla", **kw)),
+                               argnums=(0, 1, 2))(q, k, v)
     eps = float(jnp.finfo(jnp.bfloat16).eps)
     for name, a, b in zip(("dq", "dk", "dv"), g, rg):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert np.isfinite(a).all()
         rel = np.linalg.norm(a - b) / np.linalg.norm(b)
         assert rel < eps, (name, rel)
-    assert float(val) == pytest.approx(float(rval), rel=eps)
+    ref = jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
+    np.testing.assert_allclose(np.asarray(forced, np.float32), np.asarray(ref, np.float32), atol=2e-2, rtol=0)
 
 
 def test_short_self_attention_runs_cudnns_forward_and_our_pair_under_differentiation(monkeypatch):
