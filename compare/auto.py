@@ -140,6 +140,9 @@ def _dropin_choice(w) -> dict[str, Any]:
             ran = fa_prefill_bwd.config_for(w.head_dim, fa_prefill_bwd.CONFIGS[bwd])
             bwd = next((n for n, c in fa_prefill_bwd.CONFIGS.items() if c == ran), repr(ran))
             out.update(bwd_config=bwd, chose=f"fa_prefill:{fwd}+bwd:{bwd}")
+            if impl == dropin.CUDNN_FORWARD and not dropin._mirror_takes():  # cuDNN's forward, our backward
+                # (session 31, dropin.CUDNN_FORWARD_STEP): layer 2 has no model of cuDNN's forward
+                out.update(config=None, forward_impl="jax:cudnn", chose=f"cudnn+bwd:{bwd}")
     elif impl == "pallas:fa_train":
         p = Problem(entry="dense", dtype=w.dtype, batch=w.batch, q_len=w.q_len, kv_len=w.kv_len, heads_q=w.heads_q,
                     heads_kv=w.heads_kv, head_dim=w.head_dim, causal=w.causal)

@@ -543,7 +543,8 @@ def train_launches(impl: str, s: Shape, hw: Hardware, plan: Mapping[str, Any] | 
     pl_ = dict(plan or {})
     if impl == AUTO:
         bwd = str(pl_.get("bwd_config") or "")
-        if pl_.get("generation") != "fa_prefill" or bwd not in fa_prefill_bwd.CONFIGS:
+        if (pl_.get("generation") != "fa_prefill" or bwd not in fa_prefill_bwd.CONFIGS
+                or pl_.get("forward_impl") is not None):  # e.g. cuDNN's forward before our backward
             raise NotImplementedError(f"pallas:auto chose {pl_.get('chose')!r}; layer 2 models the train family "
                                       f"through fa_prefill's forward and fa_prefill_bwd only")
         fwd, fplan = pl_.get("config"), pl_.get("kernel_plan")

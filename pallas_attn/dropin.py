@@ -8,14 +8,16 @@ kernels, wrapped in a ``jax.custom_vjp``; docs/dropin.md). Two kernel pairs:
 * ``pallas:fa_prefill`` on a Hopper GPU (compute capability 9.0) when both its forward and its backward take
   the call: fp16 / bf16, head dim 64, 128 or 256 (``DROPIN_HEAD_DIMS``; D 96's pair only when forced,
   ``DEFAULT_SKIPS_HEAD_DIMS``; by default a D 96 call from query length 1024 on runs fa_prefill's forward, and when
-  it is differentiated that forward's output and LSE go to jax.nn cuDNN's backward, ``APART``), no sequence lengths. At short self-attention
-  (D 64 up to N 4096, D 128 up to N 512 causal / 1024 not; ``CUDNN_FORWARD_MAX_Q_LEN``) a default call runs jax.nn's
-  cuDNN forward when it is not differentiated and this pair when it is (``CUDNN_FORWARD``; docs/dropin.md, "Short
-  sequences"). The mirror at long causal D 128 (from N 4096, ``TRAIN_ON_CUDNN_MIN_Q_LEN``; with no window or a
-  causal one of at least Mistral's 4096 keys, ``TRAIN_ON_CUDNN_MIN_WINDOW``): this pair's forward, and when
-  differentiated jax.nn cuDNN's backward on its output and LSE (``APART``, ``APART_STEP``; jax.nn's cuDNN pair where
-  jax's private cuDNN backward primitive is not the one ``_cudnn_backward`` binds), unless determinism is asked or a
-  ``bwd_config`` named (docs/dropin.md, "Long training steps"). Mosaic GPU kernels
+  it is differentiated that forward's output and LSE go to jax.nn cuDNN's backward, ``APART``), no sequence
+  lengths. At short self-attention (D 64 up to N 4096, D 128 up to N 512 causal / 1024 not;
+  ``CUDNN_FORWARD_MAX_Q_LEN``) a default call runs jax.nn's cuDNN forward, and when it is differentiated that
+  forward's output and softmax statistics go to fa_prefill_bwd's backward (``CUDNN_FORWARD``, ``CUDNN_FORWARD_STEP``;
+  fa_prefill's pair where jax's private cuDNN forward primitive is not the one ``_cudnn_forward`` binds;
+  docs/dropin.md, "Short sequences"). The mirror at long causal D 128 (from N 4096, ``TRAIN_ON_CUDNN_MIN_Q_LEN``;
+  with no window or a causal one of at least Mistral's 4096 keys, ``TRAIN_ON_CUDNN_MIN_WINDOW``): this pair's
+  forward, and when differentiated jax.nn cuDNN's backward on its output and LSE (``APART``, ``APART_STEP``; jax.nn's
+  cuDNN pair where jax's private cuDNN backward primitive is not the one ``_cudnn_backward`` binds), unless
+  determinism is asked or a ``bwd_config`` named (docs/dropin.md, "Long training steps"). Mosaic GPU kernels
   (TMA, wgmma, warp specialisation): ``fa_prefill`` forward with its LSE, ``fa_prefill_bwd.backward``
   (docs/fa_prefill.md). A ``local_window_size`` that is causal in effect (right 0, or ``is_causal``; left >= 0;
   T <= S) runs its band of key blocks in both; any other window pairs fa_prefill's forward with fa_train's
@@ -464,9 +466,12 @@ def _cudnn_route(q, k, *, is_causal, window, deterministic, bwd_config) -> tuple
                        "docs/fa_prefill.md, 'Long training steps on cuDNN's pair'")
     limit = CUDNN_FORWARD_MAX_Q_LEN.get(row)
     if window is None and limit is not None and t <= limit:
+        why = _mirror_takes()
+        step = ("that forward with its softmax statistics and pallas:fa_prefill's backward on them" if not why else
+                f"pallas:fa_prefill's forward and backward ({why})")
         return CUDNN_FORWARD, (f"{shape} <= {limit}: jax.nn's cuDNN forward when the call is not differentiated "
-                               "(faster than fa_prefill's at this length), pallas:fa_prefill's forward and backward "
-                               "when it is; docs/dropin.md, 'Short sequences'")
+                               f"(faster than fa_prefill's at this length), {step} when it is; docs/dropin.md, "
+                               "'Short sequences'")
     return None
 
 
@@ -736,35 +741,68 @@ def _forward_apart(forward, differentiable):
 # it differs the second runs, and ``which_implementation``'s reason says so. docs/fa_prefill.md, "Our forward, cuDNN's
 # backward".
 APART_STEP = "ours+cudnn_bwd"
-# the positional operands and keyword parameters of jax's cuDNN backward primitive that ``_cudnn_backward`` binds
-_CUDNN_BWD_OPERANDS = ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets",
-                       "page_table_k", "page_table_v", "activation", "fwd_output", "grad_output")
-_CUDNN_BWD_PARAMS = frozenset(("scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
-                               "sliding_window_length"))
+# the positional operands and keyword parameters of jax's cuDNN attention primitives that ``_cudnn_forward`` /
+# ``_cudnn_backward`` bind
+_CUDNN_OPERANDS = {
+    "fwd": ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "page_table_k",
+            "page_table_v"),
+    "bwd": ("query", "key", "value", "bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "page_table_k",
+            "page_table_v", "activation", "fwd_output", "grad_output"),
+}
+_CUDNN_PARAMS = {
+    "fwd": frozenset(("scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout", "sliding_window_length",
+                      "is_training")),
+    "bwd": frozenset(("scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+                      "sliding_window_length")),
+}
 
 
 @functools.cache
-def _cudnn_bwd_api():
+def _cudnn_api(direction: str):
     """``(module, "")``: jax's cuDNN attention module (``jax._src.cudnn.fused_attention_stablehlo``, private) when its
-    backward primitive has the operands and parameters ``_cudnn_backward`` binds, else ``(None, why)``."""
+    ``direction`` ("fwd" or "bwd") primitive has the operands and parameters ``_cudnn_forward`` / ``_cudnn_backward``
+    bind, else ``(None, why)``."""
     import inspect
 
     try:
         from jax._src.cudnn import fused_attention_stablehlo as fa
     except ImportError as e:  # pragma: no cover - every jax this project supports has it
         return None, f"jax's cuDNN attention module does not import ({e})"
-    names = ("_dot_product_attention_bwd_p_wrapper", "_dot_product_attention_bwd_abstract", "MaskType",
-             "AttentionLayout")
+    names = (f"_dot_product_attention_{direction}_p_wrapper", f"_dot_product_attention_{direction}_abstract",
+             "MaskType", "AttentionLayout")
     missing = [n for n in names if not hasattr(fa, n)]
     if missing:
         return None, f"jax's cuDNN attention module lacks {', '.join(missing)}"
-    params = inspect.signature(fa._dot_product_attention_bwd_abstract).parameters.values()
+    params = inspect.signature(getattr(fa, names[1])).parameters.values()
     operands = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
     keywords = frozenset(p.name for p in params if p.kind == p.KEYWORD_ONLY)
-    if operands != _CUDNN_BWD_OPERANDS or keywords != _CUDNN_BWD_PARAMS:
-        return None, (f"jax's cuDNN backward primitive has operands {operands} and parameters {sorted(keywords)}, "
+    if operands != _CUDNN_OPERANDS[direction] or keywords != _CUDNN_PARAMS[direction]:
+        return None, (f"jax's cuDNN {direction} primitive has operands {operands} and parameters {sorted(keywords)}, "
                       f"not the ones this drop-in binds")
     return fa, ""
+
+
+def _cudnn_bwd_api():
+    return _cudnn_api("bwd")
+
+
+def _cudnn_fwd_api():
+    return _cudnn_api("fwd")
+
+
+def _cudnn_forward(q, k, v, *, scale: float, causal: bool):
+    """``(out, lse)`` of jax.nn cuDNN's training forward (BTNH ``out``; ``lse`` its softmax statistics, the natural-log
+    LSE of the scaled scores, fp32 ``[B, N, T]``: what fa_prefill's forward returns and its backward reads). No
+    window, lengths or bias (the ``CUDNN_FORWARD`` route has none)."""
+    fa, why = _cudnn_fwd_api()
+    if fa is None:
+        raise NotImplementedError(why)
+    none = jnp.zeros((0,), q.dtype)
+    out, lse = fa._dot_product_attention_fwd_p_wrapper.bind(
+        q, k, v, none, none, none, none, none, none, none, scale=float(scale), seed=42, dropout_rate=0.0,
+        variadic_args=(False, False), mask_type=fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK,
+        layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None, is_training=True)
+    return out, lse
 
 
 def _cudnn_backward(q, k, v, out, lse, dout, *, scale: float, causal: bool, left: int | None):
@@ -834,6 +872,47 @@ def _ours_then_cudnn(q, k, v, *, scale: float, is_causal: bool, window):
     return f(q, k, v)
 
 
+# How a differentiated ``CUDNN_FORWARD`` call runs: ``"cudnn+ours_bwd"`` (jax.nn cuDNN's training forward with its
+# softmax statistics, then fa_prefill_bwd's backward on that output and LSE: ``_cudnn_then_ours``, session 31) or
+# ``"ours"`` (fa_prefill's forward and backward, sessions 26-30). The first needs jax's private cuDNN forward
+# primitive as ``_cudnn_api("fwd")`` checks it. docs/dropin.md, "Short sequences".
+CUDNN_FORWARD_STEP = "cudnn+ours_bwd"
+
+
+def _mirror_takes() -> str:
+    """Why a differentiated ``CUDNN_FORWARD`` call keeps fa_prefill's pair ("" when ``_cudnn_then_ours`` takes it)."""
+    if CUDNN_FORWARD_STEP != "cudnn+ours_bwd":
+        return f"CUDNN_FORWARD_STEP is {CUDNN_FORWARD_STEP!r}"
+    return _cudnn_fwd_api()[1]
+
+
+def _cudnn_then_ours(q, k, v, *, scale: float, is_causal: bool, deterministic, bwd_config):
+    """A ``jax.custom_vjp`` over BTNH self-attention ``q, k, v`` (no window): not differentiated, jax.nn cuDNN's
+    forward (``_CUDNN_FORWARD_IMPL``, the call's own); differentiated, cuDNN's training forward with its softmax
+    statistics (``_cudnn_forward``) and then fa_prefill_bwd's backward on that output and LSE, at the config the pair
+    would run (``api.resolve_pair``: this GPU's table, ``deterministic``, a named ``bwd_config``)."""
+    problem = _dense_problem(q, k, is_causal)
+    bwd = api.resolve_pair("fa_prefill", problem, None, bwd_config, deterministic=deterministic)[2]
+    interpret = _compat.default_interpret(None)
+
+    @jax.custom_vjp
+    def f(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=is_causal,
+                                            implementation=_CUDNN_FORWARD_IMPL)
+
+    def fwd(q, k, v):
+        out, lse = _cudnn_forward(q, k, v, scale=scale, causal=is_causal)
+        return out, (q, k, v, out, lse)
+
+    def bwd_rule(res, g):
+        q, k, v, out, lse = res
+        return fa_prefill_bwd.backward(q, k, v, out, lse, g.astype(out.dtype), causal=bool(is_causal), scale=scale,
+                                       config=bwd, interpret=interpret)
+
+    f.defvjp(fwd, bwd_rule)
+    return f(q, k, v)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: float | None = None,
                           is_causal: bool = False, query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None, implementation: str | None = None,
@@ -899,6 +978,17 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         if bwd_config is not None:  # refused now if unknown, as the pair refuses it, not only once differentiated
             api.resolve_pair("fa_prefill", _dense_problem(_ensure_4d(query), _ensure_4d(key), is_causal), None,
                              bwd_config, deterministic=deterministic)
+        if not _mirror_takes():
+            q4, k4, v4 = (_ensure_4d(x) for x in (query, key, value))
+            sc = (1.0 / math.sqrt(q4.shape[3])) if scale is None else scale
+            try:
+                sc = float(sc)
+            except (TypeError, jax.errors.ConcretizationTypeError) as e:
+                raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") \
+                    from e
+            return jnp.reshape(_cudnn_then_ours(q4, k4, v4, scale=sc, is_causal=bool(is_causal),
+                                                deterministic=deterministic, bwd_config=bwd_config),
+                               jnp.shape(query))
         kw = dict(scale=scale, is_causal=is_causal)
         return _forward_apart(
             lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation=_CUDNN_FORWARD_IMPL, **kw),

@@ -247,10 +247,18 @@ def test_cudnn_backward_binds_jax_cudnn_primitive():
         shapes = jax.eval_shape(fn, q, k, k, q, lse, q)
         assert [(x.shape, x.dtype) for x in shapes] == [(q.shape, q.dtype), (k.shape, k.dtype), (k.shape, k.dtype)]
         text = fn.trace(q, k, k, q, lse, q).lower(lowering_platforms=("cuda",)).as_text()
-        assert "fmhaSoftmaxBackward" in text and "fmhaSoftmax\"" not in text  # the backward alone, no forward
+        assert "fmhaSoftmaxBackward" in text and "fmhaSoftmax(" not in text  # the backward alone, no forward
         assert f"\\22mask_type\\22: \\22{mask}\\22" in text, mask
         assert "tensor<2x8x256xf32>" in text  # our LSE as cuDNN's softmax statistics, [B, N, T] fp32
         assert (f"sliding_window_length\\22: {window}" in text) == (window is not None)
+    fa, why = dropin._cudnn_fwd_api()
+    assert fa is not None and why == ""
+    fwd = jax.jit(lambda q, k, v: dropin._cudnn_forward(q, k, v, scale=0.125, causal=True))
+    out, stats = jax.eval_shape(fwd, q, k, k)
+    assert (out.shape, out.dtype, stats.shape, stats.dtype) == (q.shape, q.dtype, lse.shape, lse.dtype)
+    text = fwd.trace(q, k, k).lower(lowering_platforms=("cuda",)).as_text()
+    assert "fmhaSoftmax(" in text
+    assert "fmhaSoftmaxBackward" not in text and "\\22mask_type\\22: \\22CAUSAL\\22" in text
 
 
 def test_cudnn_bwd_api_refuses_a_changed_primitive(monkeypatch):
@@ -265,7 +273,7 @@ def test_cudnn_bwd_api_refuses_a_changed_primitive(monkeypatch):
         raise AssertionError("not called")
 
     monkeypatch.setattr(fa, "_dot_product_attention_bwd_abstract", changed)
-    api, why = dropin._cudnn_bwd_api.__wrapped__()
+    api, why = dropin._cudnn_api.__wrapped__("bwd")
     assert api is None and "operands" in why
     monkeypatch.setattr(dropin, "_cudnn_bwd_api", lambda: (None, why))
     _gpu_like(monkeypatch)
@@ -375,6 +383,7 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
 
     q, k, v, w = _force_route(monkeypatch, dropin.CUDNN_FORWARD, 64, 5)  # the route a Hopper GPU takes at short N
     monkeypatch.setattr(dropin, "_CUDNN_FORWARD_IMPL", "xla")
+    monkeypatch.setattr(dropin, "CUDNN_FORWARD_STEP", "ours")  # the pair; the default's hybrid: the test below
     out = pallas_attn.dot_product_attention(q, k, v, is_causal=True)
     ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
@@ -394,6 +403,76 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
         jax.grad(loss(bwd_config="no-such-config"))(q, k, v)
     with pytest.raises(ValueError, match="bwd_config"):  # not differentiated: refused all the same
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="no-such-config")
+
+
+def _reference_forward(q, k, v, *, scale, causal):
+    """``(out, lse)`` in float32 jnp as cuDNN's training forward returns them: ``out`` in q's dtype, ``lse`` the
+    natural-log LSE of the scaled scores, fp32 ``[B, N, T]``."""
+    grp = q.shape[2] // k.shape[2]
+    kr = jnp.repeat(k.astype(jnp.float32), grp, axis=2)
+    vr = jnp.repeat(v.astype(jnp.float32), grp, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kr) * scale
+    if causal:
+        i, j = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+        s = jnp.where(j <= i, s, -jnp.inf)
+    lse = jax.nn.logsumexp(s, axis=-1)
+    out = jnp.einsum("bnts,bsnh->btnh", jnp.exp(s - lse[..., None]), vr)
+    return out.astype(q.dtype), lse
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d,bwd,deterministic", [(64, None, None), (128, "wide", True)])
+def test_cudnn_forward_route_trains_cudnns_forward_with_our_backward(monkeypatch, d, bwd, deterministic):
+    """A differentiated CUDNN_FORWARD call (the default on a Hopper GPU for short self-attention) on a CPU: the
+    forward ``_cudnn_forward`` binds, here a float32 jnp twin of it (``_reference_forward``), then fa_prefill_bwd's
+    backward (interpret mode) on that output and LSE at the pair's config (a named one reaches it). Not
+    differentiated, jax.nn's forward exactly (XLA here); under jax.value_and_grad the twin's output is the value and
+    the gradients are within bf16 rounding of jax.nn XLA's."""
+    import pallas_attn
+    from pallas_attn import dropin
+    from pallas_attn.kernels import fa_prefill_bwd
+
+    q, k, v, w = _force_route(monkeypatch, dropin.CUDNN_FORWARD, d, 11 + d)
+    monkeypatch.setattr(dropin, "_CUDNN_FORWARD_IMPL", "xla")
+    seen, configs = [], []
+    real_backward = fa_prefill_bwd.backward
+
+    def twin(*a, **kw):
+        seen.append(kw)
+        return _reference_forward(*a, **kw)
+
+    def backward(*a, **kw):
+        configs.append(kw["config"])
+        return real_backward(*a, **kw)
+
+    monkeypatch.setattr(dropin, "_cudnn_forward", twin)
+    monkeypatch.setattr(fa_prefill_bwd, "backward", backward)
+    kw = dict(is_causal=True, bwd_config=bwd, deterministic=deterministic)
+    out = pallas_attn.dot_product_attention(q, k, v, **kw)
+    ref = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+    assert not seen  # not differentiated: jax.nn's own forward
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+    val, g = jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
+                                argnums=(0, 1, 2))(q, k, v)
+    assert seen and seen[0]["causal"] is True
+    twin_out = _reference_forward(q, k, v, scale=1.0 / np.sqrt(d), causal=True)[0]
+    assert float(val) == float(jnp.sum(twin_out.astype(jnp.float32) * w))
+    expect = fa_prefill_bwd.CONFIGS[bwd] if bwd else dropin.api.resolve_pair(
+        "fa_prefill", dropin._dense_problem(q, k, True), None, None, deterministic=deterministic)[2]
+    assert configs and configs[0] == expect
+    _, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, is_causal=True,
+                                                                             implementation="xla")),
+                               argnums=(0, 1, 2))(q, k, v)
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, a, b in zip(("dq", "dk", "dv"), g, rg):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.isfinite(a).all()
+        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+        assert rel < eps, (name, rel)
 
 
 def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwise(monkeypatch):

@@ -465,8 +465,9 @@ def test_on_a_hopper_auto_picks_each_prefill_row_of_the_shipped_table(monkeypatc
 
 def test_on_a_hopper_auto_names_cudnns_forward_at_short_prefill_and_our_pair_in_training(monkeypatch, ws):
     """The drop-in's CUDNN_FORWARD route as compare's auto plan names it (a faked Hopper with a GPU, nothing runs):
-    GPT-2 N 512 prefill chose "cudnn" (its forward), the same shape's training step fa_prefill's pair; GPT-2 N 8192
-    and Llama-3.1-8B N 1024 prefill stay on fa_prefill."""
+    GPT-2 N 512 prefill chose "cudnn" (its forward), the same shape's training step cuDNN's forward and fa_prefill's
+    backward (session 31, "cudnn+bwd:<config>"; layer 2 refuses to price it), or with ``dropin.CUDNN_FORWARD_STEP =
+    "ours"`` fa_prefill's pair; GPT-2 N 8192 and Llama-3.1-8B N 1024 prefill stay on fa_prefill."""
     from pallas_attn import dropin, tuning
 
     monkeypatch.setattr(tuning, "chip", lambda: "h100")
@@ -477,7 +478,15 @@ def test_on_a_hopper_auto_names_cudnns_forward_at_short_prefill_and_our_pair_in_
     pre = auto.choice(ws["sweep_prefill_gpt-2_n512"])
     assert pre["chose"] == "cudnn" and pre["generation"] is None and "cuDNN forward" in pre["why"]
     train = auto.choice(ws["sweep_train_gpt-2_n512"])
-    assert train["generation"] == "fa_prefill" and "+bwd:" in train["chose"]
+    assert train["generation"] == "fa_prefill" and train["chose"] == f"cudnn+bwd:{train['bwd_config']}"
+    assert train["forward_impl"] == "jax:cudnn" and "softmax statistics" in train["why"]
+    assert auto._supports(ws["sweep_train_gpt-2_n512"], None).ok
+    with pytest.raises(NotImplementedError, match="fa_prefill_bwd only"):
+        layer2.train_launches(layer2.AUTO, layer2.Shape.of(ws["sweep_train_gpt-2_n512"]), hardware.get("h100"), train)
+    monkeypatch.setattr(dropin, "CUDNN_FORWARD_STEP", "ours")
+    train = auto.choice(ws["sweep_train_gpt-2_n512"])
+    assert train["generation"] == "fa_prefill" and train["chose"].startswith("fa_prefill:") and "+bwd:" in \
+        train["chose"] and "forward_impl" not in train
     for name in ("sweep_prefill_gpt-2_n8192", "sweep_prefill_llama-3.1-8b_n1024"):
         assert auto.choice(ws[name])["chose"].startswith("fa_prefill:"), name
 
