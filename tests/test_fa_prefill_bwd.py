@@ -428,36 +428,3 @@ def test_d96_backward_lowers_for_cuda():
     names = set(re.findall(r"pallas_attn_\w+", text))
     assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
     assert "wgmma" in text
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("config", ["fused", "wide"])
-def test_backward_under_vmap_folds_the_vmapped_axis_into_the_batch(config):
-    """``backward`` under ``jax.vmap`` (``_fold_vmap``): ``fused``'s kernels have no batching rule of their own (its
-    dQ accumulator is a Ref operand), so the vmapped axis folds into the batch axis. vmap(grad) of the pair
-    (``attention_lse`` in interpret mode) equals each slice's grad stacked, with q, k, v all vmapped and with q
-    alone (k and v broadcast), and a nested vmap folds both axes."""
-    ks = jax.random.split(jax.random.key(7), 4)
-    q = jax.random.normal(ks[0], (2, 1, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
-    k = jax.random.normal(ks[1], (2, 1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
-    v = jax.random.normal(ks[2], (2, 1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
-    w = jax.random.normal(ks[3], (1, 128, 2, 64), jnp.float32)
-    cfg = fb.CONFIGS[config]
-
-    def loss(q, k, v):
-        out = fb.attention_lse(q, k, v, causal=True, scale=0.125, bwd_config=cfg, interpret=True, with_lse=False)
-        return jnp.sum(out.astype(jnp.float32) * w)
-
-    grad = jax.grad(loss, argnums=(0, 1, 2))
-    got = jax.vmap(grad)(q, k, v)
-    for i in range(2):
-        want = grad(q[i], k[i], v[i])
-        for name, a, b in zip(("dq", "dk", "dv"), got, want):
-            np.testing.assert_array_equal(np.asarray(a[i], np.float32), np.asarray(b, np.float32), err_msg=name)
-    got = jax.vmap(grad, in_axes=(0, None, None))(q, k[0], v[0])  # k and v broadcast to the vmapped axis
-    want = grad(q[1], k[0], v[0])
-    for name, a, b in zip(("dq", "dk", "dv"), got, want):
-        np.testing.assert_array_equal(np.asarray(a[1], np.float32), np.asarray(b, np.float32), err_msg=name)
-    nested = jax.vmap(jax.vmap(grad))(q[:, None], k[:, None], v[:, None])
-    np.testing.assert_array_equal(np.asarray(nested[0][1, 0], np.float32), np.asarray(grad(q[1], k[1], v[1])[0],
-                                                                                       np.float32))

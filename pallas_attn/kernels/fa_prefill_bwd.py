@@ -1098,43 +1098,6 @@ def _fused_call(kernel, *operands):
 def backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
              interpret: bool = False, dlse=None, window: int | None = None, softcap: float | None = None,
              segment_ids=None):
-    """``_backward`` (below) under ``jax.vmap`` too: every array operand leads with the batch axis, so a vmapped axis
-    folds into it (``_fold_vmap``); the kernels themselves have no batching rule for every config (``fused``'s dQ
-    accumulator is a Ref operand, which ``plgpu.kernel``'s vmap wrapper does not take)."""
-    arrays = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do, "q_offset": q_offset, "dlse": dlse,
-              "segment_ids": segment_ids}
-    names = tuple(n for n, x in arrays.items() if x is not None)
-
-    def call(*xs):
-        return _backward(**dict(zip(names, xs)), causal=causal, scale=scale, config=config, interpret=interpret,
-                         window=window, softcap=softcap)
-
-    return _fold_vmap(call)(*(arrays[n] for n in names))
-
-
-def _fold_vmap(fn):
-    """``fn(*arrays)`` (each array's axis 0 the batch, every output's too) with a ``jax.vmap`` rule that folds the
-    vmapped axis into the batch axis: ``[V, B, ...] -> [V * B, ...]``, one call, and back (an operand not vmapped
-    is broadcast first). Nested vmaps fold one at a time."""
-    from jax import custom_batching
-
-    @custom_batching.custom_vmap
-    def f(*xs):
-        return fn(*xs)
-
-    @f.def_vmap
-    def _rule(axis_size, in_batched, *xs):
-        xs = [x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(xs, in_batched)]
-        out = f(*(x.reshape((axis_size * x.shape[1], *x.shape[2:])) for x in xs))
-        out = jax.tree.map(lambda y: y.reshape((axis_size, y.shape[0] // axis_size, *y.shape[1:])), out)
-        return out, jax.tree.map(lambda _: True, out)
-
-    return f
-
-
-def _backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None, config: BwdConfig | None = None,
-              interpret: bool = False, dlse=None, window: int | None = None, softcap: float | None = None,
-              segment_ids=None):
     """``(dq, dk, dv)`` of ``fa_prefill``'s attention for the output cotangent ``do`` (BTNH arrays; ``o`` and the
     natural-log ``lse`` [B, Hq, Tq] fp32 from ``fa_prefill.forward(..., return_lse=True)``). ``dlse``: the
     cotangent of the LSE output (``[B, Hq, Tq]``, or None for zero). Deterministic: no atomics; GQA's dK/dV
@@ -1156,9 +1119,9 @@ def _backward(q, k, v, o, lse, do, *, causal: bool, scale: float, q_offset=None,
         padc = functools.partial(_pad, axis=-1, mult=PADDED_HEAD_DIMS[d])  # 96 -> 128: mosaic_kit.pad
         if o.shape != q.shape or do.shape != q.shape or k.shape[-1] != d or v.shape != k.shape:
             _check(q, k, v, o, lse, do)  # the unpadded shapes' own message
-        dq, dk, dv = _backward(padc(q), padc(k), padc(v), padc(o), lse, padc(do), causal=causal, scale=scale,
-                               q_offset=q_offset, config=config, interpret=interpret, dlse=dlse, window=window,
-                               softcap=softcap, segment_ids=segment_ids)
+        dq, dk, dv = backward(padc(q), padc(k), padc(v), padc(o), lse, padc(do), causal=causal, scale=scale,
+                              q_offset=q_offset, config=config, interpret=interpret, dlse=dlse, window=window,
+                              softcap=softcap, segment_ids=segment_ids)
         return dq[..., :d], dk[..., :d], dv[..., :d]
     if q_offset is None:
         q_offset = jnp.zeros((q.shape[0],), jnp.int32)
