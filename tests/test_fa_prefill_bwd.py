@@ -428,3 +428,31 @@ def test_d96_backward_lowers_for_cuda():
     names = set(re.findall(r"pallas_attn_\w+", text))
     assert {fb.PASS_DKDV, fb.PASS_DQ} <= names <= set(fb.PASS_NAMES), names
     assert "wgmma" in text
+
+
+@pytest.mark.slow
+def test_fused_backward_under_vmap_is_a_known_gap():
+    """vmap of a gradient through the five-product backward (``fused``: its dQ accumulator is a Ref operand, and that
+    kernel has no batching rule) raises jax's NotImplementedError (docs/dropin.md, "What it supports": the way out is
+    ``deterministic=True`` or ``bwd_config='wide'``); ``wide`` under the same vmap gives each slice's gradient. A
+    wrapper cannot turn the error into a clearer one: jax batches the backward's traced program after the rule ran."""
+    import pallas_attn
+
+    ks = jax.random.split(jax.random.key(7), 4)
+    q = jax.random.normal(ks[0], (2, 1, 128, 2, 64), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(ks[1], (2, 1, 128, 1, 64), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(ks[3], (1, 128, 2, 64), jnp.float32)
+
+    def grad(bwd):
+        def loss(q, k, v):
+            out = pallas_attn.dot_product_attention(q, k, v, is_causal=True, implementation="pallas:fa_prefill",
+                                                    bwd_config=bwd)
+            return jnp.sum(out.astype(jnp.float32) * w)
+        return jax.grad(loss, argnums=(0, 1, 2))
+
+    with pytest.raises(NotImplementedError, match="batching"):
+        jax.vmap(grad("fused"))(q, k, k)
+    got = jax.vmap(grad("wide"))(q, k, k)
+    want = grad("wide")(q[1], k[1], k[1])
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a[1], np.float32), np.asarray(b, np.float32))

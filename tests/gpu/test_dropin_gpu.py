@@ -427,6 +427,21 @@ def test_vmap_and_remat():
     g, rg = grad_k(f, True), grad_k(r, False)
     assert g.dtype == jnp.bfloat16 and _rel(g, rg) < 2e-2
 
+    # vmap of the gradient: the default (cuDNN's forward and our backward here since session 31) and the pair at
+    # its deterministic backward; the five-product backward ('fused') has no batching rule (docs/dropin.md)
+    wide = lambda q, k, v: pallas_attn.dot_product_attention(q, k, v, is_causal=True,  # noqa: E731
+                                                             implementation="pallas", bwd_config="wide")
+
+    def vgrad(attn):
+        loss = lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32) * w.astype(jnp.float32))  # noqa: E731
+        return jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))), compiler_options=_no_autotune())(*stack)
+
+    ref_g = vgrad(r)
+    for attn in (default, wide):
+        for name, a, b in zip(("dq", "dk", "dv"), vgrad(attn), ref_g):
+            assert a.shape == b.shape and a.dtype == jnp.bfloat16, name
+            assert _rel(a, b) < 2e-2, (name, _rel(a, b))
+
 
 @pytest.mark.parametrize("b,t,s,n,kh,h,causal,window,q_lens,kv_lens", FP32_CASES)
 def test_float32_matches_xla(b, t, s, n, kh, h, causal, window, q_lens, kv_lens):
