@@ -886,6 +886,15 @@ def _mirror_takes() -> str:
     return _cudnn_fwd_api()[1]
 
 
+def _static_scale(scale, head_dim: int) -> float:
+    """The softmax scale as the Pallas kernels take it (a static Python float): ``1 / sqrt(head_dim)`` for None."""
+    sc = (1.0 / math.sqrt(head_dim)) if scale is None else scale
+    try:
+        return float(sc)
+    except (TypeError, jax.errors.ConcretizationTypeError) as e:
+        raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") from e
+
+
 def _cudnn_then_ours(q, k, v, *, scale: float, is_causal: bool, deterministic, bwd_config):
     """A ``jax.custom_vjp`` over BTNH self-attention ``q, k, v`` (no window): not differentiated, jax.nn cuDNN's
     forward (``_CUDNN_FORWARD_IMPL``, the call's own); differentiated, cuDNN's training forward with its softmax
@@ -961,12 +970,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         q4, k4, v4 = (_ensure_4d(x) for x in (query, key, value))
         win = _window(local_window_size, is_causal, q4.shape[1], k4.shape[1])
         if not _hybrid_takes(q4, k4, is_causal=is_causal, window=win):
-            sc = (1.0 / math.sqrt(q4.shape[3])) if scale is None else scale
-            try:
-                sc = float(sc)
-            except (TypeError, jax.errors.ConcretizationTypeError) as e:
-                raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") \
-                    from e
+            sc = _static_scale(scale, q4.shape[3])
             return jnp.reshape(_ours_then_cudnn(q4, k4, v4, scale=sc, is_causal=bool(is_causal), window=win),
                                jnp.shape(query))
         kw = dict(scale=scale, is_causal=is_causal, local_window_size=local_window_size)
@@ -980,12 +984,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
                              bwd_config, deterministic=deterministic)
         if not _mirror_takes():
             q4, k4, v4 = (_ensure_4d(x) for x in (query, key, value))
-            sc = (1.0 / math.sqrt(q4.shape[3])) if scale is None else scale
-            try:
-                sc = float(sc)
-            except (TypeError, jax.errors.ConcretizationTypeError) as e:
-                raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") \
-                    from e
+            sc = _static_scale(scale, q4.shape[3])
             return jnp.reshape(_cudnn_then_ours(q4, k4, v4, scale=sc, is_causal=bool(is_causal),
                                                 deterministic=deterministic, bwd_config=bwd_config),
                                jnp.shape(query))
@@ -1007,11 +1006,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale: flo
         raise ValueError(f"is_causal must be a bool; got {is_causal!r}")
     out_shape = tuple(jnp.shape(query))  # jax.nn returns query's shape and a residual of query's shape[:-1]
     q, k, v = (_ensure_4d(x) for x in (query, key, value))
-    sc = (1.0 / math.sqrt(q.shape[3])) if scale is None else scale
-    try:
-        sc = float(sc)
-    except (TypeError, jax.errors.ConcretizationTypeError) as e:
-        raise ValueError(f"scale must be a Python float for the Pallas path (it is static); got {scale!r}") from e
+    sc = _static_scale(scale, q.shape[3])
     res = _pallas(q, k, v, kernel=impl, scale=sc, is_causal=bool(is_causal),
                   q_lens=None if query_seq_lengths is None else jnp.asarray(query_seq_lengths),
                   kv_lens=None if key_value_seq_lengths is None else jnp.asarray(key_value_seq_lengths),
