@@ -513,3 +513,18 @@ def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwi
     assert which(8192, is_causal=True, implementation="pallas")[0] == "pallas:fa_prefill"
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")
     assert which(8192, is_causal=True)[0] == "pallas:fa_prefill"
+
+
+@pytest.mark.parametrize("route", ["APART", "CUDNN_FORWARD"])
+def test_the_training_routes_refuse_a_traced_scale_by_name(monkeypatch, route):
+    """The session-31 routes run Pallas kernels whose scale is static: a traced ``scale`` is a ValueError naming it
+    (``dropin._static_scale``), as on fa_prefill's own path; a Python float runs."""
+    import pallas_attn
+    from pallas_attn import dropin
+
+    q, k, v, _ = _force_route(monkeypatch, getattr(dropin, route), 64, 3)
+    monkeypatch.setattr(dropin, "_cudnn_forward", _reference_forward)
+    f = jax.jit(lambda q, k, v, s: pallas_attn.dot_product_attention(q, k, v, is_causal=True, scale=s))
+    with pytest.raises(ValueError, match="scale must be a Python float"):
+        f(q, k, v, 0.125)
+    assert dropin._static_scale(None, 64) == 0.125 and dropin._static_scale(0.5, 64) == 0.5
