@@ -204,6 +204,16 @@ def test_the_drop_in_runs_d96_apart_end_to_end(monkeypatch):
         pallas_attn.dot_product_attention(q, k, v, is_causal=True, bwd_config="wide")
 
 
+def _assert_grads_within_bf16_eps(grads, ref_grads):
+    """Each of dq, dk, dv finite and within one bf16 eps (relative norm) of the reference's."""
+    eps = float(jnp.finfo(jnp.bfloat16).eps)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, ref_grads):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.isfinite(a).all(), name
+        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+        assert rel < eps, (name, rel)
+
+
 def _reference_backward(q, k, v, out, lse, g, *, scale, causal, left):
     """``(dq, dk, dv)`` in float32 jnp from a forward's ``out`` and natural-log ``lse`` [B, N, T] (what cuDNN's
     backward reads): P = exp(S - lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K, dK = dS^T Q; GQA
@@ -322,12 +332,7 @@ def test_apart_trains_our_forward_with_cudnns_backward(monkeypatch, d, hk, windo
     assert float(val) == float(jnp.sum(forced.astype(jnp.float32) * w))
     _, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, implementation="xla", **kw)),
                                argnums=(0, 1, 2))(q, k, v)
-    eps = float(jnp.finfo(jnp.bfloat16).eps)
-    for name, a, b in zip(("dq", "dk", "dv"), g, rg):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.isfinite(a).all()
-        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
-        assert rel < eps, (name, rel)
+    _assert_grads_within_bf16_eps(g, rg)
     ref = jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw)
     np.testing.assert_allclose(np.asarray(forced, np.float32), np.asarray(ref, np.float32), atol=2e-2, rtol=0)
 
@@ -467,12 +472,7 @@ def test_cudnn_forward_route_trains_cudnns_forward_with_our_backward(monkeypatch
     _, rg = jax.value_and_grad(loss(lambda *a: jax.nn.dot_product_attention(*a, is_causal=True,
                                                                              implementation="xla")),
                                argnums=(0, 1, 2))(q, k, v)
-    eps = float(jnp.finfo(jnp.bfloat16).eps)
-    for name, a, b in zip(("dq", "dk", "dv"), g, rg):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.isfinite(a).all()
-        rel = np.linalg.norm(a - b) / np.linalg.norm(b)
-        assert rel < eps, (name, rel)
+    _assert_grads_within_bf16_eps(g, rg)
 
 
 def test_long_d128_causal_steps_differentiate_through_cudnn_unless_asked_otherwise(monkeypatch):
