@@ -797,12 +797,20 @@ def _cudnn_forward(q, k, v, *, scale: float, causal: bool):
     fa, why = _cudnn_fwd_api()
     if fa is None:
         raise NotImplementedError(why)
-    none = jnp.zeros((0,), q.dtype)
-    out, lse = fa._dot_product_attention_fwd_p_wrapper.bind(
-        q, k, v, none, none, none, none, none, none, none, scale=float(scale), seed=42, dropout_rate=0.0,
-        variadic_args=(False, False), mask_type=fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK,
-        layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None, is_training=True)
+    none, params = _cudnn_operands(fa, q, scale=scale, causal=causal, left=None)
+    out, lse = fa._dot_product_attention_fwd_p_wrapper.bind(q, k, v, *none, **params, is_training=True)
     return out, lse
+
+
+def _cudnn_operands(fa, q, *, scale: float, causal: bool, left: int | None):
+    """What both of jax's cuDNN primitives take beside q, k, v (and the backward's residuals): the seven empty
+    placeholders jax.nn passes for no bias, lengths, offsets or page tables, and the parameters of a BTNH call
+    without dropout (the mask; a causal window of ``left + 1`` keys, as jax.nn maps ``local_window_size``)."""
+    none = jnp.zeros((0,), q.dtype)
+    params = dict(scale=float(scale), seed=42, dropout_rate=0.0, variadic_args=(False, False),
+                  mask_type=fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK,
+                  layout=fa.AttentionLayout.BTNH.value, sliding_window_length=None if left is None else int(left) + 1)
+    return (none,) * 7, params
 
 
 def _cudnn_backward(q, k, v, out, lse, dout, *, scale: float, causal: bool, left: int | None):
@@ -812,12 +820,9 @@ def _cudnn_backward(q, k, v, out, lse, dout, *, scale: float, causal: bool, left
     fa, why = _cudnn_bwd_api()
     if fa is None:
         raise NotImplementedError(why)
-    none = jnp.zeros((0,), q.dtype)  # no bias, lengths, offsets or page tables (jax.nn's placeholder)
-    grads = fa._dot_product_attention_bwd_p_wrapper.bind(
-        q, k, v, none, none, none, none, none, none, none, lse.astype(jnp.float32), out, dout.astype(out.dtype),
-        scale=float(scale), seed=42, dropout_rate=0.0, variadic_args=(False, False),
-        mask_type=fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK, layout=fa.AttentionLayout.BTNH.value,
-        sliding_window_length=None if left is None else int(left) + 1)
+    none, params = _cudnn_operands(fa, q, scale=scale, causal=causal, left=left)
+    grads = fa._dot_product_attention_bwd_p_wrapper.bind(q, k, v, *none, lse.astype(jnp.float32), out,
+                                                         dout.astype(out.dtype), **params)
     return tuple(grads[:3])
 
 
@@ -852,16 +857,18 @@ def _ours_then_cudnn(q, k, v, *, scale: float, is_causal: bool, window):
     left = None if window is None else _hopper_bwd_left(is_causal, window, q.shape[1], k.shape[1])
     causal = bool(is_causal) or left is not None
     problem = dataclasses.replace(_dense_problem(q, k, causal), causal=causal)
-    cfg = _prefill_fwd_config(problem, None if left is None else (left, 0))
-    fwd_kw = dict(causal=causal, scale=scale, q_offset=jnp.zeros((q.shape[0],), jnp.int32),
-                  interpret=_compat.default_interpret(None), config=cfg, window=None if left is None else (left, 0))
+    # the forward as the forced pair binds it (fa_prefill_bwd._fwd_call; its backward config is not used here)
+    st = fa_prefill_bwd._Static(causal=causal, scale=scale, fwd_config=_prefill_fwd_config(
+        problem, None if left is None else (left, 0)), bwd_config=fa_prefill_bwd.CONFIGS["default"],
+        interpret=_compat.default_interpret(None), left=left)
+    off = jnp.zeros((q.shape[0],), jnp.int32)
 
     @jax.custom_vjp
     def f(q, k, v):
-        return fa_prefill.forward(q, k, v, **fwd_kw)
+        return fa_prefill_bwd._fwd_call(q, k, v, off, None, None, st, with_lse=False)
 
     def fwd(q, k, v):
-        out, lse = fa_prefill.forward(q, k, v, return_lse=True, **fwd_kw)
+        out, lse = fa_prefill_bwd._fwd_call(q, k, v, off, None, None, st)
         return out, (q, k, v, out, lse)
 
     def bwd(res, g):
