@@ -5,13 +5,18 @@
     ncu ... python scripts/ncu_case.py cudnn [--causal]
     ncu ... python scripts/ncu_case.py mla [--config kv64] [--batch 64] [--seq 8192]
     ncu ... python scripts/ncu_case.py decode --kv nvfp4 [--config quant_alt_decode] [--dtype bfloat16]
+    ncu ... python scripts/ncu_case.py chunked --page 16 [--batch 4 --seq 8192 --chunk 512]   (--page 0: dense twin)
 
 The profiled range is opened with ``cudaProfilerStart`` (through torch's binding) after three warm-up calls, so
 compilation, autotuning and the inputs' creation stay outside it; the range holds one call and its sync.
 Prefill shape: B4 H16 N4096 D128 (the issue's forward shape) unless ``--batch / --heads / --seq / --head-dim`` say
 otherwise (GPT-2 N 4096: ``--batch 8 --heads 12 --head-dim 64 --causal --dtype bfloat16``); MLA: the DeepSeek-V3
 decode shape (h_q 128, 512 + 64, page 64); decode: fa_decode at Llama-3.1-8B's heads (Hq 32, Hkv 8, D 128), B32 S8192
-dense, Tq 1, with a 16-bit (``--kv dtype``), fp8 E4M3 or NVFP4 cache (session 18, issue 31).
+dense, Tq 1, with a 16-bit (``--kv dtype``), fp8 E4M3 or NVFP4 cache (session 18, issue 31); chunked: fa_prefill
+over a paged cache as ``pallas_attn.chunked`` runs it (the sweep's ``sweep_chunked_*``: Llama-3.1-8B heads, B 4, a
+chunk of ``--chunk`` queries ending at key ``--seq``, pages shuffled over the pool), at the config the chunk takes
+(``compare.auto.chunk_prefill_config``); ``--page 0`` is its dense twin (the same keys as one dense cache, compare's
+``pallas:chunked:dense``) (session 32, issue 32).
 """
 
 from __future__ import annotations
@@ -84,11 +89,41 @@ def _decode_call(a):
     return lambda: f(q, k, v)
 
 
+def _chunked_call(a):
+    from pallas_attn import chunked, dropin
+    from pallas_attn.kernels import fa_prefill as fp
+
+    b, n, c, hq, hkv, d, page = a.batch, a.seq, a.chunk, 32, 8, 128, a.page
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(0), 3)
+    dt = jnp.dtype(a.dtype)
+    q = jax.random.normal(kq, (b, c, hq, d), dt)
+    k = jax.random.normal(kk, (b, n, hkv, d), dt)
+    v = jax.random.normal(kv, (b, n, hkv, d), dt)
+    # the drop-in's heuristic at the chunk's dense shape over the cache (compare.auto.chunk_prefill_config)
+    cfg = dropin.prefill_config(chunked._problem(jax.ShapeDtypeStruct(q.shape, dt), n, hkv), None)
+    off = jnp.full((b,), n - c, jnp.int32)
+    kw = dict(causal=True, scale=d ** -0.5, q_offset=off, interpret=False, config=cfg)
+    if page == 0:
+        f = jax.jit(lambda q, k, v: fp.forward(q, k, v, **kw))
+        return lambda: f(q, k, v)
+    if n % page:
+        raise SystemExit(f"--seq {n} must be a multiple of --page {page}")
+    npg = n // page
+    perm = np.random.default_rng(0).permutation(b * npg).astype(np.int32)
+    pool_k = jnp.zeros((b * npg, page, hkv, d), dt).at[perm].set(k.reshape(b * npg, page, hkv, d))
+    pool_v = jnp.zeros((b * npg, page, hkv, d), dt).at[perm].set(v.reshape(b * npg, page, hkv, d))
+    table = jnp.asarray(perm.reshape(b, npg))
+    f = jax.jit(lambda q, pk, pv, t: fp.forward(q, pk, pv, block_table=t, **kw))
+    return lambda: f(q, pool_k, pool_v, table)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=("prefill", "cudnn", "mla", "decode"))
+    ap.add_argument("case", choices=("prefill", "cudnn", "mla", "decode", "chunked"))
     ap.add_argument("--kv", choices=("dtype", "fp8", "nvfp4"), default="dtype", help="decode: the cache's format")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--page", type=int, default=16, help="chunked: page size (0: the dense twin)")
+    ap.add_argument("--chunk", type=int, default=512, help="chunked: queries in the chunk")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--batch", type=int, default=None)
@@ -99,6 +134,9 @@ def main(argv=None) -> int:
     if a.case == "mla":
         a.batch, a.seq, a.config = a.batch or 64, a.seq or 8192, a.config or "kv64"
         call = _mla_call(a)
+    elif a.case == "chunked":
+        a.batch, a.seq, a.config = a.batch or 4, a.seq or 8192, "chunk_prefill_config"
+        call = _chunked_call(a)
     elif a.case == "decode":
         a.batch, a.seq, a.config = a.batch or 32, a.seq or 8192, a.config or "default"
         call = _decode_call(a)
