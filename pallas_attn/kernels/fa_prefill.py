@@ -718,25 +718,18 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             if nqb == 2:
                 plgpu.wait_smem_to_gmem(0)
 
-        def block_pages(s):
-            """Key block s's page numbers, read from the table once for K and V at the top of the producer's step
-            (before its free waits, so the loads' latency hides there): all of them are issued before the first
-            copy, whose warpgroup barrier no load crosses (session 32: loaded per copy and again for V, the page-16
-            chunk ran 1.08x its dense twin, docs/serving.md)."""
-            page, pps = paged
-            if page >= bkv:  # the block lies inside one page
-                return [bt_ref[bi * pps + lax.div(s * bkv, page)]]
-            return [bt_ref[bi * pps + s * (bkv // page) + c] for c in range(bkv // page)]
-
-        def load_block(src, s, dst, bar, pages=None):  # key block s of this (batch, kv head) into one ring slot
+        def load_block(src, s, dst, bar):  # key block s of this (batch, kv head) into one ring slot
             if not paged:
                 plgpu.copy_gmem_to_smem(src.at[bi, pl.ds(s * bkv, bkv), hk], dst, bar)
             elif paged[0] >= bkv:  # the block lies inside one page
-                page = paged[0]
-                plgpu.copy_gmem_to_smem(src.at[pages[0], pl.ds(lax.rem(s * bkv, page), bkv), hk], dst, bar)
+                page, pps = paged
+                pg = bt_ref[bi * pps + lax.div(s * bkv, page)]
+                plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(lax.rem(s * bkv, page), bkv), hk], dst, bar)
             else:  # the block spans block_kv // page pages: one copy each, all arriving on the block's barrier
-                page = paged[0]
-                for c, pg in enumerate(pages):
+                page, pps = paged
+                per = bkv // page
+                for c in range(per):
+                    pg = bt_ref[bi * pps + s * per + c]
                     plgpu.copy_gmem_to_smem(src.at[pg, pl.ds(0, page), hk], dst.at[pl.ds(c * page, page)], bar)
 
         @pl.when(wg == nc)
@@ -747,9 +740,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 _, a_p, n_load = tile_span(t)
                 return _ring_producer(
                     plgpu, n_load, ns, (k_free, v_free),
-                    (lambda s, slot, *pg: load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot], *pg),
-                     lambda s, slot, *pg: load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot], *pg)),
-                    start=a_p, base=base, drain=False, prepare=block_pages if paged else None)
+                    (lambda s, slot: load_block(k_ref, s, k_smem.at[slot], k_bar.at[slot]),
+                     lambda s, slot: load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])),
+                    start=a_p, base=base, drain=False)
 
             over_tiles(tile)
 

@@ -52,7 +52,7 @@ def acc_load(acc_ref, *, wait_n: int):
 
 
 def ring_producer(plgpu, n, ns: int, free, issue, *, start=0, base=None, slot_in_wait: bool = False,
-                  drain: bool = True, prepare=None):
+                  drain: bool = True):
     """The producer warpgroup's loop over an ``ns``-slot TMA ring with "free" barriers (every Mosaic kernel here).
 
     Steps ``s`` in ``[start, n)``; step ``s`` fills ring position ``r``: ``s`` itself, or with ``base`` (a ring
@@ -62,9 +62,7 @@ def ring_producer(plgpu, n, ns: int, free, issue, *, start=0, base=None, slot_in
     each pair in turn the step waits for ``free[slot]`` (from the slot's second use, ``r >= ns``), then issues.
     ``slot_in_wait``: the slot index is computed inside each wait, and again just before each issue (rather than
     once per step, before the first wait). ``drain``: then observe the last frees (``ring_drain``; positions from
-    0: ``base`` None and ``start`` 0 only). ``prepare``: ``prepare(s)`` runs at the top of step ``s``, before its
-    first wait, and each issue function of the step is called as ``issue(s, slot, prepared)`` with what it returned
-    (the paged forward's page numbers, loaded once for K and V while the waits run).
+    0: ``base`` None and ``start`` 0 only).
 
     Returns ``base + (n - start)``, the ring position after the last step (the next call's ``base``), or None
     without ``base``. Every choice only places the same operations (where a ``rem`` is computed, which wait
@@ -79,13 +77,12 @@ def ring_producer(plgpu, n, ns: int, free, issue, *, start=0, base=None, slot_in
     def _load(s):
         r = s if base is None else base + s - start
         slot = None if slot_in_wait else lax.rem(r, ns)
-        extra = () if prepare is None else (prepare(s),)
         for fr, iss in pairs:
             @pl.when(r >= ns)
             def _(fr=fr):
                 plgpu.barrier_wait(fr.at[lax.rem(r, ns) if slot_in_wait else slot])
 
-            iss(s, lax.rem(r, ns) if slot_in_wait else slot, *extra)
+            iss(s, lax.rem(r, ns) if slot_in_wait else slot)
 
     if drain:
         ring_drain(plgpu, n, ns, pairs[0][0])
