@@ -744,7 +744,19 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                      lambda s, slot: load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])),
                     start=a_p, base=base, drain=False)
 
-            over_tiles(tile)
+            if not (paged and paged[0] < bkv):
+                over_tiles(tile)
+            else:
+                # a block of several pages is one TMA copy per page (8 a K block at page 16 and block_kv 128), each
+                # with its table load, descriptor arithmetic and, as a warpgroup copy, a warpgroup barrier: run by all
+                # four producer warps that was a third more warp instructions than the dense kernel issues, on the
+                # sub-partitions the consumers issue from, and the chunk 1.08x its dense twin (session 32, ncu; docs/
+                # serving.md "Page 16 under ncu"). One warp issues them here; the other three only wait at the exit.
+                @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+                def _per_warp():
+                    @pl.when(lax.axis_index("warp") == 0)
+                    def _():
+                        over_tiles(tile)
 
     copies = max(bkv // paged[0], 1) if paged else 1  # TMA copies per key block (each one arrival)
     out_type = [jax.ShapeDtypeStruct((b, tq_pad, hq, d), dtype)]
