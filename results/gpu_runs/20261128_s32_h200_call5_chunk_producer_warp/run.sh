@@ -10,7 +10,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 PALLAS_ATTN_GIT_SH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 cd /tmp/new
 t0=$(date +%s)
-timeout 240 python3 -m pytest -v -x tests/gpu/test_serving_gpu.py -k "in_kernel_paging or other_head_dims or mixed_batch" > $OUT/tests.log 2>&1
+timeout 190 python3 -m pytest -v -x tests/gpu/test_serving_gpu.py -k "in_kernel_paging or other_head_dims or mixed_batch" > $OUT/tests.log 2>&1
 echo "tests rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 $OUT/tests.log)"
 t0=$(date +%s)
 timeout 150 python3 -m compare run --config sweep --only 'sweep_chunked_*' --impl pallas:auto --impl pallas:chunked:dense \
@@ -28,6 +28,6 @@ for w, d in sorted(by.items()):
     a, t, f = d.get('pallas:auto'), d.get('pallas:chunked:dense'), d.get('fa3:kvcache')
     print(f"{w[14:]:34s} auto {a:8.1f} twin {t:8.1f} speed/twin {t / a:.3f}  fa3 {f or 0:8.1f} auto/fa3 {a / f if f else 0:.3f}")
 PY
-export NCU_LIMIT=120
+export NCU_LIMIT=100
 bash scripts/ncu_profiles.sh chunk_p16 "chunked --page 16 --dtype bfloat16" > /dev/null 2>&1
 grep -E "fa_prefill_fwd|Duration  " $OUT/chunk_p16.details.txt | grep -A1 fa_prefill | tail -1
