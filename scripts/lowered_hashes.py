@@ -59,7 +59,7 @@ def _record(out: dict, name: str, fn, *args) -> None:
 
 def forward_programs(out: dict) -> None:
     off = SDS((2,), jnp.int32)
-    for cfg in ("default", "serial", "pingpong", "tiles2", "tiles4", "tiles8", "c3", "wg_producer"):
+    for cfg in ("default", "serial", "pingpong", "tiles2", "tiles4", "tiles8", "c3", "warp_producer"):
         for d in (64, 128, 256):
             q, k = SDS((2, 200, 4, d), jnp.bfloat16), SDS((2, 333, 2, d), jnp.bfloat16)
 

@@ -6,6 +6,8 @@ built refuses by name."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -248,3 +250,58 @@ def test_a_mixed_batch_sends_its_decodes_to_fa_decode(rng, monkeypatch):
     jax.jit(lambda ql: pallas_attn.paged_attention(*arrs, table, kvl, causal=True, q_lens=ql,
                                                    check_block_table=False))(jnp.asarray(np.asarray(ql, np.int32)))
     assert calls == [1, 1]
+
+
+@pytest.mark.parametrize("page", [16, 64, 128, 0])
+def test_the_producer_runs_in_one_warp_only_where_a_block_spans_pages(page):
+    """``PrefillConfig.producer_warp=None`` (the default) lowers to the one-warp producer exactly when a key block spans
+    several pages (page < block_kv: session 32, the page-16 chunk 1.081x -> 1.017x its dense twin) and to the
+    warpgroup producer otherwise (dense, or a page holding whole blocks: one warp was 1.01-1.06x slower at D 128 long
+    N). Checked on the lowered CUDA programs (nothing runs): the default's text equals the forced one-warp config's
+    where it should, and the forced warpgroup config's elsewhere; forcing one warp changes the program."""
+    import dataclasses
+
+    from pallas_attn.kernels import fa_prefill as fp
+
+    sds = jax.ShapeDtypeStruct
+    q, off = sds((2, 256, 4, 128), jnp.bfloat16), sds((2,), jnp.int32)
+    base = fp.CONFIGS["default"]
+    assert base.producer_warp is None and fp.CONFIGS["warp_producer"].producer_warp is True
+
+    def text(cfg):
+        if page == 0:
+            k = sds((2, 512, 2, 128), jnp.bfloat16)
+            fn = lambda q, k, off: fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False,  # noqa: E731
+                                              config=cfg)
+            args = (q, k, off)
+        else:
+            pool, bt = sds((2 * 512 // page, page, 2, 128), jnp.bfloat16), sds((2, 512 // page), jnp.int32)
+            fn = lambda q, p, bt, off: fp.forward(q, p, p, causal=True, scale=0.1, q_offset=off,  # noqa: E731
+                                                  interpret=False, config=cfg, block_table=bt)
+            args = (q, pool, bt, off)
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+    with _no_locations():
+        default, one_warp = text(base), text(dataclasses.replace(base, producer_warp=True))
+        warpgroup = text(dataclasses.replace(base, producer_warp=False))
+    assert one_warp != warpgroup
+    assert default == (one_warp if 0 < page < base.block_kv else warpgroup)
+
+
+@contextlib.contextmanager
+def _no_locations():
+    """No source lines in the lowered text (scripts/lowered_hashes.py's setting), restored afterwards."""
+    old = jax.config.jax_traceback_in_locations_limit
+    jax.config.update("jax_traceback_in_locations_limit", 0)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_traceback_in_locations_limit", old)
+
+
+def test_producer_warp_is_none_or_a_bool():
+    from pallas_attn.kernels import fa_prefill as fp
+
+    for bad in ("yes", 1, 0):
+        with pytest.raises(ValueError, match="producer_warp"):
+            fp.PrefillConfig(producer_warp=bad)

@@ -97,11 +97,13 @@ class PrefillConfig:
     (``_tile_qblock``): ``snake`` (every second round reversed, so a CTA's causal work is the same in every CTA of a
     head; the default since session 30: on an H200 at D 128, N 2048-8192, 0.5-2.4% faster than ``strided`` at the
     same tiles in 12 of 12 pairs, results/gpu_runs/20261128_s30_h200_call1_order_pagecfg/) or ``strided`` (rank ``g
-    + t * n_groups``, what every multi-tile config ran before); no effect at ``tiles=1``. producer_warp: the
-    producer's copy loop runs in one warp of its warpgroup (``pl.core_map(plgpu.WarpMesh)``; the default since
-    session 32) instead of all four (False: what every config ran before; config ``wg_producer``): a warpgroup copy
-    repeats its descriptor code and a warpgroup barrier in four warps, on the sub-partitions the consumers issue from
-    (docs/serving.md, "Page 16 under ncu").
+    + t * n_groups``, what every multi-tile config ran before); no effect at ``tiles=1``. producer_warp: whether the
+    producer's copy loop runs in one warp of its warpgroup (``pl.core_map(plgpu.WarpMesh)``) rather than in all four
+    (a warpgroup copy repeats its descriptor code and a warpgroup barrier in four warps, on the sub-partitions the
+    consumers issue from). None (default): one warp when a key block spans several pages (paged, page < block_kv:
+    the page-16 chunk 1.081x -> 1.017x its dense twin, docs/serving.md "Page 16 under ncu"), the warpgroup otherwise
+    (dense, on an H200: one warp 0.97-0.99x at D 64 / 96 / 256 and short rows, 1.01-1.06x at D 128 N >= 2048;
+    docs/fa_prefill.md "The producer in one warp"). True / False force it (config ``warp_producer``: True).
     """
 
     block_q: int = 64
@@ -114,7 +116,7 @@ class PrefillConfig:
     tiles: int = 1
     consumers: int = 2
     order: str = "snake"
-    producer_warp: bool = True
+    producer_warp: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) or not 1 <= self.tiles <= 16:
@@ -129,7 +131,9 @@ class PrefillConfig:
             r = getattr(self, name)
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"PrefillConfig.{name} must be a multiple of 8 in [24, 256]; got {r}")
-        for name in ("overlap", "pingpong", "producer_warp"):
+        if self.producer_warp is not None and not isinstance(self.producer_warp, bool):
+            raise ValueError(f"PrefillConfig.producer_warp must be None, True or False; got {self.producer_warp!r}")
+        for name in ("overlap", "pingpong"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PrefillConfig.{name} must be a bool; got {getattr(self, name)!r}")
         if self.order not in ("strided", "snake"):
@@ -158,9 +162,10 @@ CONFIGS = {
     # three consumers (192 rows a CTA); H100, GPT-2 shapes (D 64, causal, bf16): 0.90x default at B2 N16384, 1.10-1.45x
     # at N 512-2048 (results/fa_prefill/20261127_s14_h100_c3/)
     "c3": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32),
-    # the producer as a warpgroup (every config before session 32): kept so compare measures the one-warp default
-    # against it
-    "wg_producer": PrefillConfig(producer_warp=False),
+    # the producer's copy loop in one warp at every shape (the default does so only for paged blocks of several
+    # pages): measured beside the default (session 32: faster at D 64 / 96 / 256 and short rows, slower at D 128 long
+    # N, docs/fa_prefill.md "The producer in one warp")
+    "warp_producer": PrefillConfig(producer_warp=True),
 }
 
 
@@ -752,14 +757,15 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                      lambda s, slot: load_block(v_ref, s, v_smem.at[slot], v_bar.at[slot])),
                     start=a_p, base=base, drain=False)
 
-            if not cfg.producer_warp:
+            one_warp = cfg.producer_warp if cfg.producer_warp is not None else bool(paged and paged[0] < bkv)
+            if not one_warp:
                 over_tiles(tile)
                 return
             # One warp issues the copies; the other three only wait at the core_map's exit. As a warpgroup every
             # copy's table load (paged), descriptor arithmetic and warpgroup barrier ran in all four producer warps,
             # on the sub-partitions the consumers issue from: at page 16 (8 copies a K block) a third more warp
             # instructions than the dense kernel and the chunk 1.08x its dense twin (session 32, ncu; docs/serving.md
-            # "Page 16 under ncu"); in one warp 1.017x. The dense kernel's 2 copies a step take the same path.
+            # "Page 16 under ncu"); in one warp 1.017x. PrefillConfig.producer_warp says where else it pays.
             @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
             def _per_warp():
                 @pl.when(lax.axis_index("warp") == 0)
