@@ -325,8 +325,9 @@ def test_apart_trains_our_forward_with_cudnns_backward(monkeypatch, d, hk, windo
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
 
-    val, g = jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
-                                argnums=(0, 1, 2))(q, k, v)
+    # blocked on before the next eager op (see test_cudnn_forward_route_trains_cudnns_forward_with_our_backward)
+    val, g = jax.block_until_ready(jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
+                                                      argnums=(0, 1, 2))(q, k, v))
     assert seen and seen[0]["causal"] is True and seen[0]["left"] == (None if window is None else window[0])
     forced = pallas_attn.dot_product_attention(q, k, v, implementation="pallas:fa_prefill", **kw)
     assert float(val) == float(jnp.sum(forced.astype(jnp.float32) * w))
@@ -398,9 +399,10 @@ def test_the_drop_in_runs_the_cudnn_forward_route_end_to_end(monkeypatch):
                                        .astype(jnp.float32) * w)
 
     for bwd in (None, "wide"):
-        val, g = jax.value_and_grad(loss(bwd_config=bwd), argnums=(0, 1, 2))(q, k, v)
-        rval, rg = jax.value_and_grad(loss(bwd_config=bwd, implementation="pallas:fa_prefill"),
-                                      argnums=(0, 1, 2))(q, k, v)
+        # each blocked on before the next (see test_cudnn_forward_route_trains_cudnns_forward_with_our_backward)
+        val, g = jax.block_until_ready(jax.value_and_grad(loss(bwd_config=bwd), argnums=(0, 1, 2))(q, k, v))
+        rval, rg = jax.block_until_ready(jax.value_and_grad(loss(bwd_config=bwd, implementation="pallas:fa_prefill"),
+                                                            argnums=(0, 1, 2))(q, k, v))
         assert float(val) == float(rval)
         for a, b in zip(g, rg):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -461,8 +463,10 @@ def test_cudnn_forward_route_trains_cudnns_forward_with_our_backward(monkeypatch
     def loss(fn):
         return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
 
-    val, g = jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
-                                argnums=(0, 1, 2))(q, k, v)
+    # blocked on before any eager op: the interpret-mode backward runs host callbacks that issue eager jax ops, and an
+    # eager op of this thread queued behind the still-running program deadlocked the CPU client once (session 32)
+    val, g = jax.block_until_ready(jax.value_and_grad(loss(lambda *a: pallas_attn.dot_product_attention(*a, **kw)),
+                                                      argnums=(0, 1, 2))(q, k, v))
     assert seen and seen[0]["causal"] is True
     twin_out = _reference_forward(q, k, v, scale=1.0 / np.sqrt(d), causal=True)[0]
     assert float(val) == float(jnp.sum(twin_out.astype(jnp.float32) * w))
