@@ -102,8 +102,9 @@ class PrefillConfig:
     (a warpgroup copy repeats its descriptor code and a warpgroup barrier in four warps, on the sub-partitions the
     consumers issue from). None (default): one warp when a key block spans several pages (paged, page < block_kv:
     the page-16 chunk 1.081x -> 1.017x its dense twin, docs/serving.md "Page 16 under ncu"), the warpgroup otherwise
-    (dense, on an H200: one warp 0.97-0.99x at D 64 / 96 / 256 and short rows, 1.01-1.06x at D 128 N >= 2048;
-    docs/fa_prefill.md "The producer in one warp"). True / False force it (config ``warp_producer``: True).
+    (dense, on an H200: one warp 0.97-0.99x at D 96 and at N <= 1024, about even at D 256, 1.01-1.06x at D 64 and
+    D 128 from N 2048; docs/fa_prefill.md "The producer in one warp"). True / False force it (config
+    ``warp_producer``: True).
     """
 
     block_q: int = 64
@@ -163,8 +164,8 @@ CONFIGS = {
     # at N 512-2048 (results/fa_prefill/20261127_s14_h100_c3/)
     "c3": PrefillConfig(consumers=3, consumer_regs=160, producer_regs=32),
     # the producer's copy loop in one warp at every shape (the default does so only for paged blocks of several
-    # pages): measured beside the default (session 32: faster at D 64 / 96 / 256 and short rows, slower at D 128 long
-    # N, docs/fa_prefill.md "The producer in one warp")
+    # pages): measured beside the default (session 32: faster at D 96 and at N <= 1024, slower at D 64 and D 128 from
+    # N 2048, docs/fa_prefill.md "The producer in one warp")
     "warp_producer": PrefillConfig(producer_warp=True),
 }
 
