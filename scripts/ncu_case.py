@@ -15,7 +15,7 @@ decode shape (h_q 128, 512 + 64, page 64); decode: fa_decode at Llama-3.1-8B's h
 dense, Tq 1, with a 16-bit (``--kv dtype``), fp8 E4M3 or NVFP4 cache (session 18, issue 31); chunked: fa_prefill
 over a paged cache as ``pallas_attn.chunked`` runs it (the sweep's ``sweep_chunked_*``: Llama-3.1-8B heads, B 4, a
 chunk of ``--chunk`` queries ending at key ``--seq``, pages shuffled over the pool), at the config the chunk takes
-(``compare.auto.chunk_prefill_config``); ``--page 0`` is its dense twin (the same keys as one dense cache, compare's
+(``pallas_attn.chunked.resolve_chunk``); ``--page 0`` is its dense twin (the same keys as one dense cache, compare's
 ``pallas:chunked:dense``) (session 32, issue 32).
 """
 
@@ -90,7 +90,7 @@ def _decode_call(a):
 
 
 def _chunked_call(a):
-    from pallas_attn import chunked, dropin
+    from pallas_attn import chunked
     from pallas_attn.kernels import fa_prefill as fp
 
     b, n, c, hq, hkv, d, page = a.batch, a.seq, a.chunk, 32, 8, 128, a.page
@@ -99,8 +99,8 @@ def _chunked_call(a):
     q = jax.random.normal(kq, (b, c, hq, d), dt)
     k = jax.random.normal(kk, (b, n, hkv, d), dt)
     v = jax.random.normal(kv, (b, n, hkv, d), dt)
-    # the drop-in's heuristic at the chunk's dense shape over the cache (compare.auto.chunk_prefill_config)
-    cfg = dropin.prefill_config(chunked._problem(jax.ShapeDtypeStruct(q.shape, dt), n, hkv), None)
+    # the config the chunk itself runs (pallas_attn.chunked's resolver, no window)
+    _, cfg = chunked.resolve_chunk(chunked._problem(jax.ShapeDtypeStruct(q.shape, dt), n, hkv), None, True)
     off = jnp.full((b,), n - c, jnp.int32)
     kw = dict(causal=True, scale=d ** -0.5, q_offset=off, interpret=False, config=cfg)
     if page == 0:
