@@ -321,6 +321,93 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
         v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_ws"].__dict__, "consumer_regs": 200})
 
 
+# --- the work list (kv64_wl, kv64_mc_wl): equal shares of the batch's key tiles, pieces in turn ------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_work_plan_covers_every_tile_once_in_unique_slots(seed):
+    """``work_plan``'s shares cover each sequence's key tiles exactly once (random lengths, empty sequences, causal
+    offsets); every (unit, sequence) piece's slot ``u + b`` is distinct and below ``U + B - 1``; and the finish's rule
+    for a sequence's pieces (units ``k0 // quota`` .. ``(k1 - 1) // quota``) names exactly the units that ran it."""
+    rng = np.random.default_rng(seed)
+    b, units, cap, tq, tn = int(rng.integers(1, 9)), int(rng.integers(1, 12)), 1024, int(rng.integers(1, 4)), 64
+    lens = rng.integers(0, cap + 1, b) * (rng.random(b) > 0.25)
+    off = lens - tq if seed % 2 else rng.integers(-tq, cap, b)
+    causal = seed % 3 != 0
+    wl = np.asarray(v12_mla_tc.work_plan(jnp.asarray(lens, jnp.int32), jnp.asarray(off, jnp.int32), cap=cap, tq=tq,
+                                         tn=tn, causal=causal, units=units))
+    quota, total, first, count, cum = wl[0], wl[1], wl[2:2 + units], wl[2 + units:2 + 2 * units], wl[2 + 2 * units:]
+    hi = np.minimum(lens, np.clip(off, -tq, cap) + tq) if causal else lens
+    tiles = -(-np.maximum(hi, 0) // tn)
+    assert list(cum) == [0, *np.cumsum(tiles)] and total == tiles.sum() and quota == max(1, -(-total // units))
+    seen, slots, ran = np.zeros(total, int), set(), {}
+    for u in range(units):
+        t0, t1 = min(u * quota, total), min(u * quota + quota, total)
+        for bb in range(first[u], first[u] + count[u]):
+            lo, hi_t = max(t0, cum[bb]), min(t1, cum[bb + 1])
+            if hi_t > lo:
+                seen[lo:hi_t] += 1
+                assert u + bb not in slots and u + bb < units + b - 1
+                slots.add(u + bb)
+                ran.setdefault(bb, []).append(u)
+    assert np.all(seen == 1)
+    for bb in range(b):
+        want = list(range(cum[bb] // quota, (cum[bb + 1] - 1) // quota + 1)) if tiles[bb] else []
+        assert ran.get(bb, []) == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("config", "tq", "hq", "lens", "off", "num_sm"), [
+    ("kv64_wl", 3, 16, [140, 70, 300, 20], None, 2),  # 2 units over 11 tiles: unit 0 runs sequences 0, 1 and the
+    # first tile of 2 (three pieces: Q reloaded, the ring refilled after the aliased epilogue, l handed over)
+    ("kv64_mc_wl", 4, 56, [330, 0, 100, 200], [180, 0, 96, 10], 8),  # 4 row tiles in two 2-CTA clusters, 2 units;
+    # an empty sequence between shares, unit 1 runs two pieces
+])
+def test_work_list_on_the_gpu_interpreter(config, tq, hq, lens, off, num_sm):
+    """The work-list kernel on jax's GPU interpreter with race detection, merged by its finish (interpret mode):
+    several pieces a unit, causal offsets and an empty sequence, against the oracle. Without the producer's wait
+    for ring_free the race detector fires (the next piece's TMA into ring bytes the epilogue still stages in);
+    without consumer 0's wait for l_taken the interpreter's barrier check raises."""
+    dqk, dv = 192, 128
+    q, pool, bt, kl = _case(18, b=len(lens), tq=tq, hq=hq, dqk=dqk, lens=lens, page=16, dtype="bfloat16")
+    pool = pool.astype(jnp.bfloat16)
+    off = kl - tq if off is None else jnp.asarray(off, jnp.int32)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_sm": num_sm})
+    out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, off, kv_lora_rank=dv, causal=True,
+                                                scale=1.0 / np.sqrt(dqk), config=cfg)
+    assert not races
+    _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=True, q_offset=np.asarray(off)), "bfloat16")
+
+
+def test_work_list_lowers_as_one_wave_of_units(monkeypatch):
+    """kv64_mc_wl at the DeepSeek-V3 template lowered for CUDA on the CPU: one wave of 66 units (132 SMs / 2 row
+    tiles), each a 2-CTA cluster, whatever the batch (grid (2, 66, 1)); shared memory kv64's plus the two work-list
+    barriers (231,504 B, what smem_bytes says); the plan array and the slots' shapes in the program. kv64_wl launches
+    66 units of two unclustered CTAs. The config refuses what it does not combine with."""
+    from pallas_attn.mla import mla_attention
+
+    launches, _ = _mosaic_launch_facts(monkeypatch)
+    b, page, dqk, dv = 5, 64, 576, 512
+    q = jax.ShapeDtypeStruct((b, 1, 128, dqk), jnp.bfloat16)
+    pool = jax.ShapeDtypeStruct((b * 4, page, 1, dqk), jnp.bfloat16)
+    bt, lens = jax.ShapeDtypeStruct((b, 4), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
+    for name, grid, cluster in (("kv64_mc_wl", (2, 66, 1), (2, 1, 1)), ("kv64_wl", (1, 66, 2), (1, 1, 1))):
+        launches.clear()
+        cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[name].__dict__, "num_sm": 132})
+        text = jax.jit(lambda q, p, bt, lens, cfg=cfg: mla_attention(
+            q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg, interpret=False,
+            check_block_table=False)).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
+        assert launches == [(grid, cluster, v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))], name
+        assert launches[0][2] == 231_504
+        assert f"tensor<{2 + 2 * 66 + b + 1}xi32>" in text  # the plan: quota, total, first / count per unit, cum
+        assert f"tensor<{66 + b - 1 + 4}x128x512xf32>" in text  # the slots (+ the finish's masked tail)
+    for bad in (dict(lazy_rescale=True), dict(s_warpgroup=True), dict(num_splits=2), dict(finish="jnp")):
+        with pytest.raises(ValueError, match="work_list is a variant of share_p"):
+            v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc_wl"].__dict__, **bad})
+    with pytest.raises(ValueError, match="work_list is a variant of share_p"):
+        v12_mla_tc.MlaTcConfig(block_kv=64, stages=2, work_list=True)
+
+
 # --- NaN, refusals, bad inputs --------------------------------------------------------------------------------
 
 

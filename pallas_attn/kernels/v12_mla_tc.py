@@ -109,6 +109,7 @@ GPU where the Mosaic kernel fails, and the fp8 path.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -149,6 +150,7 @@ _STAGE_COLS = 64  # fp32 output columns staged per TMA store
 LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
 _LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
 _LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
+_WL_SB = 4  # work_list: pieces per step of the finish's merge (a sequence has 1-3 pieces at the sweep's shapes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +177,12 @@ class MlaTcConfig:
     so those k-steps read only the latent tile from shared memory (config ``kv64_wsq_mc``, docs/mla.md).
     s_pipelined (with s_warpgroup): the S warpgroup issues the QK of tile s + 1 before the softmax of tile s, which
     then runs while that wgmma does (config ``kv32_ws``: 32-key tiles in a 4-slot ring, docs/mla.md).
+    work_list (with share_p, not lazy_rescale or s_warpgroup): the split rule's grid of (batch, split) CTAs is
+    replaced by one wave of work units (``SMs / row tiles``, each the row tiles of one key range), each given an
+    equal share of the batch's key tiles counted across sequence boundaries (computed on the device from the traced
+    lengths before the launch), and running the pieces of its share one sequence after the other, each piece's
+    partial state in its own slot for the finish's merge (configs ``kv64_wl`` / ``kv64_mc_wl``; docs/mla.md "The
+    work list").
     finish: what follows the partial kernel: ``jnp`` (the shared merge ``splitkv.merge_jnp``, the cast, the
     unpack and the bad-table select as XLA ops: several launches) or ``pallas`` (one Pallas launch, ``_finish``:
     the merge, the bad-table check, the cast and the unpacked output layout; docs/mla.md "The fixed cost")."""
@@ -197,6 +205,7 @@ class MlaTcConfig:
     s_regs: int = 152
     q_regs: int = 0
     s_pipelined: bool = False
+    work_list: bool = False
     finish: str = "pallas"
 
     def __post_init__(self) -> None:
@@ -214,7 +223,8 @@ class MlaTcConfig:
             if not (24 <= r <= 256 and r % 8 == 0):
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
-        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined"):
+        for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
+                     "work_list"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -232,6 +242,12 @@ class MlaTcConfig:
         if self.s_warpgroup and (not self.share_p or self.lazy_rescale):
             raise ValueError(f"{owner}: s_warpgroup is a variant of share_p without lazy_rescale (kv64); got "
                              f"share_p={self.share_p}, lazy_rescale={self.lazy_rescale}")
+        if self.work_list and (not self.share_p or self.lazy_rescale or self.s_warpgroup or self.finish != "pallas"
+                               or self.num_splits is not None):
+            raise ValueError(f"{owner}: work_list is a variant of share_p (kv64, kv64_mc) without lazy_rescale, "
+                             f"s_warpgroup or num_splits, merged by finish='pallas'; got share_p={self.share_p}, "
+                             f"lazy_rescale={self.lazy_rescale}, s_warpgroup={self.s_warpgroup}, "
+                             f"num_splits={self.num_splits}, finish={self.finish!r}")
         if self.q_regs and (not self.s_warpgroup or self.q_regs % 64 or self.q_regs < 0):
             raise ValueError(f"{owner}: q_regs (Q columns held in the S warpgroup's registers) needs s_warpgroup and "
                              f"a multiple of 64; got q_regs={self.q_regs}, s_warpgroup={self.s_warpgroup}")
@@ -260,6 +276,14 @@ class MlaTcConfig:
         chunk = c.cdiv(n_tiles, s) * tn
         return c.cdiv(n_tiles * tn, chunk), chunk
 
+    def units(self, *, batch: int, rows: int) -> tuple[int, int]:
+        """work_list: ``(U, P)``, the work units of one wave (each runs the ``rows``' row tiles of one key range:
+        ``SMs / row tiles`` of them, at least one) and the partial-state slots (``U + batch - 1``: a piece of
+        sequence b run by unit u writes slot ``u + b``, unique because units and sequences both advance in key
+        order)."""
+        u = max(1, (self.num_sm or _compat.device_sm_count()) // c.cdiv(rows, BLOCK_M))
+        return u, u + batch - 1
+
 
 # "faithful": the reference's plan (QK and PV as MMAs over v11's paged latent, split-KV, the shared merge) on
 # Hopper's machinery; fa_mla's "default" is this config. "triton": the twin on the GPU (fallback, fp8 latents).
@@ -271,6 +295,8 @@ CONFIGS = {
     "kv64": MlaTcConfig(block_kv=64, stages=2, share_p=True),
     "kv64_lazy": MlaTcConfig(block_kv=64, stages=2, share_p=True, lazy_rescale=True),
     "kv64_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True),
+    "kv64_wl": MlaTcConfig(block_kv=64, stages=2, share_p=True, work_list=True),
+    "kv64_mc_wl": MlaTcConfig(block_kv=64, stages=2, share_p=True, multicast=True, work_list=True),
     "kv64_ws": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, consumer_regs=176, s_regs=152),
     "kv64_ws_mc": MlaTcConfig(block_kv=64, stages=2, share_p=True, s_warpgroup=True, multicast=True,
                               consumer_regs=176, s_regs=152),
@@ -292,8 +318,8 @@ def smem_bytes(dqk: int, dv: int, itemsize: int, cfg: MlaTcConfig) -> int:
         ring = max(cfg.stages * cfg.block_kv * dqk * itemsize, 2 * BLOCK_M * _STAGE_COLS * 4)
         nbuf = 2 if cfg.s_pipelined else 1  # P / alpha buffers
         return _align(BLOCK_M * dqk * itemsize) + _align(ring) + _align(nbuf * BLOCK_M * cfg.block_kv * itemsize) \
-            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2) * 8  # barriers: Q, loaded / free per slot, p_ready / p_free
-        # per P buffer, done
+            + 2 * 1024 + (2 * cfg.stages + 2 * nbuf + 2 + 2 * cfg.work_list) * 8  # barriers: Q, loaded / free per
+        # slot, p_ready / p_free per P buffer, done (work_list: ring_free, l_taken)
     exchange = 2 * 2 * BLOCK_M * cfg.block_kv * 4 if cfg.split_qk else 0  # the S halves, double-buffered
     return (BLOCK_M * dqk + cfg.stages * cfg.block_kv * dqk) * itemsize + 2 * BLOCK_M * _STAGE_COLS * 4 \
         + BLOCK_M * 4 + exchange + 2700
@@ -396,6 +422,11 @@ class _Build:
         self.paired = cfg.multicast and self.n_row_tiles % 2 == 0
         self.cluster = self.paired and not emulate
         self.mc_copy = {"collective_axes": "t"} if self.cluster else {}
+        # work_list: ``splits`` is the number of work units U (grid axis "s"; "b" has size 1) and the kernel reads
+        # its share from the plan array (``work_plan``'s layout: quota, total, then per unit its first sequence and
+        # sequence count, then the B + 1 tile offsets)
+        self.wl = cfg.work_list
+        self.wl_first, self.wl_count, self.wl_cum = 2, 2 + splits, 2 + 2 * splits
 
 
 def _rescale(acc, alpha):
@@ -409,7 +440,12 @@ class _Cta:
 
     def __init__(self, k: _Build, refs):
         self.k, self.plgpu, self.ops = k, k.plgpu, k.ops
-        self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.o_ref, self.lse_ref, *scratch = refs
+        if k.wl:
+            self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.wl_ref, self.o_ref, self.lse_ref, \
+                *scratch = refs
+        else:
+            self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.o_ref, self.lse_ref, *scratch = refs
+        self.lens_ref, self.off_ref = lens_ref, off_ref
         if k.aliased and k.lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
             self.q_smem, (self.lat_smem, (self.o_stage, self.lse_stage)), self.q_bar, self.l_bar, self.l_free, \
                 *self.exchange = scratch
@@ -419,6 +455,8 @@ class _Cta:
         else:
             self.q_smem, self.lat_smem, self.o_stage, self.lse_stage, self.q_bar, self.l_bar, self.l_free, \
                 *self.exchange = scratch
+        if k.wl:  # the ring_free / l_taken barriers of the work list close the scratch
+            *self.exchange, self.ring_free, self.l_taken = self.exchange
         ti = lax.axis_index("t")
         if k.paired:  # "t" is the CTA's rank in its cluster
             ti = 2 * lax.axis_index("tp") + ti
@@ -426,6 +464,13 @@ class _Cta:
         self.bi = lax.axis_index("b")
         self.wg = lax.axis_index("wg")
         self.r0 = ti * k.bm
+        if k.wl:  # unit sp's share of the key tiles, [t0, t1), over `count` sequences from `first`; per piece: piece()
+            quota, total = self.wl_ref[0], self.wl_ref[1]
+            self.t0 = jnp.minimum(self.sp * quota, total)
+            self.t1 = jnp.minimum(self.t0 + quota, total)
+            self.first = self.wl_ref[k.wl_first + self.sp]
+            self.count = self.wl_ref[k.wl_count + self.sp]
+            return
         kv_len = jnp.clip(lens_ref[self.bi], 0, k.cap)
         self.lo = self.sp * k.chunk
         hi = jnp.minimum(kv_len, self.lo + k.chunk)
@@ -438,6 +483,33 @@ class _Cta:
         # for and free the same number of tiles (an empty split or sequence is n = 0 in both: no multicast is
         # issued that the partner would wait for, and no remote arrival is made)
         self.n = lax.div(jnp.maximum(hi - self.lo, 0) + (k.tn - 1), k.tn)
+
+    def seq_bounds(self, b):
+        """work_list: sequence b's causal offset and the end of its visible keys (the split rule's CTAs compute the
+        same inline; ``work_plan`` counts tiles by this rule)."""
+        k = self.k
+        hi = jnp.clip(self.lens_ref[b], 0, k.cap)
+        off = jnp.int32(0)
+        if k.causal:
+            off = jnp.clip(self.off_ref[b], -k.tq, k.cap)
+            hi = jnp.minimum(hi, off + k.tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
+        return off, hi
+
+    def piece(self, i):
+        """work_list: this unit's piece i, a view of the CTA whose ``bi``, ``lo``, ``hi``, ``n`` and output slot
+        are those of sequence ``first + i`` within the unit's tiles ``[t0, t1)`` (n = 0 for a sequence with no
+        key to read). Both CTAs of a kv64_mc cluster share the unit, hence every piece and its n."""
+        k = self.k
+        y = copy.copy(self)
+        b = self.first + i
+        c0, c1 = self.wl_ref[k.wl_cum + b], self.wl_ref[k.wl_cum + b + 1]
+        lo_t, hi_t = jnp.maximum(self.t0, c0) - c0, jnp.minimum(self.t1, c1) - c0
+        y.bi, y.sp = b, self.sp + b  # the partial-state slot (MlaTcConfig.units)
+        y.lo = lo_t * k.tn
+        y.off, hi = self.seq_bounds(b)
+        y.hi = jnp.minimum(hi, hi_t * k.tn)
+        y.n = jnp.maximum(hi_t - lo_t, 0)
+        return y
 
     def issue_q(self):
         """The CTA's Q tile (64 packed rows x DQK) into shared memory by TMA (one warpgroup issues it)."""
@@ -565,15 +637,16 @@ class _Cta:
             for c0 in range(0, k.dvh, _STAGE_COLS):
                 self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS]
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    self.o_stage.at[w],
-                    self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+                dst = (self.o_ref.at[self.sp, pl.ds(self.r0, k.bm), pl.ds(col0 + c0, _STAGE_COLS)] if k.wl else
+                       self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+                plgpu.copy_smem_to_gmem(self.o_stage.at[w], dst)
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if m_i is not None:
             self.lse_stage[...] = jnp.where(empty, -jnp.inf,
                                             (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(self.lse_stage, self.lse_ref.at[self.bi, self.sp, pl.ds(self.r0, k.bm)])
+            plgpu.copy_smem_to_gmem(self.lse_stage, self.lse_ref.at[self.sp, pl.ds(self.r0, k.bm)] if k.wl else
+                                    self.lse_ref.at[self.bi, self.sp, pl.ds(self.r0, k.bm)])
         plgpu.wait_smem_to_gmem(0)
 
 
@@ -840,6 +913,68 @@ def _shared_p_consumer(x: _Cta, w: int):
     x.epilogue(w, acc, m_i, l_i)
 
 
+# --- kv64_wl / kv64_mc_wl: kv64's roles over a work list of pieces, one sequence after another --------------------
+
+
+def _wl_pieces(x: _Cta, run):
+    """work_list: ``run(y)`` for each of the unit's pieces ``y`` that has a key tile (a sequence inside the unit's
+    share with nothing to read is skipped by every role alike)."""
+
+    @pl.loop(0, x.count)
+    def _piece(i):
+        y = x.piece(i)
+
+        @pl.when(y.n > 0)
+        def _():
+            run(y)
+
+
+def _wl_producer(x: _Cta):
+    """work_list, warpgroup 2: per piece the ring as ``_producer`` fills it (then its drain), and before the next
+    piece's first copy the wait for ``ring_free``: both consumers (of both CTAs under kv64_mc, whose multicast
+    writes the partner's ring too) have staged and stored the piece's output in ring bytes."""
+    k, plgpu = x.k, x.plgpu
+    plgpu.set_max_registers(k.cfg.producer_regs, action="decrease")
+
+    def run(y):
+        ring_producer(plgpu, y.n, k.ns, y.l_free, y.load_tile, slot_in_wait=True, drain=False)
+        y.drain_frees(y.n)
+        plgpu.barrier_wait(y.ring_free)
+
+    _wl_pieces(x, run)
+
+
+def _wl_consumer(x: _Cta, w: int):
+    """work_list, consumer ``w``: per piece kv64's consumer (``_shared_p_consumer``: consumer 0 loads the piece's
+    Q, runs S, the softmax and the handoff; consumer 1 its P V half), the ``done`` barrier, the staged epilogue into
+    the piece's slot, then ``ring_free`` (the producers may refill the ring). Consumer 1 arrives on ``l_taken``
+    once it has read the final l from the alpha buffer, which consumer 0 waits for before the next piece's first
+    handoff overwrites it."""
+    k, plgpu = x.k, x.plgpu
+    done = x.exchange[4]
+    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
+
+    def run(y):
+        acc0 = y.ops.zeros((k.bm, k.dvh))
+        if w == 0:
+            acc, m_i, l_i = _shared_p_scores(y, acc0, _rescale)
+        else:
+            acc = lax.fori_loop(0, y.n, functools.partial(_shared_p_pv_step, y, rescale=_rescale), acc0)
+            m_i = None
+        plgpu.barrier_arrive(done.at[0])
+        plgpu.barrier_wait(done.at[0])
+        if w == 1:
+            l_i = y.ops.vec(_alpha_rows(y))
+            plgpu.barrier_arrive(y.l_taken.at[0])
+        y.touch_ring(w)
+        y.epilogue(w, acc, m_i, l_i)
+        plgpu.barrier_arrive(y.ring_free.at[0])
+        if w == 0:
+            plgpu.barrier_wait(y.l_taken.at[0])
+
+    _wl_pieces(x, run)
+
+
 # --- kv64_ws / kv32_ws / kv64_wsq_mc: warpgroups by role (S and softmax; two P V halves, the first loads) -------
 
 
@@ -985,7 +1120,8 @@ def _kernel_body(k: _Build, refs):
     """One CTA: the schedule's consumer role on warpgroups 0 and 1 (and 2 under s_warpgroup), else the producer on
     warpgroup 2."""
     x = _Cta(k, refs)
-    run_consumer = _ws_consumer if k.cfg.s_warpgroup else _shared_p_consumer if k.cfg.share_p else _dv_half_consumer
+    run_consumer = _ws_consumer if k.cfg.s_warpgroup else _wl_consumer if k.wl else _shared_p_consumer \
+        if k.cfg.share_p else _dv_half_consumer
 
     @pl.when(x.wg == 0)
     def _c0():
@@ -1003,7 +1139,7 @@ def _kernel_body(k: _Build, refs):
     if not k.cfg.s_warpgroup:  # s_warpgroup: P.V warpgroup 1 loads (_ws_pv)
         @pl.when(x.wg == 2)
         def _producer_wg():
-            _producer(x)
+            (_wl_producer if k.wl else _producer)(x)
 
 
 def _scratch(k: _Build) -> list:
@@ -1040,16 +1176,22 @@ def _scratch(k: _Build) -> list:
         scratch += [*p_bufs, plgpu.Barrier(num_arrivals=1, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers, num_barriers=nbuf),
                     plgpu.Barrier(num_arrivals=readers + 1, num_barriers=1)]
+    if k.wl:  # ring_free (both consumers, of both CTAs under kv64_mc: the partner's multicast writes this ring),
+        # l_taken (consumer 1 has read the final l)
+        scratch += [(plgpu.ClusterBarrier(collective_axes=("t",), num_arrivals=2, num_barriers=1) if k.cluster
+                     else plgpu.Barrier(num_arrivals=2, num_barriers=1)),
+                    plgpu.Barrier(num_arrivals=1, num_barriers=1)]
     return scratch
 
 
 def _grid(k: _Build) -> dict:
     """The launch grid: (row tiles, splits, batch), or under kv64_mc with paired row tiles 2-CTA clusters along
     "t" (the CUDA grid is (2 B, S, row tiles / 2), a cluster (2, 1, 1))."""
+    nb = 1 if k.wl else k.b  # work_list: "s" is the work unit, the sequences are its pieces
     if k.paired:
-        return dict(grid=(k.n_row_tiles // 2, k.splits, k.b), grid_names=("tp", "s", "b"), cluster=(2,),
+        return dict(grid=(k.n_row_tiles // 2, k.splits, nb), grid_names=("tp", "s", "b"), cluster=(2,),
                     cluster_names=("t",))
-    return dict(grid=(k.n_row_tiles, k.splits, k.b), grid_names=("t", "s", "b"))
+    return dict(grid=(k.n_row_tiles, k.splits, nb), grid_names=("t", "s", "b"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -1068,6 +1210,10 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
+    if k.wl:  # one slot per (unit u, sequence b) piece at u + b; _WL_SB more that the finish's last masked merge
+        # step may address (never written, never used)
+        out_type = (jax.ShapeDtypeStruct((splits + b - 1 + _WL_SB, rows_pad, dv), f32),
+                    jax.ShapeDtypeStruct((splits + b - 1 + _WL_SB, rows_pad), f32))
     return plgpu.kernel(
         body,
         out_type=out_type,
@@ -1188,6 +1334,30 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
     )(gqa.pack_q(q, 1), data.reshape(num_pages * page, data.shape[-1]), bt.reshape(-1), lens, off, *quant_ops)
 
 
+def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int):
+    """work_list: the plan the kernel and the finish read, from the traced lengths (and causal offsets), as one
+    int32 array: ``[quota, total, first[U], count[U], cum[B + 1]]``. Sequence b has ``cdiv(hi_b, tn)`` key tiles
+    (``hi_b`` the end of its visible keys, ``_Cta.seq_bounds``' rule), ``cum`` their running sum, ``total`` the
+    batch's tiles and ``quota = cdiv(total, U)`` each unit's share: unit u runs tiles ``[u quota, (u + 1) quota)``
+    of the batch counted across sequences, over ``count[u]`` sequences from ``first[u]`` (empty ones among them
+    are skipped). A few XLA ops on B + U integers before the launch (their cost is measured in docs/mla.md)."""
+    kv = jnp.clip(lens.astype(jnp.int32), 0, cap)
+    if causal:
+        kv = jnp.minimum(kv, jnp.clip(off.astype(jnp.int32), -tq, cap) + tq)
+    tiles = (jnp.maximum(kv, 0) + tn - 1) // tn
+    cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles, dtype=jnp.int32)])
+    total = cum[-1]
+    quota = jnp.maximum((total + units - 1) // units, 1)
+    t0 = jnp.minimum(jnp.arange(units, dtype=jnp.int32) * quota, total)
+    t1 = jnp.minimum(t0 + quota, total)
+    # the first b with cum[b + 1] > t0, and the last with cum[b + 1] > t1 - 1: a compare against all B ends (one
+    # fusion, where searchsorted's default is a loop)
+    first = jnp.sum(cum[None, 1:] <= t0[:, None], axis=1, dtype=jnp.int32)
+    last = jnp.sum(cum[None, 1:] <= (t1 - 1)[:, None], axis=1, dtype=jnp.int32)
+    count = jnp.where(t1 > t0, last - first + 1, 0).astype(jnp.int32)
+    return jnp.concatenate([jnp.stack([quota, total]), first, count, cum])
+
+
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
             cfg: MlaTcConfig, emulate: bool = False, raw: bool = False):
     b, tq, hq, dqk = q.shape
@@ -1197,6 +1367,13 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
     qp = gqa.pack_q(q, 1).reshape(b, rows, dqk)
     if rows_pad != rows:
         qp = jnp.pad(qp, ((0, 0), (0, rows_pad - rows), (0, 0)))
+    if cfg.work_list:  # splits: the work units U; the plan goes to the kernel and comes back for the finish
+        units = cfg.units(batch=b, rows=rows)[0]
+        wl = work_plan(lens, off, cap=bt.shape[1] * page, tq=tq, tn=cfg.block_kv, causal=causal, units=units)
+        call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name,
+                             units, 0, bool(causal), float(scale), cfg, emulate)
+        o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, wl)
+        return o, lse, wl
     call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
                          chunk, bool(causal), float(scale), cfg, emulate)
     o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
@@ -1223,18 +1400,26 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
     s, chunk = config.splits(batch=b, rows=hq * tq, n_k=block_table.shape[1] * page)
     try:
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
-            o_part, lse_part = jax.block_until_ready(_mosaic(
+            parts = jax.block_until_ready(_mosaic(
                 q, latent_pool, block_table, kv_lens, jnp.asarray(q_offset, jnp.int32), dv=kv_lora_rank, splits=s,
                 chunk=chunk, causal=causal, scale=float(scale), cfg=config, emulate=True))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()
+    if config.work_list:  # the pieces' slots merged by the finish the GPU runs (in interpret mode)
+        o_part, lse_part, wl = parts
+        out, lse = _finish(o_part, lse_part, block_table, kv_lens, b=b, tq=tq, hq=hq,
+                           num_pages=latent_pool.shape[0], page=page, out_dtype=q.dtype, interpret=True,
+                           return_lse=True, check=False, wl=wl)
+        return out, lse, races
+    o_part, lse_part = parts
     o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
     return gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1), gqa.unpack_lse(lse, b, tq, hq), races
 
 
 def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
-                   hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool, dc: int):
+                   hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool, dc: int,
+                   wl_cum: int | None = None):
     """Columns ``[col * dc, (col + 1) * dc)`` of packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B,
     rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (``splitkv.merge_states``, the
     shared merge's loop), then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
@@ -1244,9 +1429,19 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
     c0 = col * dc
     bi, rr = r // rows, r % rows
     h, t = rr // tq, rr % tq
-    m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[bi, pl.ds(s0, sb), rr],
-                                             lambda s0: op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
-                                             splits=splits, sb=sb, d=dc)
+    if wl_cum is None:
+        m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[bi, pl.ds(s0, sb), rr],
+                                                 lambda s0: op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
+                                                 splits=splits, sb=sb, d=dc)
+    else:  # work_list: sequence bi's pieces are the units u0 .. u1 that share its tiles [k0, k1), in slots u + bi
+        wl_ref, *out_refs = out_refs
+        quota, k0, k1 = wl_ref[0], wl_ref[wl_cum + bi], wl_ref[wl_cum + bi + 1]
+        u0 = k0 // quota
+        first = u0 + bi
+        n_pieces = jnp.where(k1 > k0, (k1 - 1) // quota - u0 + 1, 0)
+        m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[pl.ds(first + s0, sb), rr],
+                                                 lambda s0: op_ref.at[pl.ds(first + s0, sb), rr, pl.ds(c0, dc)],
+                                                 splits=n_pieces, sb=sb, d=dc)
     out = softmax.finalize(acc, l_run)
     lse = softmax.lse(m_run, l_run, base2=True)
     if check:
@@ -1282,12 +1477,17 @@ def finish_grid(r: int, splits: int, dv: int) -> tuple[int, int, int]:
 
 
 def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: int, page: int, out_dtype,
-            interpret: bool, return_lse: bool, check: bool):
+            interpret: bool, return_lse: bool, check: bool, wl=None):
     """Config ``finish="pallas"``: ``o_part [B, rows_x, S, DV]`` / ``lse_part [B, S, rows_x]`` (the Mosaic
     kernel's layout; rows = Hq * Tq head-major, rows_x >= rows, the padding rows unread) to the caller's ``[B, Tq,
     Hq, DV]`` (and ``[B, Hq, Tq]`` LSE) in one launch (``_finish_kernel``) instead of the XLA merge, cast, unpack and
-    bad-table select."""
-    _, _, splits, dv = o_part.shape
+    bad-table select. ``wl`` (work_list): ``work_plan``'s array, with ``o_part [slots, rows_x, DV]`` / ``lse_part
+    [slots, rows_x]`` (each sequence's pieces in consecutive slots; ``_WL_SB`` unwritten slots at the end that
+    only masked lanes of the last merge step address)."""
+    if wl is None:
+        _, _, splits, dv = o_part.shape
+    else:
+        splits, dv = _WL_SB, o_part.shape[-1]
     rows = hq * tq
     r = b * rows
     pps = bt.shape[1]
@@ -1298,11 +1498,12 @@ def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: 
         out_shape.append(jax.ShapeDtypeStruct((r,), jnp.float32))
     res = pl.pallas_call(
         functools.partial(_finish_kernel, splits=splits, sb=sb, dv=dv, rows=rows, tq=tq, hq=hq, pps=pps, pb=pb,
-                          num_pages=num_pages, page=page, check=check, with_lse=return_lse, dc=dc),
+                          num_pages=num_pages, page=page, check=check, with_lse=return_lse, dc=dc,
+                          wl_cum=None if wl is None else wl.shape[0] - (b + 1)),
         out_shape=tuple(out_shape), grid=(r, n_col),
         compiler_params=_compat.triton_params(num_warps=4, num_stages=1),
         interpret=interpret, name=PASS_FINISH,
-    )(o_part, lse_part, bt, lens)
+    )(o_part, lse_part, bt, lens, *(() if wl is None else (wl,)))
     out = res[0].reshape(b, tq, hq, dv)
     if not return_lse:
         return out
@@ -1315,10 +1516,15 @@ def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: 
              cfg: MlaTcConfig, interpret: bool, return_lse: bool, check: bool):
     b, tq, hq, _ = q.shape
     fin = cfg.finish == "pallas"
+    if cfg.engine == "mosaic" and not interpret and cfg.work_list:
+        o_part, lse_part, wl = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
+                                       scale=scale, cfg=cfg)
+        return _finish(o_part, lse_part, bt, lens, b=b, tq=tq, hq=hq, num_pages=data.shape[0], page=data.shape[1],
+                       out_dtype=q.dtype, interpret=False, return_lse=return_lse, check=check, wl=wl)
     if cfg.engine == "mosaic" and not interpret:
         o_part, lse_part = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
                                    scale=scale, cfg=cfg, raw=fin)
-    else:
+    else:  # (a work_list config in interpret mode runs the twin by the split rule: the same math)
         o_part, lse_part = _twin(q, data, bt, lens, off, quant_ops, dv=dv, splits=splits, chunk=chunk,
                                  causal=causal, scale=scale, cfg=cfg, interpret=interpret)
         if fin:  # [B * rows, S, DV] / [B * rows, S] to the Mosaic layout (the LSE transpose is B x S x rows floats)
@@ -1385,6 +1591,12 @@ def _plan(p: Problem, cfg: MlaTcConfig) -> dict:
            "merge": "v12_mla_tc._finish (Pallas)" if cfg.finish == "pallas" else "splitkv.merge_jnp"}
     if cfg.engine == "mosaic":
         out.update(stages=cfg.stages, warpgroups=3, smem_bytes=smem_bytes(p.head_dim, dv, 2, cfg))
+    if cfg.work_list:
+        u, slots = cfg.units(batch=p.batch, rows=rows)
+        out.update(units=u, slots=slots, ctas=c.cdiv(rows, BLOCK_M) * u, merge="v12_mla_tc._finish (Pallas, work list)",
+                   work_list=f"{u} units, each an equal share of the batch's {cfg.block_kv}-key tiles counted across "
+                   "sequences (computed on the device from the lengths), its pieces one sequence after another; "
+                   "splits / chunk: the twin's split rule (interpret mode)")
     if cfg.multicast:
         tiles = c.cdiv(rows, BLOCK_M)
         if tiles % 2 == 0:
@@ -1423,6 +1635,12 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
     tiles = max(1, math.ceil(keys / tn))
     latent = kv_tokens(s) * dqk * kv_bytes(s)  # every sequence's own length (ragged: their sum)
     ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
+    units = plan.get("units")
+    if units:  # work_list: a unit's share of the batch's tiles (+ 1: a piece boundary), one piece per unit and
+        # sequence written
+        tiles = max(1, math.ceil(kv_tokens(s) * s.vis_frac / tn / units) + 1)
+        splits = max(1, cdiv(units + s.batch - 1, s.batch))  # pieces merged per sequence, on average
+        ws = (units + s.batch - 1) * row_tiles * bm * (dv + 1) * 4
     split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
     qk = 2 * bm * tn * dqk * (1 if (split_qk or engine != "mosaic") else 2)
     mma = tiles * (qk + 2 * bm * tn * dv)
@@ -1443,7 +1661,7 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                       + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
     o = s.batch * rows * dv * s.in_bytes
     if getattr(cfg, "finish", "pallas") == "pallas":
-        n_col, dc, sb = finish_grid(s.batch * rows, splits, dv)
+        n_col, dc, sb = finish_grid(s.batch * rows, _WL_SB if units else splits, dv)
         out.append(merge_launch(names[-1], s.batch * rows * n_col, 4, splits, dc, ws + o, block=sb))
         return out
     out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))

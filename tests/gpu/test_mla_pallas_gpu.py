@@ -113,6 +113,7 @@ _DEEPSEEK = [("fa_mla", "default", "bfloat16", 1), ("fa_mla", "default", "bfloat
              ("fa_mla", "kv64_wsq_mc", "bfloat16", 4), ("v12_mla_tc", "kv64_wsq_mc", "float16", 1),
              ("fa_mla", "kv32_ws", "bfloat16", 4), ("fa_mla", "kv32_ws_mc", "bfloat16", 4),
              ("v12_mla_tc", "kv32_ws", "float16", 1),
+             ("fa_mla", "kv64_mc_wl", "bfloat16", 4), ("v12_mla_tc", "kv64_wl", "float16", 1),
              ("fa_mla", "triton", "bfloat16", 4),
              ("v11_mla", "faithful", "float16", 1), ("v11_mla", "faithful", "float16", 4)]
 
@@ -231,7 +232,42 @@ def test_kv64_ws_matches_kv64(config):
 
 
 @pytestmark_gpu
-@pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "kv64_mc", "triton"])
+@pytest.mark.parametrize(("config", "num_sm", "tq"), [("kv64_mc_wl", None, 1), ("kv64_mc_wl", 8, 1), ("kv64_wl", 6, 1),
+                                                      ("kv64_mc_wl", 12, 3)])
+def test_work_list_matches_the_split_rule(config, num_sm, tq):
+    """The work list (units given equal shares of the batch's key tiles across sequence boundaries, each running its
+    pieces in turn) computes the same S, P and sums as kv64 over other key ranges: at the DeepSeek-V3 template with
+    ragged lengths, an empty sequence and a one-key one, its output and LSE match the oracle and stay within bf16
+    rounding of kv64_mc's (the split rule). ``num_sm`` 6-12 gives 3-6 units, so a unit runs several pieces (the
+    ring refilled after the aliased epilogue, Q reloaded, the final l handed over each time); None, the device's one
+    wave. Tq 3 causal with offsets at page 16 (four copies a tile). Under jit a page outside the pool poisons only
+    its sequence. A broken piece protocol hangs: run under ``timeout``."""
+    lens = [8192, 0, 3001, 1, 5000] if tq == 1 else [2048, 1000, 0, 1500]
+    page = 64 if tq == 1 else 16
+    q, pool, bt, kl = _case(21, b=len(lens), tq=tq, hq=128, dqk=576, lens=lens, page=page, dtype="bfloat16",
+                            cap=8192 if tq == 1 else 2048)
+    off = np.array([2045, 400, 0, 1497]) if tq > 1 else None
+    base = pallas_attn.registry.configs("fa_mla")[config]
+    cfg = v12_mla_tc.MlaTcConfig(**{**base.__dict__, "num_sm": num_sm})
+    kw = dict(kv_lora_rank=512, return_lse=True, causal=tq > 1, interpret=False,
+              q_offset=None if off is None else jnp.asarray(off, jnp.int32))
+    got = pallas_attn.mla_attention(q, pool, bt, kl, config=cfg, **kw)
+    ref = _mqa_ref(q, pool, bt, np.asarray(kl), dv=512, causal=tq > 1, q_offset=off)
+    _check(*got, ref, "bfloat16", f"fa_mla:{config} num_sm {num_sm} Tq {tq}")
+    split = pallas_attn.mla_attention(q, pool, bt, kl, config="kv64_mc", **kw)
+    (o1, l1), (o2, l2) = (tuple(np.asarray(x.astype(jnp.float32)) for x in r) for r in (split, got))
+    np.testing.assert_allclose(o2, o1, rtol=2.0 ** -7, atol=2e-3)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-5)
+    f = jax.jit(lambda q, pool, bt, kl: pallas_attn.mla_attention(q, pool, bt, kl, config=cfg, **kw))
+    sb = 2 if tq == 1 else 1
+    o_ok = np.asarray(f(q, pool, bt, kl)[0], np.float32)
+    o3, l3 = (np.asarray(x, np.float32) for x in f(q, pool, bt.at[sb, 0].set(pool.shape[0] + 7), kl))
+    assert np.all(np.isnan(o3[sb])) and np.all(np.isnan(l3[sb]))
+    assert np.array_equal(np.delete(o3, sb, axis=0), np.delete(o_ok, sb, axis=0))
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize("config", ["default", "kv64", "kv64_lazy", "kv64_mc", "kv64_mc_wl", "triton"])
 def test_nan_in_nan_out(config):
     q, pool, bt, kl = _case(15, b=2, tq=1, hq=128, dqk=576, lens=[300, 200], page=64, dtype="bfloat16")
     q = q.at[0, 0, 5, 9].set(jnp.nan)
