@@ -1,6 +1,6 @@
 """Where an MLA decode call's time goes: every kernel of one ``mla_attention`` call, CUPTI, cold L2.
 
-    PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json]
+    PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json] [--configs kv64_mc,kv64_mc_wl]
 
 For DeepSeek-V3's decode shape (h_q 128, latent 512 + 64, page 64, bf16) at several batch x length points, each
 variant (a named fa_mla config with ``finish`` pallas (the default) or jnp, the table check on or off, a forced
@@ -40,7 +40,9 @@ def inputs(b: int, s: int, *, hq=128, dqk=576, page=64, seed=0):
     return q, lat, bt, lens
 
 
-def variants(shape: str):
+def variants(shape: str, configs: str | None = None):
+    if configs:  # named configs only, as the default call runs them
+        return [(name, v.CONFIGS[name], True) for name in configs.split(",")]
     out = []
     for name in ("kv64_mc", "kv64_ws_mc"):
         base = v.CONFIGS[name]
@@ -59,6 +61,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out")
+    ap.add_argument("--configs", help="comma-separated fa_mla config names (default: session 20's variants)")
     a = ap.parse_args()
     flush_bytes = 2 * 50 * 2**20
     results = []
@@ -66,7 +69,7 @@ def main() -> int:
         b, s = SHAPES[shape]
         q, lat, bt, lens = inputs(b, s)
         ref = None
-        for label, cfg, check in variants(shape):
+        for label, cfg, check in variants(shape, a.configs):
             fn = jax.jit(lambda q, lat, bt, lens, cfg=cfg, check=check: pallas_attn.mla_attention(
                 q, lat, bt, lens, kv_lora_rank=512, causal=True, config=cfg, check_block_table=check))
             try:
