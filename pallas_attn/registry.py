@@ -61,7 +61,7 @@ EXPLICIT: tuple[Row, ...] = (
                                          "kv64": "kv64", "kv64_lazy": "kv64_lazy", "kv64_mc": "kv64_mc",
                                          "kv64_ws": "kv64_ws", "kv64_ws_mc": "kv64_ws_mc", "kv64_wsq_mc": "kv64_wsq_mc",
                                          "kv32_ws": "kv32_ws", "kv32_ws_mc": "kv32_ws_mc",
-                                         "triton": "triton"}),
+                                         "kv64_wl": "kv64_wl", "kv64_mc_wl": "kv64_mc_wl", "triton": "triton"}),
 )
 
 

@@ -326,17 +326,21 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_work_plan_covers_every_tile_once_in_unique_slots(seed):
-    """``work_plan``'s shares cover each sequence's key tiles exactly once (random lengths, empty sequences, causal
-    offsets); every (unit, sequence) piece's slot ``u + b`` is distinct and below ``U + B - 1``; and the finish's rule
-    for a sequence's pieces (units ``k0 // quota`` .. ``(k1 - 1) // quota``) names exactly the units that ran it."""
+    """``work_plan`` (its Triton program in interpret mode): the shares cover each sequence's key tiles exactly once
+    (random lengths, empty sequences, causal offsets); every (unit, sequence) piece's slot ``u + b`` is distinct and
+    below ``U + B - 1``; and the slots the finish merges for a sequence are exactly those of the units that ran it."""
     rng = np.random.default_rng(seed)
     b, units, cap, tq, tn = int(rng.integers(1, 9)), int(rng.integers(1, 12)), 1024, int(rng.integers(1, 4)), 64
     lens = rng.integers(0, cap + 1, b) * (rng.random(b) > 0.25)
     off = lens - tq if seed % 2 else rng.integers(-tq, cap, b)
     causal = seed % 3 != 0
     wl = np.asarray(v12_mla_tc.work_plan(jnp.asarray(lens, jnp.int32), jnp.asarray(off, jnp.int32), cap=cap, tq=tq,
-                                         tn=tn, causal=causal, units=units))
-    quota, total, first, count, cum = wl[0], wl[1], wl[2:2 + units], wl[2 + units:2 + 2 * units], wl[2 + 2 * units:]
+                                         tn=tn, causal=causal, units=units, interpret=True))
+    lay = v12_mla_tc.wl_layout(units, b)
+    assert wl.shape == (lay["n"],)
+    quota, total = wl[0], wl[1]
+    first, count = wl[lay["first"]:lay["count"]], wl[lay["count"]:lay["cum"]]
+    cum, pfirst, pcount = wl[lay["cum"]:lay["pfirst"]], wl[lay["pfirst"]:lay["pcount"]], wl[lay["pcount"]:]
     hi = np.minimum(lens, np.clip(off, -tq, cap) + tq) if causal else lens
     tiles = -(-np.maximum(hi, 0) // tn)
     assert list(cum) == [0, *np.cumsum(tiles)] and total == tiles.sum() and quota == max(1, -(-total // units))
@@ -351,9 +355,8 @@ def test_work_plan_covers_every_tile_once_in_unique_slots(seed):
                 slots.add(u + bb)
                 ran.setdefault(bb, []).append(u)
     assert np.all(seen == 1)
-    for bb in range(b):
-        want = list(range(cum[bb] // quota, (cum[bb + 1] - 1) // quota + 1)) if tiles[bb] else []
-        assert ran.get(bb, []) == want
+    for bb in range(b):  # the finish merges slots pfirst .. pfirst + pcount - 1: exactly the units that ran b
+        assert [pfirst[bb] + i - bb for i in range(pcount[bb])] == ran.get(bb, [])
 
 
 @pytest.mark.slow
@@ -380,10 +383,11 @@ def test_work_list_on_the_gpu_interpreter(config, tq, hq, lens, off, num_sm):
 
 
 def test_work_list_lowers_as_one_wave_of_units(monkeypatch):
-    """kv64_mc_wl at the DeepSeek-V3 template lowered for CUDA on the CPU: one wave of 66 units (132 SMs / 2 row
-    tiles), each a 2-CTA cluster, whatever the batch (grid (2, 66, 1)); shared memory kv64's plus the two work-list
-    barriers (231,504 B, what smem_bytes says); the plan array and the slots' shapes in the program. kv64_wl launches
-    66 units of two unclustered CTAs. The config refuses what it does not combine with."""
+    """kv64_mc_wl at the DeepSeek-V3 template lowered for CUDA on the CPU: one wave of units (132 SMs / 2 row tiles =
+    66, rounded down to a multiple of the batch, 65 at B 5), each a 2-CTA cluster (grid (2, 65, 1)); shared memory
+    kv64's plus the two work-list barriers (231,504 B, what smem_bytes says); the plan array and the slots' shapes in
+    the program. kv64_wl launches 65 units of two unclustered CTAs. The config refuses what it does not combine
+    with."""
     from pallas_attn.mla import mla_attention
 
     launches, _ = _mosaic_launch_facts(monkeypatch)
@@ -391,7 +395,7 @@ def test_work_list_lowers_as_one_wave_of_units(monkeypatch):
     q = jax.ShapeDtypeStruct((b, 1, 128, dqk), jnp.bfloat16)
     pool = jax.ShapeDtypeStruct((b * 4, page, 1, dqk), jnp.bfloat16)
     bt, lens = jax.ShapeDtypeStruct((b, 4), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
-    for name, grid, cluster in (("kv64_mc_wl", (2, 66, 1), (2, 1, 1)), ("kv64_wl", (1, 66, 2), (1, 1, 1))):
+    for name, grid, cluster in (("kv64_mc_wl", (2, 65, 1), (2, 1, 1)), ("kv64_wl", (1, 65, 2), (1, 1, 1))):
         launches.clear()
         cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[name].__dict__, "num_sm": 132})
         text = jax.jit(lambda q, p, bt, lens, cfg=cfg: mla_attention(
@@ -399,8 +403,9 @@ def test_work_list_lowers_as_one_wave_of_units(monkeypatch):
             check_block_table=False)).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
         assert launches == [(grid, cluster, v12_mla_tc.smem_bytes(dqk, dv, 2, cfg))], name
         assert launches[0][2] == 231_504
-        assert f"tensor<{2 + 2 * 66 + b + 1}xi32>" in text  # the plan: quota, total, first / count per unit, cum
-        assert f"tensor<{66 + b - 1 + 4}x128x512xf32>" in text  # the slots (+ the finish's masked tail)
+        units = 65  # 66 rounded down to a multiple of the batch (5)
+        assert f"tensor<{v12_mla_tc.wl_layout(units, b)['n']}xi32>" in text  # the plan
+        assert f"tensor<{units + b - 1 + v12_mla_tc.wl_merge_block(units, b)}x128x512xf32>" in text  # the slots
     for bad in (dict(lazy_rescale=True), dict(s_warpgroup=True), dict(num_splits=2), dict(finish="jnp")):
         with pytest.raises(ValueError, match="work_list is a variant of share_p"):
             v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc_wl"].__dict__, **bad})
@@ -479,7 +484,7 @@ def test_contract_and_deepseek_plan():
     assert info["fa_mla"].built and info["fa_mla"].frontier
     assert set(info["fa_mla"].configs) == {"default", "split_qk", "pipelined", "kv64", "kv64_lazy", "kv64_mc",
                                            "kv64_ws", "kv64_ws_mc", "kv64_wsq_mc", "kv32_ws", "kv32_ws_mc",
-                                           "triton"}
+                                           "kv64_wl", "kv64_mc_wl", "triton"}
     k = registry.kernel("fa_mla")
     p = Problem(entry="mla", dtype="bfloat16", batch=64, q_len=1, kv_len=8192, heads_q=128, heads_kv=1,
                 head_dim=576, page_size=64, kv_lora_rank=512)

@@ -141,7 +141,8 @@ GEN = "v12_mla_tc"
 PASS_TWIN = f"pallas_attn_{GEN}_partial"
 PASS_MOSAIC = f"pallas_attn_{GEN}_mosaic"
 PASS_FINISH = f"pallas_attn_{GEN}_finish"
-PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu", PASS_FINISH)
+PASS_PLAN = f"pallas_attn_{GEN}_plan"  # work_list's plan (a Triton program before the Mosaic one)
+PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu", PASS_FINISH, PASS_PLAN)
 TEMPLATES = ((576, 512), (320, 256), (192, 128))  # (DQK, DV): rope 64, DV split in two halves of >= 64 columns
 BLOCK_M = 64  # rows per CTA: one wgmma M tile
 _LOG2E = math.log2(math.e)
@@ -150,7 +151,6 @@ _STAGE_COLS = 64  # fp32 output columns staged per TMA store
 LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
 _LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
 _LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
-_WL_SB = 4  # work_list: pieces per step of the finish's merge (a sequence has 1-3 pieces at the sweep's shapes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,10 +278,13 @@ class MlaTcConfig:
 
     def units(self, *, batch: int, rows: int) -> tuple[int, int]:
         """work_list: ``(U, P)``, the work units of one wave (each runs the ``rows``' row tiles of one key range:
-        ``SMs / row tiles`` of them, at least one) and the partial-state slots (``U + batch - 1``: a piece of
-        sequence b run by unit u writes slot ``u + b``, unique because units and sequences both advance in key
-        order)."""
+        ``SMs / row tiles`` of them, at least one, rounded down to a multiple of the batch where the batch is
+        smaller, so that equal lengths give every unit one piece, the split rule's partition) and the partial-state
+        slots (``U + batch - 1``: a piece of sequence b run by unit u writes slot ``u + b``, unique because units and
+        sequences both advance in key order)."""
         u = max(1, (self.num_sm or _compat.device_sm_count()) // c.cdiv(rows, BLOCK_M))
+        if batch <= u:  # a multiple of the batch: equal lengths then split as the split rule does (one piece a unit)
+            u -= u % batch
         return u, u + batch - 1
 
 
@@ -426,7 +429,8 @@ class _Build:
         # its share from the plan array (``work_plan``'s layout: quota, total, then per unit its first sequence and
         # sequence count, then the B + 1 tile offsets)
         self.wl = cfg.work_list
-        self.wl_first, self.wl_count, self.wl_cum = 2, 2 + splits, 2 + 2 * splits
+        lay = wl_layout(splits, b)
+        self.wl_first, self.wl_count, self.wl_cum = lay["first"], lay["count"], lay["cum"]
 
 
 def _rescale(acc, alpha):
@@ -1210,10 +1214,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
-    if k.wl:  # one slot per (unit u, sequence b) piece at u + b; _WL_SB more that the finish's last masked merge
-        # step may address (never written, never used)
-        out_type = (jax.ShapeDtypeStruct((splits + b - 1 + _WL_SB, rows_pad, dv), f32),
-                    jax.ShapeDtypeStruct((splits + b - 1 + _WL_SB, rows_pad), f32))
+    if k.wl:  # one slot per (unit u, sequence b) piece at u + b; wl_merge_block more that the finish's last masked
+        # merge step may address (never written, never used)
+        pad = wl_merge_block(splits, b)
+        out_type = (jax.ShapeDtypeStruct((splits + b - 1 + pad, rows_pad, dv), f32),
+                    jax.ShapeDtypeStruct((splits + b - 1 + pad, rows_pad), f32))
     return plgpu.kernel(
         body,
         out_type=out_type,
@@ -1334,32 +1339,77 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
     )(gqa.pack_q(q, 1), data.reshape(num_pages * page, data.shape[-1]), bt.reshape(-1), lens, off, *quant_ops)
 
 
-def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int):
-    """work_list: the plan the kernel and the finish read, from the traced lengths (and causal offsets), as one
-    int32 array: ``[quota, total, first[U], count[U], cum[B + 1]]``. Sequence b has ``cdiv(hi_b, tn)`` key tiles
-    (``hi_b`` the end of its visible keys, ``_Cta.seq_bounds``' rule), ``cum`` their running sum, ``total`` the
-    batch's tiles and ``quota = cdiv(total, U)`` each unit's share: unit u runs tiles ``[u quota, (u + 1) quota)``
-    of the batch counted across sequences, over ``count[u]`` sequences from ``first[u]`` (empty ones among them
-    are skipped). A few XLA ops on B + U integers before the launch (their cost is measured in docs/mla.md)."""
-    kv = jnp.clip(lens.astype(jnp.int32), 0, cap)
+def wl_layout(units: int, b: int) -> dict:
+    """Offsets into ``work_plan``'s int32 array: ``quota``, ``total``, then per unit ``first`` and ``count`` (its
+    first sequence, how many it touches), ``cum`` (B + 1 running tile counts), per sequence ``pfirst`` and ``pcount``
+    (its first slot, its number of pieces: what the finish merges), and the length ``n``."""
+    return dict(first=2, count=2 + units, cum=2 + 2 * units, pfirst=3 + 2 * units + b, pcount=3 + 2 * units + 2 * b,
+                n=3 + 2 * units + 3 * b)
+
+
+def wl_merge_block(units: int, b: int) -> int:
+    """Pieces per step of the finish's merge under the work list (a sequence has about ``units / b`` pieces, one
+    more where a share crosses into it), and the unwritten slots after the last one that its masked lanes address."""
+    return min(32, next_pow2(max(1, units // b) + 1))
+
+
+def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq: int, tn: int, causal: bool,
+                 bp: int, up: int):
+    """``work_plan`` in one Triton program: the B lengths (and offsets) padded to ``bp`` lanes, the running sums as
+    a ``[bp, bp]`` compare-and-sum, the units' first sequences as a ``[up, bp]`` one, every field stored masked."""
+    lay = wl_layout(units, b)
+    i32 = jnp.int32
+    lane = jnp.arange(bp, dtype=i32)
+    ok = lane < b
+    kv = jnp.clip(_compat.load(lens_ref.at[pl.ds(0, bp)], mask=ok, other=0), 0, cap)
     if causal:
-        kv = jnp.minimum(kv, jnp.clip(off.astype(jnp.int32), -tq, cap) + tq)
-    tiles = (jnp.maximum(kv, 0) + tn - 1) // tn
-    cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles, dtype=jnp.int32)])
-    total = cum[-1]
+        kv = jnp.minimum(kv, jnp.clip(_compat.load(off_ref.at[pl.ds(0, bp)], mask=ok, other=0), -tq, cap) + tq)
+    tiles = jnp.where(ok, (jnp.maximum(kv, 0) + tn - 1) // tn, 0)
+    upto = (lane[None, :] <= lane[:, None]).astype(i32)  # [b, j]: j <= b
+    incl = jnp.sum(upto * tiles[None, :], axis=1)  # tiles of sequences 0 .. b
+    excl = incl - tiles  # cum[b]; lane b (>= B) holds the total
+    total = jnp.sum(tiles)
     quota = jnp.maximum((total + units - 1) // units, 1)
-    t0 = jnp.minimum(jnp.arange(units, dtype=jnp.int32) * quota, total)
+    u = jnp.arange(up, dtype=i32)
+    t0 = jnp.minimum(u * quota, total)
     t1 = jnp.minimum(t0 + quota, total)
-    # the first b with cum[b + 1] > t0, and the last with cum[b + 1] > t1 - 1: a compare against all B ends (one
-    # fusion, where searchsorted's default is a loop)
-    first = jnp.sum(cum[None, 1:] <= t0[:, None], axis=1, dtype=jnp.int32)
-    last = jnp.sum(cum[None, 1:] <= (t1 - 1)[:, None], axis=1, dtype=jnp.int32)
-    count = jnp.where(t1 > t0, last - first + 1, 0).astype(jnp.int32)
-    return jnp.concatenate([jnp.stack([quota, total]), first, count, cum])
+    ends = jnp.where(ok, incl, jnp.iinfo(jnp.int32).max)[None, :]  # sequence b ends at incl[b]
+    first = jnp.sum((ends <= t0[:, None]).astype(i32), axis=1)
+    last = jnp.sum((ends <= (t1 - 1)[:, None]).astype(i32), axis=1)
+    count = jnp.where(t1 > t0, last - first + 1, 0)
+    u0 = excl // quota
+    pcount = jnp.where(tiles > 0, (incl - 1) // quota - u0 + 1, 0)
+    head = jnp.where(lane == 0, quota, total)
+    _compat.store(out_ref.at[pl.ds(0, bp)], head, mask=lane < 2)
+    _compat.store(out_ref.at[pl.ds(lay["first"], up)], first, mask=u < units)
+    _compat.store(out_ref.at[pl.ds(lay["count"], up)], count, mask=u < units)
+    _compat.store(out_ref.at[pl.ds(lay["cum"], bp)], excl, mask=lane <= b)
+    _compat.store(out_ref.at[pl.ds(lay["pfirst"], bp)], u0 + lane, mask=ok)
+    _compat.store(out_ref.at[pl.ds(lay["pcount"], bp)], pcount, mask=ok)
+
+
+def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int, interpret: bool = False):
+    """work_list: the plan the kernel and the finish read, from the traced lengths (and causal offsets), as one
+    int32 array (``wl_layout``). Sequence b has ``cdiv(hi_b, tn)`` key tiles (``hi_b`` the end of its visible keys,
+    ``_Cta.seq_bounds``' rule), ``cum`` their running sum, ``total`` the batch's tiles and ``quota = cdiv(total,
+    U)`` each unit's share: unit u runs tiles ``[u quota, (u + 1) quota)`` of the batch counted across sequences,
+    over ``count[u]`` sequences from ``first[u]`` (empty ones among them are skipped), and writes sequence b's piece
+    to slot ``u + b``: sequence b's pieces are ``pcount[b]`` slots from ``pfirst[b] = cum[b] // quota + b``. One
+    small Triton launch before the kernel (``_plan_kernel``: XLA's ops for the same took four)."""
+    b = lens.shape[0]
+    lay = wl_layout(units, b)
+    bp, up = next_pow2(b + 1), next_pow2(units)
+    return pl.pallas_call(
+        functools.partial(_plan_kernel, b=b, units=units, cap=cap, tq=tq, tn=tn, causal=causal, bp=bp, up=up),
+        out_shape=jax.ShapeDtypeStruct((lay["n"] + max(bp, up),), jnp.int32),  # masked lanes past the end
+        grid=(1,),
+        compiler_params=None if interpret else _compat.triton_params(num_warps=4, num_stages=1),
+        interpret=interpret, name=PASS_PLAN,
+    )(lens.astype(jnp.int32), off.astype(jnp.int32))[:lay["n"]]
 
 
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
-            cfg: MlaTcConfig, emulate: bool = False, raw: bool = False):
+            cfg: MlaTcConfig, emulate: bool = False, raw: bool = False, wl=None):
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
@@ -1369,7 +1419,8 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
         qp = jnp.pad(qp, ((0, 0), (0, rows_pad - rows), (0, 0)))
     if cfg.work_list:  # splits: the work units U; the plan goes to the kernel and comes back for the finish
         units = cfg.units(batch=b, rows=rows)[0]
-        wl = work_plan(lens, off, cap=bt.shape[1] * page, tq=tq, tn=cfg.block_kv, causal=causal, units=units)
+        if wl is None:  # (emulate: computed by the caller, outside the GPU interpreter, which runs no Triton)
+            wl = work_plan(lens, off, cap=bt.shape[1] * page, tq=tq, tn=cfg.block_kv, causal=causal, units=units)
         call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name,
                              units, 0, bool(causal), float(scale), cfg, emulate)
         o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, wl)
@@ -1398,11 +1449,16 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
     b, tq, hq, _ = q.shape
     page = latent_pool.shape[1]
     s, chunk = config.splits(batch=b, rows=hq * tq, n_k=block_table.shape[1] * page)
+    off = jnp.asarray(q_offset, jnp.int32)
+    wl = None
+    if config.work_list:
+        wl = work_plan(kv_lens, off, cap=block_table.shape[1] * page, tq=tq, tn=config.block_kv, causal=causal,
+                       units=config.units(batch=b, rows=hq * tq)[0], interpret=True)
     try:
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             parts = jax.block_until_ready(_mosaic(
-                q, latent_pool, block_table, kv_lens, jnp.asarray(q_offset, jnp.int32), dv=kv_lora_rank, splits=s,
-                chunk=chunk, causal=causal, scale=float(scale), cfg=config, emulate=True))
+                q, latent_pool, block_table, kv_lens, off, dv=kv_lora_rank, splits=s, chunk=chunk, causal=causal,
+                scale=float(scale), cfg=config, emulate=True, wl=wl))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()
@@ -1410,7 +1466,7 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
         o_part, lse_part, wl = parts
         out, lse = _finish(o_part, lse_part, block_table, kv_lens, b=b, tq=tq, hq=hq,
                            num_pages=latent_pool.shape[0], page=page, out_dtype=q.dtype, interpret=True,
-                           return_lse=True, check=False, wl=wl)
+                           return_lse=True, check=False, wl=wl, units=config.units(batch=b, rows=hq * tq)[0])
         return out, lse, races
     o_part, lse_part = parts
     o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
@@ -1419,7 +1475,7 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
 
 def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb: int, dv: int, rows: int, tq: int,
                    hq: int, pps: int, pb: int, num_pages: int, page: int, check: bool, with_lse: bool, dc: int,
-                   wl_cum: int | None = None):
+                   wl_seq: tuple[int, int] | None = None):
     """Columns ``[col * dc, (col + 1) * dc)`` of packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B,
     rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (``splitkv.merge_states``, the
     shared merge's loop), then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
@@ -1429,16 +1485,13 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
     c0 = col * dc
     bi, rr = r // rows, r % rows
     h, t = rr // tq, rr % tq
-    if wl_cum is None:
+    if wl_seq is None:
         m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[bi, pl.ds(s0, sb), rr],
                                                  lambda s0: op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
                                                  splits=splits, sb=sb, d=dc)
-    else:  # work_list: sequence bi's pieces are the units u0 .. u1 that share its tiles [k0, k1), in slots u + bi
+    else:  # work_list: sequence bi's pieces, in consecutive slots (work_plan's pfirst / pcount)
         wl_ref, *out_refs = out_refs
-        quota, k0, k1 = wl_ref[0], wl_ref[wl_cum + bi], wl_ref[wl_cum + bi + 1]
-        u0 = k0 // quota
-        first = u0 + bi
-        n_pieces = jnp.where(k1 > k0, (k1 - 1) // quota - u0 + 1, 0)
+        first, n_pieces = wl_ref[wl_seq[0] + bi], wl_ref[wl_seq[1] + bi]
         m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[pl.ds(first + s0, sb), rr],
                                                  lambda s0: op_ref.at[pl.ds(first + s0, sb), rr, pl.ds(c0, dc)],
                                                  splits=n_pieces, sb=sb, d=dc)
@@ -1477,21 +1530,28 @@ def finish_grid(r: int, splits: int, dv: int) -> tuple[int, int, int]:
 
 
 def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: int, page: int, out_dtype,
-            interpret: bool, return_lse: bool, check: bool, wl=None):
+            interpret: bool, return_lse: bool, check: bool, wl=None, units: int | None = None):
     """Config ``finish="pallas"``: ``o_part [B, rows_x, S, DV]`` / ``lse_part [B, S, rows_x]`` (the Mosaic
     kernel's layout; rows = Hq * Tq head-major, rows_x >= rows, the padding rows unread) to the caller's ``[B, Tq,
     Hq, DV]`` (and ``[B, Hq, Tq]`` LSE) in one launch (``_finish_kernel``) instead of the XLA merge, cast, unpack and
-    bad-table select. ``wl`` (work_list): ``work_plan``'s array, with ``o_part [slots, rows_x, DV]`` / ``lse_part
-    [slots, rows_x]`` (each sequence's pieces in consecutive slots; ``_WL_SB`` unwritten slots at the end that
-    only masked lanes of the last merge step address)."""
-    if wl is None:
-        _, _, splits, dv = o_part.shape
-    else:
-        splits, dv = _WL_SB, o_part.shape[-1]
+    bad-table select. ``wl`` (work_list): ``work_plan``'s array for ``units`` units, with ``o_part [slots, rows_x,
+    DV]`` / ``lse_part [slots, rows_x]`` (each sequence's pieces in consecutive slots; ``wl_merge_block`` unwritten
+    slots at the end that only masked lanes of the last merge step address)."""
     rows = hq * tq
     r = b * rows
     pps = bt.shape[1]
-    n_col, dc, sb = finish_grid(r, splits, dv)
+    wl_seq = None
+    if wl is None:
+        _, _, splits, dv = o_part.shape
+        n_col, dc, sb = finish_grid(r, splits, dv)
+    else:
+        dv = o_part.shape[-1]
+        if o_part.shape[0] != units + b - 1 + wl_merge_block(units, b):
+            raise ValueError(f"{GEN}: {o_part.shape[0]} partial slots for {units} units and {b} sequences")
+        lay = wl_layout(units, b)
+        wl_seq = (lay["pfirst"], lay["pcount"])
+        splits = wl_merge_block(units, b)  # (the merge's trip count is each sequence's pcount)
+        n_col, dc, sb = finish_grid(r, splits, dv)  # sb <= splits: the masked lanes stay in the padding slots
     pb = min(next_pow2(pps), 1024)
     out_shape = [jax.ShapeDtypeStruct((b * tq, hq * dv), out_dtype)]
     if return_lse:
@@ -1499,7 +1559,7 @@ def _finish(o_part, lse_part, bt, lens, *, b: int, tq: int, hq: int, num_pages: 
     res = pl.pallas_call(
         functools.partial(_finish_kernel, splits=splits, sb=sb, dv=dv, rows=rows, tq=tq, hq=hq, pps=pps, pb=pb,
                           num_pages=num_pages, page=page, check=check, with_lse=return_lse, dc=dc,
-                          wl_cum=None if wl is None else wl.shape[0] - (b + 1)),
+                          wl_seq=wl_seq),
         out_shape=tuple(out_shape), grid=(r, n_col),
         compiler_params=_compat.triton_params(num_warps=4, num_stages=1),
         interpret=interpret, name=PASS_FINISH,
@@ -1520,7 +1580,8 @@ def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: 
         o_part, lse_part, wl = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
                                        scale=scale, cfg=cfg)
         return _finish(o_part, lse_part, bt, lens, b=b, tq=tq, hq=hq, num_pages=data.shape[0], page=data.shape[1],
-                       out_dtype=q.dtype, interpret=False, return_lse=return_lse, check=check, wl=wl)
+                       out_dtype=q.dtype, interpret=False, return_lse=return_lse, check=check, wl=wl,
+                       units=cfg.units(batch=b, rows=hq * tq)[0])
     if cfg.engine == "mosaic" and not interpret:
         o_part, lse_part = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
                                    scale=scale, cfg=cfg, raw=fin)
@@ -1660,8 +1721,11 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                       dequant_elems=deq, note=f"64 heads x {tn}-key latent tiles, pl.dot in 64-column chunks"
                       + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
     o = s.batch * rows * dv * s.in_bytes
+    if units:  # the plan's own launch before the kernel (a few hundred integers)
+        out.insert(0, xla_glue("mla_work_plan", s, 8 * s.batch, 4 * wl_layout(units, s.batch)["n"],
+                               f"work_plan: {units} units' shares of the batch's tiles (one Triton program)"))
     if getattr(cfg, "finish", "pallas") == "pallas":
-        n_col, dc, sb = finish_grid(s.batch * rows, _WL_SB if units else splits, dv)
+        n_col, dc, sb = finish_grid(s.batch * rows, wl_merge_block(units, s.batch) if units else splits, dv)
         out.append(merge_launch(names[-1], s.batch * rows * n_col, 4, splits, dc, ws + o, block=sb))
         return out
     out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
@@ -1691,5 +1755,5 @@ KERNEL = Kernel(
     latent_q_dtypes={"fp8_e4m3": ("float16", "bfloat16")},
     kv_dequant_ops={"fp8_e4m3": 3.0},
     min_page=1,
-    triton_passes=frozenset({PASS_FINISH}),
+    triton_passes=frozenset({PASS_FINISH, PASS_PLAN}),
 )
