@@ -340,10 +340,12 @@ def test_work_plan_covers_every_tile_once_in_unique_slots(seed):
     assert wl.shape == (lay["n"],)
     quota, total = wl[0], wl[1]
     first, count = wl[lay["first"]:lay["count"]], wl[lay["count"]:lay["cum"]]
-    cum, pfirst, pcount = wl[lay["cum"]:lay["pfirst"]], wl[lay["pfirst"]:lay["pcount"]], wl[lay["pcount"]:]
+    cum, his = wl[lay["cum"]:lay["hi"]], wl[lay["hi"]:lay["pfirst"]]
+    pfirst, pcount = wl[lay["pfirst"]:lay["pcount"]], wl[lay["pcount"]:]
     hi = np.minimum(lens, np.clip(off, -tq, cap) + tq) if causal else lens
     tiles = -(-np.maximum(hi, 0) // tn)
     assert list(cum) == [0, *np.cumsum(tiles)] and total == tiles.sum() and quota == max(1, -(-total // units))
+    assert list(his) == list(np.maximum(hi, 0))
     seen, slots, ran = np.zeros(total, int), set(), {}
     for u in range(units):
         t0, t1 = min(u * quota, total), min(u * quota + quota, total)

@@ -430,7 +430,7 @@ class _Build:
         # sequence count, then the B + 1 tile offsets)
         self.wl = cfg.work_list
         lay = wl_layout(splits, b)
-        self.wl_first, self.wl_count, self.wl_cum = lay["first"], lay["count"], lay["cum"]
+        self.wl_lay = lay
 
 
 def _rescale(acc, alpha):
@@ -469,11 +469,11 @@ class _Cta:
         self.wg = lax.axis_index("wg")
         self.r0 = ti * k.bm
         if k.wl:  # unit sp's share of the key tiles, [t0, t1), over `count` sequences from `first`; per piece: piece()
+            lay, u = k.wl_lay, self.sp
             quota, total = self.wl_ref[0], self.wl_ref[1]
-            self.t0 = jnp.minimum(self.sp * quota, total)
+            self.t0 = jnp.minimum(u * quota, total)
             self.t1 = jnp.minimum(self.t0 + quota, total)
-            self.first = self.wl_ref[k.wl_first + self.sp]
-            self.count = self.wl_ref[k.wl_count + self.sp]
+            self.first, self.count = self.wl_ref[lay["first"] + u], self.wl_ref[lay["count"] + u]
             return
         kv_len = jnp.clip(lens_ref[self.bi], 0, k.cap)
         self.lo = self.sp * k.chunk
@@ -488,30 +488,19 @@ class _Cta:
         # issued that the partner would wait for, and no remote arrival is made)
         self.n = lax.div(jnp.maximum(hi - self.lo, 0) + (k.tn - 1), k.tn)
 
-    def seq_bounds(self, b):
-        """work_list: sequence b's causal offset and the end of its visible keys (the split rule's CTAs compute the
-        same inline; ``work_plan`` counts tiles by this rule)."""
-        k = self.k
-        hi = jnp.clip(self.lens_ref[b], 0, k.cap)
-        off = jnp.int32(0)
-        if k.causal:
-            off = jnp.clip(self.off_ref[b], -k.tq, k.cap)
-            hi = jnp.minimum(hi, off + k.tq)  # the last query position (tq - 1) sees keys j <= tq - 1 + off
-        return off, hi
-
     def piece(self, i):
         """work_list: this unit's piece i, a view of the CTA whose ``bi``, ``lo``, ``hi``, ``n`` and output slot
         are those of sequence ``first + i`` within the unit's tiles ``[t0, t1)`` (n = 0 for a sequence with no
         key to read). Both CTAs of a kv64_mc cluster share the unit, hence every piece and its n."""
-        k = self.k
+        k, lay = self.k, self.k.wl_lay
         y = copy.copy(self)
         b = self.first + i
-        c0, c1 = self.wl_ref[k.wl_cum + b], self.wl_ref[k.wl_cum + b + 1]
+        c0, c1, hi = self.wl_ref[lay["cum"] + b], self.wl_ref[lay["cum"] + b + 1], self.wl_ref[lay["hi"] + b]
         lo_t, hi_t = jnp.maximum(self.t0, c0) - c0, jnp.minimum(self.t1, c1) - c0
         y.bi, y.sp = b, self.sp + b  # the partial-state slot (MlaTcConfig.units)
         y.lo = lo_t * k.tn
-        y.off, hi = self.seq_bounds(b)
-        y.hi = jnp.minimum(hi, hi_t * k.tn)
+        y.off = jnp.clip(self.off_ref[b], -k.tq, k.cap) if k.causal else jnp.int32(0)
+        y.hi = jnp.minimum(hi, hi_t * k.tn)  # hi: the split rule's CTAs' rule, from the plan
         y.n = jnp.maximum(hi_t - lo_t, 0)
         return y
 
@@ -1341,10 +1330,14 @@ def _twin(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: int
 
 def wl_layout(units: int, b: int) -> dict:
     """Offsets into ``work_plan``'s int32 array: ``quota``, ``total``, then per unit ``first`` and ``count`` (its
-    first sequence, how many it touches), ``cum`` (B + 1 running tile counts), per sequence ``pfirst`` and ``pcount``
-    (its first slot, its number of pieces: what the finish merges), and the length ``n``."""
-    return dict(first=2, count=2 + units, cum=2 + 2 * units, pfirst=3 + 2 * units + b, pcount=3 + 2 * units + 2 * b,
-                n=3 + 2 * units + 3 * b)
+    first sequence, how many it touches), ``cum`` (B + 1 running tile counts), per sequence ``hi`` (the end of its
+    visible keys), ``pfirst`` and ``pcount`` (its first slot, its number of pieces: what the finish merges), and the
+    length ``n``. A CTA reads quota, total and its unit's two fields, then each piece's sequence fields: two levels
+    of dependent loads. (Storing each unit's share bounds too made jax's GPU interpreter hang at the third
+    warpgroup's read of them, session 33; they are two multiplies away from quota and total.)"""
+    u2 = 2 + 2 * units
+    return dict(first=2, count=2 + units, cum=u2, hi=u2 + b + 1, pfirst=u2 + 2 * b + 1, pcount=u2 + 3 * b + 1,
+                n=u2 + 4 * b + 1)
 
 
 def wl_merge_block(units: int, b: int) -> int:
@@ -1355,8 +1348,8 @@ def wl_merge_block(units: int, b: int) -> int:
 
 def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq: int, tn: int, causal: bool,
                  bp: int, up: int):
-    """``work_plan`` in one Triton program: the B lengths (and offsets) padded to ``bp`` lanes, the running sums as
-    a ``[bp, bp]`` compare-and-sum, the units' first sequences as a ``[up, bp]`` one, every field stored masked."""
+    """``work_plan`` in one Triton program: the B lengths (and offsets) padded to ``bp`` lanes, their running sums
+    (a scan), the units' first sequences as a ``[up, bp]`` compare-and-sum, every field stored masked."""
     lay = wl_layout(units, b)
     i32 = jnp.int32
     lane = jnp.arange(bp, dtype=i32)
@@ -1365,8 +1358,7 @@ def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq
     if causal:
         kv = jnp.minimum(kv, jnp.clip(_compat.load(off_ref.at[pl.ds(0, bp)], mask=ok, other=0), -tq, cap) + tq)
     tiles = jnp.where(ok, (jnp.maximum(kv, 0) + tn - 1) // tn, 0)
-    upto = (lane[None, :] <= lane[:, None]).astype(i32)  # [b, j]: j <= b
-    incl = jnp.sum(upto * tiles[None, :], axis=1)  # tiles of sequences 0 .. b
+    incl = jnp.cumsum(tiles)  # tiles of sequences 0 .. b (Triton's associative scan)
     excl = incl - tiles  # cum[b]; lane b (>= B) holds the total
     total = jnp.sum(tiles)
     quota = jnp.maximum((total + units - 1) // units, 1)
@@ -1384,18 +1376,20 @@ def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq
     _compat.store(out_ref.at[pl.ds(lay["first"], up)], first, mask=u < units)
     _compat.store(out_ref.at[pl.ds(lay["count"], up)], count, mask=u < units)
     _compat.store(out_ref.at[pl.ds(lay["cum"], bp)], excl, mask=lane <= b)
+    _compat.store(out_ref.at[pl.ds(lay["hi"], bp)], jnp.maximum(kv, 0), mask=ok)
     _compat.store(out_ref.at[pl.ds(lay["pfirst"], bp)], u0 + lane, mask=ok)
     _compat.store(out_ref.at[pl.ds(lay["pcount"], bp)], pcount, mask=ok)
 
 
 def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int, interpret: bool = False):
     """work_list: the plan the kernel and the finish read, from the traced lengths (and causal offsets), as one
-    int32 array (``wl_layout``). Sequence b has ``cdiv(hi_b, tn)`` key tiles (``hi_b`` the end of its visible keys,
-    ``_Cta.seq_bounds``' rule), ``cum`` their running sum, ``total`` the batch's tiles and ``quota = cdiv(total,
-    U)`` each unit's share: unit u runs tiles ``[u quota, (u + 1) quota)`` of the batch counted across sequences,
-    over ``count[u]`` sequences from ``first[u]`` (empty ones among them are skipped), and writes sequence b's piece
-    to slot ``u + b``: sequence b's pieces are ``pcount[b]`` slots from ``pfirst[b] = cum[b] // quota + b``. One
-    small Triton launch before the kernel (``_plan_kernel``: XLA's ops for the same took four)."""
+    int32 array (``wl_layout``). Sequence b sees keys below ``hi_b`` (the split rule's CTAs compute the same in
+    ``_Cta``) and has ``cdiv(hi_b, tn)`` key tiles, ``cum`` their running sum, ``total`` the batch's tiles and
+    ``quota = cdiv(total, U)`` each unit's share: unit u runs tiles ``[u quota, (u + 1) quota)`` of the batch
+    counted across sequences, over ``count[u]`` sequences from ``first[u]`` (empty ones among them are skipped), and
+    writes sequence b's piece to slot ``u + b``: sequence b's pieces are ``pcount[b]`` slots from ``pfirst[b] =
+    cum[b] // quota + b``. One small Triton launch before the kernel (``_plan_kernel``; XLA's ops for the same took
+    four launches, session 33 call 1)."""
     b = lens.shape[0]
     lay = wl_layout(units, b)
     bp, up = next_pow2(b + 1), next_pow2(units)
