@@ -110,7 +110,9 @@ def mla_programs(out: dict) -> None:
             pps = 256 // page
             q, pool = SDS((b, 1, 128, dqk), jnp.bfloat16), SDS((b * pps, page, 1, dqk), jnp.bfloat16)
             bt, lens = SDS((b, pps), jnp.int32), SDS((b,), jnp.int32)
-            cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": 2})
+            base = v12_mla_tc.CONFIGS[config]  # two splits (the work list has units instead: 132 SMs' worth)
+            cfg = v12_mla_tc.MlaTcConfig(**{**base.__dict__, **({"num_sm": 132} if base.work_list else
+                                                                {"num_splits": 2})})
 
             def f(q, p, bt, lens, cfg=cfg):
                 return mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg,

@@ -150,18 +150,23 @@ def test_shipped_h100_table_routes_mla_and_off_switch(monkeypatch):
     # a shape outside the table: the nearest measured row of the same kind (heads 128, DQK 576)
     assert tuning.choose("fa_mla", _mla_problem(48, 12000)) in ("kv64_mc", "kv64_ws_mc")
     # a kind the table never measured (heads 64): no row, the kernel's own rule (session 20: kv64_mc at the 576 / 512
-    # template with pages >= 16, kv64 at page 8, the reference's plan at the other templates)
+    # template with pages >= 16, kv64 at page 8, the reference's plan at the other templates; session 33: the work
+    # list kv64_mc_wl from 64 sequences of 8192 keys)
     assert tuning.choose("fa_mla", _mla_problem(64, 8192, heads_q=64)) is None
-    assert v12_mla_tc.KERNEL.heuristic(_mla_problem(64, 8192, heads_q=64)) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert v12_mla_tc.KERNEL.heuristic(_mla_problem(64, 8192, heads_q=64)) == v12_mla_tc.CONFIGS["kv64_mc_wl"]
+    assert v12_mla_tc.KERNEL.heuristic(_mla_problem(32, 8192, heads_q=64)) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert v12_mla_tc.KERNEL.heuristic(_mla_problem(64, 4096, heads_q=64)) == v12_mla_tc.CONFIGS["kv64_mc"]
     monkeypatch.setenv("PALLAS_ATTN_TUNING", "off")
-    assert v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc_wl"]
     p8 = dataclasses.replace(p, page_size=8)
     assert v12_mla_tc.KERNEL.heuristic(p8) == v12_mla_tc.CONFIGS["kv64"]
     small = dataclasses.replace(p, head_dim=320, kv_lora_rank=256)
     assert v12_mla_tc.KERNEL.heuristic(small) == v12_mla_tc.CONFIGS["faithful"]
     monkeypatch.setattr(tuning, "chip", lambda: "h200")  # no H200 MLA rows: the own rule, not the reference's plan
     monkeypatch.delenv("PALLAS_ATTN_TUNING")
-    assert tuning.choose("fa_mla", p) is None and v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc"]
+    assert tuning.choose("fa_mla", p) is None and v12_mla_tc.KERNEL.heuristic(p) == v12_mla_tc.CONFIGS["kv64_mc_wl"]
+    p8k = dataclasses.replace(p, batch=8)
+    assert v12_mla_tc.KERNEL.heuristic(p8k) == v12_mla_tc.CONFIGS["kv64_mc"]
     assert not (tuning.table_for("fa_mla") or {}).get("kernels", {}).get("fa_mla")
 
 

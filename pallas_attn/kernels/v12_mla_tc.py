@@ -151,6 +151,7 @@ _STAGE_COLS = 64  # fp32 output columns staged per TMA store
 LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
 _LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
 _LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
+WL_MIN_BATCH, WL_MIN_KV_LEN = 64, 8192  # _own_rule: the work list from here (docs/mla.md "The work list")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,9 +345,14 @@ def _own_rule(p: Problem) -> str:
     ``PALLAS_ATTN_TUNING=off``). At DeepSeek's 576 / 512 template: ``kv64_mc`` (page >= 16; ``kv64`` at page 8), the
     H100 table's choice or within 2% of it at every sweep shape, and 268-269 µs on the H200 at B64 S8192 where the
     reference's plan takes 402 (session 7's records; session 20, `results/sweep/20261127_s20_h200_call10/`, is the
-    H200 sweep that ran the reference's plan by default). Other templates: the reference's plan (never measured
-    against the others)."""
+    H200 sweep that ran the reference's plan by default). From ``WL_MIN_BATCH`` sequences of a cache of
+    ``WL_MIN_KV_LEN`` keys: ``kv64_mc_wl``, the work list, which balances ragged lengths (H200, session 33 call 3:
+    0.78x kv64_mc's time at ragged B 64 S 32k, 0.90x at S 8k) at a cost on equal lengths (1.00-1.05x at B 64-128,
+    S 8k-32k; 1.15-1.36x below, where it is not chosen). Other templates: the reference's plan (never measured against
+    the others)."""
     page = p.page_size or 0
+    if p.head_dim == 576 and page >= 16 and p.batch >= WL_MIN_BATCH and p.kv_len >= WL_MIN_KV_LEN:
+        return "kv64_mc_wl"
     if p.head_dim == 576 and page >= 16:
         return "kv64_mc"
     if p.head_dim == 576 and page >= 8:
