@@ -51,6 +51,12 @@ h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
   either CTA still reads. Both CTAs share (batch, split), hence the same tile count (an empty split is empty in
   both). Page >= 16 (each CTA's half of a copy is whole 8-row groups); an odd number of row tiles runs as kv64
   (no partner; the plan records it). Shared memory is kv64's: a cluster barrier is a plain 8-byte mbarrier.
+  Configs ``kv64_wl`` / ``kv64_mc_wl`` (``work_list``): kv64 / kv64_mc's steps over a work list instead of the split
+  rule's grid: one wave of units (``SMs / row tiles``, a multiple of the batch where the batch is smaller), each an
+  equal share of the batch's key tiles counted across sequence boundaries (``work_plan``, one Triton program on the
+  traced lengths), run as pieces one sequence after another (Q reloaded, the ring refilled once both consumers, of
+  both CTAs, have stored the piece's output from ring bytes: ``ring_free``; the final l read before the next handoff:
+  ``l_taken``), each piece's partial state in slot ``unit + sequence``, the finish merging each sequence's slots.
 * Masking: only the last tile of a split (keys at or past ``min(kv_len, split end)``) and, for causal Tq > 1,
   every tile (``j <= t + q_offset`` per row); causal Tq == 1 is a bound on the key range, no mask.
 * Epilogue: each consumer normalizes its half and writes it, fp32, through a 64 x 64 shared-memory staging tile
