@@ -895,25 +895,34 @@ def _shared_p_consumer(x: _Cta, w: int):
     (consumer 1 with P as a shared-memory wgmma operand). After both loops (the ``done`` barrier, which also
     publishes consumer 0's final l in the alpha buffer) the ring is idle and each consumer stages its output
     in ring bytes."""
-    k, plgpu = x.k, x.plgpu
-    done = x.exchange[4]
-    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
-    acc0 = x.ops.zeros((k.bm, k.dvh))
+    plgpu = x.plgpu
+    plgpu.set_max_registers(x.k.cfg.consumer_regs, action="increase")
 
     def rescale(acc, alpha):  # lazy_rescale's cond branch: lax.cond caches a branch's jaxpr by its function, and
         # one function per warpgroup keeps the traced program as it was (one shared one would only share the jaxpr)
         return _rescale(acc, alpha)
 
+    _shared_p_roles(x, w, rescale)
+
+
+def _shared_p_roles(x: _Cta, w: int, rescale, l_read=None):
+    """share_p's consumer ``w`` over ``x``'s tiles (its loop, the ``done`` barrier, consumer 1's read of the final l,
+    then ``l_read()`` if given, and the staged epilogue): ``_shared_p_consumer``'s body, and the work list's per
+    piece."""
+    k, plgpu = x.k, x.plgpu
+    done = x.exchange[4]
+    acc0 = x.ops.zeros((k.bm, k.dvh))
     if w == 0:
         acc, m_i, l_i = _shared_p_scores(x, acc0, rescale)
-        plgpu.barrier_arrive(done.at[0])
     else:
         acc = lax.fori_loop(0, x.n, functools.partial(_shared_p_pv_step, x, rescale=rescale), acc0)
         m_i = None
-        plgpu.barrier_arrive(done.at[0])
+    plgpu.barrier_arrive(done.at[0])
     plgpu.barrier_wait(done.at[0])
     if w == 1:
         l_i = x.ops.vec(_alpha_rows(x))
+        if l_read is not None:
+            l_read()
     x.touch_ring(w)
     x.epilogue(w, acc, m_i, l_i)
 
@@ -955,24 +964,11 @@ def _wl_consumer(x: _Cta, w: int):
     the piece's slot, then ``ring_free`` (the producers may refill the ring). Consumer 1 arrives on ``l_taken``
     once it has read the final l from the alpha buffer, which consumer 0 waits for before the next piece's first
     handoff overwrites it."""
-    k, plgpu = x.k, x.plgpu
-    done = x.exchange[4]
-    plgpu.set_max_registers(k.cfg.consumer_regs, action="increase")
+    plgpu = x.plgpu
+    plgpu.set_max_registers(x.k.cfg.consumer_regs, action="increase")
 
     def run(y):
-        acc0 = y.ops.zeros((k.bm, k.dvh))
-        if w == 0:
-            acc, m_i, l_i = _shared_p_scores(y, acc0, _rescale)
-        else:
-            acc = lax.fori_loop(0, y.n, functools.partial(_shared_p_pv_step, y, rescale=_rescale), acc0)
-            m_i = None
-        plgpu.barrier_arrive(done.at[0])
-        plgpu.barrier_wait(done.at[0])
-        if w == 1:
-            l_i = y.ops.vec(_alpha_rows(y))
-            plgpu.barrier_arrive(y.l_taken.at[0])
-        y.touch_ring(w)
-        y.epilogue(w, acc, m_i, l_i)
+        _shared_p_roles(y, w, _rescale, l_read=lambda: plgpu.barrier_arrive(y.l_taken.at[0]))
         plgpu.barrier_arrive(y.ring_free.at[0])
         if w == 0:
             plgpu.barrier_wait(y.l_taken.at[0])
