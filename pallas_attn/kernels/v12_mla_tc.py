@@ -438,11 +438,9 @@ class _Build:
         self.cluster = self.paired and not emulate
         self.mc_copy = {"collective_axes": "t"} if self.cluster else {}
         # work_list: ``splits`` is the number of work units U (grid axis "s"; "b" has size 1) and the kernel reads
-        # its share from the plan array (``work_plan``'s layout: quota, total, then per unit its first sequence and
-        # sequence count, then the B + 1 tile offsets)
+        # its share and its pieces' sequences from the plan array (``work_plan``; offsets ``wl_layout``)
         self.wl = cfg.work_list
-        lay = wl_layout(splits, b)
-        self.wl_lay = lay
+        self.wl_lay = wl_layout(splits, b)
 
 
 def _rescale(acc, alpha):
