@@ -478,9 +478,12 @@ class _Cta:
         self.bi = lax.axis_index("b")
         self.wg = lax.axis_index("wg")
         self.r0 = ti * k.bm
-        if k.wl:  # unit sp's piece count; each piece reads the rest itself (piece()), so that the unit's share is not
-            # held live across the pieces' tile loops (call 6: ptxas spilled it there)
-            self.count = self.wl_ref[k.wl_lay["count"] + self.sp]
+        if k.wl:  # unit sp's share of the key tiles, [t0, t1), over `count` sequences from `first`; per piece: piece()
+            lay, u = k.wl_lay, self.sp
+            quota, total = self.wl_ref[0], self.wl_ref[1]
+            self.t0 = jnp.minimum(u * quota, total)
+            self.t1 = jnp.minimum(self.t0 + quota, total)
+            self.first, self.count = self.wl_ref[lay["first"] + u], self.wl_ref[lay["count"] + u]
             return
         kv_len = jnp.clip(lens_ref[self.bi], 0, k.cap)
         self.lo = self.sp * k.chunk
@@ -498,17 +501,12 @@ class _Cta:
     def piece(self, i):
         """work_list: this unit's piece i, a view of the CTA whose ``bi``, ``lo``, ``hi``, ``n`` and output slot
         are those of sequence ``first + i`` within the unit's tiles ``[t0, t1)`` (n = 0 for a sequence with no
-        key to read), all read from the plan here. Both CTAs of a kv64_mc cluster share the unit, hence every piece
-        and its n."""
+        key to read). Both CTAs of a kv64_mc cluster share the unit, hence every piece and its n."""
         k, lay = self.k, self.k.wl_lay
         y = copy.copy(self)
-        u = self.sp
-        quota, total, first = self.wl_ref[0], self.wl_ref[1], self.wl_ref[lay["first"] + u]
-        t0 = jnp.minimum(u * quota, total)
-        t1 = jnp.minimum(t0 + quota, total)
-        b = first + i
+        b = self.first + i
         c0, c1, hi = self.wl_ref[lay["cum"] + b], self.wl_ref[lay["cum"] + b + 1], self.wl_ref[lay["hi"] + b]
-        lo_t, hi_t = jnp.maximum(t0, c0) - c0, jnp.minimum(t1, c1) - c0
+        lo_t, hi_t = jnp.maximum(self.t0, c0) - c0, jnp.minimum(self.t1, c1) - c0
         y.bi, y.sp = b, self.sp + b  # the partial-state slot (MlaTcConfig.units)
         y.lo = lo_t * k.tn
         y.off = jnp.clip(self.off_ref[b], -k.tq, k.cap) if k.causal else jnp.int32(0)
