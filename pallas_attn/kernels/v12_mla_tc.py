@@ -459,7 +459,7 @@ class _Cta:
                 *scratch = refs
         else:
             self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.o_ref, self.lse_ref, *scratch = refs
-        self.lens_ref, self.off_ref = lens_ref, off_ref
+        self.off_ref = off_ref  # work_list: each piece's causal offset (piece())
         if k.aliased and k.lazy:  # the LSE staging is aliased too (its bytes pay for the reduction scratch)
             self.q_smem, (self.lat_smem, (self.o_stage, self.lse_stage)), self.q_bar, self.l_bar, self.l_free, \
                 *self.exchange = scratch
@@ -1410,6 +1410,8 @@ def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int
 
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
             cfg: MlaTcConfig, emulate: bool = False, raw: bool = False, wl=None):
+    """The Mosaic partial kernel: ``(o, lse)`` in the kernel's layout (``raw``) or the merge's; under work_list
+    ``(o, lse, plan)``, the slots and ``work_plan``'s array (``wl``: one already computed) for ``_finish``."""
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
