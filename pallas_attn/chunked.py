@@ -5,15 +5,16 @@ A serving engine appends a chunk of new tokens to each sequence's paged cache an
 cached so far, causally; a batch may mix long chunks and single-token decodes (``q_lens``: each sequence's real
 query count, the rest of its ``Tq`` rows padding). This path runs a dense kernel with the per-sequence query offsets:
 
-* ``fa_prefill`` (the Mosaic GPU kernels, a Hopper; interpret mode on a CPU) for fp16 / bf16 at D 64 / 128 / 256.
-  On a Hopper its producer reads K / V pages through the block table (``PAGED_IN_KERNEL``; one TMA copy per page of
-  a key block), and consumers whose rows are all padding skip their keys (``q_lens``); elsewhere (interpret mode, a
-  page size the kernel does not take) the pages are gathered into a dense ``[B, pages_per_seq * page, Hkv, D]`` cache
-  first. It takes the offsets but no key lengths: the keys past a sequence's ``kv_len`` (the rest of its last page
-  and unused pages) are invisible to every real row because a real row ``i < q_len`` sits at ``i + q_offset <=
-  kv_len - 1`` (checked: eagerly when the arrays are concrete, else the sequence's output is poisoned with NaN);
-  padding rows are cut to 0 (LSE -inf) after the kernel. With ``mixed_decodes`` the sequences of 1-16 queries run
-  on fa_decode instead.
+* ``fa_prefill`` (the Mosaic GPU kernels, a Hopper; interpret mode on a CPU) for fp16 / bf16 at D 64 / 128 / 256. On a
+  Hopper its producer reads K / V pages through the block table (``PAGED_IN_KERNEL``; one TMA copy per page of a key
+  block), and consumers whose rows are all padding idle (``q_lens``: no Q load, no key, zeros stored); elsewhere
+  (interpret mode, a page size the kernel does not take) the pages are gathered into a dense ``[B, pages_per_seq *
+  page, Hkv, D]`` cache first. It takes the offsets but no key lengths: the keys past a sequence's ``kv_len`` (the
+  rest of its last page and unused pages) are invisible to every real row because a real row ``i < q_len`` sits at ``i
+  + q_offset <= kv_len - 1`` (checked: eagerly when the arrays are concrete, else the sequence's output is poisoned
+  with NaN); padding rows come back 0 (LSE -inf) and a poisoned sequence's rows NaN from fa_prefill itself (on the GPU
+  its kernel writes them, so no pass over the padded output follows it). With ``mixed_decodes`` the sequences of 1-16
+  queries run on fa_decode instead.
 * ``fa_train`` (Triton) otherwise (fp32, other head dims, a GPU that is not a Hopper), over the gathered pages: it
   masks ``q_lens`` and ``kv_lens`` itself.
 
@@ -154,18 +155,21 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
             k_in, v_in, bt = _gather(k_pool, tbl), _gather(v_pool, tbl), None
         else:  # fa_prefill's producer reads the pages through the table (TMA per page), no gather
             k_in, v_in, bt = k_pool, v_pool, tbl
+        # the padding rows come back 0 / -inf and a bad sequence's rows NaN from fa_prefill itself (on the GPU the
+        # kernel writes them: no pass over the padded output here)
         out, lse = fa_prefill.forward(q, k_in, v_in, causal=True, scale=scale, q_offset=offs, interpret=interp,
                                       config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks,
-                                      block_table=bt, q_lens=q_lens_pf)
-        if dec is not None:
+                                      block_table=bt, q_lens=q_lens_pf, poison=bad)
+        if dec is not None:  # the decodes' real rows (the first q_lens of the 16 fa_decode ran), in place
             n = out_d.shape[1]
-            out = out.at[:, :n].set(jnp.where(dec[:, None, None, None], out_d, out[:, :n]))
-            lse = lse.at[:, :, :n].set(jnp.where(dec[:, None, None], lse_d, lse[:, :, :n]))
-    else:
-        k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
-        _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, False)
-        out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
-                                          kv_lens=kv_lens, window=band, interpret=interp, config=cfg)
+            take = dec[:, None] & ~bad[:, None] & (jnp.arange(n, dtype=jnp.int32)[None, :] < q_lens[:, None])
+            out = out.at[:, :n].set(jnp.where(take[:, :, None, None], out_d.astype(out.dtype), out[:, :n]))
+            lse = lse.at[:, :, :n].set(jnp.where(take[:, None, :], lse_d, lse[:, :, :n]))
+        return (out, lse) if return_lse else out
+    k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
+    _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, False)
+    out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
+                                      kv_lens=kv_lens, window=band, interpret=interp, config=cfg)
     out, lse = cut_padding(out, lse, q_lens)
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)

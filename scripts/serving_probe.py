@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--parts", default="chunk,mixed,window")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode on the CPU")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also print (and record) every kernel of each timed call, median us per launch position "
+                         "(scripts/call_breakdown.py's clock; GPU only)")
     args = ap.parse_args(argv)
     interpret = args.smoke or not _compat.has_gpu()
     page = 16
@@ -83,6 +86,14 @@ def main(argv=None) -> int:
         rec = {"type": "serving_probe", "part": part, "name": name, "info": info, "clock": t.clock,
                "l2_flushed": t.l2_flushed, "time_us_p50": st["p50"], "time_us_p10": st["p10"],
                "time_us_p90": st["p90"], "notes": list(t.notes), "env": env}
+        if args.kernels and not interpret:  # where the call's time goes, launch by launch
+            from call_breakdown import kernels_jax, summarize
+
+            ks, total = summarize(kernels_jax(fn, fargs, args.reps, flush))
+            rec["kernels_us_p50"] = [[n, round(us, 2)] for n, us in ks]
+            for n, us in ks:
+                print(f"          {us:9.1f} us  {n[:90]}", flush=True)
+            print(f"          {total:9.1f} us  (sum of one call's kernels, median)", flush=True)
         if out_f:
             out_f.write(json.dumps(rec) + "\n")
             out_f.flush()

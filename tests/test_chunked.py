@@ -305,3 +305,46 @@ def test_producer_warp_is_none_or_a_bool():
     for bad in ("yes", 1, 0):
         with pytest.raises(ValueError, match="producer_warp"):
             fp.PrefillConfig(producer_warp=bad)
+
+
+def test_a_bad_decode_in_a_mixed_batch_is_poisoned_under_jit(rng):
+    """Under jit a bad table entry of a decoding sequence poisons that sequence's every row and LSE (fa_prefill writes
+    the NaN; the decode join leaves it), and only that sequence: the chunk and the other decode match the oracle."""
+    kv, ql = [120, 64, 90], [40, 1, 3]
+    arrs, cast, table, kvl = _case(rng, 3, 40, 4, 2, 64, 16, 8, kv, jnp.bfloat16)
+    bad = np.asarray(table).copy()
+    bad[1, 0] = 10_000  # sequence 1 (a decode over 64 keys) uses page 0
+    f = jax.jit(lambda t, ql: pallas_attn.paged_attention(*arrs, t, kvl, causal=True, q_lens=ql, return_lse=True))
+    out, lse = f(jnp.asarray(bad), jnp.asarray(np.asarray(ql, np.int32)))
+    out, lse = np.asarray(out, np.float32), np.asarray(lse)
+    assert np.isnan(out[1]).all() and np.isnan(lse[1]).all()
+    keep = np.asarray([0, 2])
+    _check(out[keep], lse[keep], [cast[0][keep], cast[1], cast[2]], np.asarray(table)[keep], np.asarray(kv)[keep],
+           [ql[i] for i in keep], 1e-2)
+
+
+def test_fa_prefill_forward_q_lens_and_poison_contract(rng):
+    """``fa_prefill.forward(q_lens=, poison=)`` (interpret mode): rows at or past ``q_lens`` come back 0 with LSE
+    -inf, a poisoned sequence's every row and LSE NaN, the real rows those of the call without either; bad arguments
+    refuse by name."""
+    from pallas_attn.kernels import fa_prefill as fp
+
+    b, tq, tk, hq, hkv, d = 3, 70, 96, 2, 1, 64
+    q = jnp.asarray(rng.standard_normal((b, tq, hq, d)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((b, tk, hkv, d)), jnp.bfloat16)
+    off = jnp.asarray(np.asarray([26, 0, 10], np.int32))
+    ql = jnp.asarray(np.asarray([70, 0, 33], np.int32))
+    kw = dict(causal=True, scale=0.125, q_offset=off, interpret=True, config=fp.CONFIGS["default"], return_lse=True)
+    o0, l0 = fp.forward(q, k, k, **kw)
+    o, lse = fp.forward(q, k, k, q_lens=ql, poison=jnp.asarray([False, False, True]), **kw)
+    o, lse, o0, l0 = (np.asarray(x, np.float32) for x in (o, lse, o0, l0))
+    assert np.array_equal(o[0], o0[0]) and np.array_equal(lse[0], l0[0])
+    assert np.all(o[1] == 0.0) and np.all(np.isneginf(lse[1]))
+    assert np.isnan(o[2]).all() and np.isnan(lse[2]).all()
+    o, lse = fp.forward(q, k, k, q_lens=ql, **kw)
+    o, lse = np.asarray(o, np.float32), np.asarray(lse)
+    assert np.array_equal(o[2, :33], o0[2, :33]) and np.all(o[2, 33:] == 0.0) and np.all(np.isneginf(lse[2, :, 33:]))
+    with pytest.raises(ValueError, match="poison needs q_lens"):
+        fp.forward(q, k, k, poison=jnp.asarray([False] * 3), **kw)
+    with pytest.raises(ValueError, match="poison must be bool"):
+        fp.forward(q, k, k, q_lens=ql, poison=jnp.zeros((3,), jnp.int32), **kw)

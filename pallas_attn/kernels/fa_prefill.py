@@ -427,8 +427,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     int32 block table ``[B * pages_per_seq]`` (entries already clamped into the pool); the producer issues one TMA
     copy per page of a key block (``block_kv // page`` of them, all arriving on the block's barrier) or one copy
     from inside a page (``page`` a multiple of ``block_kv``). ``rowlim``: an int32 ``[B]`` input of real rows per
-    sequence (causal only): a consumer whose rows all lie at or past it sees no key and runs one masked block (its
-    output is padding, cut by the caller), so a batch of short chunks padded to a long one costs its real rows."""
+    sequence (causal only; negative: a poisoned sequence, every output row NaN). A consumer whose rows all lie at or
+    past it idles: no Q load and no math, it releases the tile's key blocks and stores zeros (ping-pong: it runs one
+    masked block instead); a tile with no real row loads no key block. The kernel writes 0 into the output rows at or
+    past it, so a batch of short chunks padded to a long one costs its real rows and no pass over the padding."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = WgmmaOps(emulate=False)  # the register math (no interpreter path here: the CPU runs ``_fallback``)
@@ -449,6 +451,10 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     c = softcap * _LOG2E if softcap is not None else float(scale) * _LOG2E
 
     banded = lo_off is not None or segments  # a lower key bound per row: the window's left side, a document start
+    # rowlim: a consumer whose rows are all padding idles (no Q load, no math: it releases the tile's key blocks and
+    # stores zeros), and a tile with no real row loads nothing. Ping-pong keeps the masked-block path (its turn
+    # barrier counts every consumer's steps)
+    skip = rowlim and not cfg.pingpong
 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if paged:
@@ -499,6 +505,11 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             (base + s - a_p) % stages in every warpgroup. With ``rowlim`` any consumer may be padding (one block
             from 0): the union is taken over all of them."""
             q0 = _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows
+            if skip:  # the real consumers are a prefix of the tile's (rows ascend); none: nothing loaded
+                rl = rl_ref[bi]
+                bs = [bounds(q0 + w * bq, off) for w in range(nc)]
+                return q0, jnp.where(q0 < rl, bs[0][0], 0), functools.reduce(
+                    jnp.maximum, [jnp.where(q0 + w * bq < rl, x[3], 0) for w, x in enumerate(bs)])
             if rowlim:
                 bs = [bounds(q0, row_off(q0))] + [bounds(q0 + w * bq, row_off(q0 + w * bq)) for w in range(1, nc)]
                 return q0, functools.reduce(jnp.minimum, [x[0] for x in bs]), functools.reduce(
@@ -522,8 +533,14 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                 r = _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows + wg * bq
                 plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
 
+            def real(t):  # skip: whether this consumer's rows of tile t hold a real row (else it idles)
+                return _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows + wg * bq < rl_ref[bi]
+
             if nqb == 2:  # double-buffered Q/O (several tiles per CTA): the first tile's Q before the loop
-                q_load(0, 0)
+                if skip:
+                    pl.when(real(0))(lambda: q_load(0, 0))
+                else:
+                    q_load(0, 0)
 
             def tile(t, base):
                 q0, a_p, n_load = tile_span(t)
@@ -539,169 +556,192 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     buf = lax.rem(t, 2)
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-                    @pl.when(t + 1 < n_tiles)
+                    @pl.when((t + 1 < n_tiles) & real(t + 1) if skip else t + 1 < n_tiles)
                     def _():
                         q_load(t + 1, 1 - buf)
                 else:
                     buf = 0
-                    q_load(t, 0)
                 q_smem = qo_buf(buf)
-                if segments:
-                    plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
-                off_t = row_off(r0)
-                a, n_lfull, n_full, n_done = bounds(r0, off_t)
-                plgpu.barrier_wait(q_bar.at[nc * buf + wg])
 
-                if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
-                    # shared memory by TMA, as every other per-row vector)
-                    plgpu.barrier_wait(seg_bar.at[wg])
-                    seg_rows = ops.vec(seg_smem.at[wg]).astype(jnp.int32)
-                m0 = ops.rows(-jnp.inf, bq)
-                l0 = ops.rows(0.0, bq)
-                acc0 = ops.zeros((bq, d))
-
-                def turn_wait():  # ping-pong: wait for our turn on the tensor cores
-                    if cfg.pingpong:
-                        plgpu.barrier_wait(turn.at[wg])
-
-                def turn_pass():  # ping-pong: our wgmmas are issued, the other consumer may issue its own
-                    if cfg.pingpong:
-                        plgpu.barrier_arrive(turn.at[1 - wg])
-
-                if cfg.pingpong:  # warpgroup 1 lets warpgroup 0 go first
-                    @pl.when(wg == 1)
-                    def _():
-                        plgpu.barrier_arrive(turn.at[0])
-
-                def drain(lo, hi):
-                    # blocks the producer loaded for the other consumer only: release them (never early: each arrival
-                    # waits for its load, so no slot's phase can complete before the other consumer's turn)
-                    @pl.loop(lo, hi)
-                    def _drain(s):
-                        slot = slot_of(s)
-                        turn_wait()
-                        turn_pass()
-                        plgpu.barrier_wait(k_bar.at[slot])
-                        plgpu.barrier_arrive(k_free.at[slot])
-                        plgpu.barrier_wait(v_bar.at[slot])
-                        plgpu.barrier_arrive(v_free.at[slot])
-
-                def logits(sc):  # the soft-cap (tanh on the special-function unit; cap is in c), before any mask
-                    if softcap is None:
-                        return sc
-                    return jnp.tanh(sc * (float(scale) / softcap))
-
-                def mask(sc, s):
-                    rows = ops.iota((bq, bkv), 0)
-                    cols = ops.iota((bq, bkv), 1)
-                    kpos = s * bkv + cols
-                    ok = kpos < tk
-                    if hi_off is not None:
-                        ok = ok & (kpos <= r0 + rows + (off_t + hi_off))
-                    if lo_off is not None:
-                        ok = ok & (kpos >= r0 + rows + (off_t - lo_off))
+                def run():  # this consumer's rows of tile t: (acc, m, l) over its key blocks
+                    if nqb == 1:
+                        q_load(t, 0)
                     if segments:
-                        ok = ok & (kpos >= lax.broadcast_in_dim(seg_rows, (bq, bkv), (0,)))
-                    return jnp.where(ok, sc, -jnp.inf)
+                        plgpu.copy_gmem_to_smem(seg_ref.at[bi, pl.ds(r0, bq)], seg_smem.at[wg], seg_bar.at[wg])
+                    off_t = row_off(r0)
+                    a, n_lfull, n_full, n_done = bounds(r0, off_t)
+                    plgpu.barrier_wait(q_bar.at[nc * buf + wg])
 
-                def softmax(sc, m_i, l_i):
-                    m_new = jnp.maximum(m_i, sc.max(axis=1))
-                    # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
-                    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
-                    alpha = jnp.exp2(m_i * c - m_use)
-                    p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
-                    l_new = l_i * alpha + p.sum(axis=1)
-                    return p.astype(dtype), alpha, m_new, l_new
+                    if segments:  # this consumer's rows' document starts, in the row layout of the scores (staged in
+                        # shared memory by TMA, as every other per-row vector)
+                        plgpu.barrier_wait(seg_bar.at[wg])
+                        seg_rows = ops.vec(seg_smem.at[wg]).astype(jnp.int32)
+                    m0 = ops.rows(-jnp.inf, bq)
+                    l0 = ops.rows(0.0, bq)
+                    acc0 = ops.zeros((bq, d))
 
-                def rescale(acc, alpha):
-                    return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
+                    def turn_wait():  # ping-pong: wait for our turn on the tensor cores
+                        if cfg.pingpong:
+                            plgpu.barrier_wait(turn.at[wg])
 
-                def qk(slot):  # S = Q K^T of the block in ``slot``, waited for (ping-pong: the turn passes once issued)
-                    return ops.mma(q_smem, k_smem.at[slot], shape=(bq, bkv), b_t=True, issued=turn_pass)
+                    def turn_pass():  # ping-pong: our wgmmas are issued, the other consumer may issue its own
+                        if cfg.pingpong:
+                            plgpu.barrier_arrive(turn.at[1 - wg])
 
-                # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every block
-                # with it; the pipelined one its masked blocks (below)
-                def step(s, carry, *, masked: bool):
-                    acc, m_i, l_i = carry
-                    slot = slot_of(s)
-                    plgpu.barrier_wait(k_bar.at[slot])
-                    turn_wait()
-                    sc = qk(slot)
-                    plgpu.barrier_arrive(k_free.at[slot])
-                    sc = logits(sc)
-                    if masked:
-                        sc = mask(sc, s)
-                    p, alpha, m_new, l_new = softmax(sc, m_i, l_i)
-                    acc = rescale(acc, alpha)
-                    plgpu.barrier_wait(v_bar.at[slot])
-                    acc = ops.mma(p, v_smem.at[slot], acc=acc)
-                    plgpu.barrier_arrive(v_free.at[slot])
-                    return acc, m_new, l_new
+                    if cfg.pingpong:  # warpgroup 1 lets warpgroup 0 go first
+                        @pl.when(wg == 1)
+                        def _():
+                            plgpu.barrier_arrive(turn.at[0])
 
-                masked_step = functools.partial(step, masked=True)
-                if banded:
-                    drain(a_p, a)  # warpgroup 1 (a window, a later document): the first rows' left band is not ours
-                if not cfg.overlap:
-                    bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
-                    carry = (acc0, m0, l0)
-                    if banded:
-                        carry = lax.fori_loop(a, bm, masked_step, carry)
-                    carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
-                    acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
-                else:
-                    # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
-                    # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
-                    # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
-                    # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue (masked
-                    # when it needs it, with no wgmma in flight; with no visible block at all the mask hides every key
-                    # and the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the masked blocks
-                    # [lo, n_done) (the causal diagonal, the window's right edge, a ragged last key block) serial again.
-                    bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
-                    carry = (acc0, m0, l0)
-                    if banded:
-                        carry = lax.fori_loop(a, bm, masked_step, carry)
-                    acc1, m_i, l_i = carry
-                    slot0 = slot_of(bm)
-                    plgpu.barrier_wait(k_bar.at[slot0])
-                    turn_wait()
-                    sc = logits(qk(slot0))
-                    plgpu.barrier_arrive(k_free.at[slot0])
-                    sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
-                    p0, alpha0, m_i, l_i = softmax(sc, m_i, l_i)
-                    acc1 = rescale(acc1, alpha0) if banded else acc1
-
-                    def ostep(s, carry):  # an unmasked block: the kit's pipelined step
-                        slot, prev = slot_of(s), slot_of(s - 1)
-                        plgpu.barrier_wait(k_bar.at[slot])
-                        plgpu.barrier_wait(v_bar.at[prev])
-                        turn_wait()
-
-                        def scored(sc):  # S_s is done (P_{s-1} V_{s-1} may still run): K's slot is free
-                            sc = logits(sc)
+                    def drain(lo, hi):
+                        # blocks the producer loaded for the other consumer only: release them (never early: each
+                        # arrival waits for its load, so no slot's phase can complete before the other consumer's
+                        # turn)
+                        @pl.loop(lo, hi)
+                        def _drain(s):
+                            slot = slot_of(s)
+                            turn_wait()
+                            turn_pass()
+                            plgpu.barrier_wait(k_bar.at[slot])
                             plgpu.barrier_arrive(k_free.at[slot])
+                            plgpu.barrier_wait(v_bar.at[slot])
+                            plgpu.barrier_arrive(v_free.at[slot])
+
+                    def logits(sc):  # the soft-cap (tanh on the special-function unit; cap is in c), before any mask
+                        if softcap is None:
                             return sc
+                        return jnp.tanh(sc * (float(scale) / softcap))
 
-                        return ops.pipelined_step(carry, q_smem, k_smem.at[slot], v_smem.at[prev], softmax,
-                                                  issued=turn_pass, scored=scored,
-                                                  done=lambda: plgpu.barrier_arrive(v_free.at[prev]))
+                    def mask(sc, s):
+                        rows = ops.iota((bq, bkv), 0)
+                        cols = ops.iota((bq, bkv), 1)
+                        kpos = s * bkv + cols
+                        ok = kpos < tk
+                        if hi_off is not None:
+                            ok = ok & (kpos <= r0 + rows + (off_t + hi_off))
+                        if lo_off is not None:
+                            ok = ok & (kpos >= r0 + rows + (off_t - lo_off))
+                        if segments:
+                            ok = ok & (kpos >= lax.broadcast_in_dim(seg_rows, (bq, bkv), (0,)))
+                        return jnp.where(ok, sc, -jnp.inf)
 
-                    # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every
-                    # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal
-                    # pipeline")
-                    acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
-                    last = slot_of(lo - 1)
-                    plgpu.barrier_wait(v_bar.at[last])
-                    turn_wait()
-                    acc = ops.mma(p_last, v_smem.at[last], acc=acc, issued=turn_pass)
-                    plgpu.barrier_arrive(v_free.at[last])
-                    acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
+                    def softmax(sc, m_i, l_i):
+                        m_new = jnp.maximum(m_i, sc.max(axis=1))
+                        # a row with no visible key so far keeps m = -inf; subtract 0 there (never -inf - -inf)
+                        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) * c
+                        alpha = jnp.exp2(m_i * c - m_use)
+                        p = jnp.exp2(sc * c - lax.broadcast_in_dim(m_use, (bq, bkv), (0,)))
+                        l_new = l_i * alpha + p.sum(axis=1)
+                        return p.astype(dtype), alpha, m_new, l_new
 
-                drain(n_done, n_load)
+                    def rescale(acc, alpha):
+                        return acc * lax.broadcast_in_dim(alpha, (bq, d), (0,))
 
-                if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
-                    @pl.when(wg == 0)
-                    def _():
-                        plgpu.barrier_wait(turn.at[0])
+                    def qk(slot):  # S = Q K^T of the block in ``slot``, waited for (ping-pong: the turn passes once
+                        # issued)
+                        return ops.mma(q_smem, k_smem.at[slot], shape=(bq, bkv), b_t=True, issued=turn_pass)
+
+                    # the serial step: S = Q K^T, wait, softmax, O = alpha O + P V, wait. The serial config runs every
+                    # block with it; the pipelined one its masked blocks (below)
+                    def step(s, carry, *, masked: bool):
+                        acc, m_i, l_i = carry
+                        slot = slot_of(s)
+                        plgpu.barrier_wait(k_bar.at[slot])
+                        turn_wait()
+                        sc = qk(slot)
+                        plgpu.barrier_arrive(k_free.at[slot])
+                        sc = logits(sc)
+                        if masked:
+                            sc = mask(sc, s)
+                        p, alpha, m_new, l_new = softmax(sc, m_i, l_i)
+                        acc = rescale(acc, alpha)
+                        plgpu.barrier_wait(v_bar.at[slot])
+                        acc = ops.mma(p, v_smem.at[slot], acc=acc)
+                        plgpu.barrier_arrive(v_free.at[slot])
+                        return acc, m_new, l_new
+
+                    masked_step = functools.partial(step, masked=True)
+                    if banded:
+                        drain(a_p, a)  # warpgroup 1 (a window, a later document): the first rows' left band is not ours
+                    if not cfg.overlap:
+                        bm, f = _serial_plan(a, n_lfull, n_full, n_done, banded=banded)  # the left band [a, bm): masked
+                        carry = (acc0, m0, l0)
+                        if banded:
+                            carry = lax.fori_loop(a, bm, masked_step, carry)
+                        carry = lax.fori_loop(bm, f, functools.partial(step, masked=False), carry)
+                        acc, m_i, l_i = lax.fori_loop(f, n_done, masked_step, carry)
+                    else:
+                        # software pipeline inside the warpgroup (FA-3 §3.2): step s issues S_s = Q K_s^T and then
+                        # O += P_{s-1} V_{s-1}, waits for S_s only, and runs the softmax of block s while the P V
+                        # wgmma is still running. The carry is (alpha_s * O_{s-1}, m_s, l_s, P_s).
+                        # Order: the window's left band [a, bm) as serial masked steps; block bm is the prologue
+                        # (masked when it needs it, with no wgmma in flight; with no visible block at all the mask
+                        # hides every key and the row ends with l = 0); the unmasked blocks (bm, lo) pipelined; the
+                        # masked blocks [lo, n_done) (the causal diagonal, the window's right edge, a ragged last key
+                        # block) serial again.
+                        bm, pro_masked, lo = _pipeline_plan(a, n_lfull, n_full, n_done, banded=banded)
+                        carry = (acc0, m0, l0)
+                        if banded:
+                            carry = lax.fori_loop(a, bm, masked_step, carry)
+                        acc1, m_i, l_i = carry
+                        slot0 = slot_of(bm)
+                        plgpu.barrier_wait(k_bar.at[slot0])
+                        turn_wait()
+                        sc = logits(qk(slot0))
+                        plgpu.barrier_arrive(k_free.at[slot0])
+                        sc = lax.cond(pro_masked, lambda x: mask(x, bm), lambda x: x, sc)
+                        p0, alpha0, m_i, l_i = softmax(sc, m_i, l_i)
+                        acc1 = rescale(acc1, alpha0) if banded else acc1
+
+                        def ostep(s, carry):  # an unmasked block: the kit's pipelined step
+                            slot, prev = slot_of(s), slot_of(s - 1)
+                            plgpu.barrier_wait(k_bar.at[slot])
+                            plgpu.barrier_wait(v_bar.at[prev])
+                            turn_wait()
+
+                            def scored(sc):  # S_s is done (P_{s-1} V_{s-1} may still run): K's slot is free
+                                sc = logits(sc)
+                                plgpu.barrier_arrive(k_free.at[slot])
+                                return sc
+
+                            return ops.pipelined_step(carry, q_smem, k_smem.at[slot], v_smem.at[prev], softmax,
+                                                      issued=turn_pass, scored=scored,
+                                                      done=lambda: plgpu.barrier_arrive(v_free.at[prev]))
+
+                        # masking inside the pipelined step, while a P V wgmma is in flight, made ptxas serialize every
+                        # wgmma of the kernel (a wait after each k-chunk; H100 ncu, docs/fa_prefill.md "The causal
+                        # pipeline")
+                        acc, m_i, l_i, p_last = lax.fori_loop(bm + 1, lo, ostep, (acc1, m_i, l_i, p0))
+                        last = slot_of(lo - 1)
+                        plgpu.barrier_wait(v_bar.at[last])
+                        turn_wait()
+                        acc = ops.mma(p_last, v_smem.at[last], acc=acc, issued=turn_pass)
+                        plgpu.barrier_arrive(v_free.at[last])
+                        acc, m_i, l_i = lax.fori_loop(lo, n_done, masked_step, (acc, m_i, l_i))
+
+                    drain(n_done, n_load)
+
+                    if cfg.pingpong:  # balance the extra arrival warpgroup 1 made at the start
+                        @pl.when(wg == 0)
+                        def _():
+                            plgpu.barrier_wait(turn.at[0])
+                    return acc, m_i, l_i
+
+                if skip:
+                    def idle():  # all rows padding: release the tile's blocks (loaded for the others), no math
+                        @pl.loop(a_p, n_load)
+                        def _release(s):
+                            slot = slot_of(s)
+                            plgpu.barrier_wait(k_bar.at[slot])
+                            plgpu.barrier_arrive(k_free.at[slot])
+                            plgpu.barrier_wait(v_bar.at[slot])
+                            plgpu.barrier_arrive(v_free.at[slot])
+
+                        return ops.zeros((bq, d)), ops.rows(-jnp.inf, bq), ops.rows(0.0, bq)
+
+                    acc, m_i, l_i = lax.cond(r0 < rl_ref[bi], run, idle)
+                else:
+                    acc, m_i, l_i = run()
 
                 if sinks:
                     # the sink joins the denominator with no value (exp2 domain): m_f = max(m c, sink log2 e)
@@ -717,6 +757,9 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
                     inv = 1.0 / jnp.where(empty, 1.0, l_i)
                     out = acc * lax.broadcast_in_dim(inv, (bq, d), (0,))
                     lse = jnp.where(empty, -jnp.inf, (m_i * c + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+                if rowlim:  # rows at or past the sequence's real ones: 0; every row NaN for a poisoned one (rl < 0)
+                    rl = rl_ref[bi]
+                    out = jnp.where(ops.iota((bq, d), 0) < rl - r0, out, jnp.where(rl < 0, jnp.nan, 0.0))
                 q_smem[...] = out.astype(dtype)
                 if with_lse:
                     lse_smem.at[wg][...] = lse
@@ -997,7 +1040,7 @@ def _check_paged(q, k_pool, v_pool, block_table, cfg: PrefillConfig) -> tuple[in
 
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
             return_lse: bool = False, window=None, softcap: float | None = None, sinks=None, segment_ids=None,
-            block_table=None, q_lens=None):
+            block_table=None, q_lens=None, poison=None):
     """Dense prefill forward on validated BTNH arrays (``contract`` calling convention).
 
     Features beyond the contract (keyword-only, each priced in docs/fa_prefill.md): ``window=(left, right)``: row
@@ -1016,18 +1059,27 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     ``paged_attention`` does). On the GPU the producer reads the pages through the table (no gather); in interpret mode
     the pages are gathered first. The page size must be a multiple of 8 that divides or is divided by ``block_kv``.
 
-    ``q_lens`` int32 ``[B]`` (causal only): sequence ``b``'s rows at or past ``q_lens[b]`` are padding. On the GPU a
-    consumer's 64 rows that are all padding see no key and cost one masked key block (a batch of chunks padded to the
-    longest costs its real rows); their output and LSE are unspecified (the caller cuts them). Interpret mode computes
-    them in full."""
+    ``q_lens`` int32 ``[B]`` (causal only): sequence ``b``'s rows at or past ``q_lens[b]`` are padding: output 0, LSE
+    -inf. On the GPU the kernel writes those zeros itself, and a consumer's 64 rows that are all padding load and
+    compute nothing (a batch of chunks padded to the longest costs its real rows); interpret mode computes them in
+    full and cuts them after. ``poison`` bool ``[B]`` (with ``q_lens``): those sequences' every output row and LSE
+    come back NaN (a caller's invalid input under ``jit``; on the GPU the kernel writes the NaN, no pass over the
+    output)."""
+    if poison is not None and q_lens is None:
+        raise ValueError(f"{GEN}: poison needs q_lens")
+    rl = None  # the kernel's real-rows input (poisoned sequences: -1)
     if q_lens is not None:
         if not causal:
             raise ValueError(f"{GEN}: q_lens (padding rows) needs causal attention")
         q_lens = jnp.asarray(q_lens)
         if q_lens.shape != (q.shape[0],) or q_lens.dtype != jnp.int32:
             raise ValueError(f"{GEN}: q_lens must be int32 [B={q.shape[0]}]; got {q_lens.shape} {q_lens.dtype}")
-        if interpret:
-            q_lens = None
+        if poison is not None:
+            poison = jnp.asarray(poison)
+            if poison.shape != (q.shape[0],) or poison.dtype != jnp.bool_:
+                raise ValueError(f"{GEN}: poison must be bool [B={q.shape[0]}]; got {poison.shape} {poison.dtype}")
+        if not interpret:
+            rl = q_lens if poison is None else jnp.where(poison, jnp.int32(-1), q_lens)
     tbl = None  # a block table the kernel reads (page pools on the GPU)
     if block_table is not None:
         if segment_ids is not None:
@@ -1083,15 +1135,23 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         qp = _pad(q, 1, cfg.consumers * cfg.block_q)
         call = _build_mosaic(b, qp.shape[1], tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
-                             starts is not None, paged=paged, rowlim=q_lens is not None)
-        extra = (() if q_lens is None else (q_lens,)) + (() if sinks is None else (sinks,)) + (
+                             starts is not None, paged=paged, rowlim=rl is not None)
+        extra = (() if rl is None else (rl,)) + (() if sinks is None else (sinks,)) + (
             () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
         res = call(qp, kp, vp, off, *table_in, *extra)
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
-    if not return_lse:
-        return out
-    return out, (lse[:, :, :tq] if lse.shape[2] != tq else lse)
+    lse = None if lse is None else (lse[:, :, :tq] if lse.shape[2] != tq else lse)
+    if q_lens is not None:  # padding rows: 0 (the GPU kernel wrote them), LSE -inf; poisoned sequences NaN
+        real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
+        if interpret:
+            out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+            if poison is not None:
+                out = jnp.where(poison[:, None, None, None], jnp.nan, out).astype(q.dtype)
+        if lse is not None:
+            lse = jnp.where(real[:, None, :], lse, -jnp.inf)
+            lse = lse if poison is None else jnp.where(poison[:, None, None], jnp.nan, lse)
+    return (out, lse) if return_lse else out
 
 
 def _plan(p: Problem, cfg: PrefillConfig):

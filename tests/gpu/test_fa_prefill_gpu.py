@@ -274,6 +274,7 @@ def test_three_consumers_q_lens_rows(cfg):
         err = np.linalg.norm(o64[i, :n] - ro[i, :n]) / np.linalg.norm(ro[i, :n])
         assert err < TOL["bfloat16"], (cfg, i, err)
         np.testing.assert_allclose(np.asarray(lse, np.float64)[i, :, :n], rl[i, :, :n], atol=1e-2)
+        assert np.all(o64[i, n:] == 0.0) and np.all(np.isneginf(np.asarray(lse)[i, :, n:])), (cfg, i)  # padding
     # the same call through page pools (pages of 64 keys in a shuffled table; the chunked-prefill path): the real rows
     # equal the dense call's
     page = 64
@@ -286,3 +287,42 @@ def test_three_consumers_q_lens_rows(cfg):
     for i, n in enumerate(lens):
         np.testing.assert_allclose(np.asarray(o2[i, :n], np.float32), np.asarray(o[i, :n], np.float32), atol=1e-6)
         np.testing.assert_allclose(np.asarray(lse2)[i, :, :n], np.asarray(lse)[i, :, :n], atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", ["default", "tiles4", "serial", "pingpong", "warp_producer"])
+def test_q_lens_idle_consumers_zero_rows_and_poison(cfg):
+    """q_lens at D 128 (session 34: a consumer whose rows are all padding idles, a tile with no real row loads no key,
+    the kernel writes the padding rows' zeros and a poisoned sequence's NaN): whole padding tiles, a sequence with no
+    real row, a tile cut mid-consumer, a poisoned sequence, multi-tile CTAs (tiles4: the double-buffered Q skips its
+    idle tiles' loads). Real rows match the oracle and the call without q_lens; padding rows are exactly 0 with LSE
+    -inf; the poisoned sequence is NaN everywhere; the same through page pools (pages 16 and 64) equals the dense
+    call bit for bit."""
+    key = jax.random.PRNGKey(34)
+    b, tq, tk, hq, hkv, d = 5, 1024, 1280, 4, 2, 128
+    kq, kk, kv = jax.random.split(key, 3)
+    q, k, v = (_rand(kq, (b, tq, hq, d), "bfloat16"), _rand(kk, (b, tk, hkv, d), "bfloat16"),
+               _rand(kv, (b, tk, hkv, d), "bfloat16"))
+    offs, lens = (256, 0, 1000, 300, 100), (1024, 0, 130, 700, 900)
+    poison = jnp.asarray([False, False, False, False, True])
+    kw = dict(causal=True, scale=d ** -0.5, q_offset=jnp.asarray(offs, jnp.int32), interpret=False,
+              config=_cfg(cfg, d), return_lse=True)
+    o, lse = fp.forward(q, k, v, q_lens=jnp.asarray(lens, jnp.int32), poison=poison, **kw)
+    o_full, lse_full = fp.forward(q, k, v, **kw)
+    ro, rl = oracle.attention_reference(q, k, v, causal=True, q_offset=np.asarray(offs))
+    o64 = np.asarray(jnp.asarray(o, jnp.float32), np.float64)
+    lse = np.asarray(lse, np.float64)
+    for i, n in enumerate(lens[:4]):
+        assert np.all(o64[i, n:] == 0.0) and np.all(np.isneginf(lse[i, :, n:])), (cfg, i)
+        if n:
+            err = np.linalg.norm(o64[i, :n] - ro[i, :n]) / np.linalg.norm(ro[i, :n])
+            assert err < TOL["bfloat16"], (cfg, i, err)
+            np.testing.assert_allclose(lse[i, :, :n], rl[i, :, :n], atol=1e-2)
+            assert np.array_equal(np.asarray(o[i, :n], np.float32), np.asarray(o_full[i, :n], np.float32)), (cfg, i)
+    assert np.isnan(o64[4]).all() and np.isnan(lse[4]).all(), cfg
+    for page in (16, 64):
+        perm = np.random.default_rng(page).permutation(b * tk // page).astype(np.int32)
+        pools = [x.reshape(b * tk // page, page, hkv, d)[np.argsort(perm)] for x in (k, v)]  # pool[perm[j]] = page j
+        o2, lse2 = fp.forward(q, *pools, q_lens=jnp.asarray(lens, jnp.int32), poison=poison,
+                              block_table=jnp.asarray(perm.reshape(b, tk // page)), **kw)
+        assert np.array_equal(np.asarray(o2, np.float32), np.asarray(o, np.float32), equal_nan=True), (cfg, page)
+        assert np.array_equal(np.asarray(lse2), lse.astype(np.float32), equal_nan=True), (cfg, page)
