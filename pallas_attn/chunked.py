@@ -28,6 +28,8 @@ at or ahead of FA3's paged prefill at the sweep's eight chunk shapes; 0.89-0.93x
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,11 +162,17 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
         out, lse = fa_prefill.forward(q, k_in, v_in, causal=True, scale=scale, q_offset=offs, interpret=interp,
                                       config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks,
                                       block_table=bt, q_lens=q_lens_pf, poison=bad)
-        if dec is not None:  # the decodes' real rows (the first q_lens of the 16 fa_decode ran), in place
+        if dec is not None:  # the decodes' real rows (the first q_lens of the 16 fa_decode ran) scattered in place:
+            # a row not taken gets an index past the batch and is dropped, so nothing reads the output (a
+            # dynamic-update-slice whose update read the output's own rows copied the whole padded output: 41 us of
+            # 652 at the probe's mixed batch, session 34 call 1)
             n = out_d.shape[1]
-            take = dec[:, None] & ~bad[:, None] & (jnp.arange(n, dtype=jnp.int32)[None, :] < q_lens[:, None])
-            out = out.at[:, :n].set(jnp.where(take[:, :, None, None], out_d.astype(out.dtype), out[:, :n]))
-            lse = lse.at[:, :, :n].set(jnp.where(take[:, None, :], lse_d, lse[:, :, :n]))
+            rows_n = jnp.arange(n, dtype=jnp.int32)
+            take = dec[:, None] & ~bad[:, None] & (rows_n[None, :] < q_lens[:, None])
+            bidx = jnp.where(take, jnp.arange(b, dtype=jnp.int32)[:, None], jnp.int32(b))  # [B, n]
+            out = out.at[bidx, rows_n[None, :]].set(out_d.astype(out.dtype), mode="drop")
+            lse = lse.at[bidx[:, None, :], jnp.arange(hq, dtype=jnp.int32)[None, :, None], rows_n[None, None, :]].set(
+                lse_d, mode="drop")
         return (out, lse) if return_lse else out
     k, v = _gather(k_pool, tbl), _gather(v_pool, tbl)
     _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, False)
@@ -196,11 +204,32 @@ def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, *, scale, interpret
 
     qd = q[:, :fa_decode.KERNEL.max_q_len]
     _, cfg = api.resolve("fa_decode", api.problem_paged(qd, k_pool, tbl, causal=True), None)  # the one resolver
+    cfg = dataclasses.replace(cfg, splits=decode_part_splits(qd.shape, k_pool.shape, tbl.shape[1], dec, cfg),
+                              split1_fill=None)
     kv_d = jnp.where(dec, kv_lens, 0).astype(jnp.int32)
     off_d = jnp.where(dec, offs, 0).astype(jnp.int32)
     return fa_decode.paged_forward(qd, k_pool, v_pool, tbl, kv_d, causal=True, scale=scale, q_offset=off_d,
                                    interpret=interpret, config=cfg, return_lse=True,
                                    check_block_table=False, window=window, softcap=softcap, sinks=sinks)
+
+
+def decode_part_splits(q_shape, pool_shape, pages_per_seq: int, dec, cfg) -> int:
+    """The split count of a mixed batch's decode part. fa_decode's wave model plans for every sequence of the batch
+    at the full cache, but only the decoding ones have keys there (the others get ``kv_len`` 0 and their programs
+    exit at once): at session 34's probe mix (B 4, two decodes over 8k and 32k) it gave 8 splits of 4096 keys, and
+    the part took 108 us against 54 for the two decodes called alone (call 1). So the plan is made for the decoding
+    sequences only: their count when ``q_lens`` is concrete, else (traced) half the batch, rounded up; a wrong guess
+    costs programs that are too long (fewer decodes than guessed: at worst half the machine idle) or too many short
+    ones (more decodes than guessed)."""
+    from .kernels import fa_decode
+
+    b, tq, hq, d = q_shape
+    tq = min(tq, fa_decode.KERNEL.max_q_len)  # the rows fa_decode runs (a chunk's q: its first 16)
+    _, page, hkv, _ = pool_shape
+    n = _concrete(dec)
+    guess = int(np.count_nonzero(n)) if n is not None else -(-b // 2)
+    return fa_decode.plan(batch=max(guess, 1), hkv=hkv, rows=tq * (hq // hkv), d=d, max_kv=pages_per_seq * page,
+                          config=cfg, page_size=page).splits
 
 
 def _gather(pool, tbl):

@@ -14,7 +14,8 @@ all kernels of one call, the gather included):
   issue's "dense fa_prefill at the same shape");
 * ``mixed``: one call over [a 2048-query chunk over 8k, two decodes over 8k and 32k, a 512-query chunk over 8k]
   (``q_lens``, Tq 2048) against the sum of its parts called separately (each chunk alone; the two decodes together on
-  fa_decode);
+  fa_decode); since session 34 also a batch of mostly decodes (the 2048 chunk, six decodes over 2k-32k, a 512 chunk
+  over 16k);
 * ``window``: fa_decode, B 8, Tq 1, a 4096-key window against no window at S 8k / 32k / 128k;
 * ``pagecfg`` (asked for by name): fa_prefill's in-kernel pages at page 16 (and 64) against the dense cache under a
   few configs (the producer's register budget, 64-key tiles with a four-deep ring), chunks of 512 and 2048 over 8k.
@@ -160,22 +161,36 @@ def main(argv=None) -> int:
                 del kp, vp, kd, vd
 
     if "mixed" in parts:
+        # two mixes: the probe's since session 12 (a chunk, two decodes, a chunk) and, since session 34, a batch of
+        # mostly decodes (a chunk, six decodes over 2k-32k, a chunk)
         big, small, s8, s32 = (2048, 512, 8192, 32768) if not args.smoke else (64, 16, 128, 256)
-        pps = s32 // page
-        kp, vp, tbl = _pool(rng, 4, pps, page)
-        kv = jnp.asarray(np.array([s8, s8, s32, s8], np.int32))
-        ql = jnp.asarray(np.array([big, 1, 1, small], np.int32))
-        q = _q(rng, 4, big)
-        f = jax.jit(lambda q, kp, vp, t, kv, ql: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True,
-                                                                             q_lens=ql))
-        t_mixed = timed("mixed", f"one call: chunk {big} + 2 decodes + chunk {small}", f, (q, kp, vp, tbl, kv, ql),
-                        q_lens=[big, 1, 1, small])
-        one = jax.jit(lambda q, kp, vp, t, kv: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True))
-        p1 = timed("mixed", f"part: chunk {big} over {s8}", one, (q[:1], kp, vp, tbl[:1], kv[:1]))
-        p2 = timed("mixed", f"part: chunk {small} over {s8}", one, (q[3:4, :small], kp, vp, tbl[3:4], kv[3:4]))
-        p3 = timed("mixed", f"part: 2 decodes ({s8}, {s32})", one, (q[1:3, :1], kp, vp, tbl[1:3], kv[1:3]))
-        rows.append(("mixed", "ratio one call / sum of parts", t_mixed / (p1 + p2 + p3), {}))
-        print(f"mixed   ratio one call / sum of parts: {t_mixed / (p1 + p2 + p3):.3f}", flush=True)
+        mixes = [("", [big, 1, 1, small], [s8, s8, s32, s8])]
+        if not args.smoke:
+            mixes.append((" (6 decodes)", [big, 1, 1, 1, 1, 1, 1, small],
+                          [s8, 4096, s8, 16384, s32, s8, 2048, 16384]))
+        for tag, qls, kvs in mixes:
+            nb = len(qls)
+            kp, vp, tbl = _pool(rng, nb, s32 // page, page)
+            kv = jnp.asarray(np.array(kvs, np.int32))
+            ql = jnp.asarray(np.array(qls, np.int32))
+            q = _q(rng, nb, big)
+            f = jax.jit(lambda q, kp, vp, t, kv, ql: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True,
+                                                                                 q_lens=ql))
+            t_mixed = timed("mixed", f"one call{tag}: q_lens {qls}"[:44], f, (q, kp, vp, tbl, kv, ql), q_lens=qls,
+                            kv_lens=kvs)
+            one = jax.jit(lambda q, kp, vp, t, kv: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True))
+            dec = np.flatnonzero(np.array(qls) == 1)
+            first, last = 0, nb - 1  # the two chunks
+            p1 = timed("mixed", f"part{tag}: chunk {qls[first]} over {kvs[first]}", one,
+                       (q[first:first + 1], kp, vp, tbl[first:first + 1], kv[first:first + 1]))
+            p2 = timed("mixed", f"part{tag}: chunk {qls[last]} over {kvs[last]}", one,
+                       (q[last:last + 1, :qls[last]], kp, vp, tbl[last:last + 1], kv[last:last + 1]))
+            p3 = timed("mixed", f"part{tag}: {len(dec)} decodes", one, (q[dec, :1], kp, vp, tbl[dec], kv[dec]),
+                       kv_lens=[kvs[i] for i in dec])
+            r = t_mixed / (p1 + p2 + p3)
+            rows.append(("mixed", f"ratio{tag} one call / sum of parts", r, {}))
+            print(f"mixed   ratio{tag} one call / sum of parts: {r:.3f}", flush=True)
+            del kp, vp
 
     if "window" in parts:
         bd = 8 if not args.smoke else 2

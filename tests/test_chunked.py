@@ -348,3 +348,23 @@ def test_fa_prefill_forward_q_lens_and_poison_contract(rng):
         fp.forward(q, k, k, poison=jnp.asarray([False] * 3), **kw)
     with pytest.raises(ValueError, match="poison must be bool"):
         fp.forward(q, k, k, q_lens=ql, poison=jnp.zeros((3,), jnp.int32), **kw)
+
+
+def test_the_decode_part_plans_for_the_decoding_sequences_only():
+    """A mixed batch's decode part: fa_decode's split count planned for the decoding sequences' count when q_lens is
+    concrete, half the batch (rounded up) when it is traced; never for the whole batch at the full cache (session
+    34: 8 splits of 4096 keys where two of four sequences decode, 2x the two decodes' own time)."""
+    from pallas_attn.kernels import fa_decode
+
+    cfg = fa_decode.CONFIGS["default"]
+    q_shape, pool_shape, pps = (4, 2048, 32, 128), (4 * 2048 + 7, 16, 8, 128), 2048
+
+    def want(batch):
+        return fa_decode.plan(batch=batch, hkv=8, rows=64, d=128, max_kv=pps * 16, config=cfg, page_size=16).splits
+
+    dec = jnp.asarray([False, True, True, False])
+    assert chunked.decode_part_splits(q_shape, pool_shape, pps, dec, cfg) == want(2)
+    one = jnp.asarray([False, True, False, False])
+    assert chunked.decode_part_splits(q_shape, pool_shape, pps, one, cfg) == want(1) > want(4)
+    traced = jax.jit(lambda d: jnp.int32(chunked.decode_part_splits(q_shape, pool_shape, pps, d, cfg)))(one)
+    assert int(traced) == want(2)
