@@ -145,7 +145,7 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     dec = _decode_rows(q_lens, tq) if (mixed_decodes and on_prefill and page & (page - 1) == 0) else None
     if dec is not None:  # the batch's decodes run on fa_decode; fa_prefill sees their rows as padding
         q_lens_pf = jnp.where(dec, 0, q_lens)
-        out_d, lse_d = _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, scale=scale, interpret=interp,
+        out_d, lse_d = _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, scale=scale, interpret=interp,
                                     window=window, softcap=softcap, sinks=sinks)
     else:
         q_lens_pf = q_lens
@@ -197,20 +197,24 @@ def _decode_rows(q_lens, tq: int):
     return (q_lens > 0) & (q_lens <= n)
 
 
-def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, *, scale, interpret, window, softcap, sinks):
+def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, *, scale, interpret, window, softcap, sinks):
     """fa_decode over the first 16 rows of the decoding sequences (the others get no key: nothing read):
     ``(out [B, 16, Hq, D], lse [B, Hq, 16])``."""
     from .kernels import fa_decode
 
     qd = q[:, :fa_decode.KERNEL.max_q_len]
     _, cfg = api.resolve("fa_decode", api.problem_paged(qd, k_pool, tbl, causal=True), None)  # the one resolver
+    # 16-row tiles of query-major rows (q_rows): a plain decode's program runs its first tile and its other tiles
+    # read no key (session 34: the 16 rows a sequence as one 64-row tile took 97 us where the same two decodes called
+    # alone, one query each, took 54)
     cfg = dataclasses.replace(cfg, splits=decode_part_splits(qd.shape, k_pool.shape, tbl.shape[1], dec, cfg),
-                              split1_fill=None)
+                              split1_fill=None, block_m_max=16)
     kv_d = jnp.where(dec, kv_lens, 0).astype(jnp.int32)
     off_d = jnp.where(dec, offs, 0).astype(jnp.int32)
     return fa_decode.paged_forward(qd, k_pool, v_pool, tbl, kv_d, causal=True, scale=scale, q_offset=off_d,
                                    interpret=interpret, config=cfg, return_lse=True,
-                                   check_block_table=False, window=window, softcap=softcap, sinks=sinks)
+                                   check_block_table=False, window=window, softcap=softcap, sinks=sinks,
+                                   q_rows=jnp.where(dec, q_lens, 0).astype(jnp.int32))
 
 
 def decode_part_splits(q_shape, pool_shape, pages_per_seq: int, dec, cfg) -> int:
@@ -218,17 +222,18 @@ def decode_part_splits(q_shape, pool_shape, pages_per_seq: int, dec, cfg) -> int
     at the full cache, but only the decoding ones have keys there (the others get ``kv_len`` 0 and their programs
     exit at once): at session 34's probe mix (B 4, two decodes over 8k and 32k) it gave 8 splits of 4096 keys, and
     the part took 108 us against 54 for the two decodes called alone (call 1). So the plan is made for the decoding
-    sequences only: their count when ``q_lens`` is concrete, else (traced) half the batch, rounded up; a wrong guess
-    costs programs that are too long (fewer decodes than guessed: at worst half the machine idle) or too many short
-    ones (more decodes than guessed)."""
+    sequences only, one query each: their count when ``q_lens`` is concrete, else (traced) half the batch, rounded
+    up; a wrong guess costs programs that are too long (fewer decodes than guessed: at worst half the machine idle)
+    or too many short ones (more decodes than guessed)."""
     from .kernels import fa_decode
 
-    b, tq, hq, d = q_shape
-    tq = min(tq, fa_decode.KERNEL.max_q_len)  # the rows fa_decode runs (a chunk's q: its first 16)
+    b, _, hq, d = q_shape
     _, page, hkv, _ = pool_shape
     n = _concrete(dec)
     guess = int(np.count_nonzero(n)) if n is not None else -(-b // 2)
-    return fa_decode.plan(batch=max(guess, 1), hkv=hkv, rows=tq * (hq // hkv), d=d, max_kv=pages_per_seq * page,
+    # one query a decoding sequence (a plain decode: its first 16-row tile; a speculative one's further tiles come
+    # on top of the plan)
+    return fa_decode.plan(batch=max(guess, 1), hkv=hkv, rows=hq // hkv, d=d, max_kv=pages_per_seq * page,
                           config=cfg, page_size=page).splits
 
 

@@ -196,3 +196,66 @@ def test_a_static_offset_past_the_last_key_runs_the_non_causal_program(rng, tq):
     ro, _ = oracle.attention_reference(*(np.asarray(x, np.float32) for x in (q, k, v)), causal=True,
                                        q_offset=np.full((b,), tk - 2))
     assert np.linalg.norm(masked - ro) / np.linalg.norm(ro) < 1e-2
+
+
+@pytest.mark.parametrize("splits", [None, 3])
+@pytest.mark.parametrize("feats", [dict(), dict(window=30, softcap=3.0, sinks=True)], ids=["plain", "all"])
+def test_q_rows_runs_query_major_tiles_and_matches_the_oracle(rng, feats, splits):
+    """``paged_forward(q_rows=)`` (session 34, a mixed batch's decode part): the rows packed query-major in 16-row
+    tiles, a tile holding no real query reads no key; every real row (1, 5: across two tiles, 16: all four tiles) of
+    each sequence matches the float64 oracle, a sequence with no real query reads nothing, with the default plan and
+    forced splits, plain and with window + soft-cap + sinks; bad q_rows refuse by name."""
+    b, tq, hq, hkv, d, page, pps, dt = 4, 16, 8, 2, 64, 16, 16, jnp.bfloat16
+    kp, vp, tbl = _pools(rng, b, pps, page, hkv, d, dt)
+    kv = np.array([250, 37, 100, 90], np.int32)
+    ql = np.array([1, 5, 16, 0], np.int32)
+    off = kv - ql
+    q = rng.standard_normal((b, tq, hq, d)).astype(np.float32)
+    sinks = rng.standard_normal(hq).astype(np.float32) if feats.get("sinks") else None
+    kw = {k: v for k, v in feats.items() if k != "sinks"}
+    cast = [np.asarray(jnp.asarray(x, dt), np.float32) for x in (q, kp, vp)]
+    cfg = fa_decode.DecodeConfig(splits=splits, block_m_max=16)
+    out, lse = fa_decode.paged_forward(*(jnp.asarray(x, dt) for x in (q, kp, vp)), jnp.asarray(tbl), jnp.asarray(kv),
+                                       causal=True, scale=d ** -0.5, q_offset=jnp.asarray(off), interpret=True,
+                                       config=cfg, return_lse=True, sinks=None if sinks is None else jnp.asarray(sinks),
+                                       q_rows=jnp.asarray(ql), **kw)
+    out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)
+    per_tile = 16 // (hq // hkv)  # queries a 16-row tile holds
+    for i in range(b):
+        n = int(ql[i])
+        first_idle = -(-n // per_tile) * per_tile  # the queries of the tiles that read no key: nothing seen
+        want = np.full(hq, -np.inf) if sinks is None else sinks.astype(np.float64)  # no key seen: the sink alone
+        assert np.allclose(lse[i][:, first_idle:], want[:, None], atol=1e-6) and np.all(out[i, first_idle:] == 0.0), i
+        if n == 0:
+            continue
+        k = oracle.gather_paged_kv(cast[1], tbl[i], kv[i])[None]
+        v = oracle.gather_paged_kv(cast[2], tbl[i], kv[i])[None]
+        ro, rl = oracle.attention_reference(cast[0][i:i + 1, :n], k, v, causal=True, q_offset=int(off[i]),
+                                            window=kw.get("window"), softcap=kw.get("softcap"),
+                                            sinks=None if sinks is None else sinks.astype(np.float64))
+        assert np.linalg.norm(out[i, :n] - ro[0]) <= 1e-2 * np.linalg.norm(ro[0]), i
+        assert np.allclose(lse[i][:, :n], rl[0], atol=1e-2), i
+    args = (jnp.asarray(q, dt), jnp.asarray(kp, dt), jnp.asarray(vp, dt), jnp.asarray(tbl), jnp.asarray(kv))
+    with pytest.raises(ValueError, match="q_rows must be int32"):
+        fa_decode.paged_forward(*args, causal=True, scale=0.1, q_offset=jnp.asarray(off), interpret=True, config=cfg,
+                                q_rows=jnp.asarray(ql[:3]))
+    with pytest.raises(ValueError, match="needs causal"):
+        fa_decode.paged_forward(*args, causal=False, scale=0.1, q_offset=None, interpret=True, config=cfg,
+                                q_rows=jnp.asarray(ql))
+
+
+def test_a_mixed_batch_lowers_for_cuda_with_its_row_limited_decode_part(monkeypatch):
+    """A chunked call with traced q_lens (a mixed batch) lowers for CUDA on this CPU machine: fa_prefill with its
+    real-rows input and fa_decode's query-major, row-limited decode part (the device query faked to a Hopper)."""
+    import jax
+
+    from pallas_attn import dropin
+
+    monkeypatch.setattr(dropin, "_is_sm90", lambda: True)
+    pool = jax.ShapeDtypeStruct((64, 16, 2, 128), jnp.bfloat16)
+    f = jax.jit(lambda q, kp, bt, lens, ql: pallas_attn.paged_attention(
+        q, kp, kp, bt, lens, causal=True, interpret=False, check_block_table=False, q_lens=ql))
+    text = f.trace(jax.ShapeDtypeStruct((2, 64, 8, 128), jnp.bfloat16), pool, jax.ShapeDtypeStruct((2, 32), jnp.int32),
+                   jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "pallas_attn_fa_decode_partial" in text and "pallas_attn_fa_prefill" in text

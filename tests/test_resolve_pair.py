@@ -216,11 +216,11 @@ def test_chunked_configs_come_from_the_resolver(monkeypatch, chip, page, window)
         assert cfg == fa_prefill.config_for_window(api.resolve("fa_prefill", dense, None)[1], True, band)
         dec = api.resolve("fa_decode", api.problem_paged(sds((b, 16, hq, d), q.dtype), pool, bt, causal=True),
                           None)[1]
-        # its split count planned for the decoding sequences only (ql is concrete here: one of three)
-        one = fa_decode.plan(batch=1, hkv=hkv, rows=16 * (hq // hkv), d=d, max_kv=pps * page, config=dec,
-                             page_size=page)
+        # its split count planned for the decoding sequences only (ql is concrete here: one of three), one
+        # query each, in 16-row tiles
+        one = fa_decode.plan(batch=1, hkv=hkv, rows=hq // hkv, d=d, max_kv=pps * page, config=dec, page_size=page)
         assert one.splits > 1
-        dec = dataclasses.replace(dec, splits=one.splits, split1_fill=None)
+        dec = dataclasses.replace(dec, splits=one.splits, split1_fill=None, block_m_max=16)
     assert seen == [("fa_decode", dec), ("fa_prefill", cfg)], seen
 
 

@@ -309,13 +309,14 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
                    tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
                    window: int | None = None, softcap: float | None = None, halves: bool = False, pv16: bool = False,
-                   strided: bool = False):
+                   strided: bool = False, rowlim: bool = False):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
     sk_ref, sv_ref = (next(it), next(it)) if fmt is not None else (None, None)
     bt_ref, lens_ref = (next(it), next(it)) if lay.paged else (None, None)
     off_ref = next(it) if causal else None
+    qr_ref = next(it) if rowlim else None  # rowlim: each sequence's real queries (rows packed query-major)
     out_refs = list(it)
     bm, bk, d = p.block_m, p.block_k, lay.tile_d  # tile columns: D, or D 96 padded to 128 (zeros past D)
 
@@ -343,7 +344,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         else ((0, d, 1),)
     qs = [_compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w, st)],
                        mask=jnp.broadcast_to(row_ok[:, None], (bm, w)), other=0.0) for c0, w, st in qcols]
-    _, i_q = gqa.row_position(r, tq)
+    _, i_q = gqa.row_position(r, tq, rows // tq, q_major=rowlim)
 
     lo = s * (p.chunk_blocks * bk)
     if causal:
@@ -357,6 +358,8 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         # No row of this program sees a key past the last query position: stop loading there.
         hi = jnp.minimum(hi, q_off + tq)
     n_tiles = jnp.maximum(hi - lo + bk - 1, 0) // bk
+    if rowlim:  # a row tile past the sequence's real queries reads no key (its rows are padding, dropped later)
+        n_tiles = jnp.where(t * bm < qr_ref[b] * (rows // tq), n_tiles, 0)
     qk_scale, o_scale, dequant = scale_log2, None, None
     if fmt is not None:
         # the tiles decode exactly, short of 2^fold; the tensor scales and 2^fold fold into two scalars
@@ -443,11 +446,11 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
 def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale: float,
             b: int, tq: int, hq: int, hkv: int, interpret: bool, config: DecodeConfig, return_lse: bool,
             fmt: str | None = None, quant_args: tuple = (), window: int | None = None, softcap: float | None = None,
-            sinks=None):
+            sinks=None, rowlim: bool = False):
     if sinks is not None:  # the sink joins each row's denominator after the merge: o *= e^lse / (e^lse + e^sink)
         out, lse = _launch(q, k2, v2, extra, p=p, lay=lay, causal=causal, check=check, scale=scale, b=b, tq=tq, hq=hq,
                            hkv=hkv, interpret=interpret, config=config, return_lse=True, fmt=fmt,
-                           quant_args=quant_args, window=window, softcap=softcap)
+                           quant_args=quant_args, window=window, softcap=softcap, rowlim=rowlim)
         sk = jnp.asarray(sinks, jnp.float32)[None, :, None]  # [1, Hq, 1] against lse [B, Hq, Tq]
         tot = jnp.logaddexp(lse, sk)
         w = jnp.exp(lse - tot)  # 0 for a row with no visible key (lse -inf)
@@ -464,10 +467,10 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves, pv16=pv16, strided=halves and not interpret)
+        softcap=softcap, halves=halves, pv16=pv16, strided=halves and not interpret, rowlim=rowlim)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
-    qp = gqa.pack_q(q, hkv)
+    qp = gqa.pack_q(q, hkv, q_major=rowlim)
     if d != lay.d:
         qp = jnp.pad(qp, ((0, 0), (0, d - lay.d)))
     if halves and interpret:  # the kernel's halves: q's even columns, then its odd ones (the output comes back so)
@@ -494,8 +497,8 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         o = o[:, :lay.d]
     if halves and interpret:  # even-then-odd columns back to the interleaved order
         o = jnp.stack([o[:, :d // 2], o[:, d // 2:]], axis=-1).reshape(o.shape)
-    out = gqa.unpack_o(o, b, tq, hq, hkv)
-    return (out, gqa.unpack_lse(lse, b, tq, hq)) if return_lse else out
+    out = gqa.unpack_o(o, b, tq, hq, hkv, q_major=rowlim)
+    return (out, gqa.unpack_lse(lse, b, tq, hq, hkv, q_major=rowlim)) if return_lse else out
 
 
 def _storage(k, v, *, flat):
@@ -570,8 +573,8 @@ def _dense(q, k, v, q_offset, sinks=None, *, causal, scale, interpret, config, r
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "interpret", "config", "return_lse",
                                              "check_block_table", "window", "softcap"))
-def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, causal, scale, interpret, config,
-           return_lse, check_block_table, window=None, softcap=None):
+def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, q_rows=None, *, causal, scale, interpret,
+           config, return_lse, check_block_table, window=None, softcap=None):
     b, tq, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
     pages_per_seq = block_table.shape[1]
@@ -580,11 +583,12 @@ def _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks=None, *, cau
     fmt, k2, v2, qargs, width, micro = _storage(k_pool, v_pool, flat=flat_pool)
     lay = KVLayout(paged=True, block_k=p.block_k, d=d, page=page, pages_per_seq=pages_per_seq,
                    num_pages=num_pages, gather=p.paged_gather, width=width, micro=micro)
-    extra = (block_table.reshape(-1), kv_lens) + ((q_offset,) if causal else ())
+    extra = (block_table.reshape(-1), kv_lens) + ((q_offset,) if causal else ()) + (
+        () if q_rows is None else (q_rows,))
     return _launch(q, k2, v2, extra, p=p, lay=lay, causal=bool(causal),
                    check=bool(check_block_table), scale=scale, b=b, tq=tq, hq=hq, hkv=hkv, interpret=interpret,
                    config=config, return_lse=return_lse, fmt=fmt, quant_args=qargs, window=window, softcap=softcap,
-                   sinks=sinks)
+                   sinks=sinks, rowlim=q_rows is not None)
 
 
 def _band(max_kv: int, tq: int, window: int | None) -> int:
@@ -617,12 +621,17 @@ def check_features(causal: bool, window, softcap, sinks, hq: int, quantized: boo
 
 def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scale: float, q_offset,
                   interpret: bool, config: DecodeConfig, return_lse: bool = False, check_block_table: bool = True,
-                  window: int | None = None, softcap: float | None = None, sinks=None):
+                  window: int | None = None, softcap: float | None = None, sinks=None, q_rows=None):
     """Paged decode on validated arrays (``contract`` calling convention): pools ``[num_pages, page, Hkv, D]``,
     int32 ``block_table [B, pages_per_seq]``, int32 ``kv_lens [B]`` (ragged), int32 ``q_offset [B]``.
     Features (keyword-only; session 11, issue 32): ``window=W`` (causal: query ``i`` sees keys ``i + off - W < j <=
     i + off``; the splits tile only that band, so the keys before it are never read), ``softcap`` (fp16 / bf16
-    caches), ``sinks [Hq]`` (joined to each row's denominator after the merge; the LSE includes it)."""
+    caches), ``sinks [Hq]`` (joined to each row's denominator after the merge; the LSE includes it).
+    ``q_rows`` int32 ``[B]`` (causal; session 34, a mixed batch's decode part): each sequence's real queries, the
+    rest of its ``Tq`` padding. The packed rows run query-major (``gqa``) and a row tile holding no real query reads
+    no key, so 16 rows of which one query is real cost about one query's tile; the padding rows' output and LSE are
+    unspecified (the caller drops them). Give the config a ``block_m_max`` (16: one tile the first ``16 / G``
+    queries) for the tiles to be that small."""
     num_pages, page, hkv, dk = k_pool.shape
     _check_quantized(q, k_pool, v_pool)
     window, softcap, sinks = check_features(causal, window, softcap, sinks, q.shape[2],
@@ -632,7 +641,13 @@ def paged_forward(q, k_pool, v_pool, block_table, kv_lens, *, causal: bool, scal
         raise ValueError(f"page_size must be a power of two; got {page}")
     if check_block_table:
         c.validate_table_if_concrete(validate_block_table, block_table, kv_lens, num_pages=num_pages, page_size=page)
-    return _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks, causal=bool(causal), scale=scale,
+    if q_rows is not None:
+        if not causal:
+            raise ValueError("fa_decode: q_rows (padding queries) needs causal attention")
+        q_rows = jnp.asarray(q_rows)
+        if q_rows.shape != (q.shape[0],) or q_rows.dtype != jnp.int32:
+            raise ValueError(f"fa_decode: q_rows must be int32 [B={q.shape[0]}]; got {q_rows.shape} {q_rows.dtype}")
+    return _paged(q, k_pool, v_pool, block_table, kv_lens, q_offset, sinks, q_rows, causal=bool(causal), scale=scale,
                   interpret=interpret, config=config, return_lse=return_lse, check_block_table=check_block_table,
                   window=window, softcap=softcap)
 
