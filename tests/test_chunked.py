@@ -369,13 +369,3 @@ def test_the_decode_part_plans_for_the_decoding_sequences_only():
     traced = jax.jit(lambda d: jnp.int32(chunked.decode_part_splits(q_shape, pool_shape, pps, d, cfg)))(one)
     assert int(traced) == want(2)
 
-
-def test_a_ragged_batch_runs_its_heaviest_sequence_first():
-    """fa_prefill's sequence order under q_lens (``_heavy_first``, session 34): the sequence whose last real row sees
-    the most keys first, stably; an empty or poisoned sequence last; a window caps the keys a row sees."""
-    from pallas_attn.kernels import fa_prefill as fp
-
-    rl = jnp.asarray([2048, 0, 1, 512, -1], jnp.int32)
-    off = jnp.asarray([6144, 8191, 32767, 15872, 0], jnp.int32)
-    assert np.asarray(fp._heavy_first(rl, off, 32768, None)).tolist() == [2, 3, 0, 1, 4]
-    assert np.asarray(fp._heavy_first(rl, off, 32768, (4095, 0))).tolist() == [0, 2, 3, 1, 4]

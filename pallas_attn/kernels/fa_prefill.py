@@ -430,9 +430,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     sequence (causal only; negative: a poisoned sequence, every output row NaN). A consumer whose rows all lie at or
     past it idles: no Q load and no math, it releases the tile's key blocks and stores zeros (ping-pong: it runs one
     masked block instead); a tile with no real row loads no key block. The kernel writes 0 into the output rows at or
-    past it, so a batch of short chunks padded to a long one costs its real rows and no pass over the padding. With
-    ``rowlim`` a second int32 ``[B]`` input orders the sequences: the grid's batch index ``i`` runs sequence
-    ``order[i]`` (``_heavy_first``: the sequence whose last real row sees the most keys first)."""
+    past it, so a batch of short chunks padded to a long one costs its real rows and no pass over the padding."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     ops = WgmmaOps(emulate=False)  # the register math (no interpreter path here: the CPU runs ``_fallback``)
@@ -461,8 +459,8 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
     def body(q_ref, k_ref, v_ref, off_ref, *rest):
         if paged:
             bt_ref, *rest = rest
-        if rowlim:  # real rows per sequence, and the order the grid's batch index runs the sequences in
-            rl_ref, ord_ref, *rest = rest
+        if rowlim:
+            rl_ref, *rest = rest
         if sinks:
             sink_ref, *rest = rest
         if segments:  # float32 [B, Tq_pad]: each row's document start (packed sequences; exact below 2^24)
@@ -478,7 +476,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
         else:
             (qo_smem, k_smem, v_smem, q_bar, k_bar, v_bar, k_free, v_free, turn), lse_smem = scratch, None
         h = lax.axis_index("h")
-        bi = ord_ref[lax.axis_index("b")] if rowlim else lax.axis_index("b")
+        bi = lax.axis_index("b")
         wg = lax.axis_index("wg")
         hk = lax.div(h, group)
         off = off_ref[bi] if bounded or segments else jnp.int32(0)
@@ -1138,8 +1136,7 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         call = _build_mosaic(b, qp.shape[1], tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
                              starts is not None, paged=paged, rowlim=rl is not None)
-        extra = (() if rl is None else (rl, _heavy_first(rl, off, tk, window))) + (
-            () if sinks is None else (sinks,)) + (
+        extra = (() if rl is None else (rl,)) + (() if sinks is None else (sinks,)) + (
             () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
         res = call(qp, kp, vp, off, *table_in, *extra)
         out, lse = res if return_lse else (res, None)
@@ -1155,18 +1152,6 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
             lse = jnp.where(real[:, None, :], lse, -jnp.inf)
             lse = lse if poison is None else jnp.where(poison[:, None, None], jnp.nan, lse)
     return (out, lse) if return_lse else out
-
-
-def _heavy_first(rl, off, tk: int, window) -> jax.Array:
-    """The order a ragged batch's sequences run in (``rowlim``): the sequence whose last real row sees the most keys
-    (its longest CTA) first, stably. The grid launches batch index 0's CTAs first; with the sequences in the caller's
-    order a short chunk over a long cache (CTAs 2x longer than a long chunk's over a short one) started after the
-    long chunk's waves and ran alone at the end: session 34's second mix (a 512-query chunk over 16k keys behind a
-    2048-query chunk over 8k) took 699 us in fa_prefill against 572 for the two called alone."""
-    last = jnp.clip(off + rl, 0, tk)  # the keys the last real row sees (causal); poisoned or empty: 0
-    if window is not None and window[0] is not None:
-        last = jnp.minimum(last, window[0] + 1)
-    return jnp.argsort(-jnp.where(rl > 0, last, 0), stable=True).astype(jnp.int32)
 
 
 def _plan(p: Problem, cfg: PrefillConfig):

@@ -212,3 +212,26 @@ def test_dense_decode_features_at_serving_sizes():
     got = np.asarray(jnp.asarray(out, jnp.float32), np.float64)[:, :, qh]
     assert np.linalg.norm(got - ro) / np.linalg.norm(ro) < 1e-2
     assert np.allclose(np.asarray(lse, np.float64)[:, qh], rl, atol=1e-1)
+
+
+def test_mixed_batch_decode_part_runs_row_limited_tiles():
+    """A mixed batch under jit whose decodes have 1, 5 and 16 queries (session 34: the decode part runs fa_decode on
+    query-major 16-row tiles, a tile with no real query reading no key; its splits planned for half the batch):
+    every real row of every sequence matches the oracle, padding rows are 0 with LSE -inf."""
+    b, tq, pps = 6, 1024, 16384 // PAGE
+    kv = np.array([4096, 16384, 777, 9000, 5000, 1], np.int32)
+    ql = np.array([1024, 1, 5, 16, 300, 0], np.int32)
+    kp, vp, tbl = _pools(21, b, pps)
+    q = np.asarray(jnp.asarray(np.random.default_rng(22).standard_normal((b, tq, HQ, D), np.float32), jnp.bfloat16),
+                   np.float32)
+    f = jax.jit(lambda q, kp, vp, t, kv, ql: pallas_attn.paged_attention(q, kp, vp, t, kv, causal=True, q_lens=ql,
+                                                                         return_lse=True))
+    out, lse = f(*(jnp.asarray(x, jnp.bfloat16) for x in (q, kp, vp)), jnp.asarray(tbl), jnp.asarray(kv),
+                 jnp.asarray(ql))
+    out, lse = np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse)
+    for bi in range(b):
+        n = int(ql[bi])
+        assert np.all(out[bi, n:] == 0.0) and np.all(np.isneginf(lse[bi, :, n:])), bi
+        if n:
+            rows = np.arange(n) if n <= 16 else np.arange(n - 64, n)
+            _check_rows(out, lse, q, kp, vp, tbl, kv, bi, rows, int(kv[bi]) - n, [0, HKV - 1], 1e-2)
