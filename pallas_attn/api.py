@@ -28,8 +28,9 @@ from . import _compat, quant, registry
 from .kernels import seqlen
 from .kernels.contract import Problem
 
-__all__ = ["attention", "paged_attention", "generations", "validate_dense", "validate_paged", "problem_dense",
-           "problem_paged", "resolve", "resolve_pair", "deterministic_asked", "default_generation"]
+__all__ = ["attention", "paged_attention", "paged_attention_varlen", "generations", "validate_dense", "validate_paged",
+           "problem_dense", "problem_paged", "resolve", "resolve_pair", "deterministic_asked",
+           "default_generation"]
 
 _FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 
@@ -345,6 +346,50 @@ def _backward_by(fn, back):
 
     f.defvjp(fwd, bwd)
     return f
+
+
+def paged_attention_varlen(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *, scale: float | None = None,
+                           q_offset=None, interpret: bool | None = None, return_lse: bool = False,
+                           check_block_table: bool = True, window: int | None = None, softcap: float | None = None,
+                           sinks=None):
+    """Causal paged-KV attention over packed queries (a serving batch mixing chunks and decodes with no padding).
+    q ``[T, Hq, D]``: sequence ``b``'s queries are rows ``cu_q_lens[b] : cu_q_lens[b + 1]`` (int32 ``[B + 1]``,
+    starting at 0, never decreasing, ending at most at ``T``; rows past ``cu_q_lens[B]`` are unused and return 0, LSE
+    -inf); pools ``[num_blocks, page, Hkv, D]``; block_table int32 ``[B, pages_per_seq]``; kv_lens int32 ``[B]``.
+    Query ``i`` of sequence ``b`` sees key ``j`` iff ``j < kv_lens[b]`` and ``j <= i + q_offset[b]`` (default
+    ``kv_lens - q_lens``: the queries are the last cached tokens); ``window``, ``softcap``, ``sinks [Hq]`` as
+    ``paged_attention``'s chunked path. Returns ``out [T, Hq, D]`` and, with ``return_lse``, ``lse [Hq, T]``.
+
+    Sequences of 1-16 queries run on fa_decode, longer ones on fa_prefill in row tiles (``chunked.
+    varlen_paged_attention``): a batch of a long chunk and many decodes launches the chunk's tiles and the decodes,
+    not a chunk-length tile grid for every sequence as ``paged_attention(q_lens=...)``'s padded ``[B, Tq]`` layout
+    must. fp16 / bf16, D 64 / 128 / 256, a Hopper (interpret mode on a CPU); inference only. Bad lengths or table
+    entries raise when concrete and poison that sequence's rows with NaN under ``jit``."""
+    if not hasattr(q, "shape") or getattr(q, "ndim", None) != 3:
+        raise ValueError(f"q must be rank 3 [T, Hq, D] (packed queries); got {getattr(q, 'shape', type(q).__name__)}")
+    if not hasattr(block_table, "shape") or block_table.ndim != 2:
+        raise ValueError(f"block_table must be int32 [B, pages_per_seq]; got {getattr(block_table, 'shape', None)}")
+    b = block_table.shape[0]
+    view = jax.ShapeDtypeStruct((b, 1) + tuple(q.shape[1:]), q.dtype)  # the checks of the padded entry
+    s = validate_paged(view, k_pool, v_pool, block_table, kv_lens, causal=True, scale=scale)
+    if quant.kv_format(k_pool):
+        raise NotImplementedError("paged_attention_varlen over a quantized cache is not built; dequantize the pool")
+    if (not hasattr(cu_q_lens, "shape") or tuple(cu_q_lens.shape) != (b + 1,)
+            or _dtype_name(cu_q_lens) != "int32"):
+        raise ValueError(f"cu_q_lens must be int32 [B + 1 = {b + 1}]; got {getattr(cu_q_lens, 'shape', cu_q_lens)!r}, "
+                         f"{getattr(cu_q_lens, 'dtype', None)}")
+    from . import chunked
+
+    def call(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, q_offset, sinks):
+        return chunked.varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, scale=s,
+                                              q_offset=q_offset, interpret=interpret, return_lse=bool(return_lse),
+                                              check_block_table=check_block_table, window=window, softcap=softcap,
+                                              sinks=sinks)
+
+    call = _no_backward("chunked", call, entry="paged_attention_varlen", hint=_DECODE_HINT)
+    with _compat.quiet_triton():
+        return call(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, q_offset,
+                    None if sinks is None else jnp.asarray(sinks, jnp.float32))
 
 
 def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | None = None, causal: bool = False,

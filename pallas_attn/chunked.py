@@ -37,7 +37,8 @@ import numpy as np
 from . import _compat, api
 from .kernels import seqlen
 
-__all__ = ["chunked_paged_attention", "uses_fa_prefill", "paged_in_kernel", "resolve_chunk"]
+__all__ = ["chunked_paged_attention", "varlen_paged_attention", "uses_fa_prefill", "paged_in_kernel",
+           "resolve_chunk"]
 
 # fa_prefill's producer reads K / V pages through the block table on the GPU (TMA per page; no gather). Off: every
 # page is gathered into a dense cache first (the path of session 11). GPU-tested: tests/gpu/test_serving_gpu.py.
@@ -182,6 +183,125 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
     lse = jnp.where(bad[:, None, None], jnp.nan, lse)
     return (out, lse) if return_lse else out
+
+
+def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *, scale: float, q_offset=None,
+                           interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True,
+                           window: int | None = None, softcap: float | None = None, sinks=None):
+    """Causal paged attention over packed queries (validated pools and tables; ``cu_q_lens`` int32 ``[B + 1]``):
+    ``q [T, Hq, D]`` holds sequence ``b``'s queries in rows ``cu_q_lens[b] : cu_q_lens[b + 1]``, with no padding
+    between sequences; rows past ``cu_q_lens[B]`` are unused (output 0, LSE -inf). Returns ``out [T, Hq, D]`` and,
+    with ``return_lse``, ``lse [Hq, T]``. Semantics per sequence are ``chunked_paged_attention``'s (offsets default
+    to ``kv_lens - q_lens``; window, soft-cap, sinks as fa_prefill's).
+
+    How it runs (session 34, issue 32): the sequences of 1-16 queries on fa_decode (their rows gathered into ``[B,
+    16]``, query-major row-limited tiles: ``_decode_part``); every longer one cut into row tiles of the fa_prefill
+    config's rows (``R``: 128 at two consumers of 64), each tile a pseudo-sequence of ``R`` rows with its own offset
+    and its sequence's block-table row, gathered into ``[NT, R, Hq, D]`` with ``NT = cdiv(T, R) + B`` (a static
+    bound: each sequence wastes at most one partial tile); tiles past the real ones are empty (``q_lens`` 0: the
+    kernel's consumers idle). So the kernel launches about ``T / R`` tiles per head, where the padded layout
+    launches ``B * Tq / R``. The results are scattered back into the packed rows. fa_prefill reads the pages in the
+    kernel (a Hopper; pages a multiple of 8 that divides or is divided by its key block) or, in interpret mode,
+    gathers them; other cases (fp32, a head dim fa_prefill lacks, D 96, other pages) refuse by name."""
+    from .kernels import fa_decode
+
+    t_rows, hq, d = q.shape
+    num_pages, page, hkv, _ = k_pool.shape
+    b, pps = block_table.shape
+    interp = _compat.default_interpret(interpret)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
+        raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
+    if not uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp):
+        raise NotImplementedError(f"paged_attention_varlen runs fa_prefill (fp16 / bf16, D 64 / 128 / 256 on a Hopper, "
+                                  f"or interpret mode); got {jnp.dtype(q.dtype).name}, D {d}")
+    band = None if window is None else (int(window) - 1, 0)
+    cu = jnp.asarray(cu_q_lens)
+    c = _concrete(cu)
+    if c is not None and (c[0] != 0 or np.any(np.diff(c) < 0) or c[-1] > t_rows):
+        raise ValueError(f"cu_q_lens must start at 0, never decrease and end at most at T={t_rows}; got "
+                         f"{c.tolist() if c.size <= 16 else c}")
+    q_lens = cu[1:] - cu[:-1]
+    offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
+    ql, kl, of = _concrete(q_lens), _concrete(kv_lens), _concrete(offs)
+    if ql is not None and kl is not None and of is not None and np.any(of + ql > kl):
+        i = int(np.argmax(of + ql > kl))
+        raise ValueError(f"sequence {i}: q_offset + q_lens = {int(of[i] + ql[i])} exceeds kv_lens = {int(kl[i])} (a "
+                         f"chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
+    bad = ((offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page) | (q_lens < 0) | (cu[1:] > t_rows)
+           | (cu[0] != 0))
+    if check_block_table:
+        from .kernels import common, kv_source
+
+        common.validate_table_if_concrete(kv_source.validate_block_table, block_table, kv_lens,
+                                          num_pages=num_pages, page_size=page)
+        used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
+        bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
+    tbl = jnp.clip(block_table, 0, num_pages - 1)
+    n = fa_decode.KERNEL.max_q_len
+    dec = (q_lens >= 1) & (q_lens <= n)
+    drop = jnp.int32(t_rows)  # a scatter index past the rows: dropped
+    out = jnp.zeros((t_rows, hq, d), q.dtype)
+    lse = jnp.full((t_rows, hq), -jnp.inf, jnp.float32)
+
+    # the decodes: their first 16 rows (clamped into q), fa_decode's row-limited decode part (skipped when concrete
+    # lengths hold none)
+    if ql is not None and not np.any((ql >= 1) & (ql <= n)):
+        return _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, out, lse, scale=scale,
+                              interp=interp, band=band, softcap=softcap, sinks=sinks, return_lse=return_lse)
+    rows_n = jnp.arange(n, dtype=jnp.int32)
+    didx = cu[:-1, None] + rows_n[None, :]  # [B, 16]
+    qd = q[jnp.clip(didx, 0, t_rows - 1)]
+    out_d, lse_d = _decode_part(qd, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, scale=scale, interpret=interp,
+                                window=window, softcap=softcap, sinks=sinks)
+    real_d = dec[:, None] & (rows_n[None, :] < q_lens[:, None])
+    dest = jnp.where(real_d, didx, drop)
+    out = out.at[dest].set(jnp.where(bad[:, None, None, None], jnp.nan, out_d).astype(q.dtype), mode="drop")
+    lse = lse.at[dest].set(jnp.where(bad[:, None, None], jnp.nan, jnp.swapaxes(lse_d, 1, 2)), mode="drop")
+    if ql is not None and not np.any(ql > n):
+        return (out, lse.T) if return_lse else out
+    return _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, out, lse, scale=scale, interp=interp,
+                          band=band, softcap=softcap, sinks=sinks, return_lse=return_lse)
+
+
+def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, out, lse, *, scale, interp, band, softcap,
+                   sinks, return_lse):
+    """``varlen_paged_attention``'s chunks: row tiles of R rows, each a pseudo-sequence of fa_prefill's batch,
+    scattered into ``out`` / ``lse`` (``[T, Hq, D]``, ``[T, Hq]``)."""
+    from .kernels import fa_prefill
+
+    t_rows, hq, d = q.shape
+    _, page, hkv, _ = k_pool.shape
+    b, pps = tbl.shape
+    drop = jnp.int32(t_rows)
+    _, cfg = resolve_chunk(_problem(jax.ShapeDtypeStruct((1,) + q.shape, q.dtype), pps * page, hkv), band,
+                           True)  # one long chunk's config
+    fitted = fa_prefill.fit(cfg, d, jnp.dtype(q.dtype).itemsize, True)
+    r = fitted.consumers * fitted.block_q
+    if not interp and (not paged_in_kernel(page, fitted) or d not in fa_prefill._PAGED_HEAD_DIMS):
+        raise NotImplementedError(f"paged_attention_varlen reads the pages in fa_prefill's kernel: pages a multiple of "
+                                  f"8 that divides or is divided by its {fitted.block_kv}-key block, D in "
+                                  f"{fa_prefill._PAGED_HEAD_DIMS}; got page {page}, D {d} (use paged_attention with "
+                                  f"q_lens)")
+    ql_pf = jnp.where(dec, 0, jnp.maximum(q_lens, 0))
+    n_t = (ql_pf + r - 1) // r  # [B] row tiles a sequence needs
+    ends = jnp.cumsum(n_t)
+    nt = -(-t_rows // r) + b  # static bound on the tiles: each sequence wastes at most one partial tile
+    j = jnp.arange(nt, dtype=jnp.int32)
+    seq = jnp.minimum(jnp.searchsorted(ends, j, side="right"), b - 1).astype(jnp.int32)
+    k_t = j - (ends - n_t)[seq]  # the tile's index inside its sequence
+    valid = j < ends[-1]
+    rows_t = jnp.where(valid, jnp.clip(ql_pf[seq] - k_t * r, 0, r), 0).astype(jnp.int32)  # real rows of the tile
+    tidx = cu[seq][:, None] + k_t[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]  # [NT, R]
+    qt = q[jnp.clip(tidx, 0, t_rows - 1)]
+    off_t = jnp.where(valid, offs[seq] + k_t * r, 0).astype(jnp.int32)
+    sinks_t = None if sinks is None else jnp.asarray(sinks, jnp.float32)
+    out_t, lse_t = fa_prefill.forward(qt, k_pool, v_pool, causal=True, scale=scale, q_offset=off_t, interpret=interp,
+                                      config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks_t,
+                                      block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
+    dest = jnp.where(jnp.arange(r, dtype=jnp.int32)[None, :] < rows_t[:, None], tidx, drop)
+    out = out.at[dest].set(out_t, mode="drop")
+    lse = lse.at[dest].set(jnp.swapaxes(lse_t, 1, 2), mode="drop")
+    return (out, lse.T) if return_lse else out
 
 
 def _decode_rows(q_lens, tq: int):

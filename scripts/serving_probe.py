@@ -190,6 +190,15 @@ def main(argv=None) -> int:
             r = t_mixed / (p1 + p2 + p3)
             rows.append(("mixed", f"ratio{tag} one call / sum of parts", r, {}))
             print(f"mixed   ratio{tag} one call / sum of parts: {r:.3f}", flush=True)
+            # the same batch packed (paged_attention_varlen: no padding rows), traced cu_q_lens
+            cu = np.concatenate([[0], np.cumsum(qls)]).astype(np.int32)
+            qpk = jnp.concatenate([q[i, :n] for i, n in enumerate(qls)], axis=0)
+            fv = jax.jit(lambda q, kp, vp, t, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, t, kv, cu))
+            t_packed = timed("mixed", f"packed{tag}: {int(cu[-1])} rows", fv, (qpk, kp, vp, tbl, kv, jnp.asarray(cu)),
+                             q_lens=qls, kv_lens=kvs)
+            r = t_packed / (p1 + p2 + p3)
+            rows.append(("mixed", f"ratio{tag} packed / sum of parts", r, {}))
+            print(f"mixed   ratio{tag} packed / sum of parts: {r:.3f}", flush=True)
             del kp, vp
 
     if "window" in parts:

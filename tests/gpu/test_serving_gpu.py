@@ -235,3 +235,33 @@ def test_mixed_batch_decode_part_runs_row_limited_tiles():
         if n:
             rows = np.arange(n) if n <= 16 else np.arange(n - 64, n)
             _check_rows(out, lse, q, kp, vp, tbl, kv, bi, rows, int(kv[bi]) - n, [0, HKV - 1], 1e-2)
+
+
+def test_packed_varlen_batch_matches_the_oracle():
+    """``paged_attention_varlen`` at Llama-3.1-8B heads under jit (session 34): packed queries of a 2048-query chunk
+    over 8k keys, decodes of 1, 1 and 5 queries, an empty sequence and a 300-query chunk over 16k (its row tiles
+    pseudo-sequences of fa_prefill, the decodes on fa_decode's row-limited part); every real row matches the oracle,
+    the unused trailing rows are 0 with LSE -inf."""
+    ql = np.array([2048, 1, 1, 5, 0, 300], np.int32)
+    kv = np.array([8192, 4096, 16384, 777, 50, 16384], np.int32)
+    b, pps = len(ql), 16384 // PAGE
+    cu = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
+    t = int(cu[-1]) + 37
+    kp, vp, tbl = _pools(23, b, pps)
+    q = np.asarray(jnp.asarray(np.random.default_rng(24).standard_normal((t, HQ, D), np.float32), jnp.bfloat16),
+                   np.float32)
+    f = jax.jit(lambda q, kp, vp, tb, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, tb, kv, cu,
+                                                                                return_lse=True))
+    out, lse = f(*(jnp.asarray(x, jnp.bfloat16) for x in (q, kp, vp)), jnp.asarray(tbl), jnp.asarray(kv),
+                 jnp.asarray(cu))
+    out, lse = np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse)
+    assert np.all(out[cu[-1]:] == 0.0) and np.all(np.isneginf(lse[:, cu[-1]:]))
+    # the padded entry's row checker on a [1, n] view of each sequence
+    for bi in range(b):
+        n = int(ql[bi])
+        if not n:
+            continue
+        o_b, l_b = out[None, cu[bi]:cu[bi + 1]], lse[None, :, cu[bi]:cu[bi + 1]]
+        rows = np.arange(n) if n <= 64 else np.concatenate([np.arange(64), np.arange(n - 64, n)])
+        _check_rows(o_b, l_b, q[None, cu[bi]:cu[bi + 1]], kp, vp, tbl[bi:bi + 1], kv[bi:bi + 1], 0, rows,
+                    int(kv[bi]) - n, [0, HKV - 1], 1e-2)
