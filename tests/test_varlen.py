@@ -98,6 +98,10 @@ def test_bad_lengths_and_tables_raise_eagerly_and_poison_under_jit(rng):
     out, lse, c = np.asarray(out, np.float32), np.asarray(lse), np.asarray(cu)
     assert np.isfinite(out[:c[1]]).all() and np.isfinite(lse[:, :c[1]]).all()  # sequence 0 untouched
     assert np.isnan(out[c[1]:c[3]]).all() and np.isnan(lse[:, c[1]:c[3]]).all()  # 1: bad table; 2: offset
+    # a decreasing cu_q_lens under jit: no row belongs to a sequence for sure, every sequence is poisoned
+    out = np.asarray(f(tbl, jnp.asarray(np.asarray([0, 0, 0], np.int32)), jnp.asarray(np.asarray(
+        [0, 41, 40, 61], np.int32)))[0], np.float32)
+    assert np.isnan(out[:61]).all()
 
 
 def test_what_is_not_built_refuses_by_name(rng):
