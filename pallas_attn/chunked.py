@@ -227,10 +227,10 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
         i = int(np.argmax(of + ql > kl))
         raise ValueError(f"sequence {i}: q_offset + q_lens = {int(of[i] + ql[i])} exceeds kv_lens = {int(kl[i])} (a "
                          f"chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
-    # a layout that is not one (cu_q_lens not starting at 0, decreasing, or past T) poisons every sequence: its rows
-    # belong to no sequence for sure
-    bad = ((offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page)
-           | jnp.any(q_lens < 0) | (cu[-1] > t_rows) | (cu[0] != 0))
+    # a layout that is not one (cu_q_lens not starting at 0, decreasing, or past T) poisons every row: no row belongs
+    # to a sequence for sure
+    no_layout = jnp.any(q_lens < 0) | (cu[-1] > t_rows) | (cu[0] != 0)
+    bad = (offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page) | no_layout
     if check_block_table:
         from .kernels import common, kv_source
 
@@ -245,7 +245,9 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     # pass over the T rows (a zero-filled output with the parts scattered into it cost 95 us at the probe's mixes,
     # XLA's row scatter alone 82: session 34 call 4).
     p = jnp.arange(t_rows, dtype=jnp.int32)
-    seq_p = jnp.minimum(jnp.searchsorted(cu[1:], p, side="right"), b - 1).astype(jnp.int32)  # the sequence of row p
+    # the sequence of row p, as a compare-and-count (fuses into the gather below; jnp.searchsorted's loop of small
+    # launches cost ~1 us each: call 5)
+    seq_p = jnp.minimum(jnp.sum(cu[None, 1:] <= p[:, None], axis=1), b - 1).astype(jnp.int32)
     i_p = p - cu[seq_p]  # its index inside the sequence
     inside = p < cu[-1]
     zero_o, zero_l = jnp.zeros((), q.dtype), jnp.float32(-jnp.inf)
@@ -273,6 +275,8 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
                                                        out_d.reshape(b * n, hq, d)[src]).astype(q.dtype), out)
         lse = jnp.where(take[:, None], jnp.where(poisoned[:, None], jnp.nan,
                                                  jnp.swapaxes(lse_d, 1, 2).reshape(b * n, hq)[src]), lse)
+    out = jnp.where(no_layout, jnp.nan, out).astype(q.dtype)  # (fuses into the pass above)
+    lse = jnp.where(no_layout, jnp.nan, lse)
     return (out, lse.T) if return_lse else out
 
 
@@ -299,7 +303,7 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
     ends = jnp.cumsum(n_t)
     nt = -(-t_rows // r) + b  # static bound on the tiles: each sequence wastes at most one partial tile
     j = jnp.arange(nt, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.searchsorted(ends, j, side="right"), b - 1).astype(jnp.int32)
+    seq = jnp.minimum(jnp.sum(ends[None, :] <= j[:, None], axis=1), b - 1).astype(jnp.int32)  # a tile's sequence
     k_t = j - (ends - n_t)[seq]  # the tile's index inside its sequence
     valid = j < ends[-1]
     rows_t = jnp.where(valid, jnp.clip(ql_pf[seq] - k_t * r, 0, r), 0).astype(jnp.int32)  # real rows of the tile
