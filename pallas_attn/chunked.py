@@ -111,7 +111,7 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     docstring. ``mixed_decodes`` (the caller passed ``q_lens``): sequences with 1 to 16 queries run on fa_decode
     (one extra launch; skipped when concrete ``q_lens`` hold no such sequence) and fa_prefill skips their rows, so a
     decode in a batch of chunks costs a decode, not a 64-row tile over its whole cache."""
-    from .kernels import fa_prefill, fa_train, kv_source
+    from .kernels import fa_prefill, fa_train
 
     b, tq, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
@@ -125,24 +125,8 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
                                   f" 128 / 256, a Hopper or interpret mode); got {jnp.dtype(q.dtype).name}, D {d}")
     band = None if window is None else (int(window) - 1, 0)
     q_lens = _check_q_lens(q_lens, b, tq)
-    offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
-    # a real row i < q_len sits at i + offset: past the cache (offset + q_len > kv_len) it would see keys that are
-    # not there; concrete arrays raise, traced ones poison that sequence (no silent wrong answer)
-    ql, kl, of = _concrete(q_lens), _concrete(kv_lens), _concrete(offs)
-    if ql is not None and kl is not None and of is not None and np.any(of + ql > kl):
-        bad = int(np.argmax(of + ql > kl))
-        raise ValueError(f"sequence {bad}: q_offset + q_lens = {int(of[bad] + ql[bad])} exceeds kv_lens = "
-                         f"{int(kl[bad])} (a chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
-    bad = (offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page)
-    if check_block_table:
-        from .kernels import common
-
-        common.validate_table_if_concrete(kv_source.validate_block_table, block_table, kv_lens,
-                                          num_pages=num_pages, page_size=page)
-        used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
-        bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
-    # every table entry clamped into the pool (a kernel never reads out of bounds; a bad entry poisons above)
-    tbl = jnp.clip(block_table, 0, num_pages - 1)
+    offs, bad, tbl = _offsets_and_checks(q_lens, kv_lens, q_offset, block_table, num_pages=num_pages, page=page,
+                                         check_block_table=check_block_table)
     dec = _decode_rows(q_lens, tq) if (mixed_decodes and on_prefill and page & (page - 1) == 0) else None
     if dec is not None:  # the batch's decodes run on fa_decode; fa_prefill sees their rows as padding
         q_lens_pf = jnp.where(dec, 0, q_lens)
@@ -221,24 +205,13 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
         raise ValueError(f"cu_q_lens must start at 0, never decrease and end at most at T={t_rows}; got "
                          f"{c.tolist() if c.size <= 16 else c}")
     q_lens = cu[1:] - cu[:-1]
-    offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
-    ql, kl, of = _concrete(q_lens), _concrete(kv_lens), _concrete(offs)
-    if ql is not None and kl is not None and of is not None and np.any(of + ql > kl):
-        i = int(np.argmax(of + ql > kl))
-        raise ValueError(f"sequence {i}: q_offset + q_lens = {int(of[i] + ql[i])} exceeds kv_lens = {int(kl[i])} (a "
-                         f"chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
+    ql = _concrete(q_lens)
+    offs, bad, tbl = _offsets_and_checks(q_lens, kv_lens, q_offset, block_table, num_pages=num_pages, page=page,
+                                         check_block_table=check_block_table)
     # a layout that is not one (cu_q_lens not starting at 0, decreasing, or past T) poisons every row: no row belongs
     # to a sequence for sure
     no_layout = jnp.any(q_lens < 0) | (cu[-1] > t_rows) | (cu[0] != 0)
-    bad = (offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page) | no_layout
-    if check_block_table:
-        from .kernels import common, kv_source
-
-        common.validate_table_if_concrete(kv_source.validate_block_table, block_table, kv_lens,
-                                          num_pages=num_pages, page_size=page)
-        used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
-        bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
-    tbl = jnp.clip(block_table, 0, num_pages - 1)
+    bad = bad | no_layout
     n = fa_decode.KERNEL.max_q_len
     dec = (q_lens >= 1) & (q_lens <= n)
     # Each packed row p takes its value from the decode part or from its chunk's row tile: one gather-and-select
@@ -316,6 +289,32 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
                                       block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
     return (out_t.reshape(nt * r, hq, d), jnp.swapaxes(lse_t, 1, 2).reshape(nt * r, hq),
             (ends - n_t).astype(jnp.int32), r)
+
+
+def _offsets_and_checks(q_lens, kv_lens, q_offset, block_table, *, num_pages: int, page: int,
+                        check_block_table: bool):
+    """``(offsets [B], bad [B], clamped table)`` of a chunked call: the offsets (``kv_lens - q_lens`` by default), the
+    sequences to poison, and the table with every entry clamped into the pool (a kernel never reads out of bounds; a
+    bad entry poisons its sequence). A real row ``i < q_len`` sits at ``i + offset``: past the cache (``offset +
+    q_len > kv_len``) it would see keys that are not there; concrete arrays raise, traced ones poison that sequence
+    (no silent wrong answer); so do lengths the table cannot hold and (``check_block_table``) page indices outside
+    the pool."""
+    from .kernels import common, kv_source
+
+    b, pps = block_table.shape
+    offs = kv_lens - q_lens if q_offset is None else seqlen.q_offsets(q_offset, b)
+    ql, kl, of = _concrete(q_lens), _concrete(kv_lens), _concrete(offs)
+    if ql is not None and kl is not None and of is not None and np.any(of + ql > kl):
+        i = int(np.argmax(of + ql > kl))
+        raise ValueError(f"sequence {i}: q_offset + q_lens = {int(of[i] + ql[i])} exceeds kv_lens = {int(kl[i])} (a "
+                         f"chunk's queries sit on cached positions: q_offset <= kv_lens - q_lens)")
+    bad = (offs + q_lens > kv_lens) | (kv_lens < 0) | (kv_lens > pps * page)
+    if check_block_table:
+        common.validate_table_if_concrete(kv_source.validate_block_table, block_table, kv_lens,
+                                          num_pages=num_pages, page_size=page)
+        used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((kv_lens + page - 1) // page)[:, None]
+        bad = bad | jnp.any(used & ((block_table < 0) | (block_table >= num_pages)), axis=1)
+    return offs, bad, jnp.clip(block_table, 0, num_pages - 1)
 
 
 def _decode_rows(q_lens, tq: int):
