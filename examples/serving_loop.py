@@ -7,12 +7,16 @@ finished sequence), writes their K/V into the sequence's pages (a shuffled table
 (chunked prefill: fa_prefill, reading the pages through the table on a Hopper), the decodes go to fa_decode. The
 lengths are data, so the step compiles once. Every real row is checked against ``jax.nn.dot_product_attention`` on
 the sequence's dense cache. There is no model: the new tokens' q, k, v are random (the attention is what is shown).
-Run: ``PYTHONPATH=. python examples/serving_loop.py``.
+With ``--packed`` the step packs the new tokens' queries with no padding (``cu_q_lens``) and runs
+``pallas_attn.paged_attention_varlen`` instead (what a scheduler batching many decodes beside a chunk wants: no
+chunk-length padding per sequence; docs/serving.md, "Session 34").
+Run: ``PYTHONPATH=. python examples/serving_loop.py [--packed]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +29,10 @@ NUM_PAGES = B * PAGES_PER_SEQ + 1  # the last page is scratch: padding rows' K/V
 DT = jnp.bfloat16
 
 
-@jax.jit
-def step(q, k_new, v_new, k_pool, v_pool, block_table, kv_lens, q_lens):
-    """Write each sequence's ``q_lens`` new tokens at positions ``kv_lens ...``, then attend them to the cache."""
+@functools.partial(jax.jit, static_argnames=("packed",))
+def step(q, k_new, v_new, k_pool, v_pool, block_table, kv_lens, q_lens, packed: bool = False):
+    """Write each sequence's ``q_lens`` new tokens at positions ``kv_lens ...``, then attend them to the cache
+    (``packed``: through the packed entry, the output unpacked back to ``[B, CHUNK]`` for the caller)."""
     t = jnp.arange(CHUNK, dtype=jnp.int32)
     pos = kv_lens[:, None] + t[None, :]  # [B, CHUNK]
     real = t[None, :] < q_lens[:, None]
@@ -36,8 +41,16 @@ def step(q, k_new, v_new, k_pool, v_pool, block_table, kv_lens, q_lens):
     k_pool = k_pool.at[page, pos % PAGE].set(k_new)
     v_pool = v_pool.at[page, pos % PAGE].set(v_new)
     kv_lens = kv_lens + q_lens
-    out = pallas_attn.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=True, q_lens=q_lens,
-                                      check_block_table=False)
+    if not packed:
+        out = pallas_attn.paged_attention(q, k_pool, v_pool, block_table, kv_lens, causal=True, q_lens=q_lens,
+                                          check_block_table=False)
+        return out, k_pool, v_pool, kv_lens
+    # packed: sequence b's real rows at cu[b] : cu[b + 1] of a [B * CHUNK] buffer (its tail unused)
+    cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(q_lens).astype(jnp.int32)])
+    dest = jnp.where(real, cu[:-1, None] + t[None, :], B * CHUNK)  # padding rows: dropped
+    qp = jnp.zeros((B * CHUNK, HQ, D), q.dtype).at[dest].set(q, mode="drop")
+    op = pallas_attn.paged_attention_varlen(qp, k_pool, v_pool, block_table, kv_lens, cu, check_block_table=False)
+    out = jnp.where(real[:, :, None, None], op[jnp.minimum(dest, B * CHUNK - 1)], jnp.zeros((), q.dtype))
     return out, k_pool, v_pool, kv_lens
 
 
@@ -47,7 +60,7 @@ def schedule(prompt, generate, done):
                      for p, g, d in zip(prompt, generate, done)], np.int32)
 
 
-def main(prompts=(70, 23), generate=(3, 5), seed: int = 0) -> float:
+def main(prompts=(70, 23), generate=(3, 5), seed: int = 0, packed: bool = False) -> float:
     rng = np.random.default_rng(seed)
     k_pool = jnp.zeros((NUM_PAGES, PAGE, HKV, D), DT)
     v_pool = jnp.zeros((NUM_PAGES, PAGE, HKV, D), DT)
@@ -63,7 +76,7 @@ def main(prompts=(70, 23), generate=(3, 5), seed: int = 0) -> float:
             break
         q, k_new, v_new = (jnp.asarray(rng.standard_normal((B, CHUNK, h, D)), DT) for h in (HQ, HKV, HKV))
         out, k_pool, v_pool, kv_lens = step(q, k_new, v_new, k_pool, v_pool, block_table, kv_lens,
-                                            jnp.asarray(q_lens))
+                                            jnp.asarray(q_lens), packed=packed)
         for b in range(B):
             n = int(q_lens[b])
             if n == 0:
@@ -88,4 +101,6 @@ def main(prompts=(70, 23), generate=(3, 5), seed: int = 0) -> float:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    main(seed=ap.parse_args().seed)
+    ap.add_argument("--packed", action="store_true", help="pack the queries (pallas_attn.paged_attention_varlen)")
+    args = ap.parse_args()
+    main(seed=args.seed, packed=args.packed)

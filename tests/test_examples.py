@@ -35,8 +35,13 @@ def test_paged_decode_loop_matches_jax_nn_and_compiles_once():
 
 def test_serving_loop_mixes_chunks_and_decodes_matches_jax_nn_and_compiles_once():
     """Prompts of 70 and 23 tokens in chunks of 32, then 3 and 5 decodes, chunks and decodes in one batch (step 2: a
-    chunk beside a decode), one compile; every real row against jax.nn on the dense cache, padding rows 0."""
+    chunk beside a decode), one compile; every real row against jax.nn on the dense cache, padding rows 0; then the
+    same loop with the queries packed (``paged_attention_varlen``), one more compile."""
     mod = _load("serving_loop")
     worst = mod.main()
     assert worst < 2e-2  # bf16 operands and output (P cast to bf16 for P V) against jax.nn in float32
     assert mod.step._cache_size() == 1
+    # the same loop through the packed entry (paged_attention_varlen): one more compile, the same checks
+    worst = mod.main(packed=True)
+    assert worst < 2e-2
+    assert mod.step._cache_size() == 2
