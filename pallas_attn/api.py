@@ -473,5 +473,5 @@ def paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: float | N
         res = call(q, k_pool, v_pool, block_table, kv_lens, offs)
     if q_lens is None:
         return res
-    out, lse = chunked.cut_padding(*(res if return_lse else (res, None)), q_lens)  # padding rows: 0, LSE -inf
+    out, lse = seqlen.cut_padding(*(res if return_lse else (res, None)), q_lens)  # padding rows: 0, LSE -inf
     return (out, lse) if return_lse else out

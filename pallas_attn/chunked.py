@@ -86,13 +86,6 @@ def _check_q_lens(q_lens, b: int, tq: int):
     return q_lens
 
 
-def cut_padding(out, lse, q_lens):
-    """Rows past each sequence's ``q_lens`` (padding): output 0, LSE -inf (``lse`` may be None)."""
-    real = jnp.arange(out.shape[1], dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
-    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-    return out, None if lse is None else jnp.where(real[:, None, :], lse, -jnp.inf)
-
-
 def _concrete(x):
     try:
         return np.asarray(x)
@@ -117,13 +110,11 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     num_pages, page, hkv, _ = k_pool.shape
     pps = block_table.shape[1]
     interp = _compat.default_interpret(interpret)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
-        raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
     on_prefill = uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp)
     if (softcap is not None or sinks is not None) and not on_prefill:
         raise NotImplementedError(f"paged_attention: softcap / sinks run on fa_prefill's path only (fp16 / bf16, D 64 /"
                                   f" 128 / 256, a Hopper or interpret mode); got {jnp.dtype(q.dtype).name}, D {d}")
-    band = None if window is None else (int(window) - 1, 0)
+    band = _window_band(window)
     q_lens = _check_q_lens(q_lens, b, tq)
     offs, bad, tbl = _offsets_and_checks(q_lens, kv_lens, q_offset, block_table, num_pages=num_pages, page=page,
                                          check_block_table=check_block_table)
@@ -163,10 +154,8 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
     _, cfg = resolve_chunk(_problem(q, pps * page, hkv), band, False)
     out, lse = fa_train.attention_lse(q, k, v, causal=True, scale=scale, q_offset=offs, q_lens=q_lens,
                                       kv_lens=kv_lens, window=band, interpret=interp, config=cfg)
-    out, lse = cut_padding(out, lse, q_lens)
-    out = jnp.where(bad[:, None, None, None], jnp.nan, out).astype(q.dtype)
-    lse = jnp.where(bad[:, None, None], jnp.nan, lse)
-    return (out, lse) if return_lse else out
+    out, lse = seqlen.cut_padding(out, lse, q_lens, bad)
+    return (out.astype(q.dtype), lse) if return_lse else out.astype(q.dtype)
 
 
 def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *, scale: float, q_offset=None,
@@ -191,14 +180,12 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
 
     t_rows, hq, d = q.shape
     num_pages, page, hkv, _ = k_pool.shape
-    b, pps = block_table.shape
+    b = block_table.shape[0]
     interp = _compat.default_interpret(interpret)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
-        raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
     if not uses_fa_prefill(jnp.dtype(q.dtype).name, d, interp):
         raise NotImplementedError(f"paged_attention_varlen runs fa_prefill (fp16 / bf16, D 64 / 128 / 256 on a Hopper, "
                                   f"or interpret mode); got {jnp.dtype(q.dtype).name}, D {d}")
-    band = None if window is None else (int(window) - 1, 0)
+    band = _window_band(window)
     cu = jnp.asarray(cu_q_lens)
     c = _concrete(cu)
     if c is not None and (c[0] != 0 or np.any(np.diff(c) < 0) or c[-1] > t_rows):
@@ -289,6 +276,15 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
                                       block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
     return (out_t.reshape(nt * r, hq, d), jnp.swapaxes(lse_t, 1, 2).reshape(nt * r, hq),
             (ends - n_t).astype(jnp.int32), r)
+
+
+def _window_band(window):
+    """fa_prefill's band ``(left, 0)`` of a causal window of ``window`` keys (None: no window), the window checked."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be a positive int (keys a query sees, itself included); got {window!r}")
+    return int(window) - 1, 0
 
 
 def _offsets_and_checks(q_lens, kv_lens, q_offset, block_table, *, num_pages: int, page: int,

@@ -369,3 +369,20 @@ def test_the_decode_part_plans_for_the_decoding_sequences_only():
     traced = jax.jit(lambda d: jnp.int32(chunked.decode_part_splits(q_shape, pool_shape, pps, d, cfg)))(one)
     assert int(traced) == want(2)
 
+
+
+@pytest.mark.parametrize("with_lse", [False, True])
+def test_fa_prefill_q_lens_lowers_for_cuda_with_and_without_the_lse(with_lse):
+    """``fa_prefill.forward(q_lens=, poison=)`` lowers for CUDA (nothing runs) whether or not the LSE is returned: the
+    kernel writes the output's padding and poison itself, the LSE's cut follows it only when there is one."""
+    from pallas_attn.kernels import fa_prefill as fp
+
+    sds = jax.ShapeDtypeStruct
+    q, k, i = sds((2, 256, 4, 128), jnp.bfloat16), sds((2, 512, 2, 128), jnp.bfloat16), sds((2,), jnp.int32)
+
+    def f(q, k, off, ql, bad):
+        return fp.forward(q, k, k, causal=True, scale=0.1, q_offset=off, interpret=False,
+                          config=fp.CONFIGS["default"], q_lens=ql, poison=bad, return_lse=with_lse)
+
+    text = jax.jit(f).trace(q, k, i, i, sds((2,), jnp.bool_)).lower(lowering_platforms=("cuda",)).as_text()
+    assert fp.PASS_FWD in text

@@ -54,6 +54,7 @@ from jax import lax
 
 from .. import tuning
 from .._compat import pl
+from . import seqlen
 from .contract import Backward, Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
@@ -1142,15 +1143,9 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out
     lse = None if lse is None else (lse[:, :, :tq] if lse.shape[2] != tq else lse)
-    if q_lens is not None:  # padding rows: 0 (the GPU kernel wrote them), LSE -inf; poisoned sequences NaN
-        real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
-        if interpret:
-            out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
-            if poison is not None:
-                out = jnp.where(poison[:, None, None, None], jnp.nan, out).astype(q.dtype)
-        if lse is not None:
-            lse = jnp.where(real[:, None, :], lse, -jnp.inf)
-            lse = lse if poison is None else jnp.where(poison[:, None, None], jnp.nan, lse)
+    if q_lens is not None and (interpret or lse is not None):  # padding rows: 0, LSE -inf; poisoned sequences NaN
+        cut, lse = seqlen.cut_padding(out if interpret else None, lse, q_lens, poison)  # (the GPU kernel wrote out's)
+        out = cut if interpret else out
     return (out, lse) if return_lse else out
 
 

@@ -5,6 +5,8 @@
   loop passes its cache position as data, not as a compile-time constant.
 * ``paged_q_offsets``: the paged default, ``kv_len - Tq`` per sequence (the last query sits on the last key).
 * ``clamp_len``: a paged length the table cannot hold is clamped (never a read past the table) and flagged.
+* ``cut_padding``: rows past each sequence's real queries (``q_lens``) set to output 0 / LSE -inf, and poisoned
+  sequences to NaN (the padded chunked entry, fa_prefill's ``q_lens`` contract, the decode entry's ``q_lens``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["q_offsets", "paged_q_offsets", "offset_of", "clamp_len"]
+__all__ = ["q_offsets", "paged_q_offsets", "offset_of", "clamp_len", "cut_padding"]
 
 
 def q_offsets(q_offset, batch: int):
@@ -59,3 +61,19 @@ def clamp_len(raw_len, capacity: int):
     """In-kernel: ``(kv_len, bad)`` with ``kv_len`` clamped to ``[0, capacity]`` and ``bad`` set when it was not."""
     bad = (raw_len < 0) | (raw_len > capacity)
     return jnp.clip(raw_len, 0, capacity), bad
+
+
+def cut_padding(out, lse, q_lens, poison=None):
+    """Rows at or past each sequence's ``q_lens`` (padding): output 0, LSE -inf; with ``poison`` (bool ``[B]``) those
+    sequences' every row NaN. ``out [B, Tq, Hq, D]`` and ``lse [B, Hq, Tq]``; either may be None (left as is)."""
+    tq = out.shape[1] if out is not None else lse.shape[2]
+    real = jnp.arange(tq, dtype=jnp.int32)[None, :] < q_lens[:, None]  # [B, Tq]
+    if out is not None:
+        out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+        if poison is not None:
+            out = jnp.where(poison[:, None, None, None], jnp.nan, out).astype(out.dtype)
+    if lse is not None:
+        lse = jnp.where(real[:, None, :], lse, -jnp.inf)
+        if poison is not None:
+            lse = jnp.where(poison[:, None, None], jnp.nan, lse)
+    return out, lse
