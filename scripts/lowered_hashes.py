@@ -23,6 +23,7 @@ producer warpgroup; computing the forward's inside its waits changed all 26 forw
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -126,7 +127,9 @@ def extra_programs(out: dict) -> None:
     forward at every named config with each feature that reaches its producer (a window, a soft-cap, sinks, packed
     documents, q_lens, paged K/V at pages 16 / 32 / 64 / 128, q_lens with paged K/V, no LSE output) on a longer
     sequence (several row tiles per CTA); every backward config with a window, a soft-cap and packed documents; every
-    fa_mla config at pages 16 / 32 / 64 / 128, causal two-token decode and the LSE output."""
+    fa_mla config at pages 16 / 32 / 64 / 128, causal two-token decode and the LSE output; and (session 35) every
+    fa_mla config but the work list's at one split, where the kernel writes the output itself (``direct``), with
+    and without the table check's flag."""
     off, d = SDS((2,), jnp.int32), 128
     q, k = SDS((2, 1024, 4, d), jnp.bfloat16), SDS((2, 1024, 2, d), jnp.bfloat16)
     ql, sinks, seg = SDS((2,), jnp.int32), SDS((4,), jnp.float32), SDS((2, 1024), jnp.int32)
@@ -176,6 +179,19 @@ def extra_programs(out: dict) -> None:
                                          interpret=False, check_block_table=False)
 
                 _record(out, f"x-mla-{config}-{feat}-p{page}", m, q, pool, bt, lens)
+        if v12_mla_tc.CONFIGS[config].work_list:
+            continue
+        pps = 512 // 64  # one split (session 35): the direct epilogue, with and without the table check's flag
+        pool, bt = SDS((b * pps, 64, 1, dqk), jnp.bfloat16), SDS((b, pps), jnp.int32)
+        q = SDS((b, 1, 128, dqk), jnp.bfloat16)
+        for check in (True, False):
+            cfg = dataclasses.replace(v12_mla_tc.CONFIGS[config], num_splits=1)
+
+            def m1(q, p, bt, lens, cfg=cfg, check=check):
+                return mla_attention(q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg,
+                                     return_lse=True, interpret=False, check_block_table=check)
+
+            _record(out, f"x-mla-{config}-direct{'' if check else '_nocheck'}-p64", m1, q, pool, bt, lens)
 
 
 def main(path: str) -> int:

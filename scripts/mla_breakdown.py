@@ -1,6 +1,6 @@
 """Where an MLA decode call's time goes: every kernel of one ``mla_attention`` call, CUPTI, cold L2.
 
-    PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json] [--configs kv64_mc,kv64_mc_wl]
+    PYTHONPATH=. python scripts/mla_breakdown.py [--reps 20] [--out FILE.json] [--configs kv64_mc,kv64_mc:direct=0]
 
 For DeepSeek-V3's decode shape (h_q 128, latent 512 + 64, page 64, bf16) at several batch x length points, each
 variant (a named fa_mla config with ``finish`` pallas (the default) or jnp, the table check on or off, a forced
@@ -26,7 +26,8 @@ from pallas_attn.kernels import v12_mla_tc as v
 ROLE = "probe"  # tests/test_scripts_roles.py: scripts/ holds probes and tools only
 
 SHAPES = {"b1_s2048": (1, 2048), "b1_s8192": (1, 8192), "b1_s32768": (1, 32768), "b8_s8192": (8, 8192),
-          "b32_s2048": (32, 2048), "b64_s8192": (64, 8192), "b128_s2048": (128, 2048)}
+          "b32_s2048": (32, 2048), "b64_s2048": (64, 2048), "b64_s8192": (64, 8192), "b128_s2048": (128, 2048),
+          "b256_s1024": (256, 1024)}
 
 
 def inputs(b: int, s: int, *, hq=128, dqk=576, page=64, seed=0):
@@ -41,8 +42,18 @@ def inputs(b: int, s: int, *, hq=128, dqk=576, page=64, seed=0):
 
 
 def variants(shape: str, configs: str | None = None):
-    if configs:  # named configs only, as the default call runs them
-        return [(name, v.CONFIGS[name], True) for name in configs.split(",")]
+    if configs:  # named configs, as the default call runs them; "name:field=value[:field=value]" overrides fields
+        out = []
+        for spec in configs.split(","):
+            name, *over = spec.split(":")
+            cfg = v.CONFIGS[name]
+            for item in over:
+                key, val = item.split("=")
+                cur = getattr(cfg, key)
+                cfg = dataclasses.replace(cfg, **{key: bool(int(val)) if isinstance(cur, bool) else type(cur)(val)
+                                                  if cur is not None else int(val)})
+            out.append((spec, cfg, True))
+        return out
     out = []
     for name in ("kv64_mc", "kv64_ws_mc"):
         base = v.CONFIGS[name]

@@ -8,6 +8,9 @@ error is reported separately. Small shapes: the file runs in well under a minute
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -293,6 +296,78 @@ def test_kv64_mc_lowers_as_a_multicast_cluster(monkeypatch, config, page):
     assert len(ring) == (2 if config == "kv64_ws_mc" else 1) * (64 // page), loads
     for dst, coll in ring:
         assert dst.startswith(f"memref<{page // 8}x9x8x64xbf16") and len(coll) == 1 and coll[0].name == "x", loads
+
+
+# --- the direct epilogue: at one split the kernel writes q's dtype and the LSE, no finish ----------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("config", "b", "tq", "hq", "lens", "causal"), [
+    ("kv64_mc", 2, 1, 128, [140, 0], False),  # two row tiles paired in a cluster, an empty sequence (zeros, -inf)
+    ("kv64", 2, 3, 16, [150, 37], True),  # 48 packed rows padded to 64 (the padding rows cut), Tq 3 unpacked
+    ("faithful", 1, 1, 64, [90], False),  # the 32-key, 3-slot ring (its staging not aliased)
+])
+def test_direct_epilogue_on_the_gpu_interpreter(config, b, tq, hq, lens, causal):
+    """At one split (``MlaTcConfig.writes_direct``) the Mosaic kernel's epilogue writes q's dtype into ``[B, rows_pad,
+    DV]`` and the LSE into ``[B, rows_pad]`` and nothing merges: on the GPU interpreter with race detection it agrees
+    with the oracle, and with the same kernel run through the fp32 partial and the merge (``direct=False``) to one
+    bf16 rounding."""
+    dqk, dv = 192, 128
+    q, pool, bt, kl = _case(31, b=b, tq=tq, hq=hq, dqk=dqk, lens=lens, page=16, dtype="bfloat16")
+    pool = pool.astype(jnp.bfloat16)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS[config].__dict__, "num_splits": 1})
+    assert cfg.writes_direct(1) and not cfg.writes_direct(2)
+    run = functools.partial(v12_mla_tc.emulate_mosaic, q, pool, bt, kl, kl - tq, kv_lora_rank=dv, causal=causal,
+                            scale=1.0 / np.sqrt(dqk))
+    out, lse, races = run(config=cfg, check_block_table=True)
+    assert not races and out.dtype == jnp.bfloat16 and out.shape == (b, tq, hq, dv) and lse.shape == (b, hq, tq)
+    _check(out, lse, _ref(q, pool, bt, lens, dv=dv, causal=causal), "bfloat16")
+    out_p, lse_p, _ = run(config=dataclasses.replace(cfg, direct=False))
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(out_p.astype(jnp.float32)),
+                               atol=1e-2, rtol=1e-2)
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(lse_p))
+
+
+@pytest.mark.slow
+def test_direct_epilogue_poisons_a_bad_table_and_passes_nan():
+    """The direct epilogue's NaN: a sequence whose block table names a page outside the pool (the flag computed
+    before the launch, ``table_poison``'s rule) has NaN rows and LSE, its neighbours are untouched; a NaN in one
+    sequence's query stays in that sequence's rows."""
+    dqk, dv, lens = 192, 128, [100, 120, 70]
+    q, pool, bt, kl = _case(32, b=3, tq=1, hq=64, dqk=dqk, lens=lens, page=16, dtype="bfloat16")
+    pool = pool.astype(jnp.bfloat16)
+    bt = bt.at[1, 2].set(pool.shape[0] + 5)  # a page sequence 1 uses, outside the pool
+    q = q.at[2, 0, 7, 3].set(jnp.nan)
+    cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64"].__dict__, "num_splits": 1})
+    out, lse, races = v12_mla_tc.emulate_mosaic(q, pool, bt, kl, kl - 1, kv_lora_rank=dv, causal=False,
+                                                scale=1.0 / np.sqrt(dqk), config=cfg, check_block_table=True)
+    assert not races
+    o = np.asarray(out.astype(jnp.float32))
+    assert np.isnan(o[1]).all() and np.isnan(np.asarray(lse)[1]).all()
+    assert np.isnan(o[2, 0, 7]).all() and np.isnan(np.asarray(lse)[2, 7]).all()
+    ref = _ref(q[:1], pool, bt[:1], lens[:1], dv=dv)
+    _check(out[:1], lse[:1], ref, "bfloat16")
+    assert np.isfinite(np.delete(o[2, 0], 7, axis=0)).all()
+
+
+def test_direct_epilogue_lowers_without_a_finish(monkeypatch):
+    """DeepSeek-V3's template at B 2 lowered for CUDA on the CPU: at one split one Mosaic launch and no finish pass
+    (the flag input makes no second launch), at two splits the finish follows."""
+    from pallas_attn.mla import mla_attention
+
+    launches, _ = _mosaic_launch_facts(monkeypatch)
+    b, page, pps, dqk, dv = 2, 64, 4, 576, 512
+    q = jax.ShapeDtypeStruct((b, 1, 128, dqk), jnp.bfloat16)
+    pool = jax.ShapeDtypeStruct((b * pps, page, 1, dqk), jnp.bfloat16)
+    bt, lens = jax.ShapeDtypeStruct((b, pps), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
+    texts = {}
+    for ns in (1, 2):
+        cfg = v12_mla_tc.MlaTcConfig(**{**v12_mla_tc.CONFIGS["kv64_mc"].__dict__, "num_splits": ns})
+        texts[ns] = jax.jit(lambda q, p, bt, lens, cfg=cfg: mla_attention(
+            q, p, bt, lens, kv_lora_rank=dv, generation="fa_mla", config=cfg, interpret=False)
+        ).trace(q, pool, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
+    assert [g for g, _, _ in launches] == [(2 * b, 1, 1), (2 * b, 2, 1)]
+    assert v12_mla_tc.PASS_FINISH not in texts[1] and v12_mla_tc.PASS_FINISH in texts[2]
 
 
 def test_kv64_mc_refusals_and_fallback_are_explicit():

@@ -192,7 +192,11 @@ class MlaTcConfig:
     work list").
     finish: what follows the partial kernel: ``jnp`` (the shared merge ``splitkv.merge_jnp``, the cast, the
     unpack and the bad-table select as XLA ops: several launches) or ``pallas`` (one Pallas launch, ``_finish``:
-    the merge, the bad-table check, the cast and the unpacked output layout; docs/mla.md "The fixed cost")."""
+    the merge, the bad-table check, the cast and the unpacked output layout; docs/mla.md "The fixed cost").
+    direct (Mosaic, not work_list): at one split the kernel's epilogue writes q's dtype and the LSE in the packed
+    layout itself (the bad-table NaN from a per-sequence flag computed before the launch), and no finish runs: the
+    fp32 partial's store, its read back and the finish's launch are gone (docs/mla.md "The direct epilogue"). At
+    more splits, and with ``direct=False``, ``finish`` follows the kernel."""
 
     engine: str = "mosaic"
     block_kv: int = 32
@@ -214,6 +218,7 @@ class MlaTcConfig:
     s_pipelined: bool = False
     work_list: bool = False
     finish: str = "pallas"
+    direct: bool = True
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -231,7 +236,7 @@ class MlaTcConfig:
                 raise ValueError(f"{owner}.{name} must be a multiple of 8 in [24, 256]; got {r}")
         c.check_pow2(owner, "num_warps", self.num_warps)
         for name in ("split_qk", "overlap", "share_p", "lazy_rescale", "multicast", "s_warpgroup", "s_pipelined",
-                     "work_list"):
+                     "work_list", "direct"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a bool; got {getattr(self, name)!r}")
         if self.split_qk + self.overlap + self.share_p > 1:
@@ -293,6 +298,10 @@ class MlaTcConfig:
         if batch <= u:  # a multiple of the batch: equal lengths then split as the split rule does (one piece a unit)
             u -= u % batch
         return u, u + batch - 1
+
+    def writes_direct(self, splits: int) -> bool:
+        """Whether the Mosaic kernel writes the output itself (``direct``): one split, no work list."""
+        return self.direct and self.engine == "mosaic" and not self.work_list and splits == 1
 
 
 # "faithful": the reference's plan (QK and PV as MMAs over v11's paged latent, split-KV, the shared merge) on
@@ -400,7 +409,7 @@ class _Build:
 
     def __init__(self, b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
                  dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig,
-                 emulate: bool):
+                 emulate: bool, direct: bool = False, flag: bool = False):
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
         self.plgpu, self.ops, self.cfg, self.emulate = plgpu, WgmmaOps(emulate), cfg, emulate
@@ -441,6 +450,11 @@ class _Build:
         # its share and its pieces' sequences from the plan array (``work_plan``; offsets ``wl_layout``)
         self.wl = cfg.work_list
         self.wl_lay = wl_layout(splits, b)
+        # direct (one split): the epilogue writes q's dtype to o [B, rows_pad, DV] and the LSE to [B, rows_pad];
+        # flag: an int32 [B] input after the offsets, nonzero for a sequence whose table or length is bad (its rows
+        # then NaN, table_poison's rule evaluated before the launch)
+        self.direct, self.flag = direct, direct and flag
+        self.stage_dtype = self.dtype if direct else jnp.dtype(jnp.float32)
 
 
 def _rescale(acc, alpha):
@@ -456,6 +470,9 @@ class _Cta:
         self.k, self.plgpu, self.ops = k, k.plgpu, k.ops
         if k.wl:
             self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.wl_ref, self.o_ref, self.lse_ref, \
+                *scratch = refs
+        elif k.flag:
+            self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.bad_ref, self.o_ref, self.lse_ref, \
                 *scratch = refs
         else:
             self.q_ref, self.lat_ref, self.bt_ref, lens_ref, off_ref, self.o_ref, self.lse_ref, *scratch = refs
@@ -629,27 +646,42 @@ class _Cta:
                 self.lat_smem.at[i][...] = jnp.zeros((k.tn, k.dqk), k.dtype)
 
     def epilogue(self, w: int, acc, m_i, l_i):
-        """Normalize DV half ``w`` of the output (``acc``; None: no output here) and write it (fp32, staged by 64
-        columns in staging buffer ``w``) and, when ``m_i`` is given, the LSE."""
+        """Normalize DV half ``w`` of the output (``acc``; None: no output here) and write it (fp32, or q's dtype
+        under ``direct``, staged by 64 columns in staging buffer ``w``) and, when ``m_i`` is given, the LSE. Under
+        ``direct`` with the flag a bad sequence's rows and LSE are NaN."""
         k, plgpu = self.k, self.plgpu
         col0 = w * k.dvh
         empty = l_i == 0.0
+        bad = (self.bad_ref[self.bi] != 0) if k.flag else None
         if acc is not None:
             inv = 1.0 / jnp.where(empty, 1.0, l_i)
+            if bad is not None:
+                inv = jnp.where(bad, jnp.float32(jnp.nan), inv)
             out = acc * lax.broadcast_in_dim(inv, (k.bm, k.dvh), (0,))
             for c0 in range(0, k.dvh, _STAGE_COLS):
-                self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS]
+                self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS].astype(k.stage_dtype)
                 plgpu.commit_smem()
-                dst = (self.o_ref.at[self.sp, pl.ds(self.r0, k.bm), pl.ds(col0 + c0, _STAGE_COLS)] if k.wl else
-                       self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)])
+                if k.wl:
+                    dst = self.o_ref.at[self.sp, pl.ds(self.r0, k.bm), pl.ds(col0 + c0, _STAGE_COLS)]
+                elif k.direct:
+                    dst = self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), pl.ds(col0 + c0, _STAGE_COLS)]
+                else:
+                    dst = self.o_ref.at[self.bi, pl.ds(self.r0, k.bm), self.sp, pl.ds(col0 + c0, _STAGE_COLS)]
                 plgpu.copy_smem_to_gmem(self.o_stage.at[w], dst)
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if m_i is not None:
-            self.lse_stage[...] = jnp.where(empty, -jnp.inf,
-                                            (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+            lse = jnp.where(empty, -jnp.inf, (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
+            if bad is not None:
+                lse = jnp.where(bad, jnp.float32(jnp.nan), lse)
+            self.lse_stage[...] = lse
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(self.lse_stage, self.lse_ref.at[self.sp, pl.ds(self.r0, k.bm)] if k.wl else
-                                    self.lse_ref.at[self.bi, self.sp, pl.ds(self.r0, k.bm)])
+            if k.wl:
+                dst = self.lse_ref.at[self.sp, pl.ds(self.r0, k.bm)]
+            elif k.direct:
+                dst = self.lse_ref.at[self.bi, pl.ds(self.r0, k.bm)]
+            else:
+                dst = self.lse_ref.at[self.bi, self.sp, pl.ds(self.r0, k.bm)]
+            plgpu.copy_smem_to_gmem(self.lse_stage, dst)
         plgpu.wait_smem_to_gmem(0)
 
 
@@ -1147,7 +1179,8 @@ def _scratch(k: _Build) -> list:
     barrier under kv64_mc), then split_qk's S exchange or share_p's P / alpha buffers and their barriers."""
     plgpu, cfg, f32 = k.plgpu, k.cfg, jnp.float32
     bm, tn, ns = k.bm, k.tn, k.ns
-    ring, stage = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz), _smem_tile((2, bm, _STAGE_COLS), f32)
+    ring = _smem_tile((ns, tn, k.dqk), k.dtype, k.swz)
+    stage = _smem_tile((2, bm, _STAGE_COLS), k.stage_dtype, min(128, _STAGE_COLS * k.stage_dtype.itemsize))
     lse_tile = plgpu.SMEM((bm,), f32)
     if k.aliased and k.lazy:
         staging = [plgpu.RefUnion(ring, (stage, lse_tile))]
@@ -1196,11 +1229,14 @@ def _grid(k: _Build) -> dict:
 @functools.lru_cache(maxsize=64)
 def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: int, page: int, pps: int,
                   dtype_name: str, splits: int, chunk: int, causal: bool, scale: float, cfg: MlaTcConfig,
-                  emulate: bool = False):
+                  emulate: bool = False, direct: bool = False, flag: bool = False):
     """The Mosaic kernel. ``emulate``: the same kernel for jax's GPU interpreter (CPU), which has no layouts, no
     ``run_state`` and no transposed wgmma operand: there the two products are ``jnp`` dots on the same shared-memory
-    tiles (everything else, TMA through the table, barriers, masks, the S exchange, the epilogue, is the kernel's)."""
-    k = _Build(b, rows_pad, tq, dqk, dv, num_pages, page, pps, dtype_name, splits, chunk, causal, scale, cfg, emulate)
+    tiles (everything else, TMA through the table, barriers, masks, the S exchange, the epilogue, is the kernel's).
+    ``direct`` (one split): the output in q's dtype ``[B, rows_pad, DV]`` and the LSE ``[B, rows_pad]``; ``flag``:
+    with a per-sequence bad flag input (``_Build``)."""
+    k = _Build(b, rows_pad, tq, dqk, dv, num_pages, page, pps, dtype_name, splits, chunk, causal, scale, cfg, emulate,
+               direct, flag)
     plgpu, f32 = k.plgpu, jnp.float32
     n_wg = 3  # two consumers and a producer, or (s_warpgroup) S, two P.V warpgroups, the first of which loads
 
@@ -1209,6 +1245,11 @@ def _build_mosaic(b: int, rows_pad: int, tq: int, dqk: int, dv: int, num_pages: 
 
     out_type = (jax.ShapeDtypeStruct((b, rows_pad, splits, dv), f32),
                 jax.ShapeDtypeStruct((b, splits, rows_pad), f32))
+    if direct:
+        if splits != 1 or k.wl:
+            raise ValueError(f"{GEN}: the direct epilogue writes one split's output; got {splits} splits, "
+                             f"work_list={k.wl}")
+        out_type = (jax.ShapeDtypeStruct((b, rows_pad, dv), k.dtype), jax.ShapeDtypeStruct((b, rows_pad), f32))
     if k.wl:  # one slot per (unit u, sequence b) piece at u + b; wl_merge_block more that the finish's last masked
         # merge step may address (never written, never used)
         pad = wl_merge_block(splits, b)
@@ -1409,9 +1450,11 @@ def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int
 
 
 def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal: bool, scale: float,
-            cfg: MlaTcConfig, emulate: bool = False, raw: bool = False, wl=None):
+            cfg: MlaTcConfig, emulate: bool = False, raw: bool = False, wl=None, bad=None):
     """The Mosaic partial kernel: ``(o, lse)`` in the kernel's layout (``raw``) or the merge's; under work_list
-    ``(o, lse, plan)``, the slots and ``work_plan``'s array (``wl``: one already computed) for ``_finish``."""
+    ``(o, lse, plan)``, the slots and ``work_plan``'s array (``wl``: one already computed) for ``_finish``. Where
+    the config writes directly (``MlaTcConfig.writes_direct``) the caller's ``(out [B, Tq, Hq, DV], lse [B, Hq,
+    Tq])``, NaN where ``bad`` (bool ``[B]``, or None: no check) is set."""
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
@@ -1427,6 +1470,13 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
                              units, 0, bool(causal), float(scale), cfg, emulate)
         o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, wl)
         return o, lse, wl
+    if cfg.writes_direct(splits):  # the output itself: [B, rows_pad, DV] in q's dtype, the LSE [B, rows_pad]
+        call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, 1,
+                             chunk, bool(causal), float(scale), cfg, emulate, True, bad is not None)
+        flag = () if bad is None else (bad.astype(jnp.int32),)
+        o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, *flag)
+        out = gqa.unpack_o(o[:, :rows].reshape(b * rows, dv), b, tq, hq, 1)
+        return out, gqa.unpack_lse(lse[:, :rows].reshape(b * rows), b, tq, hq)
     call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
                          chunk, bool(causal), float(scale), cfg, emulate)
     o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
@@ -1438,11 +1488,12 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
 
 
 def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_rank: int, causal: bool, scale: float,
-                   config: MlaTcConfig, detect_races: bool = True):
+                   config: MlaTcConfig, detect_races: bool = True, check_block_table: bool = False):
     """The Mosaic kernel (``emulate=True``) on jax's GPU interpreter (CPU; threads, barriers, TMA and shared
-    memory simulated, uninitialised shared memory NaN), merged as ``mla_forward`` does. Returns ``(out, lse,
-    races_found)``. For tests: it checks the kernel's synchronisation, table addressing, masks and epilogue where
-    no GPU is present (the products are jnp dots there, see ``_build_mosaic``)."""
+    memory simulated, uninitialised shared memory NaN), merged as ``mla_forward`` does (or, at one split under
+    ``direct``, written by the kernel itself, with the bad-table flag when ``check_block_table``). Returns ``(out,
+    lse, races_found)``. For tests: it checks the kernel's synchronisation, table addressing, masks and epilogue
+    where no GPU is present (the products are jnp dots there, see ``_build_mosaic``)."""
     try:
         from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
         from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
@@ -1453,6 +1504,9 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
     s, chunk = config.splits(batch=b, rows=hq * tq, n_k=block_table.shape[1] * page)
     off = jnp.asarray(q_offset, jnp.int32)
     wl = None
+    direct = config.writes_direct(s)
+    bad = table_poison(block_table, kv_lens, num_pages=latent_pool.shape[0], page=page) \
+        if direct and check_block_table else None
     if config.work_list:
         wl = work_plan(kv_lens, off, cap=block_table.shape[1] * page, tq=tq, tn=config.block_kv, causal=causal,
                        units=config.units(batch=b, rows=hq * tq)[0], interpret=True)
@@ -1460,7 +1514,7 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
         with gpu_interpret.force_gpu_interpret_mode(gpu_interpret.InterpretGPUParams(detect_races=detect_races)):
             parts = jax.block_until_ready(_mosaic(
                 q, latent_pool, block_table, kv_lens, off, dv=kv_lora_rank, splits=s, chunk=chunk, causal=causal,
-                scale=float(scale), cfg=config, emulate=True, wl=wl))
+                scale=float(scale), cfg=config, emulate=True, wl=wl, bad=bad))
         races = bool(detect_races and gpu_callbacks.get_races().races_found)
     finally:
         gpu_callbacks.reset_gpu_interpret_mode_state()
@@ -1470,6 +1524,8 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
                            num_pages=latent_pool.shape[0], page=page, out_dtype=q.dtype, interpret=True,
                            return_lse=True, check=False, wl=wl, units=config.units(batch=b, rows=hq * tq)[0])
         return out, lse, races
+    if direct:
+        return (*parts, races)
     o_part, lse_part = parts
     o, lse = splitkv.merge_jnp(o_part, lse_part, axis=1)
     return gqa.unpack_o(o.astype(q.dtype), b, tq, hq, 1), gqa.unpack_lse(lse, b, tq, hq), races
@@ -1578,6 +1634,11 @@ def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: 
              cfg: MlaTcConfig, interpret: bool, return_lse: bool, check: bool):
     b, tq, hq, _ = q.shape
     fin = cfg.finish == "pallas"
+    if cfg.engine == "mosaic" and not interpret and cfg.writes_direct(splits):  # no finish: the kernel writes it
+        bad = table_poison(bt, lens, num_pages=data.shape[0], page=data.shape[1]) if check else None
+        out, lse = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal, scale=scale,
+                           cfg=cfg, bad=bad)
+        return (out, lse) if return_lse else out
     if cfg.engine == "mosaic" and not interpret and cfg.work_list:
         o_part, lse_part, wl = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal,
                                        scale=scale, cfg=cfg)
@@ -1652,6 +1713,9 @@ def _plan(p: Problem, cfg: MlaTcConfig) -> dict:
     out = {"engine": cfg.engine, "splits": s, "chunk": chunk, "block_m": BLOCK_M, "block_kv": cfg.block_kv,
            "ctas": c.cdiv(rows, BLOCK_M) * s * p.batch,
            "merge": "v12_mla_tc._finish (Pallas)" if cfg.finish == "pallas" else "splitkv.merge_jnp"}
+    if cfg.writes_direct(s):
+        out.update(direct=True, merge="none: one split, the kernel's epilogue writes q's dtype and the LSE (the "
+                   "bad-table flag computed before the launch)")
     if cfg.engine == "mosaic":
         out.update(stages=cfg.stages, warpgroups=3, smem_bytes=smem_bytes(p.head_dim, dv, 2, cfg))
     if cfg.work_list:
@@ -1698,6 +1762,9 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
     tiles = max(1, math.ceil(keys / tn))
     latent = kv_tokens(s) * dqk * kv_bytes(s)  # every sequence's own length (ragged: their sum)
     ws = s.batch * row_tiles * bm * splits * (dv + 1) * 4
+    direct = bool(plan.get("direct"))
+    if direct:  # the kernel writes the output (q's dtype) and the LSE itself
+        ws = s.batch * row_tiles * bm * (dv * s.in_bytes + 4)
     units = plan.get("units")
     if units:  # work_list: a unit's share of the batch's tiles (+ 1: a piece boundary), one piece per unit and
         # sequence written
@@ -1726,6 +1793,10 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
     if units:  # the plan's own launch before the kernel (a few hundred integers)
         out.insert(0, xla_glue("mla_work_plan", s, 8 * s.batch, 4 * wl_layout(units, s.batch)["n"],
                                f"work_plan: {units} units' shares of the batch's tiles (one Triton program)"))
+    if direct:  # the table check's flag before the launch (B x pages integers)
+        table = s.batch * cdiv(s.kv_len, s.page_size or 64) * 4
+        out.insert(0, xla_glue("mla_table_flag", s, table, 4 * s.batch, "table_poison: one flag a sequence (XLA)"))
+        return out
     if getattr(cfg, "finish", "pallas") == "pallas":
         n_col, dc, sb = finish_grid(s.batch * rows, wl_merge_block(units, s.batch) if units else splits, dv)
         out.append(merge_launch(names[-1], s.batch * rows * n_col, 4, splits, dc, ws + o, block=sb))

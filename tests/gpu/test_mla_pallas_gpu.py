@@ -17,6 +17,7 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import time  # noqa: E402
 
@@ -306,6 +307,51 @@ def test_finish_pallas_equals_the_jnp_merge_and_poisons_under_jit(config, tq):
     o3, l3 = np.asarray(o3, np.float32), np.asarray(l3)
     assert np.all(np.isnan(o3[2])) and np.all(np.isnan(l3[2]))
     assert np.all(np.isfinite(o3[:2])) and np.array_equal(o3[:2], o1[:2])
+
+
+@pytestmark_gpu
+@pytest.mark.parametrize(("config", "tq"), [("kv64_mc", 1), ("kv64_mc", 2), ("kv64_ws_mc", 1), ("kv64_lazy", 1),
+                                            ("default", 3)])
+def test_direct_epilogue_equals_the_finish_and_poisons_under_jit(config, tq):
+    """At one split the kernel writes q's dtype and the LSE itself (``direct``, the default): against the same
+    kernel's fp32 partial merged by the finish (``direct=False``) the output agrees to one bf16 rounding and the LSE
+    exactly; it matches the oracle (causal, Tq 1-3, an empty sequence, a one-key one); under jit a page outside the
+    pool turns exactly that sequence into NaN, and a NaN in a query stays in its row."""
+    q, pool, bt, kl = _case(17, b=4, tq=tq, hq=128, dqk=576, lens=[4000, 1, 2500, 0], page=64, dtype="bfloat16",
+                            cap=4096)
+    base = dataclasses.replace(v12_mla_tc.CONFIGS["faithful" if config == "default" else config], num_splits=1)
+    assert base.direct and base.writes_direct(1)
+
+    def jitted(cfg):
+        return jax.jit(lambda q, pool, bt, kl: pallas_attn.mla_attention(
+            q, pool, bt, kl, kv_lora_rank=512, config=cfg, return_lse=True, causal=True, interpret=False))
+
+    f = {d: jitted(dataclasses.replace(base, direct=d)) for d in (True, False)}
+    (o1, l1), (o2, l2) = f[True](q, pool, bt, kl), f[False](q, pool, bt, kl)
+    assert o1.dtype == jnp.bfloat16 and o1.shape == (4, tq, 128, 512) and l1.shape == (4, 128, tq)
+    o1, o2 = np.asarray(o1, np.float32), np.asarray(o2, np.float32)
+    np.testing.assert_allclose(o1, o2, atol=2e-3, rtol=2.0 ** -7)
+    np.testing.assert_array_equal(np.asarray(l1), np.asarray(l2))
+    _check(o1, l1, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512, causal=True), "bfloat16", f"{config} direct")
+    bad = bt.at[2, 1].set(pool.shape[0] + 7)  # sequence 2 uses page 1 (2500 keys): poisoned
+    o3, l3 = (np.asarray(x, np.float32) for x in f[True](q.at[0, 0, 5, 9].set(jnp.nan), pool, bad, kl))
+    assert np.all(np.isnan(o3[2])) and np.all(np.isnan(l3[2]))
+    assert np.all(np.isnan(o3[0, 0, 5])) and np.all(np.isfinite(np.delete(o3[0, 0], 5, axis=0)))
+    assert np.array_equal(o3[1], o1[1]) and np.array_equal(o3[3], o1[3])
+
+
+@pytestmark_gpu
+def test_direct_epilogue_at_the_split_rules_one_split():
+    """B 70 at DeepSeek-V3's heads fills the machine at one split (140 CTAs): the default rule writes directly and
+    agrees with the oracle on ragged lengths."""
+    rng = np.random.default_rng(5)
+    lens = [int(x) for x in rng.integers(0, 1025, 70)]
+    q, pool, bt, kl = _case(19, b=70, tq=1, hq=128, dqk=576, lens=lens, page=64, dtype="bfloat16", cap=1024)
+    cfg = pallas_attn.registry.configs("fa_mla")["kv64_mc"]
+    assert cfg.splits(batch=70, rows=128, n_k=1024)[0] == 1
+    out, lse = pallas_attn.mla_attention(q, pool, bt, kl, kv_lora_rank=512, config=cfg, return_lse=True,
+                                         interpret=False)
+    _check(out, lse, _mqa_ref(q, pool, bt, np.asarray(kl), dv=512), "bfloat16", "kv64_mc B70 direct")
 
 
 @pytestmark_gpu
