@@ -652,11 +652,12 @@ class _Cta:
         k, plgpu = self.k, self.plgpu
         col0 = w * k.dvh
         empty = l_i == 0.0
-        bad = (self.bad_ref[self.bi] != 0) if k.flag else None
+        # the flag as a factor (NaN or 1): Mosaic GPU lowers no select of a vector on a scalar predicate
+        poison = jnp.where(self.bad_ref[self.bi] != 0, jnp.float32(jnp.nan), jnp.float32(1.0)) if k.flag else None
         if acc is not None:
             inv = 1.0 / jnp.where(empty, 1.0, l_i)
-            if bad is not None:
-                inv = jnp.where(bad, jnp.float32(jnp.nan), inv)
+            if poison is not None:
+                inv = inv * poison
             out = acc * lax.broadcast_in_dim(inv, (k.bm, k.dvh), (0,))
             for c0 in range(0, k.dvh, _STAGE_COLS):
                 self.o_stage.at[w][...] = out[:, c0:c0 + _STAGE_COLS].astype(k.stage_dtype)
@@ -671,8 +672,8 @@ class _Cta:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         if m_i is not None:
             lse = jnp.where(empty, -jnp.inf, (m_i * k.cl + jnp.log2(jnp.where(empty, 1.0, l_i))) / _LOG2E)
-            if bad is not None:
-                lse = jnp.where(bad, jnp.float32(jnp.nan), lse)
+            if poison is not None:
+                lse = lse * poison
             self.lse_stage[...] = lse
             plgpu.commit_smem()
             if k.wl:
