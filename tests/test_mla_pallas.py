@@ -350,6 +350,23 @@ def test_direct_epilogue_poisons_a_bad_table_and_passes_nan():
     assert np.isfinite(np.delete(o[2, 0], 7, axis=0)).all()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_table_flag_is_table_poisons_rule(seed):
+    """The direct epilogue's flag (one int32 reduction) is set exactly where ``table_poison`` is: random tables with
+    pages outside the pool (used and unused ones), lengths below 0, at 0, at and past the capacity."""
+    from pallas_attn.kernels.mla_common import table_flag, table_poison
+
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        b, pps, page, num_pages = int(rng.integers(1, 6)), int(rng.integers(1, 7)), 16, int(rng.integers(1, 30))
+        bt = jnp.asarray(rng.integers(-2, num_pages + 2, (b, pps)), jnp.int32)
+        lens = jnp.asarray(rng.integers(-3, pps * page + 4, b), jnp.int32)
+        flag = table_flag(bt, lens, num_pages=num_pages, page=page)
+        assert flag.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(flag) != 0,
+                                      np.asarray(table_poison(bt, lens, num_pages=num_pages, page=page)))
+
+
 def test_direct_epilogue_lowers_without_a_finish(monkeypatch):
     """DeepSeek-V3's template at B 2 lowered for CUDA on the CPU: at one split one Mosaic launch and no finish pass
     (the flag input makes no second launch), at two splits the finish follows."""

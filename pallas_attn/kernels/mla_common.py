@@ -161,6 +161,17 @@ def table_poison(block_table, kv_lens, *, num_pages: int, page: int):
     return bad_len | jnp.any(oob, axis=1)
 
 
+def table_flag(block_table, kv_lens, *, num_pages: int, page: int):
+    """int32 ``[B]``, nonzero where ``table_poison`` is set: the same rule as one reduction over ``[B, pages]`` (the
+    direct epilogue's input; a bool result cast afterwards is a second XLA launch)."""
+    pps = block_table.shape[1]
+    lens = kv_lens.astype(jnp.int32)
+    bad_len = (lens < 0) | (lens > pps * page)
+    used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((jnp.clip(lens, 0, pps * page) + page - 1) // page)[:, None]
+    bad = (used & ((block_table < 0) | (block_table >= num_pages))) | bad_len[:, None]
+    return jnp.max(bad.astype(jnp.int32), axis=1)
+
+
 def validate_table_eagerly(block_table, kv_lens, *, num_pages: int, page: int) -> None:
     """ValueError on concrete bad tables / lengths (under jit the output is NaN instead)."""
     try:

@@ -134,6 +134,7 @@ from .mla_common import (
     LatentLayout,
     LatentSource,
     latent_storage,
+    table_flag,
     table_poison,
     validate_table_eagerly,
     visible,
@@ -1455,7 +1456,7 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
     """The Mosaic partial kernel: ``(o, lse)`` in the kernel's layout (``raw``) or the merge's; under work_list
     ``(o, lse, plan)``, the slots and ``work_plan``'s array (``wl``: one already computed) for ``_finish``. Where
     the config writes directly (``MlaTcConfig.writes_direct``) the caller's ``(out [B, Tq, Hq, DV], lse [B, Hq,
-    Tq])``, NaN where ``bad`` (bool ``[B]``, or None: no check) is set."""
+    Tq])``, NaN where ``bad`` (``table_flag``'s ``[B]``, or None: no check) is nonzero."""
     b, tq, hq, dqk = q.shape
     num_pages, page = data.shape[:2]
     rows = hq * tq
@@ -1474,7 +1475,7 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
     if cfg.writes_direct(splits):  # the output itself: [B, rows_pad, DV] in q's dtype, the LSE [B, rows_pad]
         call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, 1,
                              chunk, bool(causal), float(scale), cfg, emulate, True, bad is not None)
-        flag = () if bad is None else (bad.astype(jnp.int32),)
+        flag = () if bad is None else (bad.astype(jnp.int32),)  # (table_flag's int32: no cast)
         o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, *flag)
         out = gqa.unpack_o(o[:, :rows].reshape(b * rows, dv), b, tq, hq, 1)
         return out, gqa.unpack_lse(lse[:, :rows].reshape(b * rows), b, tq, hq)
@@ -1506,7 +1507,7 @@ def emulate_mosaic(q, latent_pool, block_table, kv_lens, q_offset, *, kv_lora_ra
     off = jnp.asarray(q_offset, jnp.int32)
     wl = None
     direct = config.writes_direct(s)
-    bad = table_poison(block_table, kv_lens, num_pages=latent_pool.shape[0], page=page) \
+    bad = table_flag(block_table, kv_lens, num_pages=latent_pool.shape[0], page=page) \
         if direct and check_block_table else None
     if config.work_list:
         wl = work_plan(kv_lens, off, cap=block_table.shape[1] * page, tq=tq, tn=config.block_kv, causal=causal,
@@ -1636,7 +1637,7 @@ def _forward(q, data, bt, lens, off, quant_ops, *, dv: int, splits: int, chunk: 
     b, tq, hq, _ = q.shape
     fin = cfg.finish == "pallas"
     if cfg.engine == "mosaic" and not interpret and cfg.writes_direct(splits):  # no finish: the kernel writes it
-        bad = table_poison(bt, lens, num_pages=data.shape[0], page=data.shape[1]) if check else None
+        bad = table_flag(bt, lens, num_pages=data.shape[0], page=data.shape[1]) if check else None
         out, lse = _mosaic(q, data, bt, lens, off, dv=dv, splits=splits, chunk=chunk, causal=causal, scale=scale,
                            cfg=cfg, bad=bad)
         return (out, lse) if return_lse else out
