@@ -237,16 +237,19 @@ def test_mixed_batch_decode_part_runs_row_limited_tiles():
             _check_rows(out, lse, q, kp, vp, tbl, kv, bi, rows, int(kv[bi]) - n, [0, HKV - 1], 1e-2)
 
 
-def test_packed_varlen_batch_matches_the_oracle():
+@pytest.mark.parametrize("extra", [37, 5, 0])
+def test_packed_varlen_batch_matches_the_oracle(extra):
     """``paged_attention_varlen`` at Llama-3.1-8B heads under jit (session 34): packed queries of a 2048-query chunk
     over 8k keys, decodes of 1, 1 and 5 queries, an empty sequence and a 300-query chunk over 16k (its row tiles
     pseudo-sequences of fa_prefill, the decodes on fa_decode's row-limited part); every real row matches the oracle,
-    the unused trailing rows are 0 with LSE -inf."""
+    the unused trailing rows are 0 with LSE -inf. The kernel reads each tile's rows from the packed q (session 35):
+    ``extra`` unused rows after the last sequence give T = 2392 (every copy inside q), 2360 (the last chunk's real
+    rows 2311-2354 in a 64-row copy past T: read from the tail) and 2355 (T % 8 != 0: q padded, then the tail)."""
     ql = np.array([2048, 1, 1, 5, 0, 300], np.int32)
     kv = np.array([8192, 4096, 16384, 777, 50, 16384], np.int32)
     b, pps = len(ql), 16384 // PAGE
     cu = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
-    t = int(cu[-1]) + 37
+    t = int(cu[-1]) + extra
     kp, vp, tbl = _pools(23, b, pps)
     q = np.asarray(jnp.asarray(np.random.default_rng(24).standard_normal((t, HQ, D), np.float32), jnp.bfloat16),
                    np.float32)
