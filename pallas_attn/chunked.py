@@ -170,13 +170,12 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     How it runs (session 34, issue 32): the sequences of 1-16 queries on fa_decode (their rows gathered into ``[B,
     16]``, query-major row-limited tiles: ``_decode_part``); every longer one cut into row tiles of the fa_prefill
     config's rows (``R``: 128 at two consumers of 64), each tile a pseudo-sequence of ``R`` rows with its own offset
-    and its sequence's block-table row, ``NT = cdiv(T, R) + B`` of them (a static bound: each sequence wastes at most
-    one partial tile), the kernel reading each tile's rows from the packed q (``fa_prefill.forward``'s ``q_index``;
-    session 35: the gather of ``[NT, R, Hq, D]`` before it cost 24 us at the probe's mix); tiles past the real ones
-    are empty (``q_lens`` 0: the kernel's consumers idle). So the kernel launches about ``T / R`` tiles per head,
-    where the padded layout launches ``B * Tq / R``. The results are scattered back into the packed rows. fa_prefill
-    reads the pages in the kernel (a Hopper; pages a multiple of 8 that divides or is divided by its key block) or, in
-    interpret mode, gathers them; other cases (fp32, a head dim fa_prefill lacks, D 96, other pages) refuse by name."""
+    and its sequence's block-table row, gathered into ``[NT, R, Hq, D]`` with ``NT = cdiv(T, R) + B`` (a static
+    bound: each sequence wastes at most one partial tile); tiles past the real ones are empty (``q_lens`` 0: the
+    kernel's consumers idle). So the kernel launches about ``T / R`` tiles per head, where the padded layout
+    launches ``B * Tq / R``. The results are scattered back into the packed rows. fa_prefill reads the pages in the
+    kernel (a Hopper; pages a multiple of 8 that divides or is divided by its key block) or, in interpret mode,
+    gathers them; other cases (fp32, a head dim fa_prefill lacks, D 96, other pages) refuse by name."""
     from .kernels import fa_decode
 
     t_rows, hq, d = q.shape
@@ -268,13 +267,13 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
     k_t = j - (ends - n_t)[seq]  # the tile's index inside its sequence
     valid = j < ends[-1]
     rows_t = jnp.where(valid, jnp.clip(ql_pf[seq] - k_t * r, 0, r), 0).astype(jnp.int32)  # real rows of the tile
-    base_t = (cu[seq] + k_t * r).astype(jnp.int32)  # a tile's first packed row (its rows read in the kernel)
+    tidx = cu[seq][:, None] + k_t[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]  # [NT, R]
+    qt = q[jnp.clip(tidx, 0, t_rows - 1)]
     off_t = jnp.where(valid, offs[seq] + k_t * r, 0).astype(jnp.int32)
     sinks_t = None if sinks is None else jnp.asarray(sinks, jnp.float32)
-    out_t, lse_t = fa_prefill.forward(q, k_pool, v_pool, causal=True, scale=scale, q_offset=off_t, interpret=interp,
+    out_t, lse_t = fa_prefill.forward(qt, k_pool, v_pool, causal=True, scale=scale, q_offset=off_t, interpret=interp,
                                       config=cfg, return_lse=True, window=band, softcap=softcap, sinks=sinks_t,
-                                      block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid,
-                                      q_index=(base_t, r))
+                                      block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
     return (out_t.reshape(nt * r, hq, d), jnp.swapaxes(lse_t, 1, 2).reshape(nt * r, hq),
             (ends - n_t).astype(jnp.int32), r)
 

@@ -199,15 +199,6 @@ def main(argv=None) -> int:
             r = t_packed / (p1 + p2 + p3)
             rows.append(("mixed", f"ratio{tag} packed / sum of parts", r, {}))
             print(f"mixed   ratio{tag} packed / sum of parts: {r:.3f}", flush=True)
-            # session 35: the kernel reads the packed rows in place when T is a multiple of 8 (else q is padded
-            # first): the same batch with T rounded up (rows past cu_q_lens[B] unused, as a token budget leaves them)
-            if qpk.shape[0] % 8:
-                q8 = jnp.pad(qpk, ((0, -qpk.shape[0] % 8), (0, 0), (0, 0)))
-                t8 = timed("mixed", f"packed{tag}: T {q8.shape[0]}", fv, (q8, kp, vp, tbl, kv, jnp.asarray(cu)),
-                           q_lens=qls, kv_lens=kvs)
-                r = t8 / (p1 + p2 + p3)
-                rows.append(("mixed", f"ratio{tag} packed (T % 8 == 0) / sum of parts", r, {}))
-                print(f"mixed   ratio{tag} packed (T % 8 == 0) / sum of parts: {r:.3f}", flush=True)
             del kp, vp
 
     if "window" in parts:

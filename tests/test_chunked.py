@@ -386,34 +386,3 @@ def test_fa_prefill_q_lens_lowers_for_cuda_with_and_without_the_lse(with_lse):
 
     text = jax.jit(f).trace(q, k, i, i, sds((2,), jnp.bool_)).lower(lowering_platforms=("cuda",)).as_text()
     assert fp.PASS_FWD in text
-
-
-def test_fa_prefill_q_index_lowers_for_cuda_and_refuses_bad_input():
-    """``fa_prefill.forward(q_index=(base, tq))`` (packed rows read in the kernel, the varlen path's tiles) lowers for
-    CUDA with paged K/V (T 300: padded to a multiple of 8 for Mosaic's TMA tiling, which refuses 300 rows), its output
-    has the logical ``[B, tq, Hq, D]`` shape, and the packed contract refuses a 4-D q,
-    a missing ``q_lens`` and segment ids by name."""
-    from pallas_attn.kernels import fa_prefill as fp
-
-    sds = jax.ShapeDtypeStruct
-    q, pool = sds((300, 4, 128), jnp.bfloat16), sds((40, 16, 2, 128), jnp.bfloat16)  # T % 8 != 0: padded first
-    i, bt = sds((3,), jnp.int32), sds((3, 16), jnp.int32)
-
-    def f(q, pool, bt, off, ql, base):
-        return fp.forward(q, pool, pool, causal=True, scale=0.1, q_offset=off, interpret=False,
-                          config=fp.CONFIGS["default"], q_lens=ql, block_table=bt, q_index=(base, 128),
-                          return_lse=True)
-
-    low = jax.jit(f).trace(q, pool, bt, i, i, i)
-    assert low.out_info[0].shape == (3, 128, 4, 128) and low.out_info[1].shape == (3, 4, 128)
-    assert fp.PASS_FWD in low.lower(lowering_platforms=("cuda",)).as_text()
-    qa = jnp.zeros((300, 4, 128), jnp.bfloat16)
-    ints = jnp.zeros((3,), jnp.int32)
-    kw = dict(causal=True, scale=0.1, q_offset=ints, interpret=True, config=fp.CONFIGS["default"])
-    k = jnp.zeros((3, 64, 2, 128), jnp.bfloat16)
-    with pytest.raises(ValueError, match="q_index"):
-        fp.forward(qa, k, k, q_index=(ints, 128), **kw)  # no q_lens
-    with pytest.raises(ValueError, match="q_index"):
-        fp.forward(qa[None], k, k, q_index=(ints, 128), q_lens=ints, **kw)  # not packed
-    with pytest.raises(NotImplementedError, match="segment_ids"):
-        fp.forward(qa, k, k, q_index=(ints, 128), q_lens=ints, segment_ids=jnp.zeros((3, 128), jnp.int32), **kw)

@@ -423,14 +423,9 @@ def _mask_bounds(causal: bool, window) -> tuple[int | None, int | None]:
 def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, d: int, dtype_name: str,
                   causal: bool, scale: float, cfg: PrefillConfig, with_lse: bool, window=None,
                   softcap: float | None = None, sinks: bool = False, segments: bool = False,
-                  paged: tuple[int, int] | None = None, rowlim: bool = False, q_rows: int | None = None):
-    """``q_rows=T`` (with ``rowlim``): Q is packed, ``[1, T, Hq, D]``, and two int32 / Q inputs follow the others: the
-    first row of each sequence (``[B]``) and a tail ``[2 block_q, Hq, D]`` holding packed rows ``T - block_q ..
-    T + block_q - 1`` (zeros past T): a consumer whose ``block_q`` rows run past T reads them there, so no copy leaves
-    the array (``forward``'s ``q_index``).
-
-    ``paged=(page, pages_per_seq)``: K and V are page pools ``[num_pages, page, Hkv, D]`` read through a flat int32
-    block table ``[B * pages_per_seq]`` (entries already clamped into the pool); the producer issues one TMA
+                  paged: tuple[int, int] | None = None, rowlim: bool = False):
+    """``paged=(page, pages_per_seq)``: K and V are page pools ``[num_pages, page, Hkv, D]`` read through a flat
+    int32 block table ``[B * pages_per_seq]`` (entries already clamped into the pool); the producer issues one TMA
     copy per page of a key block (``block_kv // page`` of them, all arriving on the block's barrier) or one copy
     from inside a page (``page`` a multiple of ``block_kv``). ``rowlim``: an int32 ``[B]`` input of real rows per
     sequence (causal only; negative: a poisoned sequence, every output row NaN). A consumer whose rows all lie at or
@@ -471,8 +466,6 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
             sink_ref, *rest = rest
         if segments:  # float32 [B, Tq_pad]: each row's document start (packed sequences; exact below 2^24)
             seg_ref, *rest = rest
-        if q_rows is not None:  # packed Q: each sequence's first row, and the tail past T - bq
-            qb_ref, qt_ref, *rest = rest
         if with_lse:
             o_ref, lse_ref, *scratch = rest
         else:
@@ -539,20 +532,7 @@ def _build_mosaic(b: int, tq_pad: int, tk_pad: int, tk: int, hq: int, hkv: int, 
 
             def q_load(t, buf):  # this consumer's rows of tile t into Q/O buffer buf
                 r = _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows + wg * bq
-                if q_rows is None:
-                    plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
-                    return
-                start = qb_ref[bi] + r  # packed Q: rows [start, start + bq), from the tail where they pass T
-                inside = start + bq <= q_rows
-
-                @pl.when(inside)
-                def _():
-                    plgpu.copy_gmem_to_smem(q_ref.at[0, pl.ds(start, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
-
-                @pl.when(jnp.logical_not(inside))
-                def _():
-                    tr = jnp.clip(start - (q_rows - bq), 0, bq)
-                    plgpu.copy_gmem_to_smem(qt_ref.at[pl.ds(tr, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
+                plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(r, bq), h], qo_buf(buf), q_bar.at[nc * buf + wg])
 
             def real(t):  # skip: whether this consumer's rows of tile t hold a real row (else it idles)
                 return _tile_qblock(g, t, n_qblocks, n_groups, snake) * rows + wg * bq < rl_ref[bi]
@@ -1061,7 +1041,7 @@ def _check_paged(q, k_pool, v_pool, block_table, cfg: PrefillConfig) -> tuple[in
 
 def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, config: PrefillConfig,
             return_lse: bool = False, window=None, softcap: float | None = None, sinks=None, segment_ids=None,
-            block_table=None, q_lens=None, poison=None, q_index=None):
+            block_table=None, q_lens=None, poison=None):
     """Dense prefill forward on validated BTNH arrays (``contract`` calling convention).
 
     Features beyond the contract (keyword-only, each priced in docs/fa_prefill.md): ``window=(left, right)``: row
@@ -1085,32 +1065,7 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
     compute nothing (a batch of chunks padded to the longest costs its real rows); interpret mode computes them in
     full and cuts them after. ``poison`` bool ``[B]`` (with ``q_lens``): those sequences' every output row and LSE
     come back NaN (a caller's invalid input under ``jit``; on the GPU the kernel writes the NaN, no pass over the
-    output).
-
-    ``q_index=(base, tq)`` (with ``q_lens``): ``q`` is packed, ``[T, Hq, D]``, and sequence ``b``'s query row ``i``
-    is ``q[base[b] + i]`` (``base`` int32 ``[B]``; rows at or past ``q_lens[b]`` are padding, so a sequence's rows
-    may run into the next one's or past T). The output is ``[B, tq, Hq, D]`` as for a ``[B, tq, Hq, D]`` q. On the
-    GPU the kernel reads the packed rows itself (a tail of ``2 block_q`` rows, gathered, serves the copies that would
-    pass T; Mosaic GPU's TMA tiles the row axis by 8, so a T that is not a multiple of 8 is padded first, one copy of
-    q); interpret mode gathers the rows first."""
-    if q_index is not None:
-        base, tq_i = q_index
-        base = jnp.asarray(base)
-        if segment_ids is not None:
-            raise NotImplementedError(f"{GEN}: q_index (packed rows) with segment_ids")
-        if q.ndim != 3 or q_lens is None or base.ndim != 1 or base.dtype != jnp.int32 or tq_i < 1:
-            raise ValueError(f"{GEN}: q_index=(base, tq) takes a packed q [T, Hq, D], int32 base [B] and q_lens; got "
-                             f"q {q.shape}, base {base.shape} {base.dtype}, tq {tq_i}, q_lens {q_lens is not None}")
-        q_packed = q
-        t_rows = q.shape[0]
-        rows_i = jnp.clip(base[:, None] + jnp.arange(tq_i, dtype=jnp.int32)[None, :], 0, t_rows - 1)
-        if interpret:  # the twin reads a [B, tq, Hq, D] q: gather the rows
-            q = q_packed[rows_i]
-        else:  # the logical shape; the kernel reads q_packed, whose rows Mosaic's TMA tiles by 8: T % 8 pads (a copy)
-            q = jax.ShapeDtypeStruct((base.shape[0], tq_i, *q_packed.shape[1:]), q_packed.dtype)
-            if t_rows % 8:
-                q_packed = jnp.pad(q_packed, ((0, -t_rows % 8), (0, 0), (0, 0)))
-                t_rows = q_packed.shape[0]
+    output)."""
     if poison is not None and q_lens is None:
         raise ValueError(f"{GEN}: poison needs q_lens")
     rl = None  # the kernel's real-rows input (poisoned sequences: -1)
@@ -1178,20 +1133,12 @@ def forward(q, k, v, *, causal: bool, scale: float, q_offset, interpret: bool, c
         out, lse = _fallback(qp, kp, vp, off, sinks, _pad_edge(starts, qp.shape[1]), causal=bool(causal),
                              scale=scale, tk=tk, cfg=cfg, window=window, softcap=softcap)
     else:
-        packed = q_index is not None and not interpret
-        rows_pad = -(-tq // (cfg.consumers * cfg.block_q)) * cfg.consumers * cfg.block_q
-        qp = q_packed[None] if packed else _pad(q, 1, cfg.consumers * cfg.block_q)
-        call = _build_mosaic(b, rows_pad, tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
+        qp = _pad(q, 1, cfg.consumers * cfg.block_q)
+        call = _build_mosaic(b, qp.shape[1], tk_pad, tk, hq, hkv, d, q.dtype.name, bool(causal),
                              float(scale), cfg, bool(return_lse), window, softcap, sinks is not None,
-                             starts is not None, paged=paged, rowlim=rl is not None,
-                             **({"q_rows": t_rows} if packed else {}))
+                             starts is not None, paged=paged, rowlim=rl is not None)
         extra = (() if rl is None else (rl,)) + (() if sinks is None else (sinks,)) + (
             () if starts is None else (_pad_edge(starts, qp.shape[1]).astype(jnp.float32),))
-        if packed:  # each sequence's first row, and packed rows T - bq .. T + bq - 1 (zeros past T, or before 0)
-            ti = t_rows - cfg.block_q + jnp.arange(2 * cfg.block_q, dtype=jnp.int32)
-            tail = jnp.where(((ti >= 0) & (ti < t_rows))[:, None, None], q_packed[jnp.clip(ti, 0, t_rows - 1)],
-                             jnp.zeros((), q_packed.dtype))
-            extra += (base, tail)
         res = call(qp, kp, vp, off, *table_in, *extra)
         out, lse = res if return_lse else (res, None)
     out = out[:, :tq] if out.shape[1] != tq else out

@@ -242,9 +242,8 @@ def test_packed_varlen_batch_matches_the_oracle(extra):
     """``paged_attention_varlen`` at Llama-3.1-8B heads under jit (session 34): packed queries of a 2048-query chunk
     over 8k keys, decodes of 1, 1 and 5 queries, an empty sequence and a 300-query chunk over 16k (its row tiles
     pseudo-sequences of fa_prefill, the decodes on fa_decode's row-limited part); every real row matches the oracle,
-    the unused trailing rows are 0 with LSE -inf. The kernel reads each tile's rows from the packed q (session 35):
-    ``extra`` unused rows after the last sequence give T = 2392 (every copy inside q), 2360 (the last chunk's real
-    rows 2311-2354 in a 64-row copy past T: read from the tail) and 2355 (T % 8 != 0: q padded, then the tail)."""
+    the unused trailing rows are 0 with LSE -inf. ``extra`` unused rows after the last sequence: T = 2392, 2360 and
+    2355 (the last chunk's last row tile reaching past T, its gathered rows clamped)."""
     ql = np.array([2048, 1, 1, 5, 0, 300], np.int32)
     kv = np.array([8192, 4096, 16384, 777, 50, 16384], np.int32)
     b, pps = len(ql), 16384 // PAGE
