@@ -311,7 +311,7 @@ def test_finish_pallas_equals_the_jnp_merge_and_poisons_under_jit(config, tq):
 
 @pytestmark_gpu
 @pytest.mark.parametrize(("config", "tq"), [("kv64_mc", 1), ("kv64_mc", 2), ("kv64_ws_mc", 1), ("kv64_lazy", 1),
-                                            ("default", 3)])
+                                            ("default", 3), ("kv32_ws_mc", 1), ("kv64_wsq_mc", 1)])
 def test_direct_epilogue_equals_the_finish_and_poisons_under_jit(config, tq):
     """At one split the kernel writes q's dtype and the LSE itself (``direct``, the default): against the same
     kernel's fp32 partial merged by the finish (``direct=False``) the output agrees to one bf16 rounding and the LSE
