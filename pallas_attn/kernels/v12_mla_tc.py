@@ -6,7 +6,8 @@ of a sequence (``r = h * Tq + t``, head-major; ``Hq * Tq`` rows, padded to 64) f
 ``S[64, TN] = Q[64, DQK] . L[TN, DQK]^T`` and ``O[64, DV] += P[64, TN] . L[TN, :DV]`` as wgmma on one latent
 tile that serves both products, with fp32 accumulators, a base-2 online softmax (scale * log2 e folded into one
 multiply before ``exp2``, the running max kept on raw scores) and split-KV (grid ``(row tiles, splits, B)``) whose
-fp32 partial states (normalized O, natural-log LSE) go through the shared merge (``splitkv.merge_jnp``).
+fp32 partial states (normalized O, natural-log LSE) go through the shared merge (``splitkv.merge_jnp``, or the
+Pallas finish); at one split the Mosaic kernel writes q's dtype and the LSE itself (``direct``, docs/mla.md).
 
 The Mosaic GPU kernel (config ``faithful``; ``fa_mla``'s ``default`` is this config at the DeepSeek-V3 shape,
 h_q 128, 512 + 64, page 64). One CTA = three warpgroups:
@@ -1797,7 +1798,7 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                                f"work_plan: {units} units' shares of the batch's tiles (one Triton program)"))
     if direct:  # the table check's flag before the launch (B x pages integers)
         table = s.batch * cdiv(s.kv_len, s.page_size or 64) * 4
-        out.insert(0, xla_glue("mla_table_flag", s, table, 4 * s.batch, "table_poison: one flag a sequence (XLA)"))
+        out.insert(0, xla_glue("mla_table_flag", s, table, 4 * s.batch, "table_flag: one flag a sequence (XLA)"))
         return out
     if getattr(cfg, "finish", "pallas") == "pallas":
         n_col, dc, sb = finish_grid(s.batch * rows, wl_merge_block(units, s.batch) if units else splits, dv)
