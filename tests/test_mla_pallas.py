@@ -416,13 +416,16 @@ def test_kv64_mc_refusals_and_fallback_are_explicit():
 # --- the work list (kv64_wl, kv64_mc_wl): equal shares of the batch's key tiles, pieces in turn ------------------
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_work_plan_covers_every_tile_once_in_unique_slots(seed):
     """``work_plan`` (its Triton program in interpret mode): the shares cover each sequence's key tiles exactly once
     (random lengths, empty sequences, causal offsets); every (unit, sequence) piece's slot ``u + b`` is distinct and
-    below ``U + B - 1``; and the slots the finish merges for a sequence are exactly those of the units that ran it."""
+    below ``U + B - 1``; and the slots the finish merges for a sequence are exactly those of the units that ran it.
+    Seeds 6-7: a batch of 150-300 over 66 units, the units' compares in several blocks (``work_plan``'s ``ub``)."""
     rng = np.random.default_rng(seed)
     b, units, cap, tq, tn = int(rng.integers(1, 9)), int(rng.integers(1, 12)), 1024, int(rng.integers(1, 4)), 64
+    if seed >= 6:
+        b, units = int(rng.integers(150, 301)), 66
     lens = rng.integers(0, cap + 1, b) * (rng.random(b) > 0.25)
     off = lens - tq if seed % 2 else rng.integers(-tq, cap, b)
     causal = seed % 3 != 0

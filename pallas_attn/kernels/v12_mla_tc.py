@@ -1397,9 +1397,10 @@ def wl_merge_block(units: int, b: int) -> int:
 
 
 def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq: int, tn: int, causal: bool,
-                 bp: int, up: int):
+                 bp: int, up: int, ub: int):
     """``work_plan`` in one Triton program: the B lengths (and offsets) padded to ``bp`` lanes, their running sums
-    (a scan), the units' first sequences as a ``[up, bp]`` compare-and-sum, every field stored masked."""
+    (a scan), the units' first sequences as ``[ub, bp]`` compare-and-sums over blocks of ``ub`` units, every field
+    stored masked."""
     lay = wl_layout(units, b)
     i32 = jnp.int32
     lane = jnp.arange(bp, dtype=i32)
@@ -1412,19 +1413,25 @@ def _plan_kernel(lens_ref, off_ref, out_ref, *, b: int, units: int, cap: int, tq
     excl = incl - tiles  # cum[b]; lane b (>= B) holds the total
     total = jnp.sum(tiles)
     quota = jnp.maximum((total + units - 1) // units, 1)
-    u = jnp.arange(up, dtype=i32)
-    t0 = jnp.minimum(u * quota, total)
-    t1 = jnp.minimum(t0 + quota, total)
     ends = jnp.where(ok, incl, jnp.iinfo(jnp.int32).max)[None, :]  # sequence b ends at incl[b]
-    first = jnp.sum((ends <= t0[:, None]).astype(i32), axis=1)
-    last = jnp.sum((ends <= (t1 - 1)[:, None]).astype(i32), axis=1)
-    count = jnp.where(t1 > t0, last - first + 1, 0)
+
+    def unit_block(j, carry):  # units [j ub, (j + 1) ub): a [ub, bp] compare at a time (not [up, bp] at once: at
+        # B 128 that was 32k lanes in one program's registers)
+        u = j * ub + jnp.arange(ub, dtype=i32)
+        t0 = jnp.minimum(u * quota, total)
+        t1 = jnp.minimum(t0 + quota, total)
+        first = jnp.sum((ends <= t0[:, None]).astype(i32), axis=1)
+        last = jnp.sum((ends <= (t1 - 1)[:, None]).astype(i32), axis=1)
+        count = jnp.where(t1 > t0, last - first + 1, 0)
+        _compat.store(out_ref.at[pl.ds(lay["first"] + j * ub, ub)], first, mask=u < units)
+        _compat.store(out_ref.at[pl.ds(lay["count"] + j * ub, ub)], count, mask=u < units)
+        return carry
+
+    lax.fori_loop(0, up // ub, unit_block, 0)
     u0 = excl // quota
     pcount = jnp.where(tiles > 0, (incl - 1) // quota - u0 + 1, 0)
     head = jnp.where(lane == 0, quota, total)
     _compat.store(out_ref.at[pl.ds(0, bp)], head, mask=lane < 2)
-    _compat.store(out_ref.at[pl.ds(lay["first"], up)], first, mask=u < units)
-    _compat.store(out_ref.at[pl.ds(lay["count"], up)], count, mask=u < units)
     _compat.store(out_ref.at[pl.ds(lay["cum"], bp)], excl, mask=lane <= b)
     _compat.store(out_ref.at[pl.ds(lay["hi"], bp)], jnp.maximum(kv, 0), mask=ok)
     _compat.store(out_ref.at[pl.ds(lay["pfirst"], bp)], u0 + lane, mask=ok)
@@ -1443,8 +1450,10 @@ def work_plan(lens, off, *, cap: int, tq: int, tn: int, causal: bool, units: int
     b = lens.shape[0]
     lay = wl_layout(units, b)
     bp, up = next_pow2(b + 1), next_pow2(units)
+    ub = min(up, max(1, 4096 // bp))  # units a block: at most 4096 compares live at once
     return pl.pallas_call(
-        functools.partial(_plan_kernel, b=b, units=units, cap=cap, tq=tq, tn=tn, causal=causal, bp=bp, up=up),
+        functools.partial(_plan_kernel, b=b, units=units, cap=cap, tq=tq, tn=tn, causal=causal, bp=bp, up=up,
+                          ub=ub),
         out_shape=jax.ShapeDtypeStruct((lay["n"] + max(bp, up),), jnp.int32),  # masked lanes past the end
         grid=(1,),
         compiler_params=None if interpret else _compat.triton_params(num_warps=4, num_stages=1),
@@ -1539,9 +1548,9 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
                    wl_seq: tuple[int, int] | None = None):
     """Columns ``[col * dc, (col + 1) * dc)`` of packed row ``r`` (``b * rows + h * tq + t``) of ``o_part [B,
     rows_x, S, DV]`` / ``lse [B, S, rows_x]``: the merge of its ``splits`` states (``splitkv.merge_states``, the
-    shared merge's loop), then, with ``check``, NaN when its sequence's length or a page it uses is outside the pool
-    (``mla_common.table_poison``'s rule), written to output row ``(b, t, h)``; the LSE by the row's first column
-    program."""
+    shared merge's loop; under the work list a sequence one piece ran whole is read as it is, no merge), then, with
+    ``check``, NaN when its sequence's length or a page it uses is outside the pool (``mla_common.table_poison``'s
+    rule), written to output row ``(b, t, h)``; the LSE by the row's first column program."""
     r, col = pl.program_id(0), pl.program_id(1)
     c0 = col * dc
     bi, rr = r // rows, r % rows
@@ -1550,14 +1559,22 @@ def _finish_kernel(op_ref, lse_ref, bt_ref, lens_ref, *out_refs, splits: int, sb
         m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[bi, pl.ds(s0, sb), rr],
                                                  lambda s0: op_ref.at[bi, rr, pl.ds(s0, sb), pl.ds(c0, dc)],
                                                  splits=splits, sb=sb, d=dc)
+        out = softmax.finalize(acc, l_run)
+        lse = softmax.lse(m_run, l_run, base2=True)
     else:  # work_list: sequence bi's pieces, in consecutive slots (work_plan's pfirst / pcount)
         wl_ref, *out_refs = out_refs
         first, n_pieces = wl_ref[wl_seq[0] + bi], wl_ref[wl_seq[1] + bi]
-        m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[pl.ds(first + s0, sb), rr],
-                                                 lambda s0: op_ref.at[pl.ds(first + s0, sb), rr, pl.ds(c0, dc)],
-                                                 splits=n_pieces, sb=sb, d=dc)
-    out = softmax.finalize(acc, l_run)
-    lse = softmax.lse(m_run, l_run, base2=True)
+
+        def merged():
+            m_run, l_run, acc = splitkv.merge_states(lambda s0: lse_ref.at[pl.ds(first + s0, sb), rr],
+                                                     lambda s0: op_ref.at[pl.ds(first + s0, sb), rr, pl.ds(c0, dc)],
+                                                     splits=n_pieces, sb=sb, d=dc)
+            return softmax.finalize(acc, l_run), softmax.lse(m_run, l_run, base2=True)
+
+        def single():  # one piece ran the whole sequence: its slot holds the normalized output and the LSE
+            return op_ref[first, rr, pl.ds(c0, dc)], lse_ref[first, rr]
+
+        out, lse = lax.cond(n_pieces == 1, single, merged)
     if check:
         n = lens_ref[bi]
         cap = pps * page
