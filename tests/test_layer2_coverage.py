@@ -81,6 +81,10 @@ def test_mla_mosaic_tile_mma_per_config():
     (fin,) = f[1:]
     assert fin.cost == "pallas_attn_merge" and fin.name == "finish" and fin.programs == 64 * 128
     assert fin.dram_bytes == 64 * 2 * 64 * 1 * 513 * 4 + 64 * 128 * 512 * 2  # the split states in, the output out
+    # with the kernel's own pass names (layer 2's call) the finish is named the finish, not the work list's plan
+    from pallas_attn.kernels.v12_mla_tc import PASS_FINISH
+
+    assert launches(MLA, plan, list(KERNEL.passes), H100, CONFIGS["faithful"])[1].name == PASS_FINISH
     # finish="jnp" (the XLA merge, cast, unpack and select): two XLA launches
     old = launches(MLA, plan, names, H100, dataclasses.replace(CONFIGS["faithful"], finish="jnp"))
     assert [ln.cost for ln in old[1:]] == ["xla_glue", "xla_glue"]  # jnp merge, unpack + poison select

@@ -1811,7 +1811,8 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
                       + (f"; {s.kv_dtype} latent decoded at the gather" if s.kv_dtype else ""), **common)]
     o = s.batch * rows * dv * s.in_bytes
     if units:  # the plan's own launch before the kernel (a few hundred integers)
-        out.insert(0, xla_glue("mla_work_plan", s, 8 * s.batch, 4 * wl_layout(units, s.batch)["n"],
+        out.insert(0, xla_glue(names[4] if len(names) > 4 else PASS_PLAN, s, 8 * s.batch,
+                               4 * wl_layout(units, s.batch)["n"],
                                f"work_plan: {units} units' shares of the batch's tiles (one Triton program)"))
     if direct:  # the table check's flag before the launch (B x pages integers)
         table = s.batch * cdiv(s.kv_len, s.page_size or 64) * 4
@@ -1819,7 +1820,10 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
         return out
     if getattr(cfg, "finish", "pallas") == "pallas":
         n_col, dc, sb = finish_grid(s.batch * rows, wl_merge_block(units, s.batch) if units else splits, dv)
-        out.append(merge_launch(names[-1], s.batch * rows * n_col, 4, splits, dc, ws + o, block=sb))
+        # names follow PASS_NAMES (twin, mosaic, mosaic_gpu, finish, plan): the finish is the fourth (it was
+        # names[-1], the plan's name once the plan joined the passes in session 33)
+        out.append(merge_launch(names[3] if len(names) > 3 else PASS_FINISH, s.batch * rows * n_col, 4, splits, dc,
+                                ws + o, block=sb))
         return out
     out.append(xla_glue("mla_merge_jnp", s, ws, o, f"splitkv.merge_jnp over {splits} split(s) (XLA)"))
     out.append(xla_glue("mla_unpack_poison", s, o, o, "unpack and the bad-table NaN select (XLA)"))
