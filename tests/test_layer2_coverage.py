@@ -5,6 +5,7 @@ frameworks, the Mosaic prefill, fa_train's forward) pinned on hand-computed case
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -95,6 +96,24 @@ def test_mla_mosaic_tile_mma_per_config():
     lt = time_launch(f[0], H100)
     c = layer2.COSTS["pallas_attn_v12_mla_mosaic"]
     assert lt.t_latency == pytest.approx((tiles * c.lat + c.fixed + f[0].mma / layer2.mma_per_clk_sm(H100)) / CLK)
+
+
+@pytest.mark.parametrize(("batch", "units", "ragged", "restarts"), [
+    (64, 64, False, 0.0),  # units a multiple of the batch, equal lengths: one whole sequence a unit, no restart
+    (64, 64, True, 63 / 64),  # ragged: a unit crosses (B - 1) / U sequence boundaries on average
+    (128, 66, False, 127 / 66),  # more sequences than units: boundaries inside units even at equal lengths
+])
+def test_mla_work_list_prices_each_pieces_restart(batch, units, ragged, restarts):
+    """The work list's chain per unit: its share of the batch's tiles, one tile for a piece boundary, and
+    WL_RESTART_TILES for each further piece it runs (session 33's ~12 us restart; docs/mla.md)."""
+    from pallas_attn.kernels.v12_mla_tc import CONFIGS, KERNEL, WL_RESTART_TILES, launches
+
+    s = dataclasses.replace(MLA, batch=batch, kv_tokens=batch * 6144 if ragged else None)
+    plan = {"engine": "mosaic", "splits": 1, "chunk": 8192, "block_m": 64, "block_kv": 64, "ctas": 2 * units,
+            "smem_bytes": 231488, "units": units}
+    kern = launches(s, plan, list(KERNEL.passes), H100, CONFIGS["kv64_mc_wl"])[1]
+    share = (batch * (6144 if ragged else 8192)) / 64 / units
+    assert kern.steps == math.ceil(share + restarts * WL_RESTART_TILES) + 1
 
 
 def test_v11_mla_pallas_units_are_the_paged_partials():

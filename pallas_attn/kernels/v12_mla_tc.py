@@ -160,6 +160,9 @@ LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the re
 _LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
 _LAZY_SCRATCH = 1024  # lazy_rescale: Mosaic's cross-warp reduction scratch for the one uniform decision per tile
 WL_MIN_BATCH, WL_MIN_KV_LEN = 64, 8192  # _own_rule: the work list from here (docs/mla.md "The work list")
+# layer 2: a work-list piece's restart in 64-key tiles of a cluster pair's chain (~12 us against ~2.05 us a tile,
+# session 33 call 1's breakdown; checked against session 35 calls 4 and 6, docs/mla.md)
+WL_RESTART_TILES = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1787,8 +1790,12 @@ def launches(s, plan, names: list[str], hw=None, cfg=None) -> list[Launch]:
         ws = s.batch * row_tiles * bm * (dv * s.in_bytes + 4)
     units = plan.get("units")
     if units:  # work_list: a unit's share of the batch's tiles (+ 1: a piece boundary), one piece per unit and
-        # sequence written
-        tiles = max(1, math.ceil(kv_tokens(s) * s.vis_frac / tn / units) + 1)
+        # sequence written, and each further piece's restart (the epilogue, the ring refilled, Q reloaded: ~12 us,
+        # WL_RESTART_TILES tiles of the chain, docs/mla.md "The work list"); a unit crosses (B - 1) / U sequence
+        # boundaries on average, none at equal lengths when the units are a multiple of the batch
+        ragged = kv_tokens(s) != s.batch * s.kv_len
+        restarts = (s.batch - 1) / units if ragged or units % s.batch else 0.0
+        tiles = max(1, math.ceil(kv_tokens(s) * s.vis_frac / tn / units + restarts * WL_RESTART_TILES) + 1)
         splits = max(1, cdiv(units + s.batch - 1, s.batch))  # pieces merged per sequence, on average
         ws = (units + s.batch - 1) * row_tiles * bm * (dv + 1) * 4
     split_qk = bool(getattr(cfg, "split_qk", False) or getattr(cfg, "share_p", False))
