@@ -207,7 +207,7 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     p = jnp.arange(t_rows, dtype=jnp.int32)
     # the sequence of row p, as a compare-and-count (fuses into the gather below; jnp.searchsorted's loop of small
     # launches cost ~1 us each: call 5)
-    seq_p = jnp.minimum(jnp.sum(cu[None, 1:] <= p[:, None], axis=1), b - 1).astype(jnp.int32)
+    seq_p = _segment_of(cu[1:], p)
     i_p = p - cu[seq_p]  # its index inside the sequence
     inside = p < cu[-1]
     zero_o, zero_l = jnp.zeros((), q.dtype), jnp.float32(-jnp.inf)
@@ -263,7 +263,7 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
     ends = jnp.cumsum(n_t)
     nt = -(-t_rows // r) + b  # static bound on the tiles: each sequence wastes at most one partial tile
     j = jnp.arange(nt, dtype=jnp.int32)
-    seq = jnp.minimum(jnp.sum(ends[None, :] <= j[:, None], axis=1), b - 1).astype(jnp.int32)  # a tile's sequence
+    seq = _segment_of(ends, j)  # a tile's sequence
     k_t = j - (ends - n_t)[seq]  # the tile's index inside its sequence
     valid = j < ends[-1]
     rows_t = jnp.where(valid, jnp.clip(ql_pf[seq] - k_t * r, 0, r), 0).astype(jnp.int32)  # real rows of the tile
@@ -276,6 +276,13 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
                                       block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
     return (out_t.reshape(nt * r, hq, d), jnp.swapaxes(lse_t, 1, 2).reshape(nt * r, hq),
             (ends - n_t).astype(jnp.int32), r)
+
+
+def _segment_of(ends, idx):
+    """int32: for each of ``idx``, the segment it falls in given the segments' ascending ends ``[B]`` (a
+    compare-and-count, clamped to the last segment; ``jnp.searchsorted``'s loop of small launches cost ~1 us each,
+    session 34 call 5)."""
+    return jnp.minimum(jnp.sum(ends[None, :] <= idx[:, None], axis=1), ends.shape[0] - 1).astype(jnp.int32)
 
 
 def _window_band(window):

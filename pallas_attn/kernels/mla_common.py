@@ -151,25 +151,27 @@ class LatentSource:
         return chunks, self._piece(rows, kmask, lay.dv, lay.rope)
 
 
-def table_poison(block_table, kv_lens, *, num_pages: int, page: int):
-    """bool ``[B]``: the sequence's length lies outside ``[0, capacity]`` or a page it uses lies outside the pool."""
+def _table_checks(block_table, kv_lens, *, num_pages: int, page: int):
+    """``(bad_len [B], oob [B, pages])``: a length outside ``[0, capacity]``; a page the length uses outside the pool
+    (the rule ``table_poison`` and ``table_flag`` reduce)."""
     pps = block_table.shape[1]
     lens = kv_lens.astype(jnp.int32)
     bad_len = (lens < 0) | (lens > pps * page)
     used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((jnp.clip(lens, 0, pps * page) + page - 1) // page)[:, None]
-    oob = used & ((block_table < 0) | (block_table >= num_pages))
+    return bad_len, used & ((block_table < 0) | (block_table >= num_pages))
+
+
+def table_poison(block_table, kv_lens, *, num_pages: int, page: int):
+    """bool ``[B]``: the sequence's length lies outside ``[0, capacity]`` or a page it uses lies outside the pool."""
+    bad_len, oob = _table_checks(block_table, kv_lens, num_pages=num_pages, page=page)
     return bad_len | jnp.any(oob, axis=1)
 
 
 def table_flag(block_table, kv_lens, *, num_pages: int, page: int):
     """int32 ``[B]``, nonzero where ``table_poison`` is set: the same rule as one reduction over ``[B, pages]`` (the
     direct epilogue's input; a bool result cast afterwards is a second XLA launch)."""
-    pps = block_table.shape[1]
-    lens = kv_lens.astype(jnp.int32)
-    bad_len = (lens < 0) | (lens > pps * page)
-    used = jnp.arange(pps, dtype=jnp.int32)[None, :] < ((jnp.clip(lens, 0, pps * page) + page - 1) // page)[:, None]
-    bad = (used & ((block_table < 0) | (block_table >= num_pages))) | bad_len[:, None]
-    return jnp.max(bad.astype(jnp.int32), axis=1)
+    bad_len, oob = _table_checks(block_table, kv_lens, num_pages=num_pages, page=page)
+    return jnp.max((oob | bad_len[:, None]).astype(jnp.int32), axis=1)
 
 
 def validate_table_eagerly(block_table, kv_lens, *, num_pages: int, page: int) -> None:

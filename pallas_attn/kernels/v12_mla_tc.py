@@ -1485,16 +1485,14 @@ def _mosaic(q, data, bt, lens, off, *, dv: int, splits: int, chunk: int, causal:
                              units, 0, bool(causal), float(scale), cfg, emulate)
         o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, wl)
         return o, lse, wl
-    if cfg.writes_direct(splits):  # the output itself: [B, rows_pad, DV] in q's dtype, the LSE [B, rows_pad]
-        call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, 1,
-                             chunk, bool(causal), float(scale), cfg, emulate, True, bad is not None)
-        flag = () if bad is None else (bad.astype(jnp.int32),)  # (table_flag's int32: no cast)
-        o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, *flag)
+    direct = cfg.writes_direct(splits)  # the output itself: [B, rows_pad, DV] in q's dtype, the LSE [B, rows_pad]
+    call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
+                         chunk, bool(causal), float(scale), cfg, emulate, direct, direct and bad is not None)
+    flag = (bad.astype(jnp.int32),) if direct and bad is not None else ()  # (table_flag's int32: no cast)
+    o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off, *flag)
+    if direct:
         out = gqa.unpack_o(o[:, :rows].reshape(b * rows, dv), b, tq, hq, 1)
         return out, gqa.unpack_lse(lse[:, :rows].reshape(b * rows), b, tq, hq)
-    call = _build_mosaic(b, rows_pad, tq, dqk, dv, num_pages, page, bt.shape[1], jnp.dtype(q.dtype).name, splits,
-                         chunk, bool(causal), float(scale), cfg, emulate)
-    o, lse = call(qp, data.reshape(num_pages * page, dqk), bt.reshape(-1), lens, off)
     if raw:  # the kernel's layout, o [B, rows_pad, S, DV] and lse [B, S, rows_pad], for _finish
         return o, lse
     o = o[:, :rows].reshape(b * rows, splits, dv)
