@@ -43,6 +43,13 @@ __all__ = ["chunked_paged_attention", "varlen_paged_attention", "uses_fa_prefill
 # fa_prefill's producer reads K / V pages through the block table on the GPU (TMA per page; no gather). Off: every
 # page is gathered into a dense cache first (the path of session 11). GPU-tested: tests/gpu/test_serving_gpu.py.
 PAGED_IN_KERNEL = True
+# The packed entry's row copies (the tiles' Q, the output's assembly, the decode part's Q) move 16-bit rows as 32-bit
+# words: XLA's gather runs a thread an element, so two elements a word halve its threads (session 36, issue 32: the Q
+# gather and the assembly were 24 and 19 us of mix B's 744). Off: the element gathers of session 34.
+ROW_WORDS = True
+# The decode part's split count when the decoding sequences' count is traced (``decode_part_splits``): "half" plans
+# for half the batch decoding (session 34), "one" for a single decode (the most splits), "all" for every sequence.
+DECODE_GUESS = "half"
 
 
 def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
@@ -219,20 +226,20 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
                                               interp=interp, band=band, softcap=softcap, sinks=sinks)
         take = inside & ~dec[seq_p] & (q_lens[seq_p] > 0)
         src = jnp.clip(tile_of[seq_p] * r + i_p, 0, o_c.shape[0] - 1)
-        out = jnp.where(take[:, None, None], o_c[src], out)
+        out = jnp.where(take[:, None, None], _rows(o_c, src), out)
         lse = jnp.where(take[:, None], l_c[src], lse)
     # the decodes: their first 16 rows (clamped into q), fa_decode's row-limited decode part (skipped when concrete
     # lengths hold none)
     if ql is None or np.any((ql >= 1) & (ql <= n)):
         rows_n = jnp.arange(n, dtype=jnp.int32)
-        qd = q[jnp.clip(cu[:-1, None] + rows_n[None, :], 0, t_rows - 1)]
+        qd = _rows(q, jnp.clip(cu[:-1, None] + rows_n[None, :], 0, t_rows - 1))
         out_d, lse_d = _decode_part(qd, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, scale=scale,
                                     interpret=interp, window=window, softcap=softcap, sinks=sinks)
         take = inside & dec[seq_p]
         src = seq_p * n + jnp.clip(i_p, 0, n - 1)
         poisoned = bad[seq_p]
         out = jnp.where(take[:, None, None], jnp.where(poisoned[:, None, None], jnp.nan,
-                                                       out_d.reshape(b * n, hq, d)[src]).astype(q.dtype), out)
+                                                       _rows(out_d.reshape(b * n, hq, d), src)).astype(q.dtype), out)
         lse = jnp.where(take[:, None], jnp.where(poisoned[:, None], jnp.nan,
                                                  jnp.swapaxes(lse_d, 1, 2).reshape(b * n, hq)[src]), lse)
     out = jnp.where(no_layout, jnp.nan, out).astype(q.dtype)  # (fuses into the pass above)
@@ -268,7 +275,7 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
     valid = j < ends[-1]
     rows_t = jnp.where(valid, jnp.clip(ql_pf[seq] - k_t * r, 0, r), 0).astype(jnp.int32)  # real rows of the tile
     tidx = cu[seq][:, None] + k_t[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]  # [NT, R]
-    qt = q[jnp.clip(tidx, 0, t_rows - 1)]
+    qt = _rows(q, jnp.clip(tidx, 0, t_rows - 1))
     off_t = jnp.where(valid, offs[seq] + k_t * r, 0).astype(jnp.int32)
     sinks_t = None if sinks is None else jnp.asarray(sinks, jnp.float32)
     out_t, lse_t = fa_prefill.forward(qt, k_pool, v_pool, causal=True, scale=scale, q_offset=off_t, interpret=interp,
@@ -276,6 +283,17 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
                                       block_table=tbl[seq], q_lens=rows_t, poison=bad[seq] & valid)
     return (out_t.reshape(nt * r, hq, d), jnp.swapaxes(lse_t, 1, 2).reshape(nt * r, hq),
             (ends - n_t).astype(jnp.int32), r)
+
+
+def _rows(x, idx):
+    """``x[idx]`` for ``x [T, ...]``: whole rows, gathered as 32-bit words when ``ROW_WORDS`` and the rows are 16-bit
+    with an even number of elements (a bitcast each way: no copy), else element by element."""
+    t, tail = x.shape[0], tuple(x.shape[1:])
+    n = int(np.prod(tail))
+    if not ROW_WORDS or jnp.dtype(x.dtype).itemsize != 2 or n % 2:
+        return x[idx]
+    w = jax.lax.bitcast_convert_type(x.reshape(t, n // 2, 2), jnp.uint32)[idx]
+    return jax.lax.bitcast_convert_type(w, x.dtype).reshape(tuple(idx.shape) + tail)
 
 
 def _segment_of(ends, idx):
@@ -366,7 +384,10 @@ def decode_part_splits(q_shape, pool_shape, pages_per_seq: int, dec, cfg) -> int
     b, _, hq, d = q_shape
     _, page, hkv, _ = pool_shape
     n = _concrete(dec)
-    guess = int(np.count_nonzero(n)) if n is not None else -(-b // 2)
+    if DECODE_GUESS not in ("half", "one", "all"):
+        raise ValueError(f"chunked.DECODE_GUESS must be 'half', 'one' or 'all'; got {DECODE_GUESS!r}")
+    traced = {"half": -(-b // 2), "one": 1, "all": b}[DECODE_GUESS]
+    guess = int(np.count_nonzero(n)) if n is not None else traced
     # one query a decoding sequence (a plain decode: its first 16-row tile; a speculative one's further tiles come
     # on top of the plan)
     return fa_decode.plan(batch=max(guess, 1), hkv=hkv, rows=hq // hkv, d=d, max_kv=pages_per_seq * page,

@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--parts", default="chunk,mixed,window")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode on the CPU")
+    ap.add_argument("--packed-variants", action="store_true",
+                    help="the packed mixed call also with chunked.ROW_WORDS off and each chunked.DECODE_GUESS")
     ap.add_argument("--kernels", action="store_true",
                     help="also print (and record) every kernel of each timed call, median us per launch position "
                          "(scripts/call_breakdown.py's clock; GPU only)")
@@ -193,12 +195,26 @@ def main(argv=None) -> int:
             # the same batch packed (paged_attention_varlen: no padding rows), traced cu_q_lens
             cu = np.concatenate([[0], np.cumsum(qls)]).astype(np.int32)
             qpk = jnp.concatenate([q[i, :n] for i, n in enumerate(qls)], axis=0)
-            fv = jax.jit(lambda q, kp, vp, t, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, t, kv, cu))
-            t_packed = timed("mixed", f"packed{tag}: {int(cu[-1])} rows", fv, (qpk, kp, vp, tbl, kv, jnp.asarray(cu)),
-                             q_lens=qls, kv_lens=kvs)
-            r = t_packed / (p1 + p2 + p3)
-            rows.append(("mixed", f"ratio{tag} packed / sum of parts", r, {}))
-            print(f"mixed   ratio{tag} packed / sum of parts: {r:.3f}", flush=True)
+            # session 36: the packed call as shipped, then with the row copies element by element (ROW_WORDS off:
+            # session 34's glue) and with the traced decode part planned for one / every sequence (DECODE_GUESS);
+            # each variant a fresh jit (the module knobs are read while tracing)
+            variants = [("", {}), (" elem copies", {"ROW_WORDS": False}), (" guess one", {"DECODE_GUESS": "one"}),
+                        (" guess all", {"DECODE_GUESS": "all"})] if args.packed_variants else [("", {})]
+            for vtag, knobs in variants:
+                saved = {k: getattr(chunked, k) for k in knobs}
+                try:
+                    for k, v in knobs.items():
+                        setattr(chunked, k, v)
+                    fv = jax.jit(lambda q, kp, vp, t, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, t, kv,
+                                                                                                 cu))
+                    t_packed = timed("mixed", f"packed{tag}{vtag}: {int(cu[-1])} rows", fv,
+                                     (qpk, kp, vp, tbl, kv, jnp.asarray(cu)), q_lens=qls, kv_lens=kvs, **knobs)
+                finally:
+                    for k, v in saved.items():
+                        setattr(chunked, k, v)
+                r = t_packed / (p1 + p2 + p3)
+                rows.append(("mixed", f"ratio{tag}{vtag} packed / parts", r, {}))
+                print(f"mixed   ratio{tag}{vtag} packed / sum of parts: {r:.3f}", flush=True)
             del kp, vp
 
     if "window" in parts:

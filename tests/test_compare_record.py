@@ -154,6 +154,12 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
     assert key("nvfp4_cast", **nv) == key("nvfp4_plain", **nv)
     assert key("nvfp4_cast", batch=32, **nv) != key("nvfp4_plain", batch=32, **nv)
     assert key(fd.DecodeConfig(nvfp4_halves=True), **nv) == key("default", **nv)
+    # NVFP4's batch-regime occupancy (session 36): another program in the regime only; fp8 / bf16 caches never
+    for occ in ("nvfp4_occ8", "nvfp4_occ16"):
+        assert key(occ, **nv) == key("default", **nv) and key(occ) == key("default") and key(occ, **fp8) == key(
+            "default", **fp8)
+        assert key(occ, batch=32, **nv) != key("default", batch=32, **nv)
+    assert key("nvfp4_occ8", batch=32, **nv) != key("nvfp4_occ16", batch=32, **nv)
     assert key(fd.DecodeConfig(nvfp4_halves=False), **nv) != key("default", **nv)
     # quant_pv16 (a bf16 q only): the default's is on in the batch regime only
     for kv in (fp8, nv):

@@ -58,6 +58,38 @@ def test_packed_chunks_and_decodes_match_the_oracle(rng, page):
     assert np.array_equal(np.asarray(f(*arrs, tbl, kvl, cu), np.float32), np.asarray(out, np.float32))
 
 
+@pytest.mark.parametrize("dt", [jnp.bfloat16, jnp.float16, jnp.float32])
+@pytest.mark.parametrize("tail", [(4, 64), (3, 5), (7,)])
+def test_row_copies_as_words_are_the_element_gathers(rng, dt, tail):
+    """``chunked._rows`` (session 36): whole rows gathered as 32-bit words where the rows are 16-bit and even (a
+    bitcast each way), element by element otherwise; equal bit for bit, NaN payloads and signed zeros included."""
+    from pallas_attn import chunked
+
+    x = rng.standard_normal((9,) + tail).astype(np.float32)
+    x.reshape(9, -1)[2, 0], x.reshape(9, -1)[4, -1] = np.nan, -0.0
+    x = jnp.asarray(x, dt)
+    idx = jnp.asarray(rng.integers(0, 9, size=(5, 3)), jnp.int32)
+    got = chunked._rows(x, idx)
+    assert got.shape == (5, 3) + tail and got.dtype == x.dtype
+    bits = np.uint16 if jnp.dtype(dt).itemsize == 2 else np.uint32
+    assert np.array_equal(np.asarray(got).view(bits), np.asarray(x[idx]).view(bits))
+
+
+def test_the_packed_entry_is_the_same_with_and_without_word_copies(rng, monkeypatch):
+    """The packed entry's output and LSE with ``chunked.ROW_WORDS`` on and off: bit for bit (only the copies change)."""
+    from pallas_attn import chunked
+
+    ql, kv = [150, 1, 3, 40], [200, 64, 100, 60]
+    arrs, _, tbl, kvl, cu = _case(rng, ql, kv)
+    f = jax.jit(lambda q, k, v, t, kl, c: pallas_attn.paged_attention_varlen(q, k, v, t, kl, c, return_lse=True))
+    on = f(*arrs, tbl, kvl, cu)
+    monkeypatch.setattr(chunked, "ROW_WORDS", False)
+    off = jax.jit(lambda q, k, v, t, kl, c: pallas_attn.paged_attention_varlen(q, k, v, t, kl, c,
+                                                                               return_lse=True))(*arrs, tbl, kvl, cu)
+    for a, b in zip(on, off):
+        assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), equal_nan=True)
+
+
 def test_features_and_the_padded_entry_agree(rng):
     """window + soft-cap + sinks on both paths; the packed call's rows equal the padded entry's (q_lens) rows."""
     ql, kv = [150, 1, 3, 70], [240, 90, 50, 200]

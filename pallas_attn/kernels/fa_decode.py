@@ -235,6 +235,12 @@ CONFIGS: dict[str, DecodeConfig] = {
     "spec_split8": DecodeConfig(splits=8),
     "spec_occ3": DecodeConfig(occupancy=3),
     "spec_m32": DecodeConfig(block_m_max=32),
+    # NVFP4's batch regime planned at 8 / 16 programs an SM instead of 4 (session 36, issue 31): at B 32 the plans of
+    # spec_split4 / spec_split8, which session 31 measured 2.5-4.5% faster than the default on an H200, but only in the
+    # regime, so a table row of them cannot give B 1 eight splits (session 31's nearest-bucket accident); every other
+    # cache and batch runs the default's program (Kernel.effective)
+    "nvfp4_occ8": DecodeConfig(nvfp4_batch_occupancy=8),
+    "nvfp4_occ16": DecodeConfig(nvfp4_batch_occupancy=16),
 }
 
 

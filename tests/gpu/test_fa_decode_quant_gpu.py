@@ -62,7 +62,8 @@ def test_quantizer_on_gpu_matches_the_judge(fmt):
 # quantized tiles (quant_tile_scale; no named config: measured slower, docs/quantized_kv.md §8)
 # session 19: the default decodes NVFP4 by "asm" as halves; "asm_tile" is the asm decode made to take the joined tile
 # (kv_source.nvfp4_tile, a float32 join); nvfp4_cast is session 18's default, nvfp4_plain the path before it
-CONFIGS = ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "asm_tile", "wide"]
+# session 36: nvfp4_occ16, NVFP4's batch regime at 16 programs an SM (B 32: eight splits)
+CONFIGS = ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "asm_tile", "wide", "nvfp4_occ16"]
 
 
 def _config(name):
