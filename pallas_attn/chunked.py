@@ -43,13 +43,12 @@ __all__ = ["chunked_paged_attention", "varlen_paged_attention", "uses_fa_prefill
 # fa_prefill's producer reads K / V pages through the block table on the GPU (TMA per page; no gather). Off: every
 # page is gathered into a dense cache first (the path of session 11). GPU-tested: tests/gpu/test_serving_gpu.py.
 PAGED_IN_KERNEL = True
-# The packed entry's row copies (the tiles' Q, the output's assembly, the decode part's Q) move 16-bit rows as 32-bit
-# words: XLA's gather runs a thread an element, so two elements a word halve its threads (session 36, issue 32: the Q
-# gather and the assembly were 24 and 19 us of mix B's 744). Off: the element gathers of session 34.
+# The packed entry's row copies (the Q gather into row tiles, and the output's assembly with its selects) move 16-bit
+# rows as 32-bit words: XLA's gather runs a thread an element, so two elements a word halve its threads (session 36,
+# issue 32, H200: the Q gather 24.2 -> 14.5 us at the probe's mix B). The assembly is done in words throughout, every
+# operand of its selects a word: call 1 gathered the tiles' rows as words and selected in bf16, and the gather lost
+# its fusion into the select (a 16 us kernel of its own). Off: session 34's element copies.
 ROW_WORDS = True
-# The decode part's split count when the decoding sequences' count is traced (``decode_part_splits``): "half" plans
-# for half the batch decoding (session 34), "one" for a single decode (the most splits), "all" for every sequence.
-DECODE_GUESS = "half"
 
 
 def uses_fa_prefill(dtype_name: str, head_dim: int, interpret: bool) -> bool:
@@ -217,32 +216,38 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     seq_p = _segment_of(cu[1:], p)
     i_p = p - cu[seq_p]  # its index inside the sequence
     inside = p < cu[-1]
-    zero_o, zero_l = jnp.zeros((), q.dtype), jnp.float32(-jnp.inf)
-    out = jnp.broadcast_to(zero_o, (t_rows, hq, d))
-    lse = jnp.broadcast_to(zero_l, (t_rows, hq))
+    # the output is assembled as 32-bit words where the rows allow it (``ROW_WORDS``: every operand of the select a
+    # word, so the gathers stay fused into it), else element by element
+    words = _row_words(q)
+    wrap, unwrap = (_to_words, lambda x: _from_words(x, q.dtype, (hq, d))) if words else (lambda x: x, lambda x: x)
+    nan_o = wrap(jnp.full((1, hq, d), jnp.nan, q.dtype))[0]
+    out = jnp.broadcast_to(wrap(jnp.zeros((1, hq, d), q.dtype))[0], (t_rows,) + nan_o.shape)
+    lse = jnp.broadcast_to(jnp.float32(-jnp.inf), (t_rows, hq))
     # the chunks first (skipped when concrete lengths hold none)
     if ql is None or np.any(ql > n):
         o_c, l_c, tile_of, r = _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, scale=scale,
                                               interp=interp, band=band, softcap=softcap, sinks=sinks)
         take = inside & ~dec[seq_p] & (q_lens[seq_p] > 0)
         src = jnp.clip(tile_of[seq_p] * r + i_p, 0, o_c.shape[0] - 1)
-        out = jnp.where(take[:, None, None], _rows(o_c, src), out)
+        sel = (slice(None),) + (None,) * (out.ndim - 1)
+        out = jnp.where(take[sel], wrap(o_c)[src], out)
         lse = jnp.where(take[:, None], l_c[src], lse)
     # the decodes: their first 16 rows (clamped into q), fa_decode's row-limited decode part (skipped when concrete
     # lengths hold none)
     if ql is None or np.any((ql >= 1) & (ql <= n)):
         rows_n = jnp.arange(n, dtype=jnp.int32)
-        qd = _rows(q, jnp.clip(cu[:-1, None] + rows_n[None, :], 0, t_rows - 1))
+        qd = q[jnp.clip(cu[:-1, None] + rows_n[None, :], 0, t_rows - 1)]
         out_d, lse_d = _decode_part(qd, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, scale=scale,
                                     interpret=interp, window=window, softcap=softcap, sinks=sinks)
         take = inside & dec[seq_p]
         src = seq_p * n + jnp.clip(i_p, 0, n - 1)
         poisoned = bad[seq_p]
-        out = jnp.where(take[:, None, None], jnp.where(poisoned[:, None, None], jnp.nan,
-                                                       _rows(out_d.reshape(b * n, hq, d), src)).astype(q.dtype), out)
+        sel = (slice(None),) + (None,) * (out.ndim - 1)
+        out = jnp.where(take[sel], jnp.where(poisoned[sel], nan_o,
+                                             wrap(out_d.reshape(b * n, hq, d).astype(q.dtype))[src]), out)
         lse = jnp.where(take[:, None], jnp.where(poisoned[:, None], jnp.nan,
                                                  jnp.swapaxes(lse_d, 1, 2).reshape(b * n, hq)[src]), lse)
-    out = jnp.where(no_layout, jnp.nan, out).astype(q.dtype)  # (fuses into the pass above)
+    out = unwrap(jnp.where(no_layout, nan_o, out))  # (fuses into the pass above)
     lse = jnp.where(no_layout, jnp.nan, lse)
     return (out, lse.T) if return_lse else out
 
@@ -285,15 +290,27 @@ def _varlen_chunks(q, k_pool, v_pool, tbl, cu, q_lens, offs, dec, bad, *, scale,
             (ends - n_t).astype(jnp.int32), r)
 
 
+def _row_words(x) -> bool:
+    """Whether ``x [T, ...]``'s rows move as 32-bit words (``ROW_WORDS``, 16-bit rows of an even length)."""
+    return ROW_WORDS and jnp.dtype(x.dtype).itemsize == 2 and int(np.prod(x.shape[1:])) % 2 == 0
+
+
+def _to_words(x):
+    """``[N, ...]`` 16-bit -> ``[N, W]`` uint32, two elements a word (a bitcast: no copy)."""
+    return jax.lax.bitcast_convert_type(x.reshape(x.shape[0], -1, 2), jnp.uint32)
+
+
+def _from_words(w, dtype, tail):
+    """``_to_words``' inverse: ``[..., W]`` uint32 -> ``[..., *tail]`` of ``dtype``."""
+    return jax.lax.bitcast_convert_type(w, dtype).reshape(tuple(w.shape[:-1]) + tuple(tail))
+
+
 def _rows(x, idx):
-    """``x[idx]`` for ``x [T, ...]``: whole rows, gathered as 32-bit words when ``ROW_WORDS`` and the rows are 16-bit
-    with an even number of elements (a bitcast each way: no copy), else element by element."""
-    t, tail = x.shape[0], tuple(x.shape[1:])
-    n = int(np.prod(tail))
-    if not ROW_WORDS or jnp.dtype(x.dtype).itemsize != 2 or n % 2:
+    """``x[idx]`` for ``x [T, ...]``: whole rows, gathered as 32-bit words where ``_row_words`` says so (a bitcast
+    each way), else element by element."""
+    if not _row_words(x):
         return x[idx]
-    w = jax.lax.bitcast_convert_type(x.reshape(t, n // 2, 2), jnp.uint32)[idx]
-    return jax.lax.bitcast_convert_type(w, x.dtype).reshape(tuple(idx.shape) + tail)
+    return _from_words(_to_words(x)[idx], x.dtype, x.shape[1:])
 
 
 def _segment_of(ends, idx):
@@ -378,16 +395,15 @@ def decode_part_splits(q_shape, pool_shape, pages_per_seq: int, dec, cfg) -> int
     the part took 108 us against 54 for the two decodes called alone (call 1). So the plan is made for the decoding
     sequences only, one query each: their count when ``q_lens`` is concrete, else (traced) half the batch, rounded
     up; a wrong guess costs programs that are too long (fewer decodes than guessed: at worst half the machine idle)
-    or too many short ones (more decodes than guessed)."""
+    or too many short ones (more decodes than guessed). Session 36 measured the two other guesses at the probe's
+    mixes (H200, `results/gpu_runs/20261128_s36_h200_call1_nvfp4_occ_varlen_words/`): one decode (32 splits) left the
+    partial kernel as it was and tripled the merge (+11-21 us); the whole batch (4 splits) cost 35-65 us."""
     from .kernels import fa_decode
 
     b, _, hq, d = q_shape
     _, page, hkv, _ = pool_shape
     n = _concrete(dec)
-    if DECODE_GUESS not in ("half", "one", "all"):
-        raise ValueError(f"chunked.DECODE_GUESS must be 'half', 'one' or 'all'; got {DECODE_GUESS!r}")
-    traced = {"half": -(-b // 2), "one": 1, "all": b}[DECODE_GUESS]
-    guess = int(np.count_nonzero(n)) if n is not None else traced
+    guess = int(np.count_nonzero(n)) if n is not None else -(-b // 2)
     # one query a decoding sequence (a plain decode: its first 16-row tile; a speculative one's further tiles come
     # on top of the plan)
     return fa_decode.plan(batch=max(guess, 1), hkv=hkv, rows=hq // hkv, d=d, max_kv=pages_per_seq * page,

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="chunk,mixed,window")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode on the CPU")
     ap.add_argument("--packed-variants", action="store_true",
-                    help="the packed mixed call also with chunked.ROW_WORDS off and each chunked.DECODE_GUESS")
+                    help="the packed mixed call also with chunked.ROW_WORDS off")
     ap.add_argument("--kernels", action="store_true",
                     help="also print (and record) every kernel of each timed call, median us per launch position "
                          "(scripts/call_breakdown.py's clock; GPU only)")
@@ -195,11 +195,11 @@ def main(argv=None) -> int:
             # the same batch packed (paged_attention_varlen: no padding rows), traced cu_q_lens
             cu = np.concatenate([[0], np.cumsum(qls)]).astype(np.int32)
             qpk = jnp.concatenate([q[i, :n] for i, n in enumerate(qls)], axis=0)
-            # session 36: the packed call as shipped, then with the row copies element by element (ROW_WORDS off:
-            # session 34's glue) and with the traced decode part planned for one / every sequence (DECODE_GUESS);
-            # each variant a fresh jit (the module knobs are read while tracing)
-            variants = [("", {}), (" elem copies", {"ROW_WORDS": False}), (" guess one", {"DECODE_GUESS": "one"}),
-                        (" guess all", {"DECODE_GUESS": "all"})] if args.packed_variants else [("", {})]
+            # session 36: the packed call as shipped, then with the tiles' Q gathered element by element
+            # (chunked.ROW_WORDS off: session 34's glue); each variant a fresh jit (the knob is read while tracing).
+            # Session 36 call 1 also timed the traced decode part planned for one / every sequence (a knob removed
+            # after it: both slower)
+            variants = [("", {}), (" elem copies", {"ROW_WORDS": False})] if args.packed_variants else [("", {})]
             for vtag, knobs in variants:
                 saved = {k: getattr(chunked, k) for k in knobs}
                 try:

@@ -370,28 +370,6 @@ def test_the_decode_part_plans_for_the_decoding_sequences_only():
     assert int(traced) == want(2)
 
 
-@pytest.mark.parametrize("guess, batch", [("half", 2), ("one", 1), ("all", 4)])
-def test_the_decode_guess_sets_the_traced_plan_only(monkeypatch, guess, batch):
-    """``chunked.DECODE_GUESS`` (session 36): the count a traced mixed batch's decode part is planned for; concrete
-    lengths keep their own count; anything else is refused by name."""
-    from pallas_attn.kernels import fa_decode
-
-    cfg = fa_decode.CONFIGS["default"]
-    q_shape, pool_shape, pps = (4, 2048, 32, 128), (4 * 2048 + 7, 16, 8, 128), 2048
-
-    def want(b):
-        return fa_decode.plan(batch=b, hkv=8, rows=4, d=128, max_kv=pps * 16, config=cfg, page_size=16).splits
-
-    monkeypatch.setattr(chunked, "DECODE_GUESS", guess)
-    dec = jnp.asarray([False, True, True, True])
-    traced = jax.jit(lambda d: jnp.int32(chunked.decode_part_splits(q_shape, pool_shape, pps, d, cfg)))(dec)
-    assert int(traced) == want(batch)
-    assert chunked.decode_part_splits(q_shape, pool_shape, pps, dec, cfg) == want(3)
-    monkeypatch.setattr(chunked, "DECODE_GUESS", "most")
-    with pytest.raises(ValueError, match="DECODE_GUESS"):
-        chunked.decode_part_splits(q_shape, pool_shape, pps, dec, cfg)
-
-
 
 @pytest.mark.parametrize("with_lse", [False, True])
 def test_fa_prefill_q_lens_lowers_for_cuda_with_and_without_the_lse(with_lse):

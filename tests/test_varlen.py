@@ -76,7 +76,9 @@ def test_row_copies_as_words_are_the_element_gathers(rng, dt, tail):
 
 
 def test_the_packed_entry_is_the_same_with_and_without_word_copies(rng, monkeypatch):
-    """The packed entry's output and LSE with ``chunked.ROW_WORDS`` on and off: bit for bit (only the copies change)."""
+    """The packed entry with ``chunked.ROW_WORDS`` on and off (only the tiles' Q gather changes): the outputs bit for
+    bit; the LSE to a few float32 ulp (the interpreter's two programs are compiled apart by XLA's CPU backend, whose
+    log / exp code can differ by an ulp between them), with -inf exactly where the other has it."""
     from pallas_attn import chunked
 
     ql, kv = [150, 1, 3, 40], [200, 64, 100, 60]
@@ -86,8 +88,11 @@ def test_the_packed_entry_is_the_same_with_and_without_word_copies(rng, monkeypa
     monkeypatch.setattr(chunked, "ROW_WORDS", False)
     off = jax.jit(lambda q, k, v, t, kl, c: pallas_attn.paged_attention_varlen(q, k, v, t, kl, c,
                                                                                return_lse=True))(*arrs, tbl, kvl, cu)
-    for a, b in zip(on, off):
-        assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), equal_nan=True)
+    assert np.array_equal(np.asarray(on[0], np.float32), np.asarray(off[0], np.float32), equal_nan=True)
+    l_on, l_off = np.asarray(on[1]), np.asarray(off[1])
+    assert np.array_equal(np.isneginf(l_on), np.isneginf(l_off))
+    fin = np.isfinite(l_on)
+    np.testing.assert_allclose(l_on[fin], l_off[fin], rtol=4e-7, atol=0)
 
 
 def test_features_and_the_padded_entry_agree(rng):
