@@ -418,9 +418,11 @@ def test_the_h100_table_leaves_speculative_decode_to_the_default_rule():
     assert fd.plan(batch=4, hkv=8, rows=64, d=128, max_kv=8192, config=small, sm_count=132).splits > 1
 
 
-def test_the_h200_table_keeps_the_wave_models_split_where_it_measured_faster():
-    """The H200's fa_decode rows (session 23, call 6): one split lost there at Qwen2.5-7B decode B 32 S 32k (512.1
-    against 490.2 us) and Llama-8B spec Tq 4, so those buckets take ``waves``; Llama-70B Tq 8 keeps the default."""
+def test_the_h200_table_takes_what_each_spec_and_decode_row_measured():
+    """The H200's fa_decode rows: Qwen2.5-7B decode B 32 S 32k keeps ``waves`` (session 23, call 6: one split lost
+    there, 512.1 against 490.2 us); session 36's grid (call 3, every named config; call 4 through auto) put 128-key
+    tiles at Llama-8B spec Tq 2 / 4 and 4 stages at Tq 8 (Llama-70B too) and at Qwen decode B 32 S 8k; Qwen B 128 S 8k
+    has a row of its own (default: it had taken B 32's ``spec_st4`` by nearest bucket and lost 3%)."""
     from pallas_attn import tuning
     from pallas_attn.kernels.contract import Problem
 
@@ -430,5 +432,29 @@ def test_the_h200_table_keeps_the_wave_models_split_where_it_measured_faster():
 
     with tuning.use_chip("h200"):
         assert fd.KERNEL.heuristic(prob(32, 1, 32768, 28, 4)) == fd.CONFIGS["waves"]
-        assert fd.KERNEL.heuristic(prob(16, 4, 8192, 32, 8)) == fd.CONFIGS["waves"]
-        assert fd.KERNEL.heuristic(prob(16, 8, 8192, 64, 8)) == fd.CONFIGS["default"]
+        assert fd.KERNEL.heuristic(prob(16, 4, 8192, 32, 8)) == fd.CONFIGS["spec_bk128"]
+        assert fd.KERNEL.heuristic(prob(16, 8, 8192, 64, 8)) == fd.CONFIGS["spec_st4"]
+        assert fd.KERNEL.heuristic(prob(32, 1, 8192, 28, 4)) == fd.CONFIGS["spec_st4"]
+        assert fd.KERNEL.heuristic(prob(128, 1, 8192, 28, 4)) == fd.CONFIGS["default"]
+
+
+def test_one_query_and_several_never_share_a_table_row():
+    """``tuning.DERIVED`` (session 36): fa_decode's query regime is an exact key, so a Tq 1 shape the table has no row
+    for never takes a speculative row by nearest bucket (Llama-3.1-70B B 16 S 8k would have taken the Tq 2 row's
+    128-key tiles), and a speculative shape never takes a Tq 1 row (GPT-2's D 64 spec shapes had taken Tq 1 rows)."""
+    from pallas_attn import tuning
+    from pallas_attn.kernels.contract import Problem
+
+    def prob(q_len, hq=64, hkv=8, d=128, batch=16):
+        return Problem(entry="dense", dtype="bfloat16", batch=batch, q_len=q_len, kv_len=8192, heads_q=hq,
+                       heads_kv=hkv, head_dim=d, causal=True)
+
+    tbl = {"min_gain": 0.02, "kernels": {"fa_decode": {"rows": [
+        {"key": tuning.bucket("fa_decode", prob(2)), "config": "spec_bk128"},
+        {"key": tuning.bucket("fa_decode", prob(1, batch=128)), "config": "waves"}]}}}
+    assert tuning.choose("fa_decode", prob(1), tbl=tbl) == "waves"  # the Tq 2 row is nearer, and not eligible
+    assert tuning.choose("fa_decode", prob(4), tbl=tbl) == "spec_bk128"
+    assert tuning.choose("fa_decode", prob(2, hq=12, hkv=12, d=64), tbl=tbl) is None  # no row of its kind
+    with tuning.use_chip("h200"):
+        assert fd.KERNEL.heuristic(prob(1)) == fd.CONFIGS["default"]
+        assert fd.KERNEL.heuristic(prob(8, hq=12, hkv=12, d=64)) == fd.CONFIGS["default"]

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "chip", "chip_of", "table", "table_for", "sibling_table", "choose", "bucket", "CHIPS", "use_chip",
+__all__ = ["KEYS", "DERIVED", "chip", "chip_of", "table", "table_for", "sibling_table", "choose", "bucket", "CHIPS", "use_chip",
            "SIBLING", "SIBLING_KERNELS"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
@@ -46,6 +46,12 @@ KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fa_prefill_bwd": (("dtype", "head_dim", "causal"), ("q_len", "kv_len", "batch", "heads_q", "group")),
     "fa_decode": (("dtype", "kv_dtype", "head_dim", "paged"), ("q_len", "batch", "kv_len", "heads_kv", "group")),
 }
+# kernel -> {name: f(bucket values)}: exact keys derived from a row's (or a problem's) bucket values, so that rows
+# written before a derived key existed keep matching. fa_decode's query regime: one query a sequence and several
+# (speculative decode, Tq 2-16) plan differently (row tiles, warps, the one-split rule), so a row measured at one never
+# stands in for the other by nearest bucket (session 36: the H200's spec rows at Tq 2 / 8, 128-key tiles or 4 stages,
+# were the nearest rows of Tq 1 shapes the table had not measured, e.g. Llama-3.1-70B B 16 S 8k).
+DERIVED: dict[str, dict[str, Any]] = {"fa_decode": {"multi_query": lambda k: int(k.get("q_len") or 1) > 1}}
 # device-kind prefixes -> table name (the first that matches)
 CHIPS: tuple[tuple[str, str], ...] = (("NVIDIA H100", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA GH200", "h200"))
 _HERE = Path(__file__).parent
@@ -154,10 +160,11 @@ def sibling_table(kernel: str, name: str | None = None) -> Mapping[str, Any] | N
 def _nearest(tbl: Mapping[str, Any], kernel: str, want: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The row of ``tbl`` for ``kernel`` with ``want``'s exact keys and the nearest numeric ones, None if none."""
     exact, numeric = KEYS[kernel]
+    derived = DERIVED.get(kernel, {})
     best, best_d = None, math.inf
     for row in (tbl.get("kernels") or {}).get(kernel, {}).get("rows", []):
         key = row.get("key", {})
-        if any(key.get(k) != want[k] for k in exact):
+        if any(key.get(k) != want[k] for k in exact) or any(f(key) != f(want) for f in derived.values()):
             continue
         d = _distance(key, want, numeric)
         if d < best_d:
