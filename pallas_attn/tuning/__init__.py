@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KEYS", "DERIVED", "chip", "chip_of", "table", "table_for", "sibling_table", "choose", "bucket", "CHIPS", "use_chip",
-           "SIBLING", "SIBLING_KERNELS"]
+__all__ = ["KEYS", "DERIVED", "chip", "chip_of", "table", "table_for", "sibling_table", "choose", "bucket", "CHIPS",
+           "use_chip", "SIBLING", "SIBLING_KERNELS"]
 
 # kernel -> (exact keys, numeric keys) of its shape buckets; a problem's values come from ``bucket``.
 KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
