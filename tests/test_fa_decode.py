@@ -422,7 +422,8 @@ def test_the_h200_table_takes_what_each_spec_and_decode_row_measured():
     """The H200's fa_decode rows: Qwen2.5-7B decode B 32 S 32k keeps ``waves`` (session 23, call 6: one split lost
     there, 512.1 against 490.2 us); session 36's grid (call 3, every named config; call 4 through auto) put 128-key
     tiles at Llama-8B spec Tq 2 / 4 and 4 stages at Tq 8 (Llama-70B too) and at Qwen decode B 32 S 8k; Qwen B 128 S 8k
-    has a row of its own (default: it had taken B 32's ``spec_st4`` by nearest bucket and lost 3%)."""
+    has a row of its own (default: it had taken B 32's ``spec_st4`` by nearest bucket and lost 3%), and so do the spec
+    shapes at B 1 / 8 / 32 / 64 (calls 6-7, ``configs/spec_extrapolation.toml``)."""
     from pallas_attn import tuning
     from pallas_attn.kernels.contract import Problem
 
@@ -436,6 +437,11 @@ def test_the_h200_table_takes_what_each_spec_and_decode_row_measured():
         assert fd.KERNEL.heuristic(prob(16, 8, 8192, 64, 8)) == fd.CONFIGS["spec_st4"]
         assert fd.KERNEL.heuristic(prob(32, 1, 8192, 28, 4)) == fd.CONFIGS["spec_st4"]
         assert fd.KERNEL.heuristic(prob(128, 1, 8192, 28, 4)) == fd.CONFIGS["default"]
+        # calls 6-7: away from B 16 the two configs lost (B 1 Tq 2 128-key tiles 1.08-1.24x, B 8 Tq 8 4 stages up to
+        # 1.04x); those batches have default rows, so only the batches nearest 16 take them
+        for b in (1, 8, 32, 64):
+            assert fd.KERNEL.heuristic(prob(b, 2, 8192, 32, 8)) == fd.CONFIGS["default"], b
+            assert fd.KERNEL.heuristic(prob(b, 8, 8192, 64, 8)) == fd.CONFIGS["default"], b
 
 
 def test_one_query_and_several_never_share_a_table_row():
