@@ -9,7 +9,8 @@ A kernel's heuristic asks ``choose(kernel, problem)`` for a config name:
 * a table row is a shape bucket: the exact keys of the kernel's ``KEYS`` entry must match (dtype, head dim, causal,
   page size, ...), and among the rows that match, the one nearest in the numeric keys (batch, lengths, heads: the
   sum of |log2| distances) wins. That is the rule for shapes outside the table: the nearest measured shape of the
-  same kind, never a guess across kinds. No matching row gives None.
+  same kind, never a guess across kinds. A kind can also be a key derived from the numeric ones (``DERIVED``:
+  fa_decode's one query a sequence against several). No matching row gives None.
 
 A chip without its own rows for a kernel reads a sibling's for the kernels whose choices carry over (``SIBLING``,
 ``SIBLING_KERNELS``): the H200 is the H100's 132 SMs (the same tensor cores, registers and shared memory) with
