@@ -464,3 +464,25 @@ def test_one_query_and_several_never_share_a_table_row():
     with tuning.use_chip("h200"):
         assert fd.KERNEL.heuristic(prob(1)) == fd.CONFIGS["default"]
         assert fd.KERNEL.heuristic(prob(8, hq=12, hkv=12, d=64)) == fd.CONFIGS["default"]
+
+
+def test_stages_are_fitted_to_the_shared_memory_a_cta_may_use():
+    """``fit_stages`` (session 36): `spec_st4`'s 4 stages of the doubled 128-key tile at Llama-3.1-70B Tq 8 B 64 asked
+    the H200 for 278,528 bytes of shared memory (its launch refused); the plan now lowers the stages to what fits
+    beside the q tile, leaves every plan that fits as it was (all of the default's), and refuses a tile of which not
+    even one stage fits."""
+    import itertools
+
+    p = fd.plan(batch=64, hkv=8, rows=64, d=128, max_kv=8192, config=fd.CONFIGS["spec_st4"], sm_count=132)
+    assert (p.block_k, p.num_stages) == (128, 3)
+    assert 4 * fd.stage_bytes(128, 128, None) + 64 * 128 * 2 == 278528 > fd.SMEM_LIMIT  # what the launch asked for
+    assert p == fd.plan(batch=64, hkv=8, rows=64, d=128, max_kv=8192, config=fd.CONFIGS["default"], sm_count=132)
+    for name, d, fmt, b, rows in itertools.product(fd.CONFIGS, (64, 128, 256), (None, "fp8_e4m3", "nvfp4"),
+                                                   (1, 16, 64), (4, 64)):
+        kw = dict(batch=b, hkv=8, rows=rows, d=d, max_kv=32768, sm_count=132, kv_format=fmt)
+        got = fd.plan(config=fd.CONFIGS[name], **kw)
+        assert got.num_stages * fd.stage_bytes(got.block_k, d, fmt) + got.block_m * d * 2 <= fd.SMEM_LIMIT, (name, kw)
+        if name == "default":
+            assert got.num_stages == 3, kw  # never lowered
+    with pytest.raises(ValueError, match="does not fit"):
+        fd.plan(batch=1, hkv=8, rows=4, d=256, max_kv=8192, config=fd.DecodeConfig(block_k=512), sm_count=132)

@@ -111,7 +111,8 @@ class DecodeConfig:
     """Knobs of the decode kernel; ``None`` means "pick by heuristic" (``plan``).
 
     block_k: keys per streamed tile (power of two, 16..512). num_warps / num_stages: Triton launch knobs
-    (stages = software-pipelining depth of the K/V loads). splits: KV splits per (b, h_kv) (None: wave
+    (stages = software-pipelining depth of the K/V loads; an upper bound: the plan lowers it to what fits the
+    227 KiB of shared memory a CTA may use, ``fit_stages``). splits: KV splits per (b, h_kv) (None: wave
     model). occupancy: programs the wave model assumes resident per SM. block_m_max: cap on packed rows per
     program (rows beyond it go to more row tiles, which re-read the tile, mostly from L2).
     merge_block: splits combined per step of the merge kernel. fp8_decode / nvfp4_decode: how quantized
@@ -300,11 +301,38 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     warps = config.num_warps
     if warps is None and dense16 and d == 128 and bm == 64:
         warps = 4
-    return planner.plan_decode(
+    p = planner.plan_decode(
         batch=batch, hkv=hkv, rows=rows, d=d, max_kv=max_kv, sm_count=sm,
         block_k=config.block_k, num_warps=warps, num_stages=config.num_stages, splits=splits,
         occupancy=occ, paged_min_waves=config.paged_min_waves, block_m_max=config.block_m_max,
         page_size=page_size, block_k_scale=config.quant_tile_scale if kv_format else 1)
+    return fit_stages(p, d=d, kv_format=kv_format)
+
+
+# The shared memory one CTA may use on sm_90 (the 227 KiB opt-in limit). Triton stages ``num_stages`` K+V tiles of a
+# program as stored, beside the q tile: session 36 (H200) found `spec_st4`'s 4 stages of 128-key tiles (the plan's
+# doubled tile where B x Hkv fills the SMs) asking for 278,528 bytes at Llama-3.1-70B Tq 8 B 64, refused at launch.
+SMEM_LIMIT = 232448
+
+
+def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:
+    """Shared memory of one pipelined K+V stage: the tiles as stored (16-bit; fp8 a byte; NVFP4 the packed codes and
+    the micro-scales)."""
+    per_key = {None: 2 * d, "fp8_e4m3": d, "nvfp4": d // 2 + d // 16}[kv_format]
+    return 2 * block_k * per_key
+
+
+def fit_stages(p: planner.DecodePlan, *, d: int, kv_format: str | None) -> planner.DecodePlan:
+    """``p`` with its stages lowered to what fits ``SMEM_LIMIT`` beside the q tile (a config's ``num_stages`` is an
+    upper bound); unchanged wherever it fits (every default plan does). Raises if not even one stage fits."""
+    room = SMEM_LIMIT - p.block_m * d * 2
+    fit = room // stage_bytes(p.block_k, d, kv_format)
+    if p.num_stages <= fit:
+        return p
+    if fit < 1:
+        raise ValueError(f"fa_decode: one {p.block_k}-key K+V tile at D {d} ({kv_format or '16-bit'}) does not fit the "
+                         f"{SMEM_LIMIT} bytes of shared memory a CTA may use; give a smaller block_k")
+    return dataclasses.replace(p, num_stages=int(fit))
 
 
 # --------------------------------------------------------------------------------------------------------
