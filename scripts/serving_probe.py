@@ -195,8 +195,9 @@ def main(argv=None) -> int:
             # the same batch packed (paged_attention_varlen: no padding rows), traced cu_q_lens
             cu = np.concatenate([[0], np.cumsum(qls)]).astype(np.int32)
             qpk = jnp.concatenate([q[i, :n] for i, n in enumerate(qls)], axis=0)
-            # session 36: the packed call as shipped, then with the tiles' Q gathered element by element
-            # (chunked.ROW_WORDS off: session 34's glue); each variant a fresh jit (the knob is read while tracing).
+            # session 36: the packed call as shipped, then with its row copies (the tiles' Q gather, the output's
+            # assembly) element by element (chunked.ROW_WORDS off: session 34's glue); each variant a fresh jit (the
+            # knob is read while tracing).
             # Session 36 call 1 also timed the traced decode part planned for one / every sequence (a knob removed
             # after it: both slower)
             variants = [("", {}), (" elem copies", {"ROW_WORDS": False})] if args.packed_variants else [("", {})]
