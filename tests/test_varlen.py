@@ -77,9 +77,9 @@ def test_row_copies_as_words_are_the_element_gathers(rng, dt, tail):
 
 def test_the_packed_entry_is_the_same_with_and_without_word_copies(rng, monkeypatch):
     """The packed entry with ``chunked.ROW_WORDS`` on and off (only the row copies change: the tiles' Q gather and the
-    output's assembly): the outputs bit for
-    bit; the LSE to a few float32 ulp (the interpreter's two programs are compiled apart by XLA's CPU backend, whose
-    log / exp code can differ by an ulp between them), with -inf exactly where the other has it."""
+    output's assembly): the outputs bit for bit; the LSE to a few float32 ulp (the interpreter's two programs are
+    compiled apart by XLA's CPU backend, whose log / exp code can differ by an ulp between them), with -inf exactly
+    where the other has it."""
     from pallas_attn import chunked
 
     ql, kv = [150, 1, 3, 40], [200, 64, 100, 60]
