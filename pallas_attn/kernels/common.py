@@ -27,6 +27,7 @@ from .._compat import load, pl
 from . import seqlen
 
 __all__ = [
+    "SMEM_LIMIT",
     "cdiv",
     "next_pow2",
     "check_pow2",
@@ -44,6 +45,10 @@ __all__ = [
     "row_mask",
     "check_dense_shapes",
 ]
+
+# The shared memory one CTA may use on sm_90 (H100 / H200: the 227 KiB opt-in maximum), for every kernel that sizes
+# its buffers against it (fa_prefill, its backward, fa_mla's tensor-core kernel, fa_decode's stage fit).
+SMEM_LIMIT = 227 * 1024
 
 def cdiv(a, b: int):
     """Ceil division for Python ints and for non-negative traced int32 scalars (truncating lax.div is

@@ -52,6 +52,7 @@ from .. import _compat, quant, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, planner, seqlen, softmax, splitkv
+from .common import SMEM_LIMIT
 from .contract import Kernel, Precision, Problem
 from .kv_source import (
     DECODES,
@@ -309,10 +310,9 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     return fit_stages(p, d=d, kv_format=kv_format)
 
 
-# The shared memory one CTA may use on sm_90 (the 227 KiB opt-in limit). Triton stages ``num_stages`` K+V tiles of a
-# program as stored, beside the q tile: session 36 (H200) found `spec_st4`'s 4 stages of 128-key tiles (the plan's
-# doubled tile where B x Hkv fills the SMs) asking for 278,528 bytes at Llama-3.1-70B Tq 8 B 64, refused at launch.
-SMEM_LIMIT = 232448
+# Triton stages ``num_stages`` K+V tiles of a program as stored, beside the q tile, within ``SMEM_LIMIT`` (common):
+# session 36 (H200) found `spec_st4`'s 4 stages of 128-key tiles (the plan's doubled tile where B x Hkv fills the SMs)
+# asking for 278,528 bytes at Llama-3.1-70B Tq 8 B 64, refused at launch.
 
 
 def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:

@@ -55,6 +55,7 @@ from jax import lax
 from .. import tuning
 from .._compat import pl
 from . import seqlen
+from .common import SMEM_LIMIT as _SMEM_LIMIT  # 227 KiB a CTA on sm_90
 from .contract import Backward, Kernel, Precision, Problem
 from .launches import Launch, cdiv, occupancy
 from .mosaic_kit import WgmmaOps
@@ -73,7 +74,6 @@ PASS_FWD = f"pallas_attn_{GEN}_fwd"
 PASS_FALLBACK = f"pallas_attn_{GEN}_fwd_interpret"
 PASS_NAMES = (PASS_FWD, f"{PASS_FWD}_mosaic_gpu", PASS_FALLBACK)  # the Mosaic module carries both spellings
 _LOG2E = math.log2(math.e)
-_SMEM_LIMIT = 227 * 1024  # H100: 227 KiB of shared memory per block (opt-in maximum)
 _HEAD_DIMS = (64, 96, 128, 256)
 _PAGED_HEAD_DIMS = (64, 128, 256)
 

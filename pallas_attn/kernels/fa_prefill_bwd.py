@@ -74,6 +74,7 @@ from jax import lax
 
 from .. import _compat, tuning
 from .._compat import pl
+from .common import SMEM_LIMIT as _SMEM_LIMIT  # 227 KiB a CTA on sm_90
 from .fa_prefill import _block_bounds, _consumer_bounds, _pipeline_plan, _serial_plan
 from .launches import Launch, cdiv, xla_glue
 from .mosaic_kit import WgmmaOps
@@ -98,7 +99,6 @@ HEAD_DIMS = (64, 96, 128, 256)
 PADDED_HEAD_DIMS = {96: 128}
 DTYPES = ("float16", "bfloat16")
 _LOG2E = math.log2(math.e)
-_SMEM_LIMIT = 227 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -129,6 +129,7 @@ from .. import _compat, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, softmax, splitkv
+from .common import SMEM_LIMIT as _SMEM_LIMIT  # 227 KiB a CTA on sm_90
 from .contract import Kernel, Precision, Problem
 from .launches import Launch, cdiv, kv_bytes, kv_tokens, merge_launch, mla_dims, next_pow2, xla_glue
 from .mla_common import (
@@ -154,7 +155,6 @@ PASS_NAMES = (PASS_TWIN, PASS_MOSAIC, f"{PASS_MOSAIC}_mosaic_gpu", PASS_FINISH, 
 TEMPLATES = ((576, 512), (320, 256), (192, 128))  # (DQK, DV): rope 64, DV split in two halves of >= 64 columns
 BLOCK_M = 64  # rows per CTA: one wgmma M tile
 _LOG2E = math.log2(math.e)
-_SMEM_LIMIT = 227 * 1024
 _STAGE_COLS = 64  # fp32 output columns staged per TMA store
 LAZY_LOG2 = 8.0  # lazy_rescale: P = exp2(s - m_ref) may reach 2^8 before the reference max moves (docs/mla.md)
 _LAUNCH_REGS_3WG = 168  # registers per thread at launch with three warpgroups (65,536 / 384, rounded down to 8)
