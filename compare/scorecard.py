@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import math
 import statistics
@@ -138,10 +139,11 @@ def paged_times_records(lines: Iterable[Mapping[str, Any]], source: str = "paged
 
 
 def load(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """Records from compare's ``records.jsonl`` files and ``paged_times.jsonl`` lines (converted)."""
+    """Records from compare's ``records.jsonl`` files (gzipped ``.jsonl.gz`` too, as results/ keeps them) and
+    ``paged_times.jsonl`` lines (converted)."""
     out = []
     for p in paths:
-        with open(p) as f:
+        with (gzip.open(p, "rt") if str(p).endswith(".gz") else open(p)) as f:
             lines = [json.loads(line) for line in f if line.strip()]
         timed = [x for x in lines if "sweep" in x and "kernel_us" in x]
         out += [x for x in lines if not ("sweep" in x and "kernel_us" in x)]

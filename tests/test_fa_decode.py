@@ -467,21 +467,32 @@ def test_one_query_and_several_never_share_a_table_row():
 
 
 def test_stages_are_fitted_to_the_shared_memory_a_cta_may_use():
-    """``fit_stages`` (session 36): `spec_st4`'s 4 stages of the doubled 128-key tile at Llama-3.1-70B Tq 8 B 64 asked
-    the H200 for 278,528 bytes of shared memory (its launch refused); the plan now lowers the stages to what fits
-    beside the q tile, leaves every plan that fits as it was (all of the default's), and refuses a tile of which not
-    even one stage fits."""
+    """``fit_stages`` (session 36; the buffers a stage count takes, ``stage_buffers``, session 37): `spec_st4`'s 4
+    stages of the doubled 128-key tile at Llama-3.1-70B Tq 8 B 64 asked the H200 for 278,528 bytes of shared memory
+    (its launch refused); the plan now lowers the stages to what fits beside the q tile, leaves every plan that fits
+    as it was (all of the default's), and refuses a tile of which not even one stage fits."""
     import itertools
 
     p = fd.plan(batch=64, hkv=8, rows=64, d=128, max_kv=8192, config=fd.CONFIGS["spec_st4"], sm_count=132)
-    assert (p.block_k, p.num_stages) == (128, 3)
+    assert (p.block_m, p.block_k, p.num_stages) == (64, 128, 3)
     assert 4 * fd.stage_bytes(128, 128, None) + 64 * 128 * 2 == 278528 > fd.SMEM_LIMIT  # what the launch asked for
     assert p == fd.plan(batch=64, hkv=8, rows=64, d=128, max_kv=8192, config=fd.CONFIGS["default"], sm_count=132)
+    # the mma.sync path (block_m 16 / 32) keeps one buffer fewer: its 4 stages of 128-key tiles ran at Llama-3.1-8B
+    # B 128 (16 rows) and Tq 8 B 64 (32 rows), and are kept
+    for b, rows, bm in ((128, 4, 16), (64, 32, 32)):
+        p = fd.plan(batch=b, hkv=8, rows=rows, d=128, max_kv=8192, config=fd.CONFIGS["spec_st4"], sm_count=132)
+        assert (p.block_m, p.block_k, p.num_stages) == (bm, 128, 4), (b, rows)
+        assert fd.stage_buffers(bm, 4) == 3
     for name, d, fmt, b, rows in itertools.product(fd.CONFIGS, (64, 128, 256), (None, "fp8_e4m3", "nvfp4"),
                                                    (1, 16, 64), (4, 64)):
         kw = dict(batch=b, hkv=8, rows=rows, d=d, max_kv=32768, sm_count=132, kv_format=fmt)
         got = fd.plan(config=fd.CONFIGS[name], **kw)
-        assert got.num_stages * fd.stage_bytes(got.block_k, d, fmt) + got.block_m * d * 2 <= fd.SMEM_LIMIT, (name, kw)
+        buffers = fd.stage_buffers(got.block_m, got.num_stages)
+        assert buffers * fd.stage_bytes(got.block_k, d, fmt) + got.block_m * d * 2 <= fd.SMEM_LIMIT, (name, kw)
+        asked = fd.CONFIGS[name].num_stages
+        assert asked is None or got.num_stages == asked or (  # lowered only as far as needed
+            (fd.stage_buffers(got.block_m, got.num_stages + 1) * fd.stage_bytes(got.block_k, d, fmt)
+             + got.block_m * d * 2 > fd.SMEM_LIMIT)), (name, kw)
         if name == "default":
             assert got.num_stages == 3, kw  # never lowered
     with pytest.raises(ValueError, match="does not fit"):

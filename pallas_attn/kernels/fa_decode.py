@@ -310,9 +310,12 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     return fit_stages(p, d=d, kv_format=kv_format)
 
 
-# Triton stages ``num_stages`` K+V tiles of a program as stored, beside the q tile, within ``SMEM_LIMIT`` (common):
-# session 36 (H200) found `spec_st4`'s 4 stages of 128-key tiles (the plan's doubled tile where B x Hkv fills the SMs)
-# asking for 278,528 bytes at Llama-3.1-70B Tq 8 B 64, refused at launch.
+# Triton keeps a program's K+V tiles as stored in shared memory beside the q tile, within ``SMEM_LIMIT`` (common):
+# ``num_stages`` buffers where the dots run on wgmma (``block_m`` >= 64: the asynchronous dot holds one buffer while
+# the next loads land), one fewer on the mma.sync path (``block_m`` 16 / 32). Three launches of `spec_st4`'s 4 stages
+# of 128-key tiles at D 128 (16-bit) pin it: block_m 64 (Llama-3.1-70B Tq 8 B 64, session 36) asked for 278,528 bytes,
+# 4 buffers and the q tile exactly, and was refused at launch; block_m 16 (Llama-3.1-8B B 128 S 8k, session 31) and 32
+# (Llama-3.1-8B Tq 8 B 64, session 36 call 6) ran, which 4 buffers (266,240 / 270,336 bytes) could not have.
 
 
 def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:
@@ -322,17 +325,23 @@ def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:
     return 2 * block_k * per_key
 
 
+def stage_buffers(block_m: int, num_stages: int) -> int:
+    """The K+V buffers Triton allocates for ``num_stages`` stages of a ``block_m``-row program (the note above)."""
+    return num_stages if block_m >= 64 else max(1, num_stages - 1)
+
+
 def fit_stages(p: planner.DecodePlan, *, d: int, kv_format: str | None) -> planner.DecodePlan:
     """``p`` with its stages lowered to what fits ``SMEM_LIMIT`` beside the q tile (a config's ``num_stages`` is an
-    upper bound); unchanged wherever it fits (every default plan does). Raises if not even one stage fits."""
+    upper bound; ``stage_buffers`` buffers of ``stage_bytes``); unchanged wherever it fits (every default plan does).
+    Raises if not even one stage fits."""
     room = SMEM_LIMIT - p.block_m * d * 2
-    fit = room // stage_bytes(p.block_k, d, kv_format)
-    if p.num_stages <= fit:
+    fit = room // stage_bytes(p.block_k, d, kv_format)  # buffers that fit
+    if stage_buffers(p.block_m, p.num_stages) <= fit:
         return p
     if fit < 1:
         raise ValueError(f"fa_decode: one {p.block_k}-key K+V tile at D {d} ({kv_format or '16-bit'}) does not fit the "
                          f"{SMEM_LIMIT} bytes of shared memory a CTA may use; give a smaller block_k")
-    return dataclasses.replace(p, num_stages=int(fit))
+    return dataclasses.replace(p, num_stages=int(fit if p.block_m >= 64 else fit + 1))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -763,9 +772,10 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
         how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or "cast"
         cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
         note = f"; {s.kv_dtype} KV decoded ({how}) per element"
-    # shared memory: the q tile and the pipelined K/V stages, staged as stored (quantized: the storage bytes)
+    # shared memory: the q tile and the K/V buffers of the plan's stages (``stage_buffers``), staged as stored
+    # (quantized: the storage bytes)
     out.append(Launch(names[0], cost, P, 32 * warps, 128,
-                      int(bm * dt * 2 + 2 * bk * dt * max(1, stages - 1) * kv_bytes(s)),
+                      int(bm * dt * 2 + 2 * bk * dt * stage_buffers(bm, stages) * kv_bytes(s)),
                       units=4 * bm * bk * dt * cb, steps=cb,
                       dram_bytes=kv + bh * tq * d * 2 + ws, unit="MMA FLOP", dequant_elems=deq,
                       note=f"{bm} packed rows x {bk}-key tiles, {cb} tiles per split" + note))
