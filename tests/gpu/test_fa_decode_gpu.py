@@ -151,6 +151,23 @@ def test_spec_configs_at_a_speculative_shape(name):
 # -------------------------------------------------------------------------------------------------- paged
 
 
+@pytest.mark.parametrize("b, tq, hq, bm, stages", [(128, 1, 32, 16, 4), (64, 8, 32, 32, 4), (64, 8, 64, 64, 3)])
+def test_spec_st4_stage_fit_launches(b, tq, hq, bm, stages):
+    """``fit_stages`` / ``stage_buffers`` (sessions 36-37): `spec_st4` where B x Hkv fills the SMs (the tile doubled to
+    128 keys) keeps 4 stages at block_m 16 / 32 (3 buffers on the mma.sync path) and is lowered to 3 at block_m 64 (4
+    buffers on wgmma: 278,528 bytes, refused at launch before session 36); each launches and agrees."""
+    from pallas_attn import _compat
+
+    s = 1024
+    p = fd.plan(batch=b, hkv=8, rows=(hq // 8) * tq, d=128, max_kv=s, config=fd.CONFIGS["spec_st4"],
+                sm_count=_compat.device_sm_count())
+    assert (p.block_m, p.block_k, p.num_stages) == (bm, 128, stages), p
+    q, k, v = _inputs(13, b, tq, hq, 8, 128, s, "bfloat16")
+    off = s - tq if tq > 1 else 0
+    out = pallas_attn.attention(q, k, v, causal=tq > 1, q_offset=off, generation="fa_decode", config="spec_st4")
+    _subset_check(out, q, k, v, rows=[0, b - 1], kv_heads=[0, 7], dtype="bfloat16", causal=tq > 1, q_offset=off)
+
+
 @pytest.mark.parametrize("page", [8, 16, 32, 64, 128, 256])
 def test_paged_ragged_shuffled(page):
     lens = np.array([8192, 8190, 1, 4097], np.int32)
