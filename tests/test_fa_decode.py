@@ -492,7 +492,7 @@ def test_stages_are_fitted_to_the_shared_memory_a_cta_may_use():
         asked = fd.CONFIGS[name].num_stages
         assert asked is None or got.num_stages == asked or (  # lowered only as far as needed
             fd.stage_buffers(got.block_m, got.num_stages + 1) * fd.stage_bytes(got.block_k, d, fmt)
-             + got.block_m * d * 2 > fd.SMEM_LIMIT), (name, kw)
+            + got.block_m * d * 2 > fd.SMEM_LIMIT), (name, kw)
         if name == "default":
             assert got.num_stages == 3, kw  # never lowered
     with pytest.raises(ValueError, match="does not fit"):
