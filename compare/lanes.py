@@ -300,16 +300,29 @@ def estimated_bytes(w) -> int:
     """A workload's device memory in a lane, roughly: 3x its KV cache (twice for a paged one: the pools and the dense
     view) and its query-sized tensors (q and the output; train also the cotangent and the gradients). Session 26's
     12 GB lanes ran every workload with a 3 GiB cache and ran out of memory at every one with 4 GiB (XLA's and Triton's
-    autotuners, torch's copies)."""
+    autotuners, torch's copies). MLA and an NVFP4 cache take 6x (``HEAVY_FACTOR``), and a ragged MLA batch its mean
+    length (3/4 of ``kv_len``: lengths drawn in [kv_len / 2, kv_len])."""
     item = 4 if str(w.dtype) == "float32" else 2
     if w.family == "mla":
         kv = w.batch * w.kv_len * w.head_dim * item
+        if getattr(w, "ragged", False):
+            kv = kv * 3 // 4
     else:
         kv = 2 * w.batch * w.kv_len * w.heads_kv * w.head_dim * item
     if w.family == "paged_decode":
         kv *= 2
     q = w.batch * w.q_len * w.heads_q * w.head_dim * item
-    return 3 * (kv + q * (4 if w.family == "train" else 2))
+    heavy = w.family == "mla" or getattr(w, "kv_dtype", None) == "nvfp4"
+    return (HEAVY_FACTOR if heavy else 3) * (kv + q * (4 if w.family == "train" else 2))
+
+
+# The estimate's factor for MLA (its peers and oracle hold the latent cache several times over, XLA's MLA peer its
+# fp32 scores) and an NVFP4 cache (made from a bf16 one through fp32): the lanes that ran out of memory say 6, where 3
+# said they fit. DeepSeek MLA, 576-wide latent rows, 32k tokens each: B 64 (2.4 GB of latent) out of memory in an H100
+# lane of 12 GiB (session 28) and ran in an H200 lane of 21 GiB (session 37), B 128 out of memory there, B 32 and the
+# ragged B 64 ran in 12 GiB, the ragged B 128 in 21. NVFP4 Llama B 32 S 32k (a 4.3 GB bf16 cache) out of memory in 21
+# GiB (session 37, twice) where its fp8 twin ran; B 32 S 8k ran.
+HEAVY_FACTOR = 6
 
 
 # The CPU priority (nice) of a lane's compile workers, and the ptxas processes they start (session 27): built against

@@ -331,6 +331,20 @@ def test_a_lane_leaves_a_workload_too_large_for_its_memory_to_the_pass_alone():
     assert lanes.defer_alone(ws["sweep_decode_llama-3.1-8b_b128_s8192"], limit)  # 4 GiB
     assert not lanes.defer_alone(ws["sweep_prefill_llama-3.1-70b_n16384"], limit)
     assert not lanes.defer_alone(ws["sweep_decode_llama-3.1-8b_b128_s8192"], None)  # unknown limit: never
+    # MLA and NVFP4 (``HEAVY_FACTOR``): what ran and what ran out of memory in H100 lanes (session 28) and H200 lanes
+    # (0.15 of 139.8 GiB, session 37)
+    for gpu_gib, ran, oom in (
+            (79.18, ["sweep_mla_deepseek-v3_b32_s32768", "sweep_mla_deepseek-v3_ragged_b64_s32768",
+                     "sweep_quant_llama-3.1-8b_nvfp4_b32_s8192"],
+             ["sweep_mla_deepseek-v3_b64_s32768", "sweep_mla_deepseek-v2-lite_b64_s32768"]),
+            (139.8, ["sweep_mla_deepseek-v3_b64_s32768", "sweep_mla_deepseek-v2-lite_b64_s32768",
+                     "sweep_mla_deepseek-v3_ragged_b128_s32768", "sweep_quant_llama-3.1-8b_fp8_e4m3_b32_s32768",
+                     "sweep_quant_llama-3.1-70b_nvfp4_b32_s8192"],
+             ["sweep_mla_deepseek-v3_b128_s32768", "sweep_mla_deepseek-v2-lite_b128_s32768",
+              "sweep_quant_llama-3.1-8b_nvfp4_b32_s32768", "sweep_quant_llama-3.1-70b_nvfp4_b32_s32768"])):
+        lim = int(0.15 * gpu_gib * 2**30)
+        assert not [n for n in ran if lanes.defer_alone(ws[n], lim)], gpu_gib
+        assert all(lanes.defer_alone(ws[n], lim) for n in oom), gpu_gib
 
 
 def test_a_cpu_run_over_two_lanes_writes_the_one_process_run(tmp_path):
