@@ -170,6 +170,20 @@ def test_fa_prefill_tiles_and_mma():
     assert c.steps == 16 and c.mma < ln.mma
 
 
+def test_v5_wmma_launch_units_steps_and_stage_buffers():
+    """v5_wmma's tile program (session 37: an edit once dropped its ``units`` / ``steps`` from the launch, which no
+    test saw): two 16-bit dots per key block over every key block, and its K/V buffers by fa_decode's stage rule
+    (Triton: ``num_stages`` on wgmma, block_m >= 64; one fewer at block_m 32)."""
+    from pallas_attn.kernels import v5_wmma
+
+    for d, bm, bn, buffers in ((64, 64, 64, 3), (128, 32, 64, 2)):
+        plan = {"grid": [1024 // bm, 2 * 8], "block_m": bm, "block_n": bn, "num_warps": 4, "num_stages": 3}
+        (ln,) = v5_wmma.launches(Shape(2, 8, 8, 1024, 1024, d), plan, ["fwd"])
+        assert ln.steps == 1024 // bn and ln.units == 4 * bm * bn * d * (1024 // bn), (d, ln)
+        assert ln.programs == (1024 // bm) * 16
+        assert ln.smem == (bm * d + 2 * bn * d * buffers) * 2, (d, ln.smem)
+
+
 def test_ptxas_template_names_with_spaces():
     from cuda_ref import launches as twins
 
