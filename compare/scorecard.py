@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import math
 import statistics
@@ -32,7 +31,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import layer2
+from . import layer2, records
 
 __all__ = ["CAUSES", "rows", "scorecard", "render", "main", "paged_times_records", "load", "model_sha", "latest",
            "sweep_layer2", "render_sweep_layer2", "sweep_kernels", "render_sweep_scorecard"]
@@ -143,8 +142,7 @@ def load(paths: Iterable[str]) -> list[dict[str, Any]]:
     ``paged_times.jsonl`` lines (converted)."""
     out = []
     for p in paths:
-        with (gzip.open(p, "rt") if str(p).endswith(".gz") else open(p)) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
+        lines = list(records.read_jsonl(p))
         timed = [x for x in lines if "sweep" in x and "kernel_us" in x]
         out += [x for x in lines if not ("sweep" in x and "kernel_us" in x)]
         out += paged_times_records(timed, source=str(p))

@@ -28,6 +28,7 @@ from . import seqlen
 
 __all__ = [
     "SMEM_LIMIT",
+    "stage_buffers",
     "cdiv",
     "next_pow2",
     "check_pow2",
@@ -49,6 +50,15 @@ __all__ = [
 # The shared memory one CTA may use on sm_90 (H100 / H200: the 227 KiB opt-in maximum), for every kernel that sizes
 # its buffers against it (fa_prefill, its backward, fa_mla's tensor-core kernel, fa_decode's stage fit).
 SMEM_LIMIT = 227 * 1024
+
+
+def stage_buffers(block_m: int, num_stages: int) -> int:
+    """The K/V buffers Triton's pipeliner keeps in shared memory for ``num_stages`` stages of a ``block_m``-row
+    program: ``num_stages`` where the dots run on wgmma (``block_m`` >= 64: the asynchronous dot holds one buffer
+    while the next loads land), one fewer on the mma.sync path (``block_m`` 16 / 32). Pinned by three launches of
+    fa_decode's `spec_st4` (docs/fa_decode.md, "Session 37: the buffers a stage takes")."""
+    return num_stages if block_m >= 64 else max(1, num_stages - 1)
+
 
 def cdiv(a, b: int):
     """Ceil division for Python ints and for non-negative traced int32 scalars (truncating lax.div is

@@ -52,7 +52,7 @@ from .. import _compat, quant, tuning
 from .._compat import pl
 from . import common as c
 from . import gqa, planner, seqlen, softmax, splitkv
-from .common import SMEM_LIMIT
+from .common import SMEM_LIMIT, stage_buffers
 from .contract import Kernel, Precision, Problem
 from .kv_source import (
     DECODES,
@@ -310,12 +310,8 @@ def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: Decode
     return fit_stages(p, d=d, kv_format=kv_format)
 
 
-# Triton keeps a program's K+V tiles as stored in shared memory beside the q tile, within ``SMEM_LIMIT`` (common):
-# ``num_stages`` buffers where the dots run on wgmma (``block_m`` >= 64: the asynchronous dot holds one buffer while
-# the next loads land), one fewer on the mma.sync path (``block_m`` 16 / 32). Three launches of `spec_st4`'s 4 stages
-# of 128-key tiles at D 128 (16-bit) pin it: block_m 64 (Llama-3.1-70B Tq 8 B 64, session 36) asked for 278,528 bytes,
-# 4 buffers and the q tile exactly, and was refused at launch; block_m 16 (Llama-3.1-8B B 128 S 8k, session 31) and 32
-# (Llama-3.1-8B Tq 8 B 64, session 36 call 6) ran, which 4 buffers (266,240 / 270,336 bytes) could not have.
+# Triton keeps a program's K+V tiles as stored in shared memory beside the q tile, within ``SMEM_LIMIT``, in
+# ``common.stage_buffers`` buffers (the rule and the three `spec_st4` launches that pin it: docs/fa_decode.md).
 
 
 def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:
@@ -323,11 +319,6 @@ def stage_bytes(block_k: int, d: int, kv_format: str | None) -> int:
     the micro-scales)."""
     per_key = {None: 2 * d, "fp8_e4m3": d, "nvfp4": d // 2 + d // 16}[kv_format]
     return 2 * block_k * per_key
-
-
-def stage_buffers(block_m: int, num_stages: int) -> int:
-    """The K+V buffers Triton allocates for ``num_stages`` stages of a ``block_m``-row program (the note above)."""
-    return num_stages if block_m >= 64 else max(1, num_stages - 1)
 
 
 def fit_stages(p: planner.DecodePlan, *, d: int, kv_format: str | None) -> planner.DecodePlan:
@@ -341,7 +332,7 @@ def fit_stages(p: planner.DecodePlan, *, d: int, kv_format: str | None) -> plann
     if fit < 1:
         raise ValueError(f"fa_decode: one {p.block_k}-key K+V tile at D {d} ({kv_format or '16-bit'}) does not fit the "
                          f"{SMEM_LIMIT} bytes of shared memory a CTA may use; give a smaller block_k")
-    return dataclasses.replace(p, num_stages=int(fit if p.block_m >= 64 else fit + 1))
+    return dataclasses.replace(p, num_stages=max(s for s in range(1, fit + 2) if stage_buffers(p.block_m, s) <= fit))
 
 
 # --------------------------------------------------------------------------------------------------------

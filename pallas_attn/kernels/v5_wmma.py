@@ -170,7 +170,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[_l.Launch]:
     steps = max(1.0, _l.cdiv(tk, bn) * (s.vis_frac if tq > bm else 1.0))
     out = _l.cast_launches(s, "stage")
     out.append(_l.Launch(names[0], "pallas_attn_v5_wmma_fwd", P, 32 * warps, 128,
-                         (bm * d + 2 * bn * d * (stages if bm >= 64 else max(1, stages - 1))) * 2,  # stage_buffers
+                         (bm * d + 2 * bn * d * c.stage_buffers(bm, stages)) * 2,
                          units=4 * bm * bn * d * steps, steps=steps,
                          dram_bytes=bh * (tq + 2 * tk) * d * 2 + bh * tq * d * s.in_bytes,
                          l2_bytes=P * steps * 2 * bn * d * 2, unit="MMA FLOP",

@@ -162,10 +162,11 @@ def _nearest(tbl: Mapping[str, Any], kernel: str, want: Mapping[str, Any]) -> Ma
     """The row of ``tbl`` for ``kernel`` with ``want``'s exact keys and the nearest numeric ones, None if none."""
     exact, numeric = KEYS[kernel]
     derived = DERIVED.get(kernel, {})
+    want_derived = {n: f(want) for n, f in derived.items()}
     best, best_d = None, math.inf
     for row in (tbl.get("kernels") or {}).get(kernel, {}).get("rows", []):
         key = row.get("key", {})
-        if any(key.get(k) != want[k] for k in exact) or any(f(key) != f(want) for f in derived.values()):
+        if any(key.get(k) != want[k] for k in exact) or any(f(key) != want_derived[n] for n, f in derived.items()):
             continue
         d = _distance(key, want, numeric)
         if d < best_d:
