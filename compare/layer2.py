@@ -157,6 +157,12 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0, lat=0, dequant=0.1372),
     # session 19: NVFP4 "asm", fitted alone on the H200 quant sweep (call 5; held out: the H100 runs, docs/roofline.md)
     "pallas_attn_fa_decode_nvfp4_asm": Cost(issue=0, lat=0, dequant=0.09512),
+    # session 38 (quant_qk16: a bf16 q's scores on the fp16 K tile): PREDICTED before any GPU run, not fitted: the
+    # fitted decode above minus the K tile's bf16 convert (HADD2.F32 + half an F2FP a K element: 0.75 of the 7.15
+    # SASS instructions a KV element of session 19's ncu; fp8 "cast": 0.75 of ~3.7, its fit read as instructions
+    # through the same ratio). docs/quantized_kv.md §13
+    "pallas_attn_fa_decode_nvfp4_asm_qk16": Cost(issue=0, lat=0, dequant=0.08514),
+    "pallas_attn_fa_decode_fp8_e4m3_cast_qk16": Cost(issue=0, lat=0, dequant=0.03892),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
     # its pipelined config, the Triton twin (+ fp8 latent decode per element)
     "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1568, fixed=1.512e+04),
@@ -233,6 +239,14 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
                                         "dequant": ("pallas_attn_fa_decode_nvfp4_asm", "dequant"),
                                         "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
                                         "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")},
+    # quant_qk16 (session 38): the two default decodes their own (predicted) dequant constant; the other decodes
+    # priced as without it (no record of them with it)
+    **{f"pallas_attn_fa_decode_{f}_qk16": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
+                                           "dequant": (f"pallas_attn_fa_decode_{f}" + ("_qk16" if f in (
+                                               "fp8_e4m3_cast", "nvfp4_asm") else ""), "dequant"),
+                                           "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
+                                           "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
+       for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast", "nvfp4_asm")},
     "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
                                              "fixed": ("pallas_attn_v12_mla_mosaic", "fixed")},
 }

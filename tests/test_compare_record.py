@@ -142,7 +142,8 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
                                 head_dim=128, dtype="bfloat16", causal=True, q_offset=8191, seed=0), **kw})
         return ci._pallas_program_key("fa_decode", cfg, w)
 
-    quant = ("quant_alt_decode", "quant_pv16", "quant_pv16_off", "nvfp4_plain", "nvfp4_cast")
+    quant = ("quant_alt_decode", "quant_pv16", "quant_pv16_off", "nvfp4_plain", "nvfp4_cast", "quant_qk16",
+             "quant_qk16_off")
     assert all(key(c) == key("default") for c in quant)
     assert key("tuned") != key("default")  # its knobs (tile, stages) apply to every cache
     fp8, nv = dict(kv_dtype="fp8_e4m3"), dict(kv_dtype="nvfp4")
@@ -167,3 +168,10 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
         assert key("quant_pv16", batch=32, **kv) == key("default", batch=32, **kv) != key("quant_pv16_off", batch=32,
                                                                                            **kv)
         assert key("quant_pv16", dtype="float16", **kv) == key("default", dtype="float16", **kv)  # fp16 q: no convert
+    # quant_qk16 (session 38, a bf16 q only): on and off are two programs on either cache, one of them the default's
+    # (fd.QK16_DEFAULT); an fp16 q runs the default's program under both
+    on_off = ("quant_qk16", "quant_qk16_off") if fd.QK16_DEFAULT else ("quant_qk16_off", "quant_qk16")
+    for kv in (fp8, nv):
+        for b in (1, 32):
+            assert key(on_off[0], batch=b, **kv) == key("default", batch=b, **kv) != key(on_off[1], batch=b, **kv)
+            assert key(on_off[1], batch=b, dtype="float16", **kv) == key("default", batch=b, dtype="float16", **kv)

@@ -97,6 +97,12 @@ BF16_CASES = [
     # P.V on the fp16 V tile (quant_pv16, session 18)
     ("fp8", 2, 1, 8, 2, 128, 77, None, True, fd.DecodeConfig(block_k=32, quant_pv16=True)),
     ("nvfp4", 2, 1, 8, 2, 64, 77, 16, True, fd.DecodeConfig(block_k=16, quant_pv16=True)),
+    # the scores in fp16 on the K tile as it decodes (quant_qk16, session 38), with and without P.V in fp16
+    ("fp8", 2, 1, 8, 2, 128, 77, 16, True, fd.DecodeConfig(block_k=32, quant_qk16=True)),
+    ("fp8", 1, 2, 16, 1, 64, 100, None, True, fd.DecodeConfig(block_k=16, splits=3, quant_qk16=True,
+                                                              quant_pv16=True)),
+    ("nvfp4", 2, 1, 8, 2, 128, 77, 32, True, fd.DecodeConfig(block_k=32, nvfp4_halves=True, quant_qk16=True)),
+    ("nvfp4", 1, 1, 16, 2, 64, 90, None, False, fd.DecodeConfig(block_k=16, splits=2, quant_qk16=True)),
 ]
 
 
@@ -127,6 +133,54 @@ def test_bf16_q_matches_the_same_quantized_oracle(rng, case):
     assert out.dtype == jnp.bfloat16 and out.shape == q.shape
     assert _rel(out, ref) < 2e-2
     assert _rel(out, np.asarray(run(q.astype(jnp.float16)), np.float64)) < 2e-2
+
+
+def test_fp16_rows_is_exact_and_row_local(rng):
+    """``fa_decode.fp16_rows`` (quant_qk16): each row's fp16 values times its power give back the bf16 q exactly, for
+    rows of magnitudes 1e-33 .. 3e37 (each row's largest value in [2^14, 2^15) as fp16); NaN / inf stay in their
+    own row and leave the other rows' powers alone; an all-zero row stays zero with a finite power."""
+    mags = [1.0, 1e30, 1e-30, 3e37, 1e-33, 0.0, 1.0, 1.0]
+    x = rng.standard_normal((8, 64)) * np.asarray(mags)[:, None]
+    x[6, 5], x[7, 9] = np.nan, np.inf
+    q = jnp.asarray(x, jnp.bfloat16)
+    halves = (q[:, :32], q[:, 32:])
+    (a, b), pw = jax.jit(fd.fp16_rows)(halves)
+    assert a.dtype == jnp.float16 and pw.dtype == jnp.float32
+    back = np.concatenate([np.asarray(a, np.float32), np.asarray(b, np.float32)], 1) * np.asarray(pw)[:, None]
+    want = np.asarray(q, np.float32)
+    ok = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)  # fp32 subnormals may flush (docstring)
+    assert ok.sum() >= 8 * 64 - 2 - 64 - 4  # only the NaN, the inf, the zero row and a few subnormals left out
+    np.testing.assert_array_equal(back[ok], want[ok])  # every other value, bit for bit
+    assert np.isnan(back[6, 5]) and np.isinf(back[7, 9]) and np.all(np.isfinite(np.asarray(pw)))
+    assert np.all(back[5] == 0)
+    top = np.max(np.abs(np.concatenate([np.asarray(a, np.float32), np.asarray(b, np.float32)], 1)[:5]), axis=1)
+    assert np.all((top >= 2.0 ** 14) & (top < 2.0 ** 15)), top
+    # the NaN / inf rows are scaled by their finite values alone, as the clean row 0 is by its own
+    assert np.asarray(pw)[6] == np.asarray(pw)[7] == np.asarray(pw)[0]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_qk16_agrees_with_the_bf16_scores(rng, fmt):
+    """quant_qk16 on and off compute the same scores (the same products of exact values, accumulated in fp32): their
+    bf16 outputs agree to bf16's rounding at every row, including rows of q at 1e30 and 1e-30, where an unscaled fp16
+    q would overflow or flush; a NaN in one query row makes that row NaN and no other."""
+    b, hq, hkv, d, tk = 2, 8, 2, 128, 200
+    q16, k, v = _case(rng, b, 1, hq, hkv, d, tk)
+    q = np.asarray(q16, np.float32)
+    q[0, 0, 1] *= 1e30
+    q[1, 0, 6] *= 1e-30
+    q = jnp.asarray(q, jnp.bfloat16)
+    kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
+    run = {on: (lambda q, on=on: np.asarray(pallas_attn.attention(
+        q, kq, vq, generation="fa_decode", interpret=True,
+        config=fd.DecodeConfig(block_k=32, quant_qk16=on)), np.float32)) for on in (True, False)}
+    a, ref = run[True](q), run[False](q)
+    assert np.all(np.isfinite(a))
+    np.testing.assert_allclose(a, ref, rtol=2 ** -7, atol=1e-6)
+    qn = q.at[1, 0, 3, 17].set(jnp.nan)
+    out = run[True](qn)
+    nan_rows = np.isnan(out).any(-1)
+    assert nan_rows[1, 0, 3] and nan_rows.sum() == 1 and np.all(np.isnan(out[1, 0, 3]))
 
 
 @pytest.mark.parametrize("how", ks.DECODES)
@@ -305,7 +359,7 @@ def test_contract_declares_the_quantized_entry():
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "quant_pv16",
-                                    "quant_pv16_off"])
+                                    "quant_pv16_off", "quant_qk16", "quant_qk16_off"])
 def test_lowers_for_cuda(fmt, config, qdtype):
     """Every format x decode lowers to Triton for CUDA on this CPU machine (dense and paged, page < and >= tile, the
     in-kernel block-table check on and off): what interpret mode lets through (unsupported casts, joins, reshapes)
@@ -334,5 +388,5 @@ def test_lowers_for_cuda(fmt, config, qdtype):
         text = t.lower(lowering_platforms=("cuda",)).as_text()
         names = set(re.findall(r"pallas_attn_\w+", text))
         assert names and names <= set(fd.KERNEL.passes) and text.count("xla.gpu.triton") >= len(names)
-        asm = fmt == "nvfp4" and config in ("default", "quant_pv16", "quant_pv16_off")
+        asm = fmt == "nvfp4" and config in ("default", "quant_pv16", "quant_pv16_off", "quant_qk16", "quant_qk16_off")
         assert ("cvt.rn.f16x2.e4m3x2" in text) == asm, config

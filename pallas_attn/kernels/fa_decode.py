@@ -131,7 +131,9 @@ class DecodeConfig:
     a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
     bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
     P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime
-    (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. Every knob from fp8_decode on is
+    (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. quant_qk16: with a bf16 q, q becomes fp16 once
+    per program, each row scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as
+    it decodes (no bf16 convert a K element); None: ``QK16_DEFAULT``. Every knob from fp8_decode on is
     unused for 16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge) wherever the
     call's programs ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave model's split
     count; None: ``DENSE_SPLIT1_FILL`` on a dense 16-bit cache, the wave model alone on paged and quantized caches;
@@ -154,12 +156,13 @@ class DecodeConfig:
     nvfp4_batch_occupancy: int | None = 4
     quant_tile_scale: int = 1
     quant_pv16: bool | None = None
+    quant_qk16: bool | None = None
     split1_fill: float | None = None
 
     def __post_init__(self) -> None:
-        if not all(isinstance(x, (bool, type(None))) for x in (self.nvfp4_halves, self.quant_pv16)):
-            raise ValueError(f"nvfp4_halves and quant_pv16 must be a bool or None; got {self.nvfp4_halves=}, "
-                             f"{self.quant_pv16=}")
+        if not all(isinstance(x, (bool, type(None))) for x in (self.nvfp4_halves, self.quant_pv16, self.quant_qk16)):
+            raise ValueError(f"nvfp4_halves, quant_pv16 and quant_qk16 must be a bool or None; got "
+                             f"{self.nvfp4_halves=}, {self.quant_pv16=}, {self.quant_qk16=}")
         nbo = self.nvfp4_batch_occupancy
         if nbo is not None and (isinstance(nbo, bool) or not isinstance(nbo, int) or not 1 <= nbo <= 32):
             raise ValueError(f"nvfp4_batch_occupancy must be an int in [1, 32] or None; got {nbo=}")
@@ -197,6 +200,7 @@ class DecodeConfig:
 # "default" is the heuristic (a frontier kernel has no reference to be faithful to); the others are measured
 # alternatives that compare runs beside it (docs/fa_decode.md).
 DENSE_SPLIT1_FILL = 0.9  # one split on a dense 16-bit cache from 0.9 x SMs programs up (DecodeConfig.split1_fill)
+QK16_DEFAULT = False  # DecodeConfig.quant_qk16 None (docs/quantized_kv.md §13)
 
 CONFIGS: dict[str, DecodeConfig] = {
     "default": DecodeConfig(),
@@ -216,6 +220,10 @@ CONFIGS: dict[str, DecodeConfig] = {
     # regime only (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9)
     "quant_pv16": DecodeConfig(quant_pv16=True),
     "quant_pv16_off": DecodeConfig(quant_pv16=False),
+    # a bf16 q's scores on the fp16 K tile (q to fp16 by a power of two a row, no K convert; session 38, issue 31),
+    # on and off whatever the default (QK16_DEFAULT)
+    "quant_qk16": DecodeConfig(quant_qk16=True),
+    "quant_qk16_off": DecodeConfig(quant_qk16=False),
     # NVFP4 before session 19 (the default's decode is "asm" since, docs/quantized_kv.md §9): session 18's default
     # ("cast", its halves in the batch regime only) and the plain NVFP4 path before that (joined tiles, plain plan)
     "nvfp4_cast": DecodeConfig(nvfp4_decode="cast"),
@@ -279,6 +287,14 @@ def quant_knobs(config: DecodeConfig, *, fmt: str | None, batch: int, hkv: int, 
     return bool(fmt == "nvfp4" and halves and d == d_data), bool(pv16)
 
 
+def qk16_on(config: DecodeConfig, *, fmt: str | None, q_dtype) -> bool:
+    """Whether a call over a ``fmt`` cache with a ``q_dtype`` q runs its scores in fp16 (``quant_qk16``): a quantized
+    cache and a bf16 q only (an fp16 q has nothing to convert; a 16-bit cache's K tile is already q's dtype)."""
+    if fmt is None or jnp.dtype(q_dtype) != jnp.bfloat16:
+        return False
+    return bool(config.quant_qk16 if config.quant_qk16 is not None else QK16_DEFAULT)
+
+
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
          page_size: int | None = None, sm_count: int | None = None, kv_format: str | None = None) -> planner.DecodePlan:
     """The launch plan for one call (``planner.plan_decode`` with this config's knobs; a quantized cache's tile
@@ -340,10 +356,37 @@ def fit_stages(p: planner.DecodePlan, *, d: int, kv_format: str | None) -> plann
 # --------------------------------------------------------------------------------------------------------
 
 
+# The power a row of q is scaled by for fp16 (qk16): its largest finite |value| lands in [2^14, 2^15), so every value
+# within 2^28 of it is an fp16 normal; the exponent is clamped to [-112, 127] so that both powers are fp32 normals
+# (a row whose largest value is under 2^-112 is scaled by 2^126 only).
+_QK16_TOP, _QK16_MIN_EXP = 14, -112
+
+
+def fp16_rows(qs):
+    """bf16 q tiles -> ``(fp16 tiles, pow [rows])``: each row times ``2^(14 - E)``, where ``2^E <= m < 2^(E+1)`` and
+    ``m`` is the row's largest finite ``|value|`` over every tile, and ``pow = 2^(E - 14)`` to undo it in the scores.
+
+    Exact for every value within 2^28 of the row's largest (bf16's 8 significant bits fit fp16's 11; the power of
+    two moves only the exponent) in a row whose largest is at least 2^-112; a smaller value rounds on fp16's subnormal
+    grid, an error below 2^-38 of the row's largest, far under the fp32 accumulation's (an fp32-subnormal value, under
+    2^-126, may be flushed to zero, as the bf16 tensor-core product would). NaN and inf stay NaN and inf in their own
+    row (they are left out of ``m``, so no other row's scale sees them)."""
+    f32 = jnp.float32
+    a = None
+    for x in qs:
+        ax = jnp.abs(x.astype(f32))
+        m = jnp.max(jnp.where(ax <= np.finfo(np.float32).max, ax, 0.0), axis=1)
+        a = m if a is None else jnp.maximum(a, m)
+    e = jnp.clip(((jax.lax.bitcast_convert_type(a, jnp.int32) >> 23) & 0xFF) - 127, _QK16_MIN_EXP, 127)
+    up = jax.lax.bitcast_convert_type((127 + _QK16_TOP - e) << 23, f32)
+    down = jax.lax.bitcast_convert_type((127 - _QK16_TOP + e) << 23, f32)
+    return tuple((x.astype(f32) * up[:, None]).astype(jnp.float16) for x in qs), down
+
+
 def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, check: bool, scale_log2: float,
                    tq: int, rows: int, hkv: int, with_lse: bool, fmt: str | None = None, decode: str = "cast",
                    window: int | None = None, softcap: float | None = None, halves: bool = False, pv16: bool = False,
-                   strided: bool = False, rowlim: bool = False):
+                   qk16: bool = False, strided: bool = False, rowlim: bool = False):
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
     km_ref, vm_ref = (next(it), next(it)) if fmt == "nvfp4" else (None, None)
@@ -406,15 +449,21 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         # joins it as fp16, one convert per V element fewer)
         to_q = (lambda x: x) if q_ref.dtype == jnp.float16 else (lambda x: x.astype(q_ref.dtype))
         to_v = (lambda x: x) if pv16 else to_q
+        # qk16 (session 38): a bf16 q becomes fp16 instead, each row scaled by a power of two (fp16_rows), so the K
+        # tile stays as it decodes (no fp16 -> bf16 convert a K element) and the row's power joins its score scale
+        to_k = (lambda x: x) if qk16 else to_q
+        if qk16:
+            qs, row_pow = fp16_rows(qs)
+            qk_scale = qk_scale * row_pow[:, None]
         if fmt == "fp8_e4m3":
             def dequant(k, v):
-                return (to_q(e4m3_tile(k, decode)),), (to_v(e4m3_tile(v, decode)),)
+                return (to_k(e4m3_tile(k, decode)),), (to_v(e4m3_tile(v, decode)),)
         elif halves:
             def dequant(k, v):
-                return tuple(map(to_q, nvfp4_halves(*k, decode))), tuple(map(to_v, nvfp4_halves(*v, decode)))
+                return tuple(map(to_k, nvfp4_halves(*k, decode))), tuple(map(to_v, nvfp4_halves(*v, decode)))
         else:
             def dequant(k, v):
-                return (to_q(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
+                return (to_k(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
     # the block-table check: per-key flags ORed over the loop and reduced once after it (gathered pages); nothing
     # carried when the caller turned the check off
     bad_keys = check and lay.paged and lay.gather
@@ -498,10 +547,11 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         decode = "cast"  # interpreter; cvt.rn.f16x2.e4m3x2 needs sm_89+)
     # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
     halves, pv16 = quant_knobs(config, fmt=fmt, batch=b, hkv=hkv, rows=rows, d=d, d_data=lay.d, paged=lay.paged)
+    qk16 = qk16_on(config, fmt=fmt, q_dtype=q.dtype)
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
-        softcap=softcap, halves=halves, pv16=pv16, strided=halves and not interpret, rowlim=rowlim)
+        softcap=softcap, halves=halves, pv16=pv16, qk16=qk16, strided=halves and not interpret, rowlim=rowlim)
     grid = (p.row_tiles * p.splits * b * hkv,)
     params = _compat.triton_params(num_warps=p.num_warps, num_stages=p.num_stages)
     qp = gqa.pack_q(q, hkv, q_major=rowlim)
@@ -693,26 +743,28 @@ def _plan_record(problem: Problem, config: DecodeConfig) -> dict:
                 kv_format=problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None).as_dict()
 
 
-_QUANT_KNOBS = ("fp8_decode", "nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy", "quant_tile_scale", "quant_pv16")
+_QUANT_KNOBS = ("fp8_decode", "nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy", "quant_tile_scale", "quant_pv16",
+                "quant_qk16")
 _NVFP4_KNOBS = ("nvfp4_decode", "nvfp4_halves", "nvfp4_batch_occupancy")
 
 
 def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
     """``config`` as ``problem`` runs it (``Kernel.effective``): the quantized decode's knobs reset on a 16-bit cache,
-    NVFP4's on an fp8 one and fp8's on an NVFP4 one, ``quant_pv16`` with an fp16 q, and NVFP4's batch regime resolved
+    NVFP4's on an fp8 one and fp8's on an NVFP4 one, ``quant_pv16`` / ``quant_qk16`` with an fp16 q (and both
+    resolved from None), and NVFP4's batch regime resolved
     (outside it the plain plan and no halves, as ``nvfp4_plain``, except that the "asm" decode keeps its halves)."""
     base = DecodeConfig()
     kvd = problem.kv_dtype if problem.kv_dtype in ("fp8_e4m3", "nvfp4") else None
-    keep = {"fp8_e4m3": ("fp8_decode", "quant_tile_scale", "quant_pv16"),
-            "nvfp4": (*_NVFP4_KNOBS, "quant_tile_scale", "quant_pv16")}.get(kvd, ())
+    keep = {"fp8_e4m3": ("fp8_decode", "quant_tile_scale", "quant_pv16", "quant_qk16"),
+            "nvfp4": (*_NVFP4_KNOBS, "quant_tile_scale", "quant_pv16", "quant_qk16")}.get(kvd, ())
     if problem.dtype == "float16":
-        keep = tuple(k for k in keep if k != "quant_pv16")
+        keep = tuple(k for k in keep if k not in ("quant_pv16", "quant_qk16"))
     out = dataclasses.replace(config, **{k: getattr(base, k) for k in _QUANT_KNOBS if k not in keep})
     kw = dict(batch=problem.batch, hkv=problem.heads_kv, rows=problem.group * problem.q_len,
               d=tile_width(problem.head_dim), paged=problem.page_size is not None)
     halves, pv16 = quant_knobs(config, fmt=kvd, d_data=problem.head_dim, **kw)
     if "quant_pv16" in keep:
-        out = dataclasses.replace(out, quant_pv16=pv16)
+        out = dataclasses.replace(out, quant_pv16=pv16, quant_qk16=qk16_on(config, fmt=kvd, q_dtype=problem.dtype))
     if kvd == "nvfp4":
         regime = nvfp4_batch_regime(config, **kw)
         out = dataclasses.replace(out, nvfp4_halves=halves,
@@ -761,8 +813,9 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
     if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
         how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or "cast"
-        cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}", 2.0 * cb * bk * d
-        note = f"; {s.kv_dtype} KV decoded ({how}) per element"
+        qk16 = qk16_on(cfg or CONFIGS["default"], fmt=s.kv_dtype, q_dtype=s.dtype)
+        cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}" + ("_qk16" if qk16 else ""), 2.0 * cb * bk * d
+        note = f"; {s.kv_dtype} KV decoded ({how}) per element" + ("; scores in fp16 (qk16)" if qk16 else "")
     # shared memory: the q tile and the K/V buffers of the plan's stages (``stage_buffers``), staged as stored
     # (quantized: the storage bytes)
     out.append(Launch(names[0], cost, P, 32 * warps, 128,

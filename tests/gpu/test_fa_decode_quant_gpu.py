@@ -134,7 +134,7 @@ def test_paged_ragged(fmt, config, page):
 
 
 @pytest.mark.parametrize("config", ["default", "quant_alt_decode", "nvfp4_cast", "nvfp4_plain", "quant_pv16",
-                                    "quant_pv16_off", "asm_tile"])
+                                    "quant_pv16_off", "asm_tile", "quant_qk16", "quant_qk16_off"])
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
 def test_bf16_q_dense_and_paged(fmt, config):
     """bf16 q over the quantized cache (session 13; the tiles convert to bf16 exactly): the compiled kernel agrees
@@ -152,3 +152,27 @@ def test_bf16_q_dense_and_paged(fmt, config):
                                                                        check_block_table=False))(
         q, kp, vp, bt, jnp.asarray(lens))
     _check(out, q, kq, vq, fmt, rows=[0, 1, 3, 7], heads=[0, 7], lens=lens, tol=2e-2)
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "nvfp4"])
+def test_qk16_agrees_with_the_bf16_scores(fmt, batch):
+    """quant_qk16 (session 38) on and off, compiled: the same scores (exact products, fp32 sums), so the bf16 outputs
+    agree to bf16's rounding, also for query rows at 1e30 and 1e-30 (an unscaled fp16 q would overflow / flush); a
+    NaN in one query row makes that row NaN and no other row of its program. B 1 (split plan) and B 32 (the batch
+    regime: NVFP4's halves and wider plan, P.V in fp16)."""
+    q, k, v = _inputs(6, batch, 4096)
+    q = np.asarray(q, np.float32)
+    q[0, 0, 1] *= 1e30
+    q[-1, 0, 6] *= 1e-30
+    q = jnp.asarray(q, jnp.bfloat16)
+    kq, vq = QUANTIZE[fmt](k), QUANTIZE[fmt](v)
+    run = {on: jax.jit(lambda q, k, v, on=on: pallas_attn.attention(
+        q, k, v, generation="fa_decode", config=fd.DecodeConfig(quant_qk16=on))) for on in (True, False)}
+    a = np.asarray(run[True](q, kq, vq), np.float32)
+    ref = np.asarray(run[False](q, kq, vq), np.float32)
+    assert np.all(np.isfinite(a))
+    np.testing.assert_allclose(a, ref, rtol=2 ** -7, atol=1e-6)
+    out = np.asarray(run[True](q.at[0, 0, 3, 17].set(jnp.nan), kq, vq), np.float32)
+    nan_rows = np.isnan(out).any(-1)
+    assert nan_rows[0, 0, 3] and nan_rows.sum() == 1 and np.all(np.isnan(out[0, 0, 3]))
