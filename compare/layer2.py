@@ -157,12 +157,12 @@ COSTS: dict[str, Cost] = {
     "pallas_attn_fa_decode_nvfp4_cast": Cost(issue=0, lat=0, dequant=0.1372),
     # session 19: NVFP4 "asm", fitted alone on the H200 quant sweep (call 5; held out: the H100 runs, docs/roofline.md)
     "pallas_attn_fa_decode_nvfp4_asm": Cost(issue=0, lat=0, dequant=0.09512),
-    # session 38 (quant_qk16: a bf16 q's scores on the fp16 K tile): PREDICTED before any GPU run, not fitted: the
-    # fitted decode above minus the K tile's bf16 convert (HADD2.F32 + half an F2FP a K element: 0.75 of the 7.15
-    # SASS instructions a KV element of session 19's ncu; fp8 "cast": 0.75 of ~3.7, its fit read as instructions
-    # through the same ratio). docs/quantized_kv.md §13
-    "pallas_attn_fa_decode_nvfp4_asm_qk16": Cost(issue=0, lat=0, dequant=0.08514),
-    "pallas_attn_fa_decode_fp8_e4m3_cast_qk16": Cost(issue=0, lat=0, dequant=0.03892),
+    # session 38 (quant_qk16: a bf16 q's scores on the fp16 K tile): first predicted from the instruction ratio (the
+    # fitted decode above minus the K tile's bf16 convert: nvfp4 0.08514, fp8 0.03892), then fitted alone
+    # (scripts/fit_layer2.py --only these two) on call 1's H200 quant run, results/gpu_runs/
+    # 20261129_s38_h200_call1_quant_qk16/; held out: call 3 (docs/quantized_kv.md §13)
+    "pallas_attn_fa_decode_nvfp4_asm_qk16": Cost(issue=0, lat=0, dequant=0.08962),
+    "pallas_attn_fa_decode_fp8_e4m3_cast_qk16": Cost(issue=0, lat=0, dequant=0.04265),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
     # its pipelined config, the Triton twin (+ fp8 latent decode per element)
     "pallas_attn_v12_mla_mosaic": Cost(issue=0, lat=1568, fixed=1.512e+04),

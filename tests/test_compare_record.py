@@ -168,10 +168,10 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
         assert key("quant_pv16", batch=32, **kv) == key("default", batch=32, **kv) != key("quant_pv16_off", batch=32,
                                                                                            **kv)
         assert key("quant_pv16", dtype="float16", **kv) == key("default", dtype="float16", **kv)  # fp16 q: no convert
-    # quant_qk16 (session 38, a bf16 q only): on and off are two programs on either cache, one of them the default's
-    # (fd.QK16_DEFAULT); an fp16 q runs the default's program under both
-    on_off = ("quant_qk16", "quant_qk16_off") if fd.QK16_DEFAULT else ("quant_qk16_off", "quant_qk16")
-    for kv in (fp8, nv):
-        for b in (1, 32):
-            assert key(on_off[0], batch=b, **kv) == key("default", batch=b, **kv) != key(on_off[1], batch=b, **kv)
-            assert key(on_off[1], batch=b, dtype="float16", **kv) == key("default", batch=b, dtype="float16", **kv)
+    # quant_qk16 (session 38, a bf16 q only): on and off are two programs on either cache; the default's is on, except
+    # NVFP4 outside the batch regime (B1); an fp16 q runs the default's program under both
+    for kv, b, on in ((fp8, 1, True), (fp8, 32, True), (nv, 1, False), (nv, 32, True)):
+        same, other = ("quant_qk16", "quant_qk16_off") if on else ("quant_qk16_off", "quant_qk16")
+        assert key(same, batch=b, **kv) == key("default", batch=b, **kv) != key(other, batch=b, **kv), (kv, b)
+        for c in ("quant_qk16", "quant_qk16_off"):
+            assert key(c, batch=b, dtype="float16", **kv) == key("default", batch=b, dtype="float16", **kv)
