@@ -169,9 +169,11 @@ def test_fa_decode_named_configs_share_programs_where_their_knobs_do_not_apply()
                                                                                            **kv)
         assert key("quant_pv16", dtype="float16", **kv) == key("default", dtype="float16", **kv)  # fp16 q: no convert
     # quant_qk16 (session 38, a bf16 q only): on and off are two programs on either cache; the default's is on, except
-    # NVFP4 outside the batch regime (B1); an fp16 q runs the default's program under both
-    for kv, b, on in ((fp8, 1, True), (fp8, 32, True), (nv, 1, False), (nv, 32, True)):
+    # NVFP4 programs of fewer than 8 key tiles (B1 S 8k: 32 splits of 4); an fp16 q runs the default's program
+    for kv, b, n, on in ((fp8, 1, 8192, True), (fp8, 32, 8192, True), (nv, 1, 8192, False), (nv, 1, 32768, True),
+                         (nv, 32, 8192, True)):
         same, other = ("quant_qk16", "quant_qk16_off") if on else ("quant_qk16_off", "quant_qk16")
-        assert key(same, batch=b, **kv) == key("default", batch=b, **kv) != key(other, batch=b, **kv), (kv, b)
+        kw = dict(batch=b, kv_len=n, q_offset=n - 1, **kv)
+        assert key(same, **kw) == key("default", **kw) != key(other, **kw), kw
         for c in ("quant_qk16", "quant_qk16_off"):
-            assert key(c, batch=b, dtype="float16", **kv) == key("default", batch=b, dtype="float16", **kv)
+            assert key(c, dtype="float16", **kw) == key("default", dtype="float16", **kw)

@@ -159,6 +159,22 @@ def test_fp16_rows_is_exact_and_row_local(rng):
     assert np.asarray(pw)[6] == np.asarray(pw)[7] == np.asarray(pw)[0]
 
 
+def test_qk16_rule():
+    """quant_qk16 None: a bf16 q over fp8 always, over NVFP4 from QK16_NVFP4_MIN_TILES key tiles a program; never an
+    fp16 q or a 16-bit cache; True / False force it (a bf16 q over a quantized cache only)."""
+    d, n = fd.CONFIGS["default"], fd.QK16_NVFP4_MIN_TILES
+    assert fd.qk16_on(d, fmt="fp8_e4m3", q_dtype=jnp.bfloat16, tiles=1)
+    assert not fd.qk16_on(d, fmt="nvfp4", q_dtype=jnp.bfloat16, tiles=n - 1)
+    assert fd.qk16_on(d, fmt="nvfp4", q_dtype=jnp.bfloat16, tiles=n)
+    assert fd.qk16_on(fd.CONFIGS["quant_qk16"], fmt="nvfp4", q_dtype=jnp.bfloat16, tiles=1)
+    assert not fd.qk16_on(fd.CONFIGS["quant_qk16_off"], fmt="fp8_e4m3", q_dtype=jnp.bfloat16, tiles=64)
+    for cfg in (d, fd.CONFIGS["quant_qk16"]):
+        assert not fd.qk16_on(cfg, fmt="fp8_e4m3", q_dtype=jnp.float16, tiles=64)
+        assert not fd.qk16_on(cfg, fmt=None, q_dtype=jnp.bfloat16, tiles=64)
+    with pytest.raises(ValueError, match="quant_qk16"):
+        fd.DecodeConfig(quant_qk16=1)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
 def test_qk16_agrees_with_the_bf16_scores(rng, fmt):
     """quant_qk16 on and off compute the same scores (the same products of exact values, accumulated in fp32): their

@@ -133,8 +133,9 @@ class DecodeConfig:
     P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime
     (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. quant_qk16: with a bf16 q, q becomes fp16 once
     per program, each row scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as
-    it decodes (no bf16 convert a K element); None: on, except on an NVFP4 cache outside the batch regime (session
-    38: 0.95x the time at every fp8 row and NVFP4 B32, 1.01-1.03x at NVFP4 B1 S 8k twice). Every knob from
+    it decodes (no bf16 convert a K element); None: on, except on an NVFP4 cache where the plan gives a program fewer
+    than ``QK16_NVFP4_MIN_TILES`` key tiles (session 38: 0.93-0.98x the time at every other quantized row measured,
+    1.005-1.033x at NVFP4 B1 S 8k, four tiles a program, in three runs). Every knob from
     fp8_decode on is unused for 16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge)
     wherever the call's programs ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave
     model's split count; None: ``DENSE_SPLIT1_FILL`` on a dense 16-bit cache, the wave model alone on paged and
@@ -202,6 +203,10 @@ class DecodeConfig:
 # "default" is the heuristic (a frontier kernel has no reference to be faithful to); the others are measured
 # alternatives that compare runs beside it (docs/fa_decode.md).
 DENSE_SPLIT1_FILL = 0.9  # one split on a dense 16-bit cache from 0.9 x SMs programs up (DecodeConfig.split1_fill)
+# quant_qk16 None on an NVFP4 cache: on from this many key tiles a program (the plan's chunk_blocks). Session 38, H200,
+# qk16 / off by tiles a program: 4 -> 1.005-1.033 (B1 S 8k, 6 readings), 8 -> 0.981, 16 -> 0.961-0.981, >= 32 ->
+# 0.931-0.957 (docs/quantized_kv.md §13)
+QK16_NVFP4_MIN_TILES = 8
 
 CONFIGS: dict[str, DecodeConfig] = {
     "default": DecodeConfig(),
@@ -222,7 +227,7 @@ CONFIGS: dict[str, DecodeConfig] = {
     "quant_pv16": DecodeConfig(quant_pv16=True),
     "quant_pv16_off": DecodeConfig(quant_pv16=False),
     # a bf16 q's scores on the fp16 K tile (q to fp16 by a power of two a row, no K convert; session 38, issue 31),
-    # on and off at every shape: the default takes it except on NVFP4 outside the batch regime (docs/quantized_kv.md
+    # on and off at every shape: the default takes it except on NVFP4 programs of few key tiles (docs/quantized_kv.md
     # §13)
     "quant_qk16": DecodeConfig(quant_qk16=True),
     "quant_qk16_off": DecodeConfig(quant_qk16=False),
@@ -289,17 +294,17 @@ def quant_knobs(config: DecodeConfig, *, fmt: str | None, batch: int, hkv: int, 
     return bool(fmt == "nvfp4" and halves and d == d_data), bool(pv16)
 
 
-def qk16_on(config: DecodeConfig, *, fmt: str | None, q_dtype, regime: bool) -> bool:
+def qk16_on(config: DecodeConfig, *, fmt: str | None, q_dtype, tiles: int) -> bool:
     """Whether a call over a ``fmt`` cache with a ``q_dtype`` q runs its scores in fp16 (``quant_qk16``): a quantized
     cache and a bf16 q only (an fp16 q has nothing to convert; a 16-bit cache's K tile is already q's dtype). None:
-    on, except NVFP4 outside the batch regime (``regime``: ``batch_regime`` of the call), where session 38 measured it
-    1.01-1.03x the time at B1 S 8k in two runs (and 0.97-0.98x at B1 S 32k, given up by the rule written before the
-    second run; docs/quantized_kv.md §13)."""
+    on, except NVFP4 where a program streams fewer than ``QK16_NVFP4_MIN_TILES`` key tiles (``tiles``: the plan's
+    ``chunk_blocks``): there the conversion's fixed cost a program outweighed the tiles' saving (docs/quantized_kv.md
+    §13)."""
     if fmt is None or jnp.dtype(q_dtype) != jnp.bfloat16:
         return False
     if config.quant_qk16 is not None:
         return bool(config.quant_qk16)
-    return fmt != "nvfp4" or bool(regime)
+    return fmt != "nvfp4" or tiles >= QK16_NVFP4_MIN_TILES
 
 
 def plan(*, batch: int, hkv: int, rows: int, d: int, max_kv: int, config: DecodeConfig,
@@ -554,8 +559,7 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
         decode = "cast"  # interpreter; cvt.rn.f16x2.e4m3x2 needs sm_89+)
     # "asm" keeps its halves apart everywhere (kv_source._nvfp4_levels_asm)
     halves, pv16 = quant_knobs(config, fmt=fmt, batch=b, hkv=hkv, rows=rows, d=d, d_data=lay.d, paged=lay.paged)
-    qk16 = qk16_on(config, fmt=fmt, q_dtype=q.dtype, regime=fmt is not None and batch_regime(
-        config, batch=b, hkv=hkv, rows=rows, d=d, paged=lay.paged))
+    qk16 = qk16_on(config, fmt=fmt, q_dtype=q.dtype, tiles=p.chunk_blocks)
     kernel = functools.partial(
         _decode_kernel, p=p, lay=lay, causal=causal, check=check, scale_log2=scale * softmax.LOG2E, tq=tq,
         rows=rows, hkv=hkv, with_lse=return_lse and p.splits == 1, fmt=fmt, decode=decode, window=window,
@@ -772,8 +776,9 @@ def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
               d=tile_width(problem.head_dim), paged=problem.page_size is not None)
     halves, pv16 = quant_knobs(config, fmt=kvd, d_data=problem.head_dim, **kw)
     if "quant_pv16" in keep:
+        tiles = _plan_record(problem, config)["chunk_blocks"]
         out = dataclasses.replace(out, quant_pv16=pv16, quant_qk16=qk16_on(config, fmt=kvd, q_dtype=problem.dtype,
-                                                                            regime=batch_regime(config, **kw)))
+                                                                            tiles=tiles))
     if kvd == "nvfp4":
         regime = nvfp4_batch_regime(config, **kw)
         out = dataclasses.replace(out, nvfp4_halves=halves,
@@ -822,10 +827,7 @@ def launches(s, lp, names: list[str], hw=None, cfg=None) -> list[Launch]:
     cost, deq, note = "pallas_attn_fa_decode_partial", 0.0, ""
     if s.kv_dtype:  # quantized KV: storage bytes from HBM, every K and V element decoded in registers
         how = getattr(cfg, "fp8_decode" if s.kv_dtype == "fp8_e4m3" else "nvfp4_decode", None) or "cast"
-        c0 = cfg or CONFIGS["default"]
-        qk16 = qk16_on(c0, fmt=s.kv_dtype, q_dtype=s.dtype, regime=batch_regime(
-            c0, batch=s.batch, hkv=s.heads_kv, rows=(s.heads_q // s.heads_kv) * tq, d=dt, paged=s.page_size is not None,
-            sm_count=hw.num_sm if hw is not None else None))
+        qk16 = qk16_on(cfg or CONFIGS["default"], fmt=s.kv_dtype, q_dtype=s.dtype, tiles=cb)
         cost, deq = f"pallas_attn_fa_decode_{s.kv_dtype}_{how}" + ("_qk16" if qk16 else ""), 2.0 * cb * bk * d
         note = f"; {s.kv_dtype} KV decoded ({how}) per element" + ("; scores in fp16 (qk16)" if qk16 else "")
     # shared memory: the q tile and the K/V buffers of the plan's stages (``stage_buffers``), staged as stored
