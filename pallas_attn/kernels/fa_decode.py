@@ -788,7 +788,8 @@ def _effective(problem: Problem, config: DecodeConfig) -> DecodeConfig:
 
 _TC = "packed GQA rows on tensor cores (mma), fp32 accumulation, base-2 online softmax"
 _QNOTE = ("q float16 or bfloat16; KV tiles decoded in registers to exact fp16 (tensor scales folded into the score "
-          "and output scalars), then as fp16 (bf16 q: converted to bf16, exactly)")
+          "and output scalars), then as fp16 (bf16 q: q to fp16 by a power of two a row where quant_qk16 is on, "
+          "else the tile converted to bf16; both exact)")
 
 # ALU instructions per KV element of the decodes as first counted (docs/quantized_kv.md §3): fp8 "cast" is one
 # cvt.rn.f16x2.e4m3x2 per two elements plus the byte permute feeding it; NVFP4 "bits" is per packed byte two
