@@ -127,21 +127,20 @@ class DecodeConfig:
     NVFP4 cache whose ``B * Hkv * row_tiles`` programs give every SM one (the batch regime) is planned with this many
     programs per SM (more splits, more resident warps: the NVFP4 loop is latency-bound at 8 warps per SM,
     docs/quantized_kv.md §8);
-    None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512):
-    a tile of fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a
-    bf16 q, only the K tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and
-    P joins it as fp16 (P is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime
-    (``batch_regime``: dense, ``B * Hkv * row_tiles >= SMs``) only. quant_qk16: with a bf16 q, q becomes fp16 once
-    per program, each row scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as
-    it decodes (no bf16 convert a K element); None: on, except on an NVFP4 cache where the plan gives a program fewer
-    than ``QK16_NVFP4_MIN_TILES`` key tiles (session 38: 0.93-0.98x the time at every other quantized row measured,
-    1.005-1.033x at NVFP4 B1 S 8k, four tiles a program, in three runs). Every knob from
-    fp8_decode on is unused for 16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge)
-    wherever the call's programs ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave
-    model's split count; None: ``DENSE_SPLIT1_FILL`` on a dense 16-bit cache, the wave model alone on paged and
-    quantized caches; ``math.inf``: the wave model alone everywhere (config ``waves``, the plan before session 23).
-    Session 23: at 128 programs on 132 SMs one split was 2.5-5% faster than the wave model's two, at Tq 1 and Tq 2-8
-    (docs/fa_decode.md).
+    None: off. quant_tile_scale: a quantized cache's planned ``block_k`` times this (1, 2 or 4; at most 512): a tile of
+    fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a bf16 q, only the K
+    tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and P joins it as fp16 (P
+    is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime (``batch_regime``: dense, ``B *
+    Hkv * row_tiles >= SMs``) and on paged caches. quant_qk16: with a bf16 q, q becomes fp16 once per program, each row
+    scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as it decodes (no bf16
+    convert a K element); None: on, except on an NVFP4 cache where the plan gives a program fewer than
+    ``QK16_NVFP4_MIN_TILES`` key tiles (session 38: 0.93-0.98x the time at every other quantized row measured,
+    1.005-1.033x at NVFP4 B1 S 8k, four tiles a program, in three runs). Every knob from fp8_decode on is unused for
+    16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge) wherever the call's programs
+    ``B * Hkv * row_tiles`` number at least this many times the SMs, else the wave model's split count; None:
+    ``DENSE_SPLIT1_FILL`` on a dense 16-bit cache, the wave model alone on paged and quantized caches; ``math.inf``: the
+    wave model alone everywhere (config ``waves``, the plan before session 23). Session 23: at 128 programs on 132 SMs
+    one split was 2.5-5% faster than the wave model's two, at Tq 1 and Tq 2-8 (docs/fa_decode.md).
     """
 
     block_k: int | None = None
@@ -223,7 +222,8 @@ CONFIGS: dict[str, DecodeConfig] = {
     # and is "asm" since session 19 (§9)
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
     # a bf16 q's P.V on the fp16 V tile (no V convert) at every shape, and never: the default takes it in the batch
-    # regime only (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9)
+    # regime (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9) and, since session 38,
+    # on paged caches (§13)
     "quant_pv16": DecodeConfig(quant_pv16=True),
     "quant_pv16_off": DecodeConfig(quant_pv16=False),
     # a bf16 q's scores on the fp16 K tile (q to fp16 by a power of two a row, no K convert; session 38, issue 31),
@@ -283,11 +283,12 @@ def quant_knobs(config: DecodeConfig, *, fmt: str | None, batch: int, hkv: int, 
                 paged: bool, sm_count: int | None = None) -> tuple[bool, bool]:
     """``(halves, pv16)`` as a call over a ``fmt`` cache runs them (the kernel's launch and ``Kernel.effective`` both
     ask here). ``nvfp4_halves`` None: on with the "asm" decode or in NVFP4's batch regime, and only when the tile is
-    the data's width (``d == d_data``). ``quant_pv16`` None (meaningful with a bf16 q): on in the batch regime."""
+    the data's width (``d == d_data``). ``quant_pv16`` None (meaningful with a bf16 q): on in the batch regime and on
+    a paged cache (session 38: 0.95x at NVFP4 paged B 8 / 32, 1.02-1.06x on dense caches outside the regime)."""
     if fmt is None:
         return False, False
     kw = dict(batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
-    pv16 = config.quant_pv16 if config.quant_pv16 is not None else batch_regime(config, **kw)
+    pv16 = config.quant_pv16 if config.quant_pv16 is not None else (paged or batch_regime(config, **kw))
     halves = config.nvfp4_halves
     if halves is None:
         halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(config, **kw)
