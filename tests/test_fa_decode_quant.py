@@ -160,16 +160,17 @@ def test_fp16_rows_is_exact_and_row_local(rng):
 
 
 def test_pv16_rule():
-    """quant_pv16 None: on in the batch regime and on every paged cache (session 38), off on a dense cache outside the
-    regime; True / False force it."""
+    """quant_pv16 None: on in the batch regime and on a paged NVFP4 cache (session 38), off on a dense cache outside
+    the regime and on a paged fp8 one; True / False force it."""
     kw = dict(hkv=8, rows=4, d=128, d_data=128, sm_count=132)
     knobs = lambda cfg, **k: fd.quant_knobs(fd.CONFIGS[cfg], **{**kw, **k})[1]  # noqa: E731
     for fmt in ("fp8_e4m3", "nvfp4"):
         assert not knobs("default", fmt=fmt, batch=1, paged=False)
         assert knobs("default", fmt=fmt, batch=32, paged=False)  # 256 programs >= 132 SMs
-        assert knobs("default", fmt=fmt, batch=1, paged=True) and knobs("default", fmt=fmt, batch=32, paged=True)
+        for b in (1, 32):
+            assert knobs("default", fmt=fmt, batch=b, paged=True) == (fmt == "nvfp4")
         assert not knobs("quant_pv16_off", fmt=fmt, batch=32, paged=True)
-        assert knobs("quant_pv16", fmt=fmt, batch=1, paged=False)
+        assert knobs("quant_pv16", fmt=fmt, batch=1, paged=False) and knobs("quant_pv16", fmt=fmt, batch=1, paged=True)
 
 
 def test_qk16_rule():

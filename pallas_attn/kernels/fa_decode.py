@@ -131,9 +131,9 @@ class DecodeConfig:
     fewer bytes per key, more keys per tile, so the bytes in flight match fp16's. quant_pv16: with a bf16 q, only the K
     tile converts to bf16 (the scores' dot runs in q's dtype); the decoded V tile stays fp16 and P joins it as fp16 (P
     is in [0, 1]: fp16 holds it with 3 more bits than bf16); None: in the batch regime (``batch_regime``: dense, ``B *
-    Hkv * row_tiles >= SMs``) and on paged caches. quant_qk16: with a bf16 q, q becomes fp16 once per program, each row
-    scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as it decodes (no bf16
-    convert a K element); None: on, except on an NVFP4 cache where the plan gives a program fewer than
+    Hkv * row_tiles >= SMs``) and on paged NVFP4 caches. quant_qk16: with a bf16 q, q becomes fp16 once per program,
+    each row scaled by a power of two (``fp16_rows``), and the scores' dot runs in fp16 on the K tile as it decodes (no
+    bf16 convert a K element); None: on, except on an NVFP4 cache where the plan gives a program fewer than
     ``QK16_NVFP4_MIN_TILES`` key tiles (session 38: 0.93-0.98x the time at every other quantized row measured,
     1.005-1.033x at NVFP4 B1 S 8k, four tiles a program, in three runs). Every knob from fp8_decode on is unused for
     16-bit KV (``Kernel.effective`` resets them there). split1_fill: one split (no merge) wherever the call's programs
@@ -223,7 +223,7 @@ CONFIGS: dict[str, DecodeConfig] = {
     "quant_alt_decode": DecodeConfig(fp8_decode="bits", nvfp4_decode="bits"),
     # a bf16 q's P.V on the fp16 V tile (no V convert) at every shape, and never: the default takes it in the batch
     # regime (session 19: 0-6% faster there, fp8 2.5-4% slower at B1; docs/quantized_kv.md §9) and, since session 38,
-    # on paged caches (§13)
+    # on paged NVFP4 caches (§13)
     "quant_pv16": DecodeConfig(quant_pv16=True),
     "quant_pv16_off": DecodeConfig(quant_pv16=False),
     # a bf16 q's scores on the fp16 K tile (q to fp16 by a power of two a row, no K convert; session 38, issue 31),
@@ -284,11 +284,14 @@ def quant_knobs(config: DecodeConfig, *, fmt: str | None, batch: int, hkv: int, 
     """``(halves, pv16)`` as a call over a ``fmt`` cache runs them (the kernel's launch and ``Kernel.effective`` both
     ask here). ``nvfp4_halves`` None: on with the "asm" decode or in NVFP4's batch regime, and only when the tile is
     the data's width (``d == d_data``). ``quant_pv16`` None (meaningful with a bf16 q): on in the batch regime and on
-    a paged cache (session 38: 0.95x at NVFP4 paged B 8 / 32, 1.02-1.06x on dense caches outside the regime)."""
+    a paged NVFP4 cache (session 38: 0.95-0.96x at NVFP4 paged B 8 / 32 in two runs; 1.00 / 1.04x at fp8 paged, and
+    1.02-1.06x on dense caches outside the regime)."""
     if fmt is None:
         return False, False
     kw = dict(batch=batch, hkv=hkv, rows=rows, d=d, paged=paged, sm_count=sm_count)
-    pv16 = config.quant_pv16 if config.quant_pv16 is not None else (paged or batch_regime(config, **kw))
+    pv16 = config.quant_pv16
+    if pv16 is None:
+        pv16 = (paged and fmt == "nvfp4") or batch_regime(config, **kw)
     halves = config.nvfp4_halves
     if halves is None:
         halves = config.nvfp4_decode == "asm" or nvfp4_batch_regime(config, **kw)
