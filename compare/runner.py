@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shlex
+import statistics
 import sys
 import threading
 import time
@@ -802,14 +803,21 @@ class _Run:
                     live.remove(i)
             self.start_look_ahead()
         parts: dict[int, list[timing.Timing]] = {i: [] for i in live}
+        places: dict[int, list[int]] = {i: [] for i in live}  # each part's place in its round (0: timed first)
         for r in range(n):
-            for i in list(live):
+            # the order rotates by one a round (session 38): a place in the round that costs or gains (the first after
+            # the previous workload, or after another framework's kernels) falls on every implementation in turn
+            order = live[r % len(live):] + live[:r % len(live)] if live else []
+            for place, i in enumerate(order):
+                if i not in live:
+                    continue
                 rec, prep, (reps, _, _) = entries[i]
                 share = reps // n + (1 if r < reps % n else 0)
                 if share < 1:
                     continue
                 try:
                     parts[i].append(self.kernel_timing(prep, rec, share))
+                    places[i].append(place)
                 except Exception as e:
                     rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
                     live.remove(i)
@@ -823,6 +831,10 @@ class _Run:
                         kt = merge_timings(parts[i], rounds=n, others=len(live) - 1)
                         self.record_timing(prep, rec, kt, plan[1], plan[2], e2e=e2e.get(i))
                         rec.metrics["timing_rounds"] = len(parts[i])
+                        # per round: the median of its samples and the pair's place in it (what a position effect
+                        # between identical programs would show in; docs/compare.md "Rounds")
+                        rec.metrics["round_p50_us"] = [float(statistics.median(t.samples_us)) for t in parts[i]]
+                        rec.metrics["round_places"] = places[i]
                 except Exception as e:
                     rec.fail("oom" if _is_oom(e) else "failed", "timing: " + _reason(e))
             if rec is not None:

@@ -597,6 +597,13 @@ def test_rounds_interleave_the_implementations_samples(monkeypatch, tmp_path, fa
         assert any("4 rounds" in n for n in m["clock_notes"]), m["clock_notes"]
     p50 = [r["metrics"]["time_us_p50"] for r in inter]
     assert abs(p50[0] - p50[1]) <= 2  # the same stretch of clock states: medians 2 ticks apart, not 8
+    # the order rotates a round (session 38): each implementation is timed first in half the rounds, and the record
+    # keeps each round's median and the pair's place in it
+    assert [c[0] for c in inter_calls[2:4]] == [inter_calls[1][0], inter_calls[0][0]]
+    places = [r["metrics"]["round_places"] for r in inter]
+    assert places == [[0, 1, 0, 1], [1, 0, 1, 0]], places
+    assert inter[0]["metrics"]["round_p50_us"] == [1.5, 7.5, 9.5, 15.5]  # ticks 1-2, 7-8, 9-10, 15-16
+    assert inter[1]["metrics"]["round_p50_us"] == [3.5, 5.5, 11.5, 13.5]
 
 
 def test_records_say_where_the_run_time_went(tmp_path):
