@@ -160,7 +160,7 @@ COSTS: dict[str, Cost] = {
     # session 38 (quant_qk16: a bf16 q's scores on the fp16 K tile): first predicted from the instruction ratio (the
     # fitted decode above minus the K tile's bf16 convert: nvfp4 0.08514, fp8 0.03892), then fitted alone
     # (scripts/fit_layer2.py --only these two) on call 1's H200 quant run, results/gpu_runs/
-    # 20261129_s38_h200_call1_quant_qk16/; held out: call 3 (docs/quantized_kv.md §13)
+    # 20261129_s38_h200_call1_quant_qk16/; held out: calls 3-4 (docs/quantized_kv.md §13)
     "pallas_attn_fa_decode_nvfp4_asm_qk16": Cost(issue=0, lat=0, dequant=0.08962),
     "pallas_attn_fa_decode_fp8_e4m3_cast_qk16": Cost(issue=0, lat=0, dequant=0.04265),
     # MLA, Pallas: the Mosaic kernel (per-tile latency on top of the MMA at the datasheet rate; fixed per CTA),
@@ -239,8 +239,8 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
                                         "dequant": ("pallas_attn_fa_decode_nvfp4_asm", "dequant"),
                                         "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
                                         "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")},
-    # quant_qk16 (session 38): the two default decodes their own (predicted) dequant constant; the other decodes
-    # priced as without it (no record of them with it)
+    # quant_qk16 (session 38): the two default decodes with their own dequant constant (fitted on call 1); the other
+    # decodes priced as without it (no record of them with it)
     **{f"pallas_attn_fa_decode_{f}_qk16": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
                                            "dequant": (f"pallas_attn_fa_decode_{f}" + ("_qk16" if f in (
                                                "fp8_e4m3_cast", "nvfp4_asm") else ""), "dequant"),
