@@ -213,6 +213,30 @@ def test_qk16_agrees_with_the_bf16_scores(rng, fmt):
     assert nan_rows[1, 0, 3] and nan_rows.sum() == 1 and np.all(np.isnan(out[1, 0, 3]))
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_qk16_with_window_sinks_and_pages(rng, fmt):
+    """quant_qk16 where the score scale meets the other features: a causal window and Tq 2 (the row's power joins
+    the window's masked scores), sinks (joined after the merge), a paged ragged cache of page 16 with splits; on and
+    off agree to bf16's rounding, and both agree with the fp16-q kernel on the same cache."""
+    b, tq, hq, hkv, d, tk, page = 2, 2, 8, 2, 64, 90, 16
+    q16, k, v = _case(rng, b, tq, hq, hkv, d, tk)
+    q = q16.astype(jnp.bfloat16)
+    kq, vq = QUANTIZE[fmt](jnp.asarray(k)), QUANTIZE[fmt](jnp.asarray(v))
+    lens = np.array([90, 57], np.int32)
+    kp, vp, bt = quant.build_paged_quantized(kq, vq, page, seed=11, kv_lens=lens)
+    sinks = jnp.asarray(rng.standard_normal(hq), jnp.float32)
+
+    def run(q, on):
+        cfg = fd.DecodeConfig(block_k=16, splits=3, quant_qk16=on)
+        return np.asarray(pallas_attn.paged_attention(q, kp, vp, bt, jnp.asarray(lens), causal=True, window=40,
+                                                      sinks=sinks, interpret=True, config=cfg), np.float32)
+
+    on, off = run(q, True), run(q, False)
+    assert np.all(np.isfinite(on))
+    np.testing.assert_allclose(on, off, rtol=2 ** -7, atol=1e-6)
+    assert _rel(on, run(q.astype(jnp.float16), None).astype(np.float64)) < 2e-2
+
+
 @pytest.mark.parametrize("how", ks.DECODES)
 def test_tile_decoders_are_exact(rng, how):
     """decode(tile) * 2^fold * scale is bit-identical to the float32 dequantization (fp8: all 256 bytes)."""
