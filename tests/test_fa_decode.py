@@ -191,6 +191,25 @@ def test_bad_block_table_under_jit_poisons_only_that_sequence(rng):
     assert _rel(out[[0, 2]], ref[[0, 2]]) < 1e-2
 
 
+def test_bad_page_in_a_later_split_poisons_its_sequence_only(rng):
+    """The check of gathered pages (page 8 < 16-key tiles) runs once a program over the pages its keys span (session
+    38, ``kv_source.pages_bad``): a bad entry that only the second split's keys reach poisons that sequence; a bad
+    entry past a sequence's length is never checked (nor followed); the other sequences stay right."""
+    b, page, tk = 3, 8, 60
+    k, v = _arr(rng, (b, tk, 2, 64), "float16"), _arr(rng, (b, tk, 2, 64), "float16")
+    q = _arr(rng, (b, 1, 4, 64), "float16")
+    lens = np.array([60, 20, 60], np.int32)
+    kp, vp, bt = build_paged_kv(k, v, page, kv_lens=lens)
+    ref, _ = reference.paged_attention_reference(q, kp, vp, bt, lens)
+    bt[0, 6] = kp.shape[0] + 3  # keys 48-55 of sequence 0: the second of the 32-key splits
+    bt[1, 5] = -7  # past sequence 1's 20 keys (pages 0-2)
+    cfg = fd.DecodeConfig(block_k=16, splits=3)
+    f = jax.jit(lambda *a: pallas_attn.paged_attention(*a, generation="fa_decode", interpret=True, config=cfg))
+    out = np.asarray(f(q, jnp.asarray(kp), jnp.asarray(vp), jnp.asarray(bt), jnp.asarray(lens)), np.float32)
+    assert np.all(np.isnan(out[0]))
+    assert _rel(out[[1, 2]], ref[[1, 2]]) < 1e-2
+
+
 # ------------------------------------------------------------------------------------------- API, jit, errors
 
 

@@ -66,6 +66,7 @@ from .kv_source import (
     flat_pool,
     nvfp4_halves,
     nvfp4_tile,
+    pages_bad,
     validate_block_table,
 )
 from .launches import Launch, kv_bytes, kv_tokens, merge_launch
@@ -480,11 +481,12 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         else:
             def dequant(k, v):
                 return (to_k(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
-    # the block-table check: per-key flags ORed over the loop and reduced once after it (gathered pages); nothing
-    # carried when the caller turned the check off
-    bad_keys = check and lay.paged and lay.gather
+    # the block-table check on gathered pages (page < tile): the pages this program's keys span, checked once after
+    # its loop (kv_source.pages_bad; session 38: per-key flags carried through the loop cost the fp8 paged call 7-14%);
+    # a tile of one page checks that page in the loop (a scalar); nothing when the caller turned the check off
+    pages_after = check and lay.paged and lay.gather
     src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref,
-                   bad_keys=bad_keys)
+                   check_gathered=not pages_after)
 
     def body(i, carry):
         m_run, l_run, accs, bad_run = carry
@@ -510,14 +512,17 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         m_new, l_new, alpha, pr = softmax.step(m_run, l_run, sc, vis, base2=True)
         accs = tuple(acc * alpha[:, None] + jnp.dot(pr.astype(vh.dtype), vh, preferred_element_type=jnp.float32)
                      for acc, vh in zip(accs, vs))
-        return m_new, l_new, accs, (bad_run | bad) if check and lay.paged else bad_run
+        return m_new, l_new, accs, (bad_run | bad) if check and lay.paged and not pages_after else bad_run
 
     m0, l0 = softmax.init_state((bm,))
     accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w, _ in qcols)
-    badc0 = jnp.zeros((bk,), jnp.int32) if bad_keys else bad0
-    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, badc0))
-    if bad_keys:
-        bad = bad0 | (jnp.max(bad) > 0)
+    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, bad0))
+    if pages_after:  # the pages holding keys [lo, hi), as the loop visited them (none when it ran no tile)
+        first = lo // lay.page
+        end = jnp.where(n_tiles > 0, (hi + lay.page - 1) // lay.page, first)
+        width = min(256, c.next_pow2(p.chunk_blocks * bk // lay.page))  # a split's pages in one load, up to 256
+        bad = bad | pages_bad(bt_ref, b * lay.pages_per_seq, first, end, pages_per_seq=lay.pages_per_seq,
+                              num_pages=lay.num_pages, width=width)
 
     for (c0, w, st), acc in zip(qcols, accs):
         o, lse = splitkv.partial(m_run, l_run, acc, base2=True)

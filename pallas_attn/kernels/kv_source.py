@@ -106,11 +106,11 @@ class KVSource:
     """In-kernel tile loader for sequence ``b``, KV head ``h`` (micro-scale refs only for NVFP4 pools)."""
 
     def __init__(self, layout: KVLayout, k_ref, v_ref, bt_ref=None, *, b, h,
-                 dequant: Callable | None = None, k_micro_ref=None, v_micro_ref=None, bad_keys: bool = False):
+                 dequant: Callable | None = None, k_micro_ref=None, v_micro_ref=None, check_gathered: bool = True):
         self.lay, self.k_ref, self.v_ref, self.bt_ref = layout, k_ref, v_ref, bt_ref
-        # bad_keys (gathered pages only): ``bad`` as an int32 [block_k] per-key flag, which the caller ORs over its
-        # loop and reduces once, instead of one reduction per tile (session 19: 13% of an NVFP4 paged call)
-        self.bad_keys = bad_keys
+        # check_gathered False: a gathered tile (page < tile) returns no ``bad`` flag; the caller checks the pages its
+        # keys span once, outside its loop (fa_decode, ``pages_bad``; session 38). True: one reduction a tile
+        self.check_gathered = check_gathered
         self.k_micro_ref, self.v_micro_ref = k_micro_ref, v_micro_ref
         self.b, self.h, self.dequant = b, h, dequant
         self.tbl0 = b * layout.pages_per_seq
@@ -131,10 +131,9 @@ class KVSource:
             pg, bad = self._page(j0 // lay.page)
             return pl.ds(pg * lay.page + j0 % lay.page, bk), bad
         pg, bad_k = self._page(j // lay.page)
-        bad = jnp.where(kmask & bad_k, 1, 0)
-        if not self.bad_keys:
-            bad = jnp.max(bad) > 0  # no reduce_or in Triton
-        return pg * lay.page + j % lay.page, bad
+        if not self.check_gathered:
+            return pg * lay.page + j % lay.page, False
+        return pg * lay.page + j % lay.page, jnp.max(jnp.where(kmask & bad_k, 1, 0)) > 0  # no reduce_or in Triton
 
     def _load(self, ref, rows, kmask, width: int):
         """The ``[block_k, width]`` columns of head ``h``; a width that is not a power of two (D 96) loads the next
@@ -164,6 +163,19 @@ class KVSource:
         if self.dequant is not None:
             k, v = self.dequant(k, v)
         return k, v, bad
+
+
+def pages_bad(bt_ref, tbl0, first, end, *, pages_per_seq: int, num_pages: int, width: int):
+    """Whether a page index among entries ``[first, end)`` of one sequence's block-table row (entry 0 at ``tbl0`` of
+    the flattened table) lies outside ``[0, num_pages)``: ``width``-wide vector loads, one reduction each (session 38:
+    fa_decode's block-table check, once a program instead of a per-key flag carried through its loop)."""
+    def step(i, acc):
+        idx = first + i * width + jnp.arange(width, dtype=jnp.int32)
+        raw = bt_ref[tbl0 + jnp.minimum(idx, pages_per_seq - 1)]
+        return acc | jnp.max(jnp.where((idx < end) & ((raw < 0) | (raw >= num_pages)), 1, 0))
+
+    n = jnp.maximum(end - first + width - 1, 0) // width
+    return jax.lax.fori_loop(0, n, step, jnp.zeros((), jnp.int32)) > 0
 
 
 # --------------------------------------------------------------------------------------------------------
