@@ -351,7 +351,7 @@ def _backward_by(fn, back):
 def paged_attention_varlen(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *, scale: float | None = None,
                            q_offset=None, interpret: bool | None = None, return_lse: bool = False,
                            check_block_table: bool = True, window: int | None = None, softcap: float | None = None,
-                           sinks=None):
+                           sinks=None, decode_max_q: int = 16):
     """Causal paged-KV attention over packed queries (a serving batch mixing chunks and decodes with no padding).
     q ``[T, Hq, D]``: sequence ``b``'s queries are rows ``cu_q_lens[b] : cu_q_lens[b + 1]`` (int32 ``[B + 1]``,
     starting at 0, never decreasing, ending at most at ``T``; rows past ``cu_q_lens[B]`` are unused and return 0, LSE
@@ -360,10 +360,13 @@ def paged_attention_varlen(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     ``kv_lens - q_lens``: the queries are the last cached tokens); ``window``, ``softcap``, ``sinks [Hq]`` as
     ``paged_attention``'s chunked path. Returns ``out [T, Hq, D]`` and, with ``return_lse``, ``lse [Hq, T]``.
 
-    Sequences of 1-16 queries run on fa_decode, longer ones on fa_prefill in row tiles (``chunked.
-    varlen_paged_attention``): a batch of a long chunk and many decodes launches the chunk's tiles and the decodes,
-    not a chunk-length tile grid for every sequence as ``paged_attention(q_lens=...)``'s padded ``[B, Tq]`` layout
-    must. fp16 / bf16, D 64 / 128 / 256, a Hopper (interpret mode on a CPU); inference only. Bad lengths or table
+    Sequences of 1 to ``decode_max_q`` (at most fa_decode's 16, the default) queries run on fa_decode, longer ones on
+    fa_prefill in row tiles (``chunked.varlen_paged_attention``): a batch of a long chunk and many decodes launches
+    the chunk's tiles and the decodes, not a chunk-length tile grid for every sequence as ``paged_attention(q_lens=
+    ...)``'s padded ``[B, Tq]`` layout must. ``decode_max_q`` is a static hint a scheduler knows (1 when its decodes
+    are single tokens, k + 1 with k speculative tokens): the decode part is sized for that many queries a sequence
+    instead of 16 (session 39: its partial outputs and their merge shrink with it); the answer does not depend on
+    it. fp16 / bf16, D 64 / 128 / 256, a Hopper (interpret mode on a CPU); inference only. Bad lengths or table
     entries raise when concrete and poison that sequence's rows with NaN under ``jit``."""
     if not hasattr(q, "shape") or getattr(q, "ndim", None) != 3:
         raise ValueError(f"q must be rank 3 [T, Hq, D] (packed queries); got {getattr(q, 'shape', type(q).__name__)}")
@@ -379,12 +382,19 @@ def paged_attention_varlen(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
         raise ValueError(f"cu_q_lens must be int32 [B + 1 = {b + 1}]; got {getattr(cu_q_lens, 'shape', cu_q_lens)!r}, "
                          f"{getattr(cu_q_lens, 'dtype', None)}")
     from . import chunked
+    from .kernels import fa_decode
+
+    n_max = fa_decode.KERNEL.max_q_len
+    if isinstance(decode_max_q, bool) or not isinstance(decode_max_q, numbers.Integral) \
+            or not 1 <= decode_max_q <= n_max:
+        raise ValueError(f"decode_max_q must be a static int in [1, {n_max}] (the most queries a sequence run on "
+                         f"fa_decode has); got {decode_max_q!r}")
 
     def call(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, q_offset, sinks):
         return chunked.varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, scale=s,
                                               q_offset=q_offset, interpret=interpret, return_lse=bool(return_lse),
                                               check_block_table=check_block_table, window=window, softcap=softcap,
-                                              sinks=sinks)
+                                              sinks=sinks, decode_max_q=int(decode_max_q))
 
     call = _no_backward("chunked", call, entry="paged_attention_varlen", hint=_DECODE_HINT)
     with _compat.quiet_triton():

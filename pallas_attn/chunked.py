@@ -166,22 +166,24 @@ def chunked_paged_attention(q, k_pool, v_pool, block_table, kv_lens, *, scale: f
 
 def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *, scale: float, q_offset=None,
                            interpret: bool | None = None, return_lse: bool = False, check_block_table: bool = True,
-                           window: int | None = None, softcap: float | None = None, sinks=None):
-    """Causal paged attention over packed queries (validated pools and tables; ``cu_q_lens`` int32 ``[B + 1]``):
-    ``q [T, Hq, D]`` holds sequence ``b``'s queries in rows ``cu_q_lens[b] : cu_q_lens[b + 1]``, with no padding
-    between sequences; rows past ``cu_q_lens[B]`` are unused (output 0, LSE -inf). Returns ``out [T, Hq, D]`` and,
-    with ``return_lse``, ``lse [Hq, T]``. Semantics per sequence are ``chunked_paged_attention``'s (offsets default
-    to ``kv_lens - q_lens``; window, soft-cap, sinks as fa_prefill's).
+                           window: int | None = None, softcap: float | None = None, sinks=None,
+                           decode_max_q: int | None = None):
+    """Causal paged attention over packed queries (validated pools and tables; ``cu_q_lens`` int32 ``[B + 1]``): ``q [T,
+    Hq, D]`` holds sequence ``b``'s queries in rows ``cu_q_lens[b] : cu_q_lens[b + 1]``, with no padding between
+    sequences; rows past ``cu_q_lens[B]`` are unused (output 0, LSE -inf). Returns ``out [T, Hq, D]`` and, with
+    ``return_lse``, ``lse [Hq, T]``. Semantics per sequence are ``chunked_paged_attention``'s (offsets default to
+    ``kv_lens - q_lens``; window, soft-cap, sinks as fa_prefill's).
 
-    How it runs (session 34, issue 32): the sequences of 1-16 queries on fa_decode (their rows gathered into ``[B,
-    16]``, query-major row-limited tiles: ``_decode_part``); every longer one cut into row tiles of the fa_prefill
-    config's rows (``R``: 128 at two consumers of 64), each tile a pseudo-sequence of ``R`` rows with its own offset
-    and its sequence's block-table row, gathered into ``[NT, R, Hq, D]`` with ``NT = cdiv(T, R) + B`` (a static
+    How it runs (session 34, issue 32): the sequences of 1 to ``decode_max_q`` queries (None: fa_decode's 16) on
+    fa_decode (their rows gathered into ``[B, decode_max_q]``, query-major row-limited tiles: ``_decode_part``; the
+    part's partial outputs and their merge are sized by it, session 39); every longer one cut into row tiles of the
+    fa_prefill config's rows (``R``: 128 at two consumers of 64), each tile a pseudo-sequence of ``R`` rows with its own
+    offset and its sequence's block-table row, gathered into ``[NT, R, Hq, D]`` with ``NT = cdiv(T, R) + B`` (a static
     bound: each sequence wastes at most one partial tile); tiles past the real ones are empty (``q_lens`` 0: the
-    kernel's consumers idle). So the kernel launches about ``T / R`` tiles per head, where the padded layout
-    launches ``B * Tq / R``. The results are scattered back into the packed rows. fa_prefill reads the pages in the
-    kernel (a Hopper; pages a multiple of 8 that divides or is divided by its key block) or, in interpret mode,
-    gathers them; other cases (fp32, a head dim fa_prefill lacks, D 96, other pages) refuse by name."""
+    kernel's consumers idle). So the kernel launches about ``T / R`` tiles per head, where the padded layout launches
+    ``B * Tq / R``. The results are scattered back into the packed rows. fa_prefill reads the pages in the kernel (a
+    Hopper; pages a multiple of 8 that divides or is divided by its key block) or, in interpret mode, gathers them;
+    other cases (fp32, a head dim fa_prefill lacks, D 96, other pages) refuse by name."""
     from .kernels import fa_decode
 
     t_rows, hq, d = q.shape
@@ -205,7 +207,9 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
     # to a sequence for sure
     no_layout = jnp.any(q_lens < 0) | (cu[-1] > t_rows) | (cu[0] != 0)
     bad = bad | no_layout
-    n = fa_decode.KERNEL.max_q_len
+    n = fa_decode.KERNEL.max_q_len if decode_max_q is None else int(decode_max_q)
+    if not 1 <= n <= fa_decode.KERNEL.max_q_len:
+        raise ValueError(f"decode_max_q must be in [1, {fa_decode.KERNEL.max_q_len}]; got {n}")
     dec = (q_lens >= 1) & (q_lens <= n)
     # Each packed row p takes its value from the decode part or from its chunk's row tile: one gather-and-select
     # pass over the T rows (a zero-filled output with the parts scattered into it cost 95 us at the probe's mixes,
@@ -232,7 +236,7 @@ def varlen_paged_attention(q, k_pool, v_pool, block_table, kv_lens, cu_q_lens, *
         sel = (slice(None),) + (None,) * (out.ndim - 1)
         out = jnp.where(take[sel], wrap(o_c)[src], out)
         lse = jnp.where(take[:, None], l_c[src], lse)
-    # the decodes: their first 16 rows (clamped into q), fa_decode's row-limited decode part (skipped when concrete
+    # the decodes: their first n rows (clamped into q), fa_decode's row-limited decode part (skipped when concrete
     # lengths hold none)
     if ql is None or np.any((ql >= 1) & (ql <= n)):
         rows_n = jnp.arange(n, dtype=jnp.int32)
@@ -369,8 +373,8 @@ def _decode_rows(q_lens, tq: int):
 
 
 def _decode_part(q, k_pool, v_pool, tbl, kv_lens, offs, dec, q_lens, *, scale, interpret, window, softcap, sinks):
-    """fa_decode over the first 16 rows of the decoding sequences (the others get no key: nothing read):
-    ``(out [B, 16, Hq, D], lse [B, Hq, 16])``."""
+    """fa_decode over the first ``n = min(Tq, 16)`` rows of the decoding sequences (the others get no key: nothing
+    read): ``(out [B, n, Hq, D], lse [B, Hq, n])``."""
     from .kernels import fa_decode
 
     qd = q[:, :fa_decode.KERNEL.max_q_len]

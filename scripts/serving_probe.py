@@ -26,6 +26,7 @@ Records (JSONL, with the environment) go to ``--out/records.jsonl``; a table is 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -53,6 +54,10 @@ def _pool(rng, b, pps, page):
     vp = jnp.asarray(rng.standard_normal((n, page, HKV, D), np.float32), jnp.bfloat16)
     tbl = jnp.asarray(rng.permutation(n)[: b * pps].reshape(b, pps).astype(np.int32))
     return kp, vp, tbl
+
+
+def _packed_call(q, kp, vp, t, kv, cu, **kw):
+    return pallas_attn.paged_attention_varlen(q, kp, vp, t, kv, cu, **kw)
 
 
 def _q(rng, b, tq):
@@ -200,16 +205,19 @@ def main(argv=None) -> int:
             # knob is read while tracing).
             # Session 36 call 1 also timed the traced decode part planned for one / every sequence (a knob removed
             # after it: both slower)
-            variants = [("", {}), (" elem copies", {"ROW_WORDS": False})] if args.packed_variants else [("", {})]
-            for vtag, knobs in variants:
+            # Session 39: also with the scheduler's hint that its decodes are single tokens (decode_max_q 1: the
+            # decode part sized for one query a sequence, not 16)
+            variants = [("", {}, {}), (" decode_max_q 1", {}, {"decode_max_q": 1})]
+            if args.packed_variants:
+                variants.append((" elem copies", {"ROW_WORDS": False}, {}))
+            for vtag, knobs, kw in variants:
                 saved = {k: getattr(chunked, k) for k in knobs}
                 try:
                     for k, v in knobs.items():
                         setattr(chunked, k, v)
-                    fv = jax.jit(lambda q, kp, vp, t, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, t, kv,
-                                                                                                 cu))
+                    fv = jax.jit(functools.partial(_packed_call, **kw))
                     t_packed = timed("mixed", f"packed{tag}{vtag}: {int(cu[-1])} rows", fv,
-                                     (qpk, kp, vp, tbl, kv, jnp.asarray(cu)), q_lens=qls, kv_lens=kvs, **knobs)
+                                     (qpk, kp, vp, tbl, kv, jnp.asarray(cu)), q_lens=qls, kv_lens=kvs, **knobs, **kw)
                 finally:
                     for k, v in saved.items():
                         setattr(chunked, k, v)

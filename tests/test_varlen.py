@@ -119,6 +119,40 @@ def test_features_and_the_padded_entry_agree(rng):
         np.testing.assert_allclose(np.asarray(lse[:, c[b]:c[b + 1]]), np.asarray(pl_[b, :, :n]), atol=2e-2)
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_decode_max_q_sizes_the_decode_part_and_keeps_the_answer(rng, monkeypatch, n):
+    """``decode_max_q`` (session 39): sequences of 1 to n queries run on fa_decode's part, sized ``[B, n]`` rows
+    (not 16); a sequence of 5 queries then runs in fa_prefill's row tiles. Every row against the oracle, eager and
+    under jit (traced ``cu_q_lens``), and the decode part's rows as asked."""
+    from pallas_attn import chunked
+
+    seen = []
+    real = chunked._decode_part
+
+    def spy(q, *a, **k):
+        seen.append(q.shape[1])
+        return real(q, *a, **k)
+
+    monkeypatch.setattr(chunked, "_decode_part", spy)
+    ql, kv = [150, 1, 5, 3, 1, 40], [200, 64, 100, 33, 250, 60]
+    arrs, cast, tbl, kvl, cu = _case(rng, ql, kv)
+    out, lse = pallas_attn.paged_attention_varlen(*arrs, tbl, kvl, cu, return_lse=True, decode_max_q=n)
+    assert seen == [n]
+    _check(out, lse, cast, tbl, kvl, cu, 1e-2)
+    f = jax.jit(lambda q, k, v, t, kl, c: pallas_attn.paged_attention_varlen(q, k, v, t, kl, c, return_lse=True,
+                                                                             decode_max_q=n))
+    jo, jl = f(*arrs, tbl, kvl, cu)
+    assert seen == [n, n]
+    _check(jo, jl, cast, tbl, kvl, cu, 1e-2)
+
+
+def test_decode_max_q_refuses_what_fa_decode_cannot_take(rng):
+    arrs, _, tbl, kvl, cu = _case(rng, [20, 1], [64, 30], pps=8)
+    for bad in (0, 17, True, 2.0, "1"):
+        with pytest.raises(ValueError, match="decode_max_q must be a static int"):
+            pallas_attn.paged_attention_varlen(*arrs, tbl, kvl, cu, decode_max_q=bad)
+
+
 def test_bad_lengths_and_tables_raise_eagerly_and_poison_under_jit(rng):
     ql, kv = [40, 1, 20], [64, 30, 100]
     arrs, _, tbl, kvl, cu = _case(rng, ql, kv, pps=8)

@@ -237,13 +237,14 @@ def test_mixed_batch_decode_part_runs_row_limited_tiles():
             _check_rows(out, lse, q, kp, vp, tbl, kv, bi, rows, int(kv[bi]) - n, [0, HKV - 1], 1e-2)
 
 
-@pytest.mark.parametrize("extra", [37, 5, 0])
-def test_packed_varlen_batch_matches_the_oracle(extra):
+@pytest.mark.parametrize("extra,dmax", [(37, 16), (5, 16), (0, 16), (5, 1), (0, 4)])
+def test_packed_varlen_batch_matches_the_oracle(extra, dmax):
     """``paged_attention_varlen`` at Llama-3.1-8B heads under jit (session 34): packed queries of a 2048-query chunk
     over 8k keys, decodes of 1, 1 and 5 queries, an empty sequence and a 300-query chunk over 16k (its row tiles
     pseudo-sequences of fa_prefill, the decodes on fa_decode's row-limited part); every real row matches the oracle,
     the unused trailing rows are 0 with LSE -inf. ``extra`` unused rows after the last sequence: T = 2392, 2360 and
-    2355 (the last chunk's last row tile reaching past T, its gathered rows clamped)."""
+    2355 (the last chunk's last row tile reaching past T, its gathered rows clamped). ``dmax``: the
+    ``decode_max_q`` hint (session 39; 1 and 4 send the 5-query sequence to fa_prefill's row tiles)."""
     ql = np.array([2048, 1, 1, 5, 0, 300], np.int32)
     kv = np.array([8192, 4096, 16384, 777, 50, 16384], np.int32)
     b, pps = len(ql), 16384 // PAGE
@@ -253,7 +254,7 @@ def test_packed_varlen_batch_matches_the_oracle(extra):
     q = np.asarray(jnp.asarray(np.random.default_rng(24).standard_normal((t, HQ, D), np.float32), jnp.bfloat16),
                    np.float32)
     f = jax.jit(lambda q, kp, vp, tb, kv, cu: pallas_attn.paged_attention_varlen(q, kp, vp, tb, kv, cu,
-                                                                                return_lse=True))
+                                                                                return_lse=True, decode_max_q=dmax))
     out, lse = f(*(jnp.asarray(x, jnp.bfloat16) for x in (q, kp, vp)), jnp.asarray(tbl), jnp.asarray(kv),
                  jnp.asarray(cu))
     out, lse = np.asarray(jnp.asarray(out, jnp.float32)), np.asarray(lse)
