@@ -67,6 +67,8 @@ from .kv_source import (
     nvfp4_halves,
     nvfp4_tile,
     pages_bad,
+    pages_flag,
+    pages_load,
     validate_block_table,
 )
 from .launches import Launch, kv_bytes, kv_tokens, merge_launch
@@ -74,6 +76,10 @@ from .launches import Launch, kv_bytes, kv_tokens, merge_launch
 __all__ = ["DecodeConfig", "CONFIGS", "KERNEL", "plan", "forward", "paged_forward"]
 
 GEN = "fa_decode"
+
+# the paged block-table check (gathered pages): a split spanning at most this many pages loads its table entries in
+# one vector before its key loop (one int32 a thread or two at 4 warps), reduced after it (session 39)
+PAGES_ONE_LOAD = 256
 
 
 # D 96 (Phi-3): tiles of 128 columns, the last 32 masked to zero (session 16); 16-bit KV only
@@ -516,13 +522,20 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
 
     m0, l0 = softmax.init_state((bm,))
     accs0 = tuple(jnp.zeros((bm, w), jnp.float32) for _, w, _ in qcols)
-    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, bad0))
-    if pages_after:  # the pages holding keys [lo, hi), as the loop visited them (none when it ran no tile)
+    if pages_after:  # the pages holding keys [lo, hi), as the loop visits them (none when it runs no tile)
         first = lo // lay.page
         end = jnp.where(n_tiles > 0, (hi + lay.page - 1) // lay.page, first)
-        width = min(256, c.next_pow2(p.chunk_blocks * bk // lay.page))  # a split's pages in one load, up to 256
-        bad = bad | pages_bad(bt_ref, b * lay.pages_per_seq, first, end, pages_per_seq=lay.pages_per_seq,
-                              num_pages=lay.num_pages, width=width)
+        # at most a split's keys, from a tile boundary: its pages (2 more where a page does not divide the tile)
+        span = p.chunk_blocks * bk // lay.page + (0 if bk % lay.page == 0 else 2)
+        # up to PAGES_ONE_LOAD: one load issued before the loop and reduced after it, its latency under the loop
+        # (session 39: the load after the loop cost fp8 paged B 8 4%); wider spans loop after the key loop
+        early = pages_load(bt_ref, b * lay.pages_per_seq, first, pages_per_seq=lay.pages_per_seq,
+                           width=c.next_pow2(span)) if span <= PAGES_ONE_LOAD else None
+    m_run, l_run, accs, bad = jax.lax.fori_loop(0, n_tiles, body, (m0, l0, accs0, bad0))
+    if pages_after:
+        bad = bad | (pages_flag(early, first, end, num_pages=lay.num_pages) if early is not None else
+                     pages_bad(bt_ref, b * lay.pages_per_seq, first, end, pages_per_seq=lay.pages_per_seq,
+                               num_pages=lay.num_pages, width=min(256, c.next_pow2(span))))
 
     for (c0, w, st), acc in zip(qcols, accs):
         o, lse = splitkv.partial(m_run, l_run, acc, base2=True)

@@ -165,6 +165,21 @@ class KVSource:
         return k, v, bad
 
 
+def pages_load(bt_ref, tbl0, first, *, pages_per_seq: int, width: int):
+    """Entries ``[first, first + width)`` of one sequence's block-table row (entry 0 at ``tbl0`` of the flattened
+    table; indices clamped into the row): one vector load, issued where the caller wants its latency hidden (fa_decode:
+    before its key loop, consumed after it by ``pages_flag``; session 39)."""
+    idx = first + jnp.arange(width, dtype=jnp.int32)
+    return bt_ref[tbl0 + jnp.minimum(idx, pages_per_seq - 1)]
+
+
+def pages_flag(raw, first, end, *, num_pages: int):
+    """Whether an entry of ``raw`` (``pages_load``'s, entries ``first ...``) below ``end`` lies outside ``[0,
+    num_pages)``."""
+    idx = first + jnp.arange(raw.shape[0], dtype=jnp.int32)
+    return jnp.max(jnp.where((idx < end) & ((raw < 0) | (raw >= num_pages)), 1, 0)) > 0
+
+
 def pages_bad(bt_ref, tbl0, first, end, *, pages_per_seq: int, num_pages: int, width: int):
     """Whether a page index among entries ``[first, end)`` of one sequence's block-table row (entry 0 at ``tbl0`` of
     the flattened table) lies outside ``[0, num_pages)``: ``width``-wide vector loads, one reduction each (session 38:
