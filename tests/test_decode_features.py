@@ -244,6 +244,28 @@ def test_q_rows_runs_query_major_tiles_and_matches_the_oracle(rng, feats, splits
                                 q_rows=jnp.asarray(ql))
 
 
+def test_merge_reads_only_live_rows(rng):
+    """``splitkv.merge(live=...)`` (session 39, fa_decode's padding rows): a row that is not live reads nothing and
+    gives 0 with LSE -inf, even where its partial states are NaN (memory its producer never wrote); live rows equal
+    the merge without ``live`` bit for bit."""
+    from pallas_attn.kernels import splitkv
+
+    r, s, d = 12, 5, 32
+    o = rng.standard_normal((r, s, d)).astype(np.float32)
+    lse = rng.standard_normal((r, s)).astype(np.float32)
+    alive = np.array([1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 0], np.int32)
+    o[alive == 0], lse[alive == 0] = np.nan, np.nan
+    kw = dict(out_dtype=jnp.float32, interpret=True, name="t_merge", return_lse=True, block=4)
+    out, ls = splitkv.merge(jnp.asarray(o), jnp.asarray(lse), live=(jnp.asarray(alive), lambda i, ref: ref[i] > 0),
+                            **kw)
+    out, ls = np.asarray(out), np.asarray(ls)
+    assert np.all(out[alive == 0] == 0.0) and np.all(np.isneginf(ls[alive == 0]))
+    ref_o, ref_l = splitkv.merge(jnp.asarray(o), jnp.asarray(lse), **kw)
+    assert np.array_equal(out[alive == 1], np.asarray(ref_o)[alive == 1])
+    assert np.array_equal(ls[alive == 1], np.asarray(ref_l)[alive == 1])
+    assert np.all(np.isnan(np.asarray(ref_o)[alive == 0]))  # without live the NaN states are read
+
+
 def test_a_mixed_batch_lowers_for_cuda_with_its_row_limited_decode_part(monkeypatch):
     """A chunked call with traced q_lens (a mixed batch) lowers for CUDA on this CPU machine: fa_prefill with its
     real-rows input and fa_decode's query-major, row-limited decode part (the device query faked to a Hopper)."""

@@ -436,6 +436,11 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
 
     r = t * bm + jnp.arange(bm, dtype=jnp.int32)  # packed rows
     row_ok = r < rows
+    # rowlim: the rows of real queries (query-major: query i's rows are i * group ...); padding rows load no q and,
+    # with splits, store no partial state (the merge reads only real rows: session 39)
+    live = r < qr_ref[b] * (rows // tq) if rowlim else None
+    q_ok = row_ok & live if rowlim else row_ok
+    st_ok = row_ok & live if rowlim and p.splits > 1 else row_ok
     q_row0 = bh * rows + t * bm
     # halves (NVFP4, kv_source.nvfp4_halves): q's even columns are one operand, its odd ones the other. strided (the
     # GPU): read with a column stride of 2 and the output written back the same way, no XLA permutation around the
@@ -443,7 +448,7 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     qcols = (((0, d // 2, 2), (1, d // 2, 2)) if strided else ((0, d // 2, 1), (d // 2, d // 2, 1))) if halves \
         else ((0, d, 1),)
     qs = [_compat.load(q_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w, st)],
-                       mask=jnp.broadcast_to(row_ok[:, None], (bm, w)), other=0.0) for c0, w, st in qcols]
+                       mask=jnp.broadcast_to(q_ok[:, None], (bm, w)), other=0.0) for c0, w, st in qcols]
     _, i_q = gqa.row_position(r, tq, rows // tq, q_major=rowlim)
 
     lo = s * (p.chunk_blocks * bk)
@@ -543,16 +548,16 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
             o = o * o_scale
         if check and lay.paged:
             o = jnp.where(bad, jnp.nan, o)
-        omask = jnp.broadcast_to(row_ok[:, None], (bm, w))
+        omask = jnp.broadcast_to(st_ok[:, None], (bm, w))
         if p.splits == 1:
             o_ref = out_refs[0]
             _compat.store(o_ref.at[pl.ds(q_row0, bm), pl.ds(c0, w, st)], o.astype(o_ref.dtype), mask=omask)
         else:
             _compat.store(out_refs[0].at[pl.ds(q_row0, bm), s, pl.ds(c0, w, st)], o, mask=omask)
     if p.splits == 1 and with_lse:
-        _compat.store(out_refs[1].at[pl.ds(q_row0, bm)], lse, mask=row_ok)
+        _compat.store(out_refs[1].at[pl.ds(q_row0, bm)], lse, mask=st_ok)
     elif p.splits > 1:
-        _compat.store(out_refs[1].at[pl.ds(q_row0, bm), s], lse, mask=row_ok)
+        _compat.store(out_refs[1].at[pl.ds(q_row0, bm), s], lse, mask=st_ok)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -608,8 +613,12 @@ def _launch(q, k2, v2, extra, *, p: planner.DecodePlan, lay: KVLayout, causal: b
                        jax.ShapeDtypeStruct((n_rows, p.splits), jnp.float32)),
             grid=grid, compiler_params=params, interpret=interpret, name=f"pallas_attn_{GEN}_partial",
         )(*args)
+        # rowlim: the merge reads the real rows' states only (the padding rows' partials were never written)
+        live = (extra[-1], lambda row, qr_ref: row % rows < qr_ref[row // (hkv * rows)] * (rows // tq)) \
+            if rowlim else None
         res = splitkv.merge(o_part, lse_part, out_dtype=q.dtype, interpret=interpret, name=f"pallas_attn_{GEN}_merge",
-                            block=config.merge_block, num_warps=config.merge_num_warps, return_lse=return_lse)
+                            block=config.merge_block, num_warps=config.merge_num_warps, return_lse=return_lse,
+                            live=live)
         o, lse = res if return_lse else (res, None)
     if d != lay.d:
         o = o[:, :lay.d]

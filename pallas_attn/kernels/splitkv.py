@@ -46,11 +46,13 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def merge_states(lse_at, o_at, *, splits: int, sb: int, d: int):
+def merge_states(lse_at, o_at, *, splits: int, sb: int, d: int, live=None):
     """In-kernel (Triton lowering): one output row's merge of its ``splits`` states, ``sb`` per step. ``lse_at(s0)``
     is the ref view of LSEs ``s0 .. s0 + sb`` of the row, ``o_at(s0)`` the ``[sb, d]`` view of their partial
     outputs (the callers' layouts differ: ``merge``'s ``[R, S, D]``, v12_mla_tc's finish ``[B, rows, S, DV]``).
-    Returns the base-2 ``(m, l, acc)`` for ``softmax.finalize`` / ``softmax.lse(..., base2=True)``."""
+    ``live`` (a traced bool, or None): False reads nothing and gives the state of no key (the row is padding its
+    producer never wrote). Returns the base-2 ``(m, l, acc)`` for ``softmax.finalize`` / ``softmax.lse(...,
+    base2=True)``."""
 
     # A loop (not a Python unroll) so the chunk start is dynamic: the last chunk may run past `splits`
     # (masked), which a static slice would reject at trace time.
@@ -65,13 +67,16 @@ def merge_states(lse_at, o_at, *, splits: int, sb: int, d: int):
         m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
         return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
 
-    return jax.lax.fori_loop(0, _cdiv(splits, sb), body, softmax.init_state((), d))
+    n = _cdiv(splits, sb) if live is None else jnp.where(live, _cdiv(splits, sb), 0)
+    return jax.lax.fori_loop(0, n, body, softmax.init_state((), d))
 
 
-def _merge_kernel(op_ref, lse_ref, *out_refs, splits: int, sb: int, d: int, out_row, with_lse: bool):
+def _merge_kernel(op_ref, lse_ref, *refs, splits: int, sb: int, d: int, out_row, with_lse: bool, live_of):
     row = pl.program_id(0)
+    live, out_refs = (None, refs) if live_of is None else (live_of(row, refs[0]), refs[1:])
     m_run, l_run, acc = merge_states(lambda s0: lse_ref.at[row, pl.ds(s0, sb)],
-                                     lambda s0: op_ref.at[row, pl.ds(s0, sb), pl.ds(0, d)], splits=splits, sb=sb, d=d)
+                                     lambda s0: op_ref.at[row, pl.ds(s0, sb), pl.ds(0, d)], splits=splits, sb=sb, d=d,
+                                     live=live)
     o_ref = out_refs[0]
     r_out = row if out_row is None else out_row(row)
     o_ref[r_out, pl.ds(0, d)] = softmax.finalize(acc, l_run).astype(o_ref.dtype)
@@ -80,12 +85,14 @@ def _merge_kernel(op_ref, lse_ref, *out_refs, splits: int, sb: int, d: int, out_
 
 
 def merge(o_part, lse, *, out_dtype, interpret: bool, name: str, block: int = 64, num_warps: int = 4,
-          out_rows: int | None = None, out_row=None, return_lse: bool = False):
+          out_rows: int | None = None, out_row=None, return_lse: bool = False, live=None):
     """Merge ``o_part [R, S, D]`` (FP32) with ``lse [R, S]`` into ``out [R_out, D]`` of ``out_dtype``.
 
     Row ``r`` is written to output row ``out_row(r)`` (a traced-int function; None: ``r``), so a kernel can
     merge straight into its caller's layout; ``out_rows`` is then the output's row count. With
-    ``return_lse`` also returns the merged natural-log ``lse [R]`` (indexed by input row).
+    ``return_lse`` also returns the merged natural-log ``lse [R]`` (indexed by input row). ``live`` (None, or
+    ``(array, fn)``): ``fn(r, array_ref)`` says whether row ``r`` holds states; a row that does not reads nothing
+    and gives 0 (LSE -inf), the rows its producer left unwritten (fa_decode's padding rows, session 39).
     """
     r, splits, d = o_part.shape
     sb = min(block, _next_pow2(splits))
@@ -94,11 +101,12 @@ def merge(o_part, lse, *, out_dtype, interpret: bool, name: str, block: int = 64
     if return_lse:
         out_shape.append(jax.ShapeDtypeStruct((r,), jnp.float32))
     res = pl.pallas_call(
-        functools.partial(_merge_kernel, splits=splits, sb=sb, d=d, out_row=out_row, with_lse=return_lse),
+        functools.partial(_merge_kernel, splits=splits, sb=sb, d=d, out_row=out_row, with_lse=return_lse,
+                          live_of=None if live is None else live[1]),
         out_shape=tuple(out_shape), grid=(r,),
         compiler_params=_compat.triton_params(num_warps=num_warps, num_stages=1),
         interpret=interpret, name=name,
-    )(o_part, lse)
+    )(o_part, lse, *(() if live is None else (live[0],)))
     return tuple(res) if return_lse else res[0]
 
 
