@@ -67,7 +67,8 @@ def merge_states(lse_at, o_at, *, splits: int, sb: int, d: int, live=None):
         m_new, l_new, alpha, w = softmax.step(m_run, l_run, lse2, ok, base2=True)
         return m_new, l_new, acc * alpha + jnp.sum(w[:, None] * o, axis=0)
 
-    n = _cdiv(splits, sb) if live is None else jnp.where(live, _cdiv(splits, sb), 0)
+    # (an int32 product, not a where: jnp.where(live, 1, 0) lowered to an i1 loop bound, which Triton refuses)
+    n = _cdiv(splits, sb) if live is None else jnp.asarray(live, jnp.int32) * _cdiv(splits, sb)
     return jax.lax.fori_loop(0, n, body, softmax.init_state((), d))
 
 
