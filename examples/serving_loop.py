@@ -49,7 +49,9 @@ def step(q, k_new, v_new, k_pool, v_pool, block_table, kv_lens, q_lens, packed: 
     cu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(q_lens).astype(jnp.int32)])
     dest = jnp.where(real, cu[:-1, None] + t[None, :], B * CHUNK)  # padding rows: dropped
     qp = jnp.zeros((B * CHUNK, HQ, D), q.dtype).at[dest].set(q, mode="drop")
-    op = pallas_attn.paged_attention_varlen(qp, k_pool, v_pool, block_table, kv_lens, cu, check_block_table=False)
+    # this scheduler's decodes are single tokens: the decode part sized for one query a sequence (docs/serving.md)
+    op = pallas_attn.paged_attention_varlen(qp, k_pool, v_pool, block_table, kv_lens, cu, check_block_table=False,
+                                            decode_max_q=1)
     out = jnp.where(real[:, :, None, None], op[jnp.minimum(dest, B * CHUNK - 1)], jnp.zeros((), q.dtype))
     return out, k_pool, v_pool, kv_lens
 
