@@ -421,14 +421,8 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
     bm, bk, d = p.block_m, p.block_k, lay.tile_d  # tile columns: D, or D 96 padded to 128 (zeros past D)
 
     pid = pl.program_id(0)
-    if rowlim:
-        # row tiles slowest (session 39): the first row tile of every (sequence, KV head, split) launches first and a
-        # mixed batch's idle tiles (past a sequence's real queries: no key read) drain in the tail of the live ones
-        per_tile = pl.num_programs(0) // p.row_tiles  # B x Hkv x splits programs a row tile
-        t, rest = pid // per_tile, pid % per_tile
-    else:
-        t = pid % p.row_tiles
-        rest = pid // p.row_tiles
+    t = pid % p.row_tiles
+    rest = pid // p.row_tiles
     s = rest % p.splits
     bh = rest // p.splits
     b = bh // hkv
