@@ -492,9 +492,10 @@ def _decode_kernel(*refs, p: planner.DecodePlan, lay: KVLayout, causal: bool, ch
         else:
             def dequant(k, v):
                 return (to_k(nvfp4_tile(*k, decode)),), (to_v(nvfp4_tile(*v, decode)),)
-    # the block-table check on gathered pages (page < tile): the pages this program's keys span, checked once after
-    # its loop (kv_source.pages_bad; session 38: per-key flags carried through the loop cost the fp8 paged call 7-14%);
-    # a tile of one page checks that page in the loop (a scalar); nothing when the caller turned the check off
+    # the block-table check on gathered pages (page < tile): the pages this program's keys span, checked once outside
+    # its loop (kv_source.pages_load / pages_flag, or pages_bad for wide spans; session 38: per-key flags carried
+    # through the loop cost the fp8 paged call 7-14%); a tile of one page checks that page in the loop (a scalar);
+    # nothing when the caller turned the check off
     pages_after = check and lay.paged and lay.gather
     src = KVSource(lay, k_ref, v_ref, bt_ref, b=b, h=h, dequant=dequant, k_micro_ref=km_ref, v_micro_ref=vm_ref,
                    check_gathered=not pages_after)
