@@ -122,6 +122,35 @@ def _memoize_gpu_interpreter_compiles() -> None:
 _memoize_gpu_interpreter_compiles()
 
 
+# Every Triton module a test lowers (``lowering_platforms=("cuda",)`` on this CPU, or a real compile on a GPU) is run
+# through MLIR's verifier as it is built, as Triton's own parser does on the device (session 39: a merge whose loop
+# bound ``jnp.where(live, 1, 0)`` lowered to an i1 passed every CPU test, interpret mode and the CUDA lowering alike,
+# and failed to compile on the GPU: "'scf.for' op failed to verify"). tests/test_triton_verify.py proves the hook is
+# in place and catches that case. A jax without this lowering entry point is left unpatched (the test then fails).
+
+
+def _verify_triton_modules() -> None:
+    try:
+        from jax._src.pallas.triton import lowering as triton_lowering
+    except Exception:
+        return
+    original = getattr(triton_lowering, "lower_jaxpr_to_triton_module", None)
+    if original is None or getattr(original, "_verifies", False):
+        return
+
+    @functools.wraps(original)
+    def lower_and_verify(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.module.operation.verify()  # raises MLIRError with the op that fails
+        return result
+
+    lower_and_verify._verifies = True
+    triton_lowering.lower_jaxpr_to_triton_module = lower_and_verify
+
+
+_verify_triton_modules()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_interpreter_programs():
     """Compiled interpreter programs live for one test (each test compiles its own, as on a fresh machine)."""
