@@ -192,13 +192,14 @@ def test_bad_block_table_under_jit_poisons_only_that_sequence(rng):
 
 
 @pytest.mark.parametrize("one_load", [256, 1])
-def test_bad_page_in_a_later_split_poisons_its_sequence_only(rng, monkeypatch, one_load):
+def test_bad_page_in_a_later_split_poisons_its_sequence_only(rng, monkeypatch, request, one_load):
     """The check of gathered pages (page 8 < 16-key tiles) runs once a program over the pages its keys span (session
     38): a bad entry that only the second split's keys reach poisons that sequence; a bad entry past a sequence's
     length is never checked (nor followed); the other sequences stay right. Both ways of checking: one load before
     the key loop (``PAGES_ONE_LOAD`` 256, session 39) and the loop after it (``kv_source.pages_bad``, forced by 1)."""
     monkeypatch.setattr(fd, "PAGES_ONE_LOAD", one_load)
-    jax.clear_caches()  # the knob is read while tracing: no program traced under the other value
+    jax.clear_caches()  # the knob is read while tracing: no program traced under the other value, before or after
+    request.addfinalizer(jax.clear_caches)
     b, page, tk = 3, 8, 60
     k, v = _arr(rng, (b, tk, 2, 64), "float16"), _arr(rng, (b, tk, 2, 64), "float16")
     q = _arr(rng, (b, 1, 4, 64), "float16")
