@@ -229,24 +229,15 @@ ALIASES: dict[str, dict[str, tuple[str, str]]] = {
     # Session 18: and the stream's fill / drain and DRAM loss of the 16-bit partial (the same loads, fewer bytes):
     # before, a quantized launch had neither, and the split plans at B1 came out 27-33% fast (call 4's records,
     # docs/quantized_kv.md §8); no new constant
-    **{f"pallas_attn_fa_decode_{f}": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
-                                      "dequant": (f"pallas_attn_fa_decode_{f}", "dequant"),
-                                      "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
-                                      "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
-       for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast")},
-    # NVFP4 "asm" (session 19): its own dequant constant (COSTS), the rest shared as above
-    "pallas_attn_fa_decode_nvfp4_asm": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
-                                        "dequant": ("pallas_attn_fa_decode_nvfp4_asm", "dequant"),
-                                        "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
-                                        "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")},
-    # quant_qk16 (session 38): the two default decodes with their own dequant constant (fitted on call 1); the other
-    # decodes priced as without it (no record of them with it)
-    **{f"pallas_attn_fa_decode_{f}_qk16": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
-                                           "dequant": (f"pallas_attn_fa_decode_{f}" + ("_qk16" if f in (
-                                               "fp8_e4m3_cast", "nvfp4_asm") else ""), "dequant"),
-                                           "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
-                                           "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
-       for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast", "nvfp4_asm")},
+    # NVFP4 "asm" (session 19) has its own dequant constant (COSTS); quant_qk16 (session 38): the two default decodes
+    # with their own dequant constant (fitted on call 1), the other decodes priced as without it (no record of them
+    # with it)
+    **{f"pallas_attn_fa_decode_{f}{qk}": {"lat": ("pallas_attn_fa_decode_fp8_e4m3_cast", "lat"),
+                                         "dequant": (f"pallas_attn_fa_decode_{f}" + (qk if f in (
+                                             "fp8_e4m3_cast", "nvfp4_asm") else ""), "dequant"),
+                                         "ramp": ("pallas_attn_fa_decode_partial", "ramp"),
+                                         "dram_loss": ("pallas_attn_fa_decode_partial", "dram_loss")}
+       for f in ("fp8_e4m3_cast", "fp8_e4m3_bits", "nvfp4_bits", "nvfp4_cast", "nvfp4_asm") for qk in ("", "_qk16")},
     "pallas_attn_v12_mla_mosaic_pipelined": {"lat": ("pallas_attn_v12_mla_mosaic_pipelined", "lat"),
                                              "fixed": ("pallas_attn_v12_mla_mosaic", "fixed")},
 }

@@ -183,11 +183,12 @@ def pages_flag(raw, first, end, *, num_pages: int):
 def pages_bad(bt_ref, tbl0, first, end, *, pages_per_seq: int, num_pages: int, width: int):
     """Whether a page index among entries ``[first, end)`` of one sequence's block-table row (entry 0 at ``tbl0`` of
     the flattened table) lies outside ``[0, num_pages)``: ``width``-wide vector loads, one reduction each (session 38:
-    fa_decode's block-table check, once a program instead of a per-key flag carried through its loop)."""
+    fa_decode's block-table check, once a program instead of a per-key flag carried through its loop; one
+    ``pages_load`` and ``pages_flag`` a step)."""
     def step(i, acc):
-        idx = first + i * width + jnp.arange(width, dtype=jnp.int32)
-        raw = bt_ref[tbl0 + jnp.minimum(idx, pages_per_seq - 1)]
-        return acc | jnp.max(jnp.where((idx < end) & ((raw < 0) | (raw >= num_pages)), 1, 0))
+        f = first + i * width
+        raw = pages_load(bt_ref, tbl0, f, pages_per_seq=pages_per_seq, width=width)
+        return acc | pages_flag(raw, f, end, num_pages=num_pages).astype(jnp.int32)
 
     n = jnp.maximum(end - first + width - 1, 0) // width
     return jax.lax.fori_loop(0, n, step, jnp.zeros((), jnp.int32)) > 0
